@@ -1,0 +1,107 @@
+"""The public API: load() -> Captioner, Captioner.caption(image) -> Caption.
+
+    import captioner
+    model = captioner.load()                 # the bundled default model
+    cap = model.caption("photo.jpg")         # PIL image, path or bytes
+    cap.text, cap.words, cap.alphas, cap.log_prob
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
+from .config import Config
+from .decoding import decode
+from .images import ImageError, ImageInput, load_image, preprocess
+from .model.captioner import CaptionModel, build_model
+from .model.encoder import normalization
+from .vocab import Vocab
+
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "assets" / "default.safetensors"
+
+
+@dataclass
+class Caption:
+    text: str
+    words: list[str]  # no special tokens
+    alphas: np.ndarray  # (len(words), grid_h, grid_w), each map sums to 1, covering the whole image
+    log_prob: float  # log p(words, <end> | image) under the model
+    alternatives: list[tuple[str, float]] = field(default_factory=list)  # other beam hypotheses (text, log_prob)
+
+
+class Captioner:
+    """A ready model with its preprocessing and vocabulary."""
+
+    def __init__(self, model: CaptionModel, vocab: Vocab, config: Config, metrics: dict[str, Any] | None = None,
+                 device: str | torch.device = "cpu"):
+        self.model = model.eval().to(device)
+        self.vocab, self.config, self.metrics = vocab, config, metrics or {}
+        self.device = torch.device(device)
+        self.mean, self.std = normalization(config.model.encoder)
+
+    @property
+    def grid_size(self) -> int:
+        return self.config.model.grid_size
+
+    def preprocess(self, image: ImageInput) -> torch.Tensor:
+        """Any supported input -> (3, S, S) network input (raises ImageError)."""
+        return preprocess(load_image(image), self.config.model.image_size, self.mean, self.std)
+
+    def caption(self, image: ImageInput, beam_size: int = 3, max_len: int = 50,
+                length_penalty: float | None = None) -> Caption:
+        return self.caption_batch([image], beam_size, max_len, length_penalty)[0]
+
+    @torch.no_grad()
+    def caption_batch(self, images: Sequence[ImageInput], beam_size: int = 3, max_len: int = 50,
+                      length_penalty: float | None = None) -> list[Caption]:
+        """All images decoded together (batched over images and beams). Raises ImageError naming
+        the first unusable image."""
+        if not images:
+            return []
+        x = torch.stack([self.preprocess(im) for im in images]).to(self.device)  # (B, 3, S, S)
+        return self.caption_tensors(x, beam_size, max_len, length_penalty)
+
+    @torch.no_grad()
+    def caption_tensors(self, x: torch.Tensor, beam_size: int = 3, max_len: int = 50,
+                        length_penalty: float | None = None) -> list[Caption]:
+        """Preprocessed images (B, 3, S, S) -> captions."""
+        lp = self.config.decode.length_penalty if length_penalty is None else length_penalty
+        feats = self.model.encode(x.contiguous(memory_format=torch.channels_last))  # (B, P, D)
+        results = decode(self.model.decoder, feats, self.vocab.start, self.vocab.end, self.vocab.pad,
+                         beam_size, max_len, lp)
+        g = self.grid_size
+        out = []
+        for hyps in results:
+            best = hyps[0]
+            words = [self.vocab.itos[t] for t in best.tokens]
+            alphas = best.alphas.float().cpu().numpy().reshape(len(words), g, g)  # (L, G, G)
+            alts = [(" ".join(self.vocab.itos[t] for t in h.tokens), h.log_prob) for h in hyps[1:]]
+            out.append(Caption(" ".join(words), words, alphas, float(best.log_prob), alts))
+        return out
+
+    def save(self, path: str | Path, half: bool = False, metrics: dict[str, Any] | None = None) -> None:
+        save_checkpoint(path, self.config, self.vocab, self.model.state_dict(),
+                        metrics=self.metrics if metrics is None else metrics, half=half)
+
+
+def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu") -> Captioner:
+    """A Captioner from a checkpoint file; None loads the bundled default model."""
+    if checkpoint is None:
+        checkpoint = DEFAULT_CHECKPOINT
+        if not checkpoint.is_file():
+            raise CheckpointError(
+                f"the bundled default model is missing ({checkpoint}). Train one with "
+                "'python scripts/train.py --config configs/flickr8k_cpu.yaml' and pass its best.safetensors "
+                "to captioner.load(path), or reinstall the package.")
+    ckpt = load_checkpoint(checkpoint)
+    model = build_model(ckpt.config.model, len(ckpt.vocab), pretrained=False)
+    load_model_state(model, ckpt.model_state, str(checkpoint))
+    return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device)
+
+
+__all__ = ["Caption", "Captioner", "ImageError", "CheckpointError", "load", "DEFAULT_CHECKPOINT"]

@@ -1,0 +1,1 @@
+"""Command-line programs; scripts/*.py and the console entry points call their main()."""

@@ -1,0 +1,159 @@
+"""Typed configuration: dataclass defaults < YAML/JSON file < `--set key=value` overrides.
+
+Every setting lives in one dataclass below. Unknown keys are errors (a typo in a recipe
+should stop the run, not silently train the default). The resolved config is stored as
+JSON inside every checkpoint, so a model always knows how it was built.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+
+@dataclass
+class ModelConfig:
+    encoder: str = "efficientnet_lite0"  # efficientnet_lite0 | efficientnet_lite2 | resnet101 | resnet152
+    pretrained: bool = True  # load ImageNet weights (EfficientNet-Lite: offline; ResNet: torchvision download)
+    image_size: int = 224  # square network input; the whole image is resized, never cropped
+    grid_size: int = 7  # annotation grid is grid_size x grid_size (paper: 14)
+    fine_tune_encoder: bool = False
+    embed_dim: int = 512  # E
+    hidden_dim: int = 512  # H
+    attention_dim: int = 512  # A
+    dropout: float = 0.5
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "flickr8k"  # flickr8k | coco | karpathy
+    root: str = "../shared/data/flickr8k"  # flickr8k: folder with Images/ + captions.txt (or Flickr8k.token.txt)
+    images: str = ""  # coco/karpathy: image folder (coco: the training images)
+    annotations: str = ""  # coco: captions_train*.json; karpathy: dataset_*.json
+    val_images: str = ""  # coco: validation image folder
+    val_annotations: str = ""  # coco: captions_val*.json
+    min_word_count: int = 5
+    max_caption_len: int = 50  # longer training captions are truncated (in tokens, without <start>/<end>)
+    augment: bool = False  # random resized crop + flip while training (needs the encoder in the loop)
+    cache_dir: str = "cache"  # frozen-encoder feature cache
+    num_workers: int = 2
+    limit: int = 0  # use only the first N images of each split (0 = all); for smoke tests
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = "runs/default"
+    epochs: int = 20
+    batch_images: int = 16  # images per batch; each brings all its captions (5 on Flickr8k/COCO)
+    lr: float = 4e-4
+    encoder_lr: float = 1e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 5.0
+    alpha_c: float = 1.0  # lambda of the doubly stochastic attention penalty
+    label_smoothing: float = 0.0
+    lr_decay: float = 0.8  # multiply lr by this when val metric does not improve ...
+    lr_patience: int = 1  # ... for this many epochs
+    early_stop_patience: int = 4  # stop after this many epochs without improvement
+    val_metric: str = "Bleu_4"  # Bleu_4 | CIDEr | METEOR ... computed on decoded captions
+    val_beam_size: int = 1  # 1 = greedy during validation (fast); the metric is still a real decoding metric
+    val_limit: int = 0  # validate on the first N val images (0 = all)
+    amp: bool = True  # bf16 autocast where the device supports it (CUDA)
+    compile: bool = False  # torch.compile the decoder (CUDA)
+    seed: int = 0
+    log_every: int = 50
+    checkpoint_every: int = 200  # also save a resumable checkpoint every N steps inside an epoch
+    max_steps: int = 0  # stop after this many optimizer steps in total (0 = no limit); for tests
+
+
+@dataclass
+class DecodeConfig:
+    beam_size: int = 3
+    max_len: int = 50
+    length_penalty: float = 0.0  # score = log_prob / len**length_penalty (0 = raw log-prob)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "config") -> "Config":
+        cfg = cls()
+        for section, values in d.items():
+            if section not in _sections():
+                raise ValueError(f"{source}: unknown section '{section}' (known: {', '.join(_sections())})")
+            if not isinstance(values, dict):
+                raise ValueError(f"{source}: section '{section}' must be a mapping, got {type(values).__name__}")
+            for key, value in values.items():
+                _set(cfg, f"{section}.{key}", value, source)
+        return cfg
+
+
+def _sections() -> list[str]:
+    return [f.name for f in dataclasses.fields(Config)]
+
+
+def _coerce(value: Any, typ: type, name: str, source: str) -> Any:
+    if isinstance(value, str) and typ is not str:
+        text = value.strip()
+        if typ is bool:
+            low = text.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"{source}: {name} expects true/false, got '{value}'")
+        try:
+            return typ(text)
+        except ValueError:
+            raise ValueError(f"{source}: {name} expects {typ.__name__}, got '{value}'") from None
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise ValueError(f"{source}: {name} expects {typ.__name__}, got {value!r}")
+    return value
+
+
+def _set(cfg: Config, dotted: str, value: Any, source: str) -> None:
+    parts = dotted.split(".")
+    if len(parts) != 2 or parts[0] not in _sections():
+        raise ValueError(f"{source}: '{dotted}' is not a setting; use section.key with section in {_sections()}")
+    section = getattr(cfg, parts[0])
+    types = {f.name: f.type for f in dataclasses.fields(section)}
+    if parts[1] not in types:
+        raise ValueError(
+            f"{source}: unknown setting '{dotted}'. Known keys in [{parts[0]}]: {', '.join(sorted(types))}"
+        )
+    typ = {"int": int, "float": float, "str": str, "bool": bool}[types[parts[1]]]
+    setattr(section, parts[1], _coerce(value, typ, dotted, source))
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
+    """Defaults, then the YAML/JSON file at `path`, then `key=value` overrides (e.g. 'train.lr=1e-3')."""
+    cfg = Config()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        text = path.read_text()
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = json.loads(text)
+        cfg = Config.from_dict(data, source=str(path))
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"--set expects key=value, got '{item}'")
+        key, value = item.split("=", 1)
+        _set(cfg, key.strip(), value, source="--set")
+    return cfg

@@ -1,0 +1,138 @@
+"""Datasets and batching for training.
+
+A sample is one IMAGE with all of its captions: the image (or its cached features) is encoded and
+projected once for its ~5 captions. Batches are grouped by caption length (bucketing), and the
+collate function sorts captions by length so the decoder never computes a padded position.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from ..images import ImageError, load_image, preprocess
+from ..vocab import Vocab
+from .records import ImageRecord
+
+
+@dataclass
+class Batch:
+    images: torch.Tensor  # (Bi, 3, S, S) images or (Bi, P, D) cached features
+    inputs: torch.Tensor  # (B, T) <start> w1 .. w_{n}, padded; B = all captions of the Bi images
+    targets: torch.Tensor  # (B, T) w1 .. w_n <end>, padded
+    lengths: torch.Tensor  # (B,) predicted tokens per caption, sorted descending
+    image_index: torch.Tensor  # (B,) which image each caption belongs to
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        return Batch(*(t.to(device, non_blocking=non_blocking) for t in
+                       (self.images, self.inputs, self.targets, self.lengths, self.image_index)))
+
+
+def encode_captions(records: Sequence[ImageRecord], vocab: Vocab, max_len: int) -> list[list[list[int]]]:
+    return [[vocab.encode(c, max_len) for c in r.captions] for r in records]
+
+
+def collate(samples: list[tuple[torch.Tensor, list[list[int]]]]) -> Batch:
+    images = torch.stack([s[0] for s in samples])
+    caps = [(ids, i) for i, (_, cs) in enumerate(samples) for ids in cs]
+    caps.sort(key=lambda c: -len(c[0]))  # descending length: the decoder's batch shrinks over time
+    T = len(caps[0][0]) - 1
+    inputs = torch.zeros(len(caps), T, dtype=torch.long)
+    targets = torch.zeros(len(caps), T, dtype=torch.long)
+    for row, (ids, _) in enumerate(caps):
+        ids_t = torch.tensor(ids)
+        inputs[row, : len(ids) - 1] = ids_t[:-1]
+        targets[row, : len(ids) - 1] = ids_t[1:]
+    lengths = torch.tensor([len(ids) - 1 for ids, _ in caps])
+    image_index = torch.tensor([i for _, i in caps])
+    return Batch(images, inputs, targets, lengths, image_index)
+
+
+class FeatureDataset(Dataset):
+    """Cached encoder features (a memory-mapped (N, P, D) float16 array) + encoded captions."""
+
+    def __init__(self, features: np.ndarray, rows: Sequence[int], captions: list[list[list[int]]]):
+        self.features, self.rows, self.captions = features, list(rows), captions
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, list[list[int]]]:
+        return torch.from_numpy(np.asarray(self.features[self.rows[i]], dtype=np.float32)), self.captions[i]
+
+
+class ImageDataset(Dataset):
+    """Images decoded and preprocessed on the fly (encoder in the loop: fine-tuning or augmentation).
+    With captions=None it yields (tensor, index) for feature extraction. Unreadable images yield None."""
+
+    def __init__(self, records: Sequence[ImageRecord], image_size: int, mean, std,
+                 captions: list[list[list[int]]] | None = None, augment: bool = False):
+        self.records, self.captions = list(records), captions
+        self.image_size, self.mean, self.std, self.augment = image_size, mean, std, augment
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int):
+        try:
+            img = load_image(self.records[i].path)
+        except ImageError:
+            return None
+        if self.augment:
+            img = _augment(img)
+        x = preprocess(img, self.image_size, self.mean, self.std)
+        return (x, i) if self.captions is None else (x, self.captions[i])
+
+
+def _augment(img):
+    """Mild augmentation that keeps most of the scene (captions describe the whole picture)."""
+    from PIL import Image
+
+    w, h = img.size
+    scale = random.uniform(0.8, 1.0)
+    cw, ch = int(w * scale), int(h * scale)
+    x0, y0 = random.randint(0, w - cw), random.randint(0, h - ch)
+    img = img.crop((x0, y0, x0 + cw, y0 + ch))
+    if random.random() < 0.5:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    return img
+
+
+def collate_skip_missing(samples: list) -> Batch | None:
+    samples = [s for s in samples if s is not None]
+    return collate(samples) if samples else None
+
+
+class BucketBatchSampler(Sampler[list[int]]):
+    """Batches of images with similar caption lengths, in a random order that depends only on
+    (seed, epoch), so a resumed run replays exactly the same batches."""
+
+    def __init__(self, lengths: Sequence[float], batch_size: int, seed: int = 0, bucket: bool = True):
+        self.lengths, self.batch_size, self.seed, self.bucket = list(lengths), batch_size, seed, bucket
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def batches(self) -> list[list[int]]:
+        rng = random.Random(self.seed * 100_003 + self.epoch)
+        order = list(range(len(self.lengths)))
+        rng.shuffle(order)
+        if self.bucket:
+            # sort within large random windows: batches are length-homogeneous yet vary per epoch
+            window = self.batch_size * 50
+            order = [i for k in range(0, len(order), window)
+                     for i in sorted(order[k:k + window], key=lambda j: self.lengths[j])]
+        batches = [order[k:k + self.batch_size] for k in range(0, len(order), self.batch_size)]
+        rng.shuffle(batches)
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches())
+
+    def __len__(self) -> int:
+        return (len(self.lengths) + self.batch_size - 1) // self.batch_size

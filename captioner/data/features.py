@@ -1,0 +1,122 @@
+"""Frozen-encoder feature cache: encode every image once, store (N, P, D) float16 on disk as a
+memory-mapped .npy, reuse it across epochs and runs.
+
+A cache is keyed by what made it: encoder name, input size, grid size and a fingerprint of the
+encoder weights, plus the list of images. Anything else (another encoder, another grid, a fine-tuned
+encoder, a half-written file) does not match and is rebuilt, never silently used.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from ..model.encoder import Encoder, normalization
+from .dataset import ImageDataset
+from .records import ImageRecord
+
+
+def encoder_fingerprint(encoder: Encoder) -> str:
+    h = hashlib.sha1()
+    for name, t in sorted(encoder.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class FeatureCache:
+    features: np.ndarray  # (N, P, D) float16, memory-mapped
+    index: dict[str, int]  # image_id -> row
+    missing: list[str]  # images that could not be read (reported, skipped)
+    path: Path
+
+
+def _key(encoder: Encoder, image_size: int, records: Sequence[ImageRecord]) -> dict:
+    ids = hashlib.sha1("\n".join(f"{r.image_id}\t{r.path.name}" for r in records).encode()).hexdigest()[:16]
+    return {"version": 1, "encoder": encoder.name, "image_size": image_size, "grid_size": encoder.grid_size,
+            "weights": encoder_fingerprint(encoder), "images": ids, "n": len(records)}
+
+
+def open_cache(cache_dir: str | Path, name: str, encoder: Encoder, image_size: int,
+               records: Sequence[ImageRecord]) -> FeatureCache | None:
+    """The cache for exactly these images and this encoder, or None when absent/stale/incomplete."""
+    base = Path(cache_dir) / name
+    meta_path, npy_path = base.with_suffix(".json"), base.with_suffix(".npy")
+    if not meta_path.is_file() or not npy_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError:
+        return None
+    if meta.get("key") != _key(encoder, image_size, records):
+        return None
+    feats = np.load(npy_path, mmap_mode="r")
+    if feats.shape[0] != len(records):
+        return None
+    return FeatureCache(feats, {r.image_id: i for i, r in enumerate(records)}, meta.get("missing", []), npy_path)
+
+
+@torch.no_grad()
+def build_cache(cache_dir: str | Path, name: str, encoder: Encoder, image_size: int,
+                records: Sequence[ImageRecord], device: torch.device | str = "cpu", batch_size: int = 32,
+                num_workers: int = 2, log: Callable[[str], None] = print, progress: bool = True) -> FeatureCache:
+    """Open the matching cache, or (re)build it. The .json is written last, after the .npy is
+    complete and renamed, so an interrupted build is never mistaken for a finished one."""
+    cache = open_cache(cache_dir, name, encoder, image_size, records)
+    if cache is not None:
+        return cache
+    from tqdm import tqdm
+
+    base = Path(cache_dir) / name
+    base.parent.mkdir(parents=True, exist_ok=True)
+    meta_path, npy_path = base.with_suffix(".json"), base.with_suffix(".npy")
+    if meta_path.exists():
+        log(f"feature cache {meta_path} does not match this encoder/grid/image list: rebuilding")
+        meta_path.unlink()
+    encoder = encoder.eval().to(device)
+    mean, std = normalization(encoder.name)
+    ds = ImageDataset(records, image_size, mean, std)
+    loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers,
+                        collate_fn=_drop_unreadable)
+    P = encoder.grid_size ** 2
+    tmp = npy_path.with_suffix(f".tmp{os.getpid()}.npy")
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=(len(records), P, encoder.out_dim))
+    seen = np.zeros(len(records), dtype=bool)
+    for batch in tqdm(loader, desc=f"encoding {name}", disable=not progress, unit="batch"):
+        if batch is None:
+            continue
+        x = torch.stack([s[0] for s in batch]).to(device)
+        idx = [s[1] for s in batch]
+        feats = encoder(x.contiguous(memory_format=torch.channels_last))  # (b, P, D); channels_last is faster on CPU
+        out[idx] = feats.float().cpu().numpy().astype(np.float16)
+        seen[idx] = True
+    out.flush()
+    del out
+    os.replace(tmp, npy_path)
+    missing = [records[i].image_id for i in np.flatnonzero(~seen)]
+    if missing:
+        log(f"WARNING: {len(missing)} image(s) could not be read and are skipped: {', '.join(missing[:20])}"
+            + (" ..." if len(missing) > 20 else ""))
+    meta = {"key": _key(encoder, image_size, records), "missing": missing}
+    tmp_meta = meta_path.with_suffix(".json.tmp")
+    tmp_meta.write_text(json.dumps(meta))
+    os.replace(tmp_meta, meta_path)
+    cache = open_cache(cache_dir, name, encoder, image_size, records)
+    assert cache is not None
+    return cache
+
+
+def _drop_unreadable(samples: list) -> list | None:
+    return [s for s in samples if s is not None] or None
+
+
+def cache_name(dataset: str, split: str, encoder: str, image_size: int, grid_size: int) -> str:
+    return f"{dataset}-{split}-{encoder}-{image_size}px-g{grid_size}"

@@ -1,0 +1,70 @@
+"""Flickr8k as users download it.
+
+Either the Kaggle layout (`Images/` + `captions.txt`, a CSV `image,caption`) or the original release
+(`Flicker8k_Dataset/` + `Flickr8k.token.txt`, lines `name.jpg#k<TAB>caption`), with the official split
+files `Flickr_8k.{train,dev,test}Images.txt` (in the root or in a `Flickr8k_text/` subfolder).
+"""
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from pathlib import Path
+
+from .records import ImageRecord
+
+SPLIT_FILES = {"train": "Flickr_8k.trainImages.txt", "val": "Flickr_8k.devImages.txt", "test": "Flickr_8k.testImages.txt"}
+
+
+def _find(root: Path, names: list[str]) -> Path | None:
+    for name in names:
+        for base in (root, root / "Flickr8k_text"):
+            if (base / name).exists():
+                return base / name
+    return None
+
+
+def read_captions(root: Path) -> dict[str, list[str]]:
+    caps: dict[str, list[str]] = defaultdict(list)
+    csv_path = _find(root, ["captions.txt"])
+    token_path = _find(root, ["Flickr8k.token.txt"])
+    if csv_path is not None:
+        with open(csv_path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header is None or [h.strip().lower() for h in header[:2]] != ["image", "caption"]:
+                raise ValueError(f"{csv_path}: expected a CSV with header 'image,caption'")
+            for row in reader:
+                if len(row) >= 2:
+                    caps[row[0].strip()].append(",".join(row[1:]).strip())
+    elif token_path is not None:
+        for line in token_path.read_text(encoding="utf-8").splitlines():
+            if "\t" in line:
+                key, caption = line.split("\t", 1)
+                caps[key.split("#")[0].strip()].append(caption.strip())
+    else:
+        raise FileNotFoundError(
+            f"{root}: no captions.txt (Kaggle layout) or Flickr8k.token.txt (original release) found. "
+            "Point data.root at the folder that holds the Flickr8k captions."
+        )
+    return caps
+
+
+def image_dir(root: Path) -> Path:
+    for name in ("Images", "Flicker8k_Dataset", "Flickr8k_Dataset"):
+        if (root / name).is_dir():
+            return root / name
+    raise FileNotFoundError(f"{root}: no Images/ or Flicker8k_Dataset/ folder with the photos")
+
+
+def load_flickr8k(root: str | Path, split: str) -> list[ImageRecord]:
+    """Records of one official split ('train', 'val' or 'test'), in the split file's order."""
+    root = Path(root)
+    if split not in SPLIT_FILES:
+        raise ValueError(f"split must be one of {list(SPLIT_FILES)}, got '{split}'")
+    split_path = _find(root, [SPLIT_FILES[split]])
+    if split_path is None:
+        raise FileNotFoundError(f"{root}: split file {SPLIT_FILES[split]} not found")
+    names = [n.strip() for n in split_path.read_text().splitlines() if n.strip()]
+    caps = read_captions(root)
+    images = image_dir(root)
+    return [ImageRecord(n, images / n, caps[n]) for n in names if caps.get(n)]

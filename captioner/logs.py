@@ -1,0 +1,59 @@
+"""Run logs: one JSON object per line (metrics.jsonl) and a PNG plot of loss and val metrics."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+class JsonlLogger:
+    def __init__(self, path: str | Path, enabled: bool = True):
+        self.path, self.enabled = Path(path), enabled
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a crash: skip it
+            continue
+    return out
+
+
+def plot_history(jsonl: str | Path, png: str | Path) -> None:
+    """Training loss terms per step (left) and validation metrics per epoch (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_jsonl(jsonl)
+    train = [r for r in rows if r.get("kind") == "train"]
+    val = [r for r in rows if r.get("kind") == "val"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    if train:
+        steps = [r["step"] for r in train]
+        ax1.plot(steps, [r["xent"] for r in train], label="cross-entropy / token")
+        ax1.plot(steps, [r["attention"] for r in train], label="attention penalty")
+        ax1.set_xlabel("step")
+        ax1.set_title("training loss")
+        ax1.legend()
+    if val:
+        epochs = [r["epoch"] for r in val]
+        for key in ("Bleu_4", "CIDEr", "METEOR", "ROUGE_L"):
+            if key in val[0]:
+                ax2.plot(epochs, [r[key] for r in val], marker="o", label=key)
+        ax2.set_xlabel("epoch")
+        ax2.set_title("validation (decoded captions)")
+        ax2.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,90 @@
+"""Standard caption metrics through pycocoevalcap (the COCO caption evaluation code).
+
+Captions and references go through its PTB tokenizer, then BLEU-1..4, METEOR, ROUGE-L and CIDEr are
+computed against ALL references of each image. SPICE runs only when its Java models are already
+present (it would otherwise download Stanford CoreNLP); else it is skipped with a message.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+from typing import Callable, Mapping, Sequence
+
+METRIC_KEYS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
+
+
+def _spice_available() -> bool:
+    try:
+        import pycocoevalcap.spice.spice as spice_mod
+    except ImportError:
+        return False
+    lib = os.path.join(os.path.dirname(spice_mod.__file__), "lib")
+    return os.path.isfile(os.path.join(lib, "stanford-corenlp-3.6.0.jar"))
+
+
+def score_captions(predictions: Mapping[str, str], references: Mapping[str, Sequence[str]],
+                   metrics: Sequence[str] = METRIC_KEYS, spice: bool = False,
+                   log: Callable[[str], None] = print) -> dict[str, float]:
+    """predictions {image_id: caption}, references {image_id: [captions]} -> {metric: score}.
+    Scores use pycocoevalcap's scale (0..1 for BLEU/METEOR/ROUGE-L, CIDEr around 0..3)."""
+    if not predictions:
+        raise ValueError("no predictions to score")
+    missing = [k for k in predictions if not references.get(k)]
+    if missing:
+        raise ValueError(f"{len(missing)} predicted images have no references, e.g. {missing[:3]}")
+    if shutil.which("java") is None:  # the PTB tokenizer and METEOR are Java programs
+        raise RuntimeError("pycocoevalcap needs Java (the PTB tokenizer and METEOR): install a JRE, e.g. "
+                           "'apt-get install default-jre-headless'")
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    ids = sorted(predictions)
+    gts = {i: [{"caption": c} for c in references[i]] for i in ids}
+    res = {i: [{"caption": predictions[i] or "."}] for i in ids}  # empty caption: still scorable
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        tok = PTBTokenizer()
+        gts, res = tok.tokenize(gts), tok.tokenize(res)
+    out: dict[str, float] = {}
+    if any(m.startswith("Bleu") for m in metrics):
+        from pycocoevalcap.bleu.bleu import Bleu
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            bleu, _ = Bleu(4).compute_score(gts, res)
+        for n in range(4):
+            if f"Bleu_{n + 1}" in metrics:
+                out[f"Bleu_{n + 1}"] = float(bleu[n])
+    if "METEOR" in metrics:
+        from pycocoevalcap.meteor.meteor import Meteor
+
+        m = Meteor()
+        try:
+            out["METEOR"] = float(m.compute_score(gts, res)[0])
+        finally:
+            _close_meteor(m)
+    if "ROUGE_L" in metrics:
+        from pycocoevalcap.rouge.rouge import Rouge
+
+        out["ROUGE_L"] = float(Rouge().compute_score(gts, res)[0])
+    if "CIDEr" in metrics:
+        from pycocoevalcap.cider.cider import Cider
+
+        out["CIDEr"] = float(Cider().compute_score(gts, res)[0])
+    if spice:
+        if _spice_available():
+            from pycocoevalcap.spice.spice import Spice
+
+            out["SPICE"] = float(Spice().compute_score(gts, res)[0])
+        else:
+            log("SPICE skipped: its Stanford CoreNLP models are not installed (pycocoevalcap would download "
+                "them, and this machine may be offline). Other metrics are unaffected.")
+    return out
+
+
+def _close_meteor(m) -> None:
+    # pycocoevalcap's Meteor keeps a Java subprocess; end it so repeated evaluations do not leak
+    with contextlib.suppress(Exception):
+        with m.lock:
+            m.meteor_p.stdin.close()
+            m.meteor_p.kill()
+            m.meteor_p.wait()

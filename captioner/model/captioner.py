@@ -1,0 +1,27 @@
+"""The whole model: encoder + decoder, built from a ModelConfig."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..config import ModelConfig
+from .decoder import Decoder
+from .encoder import Encoder, build_encoder
+
+
+class CaptionModel(nn.Module):
+    def __init__(self, encoder: Encoder, decoder: Decoder):
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        return self.encoder(images)  # (B, P, D)
+
+
+def build_model(cfg: ModelConfig, vocab_size: int, pretrained: bool | None = None) -> CaptionModel:
+    """pretrained=None follows cfg.pretrained; loading a checkpoint passes False (its weights win)."""
+    pretrained = cfg.pretrained if pretrained is None else pretrained
+    encoder = build_encoder(cfg.encoder, pretrained, cfg.grid_size)
+    decoder = Decoder(vocab_size, encoder.out_dim, cfg.embed_dim, cfg.hidden_dim, cfg.attention_dim, cfg.dropout)
+    return CaptionModel(encoder, decoder)

@@ -1,0 +1,108 @@
+"""LSTM decoder with soft attention and the deep output layer, Xu et al. 2015, sections 3.1.2, 4.
+
+Legend: B batch (captions or beams), P regions, D annotation dim, E embedding dim, H hidden dim,
+T steps, V vocabulary.
+
+    h_0, c_0 = tanh(f_init,h(mean_i a_i)), tanh(f_init,c(mean_i a_i))          (section 3.1.2)
+    [i f o g] = W_e E y_{t-1} + W_z z_t + W_hh h_{t-1} + b                      (eq. 1, input [E y; z])
+    p(y_t)  ∝ exp(L_o tanh(E y_{t-1} + L_h h_t + L_z z_t))                      (eq. 7, deep output)
+
+The tanh before L_o follows the authors' released code (arctic-captions). `step` is the only
+place one decoder step is computed: teacher-forced training loops over it and greedy/beam search
+call it too. The embedding's share of the gates (W_e E y) is an input to `step`, so training can
+compute it for all T steps in one matrix product.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .attention import SoftAttention
+
+State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
+
+
+class Decoder(nn.Module):
+    def __init__(self, vocab_size: int, feat_dim: int, embed_dim: int = 512, hidden_dim: int = 512,
+                 attention_dim: int = 512, dropout: float = 0.5):
+        super().__init__()
+        self.vocab_size, self.hidden_dim = vocab_size, hidden_dim
+        self.attention = SoftAttention(feat_dim, hidden_dim, attention_dim)
+        self.embedding = nn.Embedding(vocab_size, embed_dim)  # E
+        self.init_h = nn.Linear(feat_dim, hidden_dim)
+        self.init_c = nn.Linear(feat_dim, hidden_dim)
+        # LSTM cell written out so the embedding term can be precomputed for all steps
+        self.gates_embed = nn.Linear(embed_dim, 4 * hidden_dim, bias=False)  # W_e
+        self.gates_context = nn.Linear(feat_dim, 4 * hidden_dim, bias=False)  # W_z
+        self.gates_hidden = nn.Linear(hidden_dim, 4 * hidden_dim)  # W_hh, b
+        self.out_hidden = nn.Linear(hidden_dim, embed_dim)  # L_h
+        self.out_context = nn.Linear(feat_dim, embed_dim)  # L_z
+        self.dropout = nn.Dropout(dropout)
+        self.out_vocab = nn.Linear(embed_dim, vocab_size)  # L_o
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
+        # forget-gate bias 1: a common LSTM initialisation that keeps memory early in training
+        with torch.no_grad():
+            b = self.gates_hidden.bias
+            b.zero_()
+            b[self.hidden_dim:2 * self.hidden_dim] = 1.0
+
+    def init_state(self, feats: torch.Tensor) -> State:
+        mean = feats.mean(dim=1)  # (B, D)
+        return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))  # (B, H) each
+
+    def embed(self, words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """words (...,) -> E y (..., E) and its gate contribution W_e E y (..., 4H)."""
+        emb = self.embedding(words)
+        return emb, self.gates_embed(emb)
+
+    def step(self, state: State, emb: torch.Tensor, emb_gates: torch.Tensor, feats: torch.Tensor,
+             feat_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, State]:
+        """One word. state (B, H)x2, emb (B, E), emb_gates (B, 4H), feats (B, P, D),
+        feat_proj (B, P, A) -> logits (B, V), alpha (B, P), new state."""
+        h, c = state
+        z, alpha = self.attention(feats, feat_proj, h)  # (B, D), (B, P)
+        gates = emb_gates + self.gates_context(z) + self.gates_hidden(h)  # (B, 4H)
+        i, f, g, o = gates.chunk(4, dim=1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B, H)
+        h = torch.sigmoid(o) * torch.tanh(c)  # (B, H)
+        out = torch.tanh(emb + self.out_hidden(h) + self.out_context(z))  # (B, E)
+        logits = self.out_vocab(self.dropout(out))  # (B, V)
+        return logits, alpha, (h, c)
+
+    def forward(self, feats: torch.Tensor, inputs: torch.Tensor, lengths: torch.Tensor,
+                image_index: torch.Tensor | None = None, cache_projection: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher forcing.
+
+        feats (Bi, P, D) per image; inputs (B, T) = <start> w_1 .. w_{T-1} per caption, padded;
+        lengths (B,) = number of predicted tokens per caption (words + <end>), SORTED descending;
+        image_index (B,) maps each caption to its image (several captions share one image and one
+        W_a a_i projection). Returns logits (B, T, V) and alphas (B, T, P), zero where t >= length:
+        padded positions are never computed, the batch shrinks as captions finish.
+        """
+        B, T = inputs.shape
+        if image_index is None:
+            image_index = torch.arange(B, device=feats.device)
+        if bool((lengths[1:] > lengths[:-1]).any()):
+            raise ValueError("lengths must be sorted in descending order")
+        feat_proj = self.attention.project(feats) if cache_projection else None  # (Bi, P, A)
+        feats = feats[image_index]  # (B, P, D)
+        if feat_proj is not None:
+            feat_proj = feat_proj[image_index]  # (B, P, A)
+        h, c = self.init_state(feats)
+        emb, emb_gates = self.embed(inputs)  # (B, T, E), (B, T, 4H): all steps in one product
+        logits = feats.new_zeros(B, T, self.vocab_size)
+        alphas = feats.new_zeros(B, T, feats.shape[1])
+        n_active = (lengths.unsqueeze(0) > torch.arange(T, device=lengths.device).unsqueeze(1)).sum(1).tolist()
+        for t in range(T):
+            n = n_active[t]
+            if n == 0:
+                break
+            proj = feat_proj[:n] if feat_proj is not None else self.attention.project(feats[:n])
+            step_logits, alpha, (h, c) = self.step((h[:n], c[:n]), emb[:n, t], emb_gates[:n, t], feats[:n], proj)
+            logits[:n, t] = step_logits
+            alphas[:n, t] = alpha
+        return logits, alphas

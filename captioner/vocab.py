@@ -1,0 +1,126 @@
+"""Tokenizer and vocabulary.
+
+The tokenizer needs no downloaded data (nltk's punkt is not available offline): lowercase,
+split off punctuation, keep word-internal apostrophes and hyphens ("man's", "t-shirt").
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
+SPECIALS = (PAD, START, END, UNK)
+
+_TOKEN = re.compile(r"[a-z0-9]+(?:['\-][a-z0-9]+)*")
+
+
+def tokenize(text: str) -> list[str]:
+    """'A dog, running!' -> ['a', 'dog', 'running']. Punctuation is dropped, as in the
+    standard PTB-tokenised caption evaluation."""
+    return _TOKEN.findall(text.lower())
+
+
+@dataclass
+class VocabStats:
+    size: int
+    n_captions: int
+    n_tokens: int
+    unk_rate: float
+    length_mean: float
+    length_percentiles: dict[str, int]
+    truncated: int
+
+    def __str__(self) -> str:
+        p = self.length_percentiles
+        return (
+            f"vocabulary: {self.size} words (incl. 4 specials) from {self.n_captions} captions, "
+            f"{self.n_tokens} tokens; UNK rate {self.unk_rate:.2%}; caption length mean "
+            f"{self.length_mean:.1f}, p50 {p['p50']}, p90 {p['p90']}, p99 {p['p99']}, max {p['max']}; "
+            f"{self.truncated} captions longer than the cap"
+        )
+
+
+class Vocab:
+    def __init__(self, words: Sequence[str]):
+        if tuple(words[:4]) != SPECIALS:
+            raise ValueError(f"vocabulary must start with {SPECIALS}, got {list(words[:4])}")
+        self.itos: list[str] = list(words)
+        self.stoi: dict[str, int] = {w: i for i, w in enumerate(self.itos)}
+        if len(self.stoi) != len(self.itos):
+            raise ValueError("vocabulary has duplicate words")
+
+    pad = property(lambda self: 0)
+    start = property(lambda self: 1)
+    end = property(lambda self: 2)
+    unk = property(lambda self: 3)
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    @classmethod
+    def build(cls, captions: Iterable[str], min_count: int = 5) -> "Vocab":
+        counts = Counter(w for c in captions for w in tokenize(c))
+        # sorted by frequency then alphabetically: the same captions always give the same ids
+        words = sorted((w for w, n in counts.items() if n >= min_count), key=lambda w: (-counts[w], w))
+        return cls(list(SPECIALS) + words)
+
+    def encode(self, caption: str, max_len: int | None = None) -> list[int]:
+        """Caption -> [<start>, w1, ..., wn, <end>] ids, truncating to max_len words."""
+        words = tokenize(caption)
+        if max_len is not None:
+            words = words[:max_len]
+        return [self.start] + [self.stoi.get(w, self.unk) for w in words] + [self.end]
+
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        """Ids -> words, stopping at <end>, skipping <start>/<pad>."""
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == self.end:
+                break
+            if i in (self.start, self.pad):
+                continue
+            out.append(self.itos[i])
+        return out
+
+    def stats(self, captions: Sequence[str], max_len: int = 50) -> VocabStats:
+        lengths, unk, total = [], 0, 0
+        for c in captions:
+            words = tokenize(c)
+            lengths.append(len(words))
+            total += len(words)
+            unk += sum(1 for w in words if w not in self.stoi)
+        lengths.sort()
+        pct = lambda q: lengths[min(len(lengths) - 1, int(q * len(lengths)))] if lengths else 0  # noqa: E731
+        return VocabStats(
+            size=len(self),
+            n_captions=len(captions),
+            n_tokens=total,
+            unk_rate=unk / max(total, 1),
+            length_mean=total / max(len(captions), 1),
+            length_percentiles={"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "max": lengths[-1] if lengths else 0},
+            truncated=sum(1 for n in lengths if n > max_len),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps({"itos": self.itos})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Vocab":
+        data = json.loads(text)
+        if not isinstance(data, dict) or not isinstance(data.get("itos"), list):
+            raise ValueError("vocabulary JSON must be an object with an 'itos' list of words")
+        if not all(isinstance(w, str) for w in data["itos"]):
+            raise ValueError("vocabulary JSON: every entry of 'itos' must be a string")
+        return cls(data["itos"])
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Vocab":
+        return cls.from_json(Path(path).read_text())
