@@ -151,7 +151,7 @@ def encode_records(model: CaptionModel, records: Sequence[ImageRecord], image_si
     """Images -> features (N', P, D) for the readable ones, and their indices in `records`."""
     mean, std = normalization(model.encoder.name)
     loader = DataLoader(ImageDataset(records, image_size, mean, std), batch_size=batch_size,
-                        num_workers=num_workers, collate_fn=lambda b: [s for s in b if s is not None])
+                        num_workers=num_workers, collate_fn=_readable)
     model.eval()
     feats, idx = [], []
     for batch in loader:
@@ -160,6 +160,10 @@ def encode_records(model: CaptionModel, records: Sequence[ImageRecord], image_si
             feats.append(model.encode(x).float().cpu())
             idx.extend(s[1] for s in batch)
     return (torch.cat(feats) if feats else torch.zeros(0)), idx
+
+
+def _readable(samples: list) -> list:
+    return [s for s in samples if s is not None]
 
 
 def evaluate(predictions: dict[str, str], records: Sequence[ImageRecord],

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+FLICKR = SHARED / "flickr8k"
+COCO_MINI = SHARED / "coco-mini"
+
+
+def need_flickr() -> Path:
+    if not (FLICKR / "captions.txt").is_file():
+        pytest.skip(f"Flickr8k data not found at {FLICKR} (tests that need real photos are skipped)")
+    return FLICKR
+
+
+def need_coco() -> Path:
+    if not (COCO_MINI / "annotations" / "captions_train2017.json").is_file():
+        pytest.skip(f"coco-mini data not found at {COCO_MINI}")
+    return COCO_MINI
+
+
+@pytest.fixture
+def flickr() -> Path:
+    return need_flickr()
+
+
+@pytest.fixture
+def coco_mini() -> Path:
+    return need_coco()
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield
