@@ -40,6 +40,7 @@ def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state:
                     optimizer_tensors: dict[str, torch.Tensor] | None = None, half: bool = False) -> None:
     from safetensors.torch import save_file
 
+    _check_finite(model_state, f"refusing to save {path}")  # never replace a good checkpoint with a broken one
     tensors = {}
     for k, v in model_state.items():
         v = v.detach().cpu()
@@ -54,41 +55,124 @@ def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state:
         meta["train_state"] = json.dumps(train_state)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    save_file(tensors, str(tmp), metadata=meta)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one, never half
+    try:
+        save_file(tensors, str(tmp), metadata=meta)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one, never half
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk or an interrupt leaves no half-written file behind
+        raise
+    _fsync_dir(path.parent)  # make the rename itself durable
+
+
+def _check_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
+    bad = [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise CheckpointError(f"{what}: {len(bad)} tensor(s) contain NaN or inf (e.g. {', '.join(bad[:3])}); "
+                              "a model with non-finite weights cannot caption")
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Temp files of writers that were killed mid-write (.NAME.tmpPID whose process is gone)."""
+    prefix = f".{path.name}.tmp"
+    try:
+        candidates = [p for p in path.parent.iterdir() if p.name.startswith(prefix)]
+    except OSError:
+        return
+    for p in candidates:
+        pid = p.name[len(prefix):]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # still running: not ours to delete
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError, OSError):
+            continue
+        try:
+            p.unlink()
+        except OSError:
+            pass
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_PICKLE_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".pkl", ".pickle", ".tar")
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Read a checkpoint written by save_checkpoint. Never unpickles; every problem is a CheckpointError."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a directory; pass the checkpoint file (e.g. {path / 'best.safetensors'})")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             meta = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        with open(path, "rb") as fh:
-            head = fh.read(2)
-        hint = (" It looks like a pickle (torch.save) file: captioner never unpickles files, because "
-                "unpickling can run arbitrary code. Re-save the weights with safetensors.") if head[:1] == b"\x80" or head == b"PK" else ""
-        raise CheckpointError(f"{path}: not a readable safetensors checkpoint ({e}).{hint}") from None
+    except (SafetensorError, OSError, ValueError, RuntimeError, TypeError) as e:
+        raise CheckpointError(f"{path}: not a safetensors checkpoint, or a truncated one ({e}).{_not_safetensors_hint(path)}") from None
     if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: missing or unknown format tag {meta.get('format')!r}; expected {FORMAT}")
+        raise CheckpointError(f"{path}: missing or unknown format tag {meta.get('format')!r}; expected {FORMAT} "
+                              "(a file written by captioner's save_checkpoint / Captioner.save)")
     try:
-        config = Config.from_dict(json.loads(meta["config"]), source=f"{path} (config)")
+        config_dict = json.loads(meta["config"])
+        if not isinstance(config_dict, dict):
+            raise ValueError(f"config must be a JSON object, got {type(config_dict).__name__}")
+        config = Config.from_dict(config_dict, source=f"{path} (config)")
         vocab = Vocab.from_json(meta["vocab"])
         metrics = json.loads(meta.get("metrics", "{}"))
+        if not isinstance(metrics, dict):
+            raise ValueError(f"metrics must be a JSON object, got {type(metrics).__name__}")
         train_state = json.loads(meta["train_state"]) if "train_state" in meta else None
-    except (KeyError, json.JSONDecodeError, ValueError) as e:
+        if train_state is not None and not isinstance(train_state, dict):
+            raise ValueError(f"train_state must be a JSON object, got {type(train_state).__name__}")
+    except KeyError as e:
+        raise CheckpointError(f"{path}: corrupt metadata (no {e.args[0]!r} entry)") from None
+    except (json.JSONDecodeError, ValueError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{path}: corrupt metadata ({e})") from None
     model_state = {k: v for k, v in tensors.items() if not k.startswith(_OPT)}
     optim = {k[len(_OPT):]: v for k, v in tensors.items() if k.startswith(_OPT)}
+    for key in ("decoder.embedding.weight", "decoder.out_vocab.weight"):  # the vocabulary must fit the weights
+        if key in model_state and model_state[key].ndim >= 1 and model_state[key].shape[0] != len(vocab):
+            raise CheckpointError(
+                f"{path}: shape mismatch: its vocabulary has {len(vocab)} words but {key} has "
+                f"{model_state[key].shape[0]} rows {tuple(model_state[key].shape)}; the metadata and the weights "
+                "come from different models")
     return Checkpoint(config, vocab, model_state, metrics, train_state, optim)
+
+
+def _not_safetensors_hint(path: Path) -> str:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError:
+        head = b""
+    if len(head) >= 9 and head[8:9] == b"{":  # u64 header length + JSON header: a safetensors file, cut short
+        return " The file looks like a safetensors checkpoint that was cut short or corrupted (an interrupted copy?)."
+    what = " It looks like a pickle (torch.save) file." if (
+        head[:2] == b"PK" or head[:1] == b"\x80" or path.suffix.lower() in _PICKLE_SUFFIXES) else ""
+    return (what + " captioner only reads safetensors checkpoints and never unpickles files, because "
+            "unpickling can run arbitrary code. Re-save the weights with safetensors "
+            "(captioner.checkpoint.save_checkpoint or Captioner.save).")
 
 
 def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
@@ -106,8 +190,11 @@ def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], sou
             parts.append(f"{len(missing)} missing tensors (e.g. {', '.join(missing[:3])})")
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected tensors (e.g. {', '.join(unexpected[:3])})")
-        raise CheckpointError(f"{source} does not fit the model its config describes: " + "; ".join(parts)
+        encoder = getattr(getattr(model, "encoder", None), "name", None)
+        built = f" (built with encoder {encoder!r})" if isinstance(encoder, str) else ""
+        raise CheckpointError(f"{source} does not fit the model its config describes{built}: " + "; ".join(parts)
                               + ". Was it made with another encoder or vocabulary?")
+    _check_finite(state, str(source))
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=True)
 
 

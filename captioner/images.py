@@ -1,98 +1,185 @@
 """Turning whatever a user hands us into a safe RGB image, and images into network input.
 
 Everything that is not a usable picture becomes an ImageError (a ValueError) whose message a
-person can act on. Decoding is bounded: pixel count is checked from the header before any pixel
-is decoded (decompression bombs), big JPEGs are decoded at reduced scale, and the result is
-downscaled so the rest of the pipeline never holds a huge array.
+person can act on. Decoding is bounded: only common photo formats are parsed (no plugin that
+shells out, e.g. EPS -> Ghostscript), the pixel count is checked from the header before any pixel
+is decoded (decompression bombs), big JPEGs are decoded at reduced scale, and other big images are
+shrunk in their native mode right after decoding, so the rest of the pipeline never holds a huge
+array.
 """
 from __future__ import annotations
 
 import io
+import math
 import os
 import warnings
 from pathlib import Path
-from typing import Union
+from typing import BinaryIO, Union
 
+import numpy as np
 import torch
-from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageFile, UnidentifiedImageError
 
-ImageInput = Union[str, os.PathLike, bytes, bytearray, Image.Image]
+ImageInput = Union[str, os.PathLike, bytes, bytearray, memoryview, BinaryIO, Image.Image]
 
-MAX_PIXELS = 100_000_000  # header-declared pixel count above which we refuse to decode
+MAX_PIXELS = 100_000_000  # decoded pixel count above which we refuse (checked from the header, before decoding)
 MAX_FILE_BYTES = 50 * 1024 * 1024
 WORKING_SIDE = 1024  # images are downscaled so the longer side is at most this
+# Formats we parse. Everything else is refused before any plugin-specific code runs: Pillow also
+# knows EPS (runs Ghostscript), FITS, SPIDER, TGA (no magic number: random bytes can "be" a TGA) ...
+FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "PPM", "AVIF")
+FORMAT_NAMES = "JPEG, PNG, WebP, GIF, BMP, TIFF, PPM"
+_JPEG = ("JPEG", "MPO")  # MPO: multi-picture JPEGs that many phones and cameras write
+_ORIENTATION = 0x0112
+_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+              5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+              8: Image.Transpose.ROTATE_90}
 
 
 class ImageError(ValueError):
     """The input is not a usable image. The message says why and what to do."""
 
 
-def load_image(src: ImageInput, max_side: int = WORKING_SIDE) -> Image.Image:
-    """PIL image, path or bytes -> upright RGB PIL image, longer side <= max_side."""
-    ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is an error, not a half-grey picture
-    name = "image"
-    if isinstance(src, Image.Image):
-        img = src
-    else:
-        if isinstance(src, (bytes, bytearray)):
-            data = bytes(src)
-        elif isinstance(src, (str, os.PathLike)):
-            path = Path(src)
-            name = str(path)
-            if not path.is_file():
-                raise ImageError(f"{name}: no such file")
-            if path.stat().st_size > MAX_FILE_BYTES:
-                raise ImageError(f"{name}: file is larger than {MAX_FILE_BYTES // 2**20} MB; use a smaller image")
-            data = path.read_bytes()
-        else:
-            raise ImageError(f"expected a PIL image, a path or bytes, got {type(src).__name__}")
-        if not data:
-            raise ImageError(f"{name}: the file is empty")
-        if len(data) > MAX_FILE_BYTES:
-            raise ImageError(f"{name}: larger than {MAX_FILE_BYTES // 2**20} MB; use a smaller image")
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", Image.DecompressionBombWarning)
-                img = Image.open(io.BytesIO(data))
-        except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-            if isinstance(e, UnidentifiedImageError):
-                raise ImageError(f"{name}: not an image file PIL can read (JPEG, PNG, WebP, GIF, BMP ...)") from None
-            raise ImageError(f"{name}: image is too large to decode safely") from None
-        except Exception as e:  # noqa: BLE001 - any decoder failure is a bad file, not a crash
-            raise ImageError(f"{name}: cannot read image ({e})") from None
-    w, h = img.size
-    if w < 1 or h < 1:
-        raise ImageError(f"{name}: image has no pixels ({w}x{h})")
-    if w * h > MAX_PIXELS:
-        raise ImageError(f"{name}: {w}x{h} pixels is too large to decode safely (limit {MAX_PIXELS:,} pixels)")
+def _formats() -> list[str]:
+    Image.init()
+    return [f for f in FORMATS if f in Image.OPEN]  # AVIF only where Pillow was built with it
+
+
+def _read_path(path: Path) -> bytes:
+    name = str(path)
     try:
+        if not path.exists():
+            raise ImageError(f"{name}: no such file")
+        if path.is_dir():
+            raise ImageError(f"{name}: is a directory, not an image file")
+        if not path.is_file():
+            raise ImageError(f"{name}: not a regular file")
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)  # never more than the limit, even if the file grows meanwhile
+    except OSError as e:
+        raise ImageError(f"{name}: cannot read the file ({e.strerror or e})") from None
+    return data
+
+
+def _read_input(src: ImageInput) -> tuple[bytes, str]:
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return bytes(src), "image"
+    if isinstance(src, (str, os.PathLike)):
+        try:
+            path = Path(src)
+        except TypeError:
+            raise ImageError(f"expected a PIL image, a path or bytes, got {type(src).__name__}") from None
+        return _read_path(path), str(path)
+    if hasattr(src, "read"):  # an open binary file, an upload ...
+        name = str(getattr(src, "name", "image"))
+        try:
+            data = src.read(MAX_FILE_BYTES + 1)
+        except (OSError, ValueError) as e:
+            raise ImageError(f"{name}: cannot read the file ({e})") from None
+        if not isinstance(data, (bytes, bytearray)):
+            raise ImageError(f"{name}: the file object gave {type(data).__name__}, not bytes; open it in binary mode")
+        return bytes(data), name
+    raise ImageError(f"expected a PIL image, a path or bytes, got {type(src).__name__}")
+
+
+def _open(data: bytes, name: str) -> Image.Image:
+    if not data:
+        raise ImageError(f"{name}: the file is empty")
+    if len(data) > MAX_FILE_BYTES:
+        raise ImageError(f"{name}: file is larger than {MAX_FILE_BYTES // 2**20} MB; use a smaller image")
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns from ~89 Mpx; we apply our own limit in load_image (MAX_PIXELS, after JPEG draft)
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            warnings.simplefilter("ignore", UserWarning)  # "Corrupt EXIF data" ...: broken files end as ImageError
+            return Image.open(io.BytesIO(data), formats=_formats())
+    except UnidentifiedImageError:
+        raise ImageError(f"{name}: not an image file that can be read ({FORMAT_NAMES})") from None
+    except Image.DecompressionBombError as e:
+        raise ImageError(f"{name}: image is too large to decode safely ({e})") from None
+    except Exception as e:  # noqa: BLE001 - any parser failure is a bad file, not a crash
+        raise ImageError(f"{name}: cannot read image ({type(e).__name__}: {e})") from None
+
+
+def load_image(src: ImageInput, max_side: int = WORKING_SIDE) -> Image.Image:
+    """PIL image, path, bytes or binary file -> upright RGB PIL image, longer side <= max_side."""
+    ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is an error, not a half-grey picture
+    if isinstance(src, Image.Image):
+        img, name = src, "image"
+    else:
+        data, name = _read_input(src)
+        img = _open(data, name)
+    try:
+        w, h = img.size
+        if w < 1 or h < 1:
+            raise ImageError(f"{name}: image has no pixels ({w}x{h})")
         if getattr(img, "is_animated", False):
             img.seek(0)  # first frame of an animation
-        if img.format == "JPEG":
-            img.draft("RGB", (max_side, max_side))  # decode big JPEGs at reduced scale: fast and small
-        img.load()
-        img = ImageOps.exif_transpose(img)  # caption the picture the way it is meant to be seen
+        if img.format in _JPEG:
+            img.draft("RGB", (max_side, max_side))  # decode big JPEGs at 1/2 .. 1/8 scale: fast and small
+        dw, dh = img.size
+        if dw * dh > MAX_PIXELS:
+            raise ImageError(f"{name}: {w}x{h} pixels is too large to decode safely (limit {MAX_PIXELS:,} pixels)")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            img.load()
+        orientation = _orientation(img)
+        img = _shrink(img, max_side)
+        if orientation in _TRANSPOSE:  # caption the picture the way it is meant to be seen
+            img = img.transpose(_TRANSPOSE[orientation])
         img = _to_rgb(img)
     except ImageError:
         raise
+    except MemoryError:
+        raise ImageError(f"{name}: not enough memory to decode this image; use a smaller one") from None
     except Exception as e:  # noqa: BLE001
-        raise ImageError(f"{name}: the image data is corrupt or truncated ({e})") from None
+        raise ImageError(f"{name}: the image data is corrupt or truncated ({type(e).__name__}: {e})") from None
     if max(img.size) > max_side:
-        img.thumbnail((max_side, max_side), Image.BICUBIC)
+        img.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
     return img
 
 
+def _orientation(img: Image.Image) -> int:
+    """EXIF orientation (1..8); 1 when absent or unreadable (a broken EXIF block is not a broken picture)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            value = img.getexif().get(_ORIENTATION, 1)
+        return int(value) if isinstance(value, int) else 1
+    except Exception:  # noqa: BLE001
+        return 1
+
+
+def _shrink(img: Image.Image, max_side: int) -> Image.Image:
+    """Cheap early downscale of a big decoded image to between 1x and 2x max_side, before any
+    mode conversion multiplies its memory. Box filter where Pillow supports it, nearest otherwise."""
+    factor = max(img.size) // max_side
+    if factor < 2:
+        return img
+    if img.mode in ("RGB", "RGBA", "L", "LA", "I", "F", "CMYK", "YCbCr", "RGBX", "La", "RGBa"):
+        return img.reduce(factor)
+    w, h = img.size
+    f = max(factor // 2, 1)  # nearest (palette, 1-bit, 16-bit): stop at ~2x the target, finish with a real filter
+    if f < 2:
+        return img
+    return img.resize((max(1, math.ceil(w / f)), max(1, math.ceil(h / f))), Image.Resampling.NEAREST)
+
+
 def _to_rgb(img: Image.Image) -> Image.Image:
-    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
-        # 16/32-bit grey: scale to 8 bit instead of clipping to white
-        arr = torch.from_numpy(__import__("numpy").asarray(img, dtype="float32"))
-        hi = float(arr.max()) or 1.0
-        img = Image.fromarray((arr / hi * 255).clamp(0, 255).byte().numpy(), mode="L")
+    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        # 16/32-bit or float grey: scale to 8 bit instead of clipping to white
+        arr = np.asarray(img, dtype=np.float32)
+        hi = float(arr.max()) if arr.size else 0.0
+        if not math.isfinite(hi) or hi <= 0:
+            hi = 1.0
+        arr = np.nan_to_num(arr, nan=0.0, posinf=hi, neginf=0.0)
+        img = Image.fromarray(np.clip(arr * (255.0 / hi), 0, 255).astype(np.uint8), mode="L")
     if img.mode == "P":
-        img = img.convert("RGBA")
-    if img.mode in ("RGBA", "LA", "PA"):
+        img = img.convert("RGBA" if "transparency" in img.info else "RGB")
+    if img.mode in ("RGBA", "LA", "PA", "La", "RGBa"):
+        rgba = img.convert("RGBA")
         background = Image.new("RGB", img.size, (255, 255, 255))
-        background.paste(img.convert("RGBA"), mask=img.convert("RGBA").getchannel("A"))
+        background.paste(rgba, mask=rgba.getchannel("A"))
         return background
     return img.convert("RGB")
 

@@ -30,7 +30,8 @@ def upsample_alpha(alpha: np.ndarray, width: int, height: int, smooth: float = 0
     m = up.numpy()
     if smooth > 0:
         radius = smooth * max(width, height) / alpha.shape[-1]
-        im = Image.fromarray(m / max(float(m.max()), 1e-12) * 255).convert("F")
+        # 8 bits suffice: the colour map has 256 levels (Pillow cannot blur float images)
+        im = Image.fromarray(np.round(m / max(float(m.max()), 1e-12) * 255).astype(np.uint8), mode="L")
         m = np.asarray(im.filter(ImageFilter.GaussianBlur(radius)), dtype=np.float32)
     return m / max(float(m.max()), 1e-12)
 

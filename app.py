@@ -1,0 +1,229 @@
+"""Streamlit app: caption a photo and show where the model looked for each word.
+
+    streamlit run app.py
+
+Layout and widgets only; loading, captioning and drawing live in the captioner package.
+The env var CAPTIONER_CHECKPOINT (optional) names the checkpoint selected when the app opens.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from functools import partial
+from pathlib import Path
+
+import streamlit as st
+
+import captioner
+from captioner import visualize
+from captioner.images import load_image
+
+EXAMPLES_DIR = Path(captioner.__file__).resolve().parent / "assets" / "examples"
+EXAMPLES = {"Cat": "cat.jpg", "Coffee": "coffee.jpg", "Astronaut": "astronaut.jpg"}
+UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "gif", "bmp"]
+GRID_COLUMNS = 4
+GRID_SIDE = 320  # grid overlays are drawn on a copy of the photo at most this many pixels on a side
+FIGURE_SIDE = 400  # the downloadable figure's panels likewise
+DEFAULT_LABEL = "bundled default model"
+
+
+# ----------------------------------------------------------------------------- cached resources
+
+@st.cache_resource(show_spinner="Loading model ...", max_entries=4)
+def get_model(path: str, mtime: float) -> captioner.Captioner:
+    """One model per checkpoint file per process (mtime in the key: a rewritten file is reloaded)."""
+    return captioner.load(path)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def get_caption(path: str, mtime: float, digest: str, beam_size: int, max_len: int,
+                _image) -> captioner.Caption:
+    """Caption of one decoded photo (keyed by its digest), so moving the opacity or word sliders
+    does not decode again."""
+    return get_model(path, mtime).caption(_image, beam_size=beam_size, max_len=max_len)
+
+
+@st.cache_data(show_spinner=False, ttl=10)
+def find_checkpoints(folder: str) -> list[str]:
+    """*.safetensors under folder (recursive), newest first."""
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        return []
+    found = []
+    try:
+        for p in root.rglob("*.safetensors"):
+            try:
+                if p.is_file():
+                    found.append((p.stat().st_mtime, str(p)))
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def checkpoint_choices(folder: str) -> dict[str, str]:
+    """label -> path, in menu order: CAPTIONER_CHECKPOINT, the bundled default, then the folder's."""
+    choices: dict[str, str] = {}
+    seen: set[str] = set()
+
+    def add(label: str, path: str | Path) -> None:
+        key = os.path.abspath(path)
+        if key not in seen:
+            seen.add(key)
+            choices[label] = str(path)
+
+    env = os.environ.get("CAPTIONER_CHECKPOINT")
+    if env and Path(env).is_file():
+        add(f"{Path(env).name} (CAPTIONER_CHECKPOINT)", env)
+    elif env:
+        st.warning(f"CAPTIONER_CHECKPOINT names a file that does not exist: {env}")
+    if captioner.DEFAULT_CHECKPOINT.is_file():
+        add(DEFAULT_LABEL, captioner.DEFAULT_CHECKPOINT)
+    root = Path(folder).expanduser()
+    for p in find_checkpoints(folder):
+        try:
+            label = str(Path(p).relative_to(root))
+        except ValueError:
+            label = p
+        add(label, p)
+    return choices
+
+
+def shrink(image, side: int):
+    """A copy of the photo, longer side at most `side`, same aspect ratio."""
+    small = image.copy()
+    small.thumbnail((side, side))
+    return small
+
+
+def figure_bytes(image, cap: captioner.Caption, opacity: float, smooth: float) -> bytes:
+    """The downloadable figure, drawn only when the button is clicked."""
+    return visualize.figure_png(visualize.attention_figure(image, cap, opacity=opacity, smooth=smooth))
+
+
+def short_error(e: Exception) -> str:
+    return str(e).removeprefix("image: ")
+
+
+# ----------------------------------------------------------------------------- page
+
+st.set_page_config(page_title="Show, Attend and Tell", page_icon=":frame_with_picture:", layout="wide")
+st.title("Show, Attend and Tell")
+st.caption("Image captioning with soft attention: for every word, the heat map shows where in the photo "
+           "the model was looking when it chose that word.")
+
+# --- sidebar: model and decoding settings
+with st.sidebar:
+    st.header("Model")
+    folder = st.text_input("Checkpoint folder (searched recursively for *.safetensors)", value="runs")
+    choices = checkpoint_choices(folder)
+    if not choices:
+        st.error(f"No model available: the bundled default model is missing and no *.safetensors file was "
+                 f"found under '{folder}'. Train one (python scripts/train.py --config configs/flickr8k_cpu.yaml) "
+                 f"or point the checkpoint folder at one.")
+        st.stop()
+    label = st.selectbox("Checkpoint", list(choices))
+    ckpt_path = choices[label]
+    st.header("Decoding")
+    beam_size = st.slider("Beam size", min_value=1, max_value=10, value=3,
+                          help="1 = greedy decoding; larger beams search more captions.")
+    max_len = st.slider("Maximum caption length (words)", min_value=5, max_value=50, value=20)
+    st.header("Attention maps")
+    opacity = st.slider("Overlay opacity", min_value=0.0, max_value=1.0, value=0.6, step=0.05)
+    smooth = st.slider("Smoothing (grid cells)", min_value=0.0, max_value=2.0, value=0.0, step=0.1,
+                       help="Gaussian blur of the upsampled attention map, in units of one attention cell.")
+
+try:
+    mtime = Path(ckpt_path).stat().st_mtime
+    model = get_model(ckpt_path, mtime)
+except (captioner.CheckpointError, OSError) as e:
+    st.error(f"Cannot load the checkpoint '{label}': {e}")
+    st.stop()
+except Exception as e:  # noqa: BLE001 - e.g. a checkpoint from an incompatible version: say so, keep the app alive
+    st.error(f"Cannot load the checkpoint '{label}': {type(e).__name__}: {e}")
+    st.stop()
+with st.sidebar:
+    info = f"{model.config.model.encoder}, {model.grid_size}x{model.grid_size} attention grid, " \
+           f"{len(model.vocab):,} words"
+    val = model.metrics.get("val") if isinstance(model.metrics.get("val"), dict) else {}
+    scores = [f"{k.replace('_', '-')} {val[k]:.3f}" for k in ("Bleu_4", "CIDEr") if isinstance(val.get(k), (int, float))]
+    if scores:
+        info += " | validation " + ", ".join(scores)
+    st.caption(info)
+
+# --- input: an upload, or one of the bundled example photos
+col_upload, col_example = st.columns([3, 2])
+with col_upload:
+    uploaded = st.file_uploader("Upload a photo (JPEG, PNG, WebP, GIF or BMP)", type=UPLOAD_TYPES)
+with col_example:
+    example = st.selectbox("... or pick an example photo", list(EXAMPLES), index=0,
+                           disabled=uploaded is not None,
+                           help="Used when no photo is uploaded.")
+
+if uploaded is not None:
+    name, data = uploaded.name, uploaded.getvalue()
+else:
+    name = EXAMPLES[example]
+    data = (EXAMPLES_DIR / name).read_bytes()
+
+try:
+    image = load_image(data)
+except captioner.ImageError as e:
+    st.error(f"Cannot use **{name}**: {short_error(e)}. Please choose another photo.")
+    st.stop()
+
+with st.spinner("Captioning ..."):
+    try:
+        cap = get_caption(ckpt_path, mtime, hashlib.sha256(data).hexdigest(), beam_size, max_len, image)
+    except captioner.ImageError as e:
+        st.error(f"Cannot use **{name}**: {short_error(e)}")
+        st.stop()
+    except Exception as e:  # noqa: BLE001 - show the problem in the page, keep the app alive
+        st.error(f"Captioning failed with this checkpoint: {type(e).__name__}: {e}")
+        st.stop()
+
+# --- caption and the other beam hypotheses
+col_photo, col_text = st.columns([1, 1])
+with col_photo:
+    st.image(image, caption=f"{name} ({image.width}x{image.height})", width="stretch")
+with col_text:
+    st.subheader(f"“{cap.text}”" if cap.words else "“” (empty caption)")
+    st.markdown(f"log-probability **{cap.log_prob:.2f}** over {len(cap.words)} words + end")
+    if cap.alternatives:
+        st.markdown("Other beam hypotheses")
+        st.dataframe([{"caption": text or "(empty)", "log-prob": round(lp, 3)} for text, lp in cap.alternatives],
+                     hide_index=True, width="stretch")
+    stem = Path(name).stem or "image"
+    st.download_button("Download attention figure (PNG)", icon=":material/download:",
+                       data=partial(figure_bytes, shrink(image, FIGURE_SIDE), cap, opacity, smooth),
+                       file_name=f"{stem}_attention.png", mime="image/png", on_click="ignore")
+    st.download_button("Download caption and attention maps (JSON)", icon=":material/download:",
+                       data=visualize.caption_json_bytes(cap, image_name=name),
+                       file_name=f"{stem}_caption.json", mime="application/json", on_click="ignore")
+
+if not cap.words:
+    st.warning("The model ended the caption straight away, so there are no words to show attention for. "
+               "Try beam size 1 or another checkpoint.")
+    st.stop()
+
+# --- one word, large
+st.header("Where the model looked")
+n = len(cap.words)
+if n > 1:
+    k = st.select_slider("Word", options=list(range(n)), value=0,
+                         format_func=lambda i: f"{i + 1}. {cap.words[i]}")
+else:
+    k = 0
+st.image(visualize.overlay(image, cap.alphas[k], opacity, smooth),
+         caption=f"attention for “{cap.words[k]}” (word {k + 1} of {n})", width=min(900, max(600, image.width)))
+
+# --- every word
+st.header("All words")
+thumb = shrink(image, GRID_SIDE)
+for start in range(0, n, GRID_COLUMNS):
+    cols = st.columns(GRID_COLUMNS)
+    for col, i in zip(cols, range(start, min(start + GRID_COLUMNS, n))):
+        with col:
+            st.image(visualize.overlay(thumb, cap.alphas[i], opacity, smooth),
+                     caption=f"{i + 1}. {cap.words[i]}", width="stretch")

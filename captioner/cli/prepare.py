@@ -1,0 +1,63 @@
+"""Prepare a dataset for training: check it, build and report the vocabulary, and encode every image
+once into the frozen-encoder feature cache (reused by every later run with the same encoder/grid).
+
+    python scripts/prepare_data.py --config configs/flickr8k_cpu.yaml
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    from captioner.config import load_config
+    from captioner.data import build_records
+    from captioner.data.features import build_cache, cache_name
+    from captioner.model.encoder import build_encoder
+    from captioner.vocab import Vocab
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="YAML/JSON recipe in configs/")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
+    p.add_argument("--splits", nargs="*", default=["train", "val"], help="splits to encode (default: train val)")
+    p.add_argument("--no-features", action="store_true", help="only check the data and report the vocabulary")
+    p.add_argument("--vocab-out", default=None, help="also save the vocabulary JSON here")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.set)
+        records = {s: build_records(cfg.data, s) for s in args.splits}
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for split, recs in records.items():
+        missing = [r.image_id for r in recs if not r.path.is_file()]
+        print(f"{split}: {len(recs)} images, {sum(len(r.captions) for r in recs)} captions"
+              + (f"; {len(missing)} image files missing, e.g. {', '.join(missing[:5])}" if missing else ""))
+    if "train" in records:
+        caps = [c for r in records["train"] for c in r.captions]
+        vocab = Vocab.build(caps, cfg.data.min_word_count)
+        print(vocab.stats(caps, cfg.data.max_caption_len))
+        if args.vocab_out:
+            vocab.save(args.vocab_out)
+    if args.no_features:
+        return 0
+    if cfg.model.fine_tune_encoder or cfg.data.augment:
+        print("note: this recipe fine-tunes the encoder or augments images, so training does not use the feature cache")
+    encoder = build_encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size)
+    for split, recs in records.items():
+        t = time.time()
+        name = cache_name(cfg.data.dataset, split if not cfg.data.limit else f"{split}{cfg.data.limit}",
+                          cfg.model.encoder, cfg.model.image_size, cfg.model.grid_size)
+        cache = build_cache(cfg.data.cache_dir, name, encoder, cfg.model.image_size, recs, args.device,
+                            num_workers=cfg.data.num_workers, progress=not args.no_progress)
+        print(f"{split}: features {tuple(cache.features.shape)} float16 at {cache.path} ({time.time() - t:.0f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

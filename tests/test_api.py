@@ -1,0 +1,103 @@
+"""Public API and checkpoints: save -> load gives identical outputs; Caption's contract."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import captioner
+from captioner.checkpoint import CheckpointError, load_checkpoint
+from captioner.config import Config
+from captioner.model.captioner import build_model
+from captioner.vocab import Vocab
+
+WORDS = ["a", "dog", "runs", "on", "the", "grass", "man", "red"]
+
+
+def tiny_captioner(grid: int = 7) -> captioner.Captioner:
+    cfg = Config()
+    cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size = "efficientnet_lite0", False, grid
+    cfg.model.embed_dim = cfg.model.hidden_dim = cfg.model.attention_dim = 32
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", *WORDS])
+    model = build_model(cfg.model, len(vocab))
+    with torch.no_grad():
+        model.decoder.out_vocab.bias[vocab.end] -= 3.0  # an untrained model would often end at once
+    return captioner.Captioner(model, vocab, cfg)
+
+
+def photo(w: int = 320, h: int = 200) -> Image.Image:
+    rng = np.random.RandomState(0)
+    return Image.fromarray(rng.randint(0, 255, (h, w, 3), dtype=np.uint8))
+
+
+def test_caption_contract():
+    cap = tiny_captioner().caption(photo(), beam_size=3, max_len=8)
+    assert isinstance(cap, captioner.Caption)
+    assert cap.words and cap.text == " ".join(cap.words)
+    assert all(w in WORDS + ["<unk>"] for w in cap.words)
+    assert cap.alphas.shape == (len(cap.words), 7, 7)
+    assert np.allclose(cap.alphas.reshape(len(cap.words), -1).sum(-1), 1.0, atol=1e-5)
+    assert isinstance(cap.log_prob, float) and cap.log_prob <= 0
+
+
+def test_inputs_pil_path_bytes_agree(tmp_path):
+    model = tiny_captioner()
+    img = photo()
+    path = tmp_path / "p.png"
+    img.save(path)
+    a = model.caption(img, beam_size=2, max_len=6)
+    b = model.caption(str(path), beam_size=2, max_len=6)
+    c = model.caption(path.read_bytes(), beam_size=2, max_len=6)
+    assert a.words == b.words == c.words
+    assert a.log_prob == pytest.approx(b.log_prob, abs=1e-5)
+
+
+def test_batch_equals_single():
+    model = tiny_captioner()
+    imgs = [photo(100 + 30 * i, 80) for i in range(3)]
+    batch = model.caption_batch(imgs, beam_size=3, max_len=8)
+    for img, cap in zip(imgs, batch):
+        single = model.caption(img, beam_size=3, max_len=8)
+        assert single.words == cap.words and single.log_prob == pytest.approx(cap.log_prob, abs=1e-4)
+
+
+def test_image_error_is_a_value_error():
+    with pytest.raises(captioner.ImageError, match="not an image") as e:
+        tiny_captioner().caption(b"this is text, not a picture")
+    assert isinstance(e.value, ValueError)
+
+
+def test_save_load_roundtrip_gives_identical_outputs(tmp_path):
+    model = tiny_captioner()
+    path = tmp_path / "m.safetensors"
+    model.save(path, metrics={"Bleu_4": 0.5})
+    loaded = captioner.load(path)
+    img = photo()
+    a, b = model.caption(img, beam_size=3, max_len=8), loaded.caption(img, beam_size=3, max_len=8)
+    assert a.words == b.words and a.log_prob == b.log_prob and np.array_equal(a.alphas, b.alphas)
+    assert loaded.metrics == {"Bleu_4": 0.5} and loaded.vocab.itos == model.vocab.itos
+    assert loaded.config == model.config
+    # fp16 file: half the size, same captions
+    half = tmp_path / "h.safetensors"
+    model.save(half, half=True)
+    assert half.stat().st_size < 0.6 * path.stat().st_size
+    assert captioner.load(half).caption(img, beam_size=3, max_len=8).words == a.words
+
+
+def test_checkpoint_never_unpickles(tmp_path):
+    bad = tmp_path / "model.pt"
+    torch.save({"w": torch.zeros(2)}, bad)
+    with pytest.raises(CheckpointError, match="never unpickles"):
+        load_checkpoint(bad)
+
+
+def test_default_model_or_clear_error():
+    if captioner.DEFAULT_CHECKPOINT.is_file():
+        model = captioner.load()
+        assert model.caption(photo(), beam_size=3).words
+    else:
+        with pytest.raises(CheckpointError, match="default model is missing"):
+            captioner.load()

@@ -1,0 +1,250 @@
+"""The Streamlit app (app.py), driven in-process with streamlit.testing.v1.AppTest.
+
+Uses the bundled default model when it exists; otherwise a development checkpoint
+(CAPTIONER_CHECKPOINT if set, else /tmp/devmodel/placeholder.safetensors) is passed to the app
+through CAPTIONER_CHECKPOINT; with neither, the tests are skipped.
+"""
+from __future__ import annotations
+
+import io
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+import captioner
+
+pytest.importorskip("streamlit.testing.v1", reason="streamlit's AppTest is not available")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "app.py"
+EXAMPLES = ROOT / "captioner" / "assets" / "examples"
+DEV_CHECKPOINT = Path("/tmp/devmodel/placeholder.safetensors")
+TIMEOUT = 120
+
+
+@pytest.fixture
+def app(monkeypatch) -> AppTest:
+    """A fresh AppTest of app.py, with a usable model selected (or the test skipped)."""
+    if captioner.DEFAULT_CHECKPOINT.is_file():
+        monkeypatch.delenv("CAPTIONER_CHECKPOINT", raising=False)  # the app must open on the default
+    else:
+        dev = Path(os.environ.get("CAPTIONER_CHECKPOINT") or DEV_CHECKPOINT)
+        if not dev.is_file():
+            pytest.skip(f"no model to run the app with: the bundled default model "
+                        f"{captioner.DEFAULT_CHECKPOINT} is missing and there is no development checkpoint "
+                        f"(set CAPTIONER_CHECKPOINT or create {DEV_CHECKPOINT})")
+        monkeypatch.setenv("CAPTIONER_CHECKPOINT", str(dev))
+    monkeypatch.chdir(ROOT)
+    return AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+
+
+# ----------------------------------------------------------------------------- page helpers
+
+def no_problems(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def caption_text(at: AppTest) -> str:
+    """The caption shown as “...” (empty string for an empty caption)."""
+    heads = [h.value for h in at.subheader if h.value.startswith("“")]
+    assert len(heads) == 1, heads
+    return heads[0].split("”")[0].lstrip("“")
+
+
+def word_overlays(at: AppTest) -> list[str]:
+    """Captions of the per-word grid images, '1. word', '2. word', ..."""
+    caps = [c for im in at.image for c in im.captions]
+    return [c for c in caps if c.split(". ", 1)[0].isdigit()]
+
+
+def photo_caption(at: AppTest) -> str:
+    caps = [c for im in at.image for c in im.captions if c.endswith(")") and "x" in c]
+    assert caps, [im.captions for im in at.image]
+    return caps[0]
+
+
+def beam(at: AppTest):
+    return next(s for s in at.sidebar.slider if s.label == "Beam size")
+
+
+def check_captioned(at: AppTest, require_words: bool = True) -> list[str]:
+    """The page shows a caption, one overlay per word in the grid, and the large single-word view."""
+    no_problems(at)
+    words = caption_text(at).split()
+    if require_words:
+        assert words, "empty caption"
+    assert word_overlays(at) == [f"{i + 1}. {w}" for i, w in enumerate(words)]
+    large = [c for im in at.image for c in im.captions if c.startswith("attention for")]
+    assert len(large) == (1 if words else 0)
+    labels = [b.label for b in at.download_button]
+    assert any("PNG" in lb for lb in labels) and any("JSON" in lb for lb in labels), labels
+    return words
+
+
+def png_bytes(path: Path, fmt: str = "PNG", **kw) -> bytes:
+    buf = io.BytesIO()
+    Image.open(path).save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def huge_png_header(width: int = 30_000, height: int = 30_000) -> bytes:
+    """A tiny PNG whose header declares an enormous image (decompression bomb)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+# ----------------------------------------------------------------------------- tests
+
+def test_example_photo_is_captioned_then_beam_size_changes(app):
+    at = app.run()
+    no_problems(at)
+    assert "cat.jpg (451x300)" in photo_caption(at)  # the default example, at its own size and aspect
+    beam(at).set_value(1).run()  # greedy: a non-empty caption even from an untrained model
+    words = check_captioned(at)
+    # the large view follows the word selector
+    if len(words) > 1:
+        at.select_slider[0].set_value(len(words) - 1).run()
+        no_problems(at)
+        large = [c for im in at.image for c in im.captions if c.startswith("attention for")]
+        assert large == [f"attention for “{words[-1]}” (word {len(words)} of {len(words)})"]
+    # another beam size and another example photo: still fine
+    beam(at).set_value(4).run()
+    check_captioned(at, require_words=False)
+    example = next(s for s in at.selectbox if "example" in s.label)
+    example.set_value("Coffee").run()
+    check_captioned(at, require_words=False)
+    assert "coffee.jpg (600x400)" in photo_caption(at)
+
+
+@pytest.mark.parametrize("opacity, smooth", [(0.3, 0.0), (1.0, 1.0), (0.0, 2.0)])
+def test_overlay_opacity_and_smoothing(app, opacity, smooth):
+    at = app.run()
+    for s in at.sidebar.slider:
+        if s.label.startswith("Overlay opacity"):
+            s.set_value(opacity)
+        elif s.label.startswith("Smoothing"):
+            s.set_value(smooth)
+    beam(at).set_value(1)
+    at.run()
+    assert check_captioned(at)
+
+
+def test_uploads_in_every_format(app):
+    at = app.run()
+    beam(at).set_value(1).run()
+    uploader = at.file_uploader[0]
+    assert set(uploader.allowed_type) >= {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp"} or \
+        set(uploader.allowed_type) >= {"jpg", "jpeg", "png", "webp", "gif", "bmp"}
+    photo = EXAMPLES / "coffee.jpg"
+    for name, data, mime in [
+        ("coffee.jpg", photo.read_bytes(), "image/jpeg"),
+        ("coffee.png", png_bytes(photo), "image/png"),
+        ("coffee.webp", png_bytes(photo, "WEBP", quality=80), "image/webp"),
+        ("coffee.gif", png_bytes(photo, "GIF"), "image/gif"),
+        ("coffee.bmp", png_bytes(photo, "BMP"), "image/bmp"),
+    ]:
+        at.file_uploader[0].set_value((name, data, mime)).run()
+        check_captioned(at)
+        assert photo_caption(at) == f"{name} (600x400)"  # the original photo, aspect ratio kept
+
+
+@pytest.mark.parametrize("name, data, message", [
+    ("garbage.jpg", b"this is not a picture at all" * 10, "not an image"),
+    ("truncated.jpg", (EXAMPLES / "cat.jpg").read_bytes()[:5000], "truncated"),
+    ("empty.png", b"", "empty"),
+    ("bomb.png", huge_png_header(), "too large"),
+], ids=["garbage", "truncated", "empty", "decompression-bomb"])
+def test_bad_upload_shows_an_error_and_the_app_recovers(app, name, data, message):
+    at = app.run()
+    beam(at).set_value(1).run()
+    at.file_uploader[0].set_value((name, data, "image/jpeg")).run()
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and name in errors[0] and message in errors[0], errors
+    assert not word_overlays(at)
+    # a good photo afterwards is captioned as usual
+    at.file_uploader[0].set_value(("cat.jpg", (EXAMPLES / "cat.jpg").read_bytes(), "image/jpeg")).run()
+    check_captioned(at)
+    # and clearing the upload goes back to the example photos
+    at.file_uploader[0].clear().run()
+    no_problems(at)
+    assert "cat.jpg" in photo_caption(at)
+
+
+def test_checkpoint_folder_is_searched_recursively(app, tmp_path):
+    at = app.run()
+    no_problems(at)
+    model_file = Path(_selected_path())
+    nested = tmp_path / "exp1" / "ckpt"
+    nested.mkdir(parents=True)
+    (nested / "mine.safetensors").symlink_to(model_file)
+    (tmp_path / "broken.safetensors").write_bytes(b"not a checkpoint")
+    folder = next(t for t in at.sidebar.text_input if t.label.startswith("Checkpoint folder"))
+    folder.set_value(str(tmp_path)).run()
+    no_problems(at)
+    box = next(s for s in at.sidebar.selectbox if s.label == "Checkpoint")
+    assert "exp1/ckpt/mine.safetensors" in box.options and "broken.safetensors" in box.options, box.options
+    box.set_value("exp1/ckpt/mine.safetensors")
+    beam(at).set_value(1)
+    at.run()
+    check_captioned(at)
+    # a broken checkpoint is an error message in the page, not a crash
+    next(s for s in at.sidebar.selectbox if s.label == "Checkpoint").set_value("broken.safetensors").run()
+    assert not at.exception
+    assert any("Cannot load the checkpoint" in e.value for e in at.error), [e.value for e in at.error]
+    next(s for s in at.sidebar.selectbox if s.label == "Checkpoint").set_value("exp1/ckpt/mine.safetensors").run()
+    check_captioned(at)
+
+
+def _selected_path() -> str:
+    """The checkpoint the app opened with (as the test fixture arranged it)."""
+    return os.environ.get("CAPTIONER_CHECKPOINT") or str(captioner.DEFAULT_CHECKPOINT)
+
+
+def test_model_is_loaded_once_per_process(app, monkeypatch):
+    import streamlit as st
+
+    calls = []
+    real_load = captioner.load
+
+    def counting_load(*args, **kwargs):
+        calls.append(args)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(captioner, "load", counting_load)
+    st.cache_resource.clear()
+    at = app.run()
+    beam(at).set_value(1).run()
+    check_captioned(at)
+    again = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()  # another session, same process
+    no_problems(again)
+    assert len(calls) == 1, calls
+
+
+def test_empty_caption_is_explained_not_crashed(app, monkeypatch):
+    """A model may end the caption at once (an untrained one often does with beam search)."""
+    import numpy as np
+    import streamlit as st
+
+    def empty_caption(self, image, beam_size=3, max_len=50, length_penalty=None):
+        g = self.grid_size
+        return captioner.Caption("", [], np.zeros((0, g, g), np.float32), -1.5, [("a cat", -2.0)])
+
+    monkeypatch.setattr(captioner.Captioner, "caption", empty_caption)
+    st.cache_data.clear()
+    try:
+        at = app.run()
+        assert not at.exception and not at.error
+        assert caption_text(at) == "" and not word_overlays(at)
+        assert any("no words" in w.value for w in at.warning), [w.value for w in at.warning]
+        assert at.dataframe and len(at.download_button) == 2
+    finally:
+        st.cache_data.clear()  # do not leave the fake caption for other tests

@@ -1,0 +1,201 @@
+"""The Streamlit app in a real browser: `streamlit run app.py` driven by headless Debian chromium
+through Playwright. Uploads a photo through the page's file input, checks the caption and the
+attention overlays, downloads the results, then uploads bad files and checks the app recovers.
+
+A screenshot of the captioned page is saved under pytest's tmp_path and, when the env var
+CAPTIONER_SCREENSHOT_DIR is set, copied there.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+import captioner
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "captioner" / "assets" / "examples"
+CHROMIUM = Path("/usr/bin/chromium")
+DEV_CHECKPOINT = Path("/tmp/devmodel/placeholder.safetensors")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+WAIT_MS = 60_000
+
+
+def _app_env() -> dict[str, str]:
+    env = dict(os.environ)
+    if captioner.DEFAULT_CHECKPOINT.is_file():
+        env.pop("CAPTIONER_CHECKPOINT", None)  # the app opens on the bundled default model
+        return env
+    dev = Path(env.get("CAPTIONER_CHECKPOINT") or DEV_CHECKPOINT)
+    if not dev.is_file():
+        pytest.skip(f"no model to run the app with: the bundled default model {captioner.DEFAULT_CHECKPOINT} "
+                    f"is missing and there is no development checkpoint (set CAPTIONER_CHECKPOINT or create "
+                    f"{DEV_CHECKPOINT})")
+    env["CAPTIONER_CHECKPOINT"] = str(dev)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def sync_playwright():
+    if not CHROMIUM.is_file():
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not importable (pip install playwright)")
+    return sync_playwright
+
+
+@pytest.fixture
+def app_url(tmp_path, sync_playwright):
+    env = _app_env()
+    env.setdefault("OMP_NUM_THREADS", "2")
+    port = _free_port()
+    log = open(tmp_path / "streamlit.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+         "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"streamlit exited with {proc.returncode}:\n{(tmp_path / 'streamlit.log').read_text()}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("streamlit did not become healthy within 60 s")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    text = (tmp_path / "streamlit.log").read_text()
+    assert "Traceback" not in text, text
+
+
+def _settle(page) -> None:
+    """Wait until the script run triggered by the last interaction has finished."""
+    page.wait_for_timeout(300)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
+                           timeout=WAIT_MS)
+
+
+def _caption_shown(page) -> str:
+    head = page.locator("h3", has_text="“").first
+    head.wait_for(timeout=WAIT_MS)
+    return head.inner_text().split("”")[0].lstrip("“").strip()
+
+
+def _overlay_captions(page) -> list[str]:
+    caps = page.locator('[data-testid="stImageCaption"]').all_inner_texts()
+    return [c.strip() for c in caps if c.strip().split(". ", 1)[0].isdigit()]
+
+
+def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwright, tmp_path):
+    photo = EXAMPLES / "coffee.jpg"
+    png = io.BytesIO()
+    Image.open(photo).save(png, "PNG")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2600}, accept_downloads=True)
+            page.goto(app_url)
+            page.get_by_text("cat.jpg (451x300)").wait_for(timeout=WAIT_MS)  # the default example photo
+            _settle(page)
+
+            # greedy decoding (beam 1): sidebar slider driven with the keyboard
+            beam = page.get_by_role("slider", name="Beam size")
+            beam.focus()
+            beam.press("Home")
+            page.get_by_test_id("stSliderThumbValue").filter(has_text="1").first.wait_for(timeout=WAIT_MS)
+            _settle(page)
+
+            # upload a photo through the real file input
+            page.locator('input[type="file"]').set_input_files(
+                files=[{"name": "coffee.png", "mimeType": "image/png", "buffer": png.getvalue()}])
+            page.get_by_text("coffee.png (600x400)").wait_for(timeout=WAIT_MS)
+            _settle(page)
+            words = _caption_shown(page).split()
+            assert words, "empty caption"
+            assert _overlay_captions(page) == [f"{i + 1}. {w}" for i, w in enumerate(words)]
+            # every overlay is a loaded picture with the photo's aspect ratio (600x400)
+            images = page.locator('[data-testid="stImage"] img')
+            assert images.count() == len(words) + 2  # the photo, the large view, one per word
+            for k in range(images.count()):
+                img = images.nth(k)
+                img.scroll_into_view_if_needed()
+                page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=img.element_handle(),
+                                       timeout=WAIT_MS)
+                w, h = img.evaluate("img => [img.naturalWidth, img.naturalHeight]")
+                assert abs(w / h - 1.5) < 0.02, (k, w, h)
+            page.evaluate("window.scrollTo(0, 0)")
+            shot = tmp_path / "app.png"
+            page.screenshot(path=str(shot), full_page=True)
+            if os.environ.get("CAPTIONER_SCREENSHOT_DIR"):
+                out = Path(os.environ["CAPTIONER_SCREENSHOT_DIR"])
+                out.mkdir(parents=True, exist_ok=True)
+                shutil.copy(shot, out / "app.png")
+
+            # downloads: the caption JSON and the (lazily drawn) attention figure
+            with page.expect_download(timeout=WAIT_MS) as dl:
+                page.get_by_role("button", name="Download caption and attention maps (JSON)").click()
+            record = json.loads(Path(dl.value.path()).read_text())
+            assert record["caption"] == " ".join(words) and len(record["words"]) == len(words)
+            with page.expect_download(timeout=WAIT_MS) as dl:
+                page.get_by_role("button", name="Download attention figure (PNG)").click()
+            assert Path(dl.value.path()).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+            # garbage: a clear message in the page, no traceback
+            page.locator('input[type="file"]').set_input_files(
+                files=[{"name": "garbage.jpg", "mimeType": "image/jpeg", "buffer": b"definitely not a JPEG" * 50}])
+            alert = page.get_by_test_id("stAlert").filter(has_text="garbage.jpg")
+            alert.wait_for(timeout=WAIT_MS)
+            assert "not an image file" in alert.inner_text()
+            _settle(page)
+            assert page.get_by_test_id("stException").count() == 0
+            assert not _overlay_captions(page)
+
+            # too large for the upload limit (.streamlit/config.toml): refused by the uploader itself
+            page.locator('input[type="file"]').set_input_files(
+                files=[{"name": "huge.jpg", "mimeType": "image/jpeg", "buffer": b"\xff" * (21 * 2**20)}])
+            page.get_by_text("20", exact=False).filter(has_text="MB or smaller").first.wait_for(timeout=WAIT_MS)
+
+            # and the app still works: a good photo is captioned again
+            page.locator('input[type="file"]').set_input_files(str(EXAMPLES / "astronaut.jpg"))
+            page.get_by_text("astronaut.jpg (512x512)").wait_for(timeout=WAIT_MS)
+            _settle(page)
+            words = _caption_shown(page).split()
+            assert words and _overlay_captions(page) == [f"{i + 1}. {w}" for i, w in enumerate(words)]
+            assert page.get_by_test_id("stAlert").filter(has_text="Cannot use").count() == 0
+            assert page.get_by_test_id("stException").count() == 0
+        finally:
+            browser.close()

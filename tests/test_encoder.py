@@ -1,0 +1,66 @@
+"""The offline ImageNet weights are really loaded (strictly) and really work on real photos."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from captioner.images import load_image, preprocess
+from captioner.model.encoder import LITE_VARIANTS, build_encoder, build_lite, lite_weights_path, normalization
+
+DOG_CLASSES = range(151, 269)  # ImageNet classes 151..268 are dog breeds
+
+# Flickr8k photos whose five captions all say "dog"
+DOG_PHOTOS = ["1001773457_577c3a7d70.jpg", "1019077836_6fc9b15408.jpg", "1024138940_f1fefbdce1.jpg",
+              "1032122270_ea6f0beedb.jpg", "1015584366_dfcec3c85a.jpg", "1020651753_06077ec457.jpg"]
+
+
+@pytest.mark.parametrize("name", sorted(LITE_VARIANTS))
+def test_lite_weights_load_strictly(name):
+    state = torch.load(lite_weights_path(name), map_location="cpu", weights_only=True)
+    net = build_lite(name, pretrained=True)
+    own = net.state_dict()
+    assert set(own) == set(state)  # every key matched, nothing left over
+    assert all(torch.equal(own[k], state[k]) for k in state)
+
+
+@pytest.mark.parametrize("name", sorted(LITE_VARIANTS))
+def test_lite_classifies_real_dog_photos_as_dogs(flickr, name):
+    caps = (flickr / "captions.txt").read_text()
+    photos = [p for p in DOG_PHOTOS if p in caps]
+    assert len(photos) >= 3
+    net = build_lite(name, pretrained=True).eval()
+    size = LITE_VARIANTS[name][2]
+    mean, std = normalization(name)
+    x = torch.stack([preprocess(load_image(flickr / "Images" / p), size, mean, std) for p in photos])
+    with torch.no_grad():
+        top5 = net(x).topk(5, dim=-1).indices  # (N, 5)
+    hits = [any(int(c) in DOG_CLASSES for c in row) for row in top5]
+    top1 = [int(row[0]) in DOG_CLASSES for row in top5]
+    assert all(hits), f"{name}: a dog class should be in the top 5 of every dog photo, got {top5.tolist()}"
+    assert sum(top1) >= len(photos) - 1, f"{name}: top-1 should be a dog breed, got {top5[:, 0].tolist()}"
+    # the same network with random weights does not know dogs: the test can fail
+    rand = build_lite(name, pretrained=False).eval()
+    with torch.no_grad():
+        rand_top1 = rand(x).argmax(-1)
+    assert sum(int(c) in DOG_CLASSES for c in rand_top1) < len(photos)
+
+
+@pytest.mark.parametrize("name,size,grid", [("efficientnet_lite0", 224, 7), ("efficientnet_lite2", 260, 9),
+                                            ("efficientnet_lite0", 224, 5)])
+def test_encoder_grid(name, size, grid):
+    enc = build_encoder(name, pretrained=False, grid_size=grid).eval()
+    with torch.no_grad():
+        out = enc(torch.randn(2, 3, size, size))
+    assert out.shape == (2, grid * grid, 1280)
+
+
+def test_resnet_builds_offline_without_weights():
+    enc = build_encoder("resnet101", pretrained=False, grid_size=14).eval()
+    with torch.no_grad():
+        out = enc(torch.randn(1, 3, 224, 224))
+    assert out.shape == (1, 196, 2048)  # 7x7 native grid pooled to the paper's 14x14
+
+
+def test_unknown_encoder_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown encoder 'vgg'"):
+        build_encoder("vgg", False, 7)

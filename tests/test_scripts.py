@@ -1,0 +1,90 @@
+"""Each script runs end to end on a few real Flickr8k photos, as a user would run it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT, need_coco, need_flickr
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def run(*args: str, ok: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+    if ok and proc.returncode != 0:
+        raise AssertionError(f"{args} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """prepare_data + train with the tiny recipe on 8 real images; returns the run folder."""
+    flickr = need_flickr()
+    tmp = tmp_path_factory.mktemp("run")
+    common = ["--config", "configs/tiny.yaml", "--set", f"data.root={flickr}", f"data.cache_dir={tmp / 'cache'}",
+              f"train.out_dir={tmp / 'run'}"]
+    prep = run("scripts/prepare_data.py", *common, "--no-progress")
+    assert "vocabulary:" in prep.stdout and "UNK rate" in prep.stdout and "features (8, 49, 1280)" in prep.stdout
+    out = run("scripts/train.py", *common, "--no-progress")
+    assert "epoch 2:" in out.stdout and "Bleu_4" in out.stdout
+    assert "feature" not in out.stderr.lower() or "rebuild" not in out.stderr.lower()  # the cache was reused
+    return tmp / "run"
+
+
+def test_train_writes_checkpoints_logs_and_plot(trained):
+    for name in ("best.safetensors", "last.safetensors", "metrics.jsonl", "training.png"):
+        assert (trained / name).is_file(), name
+    rows = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in rows if r["kind"] == "val"]
+    assert [r["epoch"] for r in val] == [1, 2] and all("Bleu_4" in r and "CIDEr" in r for r in val)
+    train = [r for r in rows if r["kind"] == "train"]
+    assert train and all(r["xent"] > 0 and r["attention"] >= 0 for r in train)
+    # rerunning a finished run does nothing and says so
+    again = run("scripts/train.py", "--config", "configs/tiny.yaml", "--set", f"train.out_dir={trained}",
+                f"data.root={need_flickr()}", "--no-progress")
+    assert "already finished" in again.stdout
+
+
+def test_evaluate_json(trained, tmp_path):
+    out = run("scripts/evaluate.py", "--checkpoint", str(trained / "best.safetensors"), "--dataset", "flickr8k",
+              "--data-root", str(need_flickr()), "--split", "test", "--limit", "4", "--beam-size", "2", "--json",
+              "--output", str(tmp_path / "caps.json"))
+    scores = json.loads(out.stdout)
+    assert set(scores) == {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "n_images"}
+    assert scores["n_images"] == 4 and all(0 <= scores[k] <= 10 for k in scores)
+    written = json.loads((tmp_path / "caps.json").read_text())
+    assert len(written["captions"]) == 4
+
+
+def test_evaluate_coco_annotations(trained, tmp_path):
+    coco = need_coco()
+    out = run("scripts/evaluate.py", "--checkpoint", str(trained / "best.safetensors"), "--dataset", "coco",
+              "--images", str(coco / "train2017"), "--annotations", str(coco / "annotations" / "captions_train2017.json"),
+              "--limit", "3", "--beam-size", "1", "--json", "--output", str(tmp_path / "c.json"))
+    assert json.loads(out.stdout)["n_images"] == 3
+
+
+def test_caption_cli(trained, tmp_path):
+    flickr = need_flickr()
+    photos = sorted((flickr / "Images").glob("*.jpg"))[:2]
+    bad = tmp_path / "notes.jpg"
+    bad.write_text("not a photo")
+    out = run("scripts/caption.py", str(photos[0]), str(bad), str(photos[1]), "--checkpoint",
+              str(trained / "best.safetensors"), "--json", "--beam-size", "3", "--attention-dir", str(tmp_path / "att"),
+              ok=False)
+    assert out.returncode != 0  # one image failed ...
+    assert "notes.jpg" in out.stderr and "not an image" in out.stderr  # ... with a clear message ...
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["image"] for r in lines] == [str(photos[0]), str(photos[1])]  # ... and the others are captioned
+    assert all(set(r) == {"image", "caption", "log_prob"} and r["log_prob"] <= 0 for r in lines)
+    assert sorted(p.name for p in (tmp_path / "att").iterdir()) == sorted(p.stem + "_attention.png" for p in photos)
+
+
+def test_config_errors_are_clear():
+    out = run("scripts/train.py", "--config", "configs/tiny.yaml", "--set", "train.bogus=1", ok=False)
+    assert out.returncode == 2 and "unknown setting 'train.bogus'" in out.stderr
