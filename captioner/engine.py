@@ -227,8 +227,7 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
 
     train_records = build_records(cfg.data, "train")
     val_records = build_records(cfg.data, "val")
-    if cfg.train.val_limit:
-        val_records = val_records[: cfg.train.val_limit]
+    n_val = cfg.train.val_limit or len(val_records)  # validate on the first n_val (the cache covers all)
 
     last_path, best_path = out / "last.safetensors", out / "best.safetensors"
     resume = load_checkpoint(last_path) if last_path.is_file() else None
@@ -278,8 +277,8 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
         mean_len = [mean_len[i] for i in keep]
         collate_fn = collate
         val_missing = set(caches["val"].missing)
-        val_keep = [i for i, r in enumerate(val_records) if r.image_id not in val_missing]
-        val_feats = caches["val"].features
+        val_keep = [i for i, r in enumerate(val_records[:n_val]) if r.image_id not in val_missing]
+        val_feats = caches["val"].features[val_keep]  # (n_val, P, D)
     else:
         mean, std = normalization(cfg.model.encoder)
         dataset = ImageDataset(train_records, cfg.model.image_size, mean, std, train_caps, augment=cfg.data.augment)
@@ -335,19 +334,18 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
         metric_value = 0.0
         if main:
             if from_features:
-                caps = caption_features(model, val_feats[val_keep] if len(val_keep) < len(val_records) else val_feats,
-                                        vocab, cfg.train.val_beam_size, cfg.decode.max_len,
+                caps = caption_features(model, val_feats, vocab, cfg.train.val_beam_size, cfg.decode.max_len,
                                         cfg.decode.length_penalty, device)
                 preds = {val_records[i].image_id: c for i, c in zip(val_keep, caps)}
             else:
-                feats, idx = encode_records(model, val_records, cfg.model.image_size, device)
+                feats, idx = encode_records(model, val_records[:n_val], cfg.model.image_size, device)
                 caps = caption_features(model, feats, vocab, cfg.train.val_beam_size, cfg.decode.max_len,
                                         cfg.decode.length_penalty, device)
                 preds = {val_records[i].image_id: c for i, c in zip(idx, caps)}
             metric_names = ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "ROUGE_L", "CIDEr"]
             if cfg.train.val_metric not in metric_names:
                 metric_names.append(cfg.train.val_metric)
-            scores = evaluate(preds, val_records, metric_names, log=log)
+            scores = evaluate(preds, val_records[:n_val], metric_names, log=log)
             metric_value = scores[cfg.train.val_metric]
             rec = {"kind": "val", "epoch": state.epoch, "step": state.step, "train_xent": stats["xent"],
                    "train_attention": stats["attention"], "epoch_seconds": stats["seconds"],
