@@ -327,6 +327,10 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
         stats = train_one_epoch(model, train_module, loader, optimizer, cfg, device, state, from_features,
                                 save_last, logger, log, skip=skip, progress=progress and main)
         hit_max = bool(cfg.train.max_steps and state.step >= cfg.train.max_steps)
+        if world_size > 1:
+            check_ranks_in_sync(model, world_size)
+            if main:
+                log(f"parameters identical across {world_size} ranks after step {state.step}")
         state.epoch += 1
         state.batch_in_epoch = 0
 
@@ -389,6 +393,16 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
     if main:
         log(f"done: best {cfg.train.val_metric} {state.best_metric:.4f} at epoch {state.best_epoch} -> {best_path}")
     return state.__dict__
+
+
+def check_ranks_in_sync(model: torch.nn.Module, world_size: int) -> None:
+    """DistributedDataParallel must keep every rank's parameters identical; verify it (cheaply)."""
+    local = torch.stack([p.detach().double().sum() for p in model.parameters() if p.requires_grad]).cpu()
+    gathered = [torch.zeros_like(local) for _ in range(world_size)]
+    dist.all_gather_object(gathered, local)
+    for r, other in enumerate(gathered[1:], start=1):
+        if not torch.equal(other, gathered[0]):
+            raise TrainingError(f"rank {r}'s parameters differ from rank 0's: distributed training is out of sync")
 
 
 class _BatchIter:

@@ -107,7 +107,7 @@ class Counts:
 
 def _counts(args: argparse.Namespace, cuda: bool) -> Counts:
     if args.quick:
-        c = Counts(batch_images=2, steps=2, naive_steps=1, encoder_steps=1, encoder_batch=1, warmup=1,
+        c = Counts(batch_images=4, steps=3, naive_steps=1, encoder_steps=1, encoder_batch=1, warmup=1,
                    eval_images=4, naive_eval_images=2, latency_runs=2, calib_images=4, calib_iters=3)
     elif cuda:
         c = Counts(batch_images=16, steps=30, naive_steps=10, encoder_steps=10, encoder_batch=16, warmup=5,
@@ -429,8 +429,8 @@ def install_length_counter(decoder, feats: torch.Tensor, spread_words: float, st
     # c_k(0) spread: a random direction of f_init,c scaled so it varies by spread_words * step over images
     m = feats.float().mean(1)  # (n, D)
     v = torch.randn(m.shape[1], generator=torch.Generator().manual_seed(6)).to(m)
-    sd = float((m @ v).std()) if len(m) > 1 else 1.0
-    decoder.init_c.weight[k] = v * (spread_words * step / max(sd, 1e-6))
+    sd = float((m @ v).std()) if len(m) > 1 else 0.0
+    decoder.init_c.weight[k] = v * (spread_words * step / sd) if spread_words > 0 and sd > 1e-6 else 0.0
     decoder.init_c.bias[k] = -float((m @ decoder.init_c.weight[k]).mean())
     decoder._length_step = step  # type: ignore[attr-defined]
 
@@ -533,11 +533,18 @@ def bench_eval(decoder, shape: tuple[int, int], max_len: int, counts: Counts, de
 
 # ---------------------------------------------------------------- single-image latency
 
-def latency_captioner(checkpoint: str | None, calibrated, counts: Counts, device: torch.device,
-                      log: Callable[[str], None]):
+def latency_image():
+    """A 500x375 photo-sized PIL image (Flickr8k's typical size) with smooth structure, not white noise."""
+    from PIL import Image
+
+    small = np.random.default_rng(5).integers(0, 256, size=(12, 16, 3), dtype=np.uint8)
+    return Image.fromarray(small).resize((500, 375), Image.BICUBIC)
+
+
+def latency_captioner(checkpoint: str | None, counts: Counts, device: torch.device, log: Callable[[str], None]):
     """(Captioner, description). Without a checkpoint: a randomly initialised model of the bundled
-    recipe (flickr8k preset); its decoder is `calibrated` (eval's (decoder, shape, max_len, info))
-    when given, else its <end> bias is calibrated here."""
+    recipe (flickr8k preset) with the length counter, calibrated on its own encoder's features of
+    the benchmark image (a random encoder's features look nothing like the synthetic ones)."""
     from ..api import Captioner, load
     from ..config import Config
     from ..model.captioner import build_model
@@ -550,31 +557,20 @@ def latency_captioner(checkpoint: str | None, calibrated, counts: Counts, device
     cfg.model.embed_dim, cfg.model.hidden_dim, cfg.model.attention_dim = p.embed_dim, p.hidden_dim, p.attention_dim
     cfg.decode.max_len = p.max_decode_len
     torch.manual_seed(0)
-    model = build_model(cfg.model, p.vocab, pretrained=False)
-    if calibrated is not None:
-        model.decoder.load_state_dict(calibrated[0].state_dict())
-        words = calibrated[3]["calibrated_mean_words"]
-    else:
-        model.decoder.to(device).eval()
-        feats = synthetic_features(counts.calib_images, p, torch.Generator().manual_seed(3)).to(device)
-        log(f"calibrating the untrained latency model's length counter on {counts.calib_images} images")
-        words = calibrate_lengths(model.decoder, feats, p.len_mean, p.len_std, p.max_decode_len,
-                                  counts.calib_iters, log)["calibrated_mean_words"]
-    cap = Captioner(model, _vocab(p.vocab), cfg, device=device)
+    cap = Captioner(build_model(cfg.model, p.vocab, pretrained=False), _vocab(p.vocab), cfg, device=device)
+    with torch.no_grad():
+        x = cap.preprocess(latency_image()).unsqueeze(0).to(device)
+        feats = cap.model.encode(x.contiguous(memory_format=torch.channels_last))
+    log("calibrating the untrained latency model's length counter")
+    words = calibrate_lengths(cap.model.decoder, feats, p.len_mean, 0.0, p.max_decode_len, 6, log)["calibrated_mean_words"]
     return cap, (f"no bundled model: randomly initialised {p.encoder} {p.image_size}px {p.grid}x{p.grid} "
-                 f"(configs/flickr8k_cpu.yaml shapes), untrained decoder with a step counter driving <end> "
-                 f"({words:.1f} words on calibration features)")
+                 f"(configs/flickr8k_cpu.yaml shapes), decoder with a step counter driving <end> ({words:.0f} words)")
 
 
 def bench_latency(cap, counts: Counts, device: torch.device, beam: int = 3, log: Callable[[str], None] = print
                   ) -> dict[str, Any]:
-    from PIL import Image
-
     timer = Timer(device)
-    rng = np.random.default_rng(5)
-    # a 500x375 photo-sized image (Flickr8k's typical size) with smooth structure, not white noise
-    small = rng.integers(0, 256, size=(12, 16, 3), dtype=np.uint8)
-    img = Image.fromarray(small).resize((500, 375), Image.BICUBIC)
+    img = latency_image()
     words: list[int] = []
     for _ in range(max(2, counts.warmup + 1)):
         cap.caption(img, beam_size=beam)
@@ -749,7 +745,6 @@ def main(argv: list[str] | None = None) -> int:
     if "train_encoder" in sections:
         res["train_encoder"] = bench_train_encoder(preset, counts, device, amp, "efficientnet_lite0", 224, 7, log)
     checkpoint = _default_checkpoint(args.checkpoint)
-    eval_model = None
     if "eval" in sections:
         eval_model = eval_decoder(preset, counts, checkpoint, device, log)
         dec, shape, max_len, info = eval_model
@@ -757,8 +752,7 @@ def main(argv: list[str] | None = None) -> int:
         if "length_offset" in info:
             res["eval"]["length_counter_offset"] = info["length_offset"]
     if "latency" in sections:
-        reuse = eval_model if (eval_model is not None and not checkpoint and preset.name == "flickr8k") else None
-        cap, desc = latency_captioner(checkpoint, reuse, counts, device, log)
+        cap, desc = latency_captioner(checkpoint, counts, device, log)
         res["latency"] = {"model": desc, **bench_latency(cap, counts, device, log=log)}
     if args.coco_epoch:
         if not cuda:
