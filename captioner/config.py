@@ -93,7 +93,7 @@ class Config:
             if not isinstance(values, dict):
                 raise ValueError(f"{source}: section '{section}' must be a mapping, got {type(values).__name__}")
             for key, value in values.items():
-                _set(cfg, f"{section}.{key}", value, source)
+                set_value(cfg, f"{section}.{key}", value, source)
         return cfg
 
 
@@ -122,7 +122,7 @@ def _coerce(value: Any, typ: type, name: str, source: str) -> Any:
     return value
 
 
-def _set(cfg: Config, dotted: str, value: Any, source: str) -> None:
+def set_value(cfg: Config, dotted: str, value: Any, source: str) -> None:
     parts = dotted.split(".")
     if len(parts) != 2 or parts[0] not in _sections():
         raise ValueError(f"{source}: '{dotted}' is not a setting; use section.key with section in {_sections()}")
@@ -155,5 +155,5 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
         if "=" not in item:
             raise ValueError(f"--set expects key=value, got '{item}'")
         key, value = item.split("=", 1)
-        _set(cfg, key.strip(), value, source="--set")
+        set_value(cfg, key.strip(), value, source="--set")
     return cfg

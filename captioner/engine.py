@@ -103,7 +103,11 @@ def train_one_epoch(model: CaptionModel, train_module: torch.nn.Module, loader: 
         terms.total.backward()
         if cfg.train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.train.grad_clip)
-        optimizer.step()
+        try:
+            optimizer.step()
+        except RuntimeError as e:  # e.g. overflow with an absurd learning rate
+            raise TrainingError(f"optimizer step failed at step {state.step} ({e}); the last good checkpoint is "
+                                "kept. Check train.lr.") from None
         state.step += 1
         state.batch_in_epoch = i + 1
         sums["xent"] += terms.xent.item() * terms.n_tokens
@@ -118,6 +122,7 @@ def train_one_epoch(model: CaptionModel, train_module: torch.nn.Module, loader: 
             logger.write(rec)
             bar.set_postfix(xent=f"{rec['xent']:.3f}", att=f"{rec['attention']:.3f}")
         if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
+            _check_finite(model, state.step)
             on_checkpoint()
         if cfg.train.max_steps and state.step >= cfg.train.max_steps:
             break
@@ -125,6 +130,13 @@ def train_one_epoch(model: CaptionModel, train_module: torch.nn.Module, loader: 
     n = max(sums["tokens"], 1)
     return {"xent": sums["xent"] / n, "attention": sums["attention"] / max(sums["batches"], 1),
             "seconds": time.time() - t0, "batches": sums["batches"]}
+
+
+def _check_finite(model: torch.nn.Module, step: int) -> None:
+    """Never checkpoint NaN/inf weights: stop with a message and keep the last good file."""
+    if not all(torch.isfinite(p).all() for p in model.parameters() if p.requires_grad):
+        raise TrainingError(f"weights became NaN/inf at step {step}; stopping. The last good checkpoint is kept. "
+                            "Try a lower train.lr or train.grad_clip.")
 
 
 # ---------------------------------------------------------------- decoding + metrics
@@ -233,6 +245,9 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
     resume = load_checkpoint(last_path) if last_path.is_file() else None
     if resume is not None:
         vocab = resume.vocab
+        if not resume.train_state or "state" not in resume.train_state:
+            raise TrainingError(f"{last_path} has no training state (is it an exported model?). Move it away "
+                                "or choose another train.out_dir.")
         state = TrainState(**resume.train_state["state"])
         if state.finished:
             log(f"{last_path}: this run already finished (best {cfg.train.val_metric} "
@@ -327,6 +342,7 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
         stats = train_one_epoch(model, train_module, loader, optimizer, cfg, device, state, from_features,
                                 save_last, logger, log, skip=skip, progress=progress and main)
         hit_max = bool(cfg.train.max_steps and state.step >= cfg.train.max_steps)
+        _check_finite(model, state.step)
         if world_size > 1:
             check_ranks_in_sync(model, world_size)
             if main:

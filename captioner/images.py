@@ -136,6 +136,7 @@ def load_image(src: ImageInput, max_side: int = WORKING_SIDE) -> Image.Image:
         raise ImageError(f"{name}: the image data is corrupt or truncated ({type(e).__name__}: {e})") from None
     if max(img.size) > max_side:
         img.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
+    img.info = {}  # a fresh upright picture: no EXIF orientation left to apply twice (load_image(load_image(x)))
     return img
 
 

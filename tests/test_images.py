@@ -487,6 +487,21 @@ def test_exif_rotated_jpeg_comes_out_upright(size, cap):
     assert_caption(cap.caption(data, beam_size=2, max_len=5))
 
 
+def test_loading_twice_does_not_rotate_twice(cap):
+    """The CLI decodes a file with load_image, then Captioner.caption calls load_image on the
+    result again: the EXIF orientation must be applied exactly once."""
+    src = _marker(64, 48)
+    exif = src.getexif()
+    exif[0x0112] = 6
+    data = enc(src, "JPEG", exif=exif.tobytes(), quality=92)
+    once = load_image(data)
+    twice = load_image(once)
+    assert twice.size == once.size == (48, 64)
+    assert np.array_equal(np.asarray(twice), np.asarray(once))
+    a, b = cap.caption(data, beam_size=2, max_len=5), cap.caption(once, beam_size=2, max_len=5)
+    assert a.words == b.words and a.log_prob == pytest.approx(b.log_prob, abs=1e-5)
+
+
 @pytest.mark.parametrize("orientation,expect", [
     (1, {"tl": "red", "tr": "blue"}), (2, {"tr": "red", "tl": "blue"}), (3, {"br": "red", "bl": "blue"}),
     (8, {"bl": "red", "tl": "blue"}),

@@ -58,7 +58,10 @@ def open_cache(cache_dir: str | Path, name: str, encoder: Encoder, image_size: i
         return None
     if meta.get("key") != _key(encoder, image_size, records):
         return None
-    feats = np.load(npy_path, mmap_mode="r")
+    try:
+        feats = np.load(npy_path, mmap_mode="r")
+    except (ValueError, OSError):  # truncated or corrupt .npy: rebuild rather than fail
+        return None
     if feats.shape[0] != len(records):
         return None
     return FeatureCache(feats, {r.image_id: i for i, r in enumerate(records)}, meta.get("missing", []), npy_path)

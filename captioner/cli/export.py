@@ -1,0 +1,53 @@
+"""Export a trained checkpoint as a compact model file (optionally the package's bundled default).
+
+    python scripts/export_model.py runs/flickr8k_cpu/best.safetensors captioner/assets/default.safetensors \
+        --half --metrics test_scores.json --set decode.length_penalty=0.5
+
+Keeps only the model tensors (no optimizer state), stores fp16 weights with --half (loaded back as
+fp32), records the evaluation scores given with --metrics inside the file, and can change decode
+settings (chosen on the validation split) so captioner.load() uses them by default.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from captioner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from captioner.config import Config, set_value
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint")
+    p.add_argument("output")
+    p.add_argument("--half", action="store_true", help="store floating-point tensors as fp16")
+    p.add_argument("--metrics", nargs="*", default=[], help="JSON files (e.g. evaluate.py --output) to record")
+    p.add_argument("--set", nargs="*", default=[], metavar="decode.KEY=VALUE", help="change decode settings")
+    args = p.parse_args(argv)
+    try:
+        ckpt = load_checkpoint(args.checkpoint)
+        cfg = Config.from_dict(ckpt.config.to_dict())
+        for item in args.set:
+            key, _, value = item.partition("=")
+            if not key.startswith("decode."):
+                raise ValueError(f"only decode.* settings can change at export, got '{key}'")
+            set_value(cfg, key, value, "--set")
+        metrics = dict(ckpt.metrics)
+        for path in args.metrics:
+            data = json.loads(Path(path).read_text())
+            name = f"{data.get('dataset', 'eval')}_{data.get('split', '')}_beam{data.get('beam_size', '')}"
+            metrics[name] = {"scores": data["scores"], "beam_size": data.get("beam_size"),
+                             "length_penalty": data.get("length_penalty")}
+    except (CheckpointError, ValueError, KeyError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    save_checkpoint(args.output, cfg, ckpt.vocab, ckpt.model_state, metrics=metrics, half=args.half)
+    size = Path(args.output).stat().st_size / 2**20
+    print(f"wrote {args.output} ({size:.1f} MiB, {'fp16' if args.half else 'fp32'}), metrics: {sorted(metrics)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The benchmark CLI: its synthetic inputs are realistic, and a --quick run reports sane numbers."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from captioner.cli.benchmark import (PRESETS, decoder_train_flops, install_length_counter, main, make_batches,
+                                     naive_batch, sample_lengths, set_length_offset)
+from captioner.decoding import decode
+from captioner.model.decoder import Decoder
+
+
+def test_sampled_caption_lengths_follow_the_dataset():
+    rng = np.random.default_rng(0)
+    for preset in PRESETS.values():
+        n = sample_lengths(preset, 20_000, rng)
+        assert abs(n.mean() - preset.len_mean) < 0.3
+        assert abs(n.std() - preset.len_std) < 0.5
+        assert n.min() >= preset.len_min and n.max() <= preset.len_max
+
+
+def test_bucketed_batches_are_shorter_and_naive_batches_share_nothing():
+    p = PRESETS["flickr8k"]
+    fast = make_batches(p, 6, 4, bucket=True, seed=0)
+    plain = make_batches(p, 6, 4, bucket=False, seed=0)
+    assert all(len(b.lengths) == 20 and b.images.shape == (4, p.regions, p.feat_dim) for b in fast)
+    assert all(bool((b.lengths[1:] <= b.lengths[:-1]).all()) for b in fast)  # sorted for the shrinking batch
+    pad = lambda bs: np.mean([1 - float(b.lengths.sum()) / b.inputs.numel() for b in bs])  # noqa: E731
+    assert pad(fast) < pad(plain)  # bucketing wastes fewer positions
+    nb = naive_batch(plain[0])
+    assert nb.images.shape[0] == len(nb.lengths) and torch.equal(nb.image_index, torch.arange(len(nb.lengths)))
+    assert torch.equal(nb.images[3], plain[0].images[plain[0].image_index[3]])
+    assert decoder_train_flops(p, nb, fast=False) > 3 * decoder_train_flops(p, plain[0], fast=True)
+
+
+def test_length_counter_makes_an_untrained_decoder_stop_at_the_requested_length():
+    torch.manual_seed(0)
+    dec = Decoder(50, 16, embed_dim=8, hidden_dim=12, attention_dim=8).eval()
+    feats = torch.randn(32, 9, 16).clamp(0, 6)
+    install_length_counter(dec, feats, spread_words=3.0)
+    for words in (6, 11):
+        set_length_offset(dec, words)
+        for beam in (1, 3):
+            lens = [len(h[0].tokens) for h in decode(dec, feats, 1, 2, 0, beam, 40)]
+            assert abs(np.mean(lens) - words) < 1.5, (words, beam, lens)
+            assert np.std(lens) > 1.0  # lengths vary over images, like real captions
+    # the decoder's shapes are untouched: decoding costs what it costs for a trained model
+    assert dec.out_vocab.weight.shape == (50, 8) and dec.gates_hidden.weight.shape == (48, 12)
+
+
+@pytest.mark.slow
+def test_quick_benchmark_reports_every_section(capsys):
+    threads = torch.get_num_threads()
+    assert main(["--quick", "--json"]) == 0
+    assert torch.get_num_threads() == threads  # --quick's single thread does not leak into other tests
+    res = json.loads(capsys.readouterr().out)
+
+    tc = res["train_cached"]
+    for mode in ("fast", "naive"):
+        assert tc[mode]["captions_per_s"] > 0 and tc[mode]["step_ms_median"] > 0 and tc[mode]["gflop_per_step"] > 0
+    assert tc["naive"]["mean_padded_len"] >= tc["fast"]["mean_caption_tokens"]
+    assert tc["speedup"] > 1, tc  # the real training path beats the naive loop even at toy batch sizes
+
+    te = res["train_encoder"]
+    for mode in ("frozen", "fine_tuned"):
+        assert te[mode]["captions_per_s"] > 0 and te[mode]["images_per_s"] > 0
+    assert te["frozen"]["encode_images_per_s"] > 0
+
+    ev = res["eval"]
+    for beam in (1, 3, 5):
+        assert ev[f"beam{beam}"]["images_per_s"] > 0
+        assert 3 <= ev[f"beam{beam}"]["mean_words"] <= 25  # captions end like real ones, not at max_len
+    assert ev["naive_beam3"]["images_per_s"] > 0 and ev["speedup_beam3"] > 0
+    assert ev["model"]
+
+    la = res["latency"]
+    assert 0 < la["p50_ms"] <= la["p95_ms"] and la["mean_words"] > 0 and la["model"]
+
+    assert res["peak_memory_mb"] > 0
+    assert set(res["targets"]) == {"train_cached_speedup>=3x", "eval_beam3_speedup>=10x", "latency_beam3_p50<250ms"}
+    assert res["machine"]["torch_threads"] == 1 and res["quick"] is True
+
+
+def test_table_output(capsys):
+    assert main(["--quick", "--only", "latency"]) == 0
+    out = capsys.readouterr().out
+    assert "caption latency, 1 image, beam 3" in out and "| measurement" in out and "peak memory" in out
