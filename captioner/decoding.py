@@ -74,96 +74,89 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
                 beam_size: int = 3, max_len: int = 50, length_penalty: float = 0.0) -> list[list[Hypothesis]]:
     """feats (B, P, D) -> for each image, its finished hypotheses best first (up to beam_size).
 
-    Each step scores all K*V continuations of every image at once, keeps the best 2K, moves those
-    ending in <end> (ranked within the top K) to the finished list and keeps the best K others
-    alive. An image leaves the batch when it has K finished hypotheses that no live one can beat
-    (exact with length_penalty=0, since log-probabilities only decrease), or at max_len, when its
-    live hypotheses are finished as they are.
+    All live images x K beams are one batch of rows. Each step scores the K*V continuations of
+    every image at once (tensor ops, no loop over images), keeps the best 2K, records those that
+    end in <end> and rank within the top K as finished, and keeps the best K others alive. An image
+    leaves the batch when K finished hypotheses cannot be beaten by a live one (exact with
+    length_penalty=0, since log-probabilities only decrease; with a penalty, once K have finished),
+    or at max_len, where its live hypotheses are finished as they are (capped).
     """
     K = beam_size
     B, P, _ = feats.shape
     device = feats.device
-    feat_proj = decoder.attention.project(feats)  # (B, P, A)
-    h, c = decoder.init_state(feats)  # (B, H)
-    # live rows, grouped by image; every image starts with one row (the <start> prefix)
-    img_of_row = torch.arange(B, device=device)  # (N,)
-    words = torch.full((B,), start, dtype=torch.long, device=device)  # (N,)
-    cum = torch.zeros(B, device=device)  # (N,) cumulative log-prob
-    hist_tokens = torch.zeros(B, 0, dtype=torch.long, device=device)  # (N, t)
-    hist_alphas = feats.new_zeros(B, 0, P)  # (N, t, P)
+    rank = torch.arange(2 * K, device=device)  # (2K,)
+    # rows = (image, beam); at t=0 only beam 0 of each image is live (the others score -inf)
+    row_feats = feats.repeat_interleave(K, dim=0)  # (N, P, D), N = n * K
+    row_proj = decoder.attention.project(feats).repeat_interleave(K, dim=0)  # (N, P, A)
+    h, c = (s.repeat_interleave(K, dim=0) for s in decoder.init_state(feats))  # (N, H)
+    cum = torch.full((B, K), float("-inf"), device=device)
+    cum[:, 0] = 0.0
+    cum = cum.view(-1)  # (N,) cumulative log-prob of each row
+    words = torch.full((B * K,), start, dtype=torch.long, device=device)
+    hist_tokens = torch.zeros(B * K, 0, dtype=torch.long, device=device)  # (N, t)
+    hist_alphas = feats.new_zeros(B * K, 0, P)  # (N, t, P)
+    image_ids = torch.arange(B, device=device)  # (n,) original id of each live image
+    best_finished = torch.full((B, K), float("-inf"), device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-    active = list(range(B))  # image ids still decoding, in row-group order
-    row_feats, row_proj = feats, feat_proj  # (N, P, D), (N, P, A)
 
     for t in range(max_len):
+        n = len(image_ids)
         emb, emb_gates = decoder.embed(words)
         logits, alpha, (h, c) = decoder.step((h, c), emb, emb_gates, row_feats, row_proj)
         logp = _forbid(torch.log_softmax(logits.float(), dim=-1), pad, start)  # (N, V)
         V = logp.shape[1]
-        cand = (cum.unsqueeze(1) + logp)  # (N, V)
-        # group rows by image: pad every image to the same number of rows with -inf
-        counts = torch.bincount(img_of_row, minlength=B)[active]  # rows per active image
-        n_img, width = len(active), int(counts.max())
-        group_start = torch.cumsum(counts, 0) - counts
-        slot = torch.arange(len(img_of_row), device=device) - group_start.repeat_interleave(counts)
-        grid = cand.new_full((n_img, width, V), float("-inf"))
-        grid[torch.arange(n_img, device=device).repeat_interleave(counts), slot] = cand
-        top_scores, top_idx = grid.view(n_img, -1).topk(min(2 * K, width * V), dim=1)  # (n_img, 2K)
-        src_row = group_start.unsqueeze(1) + top_idx // V  # (n_img, 2K) rows the candidates extend
-        top_word = top_idx % V
-        last = t == max_len - 1
-
-        top_scores_l, src_l, word_l = top_scores.tolist(), src_row.tolist(), top_word.tolist()
-        keep_rows, keep_words, keep_scores, still_active = [], [], [], []
-        for g, img in enumerate(active):
-            alive = []
-            for rank, (s, r, w) in enumerate(zip(top_scores_l[g], src_l[g], word_l[g])):
-                if s == float("-inf"):
-                    break
-                if w == end:
-                    if rank < K:
-                        n_words = hist_tokens.shape[1]
-                        finished[img].append(Hypothesis(hist_tokens[r].tolist(), hist_alphas[r], s,
-                                                        _normalise(s, n_words + 1, length_penalty)))
-                elif len(alive) < K:
-                    alive.append((r, w, s))
-            if last:  # cap: live hypotheses end here, with the word they just chose
-                for r, w, s in alive:
-                    toks = hist_tokens[r].tolist() + [w]
-                    al = torch.cat([hist_alphas[r], alpha[r].unsqueeze(0)])
-                    finished[img].append(Hypothesis(toks, al, s, _normalise(s, len(toks), length_penalty)))
-                continue
-            done = False
-            if len(finished[img]) >= K:
-                finished[img].sort(key=lambda hyp: -hyp.score)
-                best_alive = alive[0][2] if alive else float("-inf")
-                worst_kept = finished[img][K - 1].score
-                # exact for length_penalty=0; with a penalty, K finished hypotheses end the search
-                done = length_penalty != 0 or best_alive <= worst_kept
-            if done or not alive:
-                continue
-            still_active.append(img)
-            for r, w, s in alive:
-                keep_rows.append(r)
-                keep_words.append(w)
-                keep_scores.append(s)
-        if not still_active:
+        cand = (cum.unsqueeze(1) + logp).view(n, K * V)  # (n, K*V)
+        top_s, top_i = cand.topk(2 * K, dim=1)  # (n, 2K)
+        src = torch.arange(n, device=device).unsqueeze(1) * K + top_i // V  # (n, 2K) rows extended
+        word = top_i % V  # (n, 2K)
+        is_end = word == end
+        finite = top_s > float("-inf")
+        # finished now: <end> among the top K
+        fin = is_end & (rank < K) & finite  # (n, 2K)
+        norm = top_s / float(t + 1) ** length_penalty if length_penalty else top_s  # t words + <end>
+        if bool(fin.any()):
+            for g, j in fin.nonzero().tolist():
+                r = int(src[g, j])
+                finished[int(image_ids[g])].append(
+                    Hypothesis(hist_tokens[r].tolist(), hist_alphas[r], float(top_s[g, j]), float(norm[g, j])))
+            merged = torch.cat([best_finished[:n], norm.masked_fill(~fin, float("-inf"))], dim=1)
+            best_finished = merged.topk(K, dim=1).values  # (n, K)
+        kth_finished = best_finished[:, K - 1]
+        # alive: the K best non-<end> continuations (there are always >= K among 2K: each row has one <end>)
+        keep_score = (~is_end).float() * (2 * K - rank)  # prefer non-end, then better rank
+        alive = keep_score.topk(K, dim=1).indices.sort(dim=1).values  # (n, K) positions in rank order
+        alive_s = top_s.gather(1, alive)  # (n, K)
+        alive_src = src.gather(1, alive)
+        alive_word = word.gather(1, alive)
+        if t == max_len - 1:  # cap: live hypotheses end here with the word they just chose
+            for g, k in (alive_s > float("-inf")).nonzero().tolist():
+                r = int(alive_src[g, k])
+                toks = hist_tokens[r].tolist() + [int(alive_word[g, k])]
+                al = torch.cat([hist_alphas[r], alpha[r].unsqueeze(0)])
+                s_ = float(alive_s[g, k])
+                finished[int(image_ids[g])].append(Hypothesis(toks, al, s_, _normalise(s_, len(toks), length_penalty)))
             break
-        idx = torch.tensor(keep_rows, dtype=torch.long, device=device)
-        words = torch.tensor(keep_words, dtype=torch.long, device=device)
-        cum = torch.tensor(keep_scores, device=device, dtype=cum.dtype)
-        hist_tokens = torch.cat([hist_tokens[idx], words.unsqueeze(1)], dim=1)
-        hist_alphas = torch.cat([hist_alphas[idx], alpha[idx].unsqueeze(1)], dim=1)
-        h, c = h[idx], c[idx]
-        row_feats, row_proj = row_feats[idx], row_proj[idx]
-        new_img_of_row = img_of_row[idx]
-        img_of_row, active = new_img_of_row, still_active
-        # keep img_of_row indexable by image id for bincount: ids stay the original ones
+        best_alive = alive_s[:, 0]
+        if length_penalty:
+            done = kth_finished > float("-inf")
+        else:
+            done = kth_finished >= best_alive
+        done |= best_alive == float("-inf")
+        keep = (~done).nonzero().squeeze(1)  # (n',) live images that go on
+        if len(keep) == 0:
+            break
+        rows = alive_src[keep].reshape(-1)  # (n' * K,) source rows of the surviving beams
+        words = alive_word[keep].reshape(-1)
+        cum = alive_s[keep].reshape(-1)
+        hist_tokens = torch.cat([hist_tokens[rows], words.unsqueeze(1)], dim=1)
+        hist_alphas = torch.cat([hist_alphas[rows], alpha[rows].unsqueeze(1)], dim=1)
+        h, c = h[rows], c[rows]
+        row_feats, row_proj = row_feats[rows], row_proj[rows]
+        image_ids, best_finished = image_ids[keep], best_finished[keep]
     for img in range(B):
         finished[img].sort(key=lambda hyp: -hyp.score)
         finished[img] = finished[img][:K]
     return finished
-
 
 def decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0, beam_size: int = 3,
            max_len: int = 50, length_penalty: float = 0.0) -> list[list[Hypothesis]]:

@@ -173,7 +173,10 @@ def sample_lengths(preset: Preset, n: int, rng: np.random.Generator) -> np.ndarr
 
 def synthetic_features(n: int, preset_or_shape, generator: torch.Generator | None = None) -> torch.Tensor:
     """Post-ReLU6-like annotation vectors (n, P, D): non-negative, sparse, at most 6."""
-    P, D = (preset_or_shape.regions, preset_or_shape.feat_dim) if isinstance(preset_or_shape, Preset) else preset_or_shape
+    if isinstance(preset_or_shape, Preset):
+        P, D = preset_or_shape.regions, preset_or_shape.feat_dim
+    else:
+        P, D = preset_or_shape
     return torch.randn(n, P, D, generator=generator).clamp_(0, 6)
 
 
@@ -303,7 +306,7 @@ def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp
             batches = [naive_batch(b) for b in batches]
         batches = [b.to(device) for b in batches]
         torch.manual_seed(0)
-        model = _decoder_model(preset, compile_step and fast).to(device).train()
+        model = _decoder_model(preset, compile_step).to(device).train()
         optimizer = torch.optim.Adam(model.decoder.parameters(), lr=cfg.train.lr)
         _reset_peak(device)
         log(f"train_cached/{mode}: {warmup} warm-up + {n_steps} timed steps of {n_caps} captions")
@@ -492,7 +495,8 @@ def eval_decoder(preset: Preset, counts: Counts, checkpoint: str | None, device:
     from ..model.decoder import Decoder
 
     torch.manual_seed(0)
-    dec = Decoder(preset.vocab, preset.feat_dim, preset.embed_dim, preset.hidden_dim, preset.attention_dim).to(device).eval()
+    dec = Decoder(preset.vocab, preset.feat_dim, preset.embed_dim, preset.hidden_dim, preset.attention_dim)
+    dec = dec.to(device).eval()
     feats = synthetic_features(counts.calib_images, preset, torch.Generator().manual_seed(3)).to(device)
     log(f"calibrating the untrained {preset.name} decoder's length counter on {counts.calib_images} images")
     info = calibrate_lengths(dec, feats, preset.len_mean, preset.len_std, preset.max_decode_len,
@@ -562,7 +566,8 @@ def latency_captioner(checkpoint: str | None, counts: Counts, device: torch.devi
         x = cap.preprocess(latency_image()).unsqueeze(0).to(device)
         feats = cap.model.encode(x.contiguous(memory_format=torch.channels_last))
     log("calibrating the untrained latency model's length counter")
-    words = calibrate_lengths(cap.model.decoder, feats, p.len_mean, 0.0, p.max_decode_len, 6, log)["calibrated_mean_words"]
+    words = calibrate_lengths(cap.model.decoder, feats, p.len_mean, 0.0, p.max_decode_len, 6, log)
+    words = words["calibrated_mean_words"]
     return cap, (f"no bundled model: randomly initialised {p.encoder} {p.image_size}px {p.grid}x{p.grid} "
                  f"(configs/flickr8k_cpu.yaml shapes), decoder with a step counter driving <end> ({words:.0f} words)")
 
@@ -594,7 +599,7 @@ def bench_coco_epoch(counts: Counts, device: torch.device, amp: bool, compile_st
     p = PRESETS["coco"]
     if cached is None or cached.get("preset") != "coco":
         cached = bench_train_cached(p, counts, device, amp, compile_step, peak_tflops, log)
-    enc = bench_train_encoder(p, counts, device, amp, "resnet101", p.image_size, p.grid, log, modes=("frozen", "fine_tuned"))
+    enc = bench_train_encoder(p, counts, device, amp, "resnet101", p.image_size, p.grid, log)
     captions = COCO_TRAIN_IMAGES * CAPTIONS_PER_IMAGE
     return {
         "images": COCO_TRAIN_IMAGES, "captions": captions,
@@ -634,7 +639,8 @@ def format_table(res: dict[str, Any]) -> str:
         what = f"{tc['batch_images']} img x 5 caps, {tc['features']}, V={tc['vocab']}"
         for mode in ("fast", "naive"):
             r = tc[mode]
-            extra = f"median step {r['step_ms_median']:.0f} ms, padded T {r['mean_padded_len']:.1f}"
+            extra = (f"median step {r['step_ms_median']:.0f} ms, padded length {r['mean_padded_len']:.1f}, "
+                     f"{r['mean_caption_tokens']:.1f} tokens/caption")
             if "mfu" in r:
                 extra += f", {r['tflops']:.1f} TFLOP/s ({r['mfu']:.1%} of peak)"
             rows.append((f"train, cached features, {mode}", f"{r['captions_per_s']:,.0f} captions/s", extra))
