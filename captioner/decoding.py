@@ -85,9 +85,9 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
     B, P, _ = feats.shape
     device = feats.device
     rank = torch.arange(2 * K, device=device)  # (2K,)
-    # rows = (image, beam); at t=0 only beam 0 of each image is live (the others score -inf)
-    row_feats = feats.repeat_interleave(K, dim=0)  # (N, P, D), N = n * K
-    row_proj = decoder.attention.project(feats).repeat_interleave(K, dim=0)  # (N, P, A)
+    # rows = (image, beam), K consecutive rows per image sharing its features (never copied per
+    # beam); at t=0 only beam 0 of each image is live (the others score -inf)
+    feat_proj = decoder.attention.project(feats)  # (n, P, A)
     h, c = (s.repeat_interleave(K, dim=0) for s in decoder.init_state(feats))  # (N, H)
     cum = torch.full((B, K), float("-inf"), device=device)
     cum[:, 0] = 0.0
@@ -102,7 +102,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
     for t in range(max_len):
         n = len(image_ids)
         emb, emb_gates = decoder.embed(words)
-        logits, alpha, (h, c) = decoder.step((h, c), emb, emb_gates, row_feats, row_proj)
+        logits, alpha, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj)  # N = n * K rows
         logp = _forbid(torch.log_softmax(logits.float(), dim=-1), pad, start)  # (N, V)
         V = logp.shape[1]
         cand = (cum.unsqueeze(1) + logp).view(n, K * V)  # (n, K*V)
@@ -151,7 +151,8 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
         hist_tokens = torch.cat([hist_tokens[rows], words.unsqueeze(1)], dim=1)
         hist_alphas = torch.cat([hist_alphas[rows], alpha[rows].unsqueeze(1)], dim=1)
         h, c = h[rows], c[rows]
-        row_feats, row_proj = row_feats[rows], row_proj[rows]
+        if len(keep) < n:  # finished images leave the batch
+            feats, feat_proj = feats[keep], feat_proj[keep]
         image_ids, best_finished = image_ids[keep], best_finished[keep]
     for img in range(B):
         finished[img].sort(key=lambda hyp: -hyp.score)

@@ -28,9 +28,16 @@ class SoftAttention(nn.Module):
     def forward(
         self, feats: torch.Tensor, feat_proj: torch.Tensor, h: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """feats (B, P, D), feat_proj (B, P, A), h (B, H) -> context z (B, D), alpha (B, P)."""
-        e = self.score(torch.tanh(feat_proj + self.hidden_proj(h).unsqueeze(1))).squeeze(-1)  # (B, P)
-        alpha = torch.softmax(e, dim=-1)  # (B, P)
-        context = torch.bmm(alpha.unsqueeze(1), feats).squeeze(1)  # (B, D)
-        beta = torch.sigmoid(self.gate(h))  # (B, 1)
+        """feats (B, P, D), feat_proj (B, P, A), h (B*G, H) -> context z (B*G, D), alpha (B*G, P).
+
+        G >= 1 hidden states per image (G = beam size in beam search; 1 in training) share the
+        image's annotations, so beams never copy the (P, D) features of their image.
+        """
+        B, P, _ = feats.shape
+        G = h.shape[0] // B
+        hp = self.hidden_proj(h).view(B, G, 1, -1)  # (B, G, 1, A)
+        e = self.score(torch.tanh(feat_proj.unsqueeze(1) + hp)).view(B * G, P)  # (B*G, P)
+        alpha = torch.softmax(e, dim=-1)  # (B*G, P)
+        context = torch.bmm(alpha.view(B, G, P), feats).view(B * G, -1)  # (B*G, D)
+        beta = torch.sigmoid(self.gate(h))  # (B*G, 1)
         return beta * context, alpha

@@ -60,8 +60,9 @@ class Decoder(nn.Module):
 
     def step(self, state: State, emb: torch.Tensor, emb_gates: torch.Tensor, feats: torch.Tensor,
              feat_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, State]:
-        """One word. state (B, H)x2, emb (B, E), emb_gates (B, 4H), feats (B, P, D),
-        feat_proj (B, P, A) -> logits (B, V), alpha (B, P), new state."""
+        """One word. state (B*G, H)x2, emb (B*G, E), emb_gates (B*G, 4H), feats (B, P, D),
+        feat_proj (B, P, A) -> logits (B*G, V), alpha (B*G, P), new state. G rows per image
+        (consecutive) share its features: G = 1 in training, the beam size in beam search."""
         h, c = state
         z, alpha = self.attention(feats, feat_proj, h)  # (B, D), (B, P)
         gates = emb_gates + self.gates_context(z) + self.gates_hidden(h)  # (B, 4H)
