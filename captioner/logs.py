@@ -41,11 +41,13 @@ def plot_history(jsonl: str | Path, png: str | Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     if train:
         steps = [r["step"] for r in train]
-        ax1.plot(steps, [r["xent"] for r in train], label="cross-entropy / token")
-        ax1.plot(steps, [r["attention"] for r in train], label="attention penalty")
+        ax1.plot(steps, [r["xent"] for r in train], color="tab:blue")
+        ax1.set_ylabel("cross-entropy / token", color="tab:blue")
+        twin = ax1.twinx()  # the penalty lives on another scale (it sums over all P regions)
+        twin.plot(steps, [r["attention"] for r in train], color="tab:orange", alpha=0.6)
+        twin.set_ylabel("lambda * attention penalty / caption", color="tab:orange")
         ax1.set_xlabel("step")
         ax1.set_title("training loss")
-        ax1.legend()
     if val:
         epochs = [r["epoch"] for r in val]
         for key in ("Bleu_4", "CIDEr", "METEOR", "ROUGE_L"):

@@ -88,3 +88,22 @@ def test_caption_cli(trained, tmp_path):
 def test_config_errors_are_clear():
     out = run("scripts/train.py", "--config", "configs/tiny.yaml", "--set", "train.bogus=1", ok=False)
     assert out.returncode == 2 and "unknown setting 'train.bogus'" in out.stderr
+
+
+def test_export_compact_model(trained, tmp_path):
+    scores = tmp_path / "scores.json"
+    scores.write_text(json.dumps({"dataset": "flickr8k", "split": "test", "beam_size": 3, "length_penalty": 0.0,
+                                  "scores": {"Bleu_4": 0.25}}))
+    out = tmp_path / "model.safetensors"
+    run("scripts/export_model.py", str(trained / "best.safetensors"), str(out), "--half", "--metrics", str(scores),
+        "--set", "decode.length_penalty=0.5")
+    import captioner
+
+    full, small = captioner.load(trained / "best.safetensors"), captioner.load(out)
+    assert out.stat().st_size < 0.6 * (trained / "best.safetensors").stat().st_size
+    assert small.config.decode.length_penalty == 0.5
+    assert small.metrics["flickr8k_test_beam3"]["scores"]["Bleu_4"] == 0.25
+    photo = sorted((need_flickr() / "Images").glob("*.jpg"))[0]
+    assert small.caption(photo, length_penalty=0.0).words == full.caption(photo, length_penalty=0.0).words
+    bad = run("scripts/export_model.py", str(trained / "best.safetensors"), str(out), "--set", "train.lr=1", ok=False)
+    assert bad.returncode == 2 and "only decode" in bad.stderr
