@@ -107,3 +107,16 @@ def test_export_compact_model(trained, tmp_path):
     assert small.caption(photo, length_penalty=0.0).words == full.caption(photo, length_penalty=0.0).words
     bad = run("scripts/export_model.py", str(trained / "best.safetensors"), str(out), "--set", "train.lr=1", ok=False)
     assert bad.returncode == 2 and "only decode" in bad.stderr
+
+
+def test_export_weight_averaging(trained, tmp_path):
+    import captioner
+    import torch
+
+    out = tmp_path / "avg.safetensors"
+    run("scripts/export_model.py", str(trained / "best.safetensors"), str(out), "--average",
+        str(trained / "last.safetensors"))
+    a, b, avg = (captioner.load(p) for p in (trained / "best.safetensors", trained / "last.safetensors", out))
+    sa, sb, s = a.model.state_dict(), b.model.state_dict(), avg.model.state_dict()
+    for k in ("decoder.out_vocab.weight", "decoder.attention.feat_proj.weight"):
+        assert torch.allclose(s[k], (sa[k] + sb[k]) / 2, atol=1e-6)

@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
     p.add_argument("output")
+    p.add_argument("--average", nargs="*", default=[], metavar="CKPT",
+                   help="average the weights with these checkpoints of the same run (e.g. the last epochs)")
     p.add_argument("--half", action="store_true", help="store floating-point tensors as fp16")
     p.add_argument("--metrics", nargs="*", default=[], help="JSON files (e.g. evaluate.py --output) to record")
     p.add_argument("--set", nargs="*", default=[], metavar="decode.KEY=VALUE", help="change decode settings")
@@ -34,7 +36,18 @@ def main(argv: list[str] | None = None) -> int:
             if not key.startswith("decode."):
                 raise ValueError(f"only decode.* settings can change at export, got '{key}'")
             set_value(cfg, key, value, "--set")
+        state = ckpt.model_state
+        if args.average:
+            others = [load_checkpoint(path) for path in args.average]
+            for other in others:
+                if other.vocab.itos != ckpt.vocab.itos or other.config.model != ckpt.config.model:
+                    raise ValueError("cannot average checkpoints with another vocabulary or model config")
+            # weights of nearby checkpoints of one run; batch-norm counters are integers and stay as they are
+            state = {k: (sum(o.model_state[k].double() for o in others) + v.double()).div(len(others) + 1).to(v.dtype)
+                     if v.is_floating_point() else v for k, v in state.items()}
         metrics = dict(ckpt.metrics)
+        if args.average:
+            metrics["averaged_with"] = [str(a) for a in args.average]
         for path in args.metrics:
             data = json.loads(Path(path).read_text())
             name = f"{data.get('dataset', 'eval')}_{data.get('split', '')}_beam{data.get('beam_size', '')}"
@@ -43,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ValueError, KeyError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    save_checkpoint(args.output, cfg, ckpt.vocab, ckpt.model_state, metrics=metrics, half=args.half)
+    save_checkpoint(args.output, cfg, ckpt.vocab, state, metrics=metrics, half=args.half)
     size = Path(args.output).stat().st_size / 2**20
     print(f"wrote {args.output} ({size:.1f} MiB, {'fp16' if args.half else 'fp32'}), metrics: {sorted(metrics)}")
     return 0
