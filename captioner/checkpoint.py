@@ -59,6 +59,7 @@ def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         save_file(tensors, str(tmp), metadata=meta)
+        os.chmod(tmp, 0o644)  # safetensors writes 0600; a model file is meant to be shared and packaged
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one, never half
