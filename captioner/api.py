@@ -72,8 +72,9 @@ class Captioner:
         """Preprocessed images (B, 3, S, S) -> captions."""
         lp = self.config.decode.length_penalty if length_penalty is None else length_penalty
         feats = self.model.encode(x.contiguous(memory_format=torch.channels_last))  # (B, P, D)
+        unk = self.vocab.unk if self.config.decode.forbid_unk else None
         results = decode(self.model.decoder, feats, self.vocab.start, self.vocab.end, self.vocab.pad,
-                         beam_size, max_len, lp)
+                         beam_size, max_len, lp, unk)
         g = self.grid_size
         out = []
         for hyps in results:

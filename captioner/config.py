@@ -72,6 +72,7 @@ class DecodeConfig:
     beam_size: int = 3
     max_len: int = 50
     length_penalty: float = 0.0  # score = log_prob / len**length_penalty (0 = raw log-prob)
+    forbid_unk: bool = True  # never write "<unk>" in a caption
 
 
 @dataclass

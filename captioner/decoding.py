@@ -23,9 +23,11 @@ class Hypothesis:
     score: float  # log_prob after length normalisation (what the ranking uses)
 
 
-def _forbid(logp: torch.Tensor, pad: int, start: int) -> torch.Tensor:
+def _forbid(logp: torch.Tensor, pad: int, start: int, unk: int | None = None) -> torch.Tensor:
     logp[:, pad] = float("-inf")
     logp[:, start] = float("-inf")
+    if unk is not None:  # a caption for people should not say "<unk>"
+        logp[:, unk] = float("-inf")
     return logp
 
 
@@ -35,7 +37,7 @@ def _normalise(log_prob: float, length: int, length_penalty: float) -> float:
 
 @torch.no_grad()
 def greedy_decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0,
-                  max_len: int = 50) -> list[Hypothesis]:
+                  max_len: int = 50, unk: int | None = None) -> list[Hypothesis]:
     """feats (B, P, D) -> one hypothesis per image; finished images leave the batch."""
     B = feats.shape[0]
     feat_proj = decoder.attention.project(feats)  # (B, P, A)
@@ -48,7 +50,7 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, p
     for _ in range(max_len):
         emb, emb_gates = decoder.embed(words)
         logits, alpha, state = decoder.step(state, emb, emb_gates, feats, feat_proj)
-        logp = _forbid(torch.log_softmax(logits.float(), dim=-1), pad, start)  # (N, V)
+        logp = _forbid(torch.log_softmax(logits.float(), dim=-1), pad, start, unk)  # (N, V)
         best_logp, words = logp.max(dim=-1)  # (N,)
         keep = []
         for j, (img, w, lp) in enumerate(zip(rows.tolist(), words.tolist(), best_logp.tolist())):
@@ -71,7 +73,8 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, p
 
 @torch.no_grad()
 def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0,
-                beam_size: int = 3, max_len: int = 50, length_penalty: float = 0.0) -> list[list[Hypothesis]]:
+                beam_size: int = 3, max_len: int = 50, length_penalty: float = 0.0,
+                unk: int | None = None) -> list[list[Hypothesis]]:
     """feats (B, P, D) -> for each image, its finished hypotheses best first (up to beam_size).
 
     All live images x K beams are one batch of rows. Each step scores the K*V continuations of
@@ -103,7 +106,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
         n = len(image_ids)
         emb, emb_gates = decoder.embed(words)
         logits, alpha, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj)  # N = n * K rows
-        logp = _forbid(torch.log_softmax(logits.float(), dim=-1), pad, start)  # (N, V)
+        logp = _forbid(torch.log_softmax(logits.float(), dim=-1), pad, start, unk)  # (N, V)
         V = logp.shape[1]
         cand = (cum.unsqueeze(1) + logp).view(n, K * V)  # (n, K*V)
         top_s, top_i = cand.topk(2 * K, dim=1)  # (n, 2K)
@@ -160,12 +163,13 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
     return finished
 
 def decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0, beam_size: int = 3,
-           max_len: int = 50, length_penalty: float = 0.0) -> list[list[Hypothesis]]:
-    """Greedy when beam_size == 1 (a single hypothesis per image), else beam search."""
+           max_len: int = 50, length_penalty: float = 0.0, unk: int | None = None) -> list[list[Hypothesis]]:
+    """Greedy when beam_size == 1 (a single hypothesis per image), else beam search. Passing `unk`
+    forbids that token (the <unk> word), like <pad> and <start>."""
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
     if beam_size == 1:
-        return [[h] for h in greedy_decode(decoder, feats, start, end, pad, max_len)]
-    return beam_search(decoder, feats, start, end, pad, beam_size, max_len, length_penalty)
+        return [[h] for h in greedy_decode(decoder, feats, start, end, pad, max_len, unk)]
+    return beam_search(decoder, feats, start, end, pad, beam_size, max_len, length_penalty, unk)

@@ -144,7 +144,7 @@ def _check_finite(model: torch.nn.Module, step: int) -> None:
 @torch.no_grad()
 def caption_features(model: CaptionModel, feats: np.ndarray | torch.Tensor, vocab: Vocab, beam_size: int,
                      max_len: int, length_penalty: float, device: torch.device, batch_size: int = 100,
-                     progress: bool = False) -> list[str]:
+                     progress: bool = False, forbid_unk: bool = True) -> list[str]:
     """Cached features (N, P, D) -> N captions, decoded in batches."""
     from tqdm import tqdm
 
@@ -152,7 +152,8 @@ def caption_features(model: CaptionModel, feats: np.ndarray | torch.Tensor, voca
     out = []
     for k in tqdm(range(0, len(feats), batch_size), desc="decoding", disable=not progress, unit="batch"):
         x = torch.as_tensor(np.asarray(feats[k:k + batch_size], dtype=np.float32)).to(device)  # (b, P, D)
-        hyps = decode(model.decoder, x, vocab.start, vocab.end, vocab.pad, beam_size, max_len, length_penalty)
+        hyps = decode(model.decoder, x, vocab.start, vocab.end, vocab.pad, beam_size, max_len, length_penalty,
+                      vocab.unk if forbid_unk else None)
         out.extend(" ".join(vocab.decode(h[0].tokens)) for h in hyps)
     return out
 
@@ -355,12 +356,12 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
         if main:
             if from_features:
                 caps = caption_features(model, val_feats, vocab, cfg.train.val_beam_size, cfg.decode.max_len,
-                                        cfg.decode.length_penalty, device)
+                                        cfg.decode.length_penalty, device, forbid_unk=cfg.decode.forbid_unk)
                 preds = {val_records[i].image_id: c for i, c in zip(val_keep, caps)}
             else:
                 feats, idx = encode_records(model, val_records[:n_val], cfg.model.image_size, device)
                 caps = caption_features(model, feats, vocab, cfg.train.val_beam_size, cfg.decode.max_len,
-                                        cfg.decode.length_penalty, device)
+                                        cfg.decode.length_penalty, device, forbid_unk=cfg.decode.forbid_unk)
                 preds = {val_records[i].image_id: c for i, c in zip(idx, caps)}
             metric_names = ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "ROUGE_L", "CIDEr"]
             if cfg.train.val_metric not in metric_names:

@@ -204,3 +204,16 @@ def test_length_penalty_prefers_longer_or_equal_captions():
     for a, b in zip(plain, normed):
         assert a[0].log_prob >= b[0].log_prob - 1e-5  # raw score ranking picks the most probable
         assert all(x.score >= y.score - 1e-6 for x, y in zip(b, b[1:]))  # sorted by the normalised score
+
+
+def test_unk_can_be_forbidden():
+    UNK = 3
+    dec = tiny_decoder(12)
+    with torch.no_grad():
+        dec.out_vocab.bias[UNK] += 10.0  # <unk> would win every step
+    feats = torch.randn(3, P, D)
+    for k in (1, 3):
+        free = decode(dec, feats, START, END, PAD, beam_size=k, max_len=6)
+        assert any(UNK in h[0].tokens for h in free)  # the test can fail
+        banned = decode(dec, feats, START, END, PAD, beam_size=k, max_len=6, unk=UNK)
+        assert all(UNK not in h.tokens for hyps in banned for h in hyps)

@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     t1 = time.time()
     lp = model.config.decode.length_penalty if args.length_penalty is None else args.length_penalty
     caps = caption_features(model.model, feats, model.vocab, args.beam_size, args.max_len, lp,
-                            torch.device(args.device), args.batch_size, progress=not args.json)
+                            torch.device(args.device), args.batch_size, progress=not args.json,
+                            forbid_unk=model.config.decode.forbid_unk)
     t2 = time.time()
     preds = {records[i].image_id: c for i, c in zip(keep, caps)}
     scores = evaluate(preds, [records[i] for i in keep], METRIC_KEYS, log=say)
