@@ -120,6 +120,14 @@ def _overlay_captions(page) -> list[str]:
     return [c.strip() for c in caps if c.strip().split(". ", 1)[0].isdigit()]
 
 
+def _all_overlays(page, words: list[str]) -> list[str]:
+    """The grid streams in panel by panel: wait for the last word's overlay, then read them all."""
+    last = f"{len(words)}. {words[-1]}"
+    page.locator('[data-testid="stImageCaption"]', has_text=last).last.wait_for(timeout=WAIT_MS)
+    _settle(page)
+    return _overlay_captions(page)
+
+
 def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwright, tmp_path):
     photo = EXAMPLES / "coffee.jpg"
     png = io.BytesIO()
@@ -146,7 +154,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             _settle(page)
             words = _caption_shown(page).split()
             assert words, "empty caption"
-            assert _overlay_captions(page) == [f"{i + 1}. {w}" for i, w in enumerate(words)]
+            assert _all_overlays(page, words) == [f"{i + 1}. {w}" for i, w in enumerate(words)]
             # every overlay is a loaded picture with the photo's aspect ratio (600x400)
             images = page.locator('[data-testid="stImage"] img')
             assert images.count() == len(words) + 2  # the photo, the large view, one per word
@@ -194,7 +202,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             page.get_by_text("astronaut.jpg (512x512)").wait_for(timeout=WAIT_MS)
             _settle(page)
             words = _caption_shown(page).split()
-            assert words and _overlay_captions(page) == [f"{i + 1}. {w}" for i, w in enumerate(words)]
+            assert words and _all_overlays(page, words) == [f"{i + 1}. {w}" for i, w in enumerate(words)]
             assert page.get_by_test_id("stAlert").filter(has_text="Cannot use").count() == 0
             assert page.get_by_test_id("stException").count() == 0
         finally:
