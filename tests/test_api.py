@@ -1,7 +1,6 @@
 """Public API and checkpoints: save -> load gives identical outputs; Caption's contract."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
