@@ -84,7 +84,7 @@ def train_one_epoch(model: CaptionModel, train_module: torch.nn.Module, loader: 
     model.train()
     if not cfg.model.fine_tune_encoder:
         model.encoder.eval()  # frozen encoder: batch-norm statistics stay ImageNet's
-    sums = {"xent": 0.0, "attention": 0.0, "tokens": 0, "batches": 0, "skipped_images": 0}
+    sums = {"xent": 0.0, "attention": 0.0, "tokens": 0, "batches": 0}
     t0 = time.time()
     bar = tqdm(total=len(loader) + skip, initial=skip, desc=f"epoch {state.epoch + 1}", disable=not progress,
                unit="batch")
@@ -190,10 +190,6 @@ def evaluate(predictions: dict[str, str], records: Sequence[ImageRecord],
 
 # ---------------------------------------------------------------- the whole run
 
-def _is_main(rank: int) -> bool:
-    return rank == 0
-
-
 def _seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -234,7 +230,7 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
     command after an interruption resumes from out_dir/last.safetensors."""
     device = torch.device(device)
     out = Path(cfg.train.out_dir)
-    main = _is_main(rank)
+    main = rank == 0  # rank 0 logs, validates and writes checkpoints
     logger = JsonlLogger(out / "metrics.jsonl", enabled=main)
     _seed(cfg.train.seed + rank)
 

@@ -33,6 +33,15 @@ def coco_mini() -> Path:
     return need_coco()
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Keep torch on one thread in modules that run many small models (2-core machine)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

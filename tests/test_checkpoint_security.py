@@ -25,12 +25,7 @@ from captioner.vocab import Vocab
 WORDS = ["<pad>", "<start>", "<end>", "<unk>", "a", "dog"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _few_threads():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_config(encoder: str = "efficientnet_lite0") -> Config:

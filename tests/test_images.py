@@ -75,13 +75,7 @@ def assert_rgb(img: Image.Image, max_side: int = 1024) -> None:
     assert 1 <= min(img.size) and max(img.size) <= max_side
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _few_threads():
-    """The machine is shared with a training job: keep torch on one thread here."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
