@@ -74,7 +74,7 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, p
 @torch.no_grad()
 def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0,
                 beam_size: int = 3, max_len: int = 50, length_penalty: float = 0.0,
-                unk: int | None = None) -> list[list[Hypothesis]]:
+                unk: int | None = None, cache_projection: bool = True) -> list[list[Hypothesis]]:
     """feats (B, P, D) -> for each image, its finished hypotheses best first (up to beam_size).
 
     All live images x K beams are one batch of rows. Each step scores the K*V continuations of
@@ -83,21 +83,22 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
     leaves the batch when K finished hypotheses cannot be beaten by a live one (exact with
     length_penalty=0, since log-probabilities only decrease; with a penalty, once K have finished),
     or at max_len, where its live hypotheses are finished as they are (capped).
+    cache_projection=False recomputes W_a a_i at every step like the textbook loop (the
+    benchmark's naive mode); the results are the same.
     """
     K = beam_size
     B, P, _ = feats.shape
     device = feats.device
     rank = torch.arange(2 * K, device=device)  # (2K,)
-    # rows = (image, beam), K consecutive rows per image sharing its features (never copied per
-    # beam); at t=0 only beam 0 of each image is live (the others score -inf)
+    # rows = (image, beam), G consecutive rows per image sharing its features (never copied per
+    # beam). G = 1 at t=0, where every beam would start from the same <start>, then K.
+    G = 1
     feat_proj = decoder.attention.project(feats)  # (n, P, A)
-    h, c = (s.repeat_interleave(K, dim=0) for s in decoder.init_state(feats))  # (N, H)
-    cum = torch.full((B, K), float("-inf"), device=device)
-    cum[:, 0] = 0.0
-    cum = cum.view(-1)  # (N,) cumulative log-prob of each row
-    words = torch.full((B * K,), start, dtype=torch.long, device=device)
-    hist_tokens = torch.zeros(B * K, 0, dtype=torch.long, device=device)  # (N, t)
-    hist_alphas = feats.new_zeros(B * K, 0, P)  # (N, t, P)
+    h, c = decoder.init_state(feats)  # (N, H)
+    cum = feats.new_zeros(B)  # (N,) cumulative log-prob of each row
+    words = torch.full((B,), start, dtype=torch.long, device=device)
+    hist_tokens = torch.zeros(B, 0, dtype=torch.long, device=device)  # (N, t)
+    hist_alphas = feats.new_zeros(B, 0, P)  # (N, t, P)
     image_ids = torch.arange(B, device=device)  # (n,) original id of each live image
     best_finished = torch.full((B, K), float("-inf"), device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
@@ -105,13 +106,17 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
     for t in range(max_len):
         n = len(image_ids)
         emb, emb_gates = decoder.embed(words)
-        logits, alpha, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj)  # N = n * K rows
+        proj = feat_proj if cache_projection else decoder.attention.project(feats)  # (n, P, A)
+        logits, alpha, (h, c) = decoder.step((h, c), emb, emb_gates, feats, proj)  # N = n * G rows
         logp = _forbid(torch.log_softmax(logits.float(), dim=-1), pad, start, unk)  # (N, V)
         V = logp.shape[1]
-        cand = (cum.unsqueeze(1) + logp).view(n, K * V)  # (n, K*V)
+        cand = (cum.unsqueeze(1) + logp).view(n, G * V)  # (n, G*V)
+        if G * V < 2 * K:  # a vocabulary smaller than 2K words: pad with impossible candidates
+            cand = torch.nn.functional.pad(cand, (0, 2 * K - G * V), value=float("-inf"))
         top_s, top_i = cand.topk(2 * K, dim=1)  # (n, 2K)
-        src = torch.arange(n, device=device).unsqueeze(1) * K + top_i // V  # (n, 2K) rows extended
-        word = top_i % V  # (n, 2K)
+        real = top_i < G * V
+        src = torch.arange(n, device=device).unsqueeze(1) * G + (top_i // V).clamp(max=G - 1)  # (n, 2K) rows extended
+        word = torch.where(real, top_i % V, pad)  # (n, 2K)
         is_end = word == end
         finite = top_s > float("-inf")
         # finished now: <end> among the top K
@@ -125,7 +130,8 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
             merged = torch.cat([best_finished[:n], norm.masked_fill(~fin, float("-inf"))], dim=1)
             best_finished = merged.topk(K, dim=1).values  # (n, K)
         kth_finished = best_finished[:, K - 1]
-        # alive: the K best non-<end> continuations (there are always >= K among 2K: each row has one <end>)
+        # alive: the K best non-<end> continuations (there are always >= K among 2K: each of the
+        # G <= K rows has one <end>)
         keep_score = (~is_end).float() * (2 * K - rank)  # prefer non-end, then better rank
         alive = keep_score.topk(K, dim=1).indices.sort(dim=1).values  # (n, K) positions in rank order
         alive_s = top_s.gather(1, alive)  # (n, K)
@@ -154,6 +160,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
         hist_tokens = torch.cat([hist_tokens[rows], words.unsqueeze(1)], dim=1)
         hist_alphas = torch.cat([hist_alphas[rows], alpha[rows].unsqueeze(1)], dim=1)
         h, c = h[rows], c[rows]
+        G = K
         if len(keep) < n:  # finished images leave the batch
             feats, feat_proj = feats[keep], feat_proj[keep]
         image_ids, best_finished = image_ids[keep], best_finished[keep]

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from captioner.cli.benchmark import (PRESETS, decoder_train_flops, install_length_counter, main, make_batches,
-                                     naive_batch, sample_lengths, set_length_offset)
+from captioner.bench.synthetic import (PRESETS, install_length_counter, make_batches, naive_batch, sample_lengths,
+                                       set_length_offset)
+from captioner.bench.training import decoder_train_flops
+from captioner.cli.benchmark import main
 from captioner.decoding import decode
 from captioner.model.decoder import Decoder
 
@@ -74,6 +76,7 @@ def test_quick_benchmark_reports_every_section(capsys):
         assert ev[f"beam{beam}"]["images_per_s"] > 0
         assert 3 <= ev[f"beam{beam}"]["mean_words"] <= 25  # captions end like real ones, not at max_len
     assert ev["naive_beam3"]["images_per_s"] > 0 and ev["speedup_beam3"] > 0
+    assert ev["one_image_beam3"]["images_per_s"] > 0 and ev["speedup_beam3_vs_one_image"] > 0
     assert ev["model"]
 
     la = res["latency"]

@@ -42,6 +42,31 @@ def test_attention_is_a_distribution_and_gated():
     assert (z.norm(dim=-1) <= feats.norm(dim=-1).max(dim=-1).values + 1e-5).all()
 
 
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_attention_equals_equations_4_to_6(grad, monkeypatch):
+    """The sigmoid form and the cache-blocked inference path compute the paper's eq. 4-6 exactly:
+    several images per block and a partial last block (7 images, 2 per block), beams sharing
+    their image (G = 3)."""
+    import captioner.model.attention as attention
+
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 2 * 3 * P * 7)  # 2 images per block
+    att = SoftAttention(D, 10, 7)
+    with torch.no_grad():
+        att.score.bias.fill_(0.3)
+    n, G = 7, 3
+    feats, h = torch.randn(n, P, D), torch.randn(n * G, 10)
+    with torch.set_grad_enabled(grad):
+        z, alpha = att(feats, att.project(feats), h)
+    with torch.no_grad():  # eq. 4-6 written out literally, one row at a time
+        for r in range(n * G):
+            a = feats[r // G]  # (P, D)
+            e = att.score(torch.tanh(att.feat_proj(a) + att.hidden_proj(h[r]))).squeeze(-1)  # (P,)
+            ref_alpha = torch.softmax(e, dim=0)
+            ref_z = torch.sigmoid(att.gate(h[r])) * (ref_alpha @ a)
+            torch.testing.assert_close(alpha[r], ref_alpha, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(z[r], ref_z, rtol=1e-5, atol=1e-6)
+
 def test_teacher_forcing_shapes_and_alphas_sum_to_one():
     V = 12
     dec = tiny_decoder(V)
@@ -194,6 +219,9 @@ def test_batched_decoding_equals_one_by_one():
             single = decode(dec, feats[i:i + 1], START, END, PAD, beam_size=k, max_len=10)[0]
             assert [h.tokens for h in batched[i]] == [h.tokens for h in single]
             assert batched[i][0].log_prob == pytest.approx(single[0].log_prob, abs=1e-4)
+            if k > 1:  # the benchmark's naive mode (W_a a_i recomputed every step) finds the same captions
+                naive = beam_search(dec, feats[i:i + 1], START, END, PAD, k, 10, cache_projection=False)[0]
+                assert [h.tokens for h in naive] == [h.tokens for h in single]
 
 
 def test_length_penalty_prefers_longer_or_equal_captions():

@@ -1,0 +1,1 @@
+"""Speed measurements behind scripts/benchmark.py (see captioner/cli/benchmark.py)."""

@@ -1,0 +1,108 @@
+"""The benchmark's targets, table and machine description."""
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+import torch
+
+TARGETS = {"train_speedup": 3.0, "eval_speedup_beam3": 10.0, "latency_p50_ms": 250.0}
+
+
+def targets(res: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    if "train_cached" in res:
+        v = res["train_cached"]["speedup"]
+        out["train_cached_speedup>=3x"] = {"value": v, "met": v >= TARGETS["train_speedup"]}
+    if "eval" in res:
+        v = res["eval"]["speedup_beam3"]
+        out["eval_beam3_speedup>=10x"] = {"value": v, "met": v >= TARGETS["eval_speedup_beam3"]}
+    if "latency" in res:
+        v = res["latency"]["p50_ms"]
+        out["latency_beam3_p50<250ms"] = {"value": v, "met": v < TARGETS["latency_p50_ms"]}
+    return out
+
+
+def format_table(res: dict[str, Any]) -> str:
+    rows: list[tuple[str, str, str]] = []
+    tc = res.get("train_cached")
+    if tc:
+        what = f"{tc['batch_images']} img x 5 caps, {tc['features']}, V={tc['vocab']}"
+        for mode in ("fast", "naive"):
+            r = tc[mode]
+            extra = (f"median step {r['step_ms_median']:.0f} ms, padded length {r['mean_padded_len']:.1f}, "
+                     f"{r['mean_caption_tokens']:.1f} tokens/caption")
+            if "mfu" in r:
+                extra += f", {r['tflops']:.1f} TFLOP/s ({r['mfu']:.1%} of peak)"
+            rows.append((f"train, cached features, {mode}", f"{r['captions_per_s']:,.0f} captions/s", extra))
+        rows.append(("  fast / naive", f"{tc['speedup']:.1f}x", what))
+    te = res.get("train_encoder")
+    if te:
+        for mode in ("frozen", "fine_tuned"):
+            r = te[mode]
+            rows.append((f"train, {te['encoder']} {te['image_size']}px in loop, {mode.replace('_', '-')}",
+                         f"{r['captions_per_s']:,.0f} captions/s",
+                         f"{r['images_per_s']:.1f} images/s, median step {r['step_ms_median']:.0f} ms"))
+    ev = res.get("eval")
+    if ev:
+        for beam in (1, 3, 5):
+            r = ev.get(f"beam{beam}")
+            if r:
+                rows.append((f"eval, batched beam {beam}", f"{r['images_per_s']:,.1f} images/s",
+                             f"{ev['images']} images, {r['mean_words']:.1f} words/caption"))
+        for key, label in (("one_image_beam3", "eval, beam 3, one image per call"),
+                           ("naive_beam3", "eval, beam 3, naive")):
+            r = ev[key]
+            how = "W_a a_i projected once" if key == "one_image_beam3" else "one image per call, W_a a_i every step"
+            rows.append((label, f"{r['images_per_s']:,.1f} images/s",
+                         f"{r['images']} images, {r['ms_per_image_median']:.0f} ms/image, {how}"))
+        rows.append(("  batched / naive (beam 3)", f"{ev['speedup_beam3']:.1f}x",
+                     f"1,000 images: {ev['seconds_1000_images_beam3']:.1f} s vs "
+                     f"{ev['naive_beam3']['seconds_1000_images']:.0f} s"))
+        rows.append(("  batched / one image per call", f"{ev['speedup_beam3_vs_one_image']:.1f}x",
+                     f"1,000 images: {ev['seconds_1000_images_beam3']:.1f} s vs "
+                     f"{ev['one_image_beam3']['seconds_1000_images']:.0f} s"))
+    la = res.get("latency")
+    if la:
+        rows.append(("caption latency, 1 image, beam 3", f"p50 {la['p50_ms']:.0f} ms, p95 {la['p95_ms']:.0f} ms",
+                     f"incl. preprocessing of a {la['image']}, {la['mean_words']:.1f} words"))
+    co = res.get("coco_epoch")
+    if co:
+        rows.append(("COCO epoch, cached features", f"{co['cached_epoch_minutes']:.1f} min",
+                     f"+ {co['feature_cache_build_minutes']:.1f} min to build the cache once"))
+        rows.append(("COCO epoch, resnet101 fine-tuned", f"{co['fine_tune_epoch_minutes']:.1f} min", co["fine_tune_encoder"]))
+    rows.append(("peak memory", f"{res['peak_memory_mb']:,.0f} MiB",
+                 "max RSS of the process" if res["device"] == "cpu" else "torch.cuda.max_memory_allocated"))
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    lines = [f"| {'measurement'.ljust(w0)} | {'result'.ljust(w1)} | notes |", f"|{'-' * (w0 + 2)}|{'-' * (w1 + 2)}|-------|"]
+    lines += [f"| {a.ljust(w0)} | {b.ljust(w1)} | {c} |" for a, b, c in rows]
+    return "\n".join(lines)
+
+
+def max_key(d: Any, key: str) -> float:
+    """Largest value of `key` anywhere in nested dicts (CUDA peaks are reset per section)."""
+    if not isinstance(d, dict):
+        return 0.0
+    return max([float(d.get(key, 0.0))] + [max_key(v, key) for v in d.values()])
+
+
+def machine(device: torch.device, threads: int) -> dict[str, Any]:
+    info: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "python": platform.python_version(),
+                            "cpu_count": os.cpu_count(), "torch_threads": threads, "platform": platform.platform()}
+    try:
+        info["load_average_1m"] = os.getloadavg()[0]
+    except OSError:
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info

@@ -1,0 +1,194 @@
+"""Decoder training throughput: cached features (fast vs naive), the encoder in the loop, and a
+COCO epoch extrapolated from both."""
+from __future__ import annotations
+
+import statistics
+from functools import partial
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .synthetic import (
+    CAPTIONS_PER_IMAGE,
+    COCO_TRAIN_IMAGES,
+    PRESETS,
+    Preset,
+    make_batches,
+    naive_batch,
+)
+from .timing import (
+    Counts,
+    Timer,
+    autocast,
+    peak_memory_mb,
+    rate,
+    reset_peak,
+    time_steps,
+)
+
+
+def decoder_train_flops(preset: Preset, batch, fast: bool) -> float:
+    """Multiply-adds x 2 of the decoder's matmuls for one teacher-forced batch, x3 for forward +
+    backward. Element-wise ops (tanh, softmax, sigmoid) are not counted."""
+    E, H, A, D, P, V = (preset.embed_dim, preset.hidden_dim, preset.attention_dim, preset.feat_dim,
+                        preset.regions, preset.vocab)
+    B, T = batch.inputs.shape
+    Bi = batch.images.shape[0]
+    per_row = H * A + P * A + P * D + H + D * 4 * H + H * 4 * H + H * E + D * E + E * V
+    if fast:
+        row_steps = int(batch.lengths.sum())
+        macs = row_steps * per_row + Bi * P * D * A
+    else:
+        row_steps = B * T
+        macs = row_steps * (per_row + P * D * A)
+    macs += B * T * E * 4 * H + B * 2 * D * H  # embedding gates for all positions, init_h/init_c
+    return 3 * 2 * float(macs)
+
+
+def _train_step(model, optimizer, batch, cfg, from_features: bool, fast: bool, device, amp: bool) -> None:
+    from ..engine import forward_loss
+
+    with autocast(device, amp):
+        terms = forward_loss(model, batch, cfg, from_features, fast=fast)
+    optimizer.zero_grad(set_to_none=True)
+    terms.total.backward()
+    if cfg.train.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.train.grad_clip)
+    optimizer.step()
+
+
+def _decoder_model(preset: Preset, compile_step: bool):
+    from ..model.captioner import CaptionModel
+    from ..model.decoder import Decoder
+
+    decoder = Decoder(preset.vocab, preset.feat_dim, preset.embed_dim, preset.hidden_dim, preset.attention_dim, 0.5)
+    model = CaptionModel(nn.Identity(), decoder)  # type: ignore[arg-type]  # features are cached: no encoder
+    if compile_step:
+        decoder.step = torch.compile(decoder.step)  # type: ignore[method-assign]  # as fit() does
+    return model
+
+
+def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp: bool, compile_step: bool,
+                       peak_tflops: float, log: Callable[[str], None]) -> dict[str, Any]:
+    from ..config import Config
+
+    cfg = Config()
+    timer = Timer(device)
+    n_caps = counts.batch_images * CAPTIONS_PER_IMAGE
+    result: dict[str, Any] = {"preset": preset.name, "batch_images": counts.batch_images,
+                              "captions_per_batch": n_caps, "vocab": preset.vocab,
+                              "features": f"{preset.grid}x{preset.grid}x{preset.feat_dim}",
+                              "decoder": f"E{preset.embed_dim} H{preset.hidden_dim} A{preset.attention_dim}"}
+    for mode, fast in (("fast", True), ("naive", False)):
+        n_steps = counts.steps if fast else counts.naive_steps
+        warmup = counts.warmup + (2 if compile_step and device.type == "cuda" else 0)
+        batches = make_batches(preset, n_steps + warmup, counts.batch_images, bucket=fast, seed=1)
+        if not fast:
+            batches = [naive_batch(b) for b in batches]
+        batches = [b.to(device) for b in batches]
+        torch.manual_seed(0)
+        model = _decoder_model(preset, compile_step).to(device).train()
+        optimizer = torch.optim.Adam(model.decoder.parameters(), lr=cfg.train.lr)
+        reset_peak(device)
+        log(f"train_cached/{mode}: {warmup} warm-up + {n_steps} timed steps of {n_caps} captions")
+        # the naive warm-up is truncated on CPU, where one naive step costs tens of seconds
+        step = partial(_train_step, model, optimizer, cfg=cfg, from_features=True, fast=fast, device=device, amp=amp)
+        times = time_steps(step, batches, warmup, timer, warmup_steps=0 if fast or device.type == "cuda" else 3)
+        timed = batches[warmup:]
+        r = rate(times, n_caps)
+        r["mean_padded_len"] = float(np.mean([b.inputs.shape[1] for b in timed]))
+        r["mean_caption_tokens"] = float(np.mean([float(b.lengths.float().mean()) for b in timed]))
+        flops = [decoder_train_flops(preset, b, fast) for b in timed]
+        r["gflop_per_step"] = statistics.median(flops) / 1e9
+        r["tflops"] = sum(flops) / sum(times) / 1e12
+        if device.type == "cuda":
+            r["mfu"] = r["tflops"] / peak_tflops
+        r["peak_memory_mb"] = peak_memory_mb(device)
+        result[mode] = r
+        del model, optimizer, batches
+    result["speedup"] = result["fast"]["captions_per_s"] / result["naive"]["captions_per_s"]
+    return result
+
+
+def bench_train_encoder(preset: Preset, counts: Counts, device: torch.device, amp: bool, encoder: str,
+                        image_size: int, grid: int, log: Callable[[str], None], modes=("frozen", "fine_tuned")
+                        ) -> dict[str, Any]:
+    """Images -> encoder -> decoder loss -> backward -> Adam, with the encoder frozen or fine-tuned."""
+    from ..config import Config
+    from ..data.dataset import Batch
+    from ..model.captioner import CaptionModel
+    from ..model.decoder import Decoder
+    from ..model.encoder import build_encoder
+
+    cfg = Config()
+    timer = Timer(device)
+    bi = counts.encoder_batch
+    n_caps = bi * CAPTIONS_PER_IMAGE
+    result: dict[str, Any] = {"encoder": encoder, "image_size": image_size, "grid": grid, "batch_images": bi,
+                              "captions_per_batch": n_caps}
+    for mode in modes:
+        torch.manual_seed(0)
+        enc = build_encoder(encoder, False, grid)
+        dec = Decoder(preset.vocab, enc.out_dim, preset.embed_dim, preset.hidden_dim, preset.attention_dim, 0.5)
+        model = CaptionModel(enc, dec).to(device).to(memory_format=torch.channels_last).train()
+        groups = [{"params": list(dec.parameters()), "lr": cfg.train.lr}]
+        if mode == "fine_tuned":
+            groups.append({"params": list(enc.parameters()), "lr": cfg.train.encoder_lr})
+        else:
+            enc.requires_grad_(False)
+            enc.eval()  # frozen: ImageNet batch-norm statistics, as train_one_epoch does
+        optimizer = torch.optim.Adam(groups)
+        warmup = counts.warmup
+        shapes = Preset(preset.name, preset.vocab, encoder, image_size, grid, enc.out_dim, preset.embed_dim,
+                        preset.hidden_dim, preset.attention_dim, preset.len_mean, preset.len_std, preset.len_min,
+                        preset.len_max, preset.max_decode_len)
+        batches = []
+        g = torch.Generator().manual_seed(2)
+        for b in make_batches(shapes, counts.encoder_steps + warmup, bi, bucket=True, seed=2):
+            images = torch.randn(bi, 3, image_size, image_size, generator=g)
+            b = Batch(images, b.inputs, b.targets, b.lengths, b.image_index).to(device)
+            b.images = b.images.contiguous(memory_format=torch.channels_last)
+            batches.append(b)
+        reset_peak(device)
+        log(f"train_encoder/{mode}: {encoder} {image_size}px, {warmup} warm-up + {counts.encoder_steps} timed steps")
+        step = partial(_train_step, model, optimizer, cfg=cfg, from_features=False, fast=True, device=device, amp=amp)
+        times = time_steps(step, batches, warmup, timer)
+        r = rate(times, n_caps)
+        r["images_per_s"] = bi / statistics.median(times)
+        r["peak_memory_mb"] = peak_memory_mb(device)
+        if mode == "frozen":  # encoder forward alone: what building the feature cache costs
+            enc.eval()
+            encode = partial(_encode, enc, batches[-1].images, device, amp)
+            encode()
+            enc_times = [timer(encode) for _ in range(max(2, counts.encoder_steps))]
+            r["encode_images_per_s"] = bi / statistics.median(enc_times)
+        result[mode] = r
+        del model, optimizer, batches
+    return result
+
+
+def _encode(encoder: nn.Module, images: torch.Tensor, device: torch.device, amp: bool) -> None:
+    with torch.no_grad(), autocast(device, amp):
+        encoder(images)
+
+
+def bench_coco_epoch(counts: Counts, device: torch.device, amp: bool, compile_step: bool, peak_tflops: float,
+                     cached: dict[str, Any] | None, log: Callable[[str], None]) -> dict[str, Any]:
+    p = PRESETS["coco"]
+    if cached is None or cached.get("preset") != "coco":
+        cached = bench_train_cached(p, counts, device, amp, compile_step, peak_tflops, log)
+    enc = bench_train_encoder(p, counts, device, amp, "resnet101", p.image_size, p.grid, log)
+    captions = COCO_TRAIN_IMAGES * CAPTIONS_PER_IMAGE
+    return {
+        "images": COCO_TRAIN_IMAGES, "captions": captions,
+        "cached_captions_per_s": cached["fast"]["captions_per_s"],
+        "cached_epoch_minutes": captions / cached["fast"]["captions_per_s"] / 60,
+        "feature_cache_build_minutes": COCO_TRAIN_IMAGES / enc["frozen"]["encode_images_per_s"] / 60,
+        "frozen_in_loop_epoch_minutes": captions / enc["frozen"]["captions_per_s"] / 60,
+        "fine_tune_captions_per_s": enc["fine_tuned"]["captions_per_s"],
+        "fine_tune_epoch_minutes": captions / enc["fine_tuned"]["captions_per_s"] / 60,
+        "fine_tune_encoder": f"resnet101 {p.image_size}px {p.grid}x{p.grid}, batch {enc['batch_images']} images",
+    }
