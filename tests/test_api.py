@@ -85,6 +85,27 @@ def test_save_load_roundtrip_gives_identical_outputs(tmp_path):
     assert captioner.load(half).caption(img, beam_size=3, max_len=8).words == a.words
 
 
+def test_bfloat16_captioner_keeps_the_contract_and_round_trips(tmp_path):
+    fp32 = tiny_captioner()
+    path = tmp_path / "m.safetensors"
+    fp32.save(path)
+    bf16 = captioner.load(path, dtype="bfloat16")
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
+    cap = bf16.caption(photo(), beam_size=3, max_len=8)
+    assert cap.alphas.dtype == np.float32 and cap.alphas.shape == (len(cap.words), 7, 7)
+    assert np.allclose(cap.alphas.reshape(len(cap.words), -1).sum(-1), 1.0, atol=1e-2)  # bf16 softmax
+    assert cap.log_prob <= 0 and cap.text == " ".join(cap.words)
+    # saved as float32 and loaded back in bf16: the same numbers, so the same outputs
+    again = tmp_path / "bf16.safetensors"
+    bf16.save(again)
+    assert {v.dtype for v in load_checkpoint(again).model_state.values() if v.is_floating_point()} == {torch.float32}
+    b = captioner.load(again, dtype=torch.bfloat16).caption(photo(), beam_size=3, max_len=8)
+    assert b.words == cap.words and b.log_prob == cap.log_prob and np.array_equal(b.alphas, cap.alphas)
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16"):
+        captioner.load(path, dtype="float16")
+    assert captioner.preferred_dtype("cpu") in ("float32", "bfloat16")
+
+
 def test_checkpoint_never_unpickles(tmp_path):
     bad = tmp_path / "model.pt"
     torch.save({"w": torch.zeros(2)}, bad)

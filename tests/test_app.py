@@ -13,6 +13,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
 import captioner
@@ -227,6 +228,29 @@ def test_model_is_loaded_once_per_process(app, monkeypatch):
     again = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()  # another session, same process
     no_problems(again)
     assert len(calls) == 1, calls
+
+
+def test_precision_choice_loads_the_model_in_that_dtype(app, monkeypatch):
+    import streamlit as st
+
+    dtypes = []
+    real_load = captioner.load
+
+    def recording_load(*args, **kwargs):
+        cap = real_load(*args, **kwargs)
+        dtypes.append(next(cap.model.parameters()).dtype)
+        return cap
+
+    monkeypatch.setattr(captioner, "load", recording_load)
+    st.cache_resource.clear()
+    at = app.run()
+    box = next(s for s in at.sidebar.selectbox if s.label == "Precision")
+    assert box.value == "float32"  # the default: the reference numbers; bfloat16 is the faster option
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        next(s for s in at.sidebar.selectbox if s.label == "Precision").set_value(name).run()
+        check_captioned(at, require_words=False)
+        assert dtype in dtypes
+    st.cache_resource.clear()
 
 
 def test_empty_caption_is_explained_not_crashed(app, monkeypatch):

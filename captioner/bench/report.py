@@ -63,10 +63,11 @@ def format_table(res: dict[str, Any]) -> str:
         rows.append(("  batched / one image per call", f"{ev['speedup_beam3_vs_one_image']:.1f}x",
                      f"1,000 images: {ev['seconds_1000_images_beam3']:.1f} s vs "
                      f"{ev['one_image_beam3']['seconds_1000_images']:.0f} s"))
-    la = res.get("latency")
-    if la:
-        rows.append(("caption latency, 1 image, beam 3", f"p50 {la['p50_ms']:.0f} ms, p95 {la['p95_ms']:.0f} ms",
-                     f"incl. preprocessing of a {la['image']}, {la['mean_words']:.1f} words"))
+    for key, label in (("latency", "caption latency, 1 image, beam 3"), ("latency_bf16", "  the same in bfloat16")):
+        la = res.get(key)
+        if la:
+            rows.append((label, f"p50 {la['p50_ms']:.0f} ms, p95 {la['p95_ms']:.0f} ms",
+                         f"incl. preprocessing of a {la['image']}, {la['mean_words']:.1f} words"))
     co = res.get("coco_epoch")
     if co:
         rows.append(("COCO epoch, cached features", f"{co['cached_epoch_minutes']:.1f} min",

@@ -38,12 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", default="captions.json", help="where the generated captions are written")
     p.add_argument("--spice", action="store_true", help="also SPICE, when its Java models are installed")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="compute type of the whole model (bfloat16: faster on CPUs with AVX512-BF16/AMX and on GPUs)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the scores")
     args = p.parse_args(argv)
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
 
     try:
-        model = captioner.load(args.checkpoint, device=args.device)
+        model = captioner.load(args.checkpoint, device=args.device, dtype=args.dtype)
         if args.dataset == "flickr8k":
             data = DataConfig(dataset="flickr8k", root=args.data_root)
             split = args.split
@@ -65,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     mc = model.config.model
     if args.cache_dir:
         name = cache_name(args.dataset, f"{split}{args.limit or ''}", mc.encoder, mc.image_size, mc.grid_size)
+        name += "" if args.dtype == "float32" else f"-{args.dtype}"  # bf16 features are a different cache
         cache = build_cache(args.cache_dir, name, model.model.encoder, mc.image_size, records, args.device,
                             log=say, progress=not args.json)
         keep = [i for i, r in enumerate(records) if r.image_id not in set(cache.missing)]

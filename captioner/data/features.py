@@ -96,7 +96,7 @@ def build_cache(cache_dir: str | Path, name: str, encoder: Encoder, image_size: 
     for batch in tqdm(loader, desc=f"encoding {name}", disable=not progress, unit="batch"):
         if batch is None:
             continue
-        x = torch.stack([s[0] for s in batch]).to(device)
+        x = torch.stack([s[0] for s in batch]).to(device, next(encoder.parameters()).dtype)
         idx = [s[1] for s in batch]
         feats = encoder(x.contiguous(memory_format=torch.channels_last))  # (b, P, D); channels_last is faster on CPU
         out[idx] = feats.float().cpu().numpy().astype(np.float16)
