@@ -4,6 +4,7 @@ Flickr8k (12 images, 32-d decoder, 1 thread) so the whole file stays around two 
 loaded 2-core CPU."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -56,6 +57,24 @@ def dead_pid() -> int:
     return p.pid
 
 
+@contextlib.contextmanager
+def killed_on_exit(cmd: list[str], **popen_kwargs):
+    """Start cmd; when the block ends, SIGKILL it (the fault under test) and reap it. The process
+    never outlives the test, even when the block fails."""
+    p = subprocess.Popen(cmd, cwd=ROOT, env=ENV, **popen_kwargs)
+    try:
+        yield p
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for stream in (p.stdout, p.stderr):
+            if stream is not None:
+                stream.close()
+
+
 def all_finite(path: Path) -> bool:
     return all(bool(torch.isfinite(v).all()) for v in load_checkpoint(path).model_state.values()
                if v.is_floating_point())
@@ -96,23 +115,13 @@ def _train_records(metrics: Path) -> list[dict]:
 def test_kill_9_mid_epoch_then_resume(shared, tmp_path):
     out = tmp_path / "killed"
     last = out / "last.safetensors"
-    log = open(tmp_path / "killed.log", "w")
-    p = subprocess.Popen(train_cmd(out, shared["cache"]), cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
-    try:
+    with open(tmp_path / "killed.log", "w") as log, \
+            killed_on_exit(train_cmd(out, shared["cache"]), stdout=log, stderr=subprocess.STDOUT) as p:
         deadline = time.time() + 180
-        while True:
+        while not (last.is_file() and _train_records(out / "metrics.jsonl")):
             assert p.poll() is None, "the run finished before it could be killed: " + (tmp_path / "killed.log").read_text()
             assert time.time() < deadline, "no checkpoint within 180 s"
-            if last.is_file() and _train_records(out / "metrics.jsonl"):
-                break
             time.sleep(0.05)
-        p.send_signal(signal.SIGKILL)
-        p.wait(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        log.close()
     assert p.returncode == -signal.SIGKILL
 
     st = state_of(last)  # the checkpoint written before the kill is complete and loads
@@ -165,20 +174,11 @@ def test_kill_9_while_writing_a_checkpoint(tmp_path):
     for attempt in range(20):  # kill at random moments until some kills have landed inside a save
         if attempt >= 4 and killed_mid_write >= 1:
             break
-        p = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], cwd=ROOT, env=ENV,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
+        with killed_on_exit([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) as p:
             first = p.stdout.readline()  # one complete save, then kill during a later one
             assert first.strip().isdigit(), p.stderr.read()
             time.sleep(rng.uniform(0.0, 0.4))
-            p.send_signal(signal.SIGKILL)
-            p.wait(timeout=30)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            p.stdout.close()
-            p.stderr.close()
         ck = load_checkpoint(path)
         assert ck.metrics["i"] >= 0 and ck.metrics["i"] == ck.train_state["i"]
         seen = max(seen, ck.metrics["i"])
