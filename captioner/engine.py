@@ -312,7 +312,7 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
 
     train_module: torch.nn.Module = _TrainStep(model, cfg, from_features)
     if cfg.train.compile and device.type == "cuda":
-        model.decoder.step = torch.compile(model.decoder.step)  # type: ignore[method-assign]
+        model.decoder.recur = torch.compile(model.decoder.recur)  # type: ignore[method-assign]
     if world_size > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -7,10 +7,11 @@ T steps, V vocabulary.
     [i f o g] = W_e E y_{t-1} + W_z z_t + W_hh h_{t-1} + b                      (eq. 1, input [E y; z])
     p(y_t)  ∝ exp(L_o tanh(E y_{t-1} + L_h h_t + L_z z_t))                      (eq. 7, deep output)
 
-The tanh before L_o follows the authors' released code (arctic-captions). `step` is the only
-place one decoder step is computed: teacher-forced training loops over it and greedy/beam search
-call it too. The embedding's share of the gates (W_e E y) is an input to `step`, so training can
-compute it for all T steps in one matrix product.
+The tanh before L_o follows the authors' released code (arctic-captions). One decoder step is
+`recur` (attention + LSTM) then `output` (deep output), each written once: teacher-forced training
+loops over `recur` and applies `output` to all steps at once; greedy/beam search call `step`,
+which is the two in sequence. The embedding's share of the gates (W_e E y) is an input, so
+training computes it for all T steps in one matrix product.
 """
 from __future__ import annotations
 
@@ -58,20 +59,32 @@ class Decoder(nn.Module):
         emb = self.embedding(words)
         return emb, self.gates_embed(emb)
 
+    def recur(self, state: State, emb_gates: torch.Tensor, feats: torch.Tensor, feat_proj: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, State]:
+        """Attention and the LSTM cell for one word (eq. 4-6, eq. 1). state (B*G, H)x2, emb_gates
+        (B*G, 4H), feats (B, P, D), feat_proj (B, P, A) -> context z (B*G, D), alpha (B*G, P), new
+        state. G rows per image (consecutive) share its features: G = 1 in training, the beam size
+        in beam search."""
+        h, c = state
+        z, alpha = self.attention(feats, feat_proj, h)  # (B*G, D), (B*G, P)
+        gates = emb_gates + self.gates_context(z) + self.gates_hidden(h)  # (B*G, 4H)
+        i, f, g, o = gates.chunk(4, dim=1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B*G, H)
+        h = torch.sigmoid(o) * torch.tanh(c)  # (B*G, H)
+        return z, alpha, (h, c)
+
+    def output(self, emb: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Deep output layer (eq. 7): emb (N, E), h (N, H), z (N, D) -> logits (N, V). Nothing
+        feeds back into the recurrence, so training computes it for all steps at once."""
+        out = torch.tanh(emb + self.out_hidden(h) + self.out_context(z))  # (N, E)
+        return self.out_vocab(self.dropout(out))  # (N, V)
+
     def step(self, state: State, emb: torch.Tensor, emb_gates: torch.Tensor, feats: torch.Tensor,
              feat_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, State]:
-        """One word. state (B*G, H)x2, emb (B*G, E), emb_gates (B*G, 4H), feats (B, P, D),
-        feat_proj (B, P, A) -> logits (B*G, V), alpha (B*G, P), new state. G rows per image
-        (consecutive) share its features: G = 1 in training, the beam size in beam search."""
-        h, c = state
-        z, alpha = self.attention(feats, feat_proj, h)  # (B, D), (B, P)
-        gates = emb_gates + self.gates_context(z) + self.gates_hidden(h)  # (B, 4H)
-        i, f, g, o = gates.chunk(4, dim=1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B, H)
-        h = torch.sigmoid(o) * torch.tanh(c)  # (B, H)
-        out = torch.tanh(emb + self.out_hidden(h) + self.out_context(z))  # (B, E)
-        logits = self.out_vocab(self.dropout(out))  # (B, V)
-        return logits, alpha, (h, c)
+        """One word: recur then output. emb (B*G, E), emb_gates (B*G, 4H), the rest as in `recur`
+        -> logits (B*G, V), alpha (B*G, P), new state. Greedy and beam search call this."""
+        z, alpha, state = self.recur(state, emb_gates, feats, feat_proj)
+        return self.output(emb, state[0], z), alpha, state
 
     def forward(self, feats: torch.Tensor, inputs: torch.Tensor, lengths: torch.Tensor,
                 image_index: torch.Tensor | None = None, cache_projection: bool = True
@@ -82,7 +95,10 @@ class Decoder(nn.Module):
         lengths (B,) = number of predicted tokens per caption (words + <end>), SORTED descending;
         image_index (B,) maps each caption to its image (several captions share one image and one
         W_a a_i projection). Returns logits (B, T, V) and alphas (B, T, P), zero where t >= length:
-        padded positions are never computed, the batch shrinks as captions finish.
+        padded positions are never computed, the batch shrinks as captions finish. The recurrence
+        runs step by step (it must); the deep output runs once over all real tokens, and the
+        padded results are assembled with one scatter (writing each step into a preallocated
+        buffer would make autograd copy the whole buffer once per step).
         """
         B, T = inputs.shape
         if image_index is None:
@@ -95,15 +111,21 @@ class Decoder(nn.Module):
             feat_proj = feat_proj[image_index]  # (B, P, A)
         h, c = self.init_state(feats)
         emb, emb_gates = self.embed(inputs)  # (B, T, E), (B, T, 4H): all steps in one product
-        logits = feats.new_zeros(B, T, self.vocab_size)
-        alphas = feats.new_zeros(B, T, feats.shape[1])
         n_active = (lengths.unsqueeze(0) > torch.arange(T, device=lengths.device).unsqueeze(1)).sum(1).tolist()
+        hs, zs, alphas_t = [], [], []
         for t in range(T):
             n = n_active[t]
             if n == 0:
                 break
             proj = feat_proj[:n] if feat_proj is not None else self.attention.project(feats[:n])
-            step_logits, alpha, (h, c) = self.step((h[:n], c[:n]), emb[:n, t], emb_gates[:n, t], feats[:n], proj)
-            logits[:n, t] = step_logits
-            alphas[:n, t] = alpha
-        return logits, alphas
+            z, alpha, (h, c) = self.recur((h[:n], c[:n]), emb_gates[:n, t], feats[:n], proj)
+            hs.append(h)
+            zs.append(z)
+            alphas_t.append(alpha)
+        # real tokens in time-major order: (caption, step) of each packed row
+        rows = torch.cat([torch.arange(n, device=inputs.device) for n in n_active if n])  # (N,)
+        steps = torch.cat([torch.full((n,), t, device=inputs.device) for t, n in enumerate(n_active) if n])
+        logits = self.output(emb[rows, steps], torch.cat(hs), torch.cat(zs))  # (N, V): eq. 7 for every token
+        padded = logits.new_zeros(B, T, self.vocab_size).index_put((rows, steps), logits)  # (B, T, V)
+        alphas = torch.cat(alphas_t)
+        return padded, alphas.new_zeros(B, T, alphas.shape[1]).index_put((rows, steps), alphas)  # (B, T, P)
