@@ -85,6 +85,15 @@ def test_caption_cli(trained, tmp_path):
     assert sorted(p.name for p in (tmp_path / "att").iterdir()) == sorted(p.stem + "_attention.png" for p in photos)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "auto"])
+def test_caption_cli_in_other_precisions(trained, dtype):
+    photo = sorted((need_flickr() / "Images").glob("*.jpg"))[0]
+    out = run("scripts/caption.py", str(photo), "--checkpoint", str(trained / "best.safetensors"), "--json",
+              "--dtype", dtype)
+    (line,) = [json.loads(x) for x in out.stdout.splitlines()]
+    assert line["image"] == str(photo) and line["log_prob"] <= 0
+
+
 def test_config_errors_are_clear():
     out = run("scripts/train.py", "--config", "configs/tiny.yaml", "--set", "train.bogus=1", ok=False)
     assert out.returncode == 2 and "unknown setting 'train.bogus'" in out.stderr
