@@ -254,6 +254,7 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
                 f"{state.best_metric:.4f} at epoch {state.best_epoch}); nothing to do")
             return state.__dict__
         log(f"resuming from {last_path}: epoch {state.epoch + 1}, batch {state.batch_in_epoch}, step {state.step}")
+        logger.rewind(state.step, state.epoch)
     else:
         vocab = Vocab.build([c for r in train_records for c in r.captions], cfg.data.min_word_count)
         if main:

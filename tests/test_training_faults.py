@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from captioner.checkpoint import load_checkpoint
+from captioner.logs import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 FLICKR = ROOT.parent / "shared" / "data" / "flickr8k"
@@ -112,16 +113,22 @@ def _train_records(metrics: Path) -> list[dict]:
     return out
 
 
+def _logged_past_checkpoint(out: Path) -> bool:
+    records = _train_records(out / "metrics.jsonl")
+    last = out / "last.safetensors"
+    return bool(records) and last.is_file() and records[-1]["step"] > state_of(last)["step"]
+
+
 def test_kill_9_mid_epoch_then_resume(shared, tmp_path):
     out = tmp_path / "killed"
     last = out / "last.safetensors"
     with open(tmp_path / "killed.log", "w") as log, \
             killed_on_exit(train_cmd(out, shared["cache"]), stdout=log, stderr=subprocess.STDOUT) as p:
         deadline = time.time() + 180
-        while not (last.is_file() and _train_records(out / "metrics.jsonl")):
+        while not _logged_past_checkpoint(out):  # the kill lands after steps the checkpoint lacks
             assert p.poll() is None, "the run finished before it could be killed: " + (tmp_path / "killed.log").read_text()
             assert time.time() < deadline, "no checkpoint within 180 s"
-            time.sleep(0.05)
+            time.sleep(0.02)
     assert p.returncode == -signal.SIGKILL
 
     st = state_of(last)  # the checkpoint written before the kill is complete and loads
@@ -142,6 +149,9 @@ def test_kill_9_mid_epoch_then_resume(shared, tmp_path):
     assert final["step"] == shared["ref_state"]["step"] == STEPS
     assert final["finished"] and final["epoch"] == 2
     assert [h["epoch"] for h in final["history"]] == [1, 2]
+    # the log says each step and epoch once: what the killed run logged after its checkpoint was dropped
+    assert [r["step"] for r in _train_records(out / "metrics.jsonl")] == list(range(1, STEPS + 1))
+    assert [r["epoch"] for r in read_jsonl(out / "metrics.jsonl") if r.get("kind") == "val"] == [1, 2]
     assert not junk.exists() and not garbage.exists()  # stale temps of dead writers are cleaned up
     assert (out / "best.safetensors").is_file()
     # a third run has nothing to do

@@ -1,0 +1,25 @@
+"""Run logs: a resumed run rewinds metrics.jsonl to its checkpoint, so each step is logged once."""
+from __future__ import annotations
+
+import json
+
+from captioner.logs import JsonlLogger, read_jsonl
+
+
+def test_rewind_drops_what_the_interrupted_run_logged_after_its_checkpoint(tmp_path):
+    log = JsonlLogger(tmp_path / "metrics.jsonl")
+    for step in range(1, 7):
+        log.write({"kind": "train", "epoch": 1 if step <= 4 else 2, "step": step})
+        if step == 4:
+            log.write({"kind": "val", "epoch": 1, "step": 4})
+    log.write({"kind": "val", "epoch": 2, "step": 6})
+    with open(log.path, "a") as f:
+        f.write('{"kind": "train", "st')  # a line cut by kill -9
+    # checkpoint: step 5, one epoch complete -> steps 6 and the epoch-2 validation will be logged again
+    assert log.rewind(step=5, epochs_done=1) == 2
+    rows = read_jsonl(log.path)
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4, 5]
+    assert [r["epoch"] for r in rows if r["kind"] == "val"] == [1]
+    assert all(json.loads(line) for line in log.path.read_text().splitlines())  # the cut line is gone too
+    assert log.rewind(step=5, epochs_done=1) == 0  # idempotent
+    assert JsonlLogger(tmp_path / "absent.jsonl").rewind(3, 0) == 0
