@@ -60,6 +60,7 @@ class TrainConfig:
     val_beam_size: int = 1  # 1 = greedy during validation (fast); the metric is still a real decoding metric
     val_limit: int = 0  # validate on the first N val images (0 = all)
     amp: bool = True  # bf16 autocast where the device supports it (CUDA)
+    cpu_amp: bool = False  # bf16 autocast on CPU too (opt-in; ~1.4x faster where the CPU has AVX512-BF16/AMX)
     compile: bool = False  # torch.compile the decoder (CUDA)
     seed: int = 0
     log_every: int = 50

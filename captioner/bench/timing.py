@@ -59,8 +59,9 @@ def reset_peak(device: torch.device) -> None:
 
 
 def autocast(device: torch.device, amp: bool):
-    if amp and device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+    """bf16 autocast when `amp` (as training does: CUDA by default, CPU with train.cpu_amp)."""
+    if amp and device.type in ("cuda", "cpu"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return torch.autocast(device.type, enabled=False)
 
 

@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default; --quick: 1, which "
                    "keeps timings steady on a machine shared with other jobs)")
     p.add_argument("--no-amp", action="store_true", help="CUDA: train in fp32 instead of bf16 autocast")
+    p.add_argument("--cpu-amp", action="store_true", help="CPU: train with bf16 autocast (train.cpu_amp)")
     p.add_argument("--compile", action="store_true", help="CUDA: torch.compile the decoder step")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="device peak for MFU (default: H100 bf16 dense)")
     p.add_argument("--coco-epoch", action="store_true", help="extrapolate one COCO epoch (cached features and "
@@ -123,7 +124,7 @@ def _run(args: argparse.Namespace) -> int:
     cuda = device.type == "cuda"
     preset = PRESETS[args.preset or ("coco" if cuda and not args.quick else "flickr8k")]
     counts = _counts(args, cuda)
-    amp = cuda and not args.no_amp
+    amp = (cuda and not args.no_amp) or (not cuda and args.cpu_amp)
     compile_step = args.compile and cuda
     if cuda:
         torch.backends.cudnn.benchmark = True
@@ -165,6 +166,7 @@ def _run(args: argparse.Namespace) -> int:
         m = res["machine"]
         print(f"\ncaptioner benchmark: {m['device']} ({m.get('gpu') or m.get('cpu', '')}), {m['cpu_count']} CPUs, "
               f"{m['torch_threads']} torch threads, torch {m['torch']}, preset {preset.name}"
+              + (", training in bf16 autocast" if amp else "")
               + (f", load average {m['load_average_1m']:.1f} at start" if "load_average_1m" in m else ""))
         if "eval" in res:
             print(f"eval model: {res['eval']['model']}")
