@@ -42,6 +42,8 @@ def preferred_dtype(device: str | torch.device = "cpu") -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    if device.type != "cpu":
+        return "float32"
     native = False
     try:  # Linux: the kernel lists the CPU's instruction sets; elsewhere assume no native bf16
         with open("/proc/cpuinfo") as f:
@@ -49,7 +51,7 @@ def preferred_dtype(device: str | torch.device = "cpu") -> str:
         native = "avx512_bf16" in flags or "amx_bf16" in flags
     except OSError:
         pass
-    return "bfloat16" if device.type == "cpu" and native else "float32"
+    return "bfloat16" if native else "float32"
 
 
 @dataclass

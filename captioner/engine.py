@@ -69,7 +69,7 @@ def forward_loss(model: CaptionModel, batch: Batch, cfg: Config, from_features: 
     return caption_loss(logits, alphas, batch.targets, batch.lengths, cfg.train.alpha_c, cfg.train.label_smoothing)
 
 
-def _autocast(device: torch.device, cfg: Config):
+def training_autocast(device: torch.device, cfg: Config):
     """bf16 autocast: on CUDA with `train.amp` (when the GPU has bf16), on CPU only with
     `train.cpu_amp` (fast only where the CPU computes bf16 natively: see api.preferred_dtype)."""
     if cfg.train.amp and device.type == "cuda" and torch.cuda.is_bf16_supported():
@@ -97,7 +97,7 @@ def train_one_epoch(model: CaptionModel, train_module: torch.nn.Module, loader: 
             bar.update(1)
             continue
         batch = batch.to(device, non_blocking=True)
-        with _autocast(device, cfg):
+        with training_autocast(device, cfg):
             terms = train_module(batch)
         if not torch.isfinite(terms.total):
             raise TrainingError(

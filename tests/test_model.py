@@ -252,7 +252,7 @@ def test_cpu_bf16_autocast_training_loss_matches_fp32():
     gradients are finite and point the same way (matmuls in bf16, parameters stay fp32)."""
     from captioner.config import Config
     from captioner.data.dataset import Batch
-    from captioner.engine import _autocast, forward_loss
+    from captioner.engine import forward_loss, training_autocast
     from captioner.model.captioner import CaptionModel
 
     V = 30
@@ -266,7 +266,7 @@ def test_cpu_bf16_autocast_training_loss_matches_fp32():
     for amp in (False, True):
         cfg.train.cpu_amp = amp
         dec.zero_grad()
-        with _autocast(torch.device("cpu"), cfg):
+        with training_autocast(torch.device("cpu"), cfg):
             terms = forward_loss(model, b, cfg, from_features=True)
         terms.total.backward()
         assert all(p.dtype == torch.float32 for p in dec.parameters())

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import statistics
-from functools import partial
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -72,9 +72,8 @@ def bench_eval(decoder, shape: tuple[int, int], max_len: int, counts: Counts, de
     reset_peak(device)
     for beam in beams:
         decode_lengths(decoder, feats[:min(n, 8)], beam, max_len)  # warm-up
-        lens: list[int] = []
         log(f"eval/batched beam {beam}: {n} images")
-        t = timer(_extend, lens, decode_lengths, decoder, feats, beam, max_len)
+        t, lens = timer.run(decode_lengths, decoder, feats, beam, max_len)
         result[f"beam{beam}"] = {"images_per_s": n / t, "seconds": t, "mean_words": float(np.mean(lens))}
     m = counts.naive_eval_images
     for name, cache in (("one_image_beam3", True), ("naive_beam3", False)):
@@ -91,10 +90,6 @@ def bench_eval(decoder, shape: tuple[int, int], max_len: int, counts: Counts, de
     result["speedup_beam3_vs_one_image"] = result["beam3"]["images_per_s"] / result["one_image_beam3"]["images_per_s"]
     result["peak_memory_mb"] = peak_memory_mb(device)
     return result
-
-
-def _extend(out: list, fn: Callable[..., list], *args: Any) -> None:
-    out.extend(fn(*args))
 
 
 def latency_image():
@@ -143,14 +138,11 @@ def bench_latency(cap, counts: Counts, device: torch.device, beam: int = 3, log:
     log(f"latency: {counts.latency_runs} single-image captions at beam {beam}")
     times = []
     for _ in range(counts.latency_runs):
-        out: list = []
-        times.append(timer(_extend, out, _caption_list, cap, img, beam))
-        words.append(len(out[0].words))
+        t, caption = timer.run(cap.caption, img, beam)
+        times.append(t)
+        words.append(len(caption.words))
     ms = np.array(times) * 1e3
     return {"beam": beam, "runs": len(times), "p50_ms": float(np.percentile(ms, 50)),
             "p95_ms": float(np.percentile(ms, 95)), "min_ms": float(ms.min()), "mean_words": float(np.mean(words)),
             "image": "500x375 PIL RGB", "peak_memory_mb": peak_memory_mb(device)}
 
-
-def _caption_list(cap, image, beam: int) -> list:
-    return [cap.caption(image, beam_size=beam)]

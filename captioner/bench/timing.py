@@ -37,13 +37,16 @@ class Timer:
         if self.cuda:
             torch.cuda.synchronize()
 
-    def __call__(self, fn: Callable[..., Any], *args: Any) -> float:
-        """Seconds that fn(*args) takes, device work included."""
+    def run(self, fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
+        """(seconds that fn(*args) takes, device work included; its result)."""
         self.sync()
         t0 = time.perf_counter()
-        fn(*args)
+        out = fn(*args)
         self.sync()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, out
+
+    def __call__(self, fn: Callable[..., Any], *args: Any) -> float:
+        return self.run(fn, *args)[0]
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -56,13 +59,6 @@ def peak_memory_mb(device: torch.device) -> float:
 def reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-
-
-def autocast(device: torch.device, amp: bool):
-    """bf16 autocast when `amp` (as training does: CUDA by default, CPU with train.cpu_amp)."""
-    if amp and device.type in ("cuda", "cpu"):
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return torch.autocast(device.type, enabled=False)
 
 
 def time_steps(step: Callable[[Any], None], batches: list, warmup: int, timer: Timer,

@@ -22,7 +22,6 @@ from .synthetic import (
 from .timing import (
     Counts,
     Timer,
-    autocast,
     peak_memory_mb,
     rate,
     reset_peak,
@@ -48,10 +47,20 @@ def decoder_train_flops(preset: Preset, batch, fast: bool) -> float:
     return 3 * 2 * float(macs)
 
 
-def _train_step(model, optimizer, batch, cfg, from_features: bool, fast: bool, device, amp: bool) -> None:
-    from ..engine import forward_loss
+def _train_config(amp: bool):
+    """Default training settings with bf16 autocast on or off, decided by the engine's rule
+    (training_autocast) as in real training."""
+    from ..config import Config
 
-    with autocast(device, amp):
+    cfg = Config()
+    cfg.train.amp = cfg.train.cpu_amp = amp
+    return cfg
+
+
+def _train_step(model, optimizer, batch, cfg, from_features: bool, fast: bool, device) -> None:
+    from ..engine import forward_loss, training_autocast
+
+    with training_autocast(device, cfg):
         terms = forward_loss(model, batch, cfg, from_features, fast=fast)
     optimizer.zero_grad(set_to_none=True)
     terms.total.backward()
@@ -73,9 +82,7 @@ def _decoder_model(preset: Preset, compile_step: bool):
 
 def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp: bool, compile_step: bool,
                        peak_tflops: float, log: Callable[[str], None]) -> dict[str, Any]:
-    from ..config import Config
-
-    cfg = Config()
+    cfg = _train_config(amp)
     timer = Timer(device)
     n_caps = counts.batch_images * CAPTIONS_PER_IMAGE
     result: dict[str, Any] = {"preset": preset.name, "batch_images": counts.batch_images,
@@ -95,7 +102,7 @@ def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp
         reset_peak(device)
         log(f"train_cached/{mode}: {warmup} warm-up + {n_steps} timed steps of {n_caps} captions")
         # the naive warm-up is truncated on CPU, where one naive step costs tens of seconds
-        step = partial(_train_step, model, optimizer, cfg=cfg, from_features=True, fast=fast, device=device, amp=amp)
+        step = partial(_train_step, model, optimizer, cfg=cfg, from_features=True, fast=fast, device=device)
         times = time_steps(step, batches, warmup, timer, warmup_steps=0 if fast or device.type == "cuda" else 3)
         timed = batches[warmup:]
         r = rate(times, n_caps)
@@ -117,13 +124,12 @@ def bench_train_encoder(preset: Preset, counts: Counts, device: torch.device, am
                         image_size: int, grid: int, log: Callable[[str], None], modes=("frozen", "fine_tuned")
                         ) -> dict[str, Any]:
     """Images -> encoder -> decoder loss -> backward -> Adam, with the encoder frozen or fine-tuned."""
-    from ..config import Config
     from ..data.dataset import Batch
     from ..model.captioner import CaptionModel
     from ..model.decoder import Decoder
     from ..model.encoder import build_encoder
 
-    cfg = Config()
+    cfg = _train_config(amp)
     timer = Timer(device)
     bi = counts.encoder_batch
     n_caps = bi * CAPTIONS_PER_IMAGE
@@ -154,14 +160,14 @@ def bench_train_encoder(preset: Preset, counts: Counts, device: torch.device, am
             batches.append(b)
         reset_peak(device)
         log(f"train_encoder/{mode}: {encoder} {image_size}px, {warmup} warm-up + {counts.encoder_steps} timed steps")
-        step = partial(_train_step, model, optimizer, cfg=cfg, from_features=False, fast=True, device=device, amp=amp)
+        step = partial(_train_step, model, optimizer, cfg=cfg, from_features=False, fast=True, device=device)
         times = time_steps(step, batches, warmup, timer)
         r = rate(times, n_caps)
         r["images_per_s"] = bi / statistics.median(times)
         r["peak_memory_mb"] = peak_memory_mb(device)
         if mode == "frozen":  # encoder forward alone: what building the feature cache costs
             enc.eval()
-            encode = partial(_encode, enc, batches[-1].images, device, amp)
+            encode = partial(_encode, enc, batches[-1].images, device, cfg)
             encode()
             enc_times = [timer(encode) for _ in range(max(2, counts.encoder_steps))]
             r["encode_images_per_s"] = bi / statistics.median(enc_times)
@@ -170,8 +176,10 @@ def bench_train_encoder(preset: Preset, counts: Counts, device: torch.device, am
     return result
 
 
-def _encode(encoder: nn.Module, images: torch.Tensor, device: torch.device, amp: bool) -> None:
-    with torch.no_grad(), autocast(device, amp):
+def _encode(encoder: nn.Module, images: torch.Tensor, device: torch.device, cfg) -> None:
+    from ..engine import training_autocast
+
+    with torch.no_grad(), training_autocast(device, cfg):
         encoder(images)
 
 
