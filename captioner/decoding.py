@@ -21,6 +21,7 @@ class Hypothesis:
     alphas: torch.Tensor  # (len(tokens), P): attention of each word
     log_prob: float  # sum of log-probabilities of the words (and of <end> when it was emitted)
     score: float  # log_prob after length normalisation (what the ranking uses)
+    betas: torch.Tensor | None = None  # (len(tokens),): gate beta of each word (how much it used the image)
 
 
 def _forbid(logp: torch.Tensor, pad: int, start: int, unk: int | None = None) -> torch.Tensor:
@@ -46,10 +47,11 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, p
     words = feats.new_full((B,), start, dtype=torch.long)
     tokens: list[list[int]] = [[] for _ in range(B)]
     alphas: list[list[torch.Tensor]] = [[] for _ in range(B)]
+    betas: list[list[torch.Tensor]] = [[] for _ in range(B)]
     logps = [0.0] * B
     for _ in range(max_len):
         emb, emb_gates = decoder.embed(words)
-        logits, alpha, state = decoder.step(state, emb, emb_gates, feats, feat_proj)
+        logits, alpha, beta, state = decoder.step(state, emb, emb_gates, feats, feat_proj)
         logp = _forbid(torch.log_softmax(logits.float(), dim=-1), pad, start, unk)  # (N, V)
         best_logp, words = logp.max(dim=-1)  # (N,)
         keep = []
@@ -59,6 +61,7 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, p
                 continue
             tokens[img].append(w)
             alphas[img].append(alpha[j])
+            betas[img].append(beta[j])
             keep.append(j)
         if len(keep) < len(rows):  # drop finished images from the batch
             k = torch.tensor(keep, dtype=torch.long, device=feats.device)
@@ -67,8 +70,8 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, p
         if len(rows) == 0:
             break
     P = feats.shape[1]
-    return [Hypothesis(tokens[i], torch.stack(alphas[i]) if alphas[i] else feats.new_zeros(0, P), logps[i], logps[i])
-            for i in range(B)]
+    return [Hypothesis(tokens[i], torch.stack(alphas[i]) if alphas[i] else feats.new_zeros(0, P), logps[i], logps[i],
+                       torch.stack(betas[i]) if betas[i] else feats.new_zeros(0)) for i in range(B)]
 
 
 @torch.no_grad()
@@ -99,6 +102,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
     words = torch.full((B,), start, dtype=torch.long, device=device)
     hist_tokens = torch.zeros(B, 0, dtype=torch.long, device=device)  # (N, t)
     hist_alphas = feats.new_zeros(B, 0, P)  # (N, t, P)
+    hist_betas = feats.new_zeros(B, 0)  # (N, t)
     image_ids = torch.arange(B, device=device)  # (n,) original id of each live image
     best_finished = torch.full((B, K), float("-inf"), device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
@@ -107,7 +111,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
         n = len(image_ids)
         emb, emb_gates = decoder.embed(words)
         proj = feat_proj if cache_projection else decoder.attention.project(feats)  # (n, P, A)
-        logits, alpha, (h, c) = decoder.step((h, c), emb, emb_gates, feats, proj)  # N = n * G rows
+        logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, proj)  # N = n * G rows
         logp = _forbid(torch.log_softmax(logits.float(), dim=-1), pad, start, unk)  # (N, V)
         V = logp.shape[1]
         cand = (cum.unsqueeze(1) + logp).view(n, G * V)  # (n, G*V)
@@ -126,7 +130,8 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
             for g, j in fin.nonzero().tolist():
                 r = int(src[g, j])
                 finished[int(image_ids[g])].append(
-                    Hypothesis(hist_tokens[r].tolist(), hist_alphas[r], float(top_s[g, j]), float(norm[g, j])))
+                    Hypothesis(hist_tokens[r].tolist(), hist_alphas[r], float(top_s[g, j]), float(norm[g, j]),
+                               hist_betas[r]))
             merged = torch.cat([best_finished[:n], norm.masked_fill(~fin, float("-inf"))], dim=1)
             best_finished = merged.topk(K, dim=1).values  # (n, K)
         kth_finished = best_finished[:, K - 1]
@@ -142,8 +147,10 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
                 r = int(alive_src[g, k])
                 toks = hist_tokens[r].tolist() + [int(alive_word[g, k])]
                 al = torch.cat([hist_alphas[r], alpha[r].unsqueeze(0)])
+                be = torch.cat([hist_betas[r], beta[r].unsqueeze(0)])
                 s_ = float(alive_s[g, k])
-                finished[int(image_ids[g])].append(Hypothesis(toks, al, s_, _normalise(s_, len(toks), length_penalty)))
+                finished[int(image_ids[g])].append(
+                    Hypothesis(toks, al, s_, _normalise(s_, len(toks), length_penalty), be))
             break
         best_alive = alive_s[:, 0]
         if length_penalty:
@@ -159,6 +166,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
         cum = alive_s[keep].reshape(-1)
         hist_tokens = torch.cat([hist_tokens[rows], words.unsqueeze(1)], dim=1)
         hist_alphas = torch.cat([hist_alphas[rows], alpha[rows].unsqueeze(1)], dim=1)
+        hist_betas = torch.cat([hist_betas[rows], beta[rows].unsqueeze(1)], dim=1)
         h, c = h[rows], c[rows]
         G = K
         if len(keep) < n:  # finished images leave the batch

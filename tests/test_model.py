@@ -34,12 +34,15 @@ def batch(V: int, lengths=(6, 4, 2)):
 def test_attention_is_a_distribution_and_gated():
     att = SoftAttention(D, 10, 7)
     feats = torch.randn(B, P, D)
-    z, alpha = att(feats, att.project(feats), torch.randn(B, 10))
+    z, alpha, beta = att(feats, att.project(feats), torch.randn(B, 10))
     assert z.shape == (B, D) and alpha.shape == (B, P)
     assert torch.allclose(alpha.sum(-1), torch.ones(B), atol=1e-6)
     assert (alpha >= 0).all()
     # context is beta * (convex combination): with beta in (0, 1) its norm is below the max annotation norm
     assert (z.norm(dim=-1) <= feats.norm(dim=-1).max(dim=-1).values + 1e-5).all()
+    # beta is the gate that scales the context: z = beta * sum_i alpha_i a_i, beta in (0, 1)
+    assert beta.shape == (B,) and ((beta > 0) & (beta < 1)).all()
+    assert torch.allclose(z, beta[:, None] * torch.einsum("bp,bpd->bd", alpha, feats), atol=1e-5)
 
 
 
@@ -57,7 +60,7 @@ def test_attention_equals_equations_4_to_6(grad, monkeypatch):
     n, G = 7, 3
     feats, h = torch.randn(n, P, D), torch.randn(n * G, 10)
     with torch.set_grad_enabled(grad):
-        z, alpha = att(feats, att.project(feats), h)
+        z, alpha, _ = att(feats, att.project(feats), h)
     with torch.no_grad():  # eq. 4-6 written out literally, one row at a time
         for r in range(n * G):
             a = feats[r // G]  # (P, D)
@@ -88,7 +91,7 @@ def test_forward_equals_manual_steps_and_naive_path():
     proj = dec.attention.project(feats)
     for t in range(inputs.shape[1]):
         emb, eg = dec.embed(inputs[:, t])
-        lg, al, state = dec.step(state, emb, eg, feats, proj)
+        lg, al, _, state = dec.step(state, emb, eg, feats, proj)
         rows = lengths > t
         assert torch.allclose(lg[rows], logits[rows, t], atol=1e-5)
         assert torch.allclose(al[rows], alphas[rows, t], atol=1e-6)

@@ -37,9 +37,10 @@ class SoftAttention(nn.Module):
 
     def forward(
         self, feats: torch.Tensor, feat_proj: torch.Tensor, h: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """feats (B, P, D), feat_proj (B, P, A) from `project`, h (B*G, H) -> context z (B*G, D),
-        alpha (B*G, P).
+        alpha (B*G, P), beta (B*G,): how much of the attended context reaches the word (0 = the word
+        did not use the image).
 
         G >= 1 hidden states per image (G = beam size in beam search; 1 in training) share the
         image's annotations, so beams never copy the (P, D) features of their image.
@@ -56,7 +57,7 @@ class SoftAttention(nn.Module):
         alpha = torch.softmax(e, dim=-1)  # (B*G, P)
         context = torch.bmm(alpha.view(B, G, P), feats).view(B * G, -1)  # (B*G, D)
         beta = torch.sigmoid(self.gate(h))  # (B*G, 1)
-        return beta * context, alpha
+        return beta * context, alpha, beta.squeeze(1)
 
 
 def _sigmoid_scores_blocked(feat_proj: torch.Tensor, hp: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -60,18 +60,18 @@ class Decoder(nn.Module):
         return emb, self.gates_embed(emb)
 
     def recur(self, state: State, emb_gates: torch.Tensor, feats: torch.Tensor, feat_proj: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor, State]:
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, State]:
         """Attention and the LSTM cell for one word (eq. 4-6, eq. 1). state (B*G, H)x2, emb_gates
-        (B*G, 4H), feats (B, P, D), feat_proj (B, P, A) -> context z (B*G, D), alpha (B*G, P), new
-        state. G rows per image (consecutive) share its features: G = 1 in training, the beam size
+        (B*G, 4H), feats (B, P, D), feat_proj (B, P, A) -> context z (B*G, D), alpha (B*G, P),
+        gate beta (B*G,), new state. G rows per image (consecutive) share its features: G = 1 in training, the beam size
         in beam search."""
         h, c = state
-        z, alpha = self.attention(feats, feat_proj, h)  # (B*G, D), (B*G, P)
+        z, alpha, beta = self.attention(feats, feat_proj, h)  # (B*G, D), (B*G, P), (B*G,)
         gates = emb_gates + self.gates_context(z) + self.gates_hidden(h)  # (B*G, 4H)
         i, f, g, o = gates.chunk(4, dim=1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B*G, H)
         h = torch.sigmoid(o) * torch.tanh(c)  # (B*G, H)
-        return z, alpha, (h, c)
+        return z, alpha, beta, (h, c)
 
     def output(self, emb: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Deep output layer (eq. 7): emb (N, E), h (N, H), z (N, D) -> logits (N, V). Nothing
@@ -80,11 +80,12 @@ class Decoder(nn.Module):
         return self.out_vocab(self.dropout(out))  # (N, V)
 
     def step(self, state: State, emb: torch.Tensor, emb_gates: torch.Tensor, feats: torch.Tensor,
-             feat_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, State]:
+             feat_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, State]:
         """One word: recur then output. emb (B*G, E), emb_gates (B*G, 4H), the rest as in `recur`
-        -> logits (B*G, V), alpha (B*G, P), new state. Greedy and beam search call this."""
-        z, alpha, state = self.recur(state, emb_gates, feats, feat_proj)
-        return self.output(emb, state[0], z), alpha, state
+        -> logits (B*G, V), alpha (B*G, P), beta (B*G,), new state. Greedy, beam search and
+        sampling call this."""
+        z, alpha, beta, state = self.recur(state, emb_gates, feats, feat_proj)
+        return self.output(emb, state[0], z), alpha, beta, state
 
     def forward(self, feats: torch.Tensor, inputs: torch.Tensor, lengths: torch.Tensor,
                 image_index: torch.Tensor | None = None, cache_projection: bool = True
@@ -118,7 +119,7 @@ class Decoder(nn.Module):
             if n == 0:
                 break
             proj = feat_proj[:n] if feat_proj is not None else self.attention.project(feats[:n])
-            z, alpha, (h, c) = self.recur((h[:n], c[:n]), emb_gates[:n, t], feats[:n], proj)
+            z, alpha, _, (h, c) = self.recur((h[:n], c[:n]), emb_gates[:n, t], feats[:n], proj)
             hs.append(h)
             zs.append(z)
             alphas_t.append(alpha)
