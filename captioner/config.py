@@ -66,6 +66,12 @@ class TrainConfig:
     log_every: int = 50
     checkpoint_every: int = 200  # also save a resumable checkpoint every N steps inside an epoch
     max_steps: int = 0  # stop after this many optimizer steps in total (0 = no limit); for tests
+    objective: str = "xe"  # xe (cross-entropy, teacher forcing) | scst (self-critical on CIDEr-D)
+    init_from: str = ""  # start a new run from this model file's weights and vocabulary (e.g. SCST after xe)
+    scst_samples: int = 5  # K sampled captions per image
+    scst_baseline: str = "mean"  # mean (of the image's other samples) | greedy (the greedy caption's reward)
+    scst_max_len: int = 20  # longest sampled caption (words + <end>)
+    scst_bad_ending_penalty: float = 0.0  # subtracted from the reward of a sample ending in "a", "with", "the" ...
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Legend: B images, K beam size, N live rows (image x beam), P regions, D feature dim, V vocabulary.
 
-Both call Decoder.step, the same function teacher-forced training uses. <pad> and <start> are never
+All call Decoder.step, the same function teacher-forced training uses. <pad> and <start> are never
 generated. A hypothesis that has not emitted <end> after max_len words is finished as it is
 (capped), so decoding always terminates and always returns a caption.
 """
@@ -177,6 +177,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
         finished[img] = finished[img][:K]
     return finished
 
+
 def decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0, beam_size: int = 3,
            max_len: int = 50, length_penalty: float = 0.0, unk: int | None = None) -> list[list[Hypothesis]]:
     """Greedy when beam_size == 1 (a single hypothesis per image), else beam search. Passing `unk`
@@ -188,3 +189,50 @@ def decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int
     if beam_size == 1:
         return [[h] for h in greedy_decode(decoder, feats, start, end, pad, max_len, unk)]
     return beam_search(decoder, feats, start, end, pad, beam_size, max_len, length_penalty, unk)
+
+
+@dataclass
+class Samples:
+    """K captions sampled per image, rows image-major (image b's samples are rows b*K .. b*K+K-1)."""
+    tokens: torch.Tensor  # (B*K, T) sampled ids, <end> included where emitted, <pad> after it
+    log_probs: torch.Tensor  # (B*K, T) log p of each sampled token (differentiable), 0 past the end
+    mask: torch.Tensor  # (B*K, T) bool: real tokens (words and the <end> that closed the caption)
+    alphas: torch.Tensor  # (B*K, T, P) attention of each token, 0 past the end
+
+    def captions(self, end: int) -> list[list[int]]:
+        """Word ids of each sample, without <end>."""
+        return [[w for w, m in zip(row, keep) if m and w != end]
+                for row, keep in zip(self.tokens.tolist(), self.mask.tolist())]
+
+
+def sample(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0, n_samples: int = 5,
+           max_len: int = 20, unk: int | None = None) -> Samples:
+    """Multinomial sampling of n_samples captions per image WITH gradients (self-critical training).
+    feats (B, P, D); the K samples of an image share its features and W_a a_i projection (G = K
+    rows per image in Decoder.step, as beams do). Runs until every sample has emitted <end> or
+    max_len tokens; a capped sample has no <end>."""
+    B, P, _ = feats.shape
+    K = n_samples
+    feat_proj = decoder.attention.project(feats)  # (B, P, A)
+    h, c = decoder.init_state(feats)  # (B, H)
+    state = (h.repeat_interleave(K, 0), c.repeat_interleave(K, 0))  # (B*K, H)
+    words = torch.full((B * K,), start, dtype=torch.long, device=feats.device)
+    alive = torch.ones(B * K, dtype=torch.bool, device=feats.device)
+    banned = torch.tensor([pad, start] + ([unk] if unk is not None else []), device=feats.device)
+    toks, logps, masks, alphas = [], [], [], []
+    for _ in range(max_len):
+        emb, emb_gates = decoder.embed(words)
+        logits, alpha, _, state = decoder.step(state, emb, emb_gates, feats, feat_proj)  # (B*K, V), (B*K, P)
+        # out of place (autograd needs log_softmax's output); renormalised over the allowed words
+        logp = torch.log_softmax(logits.float().index_fill(1, banned, float("-inf")), dim=-1)  # (B*K, V)
+        words = torch.multinomial(logp.detach().exp(), 1).squeeze(1)  # (B*K,)
+        words = torch.where(alive, words, pad)
+        toks.append(words)
+        picked = logp.gather(1, words.unsqueeze(1)).squeeze(1)  # (B*K,): -inf for <pad> on dead rows
+        logps.append(torch.where(alive, picked, torch.zeros_like(picked)))
+        masks.append(alive)
+        alphas.append(alpha * alive.unsqueeze(1))
+        alive = alive & (words != end)
+        if not bool(alive.any()):
+            break
+    return Samples(torch.stack(toks, 1), torch.stack(logps, 1), torch.stack(masks, 1), torch.stack(alphas, 1))

@@ -55,13 +55,18 @@ def plot_history(jsonl: str | Path, png: str | Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     if train:
         steps = [r["step"] for r in train]
-        ax1.plot(steps, [r["xent"] for r in train], color="tab:blue")
-        ax1.set_ylabel("cross-entropy / token", color="tab:blue")
+        # cross-entropy runs log xent; self-critical runs log the sampled captions' reward and baseline
+        main_keys = [k for k in ("xent", "reward", "baseline") if k in train[-1]]
+        for k in main_keys:
+            ax1.plot(steps, [r.get(k, float("nan")) for r in train], label=k)
+        ax1.set_ylabel("cross-entropy / token" if "xent" in main_keys else "CIDEr-D of samples")
+        ax1.legend(loc="upper left")
+        pen = "penalty" if "penalty" in train[-1] else "attention"  # older logs called it "attention"
         twin = ax1.twinx()  # the penalty lives on another scale (it sums over all P regions)
-        twin.plot(steps, [r["attention"] for r in train], color="tab:orange", alpha=0.6)
+        twin.plot(steps, [r.get(pen, float("nan")) for r in train], color="tab:orange", alpha=0.6)
         twin.set_ylabel("lambda * attention penalty / caption", color="tab:orange")
         ax1.set_xlabel("step")
-        ax1.set_title("training loss")
+        ax1.set_title("training objective")
     if val:
         epochs = [r["epoch"] for r in val]
         for key in ("Bleu_4", "CIDEr", "METEOR", "ROUGE_L"):

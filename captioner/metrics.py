@@ -88,3 +88,21 @@ def _close_meteor(m) -> None:
             m.meteor_p.stdin.close()
             m.meteor_p.kill()
             m.meteor_p.wait()
+
+
+# Words a finished caption should not end with ("a man in a", "a dog with the"): the classic
+# failure of captioners optimised for CIDEr.
+FUNCTION_WORDS = frozenset("a an the of with in on at to for from by and or is are his her its their".split())
+
+
+def caption_defects(captions: Sequence[str]) -> dict[str, float]:
+    """Shares of captions that end in a function word and that repeat a bigram ("a red uniform is
+    wearing a red uniform"), over whitespace tokens."""
+    n = max(len(captions), 1)
+    bad_end = repeat = 0
+    for c in captions:
+        words = c.split()
+        bad_end += bool(words) and words[-1] in FUNCTION_WORDS
+        bigrams = list(zip(words, words[1:]))
+        repeat += len(set(bigrams)) < len(bigrams)
+    return {"bad_ending": bad_end / n, "repeated_bigram": repeat / n}

@@ -149,9 +149,9 @@ def test_doubly_stochastic_penalty_is_reported_separately():
     with_pen = caption_loss(logits, alphas, targets, lengths, alpha_c=2.0)
     no_pen = caption_loss(logits, alphas, targets, lengths, alpha_c=0.0)
     expected = ((1 - alphas.sum(1)) ** 2).sum(1)  # (B,)
-    assert torch.allclose(with_pen.attention, 2.0 * expected.mean())
+    assert torch.allclose(with_pen.penalty, 2.0 * expected.mean())
     assert torch.allclose(with_pen.total - no_pen.total, 2.0 * expected.sum() / lengths.sum())
-    assert no_pen.attention.item() == 0.0
+    assert no_pen.penalty.item() == 0.0
 
 
 def test_beam_one_equals_greedy():
@@ -255,7 +255,8 @@ def test_cpu_bf16_autocast_training_loss_matches_fp32():
     gradients are finite and point the same way (matmuls in bf16, parameters stay fp32)."""
     from captioner.config import Config
     from captioner.data.dataset import Batch
-    from captioner.engine import forward_loss, training_autocast
+    from captioner.engine import training_autocast
+    from captioner.objectives import CrossEntropy
     from captioner.model.captioner import CaptionModel
 
     V = 30
@@ -270,7 +271,7 @@ def test_cpu_bf16_autocast_training_loss_matches_fp32():
         cfg.train.cpu_amp = amp
         dec.zero_grad()
         with training_autocast(torch.device("cpu"), cfg):
-            terms = forward_loss(model, b, cfg, from_features=True)
+            terms = CrossEntropy(cfg, from_features=True)(model, b)
         terms.total.backward()
         assert all(p.dtype == torch.float32 for p in dec.parameters())
         grads[amp] = (terms.total.item(), torch.cat([p.grad.flatten() for p in dec.parameters() if p.grad is not None]))

@@ -207,13 +207,13 @@ def test_kill_9_while_writing_a_checkpoint(tmp_path):
 
 NAN_LOSS = textwrap.dedent("""
     import dataclasses, sys
-    import captioner.engine as engine
-    real, calls = engine.caption_loss, [0]
+    import captioner.objectives as objectives
+    real, calls = objectives.caption_loss, [0]
     def poisoned(*args, **kwargs):  # the loss becomes NaN on the 5th batch
         terms = real(*args, **kwargs)
         calls[0] += 1
         return dataclasses.replace(terms, total=terms.total * float("nan")) if calls[0] >= 5 else terms
-    engine.caption_loss = poisoned
+    objectives.caption_loss = poisoned
     from captioner.cli.train import main
     sys.exit(main(sys.argv[1:]))
 """)

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     from captioner.config import DataConfig
     from captioner.data import build_records
     from captioner.data.features import build_cache, cache_name
-    from captioner.engine import caption_features, encode_records, evaluate
+    from captioner.evaluation import encode_records, evaluate_model
     from captioner.metrics import METRIC_KEYS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -79,12 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         say(f"WARNING: {len(bad)} image(s) could not be read and are not scored: {', '.join(bad[:10])}")
     t1 = time.time()
     lp = model.config.decode.length_penalty if args.length_penalty is None else args.length_penalty
-    caps = caption_features(model.model, feats, model.vocab, args.beam_size, args.max_len, lp,
-                            torch.device(args.device), args.batch_size, progress=not args.json,
-                            forbid_unk=model.config.decode.forbid_unk)
-    t2 = time.time()
-    preds = {records[i].image_id: c for i, c in zip(keep, caps)}
-    scores = evaluate(preds, [records[i] for i in keep], METRIC_KEYS, log=say)
+    scores, preds = evaluate_model(model.model, model.vocab, feats, [records[i] for i in keep], args.beam_size,
+                                   args.max_len, lp, torch.device(args.device), model.config.decode.forbid_unk,
+                                   METRIC_KEYS, args.batch_size, progress=not args.json, log=say)
+    t2 = time.time()  # decoding and scoring
     if args.spice:
         from captioner.metrics import score_captions
 
@@ -94,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         {"checkpoint": str(args.checkpoint or captioner.DEFAULT_CHECKPOINT), "dataset": args.dataset, "split": split,
          "beam_size": args.beam_size, "length_penalty": lp, "scores": scores,
          "captions": [{"image_id": k, "caption": v} for k, v in preds.items()]}, indent=1))
-    say(f"encoded {len(keep)} images in {t1 - t0:.1f}s, decoded (beam {args.beam_size}) in {t2 - t1:.1f}s "
-        f"({len(keep) / max(t2 - t1, 1e-9):.1f} images/s); captions -> {args.output}")
+    say(f"encoded {len(keep)} images in {t1 - t0:.1f}s, decoded (beam {args.beam_size}) and scored in {t2 - t1:.1f}s; "
+        f"captions -> {args.output}")
     if args.json:
         print(json.dumps({k: scores[k] for k in (*METRIC_KEYS, "n_images")}))  # exactly these keys
     else:

@@ -73,6 +73,11 @@ class Decoder(nn.Module):
         h = torch.sigmoid(o) * torch.tanh(c)  # (B*G, H)
         return z, alpha, beta, (h, c)
 
+    def compile_recur(self) -> None:
+        """torch.compile the recurrence (attention + LSTM cell), the part every step runs: the one
+        place compilation is switched on (train.compile, benchmark --compile)."""
+        self.recur = torch.compile(self.recur)  # type: ignore[method-assign]
+
     def output(self, emb: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Deep output layer (eq. 7): emb (N, E), h (N, H), z (N, D) -> logits (N, V). Nothing
         feeds back into the recurrence, so training computes it for all steps at once."""

@@ -1,0 +1,89 @@
+"""CIDEr-D (Vedantam et al. 2015) as a training reward: fast, on token ids, document frequencies
+from the training references.
+
+For each n = 1..4 a caption is a TF-IDF vector over its n-grams,
+
+    g_n(k) = tf(k) * log(N_images / max(1, df(k)))
+
+with df(k) the number of training images whose references contain n-gram k. Against each reference
+r of the image, CIDEr-D takes the cosine similarity with the candidate's counts clipped to the
+reference's (min(g_c, g_r) * g_r) and a Gaussian penalty on the length difference,
+exp(-(len_c - len_r)^2 / (2 sigma^2)), sigma = 6; the image's score is 10 x the mean over n and over
+references. This is coco-caption's CIDEr-D, the reward of self-critical training (Rennie et al.
+2017). pycocoevalcap's `Cider` (what evaluation reports) computes the same formula but takes its
+document frequencies from the evaluated set itself; given the same frequencies the two are equal
+(tests/test_cider.py checks it), with the training set's they agree on ranking.
+
+Captions are token-id lists without <start>/<end>; references are the training captions as the
+vocabulary encodes them, so a rare word that became <unk> in a reference never matches (sampled
+captions never contain <unk>).
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from typing import Sequence
+
+Caption = Sequence[int]
+NGram = tuple[int, ...]
+
+
+def ngram_counts(tokens: Caption, n: int = 4) -> list[Counter]:
+    """[Counter of 1-grams, ..., Counter of n-grams] of one caption."""
+    toks = tuple(tokens)
+    return [Counter(toks[i:i + k] for i in range(len(toks) - k + 1)) for k in range(1, n + 1)]
+
+
+class CiderD:
+    """CIDEr-D with document frequencies fixed at construction (the training references)."""
+
+    def __init__(self, references: Sequence[Sequence[Caption]], n: int = 4, sigma: float = 6.0):
+        """references: for each training image, its reference captions (token ids)."""
+        if not references:
+            raise ValueError("CIDEr-D needs the training references to compute document frequencies")
+        self.n, self.sigma = n, sigma
+        df: dict[NGram, int] = defaultdict(int)
+        for refs in references:
+            for gram in {g for r in refs for counts in ngram_counts(r, n) for g in counts}:
+                df[gram] += 1
+        self.df = dict(df)
+        self.log_n = math.log(float(len(references)))
+        self._ref_cache: dict[tuple[Caption, ...], list[tuple[list[dict], list[float], int]]] = {}
+
+    def _vector(self, tokens: Caption) -> tuple[list[dict[NGram, float]], list[float], int]:
+        """TF-IDF vectors per n, their norms, and the caption length."""
+        vecs, norms = [], []
+        for counts in ngram_counts(tokens, self.n):
+            v = {g: tf * (self.log_n - math.log(max(1.0, self.df.get(g, 0.0)))) for g, tf in counts.items()}
+            vecs.append(v)
+            norms.append(math.sqrt(sum(x * x for x in v.values())))
+        return vecs, norms, len(tokens)
+
+    def _refs(self, refs: Sequence[Caption]) -> list[tuple[list[dict], list[float], int]]:
+        key = tuple(tuple(r) for r in refs)
+        hit = self._ref_cache.get(key)
+        if hit is None:
+            if len(self._ref_cache) > 200_000:  # bound memory on huge datasets
+                self._ref_cache.clear()
+            hit = self._ref_cache[key] = [self._vector(r) for r in key]
+        return hit
+
+    def score_one(self, candidate: Caption, refs: Sequence[Caption]) -> float:
+        if not refs:
+            raise ValueError("every candidate needs at least one reference")
+        c_vecs, c_norms, c_len = self._vector(candidate)
+        total = 0.0
+        for r_vecs, r_norms, r_len in self._refs(refs):
+            penalty = math.exp(-((c_len - r_len) ** 2) / (2 * self.sigma ** 2))
+            for cv, rv, cn, rn in zip(c_vecs, r_vecs, c_norms, r_norms):
+                if cn == 0.0 or rn == 0.0:
+                    continue
+                dot = sum(min(x, rv[g]) * rv[g] for g, x in cv.items() if g in rv)  # clipped counts
+                total += penalty * dot / (cn * rn)
+        return 10.0 * total / (self.n * len(refs))
+
+    def score(self, candidates: Sequence[Caption], references: Sequence[Sequence[Caption]]) -> list[float]:
+        """candidates[i] scored against references[i] -> one CIDEr-D per candidate."""
+        if len(candidates) != len(references):
+            raise ValueError(f"{len(candidates)} candidates but {len(references)} reference sets")
+        return [self.score_one(c, r) for c, r in zip(candidates, references)]

@@ -1,0 +1,117 @@
+"""Training objectives. Each is a callable of the same shape, objective(model, batch) -> Objective
+terms, so the training loop never branches on what it optimises:
+
+- CrossEntropy: teacher forcing, Xu et al. eq. 14 (loss.py): cross-entropy + lambda * doubly
+  stochastic attention penalty.
+- SelfCritical: self-critical sequence training (Rennie et al. 2017) on CIDEr-D. K captions are
+  sampled per image; the reward of each is its CIDEr-D against the image's references, the
+  baseline is the mean reward of the image's OTHER samples ("new self-critical") or the reward of
+  the greedy caption (the original paper); loss = -(r - b) log p(sample), per token, plus the same
+  attention penalty on the sampled captions' maps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .cider import CiderD
+from .config import Config
+from .data.dataset import Batch
+from .decoding import greedy_decode, sample
+from .loss import attention_penalty, caption_loss
+from .metrics import FUNCTION_WORDS
+from .model.captioner import CaptionModel
+from .vocab import Vocab
+
+
+@dataclass
+class Terms:
+    total: torch.Tensor  # what backward() sees
+    weight: int  # how much this batch counts in the epoch's averages (tokens)
+    logs: dict[str, float] = field(default_factory=dict)  # per-batch scalars for metrics.jsonl
+
+
+def _features(model: CaptionModel, batch: Batch, from_features: bool) -> torch.Tensor:
+    return batch.images if from_features else model.encode(batch.images)  # (Bi, P, D)
+
+
+class CrossEntropy:
+    def __init__(self, cfg: Config, from_features: bool):
+        self.cfg, self.from_features = cfg, from_features
+
+    def __call__(self, model: CaptionModel, batch: Batch) -> Terms:
+        feats = _features(model, batch, self.from_features)
+        logits, alphas = model.decoder(feats, batch.inputs, batch.lengths, batch.image_index)
+        t = caption_loss(logits, alphas, batch.targets, batch.lengths, self.cfg.train.alpha_c,
+                         self.cfg.train.label_smoothing)
+        return Terms(t.total, t.n_tokens, {"xent": t.xent.item(), "penalty": t.penalty.item()})
+
+
+def batch_references(batch: Batch, end: int) -> list[list[list[int]]]:
+    """The reference captions of each image of the batch, as word ids (no <end>)."""
+    refs: list[list[list[int]]] = [[] for _ in range(len(batch.images))]
+    for row, img, n in zip(batch.targets.tolist(), batch.image_index.tolist(), batch.lengths.tolist()):
+        refs[img].append([w for w in row[:n] if w != end])
+    return refs
+
+
+class SelfCritical:
+    def __init__(self, cfg: Config, from_features: bool, vocab: Vocab, cider: CiderD):
+        t = cfg.train
+        if t.scst_samples < 2 and t.scst_baseline == "mean":
+            raise ValueError("train.scst_baseline=mean needs train.scst_samples >= 2 (the other samples are the baseline)")
+        if t.scst_baseline not in ("mean", "greedy"):
+            raise ValueError(f"train.scst_baseline must be 'mean' or 'greedy', got '{t.scst_baseline}'")
+        self.cfg, self.from_features, self.vocab, self.cider = cfg, from_features, vocab, cider
+        self.bad_end = {vocab.stoi[w] for w in FUNCTION_WORDS if w in vocab.stoi}
+
+    def rewards(self, captions: list[list[int]], refs: list[list[list[int]]]) -> torch.Tensor:
+        """CIDEr-D of each caption against its references, minus train.scst_bad_ending_penalty for
+        a caption that ends in a function word."""
+        r = torch.tensor(self.cider.score(captions, refs))
+        pen = self.cfg.train.scst_bad_ending_penalty
+        if pen:
+            r -= pen * torch.tensor([float(bool(c) and c[-1] in self.bad_end) for c in captions])
+        return r
+
+    def __call__(self, model: CaptionModel, batch: Batch) -> Terms:
+        t, v = self.cfg.train, self.vocab
+        K = t.scst_samples
+        feats = _features(model, batch, self.from_features)  # (Bi, P, D)
+        refs = batch_references(batch, v.end)
+        unk = v.unk if self.cfg.decode.forbid_unk else None
+        s = sample(model.decoder, feats, v.start, v.end, v.pad, K, t.scst_max_len, unk)  # Bi*K rows
+        reward = self.rewards(s.captions(v.end), [r for r in refs for _ in range(K)]).view(-1, K)  # (Bi, K)
+        if t.scst_baseline == "mean":
+            baseline = (reward.sum(1, keepdim=True) - reward) / (K - 1)  # (Bi, K): mean of the others
+        else:
+            baseline = self._greedy_reward(model, feats.detach(), refs).unsqueeze(1)  # (Bi, 1)
+        adv = (reward - baseline).view(-1).to(s.log_probs.device)  # (Bi*K,)
+        n_tokens = int(s.mask.sum())
+        pg = -(adv.unsqueeze(1) * s.log_probs).sum() / n_tokens  # per token, like cross-entropy
+        penalty = attention_penalty(s.alphas)  # (Bi*K,)
+        total = pg + t.alpha_c * penalty.sum() / n_tokens
+        return Terms(total, n_tokens, {"reward": reward.mean().item(), "baseline": baseline.mean().item(),
+                                       "sample_len": n_tokens / s.mask.shape[0], "penalty": t.alpha_c * penalty.mean().item()})
+
+    @torch.no_grad()
+    def _greedy_reward(self, model: CaptionModel, feats: torch.Tensor, refs: list[list[list[int]]]) -> torch.Tensor:
+        was_training = model.decoder.training
+        model.decoder.eval()  # the caption the model would write: no dropout
+        v = self.vocab
+        hyps = greedy_decode(model.decoder, feats, v.start, v.end, v.pad, self.cfg.train.scst_max_len,
+                             v.unk if self.cfg.decode.forbid_unk else None)
+        model.decoder.train(was_training)
+        return self.rewards([h.tokens for h in hyps], refs)
+
+
+def build_objective(cfg: Config, from_features: bool, vocab: Vocab, train_captions: list[list[list[int]]]):
+    """train.objective -> the objective; SCST's CIDEr-D takes document frequencies from the training
+    captions (encoded, <start>/<end> stripped)."""
+    if cfg.train.objective == "xe":
+        return CrossEntropy(cfg, from_features)
+    if cfg.train.objective == "scst":
+        refs = [[[w for w in c if w not in (vocab.start, vocab.end)] for c in caps] for caps in train_captions]
+        return SelfCritical(cfg, from_features, vocab, CiderD(refs))
+    raise ValueError(f"train.objective must be 'xe' or 'scst', got '{cfg.train.objective}'")
