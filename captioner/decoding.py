@@ -77,7 +77,7 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, p
 @torch.no_grad()
 def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0,
                 beam_size: int = 3, max_len: int = 50, length_penalty: float = 0.0,
-                unk: int | None = None, cache_projection: bool = True) -> list[list[Hypothesis]]:
+                unk: int | None = None) -> list[list[Hypothesis]]:
     """feats (B, P, D) -> for each image, its finished hypotheses best first (up to beam_size).
 
     All live images x K beams are one batch of rows. Each step scores the K*V continuations of
@@ -86,8 +86,6 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
     leaves the batch when K finished hypotheses cannot be beaten by a live one (exact with
     length_penalty=0, since log-probabilities only decrease; with a penalty, once K have finished),
     or at max_len, where its live hypotheses are finished as they are (capped).
-    cache_projection=False recomputes W_a a_i at every step like the textbook loop (the
-    benchmark's naive mode); the results are the same.
     """
     K = beam_size
     B, P, _ = feats.shape
@@ -110,8 +108,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
     for t in range(max_len):
         n = len(image_ids)
         emb, emb_gates = decoder.embed(words)
-        proj = feat_proj if cache_projection else decoder.attention.project(feats)  # (n, P, A)
-        logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, proj)  # N = n * G rows
+        logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj)  # N = n * G rows
         logp = _forbid(torch.log_softmax(logits.float(), dim=-1), pad, start, unk)  # (N, V)
         V = logp.shape[1]
         cand = (cum.unsqueeze(1) + logp).view(n, G * V)  # (n, G*V)

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from captioner.bench.naive import naive_decoder
 from captioner.decoding import beam_search, decode, greedy_decode
 from captioner.loss import caption_loss
 from captioner.model.attention import SoftAttention
@@ -95,12 +96,13 @@ def test_forward_equals_manual_steps_and_naive_path():
         rows = lengths > t
         assert torch.allclose(lg[rows], logits[rows, t], atol=1e-5)
         assert torch.allclose(al[rows], alphas[rows, t], atol=1e-6)
-    # naive path (projection per step, full padded length) gives the same loss
-    full = torch.full_like(lengths, inputs.shape[1])
-    nl, na = dec(feats, inputs, full, cache_projection=False)
-    na = na * mask.unsqueeze(-1)
+    # the benchmark's naive path (projection per step, full padded length) gives the same loss
+    from captioner.bench.naive import naive_decoder, naive_loss
+    from captioner.config import Config
+    from captioner.data.dataset import Batch
+
     a = caption_loss(logits, alphas, targets, lengths)
-    b = caption_loss(nl, na, targets, lengths)
+    b = naive_loss(naive_decoder(dec), feats, Batch(feats, inputs, targets, lengths, torch.arange(B)), Config())
     assert torch.allclose(a.total, b.total, atol=1e-5)
 
 
@@ -223,7 +225,7 @@ def test_batched_decoding_equals_one_by_one():
             assert [h.tokens for h in batched[i]] == [h.tokens for h in single]
             assert batched[i][0].log_prob == pytest.approx(single[0].log_prob, abs=1e-4)
             if k > 1:  # the benchmark's naive mode (W_a a_i recomputed every step) finds the same captions
-                naive = beam_search(dec, feats[i:i + 1], START, END, PAD, k, 10, cache_projection=False)[0]
+                naive = beam_search(naive_decoder(dec), feats[i:i + 1], START, END, PAD, k, 10)[0]
                 assert [h.tokens for h in naive] == [h.tokens for h in single]
 
 

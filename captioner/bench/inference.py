@@ -20,6 +20,7 @@ from .synthetic import (
     make_vocab,
     synthetic_features,
 )
+from .naive import naive_decoder
 from .timing import Counts, Timer, peak_memory_mb, reset_peak
 
 
@@ -76,9 +77,8 @@ def bench_eval(decoder, shape: tuple[int, int], max_len: int, counts: Counts, de
         t, lens = timer.run(decode_lengths, decoder, feats, beam, max_len)
         result[f"beam{beam}"] = {"images_per_s": n / t, "seconds": t, "mean_words": float(np.mean(lens))}
     m = counts.naive_eval_images
-    for name, cache in (("one_image_beam3", True), ("naive_beam3", False)):
-        search = partial(beam_search, decoder, start=START, end=END, pad=PAD, beam_size=3, max_len=max_len,
-                         cache_projection=cache)
+    for name, dec in (("one_image_beam3", decoder), ("naive_beam3", naive_decoder(decoder))):
+        search = partial(beam_search, dec, start=START, end=END, pad=PAD, beam_size=3, max_len=max_len)
         search(feats[:1])  # warm-up
         log(f"eval/{name.replace('_beam3', '')} beam 3, one image per call: {m} images")
         per_image = [timer(search, feats[i:i + 1]) for i in range(m)]

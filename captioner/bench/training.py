@@ -58,10 +58,17 @@ def _train_config(amp: bool):
 
 
 def _train_step(model, optimizer, batch, cfg, from_features: bool, fast: bool, device) -> None:
-    from ..engine import forward_loss, training_autocast
+    """One optimiser step of the real objective (fast) or of the textbook loop (naive.naive_loss)."""
+    from ..engine import training_autocast
+    from ..objectives import CrossEntropy
+    from .naive import naive_loss
 
     with training_autocast(device, cfg):
-        terms = forward_loss(model, batch, cfg, from_features, fast=fast)
+        if fast:
+            terms = CrossEntropy(cfg, from_features)(model, batch)
+        else:
+            feats = batch.images if from_features else model.encode(batch.images)
+            terms = naive_loss(model.decoder, feats, batch, cfg)
     optimizer.zero_grad(set_to_none=True)
     terms.total.backward()
     if cfg.train.grad_clip > 0:
@@ -69,14 +76,17 @@ def _train_step(model, optimizer, batch, cfg, from_features: bool, fast: bool, d
     optimizer.step()
 
 
-def _decoder_model(preset: Preset, compile_step: bool):
+def _decoder_model(preset: Preset, compile_step: bool, naive: bool = False):
     from ..model.captioner import CaptionModel
     from ..model.decoder import Decoder
+    from .naive import make_naive
 
     decoder = Decoder(preset.vocab, preset.feat_dim, preset.embed_dim, preset.hidden_dim, preset.attention_dim, 0.5)
+    if naive:
+        make_naive(decoder)
     model = CaptionModel(nn.Identity(), decoder)  # type: ignore[arg-type]  # features are cached: no encoder
     if compile_step:
-        decoder.recur = torch.compile(decoder.recur)  # type: ignore[method-assign]  # as fit() does
+        decoder.compile_recur()  # as fit() does
     return model
 
 
@@ -97,7 +107,7 @@ def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp
             batches = [naive_batch(b) for b in batches]
         batches = [b.to(device) for b in batches]
         torch.manual_seed(0)
-        model = _decoder_model(preset, compile_step).to(device).train()
+        model = _decoder_model(preset, compile_step, naive=not fast).to(device).train()
         optimizer = torch.optim.Adam(model.decoder.parameters(), lr=cfg.train.lr)
         reset_peak(device)
         log(f"train_cached/{mode}: {warmup} warm-up + {n_steps} timed steps of {n_caps} captions")

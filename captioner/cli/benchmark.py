@@ -9,10 +9,10 @@ Sections (each printed as a table row, or one JSON object with --json):
 * train_cached: decoder training throughput (captions/s: forward + backward + Adam step) on cached
   features. "fast" is the real training path: batches of images x 5 captions grouped by caption
   length (BucketBatchSampler), captions sorted by length, W_a a_i projected once per image and shared
-  by its captions, padded positions never computed (forward_loss fast=True). "naive" is the textbook
+  by its captions, padded positions never computed (objectives.CrossEntropy). "naive" is the textbook
   loop on the same model and batch sizes: no length bucketing, every caption carries its own copy
   of the image features (so nothing is shared), W_a a_i recomputed every step, every padded position
-  computed (forward_loss fast=False). Caption lengths are sampled from the dataset's length
+  computed (bench/naive.py: naive_loss). Caption lengths are sampled from the dataset's length
   distribution (Flickr8k: 10.8 +- 3.8 words, COCO: 10.5 +- 2.8; measured on the real captions).
 * train_encoder: the same with an EfficientNet-Lite0 (224 px, random weights) in the loop, frozen
   (as with augmentation) and fine-tuned.

@@ -93,8 +93,7 @@ class Decoder(nn.Module):
         return self.output(emb, state[0], z), alpha, beta, state
 
     def forward(self, feats: torch.Tensor, inputs: torch.Tensor, lengths: torch.Tensor,
-                image_index: torch.Tensor | None = None, cache_projection: bool = True
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                image_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher forcing.
 
         feats (Bi, P, D) per image; inputs (B, T) = <start> w_1 .. w_{T-1} per caption, padded;
@@ -111,10 +110,8 @@ class Decoder(nn.Module):
             image_index = torch.arange(B, device=feats.device)
         if bool((lengths[1:] > lengths[:-1]).any()):
             raise ValueError("lengths must be sorted in descending order")
-        feat_proj = self.attention.project(feats) if cache_projection else None  # (Bi, P, A)
+        feat_proj = self.attention.project(feats)[image_index]  # (B, P, A): once per image, shared by its captions
         feats = feats[image_index]  # (B, P, D)
-        if feat_proj is not None:
-            feat_proj = feat_proj[image_index]  # (B, P, A)
         h, c = self.init_state(feats)
         emb, emb_gates = self.embed(inputs)  # (B, T, E), (B, T, 4H): all steps in one product
         n_active = (lengths.unsqueeze(0) > torch.arange(T, device=lengths.device).unsqueeze(1)).sum(1).tolist()
@@ -123,8 +120,7 @@ class Decoder(nn.Module):
             n = n_active[t]
             if n == 0:
                 break
-            proj = feat_proj[:n] if feat_proj is not None else self.attention.project(feats[:n])
-            z, alpha, _, (h, c) = self.recur((h[:n], c[:n]), emb_gates[:n, t], feats[:n], proj)
+            z, alpha, _, (h, c) = self.recur((h[:n], c[:n]), emb_gates[:n, t], feats[:n], feat_proj[:n])
             hs.append(h)
             zs.append(z)
             alphas_t.append(alpha)
