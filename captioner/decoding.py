@@ -2,7 +2,7 @@
 
 Legend: B images, K beam size, N live rows (image x beam), P regions, D feature dim, V vocabulary.
 
-All call Decoder.step, the same function teacher-forced training uses. <pad> and <start> are never
+All call Decoder.step (as does sampling.py), the same function teacher-forced training uses. <pad> and <start> are never
 generated. A hypothesis that has not emitted <end> after max_len words is finished as it is
 (capped), so decoding always terminates and always returns a caption.
 """
@@ -74,6 +74,36 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, p
                        torch.stack(betas[i]) if betas[i] else feats.new_zeros(0)) for i in range(B)]
 
 
+@dataclass
+class _History:
+    """Words, attention maps and gates of every live beam row so far: (N, t), (N, t, P), (N, t)."""
+    tokens: torch.Tensor
+    alphas: torch.Tensor
+    betas: torch.Tensor
+
+    def extend(self, rows: torch.Tensor, words: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> "_History":
+        return _History(torch.cat([self.tokens[rows], words.unsqueeze(1)], 1),
+                        torch.cat([self.alphas[rows], alpha[rows].unsqueeze(1)], 1),
+                        torch.cat([self.betas[rows], beta[rows].unsqueeze(1)], 1))
+
+    def hypothesis(self, r: int, log_prob: float, score: float) -> Hypothesis:
+        return Hypothesis(self.tokens[r].tolist(), self.alphas[r], log_prob, score, self.betas[r])
+
+
+def _candidates(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, K: int, pad: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The best 2K continuations of each image's G rows: scores (n, 2K), source rows (n, 2K) and
+    words (n, 2K), best first."""
+    V = logp.shape[1]
+    cand = (cum.unsqueeze(1) + logp).view(n, G * V)  # (n, G*V)
+    if G * V < 2 * K:  # a vocabulary smaller than 2K words: pad with impossible candidates
+        cand = torch.nn.functional.pad(cand, (0, 2 * K - G * V), value=float("-inf"))
+    top_s, top_i = cand.topk(2 * K, dim=1)  # (n, 2K)
+    src = torch.arange(n, device=cum.device).unsqueeze(1) * G + (top_i // V).clamp(max=G - 1)  # (n, 2K)
+    word = torch.where(top_i < G * V, top_i % V, pad)  # (n, 2K)
+    return top_s, src, word
+
+
 @torch.no_grad()
 def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0,
                 beam_size: int = 3, max_len: int = 50, length_penalty: float = 0.0,
@@ -87,92 +117,53 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
     length_penalty=0, since log-probabilities only decrease; with a penalty, once K have finished),
     or at max_len, where its live hypotheses are finished as they are (capped).
     """
-    K = beam_size
-    B, P, _ = feats.shape
-    device = feats.device
+    K, (B, P, _), device = beam_size, feats.shape, feats.device
     rank = torch.arange(2 * K, device=device)  # (2K,)
-    # rows = (image, beam), G consecutive rows per image sharing its features (never copied per
-    # beam). G = 1 at t=0, where every beam would start from the same <start>, then K.
-    G = 1
+    G = 1  # rows = (image, beam), G per image sharing its features; G = 1 at t=0 (one <start>), then K
     feat_proj = decoder.attention.project(feats)  # (n, P, A)
     h, c = decoder.init_state(feats)  # (N, H)
     cum = feats.new_zeros(B)  # (N,) cumulative log-prob of each row
     words = torch.full((B,), start, dtype=torch.long, device=device)
-    hist_tokens = torch.zeros(B, 0, dtype=torch.long, device=device)  # (N, t)
-    hist_alphas = feats.new_zeros(B, 0, P)  # (N, t, P)
-    hist_betas = feats.new_zeros(B, 0)  # (N, t)
+    hist = _History(torch.zeros(B, 0, dtype=torch.long, device=device), feats.new_zeros(B, 0, P), feats.new_zeros(B, 0))
     image_ids = torch.arange(B, device=device)  # (n,) original id of each live image
     best_finished = torch.full((B, K), float("-inf"), device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-
     for t in range(max_len):
         n = len(image_ids)
         emb, emb_gates = decoder.embed(words)
         logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj)  # N = n * G rows
         logp = _forbid(torch.log_softmax(logits.float(), dim=-1), pad, start, unk)  # (N, V)
-        V = logp.shape[1]
-        cand = (cum.unsqueeze(1) + logp).view(n, G * V)  # (n, G*V)
-        if G * V < 2 * K:  # a vocabulary smaller than 2K words: pad with impossible candidates
-            cand = torch.nn.functional.pad(cand, (0, 2 * K - G * V), value=float("-inf"))
-        top_s, top_i = cand.topk(2 * K, dim=1)  # (n, 2K)
-        real = top_i < G * V
-        src = torch.arange(n, device=device).unsqueeze(1) * G + (top_i // V).clamp(max=G - 1)  # (n, 2K) rows extended
-        word = torch.where(real, top_i % V, pad)  # (n, 2K)
+        top_s, src, word = _candidates(cum, logp, n, G, K, pad)
         is_end = word == end
-        finite = top_s > float("-inf")
-        # finished now: <end> among the top K
-        fin = is_end & (rank < K) & finite  # (n, 2K)
+        fin = is_end & (rank < K) & (top_s > float("-inf"))  # (n, 2K) finished now: <end> among the top K
         norm = top_s / float(t + 1) ** length_penalty if length_penalty else top_s  # t words + <end>
         if bool(fin.any()):
             for g, j in fin.nonzero().tolist():
-                r = int(src[g, j])
-                finished[int(image_ids[g])].append(
-                    Hypothesis(hist_tokens[r].tolist(), hist_alphas[r], float(top_s[g, j]), float(norm[g, j]),
-                               hist_betas[r]))
+                finished[int(image_ids[g])].append(hist.hypothesis(int(src[g, j]), float(top_s[g, j]), float(norm[g, j])))
             merged = torch.cat([best_finished[:n], norm.masked_fill(~fin, float("-inf"))], dim=1)
             best_finished = merged.topk(K, dim=1).values  # (n, K)
-        kth_finished = best_finished[:, K - 1]
-        # alive: the K best non-<end> continuations (there are always >= K among 2K: each of the
-        # G <= K rows has one <end>)
+        # alive: the K best non-<end> continuations (>= K among 2K: each of the G <= K rows has one <end>)
         keep_score = (~is_end).float() * (2 * K - rank)  # prefer non-end, then better rank
         alive = keep_score.topk(K, dim=1).indices.sort(dim=1).values  # (n, K) positions in rank order
-        alive_s = top_s.gather(1, alive)  # (n, K)
-        alive_src = src.gather(1, alive)
-        alive_word = word.gather(1, alive)
+        alive_s, alive_src, alive_word = top_s.gather(1, alive), src.gather(1, alive), word.gather(1, alive)  # (n, K)
         if t == max_len - 1:  # cap: live hypotheses end here with the word they just chose
+            capped = hist.extend(alive_src.reshape(-1), alive_word.reshape(-1), alpha, beta)  # (n*K, t+1)
             for g, k in (alive_s > float("-inf")).nonzero().tolist():
-                r = int(alive_src[g, k])
-                toks = hist_tokens[r].tolist() + [int(alive_word[g, k])]
-                al = torch.cat([hist_alphas[r], alpha[r].unsqueeze(0)])
-                be = torch.cat([hist_betas[r], beta[r].unsqueeze(0)])
                 s_ = float(alive_s[g, k])
-                finished[int(image_ids[g])].append(
-                    Hypothesis(toks, al, s_, _normalise(s_, len(toks), length_penalty), be))
+                finished[int(image_ids[g])].append(capped.hypothesis(g * K + k, s_, _normalise(s_, t + 1, length_penalty)))
             break
         best_alive = alive_s[:, 0]
-        if length_penalty:
-            done = kth_finished > float("-inf")
-        else:
-            done = kth_finished >= best_alive
-        done |= best_alive == float("-inf")
-        keep = (~done).nonzero().squeeze(1)  # (n',) live images that go on
+        done = best_finished[:, K - 1] > float("-inf") if length_penalty else best_finished[:, K - 1] >= best_alive
+        keep = (~(done | (best_alive == float("-inf")))).nonzero().squeeze(1)  # (n',) live images that go on
         if len(keep) == 0:
             break
         rows = alive_src[keep].reshape(-1)  # (n' * K,) source rows of the surviving beams
-        words = alive_word[keep].reshape(-1)
-        cum = alive_s[keep].reshape(-1)
-        hist_tokens = torch.cat([hist_tokens[rows], words.unsqueeze(1)], dim=1)
-        hist_alphas = torch.cat([hist_alphas[rows], alpha[rows].unsqueeze(1)], dim=1)
-        hist_betas = torch.cat([hist_betas[rows], beta[rows].unsqueeze(1)], dim=1)
-        h, c = h[rows], c[rows]
-        G = K
+        words, cum = alive_word[keep].reshape(-1), alive_s[keep].reshape(-1)
+        hist, (h, c), G = hist.extend(rows, words, alpha, beta), (h[rows], c[rows]), K
         if len(keep) < n:  # finished images leave the batch
             feats, feat_proj = feats[keep], feat_proj[keep]
         image_ids, best_finished = image_ids[keep], best_finished[keep]
-    for img in range(B):
-        finished[img].sort(key=lambda hyp: -hyp.score)
-        finished[img] = finished[img][:K]
-    return finished
+    return [sorted(f, key=lambda hyp: -hyp.score)[:K] for f in finished]
 
 
 def decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0, beam_size: int = 3,
@@ -186,50 +177,3 @@ def decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int
     if beam_size == 1:
         return [[h] for h in greedy_decode(decoder, feats, start, end, pad, max_len, unk)]
     return beam_search(decoder, feats, start, end, pad, beam_size, max_len, length_penalty, unk)
-
-
-@dataclass
-class Samples:
-    """K captions sampled per image, rows image-major (image b's samples are rows b*K .. b*K+K-1)."""
-    tokens: torch.Tensor  # (B*K, T) sampled ids, <end> included where emitted, <pad> after it
-    log_probs: torch.Tensor  # (B*K, T) log p of each sampled token (differentiable), 0 past the end
-    mask: torch.Tensor  # (B*K, T) bool: real tokens (words and the <end> that closed the caption)
-    alphas: torch.Tensor  # (B*K, T, P) attention of each token, 0 past the end
-
-    def captions(self, end: int) -> list[list[int]]:
-        """Word ids of each sample, without <end>."""
-        return [[w for w, m in zip(row, keep) if m and w != end]
-                for row, keep in zip(self.tokens.tolist(), self.mask.tolist())]
-
-
-def sample(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0, n_samples: int = 5,
-           max_len: int = 20, unk: int | None = None) -> Samples:
-    """Multinomial sampling of n_samples captions per image WITH gradients (self-critical training).
-    feats (B, P, D); the K samples of an image share its features and W_a a_i projection (G = K
-    rows per image in Decoder.step, as beams do). Runs until every sample has emitted <end> or
-    max_len tokens; a capped sample has no <end>."""
-    B, P, _ = feats.shape
-    K = n_samples
-    feat_proj = decoder.attention.project(feats)  # (B, P, A)
-    h, c = decoder.init_state(feats)  # (B, H)
-    state = (h.repeat_interleave(K, 0), c.repeat_interleave(K, 0))  # (B*K, H)
-    words = torch.full((B * K,), start, dtype=torch.long, device=feats.device)
-    alive = torch.ones(B * K, dtype=torch.bool, device=feats.device)
-    banned = torch.tensor([pad, start] + ([unk] if unk is not None else []), device=feats.device)
-    toks, logps, masks, alphas = [], [], [], []
-    for _ in range(max_len):
-        emb, emb_gates = decoder.embed(words)
-        logits, alpha, _, state = decoder.step(state, emb, emb_gates, feats, feat_proj)  # (B*K, V), (B*K, P)
-        # out of place (autograd needs log_softmax's output); renormalised over the allowed words
-        logp = torch.log_softmax(logits.float().index_fill(1, banned, float("-inf")), dim=-1)  # (B*K, V)
-        words = torch.multinomial(logp.detach().exp(), 1).squeeze(1)  # (B*K,)
-        words = torch.where(alive, words, pad)
-        toks.append(words)
-        picked = logp.gather(1, words.unsqueeze(1)).squeeze(1)  # (B*K,): -inf for <pad> on dead rows
-        logps.append(torch.where(alive, picked, torch.zeros_like(picked)))
-        masks.append(alive)
-        alphas.append(alpha * alive.unsqueeze(1))
-        alive = alive & (words != end)
-        if not bool(alive.any()):
-            break
-    return Samples(torch.stack(toks, 1), torch.stack(logps, 1), torch.stack(masks, 1), torch.stack(alphas, 1))

@@ -18,7 +18,8 @@ import torch
 from .cider import CiderD
 from .config import Config
 from .data.dataset import Batch
-from .decoding import greedy_decode, sample
+from .decoding import greedy_decode
+from .sampling import sample
 from .loss import attention_penalty, caption_loss
 from .metrics import FUNCTION_WORDS
 from .model.captioner import CaptionModel

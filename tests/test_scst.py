@@ -9,7 +9,7 @@ import torch
 from captioner.cider import CiderD
 from captioner.config import Config
 from captioner.data.dataset import collate
-from captioner.decoding import sample
+from captioner.sampling import sample
 from captioner.model.captioner import CaptionModel
 from captioner.model.decoder import Decoder
 from captioner.objectives import SelfCritical, batch_references

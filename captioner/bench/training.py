@@ -14,6 +14,7 @@ from torch import nn
 from .synthetic import (
     CAPTIONS_PER_IMAGE,
     COCO_TRAIN_IMAGES,
+    END,
     PRESETS,
     Preset,
     make_batches,
@@ -210,3 +211,42 @@ def bench_coco_epoch(counts: Counts, device: torch.device, amp: bool, compile_st
         "fine_tune_epoch_minutes": captions / enc["fine_tuned"]["captions_per_s"] / 60,
         "fine_tune_encoder": f"resnet101 {p.image_size}px {p.grid}x{p.grid}, batch {enc['batch_images']} images",
     }
+
+
+def bench_train_scst(preset: Preset, counts: Counts, device: torch.device, amp: bool, log: Callable[[str], None],
+                     samples: int = 5, max_len: int = 20) -> dict[str, Any]:
+    """Self-critical steps on cached features: K sampled captions per image (with gradients), their
+    CIDEr-D against the image's references (document frequencies from the synthetic pool), the
+    mean-of-others baseline, backward, Adam. An untrained decoder rarely says <end>, so samples run
+    longer than a trained model's: the rate is a lower bound; the real epoch time is in README."""
+    from ..cider import CiderD
+    from ..objectives import SelfCritical, batch_references
+    from ..vocab import Vocab
+
+    cfg = _train_config(amp)
+    cfg.train.objective, cfg.train.scst_samples, cfg.train.scst_max_len = "scst", samples, max_len
+    batches = [b.to(device) for b in make_batches(preset, counts.steps + counts.warmup, counts.batch_images, True, 2)]
+    refs = [r for b in batches for r in batch_references(b, END)]
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(preset.vocab - 4)])
+    objective = SelfCritical(cfg, True, vocab, CiderD(refs))
+    torch.manual_seed(0)
+    model = _decoder_model(preset, False).to(device).train()
+    optimizer = torch.optim.Adam(model.decoder.parameters(), lr=5e-5)
+    lengths: list[float] = []
+
+    def step(batch) -> None:
+        from ..engine import training_autocast
+
+        with training_autocast(device, cfg):
+            terms = objective(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        terms.total.backward()
+        optimizer.step()
+        lengths.append(terms.logs["sample_len"])
+
+    n = counts.batch_images * samples
+    log(f"train_scst: {counts.warmup} warm-up + {counts.steps} timed steps of {counts.batch_images} images x {samples} samples")
+    r = rate(time_steps(step, batches, counts.warmup, Timer(device)), n)
+    r["sampled_captions_per_s"] = r.pop("captions_per_s")
+    return {"images_per_batch": counts.batch_images, "samples_per_image": samples,
+            "mean_sample_tokens": float(np.mean(lengths[counts.warmup:])), **r}

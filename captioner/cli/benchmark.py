@@ -55,7 +55,7 @@ from ..bench.inference import bench_eval, bench_latency, default_checkpoint, eva
 from ..bench.report import format_table, machine, max_key, targets
 from ..bench.synthetic import PRESETS
 from ..bench.timing import Counts, peak_memory_mb
-from ..bench.training import bench_coco_epoch, bench_train_cached, bench_train_encoder
+from ..bench.training import bench_coco_epoch, bench_train_cached, bench_train_encoder, bench_train_scst
 
 
 def _counts(args: argparse.Namespace, cuda: bool) -> Counts:
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak-tflops", type=float, default=989.0, help="device peak for MFU (default: H100 bf16 dense)")
     p.add_argument("--coco-epoch", action="store_true", help="extrapolate one COCO epoch (cached features and "
                    "resnet101 fine-tuning), meant for CUDA")
-    p.add_argument("--only", nargs="*", default=None, choices=["train_cached", "train_encoder", "eval", "latency"],
+    p.add_argument("--only", nargs="*", default=None, choices=["train_cached", "train_scst", "train_encoder", "eval", "latency"],
                    help="run only these sections")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--quick", action="store_true", help="tiny counts (seconds; for tests)")
@@ -129,7 +129,7 @@ def _run(args: argparse.Namespace) -> int:
     if cuda:
         torch.backends.cudnn.benchmark = True
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else (lambda s: print(s, flush=True))
-    sections = set(args.only) if args.only else {"train_cached", "train_encoder", "eval", "latency"}
+    sections = set(args.only) if args.only else {"train_cached", "train_scst", "train_encoder", "eval", "latency"}
 
     t_start = time.perf_counter()
     res: dict[str, Any] = {"device": device.type, "preset": preset.name, "quick": args.quick, "amp_bf16": amp,
@@ -137,6 +137,8 @@ def _run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     if "train_cached" in sections:
         res["train_cached"] = bench_train_cached(preset, counts, device, amp, compile_step, args.peak_tflops, log)
+    if "train_scst" in sections:
+        res["train_scst"] = bench_train_scst(preset, counts, device, amp, log)
     if "train_encoder" in sections:
         res["train_encoder"] = bench_train_encoder(preset, counts, device, amp, "efficientnet_lite0", 224, 7, log)
     checkpoint = default_checkpoint(args.checkpoint)
@@ -160,12 +162,17 @@ def _run(args: argparse.Namespace) -> int:
     res["peak_memory_mb"] = peak_memory_mb(device) if not cuda else max_key(res, "peak_memory_mb")
     res["targets"] = targets(res)
     res["seconds"] = time.perf_counter() - t_start
-    if args.json:
+    _report(res, preset.name, amp, args.json)
+    return 0
+
+
+def _report(res: dict[str, Any], preset: str, amp: bool, as_json: bool) -> None:
+    if as_json:
         print(json.dumps(res, indent=2))
     else:
         m = res["machine"]
         print(f"\ncaptioner benchmark: {m['device']} ({m.get('gpu') or m.get('cpu', '')}), {m['cpu_count']} CPUs, "
-              f"{m['torch_threads']} torch threads, torch {m['torch']}, preset {preset.name}"
+              f"{m['torch_threads']} torch threads, torch {m['torch']}, preset {preset}"
               + (", training in bf16 autocast" if amp else "")
               + (f", load average {m['load_average_1m']:.1f} at start" if "load_average_1m" in m else ""))
         if "eval" in res:
@@ -176,7 +183,6 @@ def _run(args: argparse.Namespace) -> int:
         for name, t in res["targets"].items():
             print(f"target {name}: {t['value']:.1f} -> {'met' if t['met'] else 'MISSED'}")
         print(f"({res['seconds']:.0f} s)")
-    return 0
 
 
 if __name__ == "__main__":

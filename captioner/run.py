@@ -1,0 +1,238 @@
+"""A training run, built once: model (fresh, resumed or initialised from another model file),
+vocabulary, data (cached features or images), optimiser, objective and state. engine.fit drives it.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .checkpoint import load_checkpoint, load_model_state, optimizer_from_tensors
+from .config import Config
+from .data import ImageRecord, build_records
+from .data.dataset import (BucketBatchSampler, FeatureDataset, ImageDataset, collate, collate_skip_missing,
+                           encode_captions)
+from .data.features import build_cache, cache_name
+from .logs import JsonlLogger
+from .model.captioner import CaptionModel, build_model
+from .model.encoder import normalization
+from .objectives import Terms, build_objective
+from .vocab import Vocab
+
+Log = Callable[[str], None]
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. the loss became NaN); the message says what happened."""
+
+
+@dataclass
+class TrainState:
+    epoch: int = 0  # epochs fully done
+    batch_in_epoch: int = 0  # batches done in the current epoch (mid-epoch resume)
+    step: int = 0
+    lr: float = 0.0
+    best_metric: float = -math.inf
+    best_epoch: int = -1
+    bad_epochs: int = 0
+    since_decay: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    finished: bool = False
+
+
+@dataclass
+class Run:
+    """Everything one training run needs; built once by build_run, then driven by fit."""
+    cfg: Config
+    device: torch.device
+    model: CaptionModel
+    vocab: Vocab
+    state: TrainState
+    optimizer: torch.optim.Optimizer
+    train_module: torch.nn.Module  # the objective as a module (DistributedDataParallel wraps it)
+    dataset: Any  # FeatureDataset | ImageDataset
+    collate_fn: Callable
+    sampler: BucketBatchSampler
+    batches: "_RankBatches"
+    val_records: list[ImageRecord]
+    val_feats: Any  # (n_val, P, D) cached features, or None: encode the val images each time
+    logger: JsonlLogger
+    log: Log
+    out: Path
+    main: bool
+    world_size: int
+    progress: bool
+    from_features: bool
+
+    @property
+    def last_path(self) -> Path:
+        return self.out / "last.safetensors"
+
+    @property
+    def best_path(self) -> Path:
+        return self.out / "best.safetensors"
+
+
+class ObjectiveModule(torch.nn.Module):
+    """The objective as a module over the model, so DistributedDataParallel sees one forward per batch."""
+
+    def __init__(self, model: CaptionModel, objective: Callable[[CaptionModel, Any], Terms]):
+        super().__init__()
+        self.model, self.objective = model, objective
+
+    def forward(self, batch) -> Terms:
+        return self.objective(self.model, batch)
+
+
+def _seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _restore(cfg: Config, last_path: Path, train_records: Sequence[ImageRecord], log: Log, main: bool
+             ) -> tuple[Any, Vocab, TrainState, dict | None]:
+    """(resume checkpoint or None, vocabulary, state, initial weights or None)."""
+    resume = load_checkpoint(last_path) if last_path.is_file() else None
+    if resume is not None:
+        if not resume.train_state or "state" not in resume.train_state:
+            raise TrainingError(f"{last_path} has no training state (is it an exported model?). Move it away "
+                                "or choose another train.out_dir.")
+        state = TrainState(**resume.train_state["state"])
+        if not state.finished:
+            log(f"resuming from {last_path}: epoch {state.epoch + 1}, batch {state.batch_in_epoch}, step {state.step}")
+        return resume, resume.vocab, state, resume.model_state
+    state = TrainState(lr=cfg.train.lr)
+    if cfg.train.init_from:  # e.g. SCST starts from a cross-entropy model: its weights AND its vocabulary
+        init = load_checkpoint(cfg.train.init_from)
+        log(f"starting from the weights of {cfg.train.init_from}")
+        return None, init.vocab, state, init.model_state
+    captions = [c for r in train_records for c in r.captions]
+    vocab = Vocab.build(captions, cfg.data.min_word_count)
+    if main:
+        log(str(vocab.stats(captions, cfg.data.max_caption_len)))
+    return None, vocab, state, None
+
+
+def _caches(cfg: Config, model: CaptionModel, splits: dict[str, list[ImageRecord]], device: torch.device,
+            main: bool, world_size: int, log: Log, progress: bool) -> dict[str, Any]:
+    """Frozen-encoder feature caches of the splits; rank 0 builds, the others wait and open them."""
+    caches = {}
+    for split, recs in splits.items():
+        name = cache_name(cfg.data.dataset, split if not cfg.data.limit else f"{split}{cfg.data.limit}",
+                          cfg.model.encoder, cfg.model.image_size, cfg.model.grid_size)
+        if main:
+            caches[split] = build_cache(cfg.data.cache_dir, name, model.encoder, cfg.model.image_size, recs,
+                                        device, num_workers=cfg.data.num_workers, log=log, progress=progress)
+        if world_size > 1:
+            dist.barrier()
+        if not main:
+            caches[split] = build_cache(cfg.data.cache_dir, name, model.encoder, cfg.model.image_size, recs,
+                                        device, progress=False, log=log)
+    return caches
+
+
+def _data(cfg: Config, model: CaptionModel, vocab: Vocab, train_records: list[ImageRecord],
+          val_records: list[ImageRecord], device: torch.device, main: bool, world_size: int, log: Log,
+          progress: bool) -> tuple[Any, list[list[list[int]]], list[float], Callable, list[ImageRecord], Any]:
+    """(dataset, its encoded captions, mean caption length per image, collate, val records, val features)."""
+    caps = encode_captions(train_records, vocab, cfg.data.max_caption_len)
+    if cfg.model.fine_tune_encoder or cfg.data.augment:  # encoder in the loop: images every step
+        mean, std = normalization(cfg.model.encoder)
+        dataset = ImageDataset(train_records, cfg.model.image_size, mean, std, caps, augment=cfg.data.augment)
+        return dataset, caps, _mean_lengths(caps), collate_skip_missing, val_records, None
+    caches = _caches(cfg, model, {"train": train_records, "val": val_records}, device, main, world_size, log,
+                     progress)
+    missing = set(caches["train"].missing)
+    keep = [i for i, r in enumerate(train_records) if r.image_id not in missing]
+    if missing:
+        log(f"skipping {len(missing)} unreadable training image(s)")
+    caps = [caps[i] for i in keep]
+    dataset = FeatureDataset(caches["train"].features, keep, caps)
+    val_missing = set(caches["val"].missing)
+    val_keep = [i for i, r in enumerate(val_records) if r.image_id not in val_missing]
+    return (dataset, caps, _mean_lengths(caps), collate, [val_records[i] for i in val_keep],
+            caches["val"].features[val_keep])
+
+
+def _mean_lengths(caps: list[list[list[int]]]) -> list[float]:
+    return [sum(len(c) for c in cs) / len(cs) for cs in caps]
+
+
+def _optimizer(cfg: Config, model: CaptionModel, resume: Any, device: torch.device) -> torch.optim.Optimizer:
+    groups = [{"params": list(model.decoder.parameters()), "lr": cfg.train.lr}]
+    if cfg.model.fine_tune_encoder:
+        groups.append({"params": list(model.encoder.parameters()), "lr": cfg.train.encoder_lr})
+    optimizer = torch.optim.Adam(groups, weight_decay=cfg.train.weight_decay)
+    if resume is not None and resume.optimizer_tensors:
+        optimizer_from_tensors(optimizer, {k: v.to(device) for k, v in resume.optimizer_tensors.items()},
+                               resume.train_state["optimizer"])
+    return optimizer
+
+
+def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progress: bool = True,
+              rank: int = 0, world_size: int = 1) -> Run:
+    device, out, main = torch.device(device), Path(cfg.train.out_dir), rank == 0
+    _seed(cfg.train.seed + rank)
+    train_records, val_records = build_records(cfg.data, "train"), build_records(cfg.data, "val")
+    val_records = val_records[:cfg.train.val_limit or len(val_records)]
+    resume, vocab, state, weights = _restore(cfg, out / "last.safetensors", train_records, log, main)
+    model = build_model(cfg.model, len(vocab), pretrained=None if weights is None else False).to(device)
+    if weights is not None:
+        load_model_state(model, weights, cfg.train.init_from if resume is None else str(out / "last.safetensors"))
+    for p in model.encoder.parameters():
+        p.requires_grad_(cfg.model.fine_tune_encoder)
+    from_features = not cfg.model.fine_tune_encoder and not cfg.data.augment
+    dataset, caps, mean_len, collate_fn, val_records, val_feats = _data(
+        cfg, model, vocab, train_records, val_records, device, main, world_size, log, progress)
+    sampler = BucketBatchSampler(mean_len, cfg.train.batch_images, seed=cfg.train.seed)
+    if cfg.train.compile and device.type == "cuda":  # the one place compilation is switched on
+        model.decoder.compile_recur()
+    module: torch.nn.Module = ObjectiveModule(model, build_objective(cfg, from_features, vocab, caps))
+    if world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        module = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+    logger = JsonlLogger(out / "metrics.jsonl", enabled=main)
+    if resume is not None:
+        logger.rewind(state.step, state.epoch)
+    return Run(cfg, device, model, vocab, state, _optimizer(cfg, model, resume, device), module, dataset, collate_fn,
+               sampler, _RankBatches(sampler, rank, world_size), val_records, val_feats, logger, log, out, main,
+               world_size, progress, from_features)
+
+
+class _RankBatches:
+    """Every rank takes its share of the same batch order; all ranks run the same number of steps."""
+
+    def __init__(self, sampler: BucketBatchSampler, rank: int, world: int):
+        self.sampler, self.rank, self.world = sampler, rank, world
+        self.start = 0  # batches of this epoch already done (resume)
+
+    def __iter__(self):
+        batches = self.sampler.batches()
+        n = len(batches) // self.world
+        mine = batches[self.rank * n:(self.rank + 1) * n] if self.world > 1 else batches
+        return iter(mine[self.start:])
+
+    def __len__(self) -> int:
+        return len(self.sampler) // self.world - self.start
+
+
+class _BatchIter:
+    """Cached features are a memory map: reading a batch is a slice, no worker processes needed."""
+
+    def __init__(self, dataset: FeatureDataset, batches: _RankBatches, collate_fn):
+        self.dataset, self.batches, self.collate_fn = dataset, batches, collate_fn
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        for idx in self.batches:
+            yield self.collate_fn([self.dataset[i] for i in idx])
