@@ -181,7 +181,7 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
         run.log(f"{run.last_path}: this run already finished (best {cfg.train.val_metric} "
                 f"{state.best_metric:.4f} at epoch {state.best_epoch}); nothing to do")
         return state.__dict__
-    run.log(f"training on {run.device} ({cfg.train.objective}): {len(run.dataset)} images, "
+    run.log(f"training on {run.device}: {len(run.dataset)} images, objective {cfg.train.objective}, "
             f"{len(run.batches)} batches/epoch/rank, {'cached features' if run.from_features else 'encoder in the loop'}, "
             f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
     while state.epoch < cfg.train.epochs:
