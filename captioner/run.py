@@ -120,6 +120,24 @@ def _restore(cfg: Config, last_path: Path, train_records: Sequence[ImageRecord],
     return None, vocab, state, None
 
 
+def _model(cfg: Config, vocab_size: int, weights: dict | None, fresh: bool, log: Log) -> CaptionModel:
+    """A resumed run loads everything. A run initialised from another model file (train.init_from)
+    takes its decoder, and its encoder only when fine-tuning: a frozen encoder is the pretrained one
+    (model.pretrained), so the feature cache made with it stays valid (an exported fp16 file holds
+    rounded encoder weights that would not match it)."""
+    if weights is None:
+        return build_model(cfg.model, vocab_size)
+    if not fresh or cfg.model.fine_tune_encoder:
+        model = build_model(cfg.model, vocab_size, pretrained=False)
+        load_model_state(model, weights, cfg.train.init_from if fresh else "last.safetensors")
+        return model
+    model = build_model(cfg.model, vocab_size)
+    decoder = {k.removeprefix("decoder."): v for k, v in weights.items() if k.startswith("decoder.")}
+    load_model_state(model.decoder, decoder, cfg.train.init_from)
+    log(f"decoder from {cfg.train.init_from}; frozen encoder: {cfg.model.encoder} with its pretrained weights")
+    return model
+
+
 def _caches(cfg: Config, model: CaptionModel, splits: dict[str, list[ImageRecord]], device: torch.device,
             main: bool, world_size: int, log: Log, progress: bool) -> dict[str, Any]:
     """Frozen-encoder feature caches of the splits; rank 0 builds, the others wait and open them."""
@@ -183,9 +201,7 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     train_records, val_records = build_records(cfg.data, "train"), build_records(cfg.data, "val")
     val_records = val_records[:cfg.train.val_limit or len(val_records)]
     resume, vocab, state, weights = _restore(cfg, out / "last.safetensors", train_records, log, main)
-    model = build_model(cfg.model, len(vocab), pretrained=None if weights is None else False).to(device)
-    if weights is not None:
-        load_model_state(model, weights, cfg.train.init_from if resume is None else str(out / "last.safetensors"))
+    model = _model(cfg, len(vocab), weights, resume is None, log).to(device)
     for p in model.encoder.parameters():
         p.requires_grad_(cfg.model.fine_tune_encoder)
     from_features = not cfg.model.fine_tune_encoder and not cfg.data.augment
