@@ -119,17 +119,22 @@ def _logged_past_checkpoint(out: Path) -> bool:
     return bool(records) and last.is_file() and records[-1]["step"] > state_of(last)["step"]
 
 
-def test_kill_9_mid_epoch_then_resume(shared, tmp_path):
-    out = tmp_path / "killed"
-    last = out / "last.safetensors"
+def _kill_after_a_checkpoint(cmd: list[str], out: Path, tmp_path: Path) -> None:
+    """Run cmd and SIGKILL it once it has logged steps its last checkpoint lacks."""
     with open(tmp_path / "killed.log", "w") as log, \
-            killed_on_exit(train_cmd(out, shared["cache"]), stdout=log, stderr=subprocess.STDOUT) as p:
+            killed_on_exit(cmd, stdout=log, stderr=subprocess.STDOUT) as p:
         deadline = time.time() + 180
         while not _logged_past_checkpoint(out):  # the kill lands after steps the checkpoint lacks
             assert p.poll() is None, "the run finished before it could be killed: " + (tmp_path / "killed.log").read_text()
             assert time.time() < deadline, "no checkpoint within 180 s"
             time.sleep(0.02)
     assert p.returncode == -signal.SIGKILL
+
+
+def test_kill_9_mid_epoch_then_resume(shared, tmp_path):
+    out = tmp_path / "killed"
+    last = out / "last.safetensors"
+    _kill_after_a_checkpoint(train_cmd(out, shared["cache"]), out, tmp_path)
 
     st = state_of(last)  # the checkpoint written before the kill is complete and loads
     assert st["epoch"] == 0 and 0 < st["batch_in_epoch"] < 6 and not st["finished"], st
@@ -157,6 +162,27 @@ def test_kill_9_mid_epoch_then_resume(shared, tmp_path):
     # a third run has nothing to do
     r = run(train_cmd(out, shared["cache"]))
     assert r.returncode == 0 and "already finished" in r.stdout
+
+
+def test_self_critical_run_resumes_after_kill_9(shared, tmp_path):
+    """SCST from the reference cross-entropy model: killed mid-epoch, resumed, each step logged once,
+    validation on CIDEr, the objective recorded in the best model file, the plot drawn."""
+    out = tmp_path / "scst"
+    scst = ["train.objective=scst", f"train.init_from={shared['ref'] / 'best.safetensors'}", "train.lr=5e-5",
+            "train.val_metric=CIDEr", "train.scst_max_len=12"]
+    _kill_after_a_checkpoint(train_cmd(out, shared["cache"], *scst), out, tmp_path)
+    r = run(train_cmd(out, shared["cache"], *scst))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "resuming from" in r.stdout
+    final = state_of(out / "last.safetensors")
+    assert final["finished"] and final["step"] == STEPS
+    train = _train_records(out / "metrics.jsonl")
+    assert [r["step"] for r in train] == list(range(1, STEPS + 1))
+    assert all({"reward", "baseline", "penalty", "sample_len"} <= set(r) for r in train)
+    val = [r for r in read_jsonl(out / "metrics.jsonl") if r.get("kind") == "val"]
+    assert [r["epoch"] for r in val] == [1, 2] and all("CIDEr" in r and "bad_ending" in r for r in val)
+    assert load_checkpoint(out / "best.safetensors").metrics["objective"] == "scst"
+    assert (out / "training.png").stat().st_size > 0
 
 
 WRITER = textwrap.dedent("""
