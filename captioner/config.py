@@ -72,6 +72,7 @@ class TrainConfig:
     scst_baseline: str = "mean"  # mean (of the image's other samples) | greedy (the greedy caption's reward)
     scst_max_len: int = 20  # longest sampled caption (words + <end>)
     scst_bad_ending_penalty: float = 0.0  # subtracted from the reward of a sample ending in "a", "with", "the" ...
+    scst_reward_end: bool = False  # count <end> as a word in the CIDEr-D reward: "... with a <end>" matches no reference ending
 
 
 @dataclass
@@ -80,6 +81,7 @@ class DecodeConfig:
     max_len: int = 50
     length_penalty: float = 0.0  # score = log_prob / len**length_penalty (0 = raw log-prob)
     forbid_unk: bool = True  # never write "<unk>" in a caption
+    block_trigrams: bool = False  # never repeat a trigram within a caption ("a red shirt ... a red shirt")
 
 
 @dataclass

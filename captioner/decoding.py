@@ -32,14 +32,28 @@ def _forbid(logp: torch.Tensor, pad: int, start: int, unk: int | None = None) ->
     return logp
 
 
+def _ban_repeated_trigrams(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """logp (N, V), tokens (N, t) written so far -> logp with -inf for every word w that would
+    repeat a trigram: (tokens[-2], tokens[-1], w) already occurs in the row ("a man in a red shirt
+    is wearing a red shirt" cannot write its second "shirt")."""
+    if tokens.shape[1] < 3:
+        return logp
+    last = tokens[:, -2:]  # (N, 2): the bigram a new word would extend
+    match = (tokens[:, :-2] == last[:, :1]) & (tokens[:, 1:-1] == last[:, 1:])  # (N, t-2): earlier copies
+    rows, pos = match.nonzero(as_tuple=True)
+    logp[rows, tokens[rows, pos + 2]] = float("-inf")  # the words that followed them
+    return logp
+
+
 def _normalise(log_prob: float, length: int, length_penalty: float) -> float:
     return log_prob / (max(length, 1) ** length_penalty) if length_penalty else log_prob
 
 
 @torch.no_grad()
 def greedy_decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0,
-                  max_len: int = 50, unk: int | None = None) -> list[Hypothesis]:
-    """feats (B, P, D) -> one hypothesis per image; finished images leave the batch."""
+                  max_len: int = 50, unk: int | None = None, block_trigrams: bool = False) -> list[Hypothesis]:
+    """feats (B, P, D) -> one hypothesis per image; finished images leave the batch.
+    block_trigrams: never repeat a trigram within a caption."""
     B = feats.shape[0]
     feat_proj = decoder.attention.project(feats)  # (B, P, A)
     state = decoder.init_state(feats)
@@ -49,11 +63,14 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, p
     alphas: list[list[torch.Tensor]] = [[] for _ in range(B)]
     betas: list[list[torch.Tensor]] = [[] for _ in range(B)]
     logps = [0.0] * B
+    hist = torch.zeros(B, 0, dtype=torch.long, device=feats.device)  # (N, t) words of the live rows
     for _ in range(max_len):
         emb, emb_gates = decoder.embed(words)
         logits, alpha, beta, state = decoder.step(state, emb, emb_gates, feats, feat_proj)
         logp = _forbid(torch.log_softmax(logits.float(), dim=-1), pad, start, unk)  # (N, V)
+        logp = _ban_repeated_trigrams(logp, hist) if block_trigrams else logp
         best_logp, words = logp.max(dim=-1)  # (N,)
+        hist = torch.cat([hist, words.unsqueeze(1)], 1)
         keep = []
         for j, (img, w, lp) in enumerate(zip(rows.tolist(), words.tolist(), best_logp.tolist())):
             logps[img] += lp
@@ -65,7 +82,7 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, p
             keep.append(j)
         if len(keep) < len(rows):  # drop finished images from the batch
             k = torch.tensor(keep, dtype=torch.long, device=feats.device)
-            rows, words, feats, feat_proj = rows[k], words[k], feats[k], feat_proj[k]
+            rows, words, feats, feat_proj, hist = rows[k], words[k], feats[k], feat_proj[k], hist[k]
             state = (state[0][k], state[1][k])
         if len(rows) == 0:
             break
@@ -107,8 +124,9 @@ def _candidates(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, K: int, p
 @torch.no_grad()
 def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0,
                 beam_size: int = 3, max_len: int = 50, length_penalty: float = 0.0,
-                unk: int | None = None) -> list[list[Hypothesis]]:
+                unk: int | None = None, block_trigrams: bool = False) -> list[list[Hypothesis]]:
     """feats (B, P, D) -> for each image, its finished hypotheses best first (up to beam_size).
+    block_trigrams: no hypothesis repeats a trigram.
 
     All live images x K beams are one batch of rows. Each step scores the K*V continuations of
     every image at once (tensor ops, no loop over images), keeps the best 2K, records those that
@@ -133,6 +151,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
         emb, emb_gates = decoder.embed(words)
         logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj)  # N = n * G rows
         logp = _forbid(torch.log_softmax(logits.float(), dim=-1), pad, start, unk)  # (N, V)
+        logp = _ban_repeated_trigrams(logp, hist.tokens) if block_trigrams else logp
         top_s, src, word = _candidates(cum, logp, n, G, K, pad)
         is_end = word == end
         fin = is_end & (rank < K) & (top_s > float("-inf"))  # (n, 2K) finished now: <end> among the top K
@@ -167,13 +186,15 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
 
 
 def decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0, beam_size: int = 3,
-           max_len: int = 50, length_penalty: float = 0.0, unk: int | None = None) -> list[list[Hypothesis]]:
+           max_len: int = 50, length_penalty: float = 0.0, unk: int | None = None,
+           block_trigrams: bool = False) -> list[list[Hypothesis]]:
     """Greedy when beam_size == 1 (a single hypothesis per image), else beam search. Passing `unk`
-    forbids that token (the <unk> word), like <pad> and <start>."""
+    forbids that token (the <unk> word), like <pad> and <start>; block_trigrams forbids repeating
+    a trigram within a caption."""
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
     if beam_size == 1:
-        return [[h] for h in greedy_decode(decoder, feats, start, end, pad, max_len, unk)]
-    return beam_search(decoder, feats, start, end, pad, beam_size, max_len, length_penalty, unk)
+        return [[h] for h in greedy_decode(decoder, feats, start, end, pad, max_len, unk, block_trigrams)]
+    return beam_search(decoder, feats, start, end, pad, beam_size, max_len, length_penalty, unk, block_trigrams)

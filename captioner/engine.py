@@ -125,7 +125,8 @@ def validate(run: Run, stats: dict[str, float]) -> float:
         metrics += [cfg.train.val_metric] if cfg.train.val_metric not in metrics else []
         scores, preds = evaluate_model(run.model, run.vocab, feats, records, cfg.train.val_beam_size,
                                        cfg.decode.max_len, cfg.decode.length_penalty, run.device,
-                                       cfg.decode.forbid_unk, metrics, log=run.log)
+                                       cfg.decode.forbid_unk, metrics, log=run.log,
+                                       block_trigrams=cfg.decode.block_trigrams)
         value = scores[cfg.train.val_metric]
         rec = {"kind": "val", "epoch": state.epoch, "step": state.step,
                **{f"train_{k}": v for k, v in stats.items() if k not in ("seconds", "batches")},

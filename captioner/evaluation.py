@@ -26,7 +26,7 @@ Log = Callable[[str], None]
 @torch.no_grad()
 def caption_features(model: CaptionModel, feats: np.ndarray | torch.Tensor, vocab: Vocab, beam_size: int,
                      max_len: int, length_penalty: float, device: torch.device, batch_size: int = 100,
-                     progress: bool = False, forbid_unk: bool = True) -> list[str]:
+                     progress: bool = False, forbid_unk: bool = True, block_trigrams: bool = False) -> list[str]:
     """Cached features (N, P, D) -> N captions, decoded in batches."""
     from tqdm import tqdm
 
@@ -36,7 +36,7 @@ def caption_features(model: CaptionModel, feats: np.ndarray | torch.Tensor, voca
         x = torch.as_tensor(np.asarray(feats[k:k + batch_size], dtype=np.float32))  # (b, P, D)
         x = x.to(device, next(model.decoder.parameters()).dtype)
         hyps = decode(model.decoder, x, vocab.start, vocab.end, vocab.pad, beam_size, max_len, length_penalty,
-                      vocab.unk if forbid_unk else None)
+                      vocab.unk if forbid_unk else None, block_trigrams)
         out.extend(" ".join(vocab.decode(h[0].tokens)) for h in hyps)
     return out
 
@@ -63,12 +63,12 @@ def encode_records(model: CaptionModel, records: Sequence[ImageRecord], image_si
 def evaluate_model(model: CaptionModel, vocab: Vocab, feats: np.ndarray | torch.Tensor,
                    records: Sequence[ImageRecord], beam_size: int, max_len: int, length_penalty: float,
                    device: torch.device, forbid_unk: bool = True, metrics: Sequence[str] = METRIC_KEYS,
-                   batch_size: int = 100, progress: bool = False, log: Log = print
+                   batch_size: int = 100, progress: bool = False, log: Log = print, block_trigrams: bool = False
                    ) -> tuple[dict[str, float], dict[str, str]]:
     """Decode features (N, P, D) of `records` (same order) and score them against the records'
     references -> (scores incl. n_images and the defect shares, {image_id: caption})."""
     caps = caption_features(model, feats, vocab, beam_size, max_len, length_penalty, torch.device(device),
-                            batch_size, progress, forbid_unk)
+                            batch_size, progress, forbid_unk, block_trigrams)
     preds = {r.image_id: c for r, c in zip(records, caps)}
     scores = score_captions(preds, {r.image_id: r.captions for r in records}, metrics, log=log)
     scores.update(caption_defects(caps))

@@ -70,6 +70,9 @@ class SelfCritical:
     def rewards(self, captions: list[list[int]], refs: list[list[list[int]]]) -> torch.Tensor:
         """CIDEr-D of each caption against its references, minus train.scst_bad_ending_penalty for
         a caption that ends in a function word."""
+        if self.cfg.train.scst_reward_end:  # <end> is a word: the final n-grams must match a reference's
+            e = [self.vocab.end]
+            captions, refs = [c + e for c in captions], [[x + e for x in rs] for rs in refs]
         r = torch.tensor(self.cider.score(captions, refs))
         pen = self.cfg.train.scst_bad_ending_penalty
         if pen:
@@ -113,6 +116,8 @@ def build_objective(cfg: Config, from_features: bool, vocab: Vocab, train_captio
     if cfg.train.objective == "xe":
         return CrossEntropy(cfg, from_features)
     if cfg.train.objective == "scst":
-        refs = [[[w for w in c if w not in (vocab.start, vocab.end)] for c in caps] for caps in train_captions]
+        keep_end = cfg.train.scst_reward_end  # document frequencies over the same tokens as the reward
+        refs = [[[w for w in c if w != vocab.start and (keep_end or w != vocab.end)] for c in caps]
+                for caps in train_captions]
         return SelfCritical(cfg, from_features, vocab, CiderD(refs))
     raise ValueError(f"train.objective must be 'xe' or 'scst', got '{cfg.train.objective}'")

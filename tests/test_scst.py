@@ -114,3 +114,18 @@ def test_self_critical_training_raises_the_reward(baseline):
         rewards.append(terms.logs["reward"])
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last > max(2 * first, first + 1.0), (first, last)  # CIDEr-D of samples; 10 is perfect
+
+
+def test_reward_can_count_the_end_token():
+    """With train.scst_reward_end, a caption cut off before the reference's last word loses the
+    final n-grams that include <end>; a complete one keeps the maximum."""
+    refs = [[4, 5, 6, 7]]
+    cfg, vocab, cider = _setup({"scst_reward_end": True}, refs)
+    cider_end = CiderD([[r + [END]] for r in refs] + [[[i, i + 1, END]] for i in range(4, V - 1)])
+    with_end = SelfCritical(cfg, True, vocab, cider_end)
+    plain = SelfCritical(_setup({}, refs)[0], True, vocab, cider)
+    full, cut = [4, 5, 6, 7], [4, 5, 6]
+    assert with_end.rewards([full], [refs])[0] == pytest.approx(10.0)
+    gap_end = with_end.rewards([full], [refs])[0] - with_end.rewards([cut], [refs])[0]
+    gap_plain = plain.rewards([full], [refs])[0] - plain.rewards([cut], [refs])[0]
+    assert gap_end > gap_plain > 0
