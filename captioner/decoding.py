@@ -147,8 +147,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
     best_finished = torch.full((B, K), float("-inf"), device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(max_len):
-        n = len(image_ids)
-        emb, emb_gates = decoder.embed(words)
+        n, (emb, emb_gates) = len(image_ids), decoder.embed(words)
         logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj)  # N = n * G rows
         logp = _forbid(torch.log_softmax(logits.float(), dim=-1), pad, start, unk)  # (N, V)
         logp = _ban_repeated_trigrams(logp, hist.tokens) if block_trigrams else logp

@@ -24,6 +24,14 @@ def targets(res: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _scst_rows(ts: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    if not ts:
+        return []
+    return [("train, self-critical (SCST), cached", f"{ts['sampled_captions_per_s']:,.0f} sampled captions/s",
+             f"{ts['images_per_batch']} img x {ts['samples_per_image']} samples, median step "
+             f"{ts['step_ms_median']:.0f} ms, {ts['mean_sample_tokens']:.1f} tokens/sample")]
+
+
 def format_table(res: dict[str, Any]) -> str:
     rows: list[tuple[str, str, str]] = []
     tc = res.get("train_cached")
@@ -37,11 +45,7 @@ def format_table(res: dict[str, Any]) -> str:
                 extra += f", {r['tflops']:.1f} TFLOP/s ({r['mfu']:.1%} of peak)"
             rows.append((f"train, cached features, {mode}", f"{r['captions_per_s']:,.0f} captions/s", extra))
         rows.append(("  fast / naive", f"{tc['speedup']:.1f}x", what))
-    ts = res.get("train_scst")
-    if ts:
-        rows.append(("train, self-critical (SCST), cached", f"{ts['sampled_captions_per_s']:,.0f} sampled captions/s",
-                     f"{ts['images_per_batch']} img x {ts['samples_per_image']} samples, median step "
-                     f"{ts['step_ms_median']:.0f} ms, {ts['mean_sample_tokens']:.1f} tokens/sample"))
+    rows += _scst_rows(res.get("train_scst"))
     te = res.get("train_encoder")
     if te:
         for mode in ("frozen", "fine_tuned"):
