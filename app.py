@@ -132,14 +132,6 @@ with st.sidebar:
                          help="bfloat16 runs the model about 3x faster on CPUs that compute it natively "
                               "(AVX512-BF16/AMX) at nearly the same quality (Flickr8k test, beam 5: METEOR 0.204 "
                               "in both, BLEU-4 0.208 vs 0.213); elsewhere it is emulated and slower.")
-    st.header("Decoding")
-    beam_size = st.slider("Beam size", min_value=1, max_value=10, value=3,
-                          help="1 = greedy decoding; larger beams search more captions.")
-    max_len = st.slider("Maximum caption length (words)", min_value=5, max_value=50, value=20)
-    st.header("Attention maps")
-    opacity = st.slider("Overlay opacity", min_value=0.0, max_value=1.0, value=0.6, step=0.05)
-    smooth = st.slider("Smoothing (grid cells)", min_value=0.0, max_value=2.0, value=0.0, step=0.1,
-                       help="Gaussian blur of the upsampled attention map, in units of one attention cell.")
 
 try:
     mtime = Path(ckpt_path).stat().st_mtime
@@ -151,6 +143,15 @@ except Exception as e:  # noqa: BLE001 - e.g. a checkpoint from an incompatible 
     st.error(f"Cannot load the checkpoint '{label}': {type(e).__name__}: {e}")
     st.stop()
 with st.sidebar:
+    st.header("Decoding")
+    beam_size = st.slider("Beam size", min_value=1, max_value=10, value=min(max(model.config.decode.beam_size, 1), 10),
+                          help="1 = greedy decoding; larger beams search more captions. Starts at the model "
+                               "file's own setting.")
+    max_len = st.slider("Maximum caption length (words)", min_value=5, max_value=50, value=20)
+    st.header("Attention maps")
+    opacity = st.slider("Overlay opacity", min_value=0.0, max_value=1.0, value=0.6, step=0.05)
+    smooth = st.slider("Smoothing (grid cells)", min_value=0.0, max_value=2.0, value=0.0, step=0.1,
+                       help="Gaussian blur of the upsampled attention map, in units of one attention cell.")
     info = f"{model.config.model.encoder}, {model.grid_size}x{model.grid_size} attention grid, " \
            f"{len(model.vocab):,} words"
     val = model.metrics.get("val") if isinstance(model.metrics.get("val"), dict) else {}

@@ -4,9 +4,13 @@
     model = captioner.load()                 # the bundled default model
     cap = model.caption("photo.jpg")         # PIL image, path or bytes
     cap.text, cap.words, cap.alphas, cap.log_prob
+
+Decode settings (beam size, maximum length, length penalty) default to the ones stored in the
+model file (config.decode); an explicit argument overrides them for that call.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -15,15 +19,20 @@ import numpy as np
 import torch
 
 from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
-from .config import Config
+from .config import Config, DecodeConfig
 from .decoding import decode
-from .images import ImageError, ImageInput, load_image, preprocess
+from .images import ImageError, ImageInput
 from .model.captioner import CaptionModel, build_model
-from .model.encoder import normalization
+from .model.encoder import Preprocess, build_preprocess
 from .vocab import Vocab
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "assets" / "default.safetensors"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def default_device() -> str:
+    """"cuda" when a CUDA GPU is usable, else "cpu": the --device default of every command."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -64,7 +73,8 @@ class Caption:
 
 
 class Captioner:
-    """A ready model with its preprocessing and vocabulary."""
+    """A ready model with its preprocessing (`.preprocess`, callable: image -> (3, S, S) tensor),
+    vocabulary and stored decode settings (`.config.decode`)."""
 
     def __init__(self, model: CaptionModel, vocab: Vocab, config: Config, metrics: dict[str, Any] | None = None,
                  device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32"):
@@ -72,22 +82,31 @@ class Captioner:
         self.model = model.eval().to(device=device, dtype=self.dtype)
         self.vocab, self.config, self.metrics = vocab, config, metrics or {}
         self.device = torch.device(device)
-        self.mean, self.std = normalization(config.model.encoder)
+        self.preprocess: Preprocess = build_preprocess(config.model)  # any image input -> (3, S, S); ImageError
 
     @property
     def grid_size(self) -> int:
         return self.config.model.grid_size
 
-    def preprocess(self, image: ImageInput) -> torch.Tensor:
-        """Any supported input -> (3, S, S) network input (raises ImageError)."""
-        return preprocess(load_image(image), self.config.model.image_size, self.mean, self.std)
+    def decode_settings(self, beam_size: int | None = None, max_len: int | None = None,
+                        length_penalty: float | None = None) -> DecodeConfig:
+        """The settings a caption call uses: each None is the model file's (config.decode)."""
+        stored = self.config.decode
+        used = dataclasses.replace(
+            stored, beam_size=stored.beam_size if beam_size is None else beam_size,
+            max_len=stored.max_len if max_len is None else max_len,
+            length_penalty=stored.length_penalty if length_penalty is None else length_penalty)
+        if used.beam_size < 1 or used.max_len < 1:
+            raise ValueError(f"beam_size and max_len must be at least 1, got {used.beam_size} and {used.max_len}")
+        return used
 
-    def caption(self, image: ImageInput, beam_size: int = 3, max_len: int = 50,
+    def caption(self, image: ImageInput, beam_size: int | None = None, max_len: int | None = None,
                 length_penalty: float | None = None) -> Caption:
+        """One image -> Caption; None settings are the model file's (see decode_settings)."""
         return self.caption_batch([image], beam_size, max_len, length_penalty)[0]
 
     @torch.no_grad()
-    def caption_batch(self, images: Sequence[ImageInput], beam_size: int = 3, max_len: int = 50,
+    def caption_batch(self, images: Sequence[ImageInput], beam_size: int | None = None, max_len: int | None = None,
                       length_penalty: float | None = None) -> list[Caption]:
         """All images decoded together (batched over images and beams). Raises ImageError naming
         the first unusable image."""
@@ -97,15 +116,15 @@ class Captioner:
         return self.caption_tensors(x, beam_size, max_len, length_penalty)
 
     @torch.no_grad()
-    def caption_tensors(self, x: torch.Tensor, beam_size: int = 3, max_len: int = 50,
+    def caption_tensors(self, x: torch.Tensor, beam_size: int | None = None, max_len: int | None = None,
                         length_penalty: float | None = None) -> list[Caption]:
         """Preprocessed images (B, 3, S, S) -> captions."""
-        lp = self.config.decode.length_penalty if length_penalty is None else length_penalty
+        s = self.decode_settings(beam_size, max_len, length_penalty)
         x = x.to(self.device, self.dtype).contiguous(memory_format=torch.channels_last)
         feats = self.model.encode(x)  # (B, P, D)
-        unk = self.vocab.unk if self.config.decode.forbid_unk else None
+        unk = self.vocab.unk if s.forbid_unk else None
         results = decode(self.model.decoder, feats, self.vocab.start, self.vocab.end, self.vocab.pad,
-                         beam_size, max_len, lp, unk)
+                         s.beam_size, s.max_len, s.length_penalty, unk, s.block_trigrams)
         g = self.grid_size
         out = []
         for hyps in results:
@@ -139,4 +158,5 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
     return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype)
 
 
-__all__ = ["Caption", "Captioner", "ImageError", "CheckpointError", "load", "preferred_dtype", "DEFAULT_CHECKPOINT"]
+__all__ = ["Caption", "Captioner", "ImageError", "CheckpointError", "load", "preferred_dtype", "default_device",
+           "Preprocess", "DEFAULT_CHECKPOINT"]

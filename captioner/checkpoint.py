@@ -40,7 +40,7 @@ def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state:
                     optimizer_tensors: dict[str, torch.Tensor] | None = None, half: bool = False) -> None:
     from safetensors.torch import save_file
 
-    _check_finite(model_state, f"refusing to save {path}")  # never replace a good checkpoint with a broken one
+    _check_tensors_finite(model_state, f"refusing to save {path}")  # never replace a good checkpoint with a broken one
     tensors = {}
     for k, v in model_state.items():
         v = v.detach().cpu()
@@ -69,7 +69,7 @@ def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state:
     _fsync_dir(path.parent)  # make the rename itself durable
 
 
-def _check_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
+def _check_tensors_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
     bad = [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
     if bad:
         raise CheckpointError(f"{what}: {len(bad)} tensor(s) contain NaN or inf (e.g. {', '.join(bad[:3])}); "
@@ -195,7 +195,7 @@ def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], sou
         built = f" (built with encoder {encoder!r})" if isinstance(encoder, str) else ""
         raise CheckpointError(f"{source} does not fit the model its config describes{built}: " + "; ".join(parts)
                               + ". Was it made with another encoder or vocabulary?")
-    _check_finite(state, str(source))
+    _check_tensors_finite(state, str(source))
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=True)
 
 

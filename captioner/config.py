@@ -132,6 +132,26 @@ def _coerce(value: Any, typ: type, name: str, source: str) -> Any:
     return value
 
 
+_SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
+_NONE_WORDS = ("none", "null", "~")
+
+
+def _field_type(annotation: Any, name: str) -> tuple[type, bool]:
+    """A field's annotation -> (scalar type, whether None is allowed). Annotations are strings here
+    (postponed evaluation): "int", "float | None", "Optional[str]"."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    text = text.strip()
+    if text.startswith("Optional[") and text.endswith("]"):
+        text = f"{text[len('Optional['):-1]} | None"
+    parts = [t.strip() for t in text.split("|")]
+    optional = "None" in parts
+    rest = [t for t in parts if t != "None"]
+    if len(rest) != 1 or rest[0] not in _SCALARS:
+        raise TypeError(f"setting {name} has type {text!r}; settings must be int, float, str or bool, or one of them "
+                        "| None")
+    return _SCALARS[rest[0]], optional
+
+
 def set_value(cfg: Config, dotted: str, value: Any, source: str) -> None:
     parts = dotted.split(".")
     if len(parts) != 2 or parts[0] not in _sections():
@@ -142,7 +162,10 @@ def set_value(cfg: Config, dotted: str, value: Any, source: str) -> None:
         raise ValueError(
             f"{source}: unknown setting '{dotted}'. Known keys in [{parts[0]}]: {', '.join(sorted(types))}"
         )
-    typ = {"int": int, "float": float, "str": str, "bool": bool}[types[parts[1]]]
+    typ, optional = _field_type(types[parts[1]], dotted)
+    if optional and (value is None or (isinstance(value, str) and value.strip().lower() in _NONE_WORDS)):
+        setattr(section, parts[1], None)
+        return
     setattr(section, parts[1], _coerce(value, typ, dotted, source))
 
 

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from .checkpoint import optimizer_to_tensors, save_checkpoint
 from .config import Config
 from .evaluation import encode_records, evaluate_model
+from .model.encoder import build_preprocess
 from .logs import plot_history
 from .objectives import Terms
 from .run import Log, Run, TrainingError, TrainState, _BatchIter, build_run
@@ -119,7 +120,7 @@ def validate(run: Run, stats: dict[str, float]) -> float:
     if run.main:
         feats, records = run.val_feats, run.val_records
         if feats is None:  # encoder in the loop: encode the val images with the current encoder
-            feats, idx = encode_records(run.model, records, cfg.model.image_size, run.device)
+            feats, idx = encode_records(run.model, records, build_preprocess(cfg.model), run.device)
             records = [records[i] for i in idx]
         metrics = ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "ROUGE_L", "CIDEr"]
         metrics += [cfg.train.val_metric] if cfg.train.val_metric not in metrics else []

@@ -13,11 +13,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from .data import ImageRecord
-from .data.dataset import ImageDataset
+from .data.dataset import ImageDataset, readable
 from .decoding import decode
 from .metrics import METRIC_KEYS, caption_defects, score_captions
 from .model.captioner import CaptionModel
-from .model.encoder import normalization
+from .model.encoder import Preprocess
 from .vocab import Vocab
 
 Log = Callable[[str], None]
@@ -42,12 +42,12 @@ def caption_features(model: CaptionModel, feats: np.ndarray | torch.Tensor, voca
 
 
 @torch.no_grad()
-def encode_records(model: CaptionModel, records: Sequence[ImageRecord], image_size: int, device: torch.device,
+def encode_records(model: CaptionModel, records: Sequence[ImageRecord], preprocess: Preprocess, device: torch.device,
                    batch_size: int = 32, num_workers: int = 0) -> tuple[torch.Tensor, list[int]]:
     """Images -> features (N', P, D) for the readable ones, and their indices in `records`."""
-    mean, std = normalization(model.encoder.name)
-    loader = DataLoader(ImageDataset(records, image_size, mean, std), batch_size=batch_size,
-                        num_workers=num_workers, collate_fn=lambda samples: [s for s in samples if s is not None])
+    p = preprocess
+    loader = DataLoader(ImageDataset(records, p.image_size, p.mean, p.std), batch_size=batch_size,
+                        num_workers=num_workers, collate_fn=readable)
     model.eval()
     dtype = next(model.encoder.parameters()).dtype
     feats, idx = [], []

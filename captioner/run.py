@@ -18,10 +18,10 @@ from .config import Config
 from .data import ImageRecord, build_records
 from .data.dataset import (BucketBatchSampler, FeatureDataset, ImageDataset, collate, collate_skip_missing,
                            encode_captions)
-from .data.features import build_cache, cache_name
+from .data.features import build_cache
 from .logs import JsonlLogger
 from .model.captioner import CaptionModel, build_model
-from .model.encoder import normalization
+from .model.encoder import build_preprocess
 from .objectives import Terms, build_objective
 from .vocab import Vocab
 
@@ -141,17 +141,16 @@ def _model(cfg: Config, vocab_size: int, weights: dict | None, fresh: bool, log:
 def _caches(cfg: Config, model: CaptionModel, splits: dict[str, list[ImageRecord]], device: torch.device,
             main: bool, world_size: int, log: Log, progress: bool) -> dict[str, Any]:
     """Frozen-encoder feature caches of the splits; rank 0 builds, the others wait and open them."""
-    caches = {}
+    caches, prep = {}, build_preprocess(cfg.model)
     for split, recs in splits.items():
-        name = cache_name(cfg.data.dataset, split if not cfg.data.limit else f"{split}{cfg.data.limit}",
-                          cfg.model.encoder, cfg.model.image_size, cfg.model.grid_size)
+        name = prep.cache_name(cfg.data.dataset, split if not cfg.data.limit else f"{split}{cfg.data.limit}")
         if main:
-            caches[split] = build_cache(cfg.data.cache_dir, name, model.encoder, cfg.model.image_size, recs,
+            caches[split] = build_cache(cfg.data.cache_dir, name, model.encoder, prep, recs,
                                         device, num_workers=cfg.data.num_workers, log=log, progress=progress)
         if world_size > 1:
             dist.barrier()
         if not main:
-            caches[split] = build_cache(cfg.data.cache_dir, name, model.encoder, cfg.model.image_size, recs,
+            caches[split] = build_cache(cfg.data.cache_dir, name, model.encoder, prep, recs,
                                         device, progress=False, log=log)
     return caches
 
@@ -162,8 +161,8 @@ def _data(cfg: Config, model: CaptionModel, vocab: Vocab, train_records: list[Im
     """(dataset, its encoded captions, mean caption length per image, collate, val records, val features)."""
     caps = encode_captions(train_records, vocab, cfg.data.max_caption_len)
     if cfg.model.fine_tune_encoder or cfg.data.augment:  # encoder in the loop: images every step
-        mean, std = normalization(cfg.model.encoder)
-        dataset = ImageDataset(train_records, cfg.model.image_size, mean, std, caps, augment=cfg.data.augment)
+        prep = build_preprocess(cfg.model)
+        dataset = ImageDataset(train_records, prep.image_size, prep.mean, prep.std, caps, augment=cfg.data.augment)
         return dataset, caps, _mean_lengths(caps), collate_skip_missing, val_records, None
     caches = _caches(cfg, model, {"train": train_records, "val": val_records}, device, main, world_size, log,
                      progress)

@@ -120,3 +120,68 @@ def test_default_model_or_clear_error():
     else:
         with pytest.raises(CheckpointError, match="default model is missing"):
             captioner.load()
+
+
+def test_decode_settings_default_to_the_model_files(tmp_path, monkeypatch):
+    model = tiny_captioner()
+    model.config.decode.beam_size, model.config.decode.max_len, model.config.decode.length_penalty = 5, 7, 0.5
+    path = tmp_path / "beam5.safetensors"
+    model.save(path)
+    loaded = captioner.load(path)
+    calls = []
+    real = captioner.api.decode
+
+    def spy(decoder, feats, start, end, pad, beam_size, max_len, length_penalty, unk):
+        calls.append((beam_size, max_len, length_penalty))
+        return real(decoder, feats, start, end, pad, beam_size, max_len, length_penalty, unk)
+
+    monkeypatch.setattr(captioner.api, "decode", spy)
+    img = photo()
+    stored = loaded.caption(img)
+    explicit = loaded.caption(img, beam_size=5)
+    greedy = loaded.caption(img, beam_size=1, max_len=3, length_penalty=0.0)
+    assert calls == [(5, 7, 0.5), (5, 7, 0.5), (1, 3, 0.0)]  # None = the file's; an argument overrides
+    assert stored.words == explicit.words and stored.log_prob == explicit.log_prob
+    assert len(stored.alternatives) == 4 and greedy.alternatives == []  # beam 5 keeps 5 hypotheses, greedy 1
+    assert loaded.caption_batch([img])[0].words == stored.words and calls[-1] == (5, 7, 0.5)
+    used = loaded.decode_settings(beam_size=2)
+    assert (used.beam_size, used.max_len, used.length_penalty, used.forbid_unk) == (2, 7, 0.5, True)
+    assert loaded.config.decode.beam_size == 5  # resolving settings never changes the stored ones
+    with pytest.raises(ValueError, match="at least 1"):
+        loaded.decode_settings(beam_size=0)
+
+
+def test_preprocess_belongs_to_the_model_recipe():
+    from captioner.images import load_image, preprocess
+    from captioner.model.encoder import Preprocess, build_preprocess, normalization
+
+    model = tiny_captioner()
+    prep = model.preprocess
+    assert isinstance(prep, Preprocess) and prep == build_preprocess(model.config.model)
+    assert (prep.encoder, prep.image_size, prep.grid_size) == ("efficientnet_lite0", 224, 7)
+    assert (prep.mean, prep.std) == normalization("efficientnet_lite0")
+    img = photo()
+    x = model.preprocess(img)  # still callable as before
+    assert x.shape == (3, 224, 224) and x.dtype == torch.float32
+    assert torch.equal(x, preprocess(load_image(img), 224, prep.mean, prep.std))
+    with pytest.raises(captioner.ImageError):
+        prep(b"not a picture")
+    with pytest.raises(AttributeError):
+        prep.image_size = 100  # frozen: one recipe, never edited in place
+    # cache names: the recipe's, bf16 features are another cache, and the old helper agrees
+    from captioner.data.features import cache_name
+
+    assert prep.cache_name("flickr8k", "train") == "flickr8k-train-efficientnet_lite0-224px-g7"
+    assert prep.cache_name("flickr8k", "train", "float32") == prep.cache_name("flickr8k", "train")
+    assert prep.cache_name("coco", "val2017", "bfloat16").endswith("-bfloat16")
+    assert cache_name("flickr8k", "train", "efficientnet_lite0", 224, 7) == prep.cache_name("flickr8k", "train")
+    resnet = Config().model
+    resnet.encoder, resnet.image_size = "resnet101", 256
+    assert build_preprocess(resnet).mean == normalization("resnet101")[0]
+    resnet.encoder = "vgg16"
+    with pytest.raises(ValueError, match="unknown encoder 'vgg16'"):
+        build_preprocess(resnet)
+
+
+def test_default_device():
+    assert captioner.default_device() == ("cuda" if torch.cuda.is_available() else "cpu")

@@ -272,3 +272,24 @@ def test_empty_caption_is_explained_not_crashed(app, monkeypatch):
         assert at.dataframe and len(at.download_button) == 2
     finally:
         st.cache_data.clear()  # do not leave the fake caption for other tests
+
+
+def test_beam_size_starts_at_the_model_files_setting(monkeypatch, tmp_path):
+    """The decoding widgets start from the checkpoint's stored decode settings, not the app's own."""
+    import streamlit as st
+
+    from .test_api import tiny_captioner
+
+    model = tiny_captioner()
+    model.config.decode.beam_size = 5
+    path = tmp_path / "beam5.safetensors"
+    model.save(path)
+    monkeypatch.setenv("CAPTIONER_CHECKPOINT", str(path))  # the app opens on this file
+    monkeypatch.chdir(ROOT)
+    try:
+        at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert beam(at).value == 5
+    finally:
+        st.cache_resource.clear()
+        st.cache_data.clear()

@@ -3,16 +3,17 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
-from captioner.config import load_config
+from captioner.config import ModelConfig, load_config
 from captioner.data import build_records, load_coco, load_flickr8k, load_karpathy
-from captioner.data.dataset import BucketBatchSampler, collate
+from captioner.data.dataset import BucketBatchSampler, collate, collate_skip_missing, readable
 from captioner.data.features import build_cache, open_cache
-from captioner.model.encoder import build_encoder
+from captioner.model.encoder import build_encoder, build_preprocess
 from captioner.vocab import Vocab, tokenize
 
 from .conftest import ROOT
@@ -60,6 +61,13 @@ def test_collate_sorts_and_pads():
     assert b.lengths.tolist() == [5, 3, 2] and b.image_index.tolist() == [1, 0, 0]
     assert b.inputs[0].tolist() == [1, 8, 9, 10, 11] and b.targets[0].tolist() == [8, 9, 10, 11, 2]
     assert b.inputs[2].tolist() == [1, 7, 0, 0, 0] and b.targets[2].tolist() == [7, 2, 0, 0, 0]
+
+
+def test_collate_skip_missing_drops_unreadable_images():
+    samples = [None, (torch.ones(2), [[1, 8, 2]]), None]
+    b = collate_skip_missing(samples)
+    assert b.images.shape == (1, 2) and b.image_index.tolist() == [0] and b.lengths.tolist() == [2]
+    assert collate_skip_missing([None, None]) is None and readable([None, None]) == []
 
 
 def test_bucket_sampler_covers_everything_and_is_reproducible():
@@ -123,6 +131,12 @@ def test_feature_cache_reused_and_rebuilt_on_mismatch(flickr, tmp_path):
     c1 = build_cache(tmp_path, "x", enc, 224, recs, num_workers=0, log=logs.append, progress=False)
     assert c1.features.shape == (3, 49, 1280) and c1.features.dtype == np.float16
     assert open_cache(tmp_path, "x", enc, 224, recs) is not None  # reused
+    # the recipe's Preprocess names the same cache as the encoder's own normalisation at that size
+    prep = build_preprocess(ModelConfig(encoder="efficientnet_lite0", image_size=224, grid_size=7))
+    assert open_cache(tmp_path, "x", enc, prep, recs) is not None
+    assert open_cache(tmp_path, "x", enc, replace(prep, image_size=192), recs) is None
+    with pytest.raises(ValueError, match="build both from one model config"):
+        open_cache(tmp_path, "x", enc, replace(prep, grid_size=5), recs)
     # another grid or another input size under the same name: detected, rebuilt, never silently used
     enc5 = build_encoder("efficientnet_lite0", True, 5)
     assert open_cache(tmp_path, "x", enc5, 224, recs) is None

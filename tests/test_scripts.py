@@ -81,7 +81,8 @@ def test_caption_cli(trained, tmp_path):
     assert "notes.jpg" in out.stderr and "not an image" in out.stderr  # ... with a clear message ...
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["image"] for r in lines] == [str(photos[0]), str(photos[1])]  # ... and the others are captioned
-    assert all(set(r) == {"image", "caption", "log_prob"} and r["log_prob"] <= 0 for r in lines)
+    assert all(set(r) == {"image", "caption", "log_prob", "beam_size", "max_len", "length_penalty"}
+               and r["log_prob"] <= 0 and r["beam_size"] == 3 for r in lines)
     assert sorted(p.name for p in (tmp_path / "att").iterdir()) == sorted(p.stem + "_attention.png" for p in photos)
 
 
@@ -129,3 +130,43 @@ def test_export_weight_averaging(trained, tmp_path):
     sa, sb, s = a.model.state_dict(), b.model.state_dict(), avg.model.state_dict()
     for k in ("decoder.out_vocab.weight", "decoder.attention.feat_proj.weight"):
         assert torch.allclose(s[k], (sa[k] + sb[k]) / 2, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def beam5_model(tmp_path_factory) -> Path:
+    """A tiny untrained model whose file stores decode.beam_size=5, max_len=6 (no training needed)."""
+    from .test_api import tiny_captioner
+
+    model = tiny_captioner()
+    model.config.decode.beam_size, model.config.decode.max_len = 5, 6
+    path = tmp_path_factory.mktemp("beam5") / "beam5.safetensors"
+    model.save(path)
+    return path
+
+
+def test_caption_cli_uses_the_model_files_decode_settings(beam5_model):
+    photo = sorted((need_flickr() / "Images").glob("*.jpg"))[0]
+    stored = run("scripts/caption.py", str(photo), "--checkpoint", str(beam5_model), "--json", "--device", "cpu")
+    (line,) = [json.loads(x) for x in stored.stdout.splitlines()]
+    assert (line["beam_size"], line["max_len"], line["length_penalty"]) == (5, 6, 0.0)
+    assert "decoding with beam_size 5, max_len 6" in stored.stderr
+    same = run("scripts/caption.py", str(photo), "--checkpoint", str(beam5_model), "--json", "--beam-size", "5")
+    assert json.loads(same.stdout) == line  # the stored setting is exactly the explicit one
+    greedy = run("scripts/caption.py", str(photo), "--checkpoint", str(beam5_model), "--json", "--beam-size", "1")
+    assert json.loads(greedy.stdout)["beam_size"] == 1 and json.loads(greedy.stdout)["max_len"] == 6
+
+
+def test_evaluate_coco_val_is_recorded_as_val(beam5_model, tmp_path):
+    """A COCO caption file is labelled by its own split (captions_val2017 -> val2017), in the output
+    JSON and the feature cache name, and the model file's decode settings are recorded."""
+    coco = need_coco()
+    ann = tmp_path / "captions_val2017.json"
+    ann.write_bytes((coco / "annotations" / "captions_train2017.json").read_bytes())
+    out = tmp_path / "c.json"
+    run("scripts/evaluate.py", "--checkpoint", str(beam5_model), "--dataset", "coco", "--images",
+        str(coco / "train2017"), "--annotations", str(ann), "--limit", "2", "--json", "--output", str(out),
+        "--cache-dir", str(tmp_path / "cache"), "--device", "cpu")
+    written = json.loads(out.read_text())
+    assert written["split"] == "val2017" and len(written["captions"]) == 2
+    assert (written["beam_size"], written["max_len"], written["length_penalty"]) == (5, 6, 0.0)
+    assert [p.name for p in (tmp_path / "cache").glob("*.npy")] == ["coco-val2017-first2-efficientnet_lite0-224px-g7.npy"]

@@ -2,6 +2,9 @@
 
     python scripts/caption.py photo.jpg other.png [--beam-size 3] [--json] [--attention-dir out/]
 
+Decode settings left out are the model file's own (its config.decode); the settings used are printed
+on stderr (with --json: recorded in every line).
+
 Unreadable images get a message on stderr and a non-zero exit code; the others are still captioned.
 """
 from __future__ import annotations
@@ -19,15 +22,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("images", nargs="+", metavar="IMAGE")
     p.add_argument("--checkpoint", default=None, help="model file (default: the bundled model)")
-    p.add_argument("--beam-size", type=int, default=3)
-    p.add_argument("--max-len", type=int, default=50)
-    p.add_argument("--json", action="store_true", help="one JSON object per image: image, caption, log_prob")
+    p.add_argument("--beam-size", type=int, default=None, help="default: the model file's decode setting")
+    p.add_argument("--max-len", type=int, default=None, help="default: the model file's decode setting")
+    p.add_argument("--length-penalty", type=float, default=None, help="default: the model file's decode setting")
+    p.add_argument("--json", action="store_true", help="one JSON object per image: image, caption, log_prob and "
+                   "the decode settings used (beam_size, max_len, length_penalty)")
     p.add_argument("--attention-dir", default=None, help="write an attention overlay figure (PNG) per image here")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default=captioner.default_device(), help="cpu, cuda, cuda:1 ... "
+                   "(default: cuda when available, else cpu)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "auto"], default="float32",
                    help="compute type (auto: bfloat16 where the CPU/GPU computes it natively, 2-3x faster)")
     args = p.parse_args(argv)
-    if args.beam_size < 1 or args.max_len < 1:
+    if (args.beam_size is not None and args.beam_size < 1) or (args.max_len is not None and args.max_len < 1):
         print("error: --beam-size and --max-len must be at least 1", file=sys.stderr)
         return 2
     try:
@@ -36,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     except (captioner.CheckpointError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    used = model.decode_settings(args.beam_size, args.max_len, args.length_penalty)
+    settings = {"beam_size": used.beam_size, "max_len": used.max_len, "length_penalty": used.length_penalty}
+    print("decoding with " + ", ".join(f"{k} {v}" for k, v in settings.items()), file=sys.stderr)
 
     failed = 0
     good: list[tuple[str, object]] = []
@@ -45,13 +54,13 @@ def main(argv: list[str] | None = None) -> int:
         except captioner.ImageError as e:
             print(f"error: {e}", file=sys.stderr)
             failed += 1
-    caps = model.caption_batch([img for _, img in good], args.beam_size, args.max_len) if good else []
+    caps = model.caption_batch([img for _, img in good], used.beam_size, used.max_len, used.length_penalty) if good else []
     out_dir = Path(args.attention_dir) if args.attention_dir else None
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
     for (path, img), cap in zip(good, caps):
         if args.json:
-            print(json.dumps({"image": path, "caption": cap.text, "log_prob": cap.log_prob}), flush=True)
+            print(json.dumps({"image": path, "caption": cap.text, "log_prob": cap.log_prob, **settings}), flush=True)
         else:
             print(f"{path}\t{cap.text}", flush=True)
         if out_dir:

@@ -9,14 +9,13 @@ import argparse
 import sys
 import time
 
-import torch
-
 
 def main(argv: list[str] | None = None) -> int:
+    from captioner.api import default_device
     from captioner.config import load_config
     from captioner.data import build_records
-    from captioner.data.features import build_cache, cache_name
-    from captioner.model.encoder import build_encoder
+    from captioner.data.features import build_cache
+    from captioner.model.encoder import build_encoder, build_preprocess
     from captioner.vocab import Vocab
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -25,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--splits", nargs="*", default=["train", "val"], help="splits to encode (default: train val)")
     p.add_argument("--no-features", action="store_true", help="only check the data and report the vocabulary")
     p.add_argument("--vocab-out", default=None, help="also save the vocabulary JSON here")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=default_device(), help="default: cuda when available, else cpu")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     try:
@@ -49,11 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.model.fine_tune_encoder or cfg.data.augment:
         print("note: this recipe fine-tunes the encoder or augments images, so training does not use the feature cache")
     encoder = build_encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size)
+    prep = build_preprocess(cfg.model)
     for split, recs in records.items():
         t = time.time()
-        name = cache_name(cfg.data.dataset, split if not cfg.data.limit else f"{split}{cfg.data.limit}",
-                          cfg.model.encoder, cfg.model.image_size, cfg.model.grid_size)
-        cache = build_cache(cfg.data.cache_dir, name, encoder, cfg.model.image_size, recs, args.device,
+        name = prep.cache_name(cfg.data.dataset, split if not cfg.data.limit else f"{split}{cfg.data.limit}")
+        cache = build_cache(cfg.data.cache_dir, name, encoder, prep, recs, args.device,
                             num_workers=cfg.data.num_workers, progress=not args.no_progress)
         print(f"{split}: features {tuple(cache.features.shape)} float16 at {cache.path} ({time.time() - t:.0f}s)")
     return 0

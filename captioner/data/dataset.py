@@ -102,8 +102,14 @@ def _augment(img):
     return img
 
 
+def readable(samples: list) -> list:
+    """The samples of a DataLoader batch whose image could be read (ImageDataset yields None for the others)."""
+    return [s for s in samples if s is not None]
+
+
 def collate_skip_missing(samples: list) -> Batch | None:
-    samples = [s for s in samples if s is not None]
+    """collate() of the readable samples; None when no image of the batch could be read."""
+    samples = readable(samples)
     return collate(samples) if samples else None
 
 

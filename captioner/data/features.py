@@ -18,8 +18,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..model.encoder import Encoder, normalization
-from .dataset import ImageDataset
+from ..config import ModelConfig
+from ..model.encoder import Encoder, Preprocess, build_preprocess
+from .dataset import ImageDataset, readable
 from .records import ImageRecord
 
 
@@ -45,9 +46,21 @@ def _key(encoder: Encoder, image_size: int, records: Sequence[ImageRecord]) -> d
             "weights": encoder_fingerprint(encoder), "images": ids, "n": len(records)}
 
 
-def open_cache(cache_dir: str | Path, name: str, encoder: Encoder, image_size: int,
+def _preprocess_of(encoder: Encoder, preprocess: Preprocess | int) -> Preprocess:
+    """A Preprocess as given; an int is an image size with the encoder's own normalisation
+    (the older calling convention, still used by engine.py)."""
+    if isinstance(preprocess, Preprocess):
+        if (preprocess.encoder, preprocess.grid_size) != (encoder.name, encoder.grid_size):
+            raise ValueError(f"preprocessing for {preprocess.encoder} (grid {preprocess.grid_size}) given with the "
+                             f"encoder {encoder.name} (grid {encoder.grid_size}); build both from one model config")
+        return preprocess
+    return build_preprocess(ModelConfig(encoder=encoder.name, image_size=preprocess, grid_size=encoder.grid_size))
+
+
+def open_cache(cache_dir: str | Path, name: str, encoder: Encoder, preprocess: Preprocess | int,
                records: Sequence[ImageRecord]) -> FeatureCache | None:
     """The cache for exactly these images and this encoder, or None when absent/stale/incomplete."""
+    image_size = _preprocess_of(encoder, preprocess).image_size
     base = Path(cache_dir) / name
     meta_path, npy_path = base.with_suffix(".json"), base.with_suffix(".npy")
     if not meta_path.is_file() or not npy_path.is_file():
@@ -68,12 +81,14 @@ def open_cache(cache_dir: str | Path, name: str, encoder: Encoder, image_size: i
 
 
 @torch.no_grad()
-def build_cache(cache_dir: str | Path, name: str, encoder: Encoder, image_size: int,
+def build_cache(cache_dir: str | Path, name: str, encoder: Encoder, preprocess: Preprocess | int,
                 records: Sequence[ImageRecord], device: torch.device | str = "cpu", batch_size: int = 32,
                 num_workers: int = 2, log: Callable[[str], None] = print, progress: bool = True) -> FeatureCache:
     """Open the matching cache, or (re)build it. The .json is written last, after the .npy is
-    complete and renamed, so an interrupted build is never mistaken for a finished one."""
-    cache = open_cache(cache_dir, name, encoder, image_size, records)
+    complete and renamed, so an interrupted build is never mistaken for a finished one.
+    `preprocess`: build_preprocess(cfg.model) (an int image size still works: the encoder's normalisation)."""
+    prep = _preprocess_of(encoder, preprocess)
+    cache = open_cache(cache_dir, name, encoder, prep, records)
     if cache is not None:
         return cache
     from tqdm import tqdm
@@ -85,16 +100,14 @@ def build_cache(cache_dir: str | Path, name: str, encoder: Encoder, image_size: 
         log(f"feature cache {meta_path} does not match this encoder/grid/image list: rebuilding")
         meta_path.unlink()
     encoder = encoder.eval().to(device)
-    mean, std = normalization(encoder.name)
-    ds = ImageDataset(records, image_size, mean, std)
-    loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers,
-                        collate_fn=_drop_unreadable)
+    ds = ImageDataset(records, prep.image_size, prep.mean, prep.std)
+    loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=readable)
     P = encoder.grid_size ** 2
     tmp = npy_path.with_suffix(f".tmp{os.getpid()}.npy")
     out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=(len(records), P, encoder.out_dim))
     seen = np.zeros(len(records), dtype=bool)
     for batch in tqdm(loader, desc=f"encoding {name}", disable=not progress, unit="batch"):
-        if batch is None:
+        if not batch:  # no image of this batch could be read
             continue
         x = torch.stack([s[0] for s in batch]).to(device, next(encoder.parameters()).dtype)
         idx = [s[1] for s in batch]
@@ -108,18 +121,16 @@ def build_cache(cache_dir: str | Path, name: str, encoder: Encoder, image_size: 
     if missing:
         log(f"WARNING: {len(missing)} image(s) could not be read and are skipped: {', '.join(missing[:20])}"
             + (" ..." if len(missing) > 20 else ""))
-    meta = {"key": _key(encoder, image_size, records), "missing": missing}
+    meta = {"key": _key(encoder, prep.image_size, records), "missing": missing}
     tmp_meta = meta_path.with_suffix(".json.tmp")
     tmp_meta.write_text(json.dumps(meta))
     os.replace(tmp_meta, meta_path)
-    cache = open_cache(cache_dir, name, encoder, image_size, records)
+    cache = open_cache(cache_dir, name, encoder, prep, records)
     assert cache is not None
     return cache
 
 
-def _drop_unreadable(samples: list) -> list | None:
-    return [s for s in samples if s is not None] or None
-
-
 def cache_name(dataset: str, split: str, encoder: str, image_size: int, grid_size: int) -> str:
-    return f"{dataset}-{split}-{encoder}-{image_size}px-g{grid_size}"
+    """Prefer build_preprocess(cfg.model).cache_name(dataset, split): the same name from one place."""
+    return build_preprocess(ModelConfig(encoder=encoder, image_size=image_size, grid_size=grid_size)).cache_name(
+        dataset, split)

@@ -9,10 +9,14 @@ from torchvision, whose weights are downloaded on first use (needs internet).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from ..config import ModelConfig
+from ..images import ImageInput, load_image, preprocess
 
 # EfficientNet base stages: (repeats, kernel, stride, expand ratio, in, out)
 _STAGES = [
@@ -140,7 +144,40 @@ NORMALIZATION = {
 
 
 def normalization(encoder: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) the named backbone was trained with. Prefer build_preprocess(cfg.model), which
+    carries them together with the input size."""
     return NORMALIZATION["efficientnet" if encoder.startswith("efficientnet") else "resnet"]
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """What an encoder needs done to a photo, and the name of the feature cache it produces:
+    one object per model recipe, so no caller looks normalisation up by encoder name again."""
+
+    encoder: str  # backbone name (e.g. efficientnet_lite0)
+    image_size: int  # S: the whole image is resized to S x S, never cropped
+    grid_size: int  # G: the cached features are (P = G*G, D) per image
+    mean: tuple[float, ...]  # per-channel, on [0, 1] pixels
+    std: tuple[float, ...]
+
+    def __call__(self, image: ImageInput) -> torch.Tensor:
+        """PIL image, path or bytes -> (3, S, S) float32 network input (raises ImageError)."""
+        return preprocess(load_image(image), self.image_size, self.mean, self.std)  # (3, S, S)
+
+    def cache_name(self, dataset: str, split: str, dtype: str | None = None) -> str:
+        """File stem of the feature cache of `split` of `dataset` made by this encoder recipe;
+        features computed in another dtype than float32 are another cache."""
+        name = f"{dataset}-{split}-{self.encoder}-{self.image_size}px-g{self.grid_size}"
+        return name if dtype in (None, "float32") else f"{name}-{dtype}"
+
+
+def build_preprocess(cfg: ModelConfig) -> Preprocess:
+    """The preprocessing of the encoder described by a model config (cfg.encoder, image_size, grid_size)."""
+    if cfg.encoder not in LITE_VARIANTS and cfg.encoder not in ("resnet101", "resnet152"):
+        raise ValueError(f"unknown encoder '{cfg.encoder}'; choose efficientnet_lite0, efficientnet_lite2, "
+                         "resnet101 or resnet152")
+    mean, std = normalization(cfg.encoder)
+    return Preprocess(cfg.encoder, cfg.image_size, cfg.grid_size, mean, std)
 
 
 class Encoder(nn.Module):
