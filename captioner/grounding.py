@@ -97,7 +97,7 @@ CATEGORY_WORDS: dict[str, str] = {
     "frisbee": "frisbee frisbees",
     "skis": "skis",
     "snowboard": "snowboard snowboards snow_board snow_boards",
-    "sports ball": "ball balls soccer_ball soccer_balls tennis_ball tennis_balls football footballs "
+    "sports ball": "sports_ball sports_balls ball balls soccer_ball soccer_balls tennis_ball tennis_balls football footballs "
                    "basketball basketballs volleyball volleyballs",
     "kite": "kite kites",
     "baseball bat": "baseball_bat baseball_bats bat bats",
