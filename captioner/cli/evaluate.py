@@ -2,6 +2,12 @@
 
     python scripts/evaluate.py --dataset flickr8k --data-root ../shared/data/flickr8k --split test --beam-size 3
     python scripts/evaluate.py --dataset coco --images DIR --annotations captions_val2017.json --json
+    python scripts/evaluate.py --dataset coco --images DIR --annotations captions_val2017.json --grounding
+
+--grounding (COCO only) also measures where the model looks when it names an object: the attention
+mass inside the object's instance boxes, for the generated and the teacher-forced reference
+captions (captioner/grounding.py). The boxes come from instances_X.json beside captions_X.json, or
+--instances PATH.
 """
 from __future__ import annotations
 
@@ -41,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="compute type of the whole model (bfloat16: faster on CPUs with AVX512-BF16/AMX and on GPUs)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the scores")
+    p.add_argument("--grounding", action="store_true",
+                   help="coco: also the attention mass inside the boxes of the objects each word names")
+    p.add_argument("--instances", default=None,
+                   help="coco: instances_*.json for --grounding (default: beside the --annotations file)")
     args = p.parse_args(argv)
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
 
@@ -59,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
             split = args.split
         data.limit = args.limit
         records = build_records(data, split)
+        instances = None
+        if args.grounding:
+            instances = load_grounding_instances(args)
     except (ValueError, FileNotFoundError, captioner.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -90,20 +103,46 @@ def main(argv: list[str] | None = None) -> int:
 
         scores.update({k: v for k, v in score_captions(preds, {r.image_id: r.captions for r in records},
                                                        metrics=(), spice=True, log=say).items()})
+    grounding = {}
+    if instances is not None:
+        from captioner.grounding import ground_generated, ground_references
+
+        scored = [records[i] for i in keep]
+        grounding = {"grounding_generated": ground_generated(model, feats, scored, instances, args.beam_size,
+                                                             args.max_len, lp, args.batch_size),
+                     "grounding_teacher_forced": ground_references(model, feats, scored, instances)}
     Path(args.output).write_text(json.dumps(
         {"checkpoint": str(args.checkpoint or captioner.DEFAULT_CHECKPOINT), "dataset": args.dataset, "split": split,
          "beam_size": args.beam_size, "length_penalty": lp, "scores": scores,
+         **{k: g.to_dict() for k, g in grounding.items()},
          "captions": [{"image_id": k, "caption": v} for k, v in preds.items()]}, indent=1))
     say(f"encoded {len(keep)} images in {t1 - t0:.1f}s, decoded (beam {args.beam_size}) in {t2 - t1:.1f}s "
         f"({len(keep) / max(t2 - t1, 1e-9):.1f} images/s); captions -> {args.output}")
     if args.json:
-        print(json.dumps({k: scores[k] for k in (*METRIC_KEYS, "n_images")}))  # exactly these keys
+        print(json.dumps({**{k: scores[k] for k in (*METRIC_KEYS, "n_images")},  # exactly these keys
+                          **{k: g.to_dict() for k, g in grounding.items()}}))  # + grounding_* with --grounding
     else:
         for k in (*METRIC_KEYS, "SPICE"):
             if k in scores:
                 print(f"{k:8s} {scores[k]:.4f}")
         print(f"images   {scores['n_images']}")
+        for k, g in grounding.items():
+            print(f"{k.replace('grounding_', 'grounding (') + ')':28s} {g}")
     return 0
+
+
+def load_grounding_instances(args: argparse.Namespace):
+    """The COCO instance boxes for --grounding: --instances, else instances_X.json beside captions_X.json."""
+    from captioner.grounding import instances_path_for, load_instances
+
+    if args.dataset != "coco":
+        raise ValueError("--grounding needs COCO instance boxes: use it with --dataset coco")
+    path = Path(args.instances) if args.instances else instances_path_for(args.annotations)
+    if not path.is_file():
+        how = "the --instances file" if args.instances else f"no {path.name} beside {args.annotations}"
+        raise FileNotFoundError(f"--grounding: {how} ({path}) does not exist. Put COCO's instances_*.json of the "
+                                "same split there (annotations_trainval2017.zip) or pass --instances PATH.")
+    return load_instances(path)
 
 
 if __name__ == "__main__":
