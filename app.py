@@ -162,10 +162,10 @@ with st.sidebar:
     smooth = st.slider("Smoothing (grid cells)", min_value=0.0, max_value=2.0, value=0.0, step=0.1,
                        help="Gaussian blur of the upsampled attention map, in units of one attention cell.")
     mode = st.selectbox("Map rendering", list(visualize.MODES),
-                        format_func=lambda m: {"bilinear": "smooth (bilinear between cell centres)",
-                                               "nearest": "cells (the grid as computed)"}[m],
-                        help="How the coarse attention grid is stretched over the photo. Neither invents detail "
-                             "finer than one cell.")
+                        format_func=lambda m: {"bilinear": "smooth (bilinear)", "nearest": "cells (nearest)"}[m],
+                        help="How the coarse attention grid is stretched over the photo: bilinear interpolation "
+                             "between cell centres, or each cell as a flat block (the grid as computed). Neither "
+                             "invents detail finer than one cell.")
 
 try:
     mtime = Path(ckpt_path).stat().st_mtime
