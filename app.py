@@ -8,6 +8,7 @@ The env var CAPTIONER_CHECKPOINT (optional) names the checkpoint selected when t
 from __future__ import annotations
 
 import hashlib
+import html
 import os
 from functools import partial
 from pathlib import Path
@@ -98,9 +99,29 @@ def shrink(image, side: int):
     return small
 
 
-def figure_bytes(image, cap: captioner.Caption, opacity: float, smooth: float) -> bytes:
+def figure_bytes(image, cap: captioner.Caption, opacity: float, smooth: float, mode: str = "bilinear") -> bytes:
     """The downloadable figure, drawn only when the button is clicked."""
-    return visualize.figure_png(visualize.attention_figure(image, cap, opacity=opacity, smooth=smooth))
+    return visualize.figure_png(visualize.attention_figure(image, cap, opacity=opacity, smooth=smooth, mode=mode))
+
+
+def beta_line(cap: captioner.Caption) -> str:
+    """The caption as HTML, one word per box with its gate beta underneath; a word's opacity is its
+    beta (never below 0.2, to stay readable), so words that barely used the image fade."""
+    boxes = []
+    for i, w in enumerate(cap.words):
+        b = visualize.word_beta(cap, i)
+        if b is None:
+            return ""
+        boxes.append(f'<span class="beta-word" title="gate β={b:.2f}" style="display:inline-block;text-align:center;'
+                     f'margin:0 0.35em;opacity:{max(0.2, min(1.0, b)):.2f}">{html.escape(w)}<br>'
+                     f'<small style="color:#666">β={b:.2f}</small></span>')
+    return f'<div class="beta-line" style="font-size:1.15em;line-height:1.3">{"".join(boxes)}</div>'
+
+
+def word_label(cap: captioner.Caption, i: int) -> str:
+    """'dog (β=0.82)', or just 'dog' when the caption carries no betas."""
+    b = visualize.word_beta(cap, i)
+    return cap.words[i] if b is None else f"{cap.words[i]} (β={b:.2f})"
 
 
 def short_error(e: Exception) -> str:
@@ -152,6 +173,11 @@ with st.sidebar:
     opacity = st.slider("Overlay opacity", min_value=0.0, max_value=1.0, value=0.6, step=0.05)
     smooth = st.slider("Smoothing (grid cells)", min_value=0.0, max_value=2.0, value=0.0, step=0.1,
                        help="Gaussian blur of the upsampled attention map, in units of one attention cell.")
+    mode = st.selectbox("Map rendering", list(visualize.MODES),
+                        format_func=lambda m: {"bilinear": "smooth (bilinear)", "nearest": "cells (nearest)"}[m],
+                        help="How the coarse attention grid is stretched over the photo: bilinear interpolation "
+                             "between cell centres, or each cell as a flat block (the grid as computed). Neither "
+                             "invents detail finer than one cell.")
     info = f"{model.config.model.encoder}, {model.grid_size}x{model.grid_size} attention grid, " \
            f"{len(model.vocab):,} words"
     val = model.metrics.get("val") if isinstance(model.metrics.get("val"), dict) else {}
@@ -197,6 +223,12 @@ with col_photo:
     st.image(image, caption=f"{name} ({image.width}x{image.height})", width="stretch")
 with col_text:
     st.subheader(f"“{cap.text}”" if cap.words else "“” (empty caption)")
+    line = beta_line(cap)
+    if line:
+        st.markdown(line, unsafe_allow_html=True)
+        st.caption("β: the gate that scales how much of the attended image reaches each word (Xu et al. 2015, "
+                   "4.2.1). Faint words (low β) were chosen mostly from the language model, not the photo; their "
+                   "heat maps are drawn fainter in proportion.")
     st.markdown(f"log-probability **{cap.log_prob:.2f}** over {len(cap.words)} words + end")
     if cap.alternatives:
         st.markdown("Other beam hypotheses")
@@ -204,7 +236,7 @@ with col_text:
                      hide_index=True, width="stretch")
     stem = Path(name).stem or "image"
     st.download_button("Download attention figure (PNG)", icon=":material/download:",
-                       data=partial(figure_bytes, shrink(image, FIGURE_SIDE), cap, opacity, smooth),
+                       data=partial(figure_bytes, shrink(image, FIGURE_SIDE), cap, opacity, smooth, mode),
                        file_name=f"{stem}_attention.png", mime="image/png", on_click="ignore")
     st.download_button("Download caption and attention maps (JSON)", icon=":material/download:",
                        data=visualize.caption_json_bytes(cap, image_name=name),
@@ -223,8 +255,11 @@ if n > 1:
                          format_func=lambda i: f"{i + 1}. {cap.words[i]}")
 else:
     k = 0
-st.image(visualize.overlay(image, cap.alphas[k], opacity, smooth),
-         caption=f"attention for “{cap.words[k]}” (word {k + 1} of {n})", width=min(900, max(600, image.width)))
+beta_k = visualize.word_beta(cap, k)
+st.image(visualize.overlay(image, cap.alphas[k], opacity, smooth, beta=beta_k, mode=mode),
+         caption=f"attention for “{cap.words[k]}” (word {k + 1} of {n}"
+                 + ("" if beta_k is None else f", β={beta_k:.2f}") + ")",
+         width=min(900, max(600, image.width)))
 
 # --- every word
 st.header("All words")
@@ -233,5 +268,6 @@ for start in range(0, n, GRID_COLUMNS):
     cols = st.columns(GRID_COLUMNS)
     for col, i in zip(cols, range(start, min(start + GRID_COLUMNS, n))):
         with col:
-            st.image(visualize.overlay(thumb, cap.alphas[i], opacity, smooth),
-                     caption=f"{i + 1}. {cap.words[i]}", width="stretch")
+            st.image(visualize.overlay(thumb, cap.alphas[i], opacity, smooth, beta=visualize.word_beta(cap, i),
+                                       mode=mode),
+                     caption=f"{i + 1}. {word_label(cap, i)}", width="stretch")

@@ -3,7 +3,7 @@
     import captioner
     model = captioner.load()                 # the bundled default model
     cap = model.caption("photo.jpg")         # PIL image, path or bytes
-    cap.text, cap.words, cap.alphas, cap.log_prob
+    cap.text, cap.words, cap.alphas, cap.betas, cap.log_prob
 
 Decode settings (beam size, maximum length, length penalty) default to the ones stored in the
 model file (config.decode); an explicit argument overrides them for that call.
@@ -70,6 +70,9 @@ class Caption:
     alphas: np.ndarray  # (len(words), grid_h, grid_w), each map sums to 1, covering the whole image
     log_prob: float  # log p(words, <end> | image) under the model
     alternatives: list[tuple[str, float]] = field(default_factory=list)  # other beam hypotheses (text, log_prob)
+    # (len(words),) gate beta of each word in [0, 1]: the share of the attended image context that reached
+    # the word (z = beta * sum alpha_i a_i); near 0 = the word barely used the image. Empty when unknown.
+    betas: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
 
 
 class Captioner:
@@ -131,8 +134,9 @@ class Captioner:
             best = hyps[0]
             words = [self.vocab.itos[t] for t in best.tokens]
             alphas = best.alphas.float().cpu().numpy().reshape(len(words), g, g)  # (L, G, G)
+            betas = best.betas.float().cpu().numpy() if best.betas is not None else np.zeros(0, np.float32)  # (L,)
             alts = [(" ".join(self.vocab.itos[t] for t in h.tokens), h.log_prob) for h in hyps[1:]]
-            out.append(Caption(" ".join(words), words, alphas, float(best.log_prob), alts))
+            out.append(Caption(" ".join(words), words, alphas, float(best.log_prob), alts, betas))
         return out
 
     def save(self, path: str | Path, half: bool = False, metrics: dict[str, Any] | None = None) -> None:

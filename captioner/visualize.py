@@ -1,9 +1,20 @@
 """Attention overlays: where each word looked, drawn on the ORIGINAL photo.
 
 The grid covers the whole (uncropped) network input, which is the whole photo resized, so a map
-stretched over the photo's own width and height lines up with its content. Maps are upsampled
-smoothly (bicubic, like the paper's figures) with pixel-centre alignment: grid cell (i, j) covers
-rows [i*H/G, (i+1)*H/G) and columns [j*W/G, (j+1)*W/G) of the photo. Nothing here calls plt.show().
+stretched over the photo's own width and height lines up with its content: grid cell (i, j) covers
+rows [i*H/G, (i+1)*H/G) and columns [j*W/G, (j+1)*W/G) of the photo (pixel-centre alignment).
+
+Upsampling. The paper's figures upsample x16 and blur with a Gaussian, which draws blobs sharper or
+rounder than a G x G map can know. Here the default is BILINEAR: each cell's value sits at the cell's
+centre and is interpolated linearly in between, so the picture is continuous, never leaves the range
+of the neighbouring cells (bicubic overshoots: rings and halos that are not in the map) and adds no
+detail finer than a cell. mode="nearest" draws the cells as flat blocks (the map exactly as computed,
+resolution included). A Gaussian blur (smooth > 0, in cells) is available for the paper's look.
+
+The gate beta. The context that reaches a word is z = beta * sum_i alpha_i a_i (Xu et al. 4.2.1), so
+beta * alpha is what the word actually took from each region: the overlay's heat opacity is
+multiplied by beta (a word with beta 0.1 shows the photo nearly bare), and in figures a word with beta
+below LOW_BETA gets a grey title. Titles read "dog  β=0.82". Nothing here calls plt.show().
 """
 from __future__ import annotations
 
@@ -22,11 +33,20 @@ if TYPE_CHECKING:
     from .api import Caption
 
 
-def upsample_alpha(alpha: np.ndarray, width: int, height: int, smooth: float = 0.0) -> np.ndarray:
+LOW_BETA = 0.5  # below this gate value a word's figure title is grey: it used the image little
+MODES = {"bilinear": "bilinear", "nearest": "nearest-exact"}  # upsampling: ours -> torch's name
+
+
+def upsample_alpha(alpha: np.ndarray, width: int, height: int, smooth: float = 0.0,
+                   mode: str = "bilinear") -> np.ndarray:
     """alpha (G, G) -> (height, width) map in [0, 1] (scaled so its maximum is 1).
+    mode: "bilinear" (continuous between cell centres) or "nearest" (flat cell blocks).
     smooth: Gaussian blur radius in grid cells (0 = none)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     a = torch.as_tensor(np.asarray(alpha, dtype=np.float32))[None, None]  # (1, 1, G, G)
-    up = F.interpolate(a, size=(height, width), mode="bicubic", align_corners=False)[0, 0].clamp_(min=0)
+    kw = {"align_corners": False} if mode == "bilinear" else {}
+    up = F.interpolate(a, size=(height, width), mode=MODES[mode], **kw)[0, 0].clamp_(min=0)
     m = up.numpy()
     if smooth > 0:
         radius = smooth * max(width, height) / alpha.shape[-1]
@@ -37,23 +57,37 @@ def upsample_alpha(alpha: np.ndarray, width: int, height: int, smooth: float = 0
 
 
 def overlay(image: Image.Image, alpha: np.ndarray, opacity: float = 0.6, smooth: float = 0.0,
-            cmap: str = "jet") -> Image.Image:
-    """The photo with one word's attention drawn over it as a heat map, same size as the photo."""
+            cmap: str = "jet", beta: float | None = None, mode: str = "bilinear") -> Image.Image:
+    """The photo with one word's attention drawn over it as a heat map, same size as the photo.
+    beta (the word's gate, None = unknown) scales the heat's opacity: what reached the word is beta * alpha."""
     from matplotlib import colormaps
 
     image = image.convert("RGB")
     w, h = image.size
-    m = upsample_alpha(alpha, w, h, smooth)  # (H, W)
+    m = upsample_alpha(alpha, w, h, smooth, mode)  # (H, W)
     heat = (colormaps[cmap](m)[..., :3] * 255).astype(np.float32)  # (H, W, 3)
     base = np.asarray(image, dtype=np.float32)
-    weight = opacity * (0.25 + 0.75 * m[..., None])  # strongest where the model looked
+    gate = 1.0 if beta is None else float(np.clip(beta, 0.0, 1.0))
+    weight = gate * opacity * (0.25 + 0.75 * m[..., None])  # strongest where the model looked
     out = base * (1 - weight) + heat * weight
     return Image.fromarray(out.clip(0, 255).astype(np.uint8))
 
 
+def word_beta(caption: "Caption", i: int) -> float | None:
+    """The gate of word i, or None when the caption carries no betas."""
+    betas = getattr(caption, "betas", None)
+    return float(betas[i]) if betas is not None and len(betas) == len(caption.words) else None
+
+
+def word_title(word: str, beta: float | None) -> str:
+    """'dog  β=0.82' (just the word when beta is unknown)."""
+    return word if beta is None else f"{word}  β={beta:.2f}"
+
+
 def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opacity: float = 0.6,
-                     smooth: float = 0.0, panel_width: float = 2.6) -> "Figure":
-    """One panel per word (plus the photo), each the photo with that word's attention."""
+                     smooth: float = 0.0, panel_width: float = 2.6, mode: str = "bilinear") -> "Figure":
+    """One panel per word (plus the photo), each the photo with that word's attention, titled with
+    the word and its gate beta (grey below LOW_BETA; heat opacity scaled by beta)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,8 +106,10 @@ def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opac
             ax.imshow(image)
             ax.set_title("input", fontsize=10)
         elif k < n:
-            ax.imshow(overlay(image, caption.alphas[k - 1], opacity, smooth))
-            ax.set_title(caption.words[k - 1], fontsize=11)
+            beta = word_beta(caption, k - 1)
+            ax.imshow(overlay(image, caption.alphas[k - 1], opacity, smooth, beta=beta, mode=mode))
+            low = beta is not None and beta < LOW_BETA
+            ax.set_title(word_title(caption.words[k - 1], beta), fontsize=11, color="0.55" if low else "black")
     fig.suptitle(caption.text, fontsize=12)
     fig.tight_layout()
     return fig
@@ -86,10 +122,13 @@ def figure_png(fig: "Figure", dpi: int = 100) -> bytes:
 
 
 def caption_json(caption: "Caption", image_name: str | None = None) -> dict[str, Any]:
-    """JSON-ready record: caption, log-prob, words with their attention grids."""
+    """JSON-ready record: caption, log-prob, words with their attention grids and gate betas
+    ("beta" is null when the caption carries none)."""
+    betas = [word_beta(caption, i) for i in range(len(caption.words))]
     return {"image": image_name, "caption": caption.text, "log_prob": caption.log_prob,
             "grid": list(caption.alphas.shape[1:]),
-            "words": [{"word": w, "alpha": np.round(a, 5).tolist()} for w, a in zip(caption.words, caption.alphas)],
+            "words": [{"word": w, "beta": None if b is None else round(b, 5), "alpha": np.round(a, 5).tolist()}
+                      for w, a, b in zip(caption.words, caption.alphas, betas)],
             "alternatives": [{"caption": t, "log_prob": lp} for t, lp in caption.alternatives]}
 
 

@@ -131,9 +131,9 @@ def test_decode_settings_default_to_the_model_files(tmp_path, monkeypatch):
     calls = []
     real = captioner.api.decode
 
-    def spy(decoder, feats, start, end, pad, beam_size, max_len, length_penalty, unk):
+    def spy(decoder, feats, start, end, pad, beam_size, max_len, length_penalty, *rest):
         calls.append((beam_size, max_len, length_penalty))
-        return real(decoder, feats, start, end, pad, beam_size, max_len, length_penalty, unk)
+        return real(decoder, feats, start, end, pad, beam_size, max_len, length_penalty, *rest)
 
     monkeypatch.setattr(captioner.api, "decode", spy)
     img = photo()
@@ -185,3 +185,23 @@ def test_preprocess_belongs_to_the_model_recipe():
 
 def test_default_device():
     assert captioner.default_device() == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_caption_betas_are_the_gates_of_its_words(beam_size):
+    """Caption.betas: one gate value per word, in [0, 1], the ones decoding computed for those words."""
+    from captioner.decoding import decode
+
+    model = tiny_captioner()
+    with torch.no_grad():
+        model.model.decoder.attention.gate.bias.fill_(-1.0)  # gates away from 1, so a mix-up would show
+    cap = model.caption(photo(), beam_size=beam_size, max_len=8)
+    assert cap.betas.shape == (len(cap.words),) and cap.betas.dtype == np.float32
+    assert ((cap.betas >= 0) & (cap.betas <= 1)).all()
+    with torch.no_grad():
+        feats = model.model.encode(model.preprocess(photo())[None])
+    (best, *_), = decode(model.model.decoder, feats, model.vocab.start, model.vocab.end, model.vocab.pad, beam_size, 8,
+                         model.config.decode.length_penalty, model.vocab.unk)
+    assert np.allclose(cap.betas, best.betas.numpy(), atol=1e-6)
+    # captions built without gates (older code) still construct, with no betas
+    assert captioner.Caption("a", ["a"], np.ones((1, 7, 7)) / 49, -1.0).betas.shape == (0,)

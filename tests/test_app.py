@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -58,10 +59,31 @@ def caption_text(at: AppTest) -> str:
     return heads[0].split("”")[0].lstrip("“")
 
 
+BETA = re.compile(r" \(β=(\d\.\d\d)\)$")  # the gate beta after a word: "3. dog (β=0.82)"
+
+
 def word_overlays(at: AppTest) -> list[str]:
-    """Captions of the per-word grid images, '1. word', '2. word', ..."""
+    """Captions of the per-word grid images without their beta, '1. word', '2. word', ..."""
     caps = [c for im in at.image for c in im.captions]
-    return [c for c in caps if c.split(". ", 1)[0].isdigit()]
+    return [BETA.sub("", c) for c in caps if c.split(". ", 1)[0].isdigit()]
+
+
+def overlay_betas(at: AppTest) -> list[float]:
+    """The beta shown in each per-word grid caption."""
+    caps = [c for im in at.image for c in im.captions if c.split(". ", 1)[0].isdigit()]
+    found = [BETA.search(c) for c in caps]
+    assert all(found), caps
+    return [float(m.group(1)) for m in found]
+
+
+def beta_line(at: AppTest) -> list[tuple[str, float]]:
+    """(word, beta) pairs of the caption line drawn with each word's opacity."""
+    html = [m.value for m in at.markdown if 'class="beta-line"' in m.value]
+    assert len(html) == 1, [m.value for m in at.markdown]
+    pairs = re.findall(r'opacity:([\d.]+)">([^<]*)<br><small[^>]*>β=(\d\.\d\d)</small>', html[0])
+    for opacity, _, b in pairs:  # opacity follows beta (floored at 0.2 to stay readable)
+        assert float(opacity) == pytest.approx(max(0.2, float(b)), abs=0.011)
+    return [(w, float(b)) for _, w, b in pairs]
 
 
 def photo_caption(at: AppTest) -> str:
@@ -81,6 +103,10 @@ def check_captioned(at: AppTest, require_words: bool = True) -> list[str]:
     if require_words:
         assert words, "empty caption"
     assert word_overlays(at) == [f"{i + 1}. {w}" for i, w in enumerate(words)]
+    if words:  # every word shows its gate beta, in the grid and in the caption line
+        betas = overlay_betas(at)
+        assert len(betas) == len(words) and all(0 <= b <= 1 for b in betas)
+        assert beta_line(at) == list(zip(words, betas))
     large = [c for im in at.image for c in im.captions if c.startswith("attention for")]
     assert len(large) == (1 if words else 0)
     labels = [b.label for b in at.download_button]
@@ -115,7 +141,8 @@ def test_example_photo_is_captioned_then_beam_size_changes(app):
         at.select_slider[0].set_value(len(words) - 1).run()
         no_problems(at)
         large = [c for im in at.image for c in im.captions if c.startswith("attention for")]
-        assert large == [f"attention for “{words[-1]}” (word {len(words)} of {len(words)})"]
+        assert len(large) == 1 and large[0].startswith(f"attention for “{words[-1]}” (word {len(words)} of "
+                                                       f"{len(words)}, β=")
     # another beam size and another example photo: still fine
     beam(at).set_value(4).run()
     check_captioned(at, require_words=False)
@@ -125,17 +152,49 @@ def test_example_photo_is_captioned_then_beam_size_changes(app):
     assert "coffee.jpg (600x400)" in photo_caption(at)
 
 
-@pytest.mark.parametrize("opacity, smooth", [(0.3, 0.0), (1.0, 1.0), (0.0, 2.0)])
-def test_overlay_opacity_and_smoothing(app, opacity, smooth):
+@pytest.mark.parametrize("opacity, smooth, mode", [(0.3, 0.0, "nearest"), (1.0, 1.0, "bilinear"),
+                                                   (0.0, 2.0, "bilinear")])
+def test_overlay_opacity_and_smoothing(app, opacity, smooth, mode):
     at = app.run()
     for s in at.sidebar.slider:
         if s.label.startswith("Overlay opacity"):
             s.set_value(opacity)
         elif s.label.startswith("Smoothing"):
             s.set_value(smooth)
+    next(s for s in at.sidebar.selectbox if s.label == "Map rendering").set_value(mode)
     beam(at).set_value(1)
     at.run()
     assert check_captioned(at)
+
+
+def test_each_word_shows_the_beta_the_model_computed(app, monkeypatch):
+    """The betas on the page are the model's gates for those words (a model with varied gates)."""
+    real_load = captioner.load
+
+    def load_with_low_gates(*args, **kw):
+        model = real_load(*args, **kw)
+        with torch.no_grad():  # the bundled model's gates are all ~1; push them around 0.3-0.7
+            model.model.decoder.attention.gate.weight.mul_(0.05)
+            model.model.decoder.attention.gate.bias.fill_(0.0)
+        return model
+
+    import streamlit as st
+
+    monkeypatch.setattr(captioner, "load", load_with_low_gates)
+    st.cache_resource.clear()  # the app must load (and cache) the modified model ...
+    st.cache_data.clear()
+    try:
+        at = app.run()
+        beam(at).set_value(1).run()
+        words = check_captioned(at)
+    finally:  # ... and no later test may see it
+        st.cache_resource.clear()
+        st.cache_data.clear()
+    ckpt = os.environ.get("CAPTIONER_CHECKPOINT") or None
+    expected = load_with_low_gates(ckpt).caption(EXAMPLES / "cat.jpg", beam_size=1, max_len=20)
+    assert words == expected.words
+    assert overlay_betas(at) == pytest.approx(expected.betas.tolist(), abs=0.0051)
+    assert any(b < 0.9 for b in overlay_betas(at))  # the gates really vary, so the check means something
 
 
 def test_uploads_in_every_format(app):

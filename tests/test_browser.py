@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -115,9 +116,30 @@ def _caption_shown(page) -> str:
     return head.inner_text().split("”")[0].lstrip("“").strip()
 
 
-def _overlay_captions(page) -> list[str]:
+BETA = re.compile(r" \(β=(\d\.\d\d)\)$")  # the gate beta after a word: "3. dog (β=0.82)"
+
+
+def _overlay_captions(page, with_beta: bool = False) -> list[str]:
     caps = page.locator('[data-testid="stImageCaption"]').all_inner_texts()
-    return [c.strip() for c in caps if c.strip().split(". ", 1)[0].isdigit()]
+    caps = [c.strip() for c in caps if c.strip().split(". ", 1)[0].isdigit()]
+    return caps if with_beta else [BETA.sub("", c) for c in caps]
+
+
+def _check_betas(page, words: list[str]) -> list[float]:
+    """Every word shows its beta: in its overlay's caption and in the caption line, where the word's
+    opacity is its beta (at least 0.2)."""
+    found = [BETA.search(c) for c in _overlay_captions(page, with_beta=True)]
+    assert len(found) == len(words) and all(found), _overlay_captions(page, with_beta=True)
+    betas = [float(m.group(1)) for m in found]
+    assert all(0 <= b <= 1 for b in betas)
+    boxes = page.locator(".beta-line .beta-word")
+    assert boxes.count() == len(words)
+    for k, (w, b) in enumerate(zip(words, betas)):
+        box = boxes.nth(k)
+        assert box.inner_text().split() == [w, f"β={b:.2f}"]
+        opacity = float(box.evaluate("e => getComputedStyle(e).opacity"))
+        assert abs(opacity - max(0.2, b)) < 0.011, (w, b, opacity)
+    return betas
 
 
 def _all_overlays(page, words: list[str]) -> list[str]:
@@ -155,6 +177,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             words = _caption_shown(page).split()
             assert words, "empty caption"
             assert _all_overlays(page, words) == [f"{i + 1}. {w}" for i, w in enumerate(words)]
+            betas = _check_betas(page, words)
             # every overlay is a loaded picture with the photo's aspect ratio (600x400)
             images = page.locator('[data-testid="stImage"] img')
             assert images.count() == len(words) + 2  # the photo, the large view, one per word
@@ -178,6 +201,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
                 page.get_by_role("button", name="Download caption and attention maps (JSON)").click()
             record = json.loads(Path(dl.value.path()).read_text())
             assert record["caption"] == " ".join(words) and len(record["words"]) == len(words)
+            assert [r["beta"] for r in record["words"]] == pytest.approx(betas, abs=0.0051)
             with page.expect_download(timeout=WAIT_MS) as dl:
                 page.get_by_role("button", name="Download attention figure (PNG)").click()
             assert Path(dl.value.path()).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -203,6 +227,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             _settle(page)
             words = _caption_shown(page).split()
             assert words and _all_overlays(page, words) == [f"{i + 1}. {w}" for i, w in enumerate(words)]
+            _check_betas(page, words)
             assert page.get_by_test_id("stAlert").filter(has_text="Cannot use").count() == 0
             assert page.get_by_test_id("stException").count() == 0
         finally:

@@ -170,3 +170,34 @@ def test_evaluate_coco_val_is_recorded_as_val(beam5_model, tmp_path):
     assert written["split"] == "val2017" and len(written["captions"]) == 2
     assert (written["beam_size"], written["max_len"], written["length_penalty"]) == (5, 6, 0.0)
     assert [p.name for p in (tmp_path / "cache").glob("*.npy")] == ["coco-val2017-first2-efficientnet_lite0-224px-g7.npy"]
+
+
+def test_evaluate_coco_grounding(tmp_path):
+    """--grounding with the bundled model: the instance file beside the captions file, or --instances."""
+    import captioner
+
+    if not captioner.DEFAULT_CHECKPOINT.is_file():
+        pytest.skip(f"the bundled model {captioner.DEFAULT_CHECKPOINT} is missing")
+    coco = need_coco()
+    ann = coco / "annotations" / "captions_train2017.json"
+    common = ["scripts/evaluate.py", "--dataset", "coco", "--images", str(coco / "train2017"), "--limit", "4",
+              "--beam-size", "2", "--grounding"]
+    out = run(*common, "--annotations", str(ann), "--json", "--output", str(tmp_path / "c.json"))
+    scores = json.loads(out.stdout)
+    assert scores["n_images"] == 4
+    for key in ("grounding_generated", "grounding_teacher_forced"):
+        g = scores[key]
+        assert {"mass", "baseline", "lift", "n_words", "n_images", "per_category"} <= set(g)
+        assert g["n_images"] == 4 and g["n_words"] == sum(c["n_words"] for c in g["per_category"].values())
+    tf = scores["grounding_teacher_forced"]
+    assert tf["n_words"] > 4 and 0 <= tf["mass"] <= 1 and 0 < tf["baseline"] <= 1 and tf["lift"] > 0
+    written = json.loads((tmp_path / "c.json").read_text())
+    assert written["grounding_teacher_forced"] == tf
+    # a captions file with no instances file beside it: a clear error; --instances fixes it
+    lone = tmp_path / "captions_mini.json"
+    lone.write_bytes(ann.read_bytes())
+    bad = run(*common, "--annotations", str(lone), ok=False)
+    assert bad.returncode == 2 and "instances_mini.json" in bad.stderr and "--instances" in bad.stderr
+    text = run(*common, "--annotations", str(lone), "--instances", str(ann.with_name("instances_train2017.json")),
+               "--output", str(tmp_path / "d.json")).stdout
+    assert "grounding (generated)" in text and "grounding (teacher_forced)" in text and "lift" in text

@@ -2,6 +2,13 @@
 
     python scripts/evaluate.py --dataset flickr8k --data-root ../shared/data/flickr8k --split test --beam-size 3
     python scripts/evaluate.py --dataset coco --images DIR --annotations captions_val2017.json --json
+    python scripts/evaluate.py --dataset coco --images DIR --annotations captions_val2017.json --grounding
+
+--grounding (COCO only) also measures where the model looks when it names an object: the attention
+mass inside the object's instance boxes, for the generated and the teacher-forced reference
+captions (captioner/grounding.py). The boxes come from instances_X.json beside captions_X.json, or
+--instances PATH.
+
 
 Decode settings left out are the model file's own (its config.decode); the output JSON records the
 settings used. COCO results are labelled with the annotation file's split (captions_val2017.json -> val2017).
@@ -17,13 +24,8 @@ from pathlib import Path
 import torch
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     import captioner
-    from captioner.config import DataConfig
-    from captioner.data import build_records
-    from captioner.data.features import build_cache
-    from captioner.evaluation import encode_records, evaluate_model
-    from captioner.metrics import METRIC_KEYS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", default=None, help="model file (default: the bundled model)")
@@ -44,73 +46,128 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="compute type of the whole model (bfloat16: faster on CPUs with AVX512-BF16/AMX and on GPUs)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the scores")
+    p.add_argument("--grounding", action="store_true",
+                   help="coco: also the attention mass inside the boxes of the objects each word names")
+    p.add_argument("--instances", default=None,
+                   help="coco: instances_*.json for --grounding (default: beside the --annotations file)")
+    return p
+
+
+def _records(args: argparse.Namespace, p: argparse.ArgumentParser) -> tuple[list, str]:
+    """The records to evaluate and the split label recorded with the results."""
+    from captioner.config import DataConfig
+    from captioner.data import build_records
+
+    if args.dataset == "flickr8k":
+        data, split, label = DataConfig(dataset="flickr8k", root=args.data_root), args.split, args.split
+    elif args.dataset == "coco":
+        if not args.images or not args.annotations:
+            p.error("--dataset coco needs --images and --annotations")
+        data = DataConfig(dataset="coco", images=args.images, annotations=args.annotations)
+        split, label = "train", coco_split_label(args.annotations)  # build_records' 'train' = the whole file
+    else:
+        data = DataConfig(dataset="karpathy", images=args.images or "", annotations=args.annotations or "")
+        split = label = args.split
+    data.limit = args.limit
+    return build_records(data, split), label
+
+
+def _features(args: argparse.Namespace, model, records: list, label: str, say) -> tuple:
+    """(features (N', P, D) of the readable images, their indices in records)."""
+    from captioner.data.features import build_cache
+    from captioner.evaluation import encode_records
+
+    if not args.cache_dir:
+        return encode_records(model.model, records, model.preprocess, args.device, num_workers=2)
+    part = f"{label}-first{args.limit}" if args.limit else label  # "val2017-first2", not "val20172"
+    name = model.preprocess.cache_name(args.dataset, part, args.dtype)
+    cache = build_cache(args.cache_dir, name, model.model.encoder, model.preprocess, records, args.device,
+                        log=say, progress=not args.json)
+    keep = [i for i, r in enumerate(records) if r.image_id not in set(cache.missing)]
+    return (cache.features[keep] if len(keep) < len(records) else cache.features), keep
+
+
+def main(argv: list[str] | None = None) -> int:
+    import captioner
+    from captioner.evaluation import evaluate_model
+    from captioner.metrics import METRIC_KEYS
+
+    p = _parser()
     args = p.parse_args(argv)
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
-
     try:
         model = captioner.load(args.checkpoint, device=args.device, dtype=args.dtype)
         used = model.decode_settings(args.beam_size, args.max_len, args.length_penalty)
-        if args.dataset == "flickr8k":
-            data = DataConfig(dataset="flickr8k", root=args.data_root)
-            split = label = args.split
-        elif args.dataset == "coco":
-            if not args.images or not args.annotations:
-                p.error("--dataset coco needs --images and --annotations")
-            data = DataConfig(dataset="coco", images=args.images, annotations=args.annotations)
-            split = "train"  # build_records' 'train' = all images of the given annotation file
-            label = coco_split_label(args.annotations)
-        else:
-            data = DataConfig(dataset="karpathy", images=args.images or "", annotations=args.annotations or "")
-            split = label = args.split
-        data.limit = args.limit
-        records = build_records(data, split)
+        records, label = _records(args, p)
+        instances = load_grounding_instances(args) if args.grounding else None
     except (ValueError, FileNotFoundError, captioner.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-
     t0 = time.time()
-    if args.cache_dir:
-        part = f"{label}-first{args.limit}" if args.limit else label  # "val2017-first2", not "val20172"
-        name = model.preprocess.cache_name(args.dataset, part, args.dtype)
-        cache = build_cache(args.cache_dir, name, model.model.encoder, model.preprocess, records, args.device,
-                            log=say, progress=not args.json)
-        keep = [i for i, r in enumerate(records) if r.image_id not in set(cache.missing)]
-        feats = cache.features[keep] if len(keep) < len(records) else cache.features
-    else:
-        feats, keep = encode_records(model.model, records, model.preprocess, args.device, num_workers=2)
+    feats, keep = _features(args, model, records, label, say)
     if len(keep) < len(records):
         bad = [records[i].image_id for i in sorted(set(range(len(records))) - set(keep))]
         say(f"WARNING: {len(bad)} image(s) could not be read and are not scored: {', '.join(bad[:10])}")
-    t1 = time.time()
-    scores, preds = evaluate_model(model.model, model.vocab, feats, [records[i] for i in keep], used.beam_size,
-                                   used.max_len, used.length_penalty, torch.device(args.device), used.forbid_unk,
-                                   METRIC_KEYS, args.batch_size, progress=not args.json, log=say,
-                                   block_trigrams=used.block_trigrams)
-    t2 = time.time()  # decoding and scoring
+    scored, t1 = [records[i] for i in keep], time.time()
+    scores, preds = evaluate_model(model.model, model.vocab, feats, scored, used.beam_size, used.max_len,
+                                   used.length_penalty, torch.device(args.device), used.forbid_unk, METRIC_KEYS,
+                                   args.batch_size, progress=not args.json, log=say, block_trigrams=used.block_trigrams)
+    say(f"encoded {len(keep)} images in {t1 - t0:.1f}s, decoded (beam {used.beam_size}) and scored in "
+        f"{time.time() - t1:.1f}s; captions -> {args.output}")
     if args.spice:
         from captioner.metrics import score_captions
 
-        scores.update({k: v for k, v in score_captions(preds, {r.image_id: r.captions for r in records},
-                                                       metrics=(), spice=True, log=say).items()})
+        scores.update(score_captions(preds, {r.image_id: r.captions for r in scored}, metrics=(), spice=True, log=say))
+    grounding = {}
+    if instances is not None:
+        from captioner.grounding import ground_generated, ground_references
+
+        grounding = {"grounding_generated": ground_generated(model, feats, scored, instances, used.beam_size,
+                                                             used.max_len, used.length_penalty, args.batch_size),
+                     "grounding_teacher_forced": ground_references(model, feats, scored, instances)}
+    _write(args, label, used, scores, grounding, preds)
+    return 0
+
+
+def _write(args: argparse.Namespace, label: str, used, scores: dict, grounding: dict, preds: dict) -> None:
+    """The --output file (settings, scores, grounding, captions) and the printed summary."""
+    import captioner
+    from captioner.metrics import METRIC_KEYS
+
     Path(args.output).write_text(json.dumps(
         {"checkpoint": str(args.checkpoint or captioner.DEFAULT_CHECKPOINT), "dataset": args.dataset, "split": label,
-         "beam_size": used.beam_size, "max_len": used.max_len, "length_penalty": used.length_penalty, "scores": scores,
+         "beam_size": used.beam_size, "max_len": used.max_len, "length_penalty": used.length_penalty,
+         "block_trigrams": used.block_trigrams, "scores": scores, **{k: g.to_dict() for k, g in grounding.items()},
          "captions": [{"image_id": k, "caption": v} for k, v in preds.items()]}, indent=1))
-    say(f"encoded {len(keep)} images in {t1 - t0:.1f}s, decoded (beam {used.beam_size}) and scored in {t2 - t1:.1f}s; "
-        f"captions -> {args.output}")
     if args.json:
-        print(json.dumps({k: scores[k] for k in (*METRIC_KEYS, "n_images")}))  # exactly these keys
-    else:
-        for k in (*METRIC_KEYS, "SPICE"):
-            if k in scores:
-                print(f"{k:8s} {scores[k]:.4f}")
-        print(f"images   {scores['n_images']}")
-    return 0
+        print(json.dumps({**{k: scores[k] for k in (*METRIC_KEYS, "n_images")},  # exactly these keys
+                          **{k: g.to_dict() for k, g in grounding.items()}}))  # + grounding_* with --grounding
+        return
+    for k in (*METRIC_KEYS, "SPICE", "bad_ending", "repeated_bigram"):
+        if k in scores:
+            print(f"{k:16s} {scores[k]:.4f}")
+    print(f"images           {scores['n_images']}")
+    for k, g in grounding.items():
+        print(f"{k.replace('grounding_', 'grounding (') + ')':28s} {g}")
 
 
 def coco_split_label(annotations: str | Path) -> str:
     """The split a COCO caption file holds, from its name: captions_val2017.json -> val2017."""
     return Path(annotations).stem.removeprefix("captions_")
+
+
+def load_grounding_instances(args: argparse.Namespace):
+    """The COCO instance boxes for --grounding: --instances, else instances_X.json beside captions_X.json."""
+    from captioner.grounding import instances_path_for, load_instances
+
+    if args.dataset != "coco":
+        raise ValueError("--grounding needs COCO instance boxes: use it with --dataset coco")
+    path = Path(args.instances) if args.instances else instances_path_for(args.annotations)
+    if not path.is_file():
+        how = "the --instances file" if args.instances else f"no {path.name} beside {args.annotations}"
+        raise FileNotFoundError(f"--grounding: {how} ({path}) does not exist. Put COCO's instances_*.json of the "
+                                "same split there (annotations_trainval2017.zip) or pass --instances PATH.")
+    return load_instances(path)
 
 
 if __name__ == "__main__":

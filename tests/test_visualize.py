@@ -1,0 +1,64 @@
+"""Attention drawing (captioner/visualize.py): faithful upsampling and the gate beta on every word."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from captioner import visualize
+from captioner.api import Caption
+
+
+def caption(betas=(0.9, 0.1)) -> Caption:
+    rng = np.random.default_rng(0)
+    a = rng.random((2, 3, 3)).astype(np.float32)
+    return Caption("a dog", ["a", "dog"], a / a.sum(axis=(1, 2), keepdims=True), -1.0,
+                   betas=np.asarray(betas, np.float32))
+
+
+def photo(w: int = 45, h: int = 30) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(1).integers(0, 255, (h, w, 3), dtype=np.uint8))
+
+
+def test_nearest_draws_the_cells_as_blocks():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3) + 1
+    up = visualize.upsample_alpha(a, 30, 20, mode="nearest")  # cells of 10x10 pixels
+    assert np.array_equal(up, np.kron(a / a.max(), np.ones((10, 10))))
+
+
+def test_bilinear_keeps_cell_values_and_invents_no_extremes():
+    a = np.zeros((5, 5), np.float32)
+    a[2, 2] = 1.0  # one hot cell: bicubic would ring below 0 / halo around it
+    up = visualize.upsample_alpha(a, 55, 55)  # 11 pixels per cell: pixel 5 + 11 i is the centre of cell i
+    assert np.allclose(up[5::11, 5::11], a)  # cell centres carry the cell values
+    assert up.min() >= 0 and up.max() == pytest.approx(1.0)
+    assert (up[:, :11] == 0).all() and (up[:11] == 0).all()  # nothing spills beyond the neighbouring cell
+    with pytest.raises(ValueError, match="bilinear, nearest"):
+        visualize.upsample_alpha(a, 10, 10, mode="bicubic")
+
+
+def test_beta_scales_the_heat():
+    img, a = photo(), caption().alphas[0]
+    bare = visualize.overlay(img, a, opacity=0.8, beta=0.0)
+    assert np.array_equal(np.asarray(bare), np.asarray(img))  # the word took nothing from the image
+    full = visualize.overlay(img, a, opacity=0.8, beta=1.0)
+    assert np.array_equal(np.asarray(full), np.asarray(visualize.overlay(img, a, opacity=0.8)))
+    half = np.asarray(visualize.overlay(img, a, opacity=0.8, beta=0.5), np.float32)
+    diff = lambda x: np.abs(np.asarray(x, np.float32) - np.asarray(img, np.float32)).mean()  # noqa: E731
+    assert 0.3 * diff(full) < np.abs(half - np.asarray(img, np.float32)).mean() < 0.7 * diff(full)
+
+
+def test_figure_titles_and_json_carry_beta():
+    cap = caption()
+    fig = visualize.attention_figure(photo(), cap)
+    titles = {ax.get_title(): ax.title.get_color() for ax in fig.axes if ax.get_title()}
+    assert "a  β=0.90" in titles and "dog  β=0.10" in titles
+    assert titles["dog  β=0.10"] != titles["a  β=0.90"]  # the low-beta word is greyed
+    record = json.loads(visualize.caption_json_bytes(cap, "x.jpg"))
+    assert [w["beta"] for w in record["words"]] == [pytest.approx(0.9), pytest.approx(0.1)]
+    # a caption without betas: plain titles, null betas
+    plain = Caption("a dog", cap.words, cap.alphas, -1.0)
+    assert visualize.word_title("dog", visualize.word_beta(plain, 1)) == "dog"
+    assert [w["beta"] for w in visualize.caption_json(plain)["words"]] == [None, None]
