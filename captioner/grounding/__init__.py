@@ -1,0 +1,211 @@
+"""Grounding: does a word's attention fall on the object it names? In the style of Liu et al. 2017,
+"Attention correctness in neural image captioning", with COCO instance boxes as the ground truth.
+
+Legend: L words, P = gh * gw attention cells, N boxes.
+
+For every caption word that names a COCO category present in the photo (see `match_words`):
+
+    coverage_ij = area of cell (i, j) inside the UNION of that category's boxes / area of the cell
+    mass        = sum_ij alpha_ij * coverage_ij       (alpha: the word's map, sums to 1)
+    baseline    = mean_ij coverage_ij                 (the mass of a uniform map = the boxes' area share)
+
+A summary reports the mean mass, the mean baseline, lift = mean mass / mean baseline (1 = no better
+than looking everywhere) and the number of words, overall and per category. Two modes:
+`ground_generated` scores the model's own captions (beam search; a wrong word is not scored, a
+missed object is not penalised) and `ground_references` scores the reference captions under
+teacher forcing (Decoder.forward), i.e. grounding without caption errors.
+
+Geometry. The model sees the whole photo resized without cropping, so the gh x gw grid covers the
+whole image: a box's x scales by gw / width and its y by gh / height. Coverage is exact: the union
+of boxes is cut along every box edge and every cell edge into rectangles that are each either inside
+or outside the union and inside one cell, and their areas are summed per cell. Crowd annotations
+(iscrowd=1, e.g. "a crowd of people") count: their box is where the category is. Boxes are in the
+photo's stored pixel frame; photos with an EXIF rotation (which load_image applies) are skipped.
+
+Word rule. Captions are split with the project's tokenizer (captioner.vocab.tokenize). Each
+category has a list of names (singular and plural, synonyms, e.g. men/women/children/skier ->
+person, puppy -> dog, bike -> bicycle, jet -> airplane, sofa -> couch, table -> dining table,
+phone -> cell phone). Names are one or two words. Scanning left to right, a two-word name is tried
+before a one-word name at the same position, so "hot dog" is a hot dog, not a dog, and "teddy
+bear" is a teddy bear. A two-word name is scored with the attention of its LAST word, the head
+noun ("light" of "traffic light"), the step at which the model commits to the object. Words are
+scored only when their category has at least one box of non-zero area in the photo.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import torch
+
+from ..decoding import decode
+from ..vocab import tokenize
+from .boxes import Instances, box_coverage, instances_path_for, load_instances
+from .words import CATEGORY_WORDS, Phrase, match_words, word_table
+
+if TYPE_CHECKING:
+    from ..api import Captioner
+    from ..data.records import ImageRecord
+
+__all__ = ["CATEGORY_WORDS", "GroundingSummary", "Instances", "WordGrounding", "box_coverage", "ground_generated",
+           "ground_references", "ground_words", "instances_path_for", "load_instances", "match_words",
+           "reference_alphas", "word_table"]
+
+
+@dataclass
+class WordGrounding:
+    image_id: str
+    word: str  # the scored token (a two-word name's head noun)
+    category: str
+    mass: float  # attention inside the category's boxes
+    baseline: float  # the uniform map's mass (area share of the boxes)
+
+
+def ground_words(words: Sequence[str], alphas: np.ndarray, coverage: dict[str, np.ndarray],
+                 table: dict[Phrase, str], image_id: str = "") -> list[WordGrounding]:
+    """One caption: words (L,), alphas (L, gh, gw) each summing to 1, coverage {category: (gh, gw)}
+    for the categories in the photo -> one record per word that names one of them."""
+    alphas = np.asarray(alphas, dtype=np.float64)
+    if len(alphas) != len(words):
+        raise ValueError(f"{len(words)} words but {len(alphas)} attention maps")
+    out = []
+    for i, cat in match_words(words, table):
+        cov = coverage.get(cat)
+        if cov is None:
+            continue
+        if alphas[i].shape != cov.shape:
+            raise ValueError(f"attention map {alphas[i].shape} and box coverage {cov.shape} differ in shape")
+        out.append(WordGrounding(image_id, words[i], cat, float((alphas[i] * cov).sum()), float(cov.mean())))
+    return out
+
+
+@dataclass
+class GroundingSummary:
+    mass: float  # mean over words of the attention inside the boxes
+    baseline: float  # mean over words of the boxes' area share
+    lift: float  # mass / baseline (1: no better than a uniform map); NaN without words
+    n_words: int
+    n_images: int  # images with instance annotations that were scored
+    per_category: dict[str, dict[str, float]] = field(default_factory=dict)  # same keys per category
+
+    @classmethod
+    def of(cls, words: Sequence[WordGrounding], n_images: int) -> "GroundingSummary":
+        by_cat: dict[str, list[WordGrounding]] = defaultdict(list)
+        for w in words:
+            by_cat[w.category].append(w)
+        return cls(*_means(words), len(words), n_images,
+                   {c: dict(zip(("mass", "baseline", "lift"), _means(ws)), n_words=len(ws))
+                    for c, ws in sorted(by_cat.items(), key=lambda kv: -len(kv[1]))})
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; NaN (no words) becomes null."""
+        clean = lambda v: None if isinstance(v, float) and math.isnan(v) else v  # noqa: E731
+        return {"mass": clean(self.mass), "baseline": clean(self.baseline), "lift": clean(self.lift),
+                "n_words": self.n_words, "n_images": self.n_images,
+                "per_category": {c: {k: clean(v) for k, v in d.items()} for c, d in self.per_category.items()}}
+
+    def __str__(self) -> str:
+        return (f"mass {self.mass:.4f}  baseline {self.baseline:.4f}  lift {self.lift:.2f}  "
+                f"words {self.n_words} in {self.n_images} images")
+
+
+def _means(words: Sequence[WordGrounding]) -> tuple[float, float, float]:
+    if not words:
+        return math.nan, math.nan, math.nan
+    mass = float(np.mean([w.mass for w in words]))
+    base = float(np.mean([w.baseline for w in words]))
+    return mass, base, mass / base if base > 0 else math.nan
+
+
+def _usable(records: Sequence["ImageRecord"], instances: Instances) -> list[int]:
+    """Indices of the records whose photo the instance file describes in the frame the model sees."""
+    from PIL import Image
+
+    from ..images import _TRANSPOSE, _orientation
+
+    keep = []
+    for i, r in enumerate(records):
+        if r.image_id not in instances.sizes:
+            continue
+        try:
+            with Image.open(r.path) as im:
+                if _orientation(im) in _TRANSPOSE:  # load_image rotates it: the boxes would not line up
+                    continue
+        except OSError:
+            continue
+        keep.append(i)
+    if records and not keep:
+        raise ValueError(f"none of the {len(records)} images is described by {instances.path}; pass the instances "
+                         "file of the same split as the captions (--instances PATH)")
+    return keep
+
+
+# ---------------------------------------------------------------- the two modes
+
+@torch.no_grad()
+def ground_generated(model: "Captioner", feats: torch.Tensor | np.ndarray, records: Sequence["ImageRecord"],
+                     instances: Instances, beam_size: int = 3, max_len: int = 50, length_penalty: float | None = None,
+                     batch_size: int = 100) -> GroundingSummary:
+    """Grounding of the model's own captions: feats (N, P, D) of records (N,), decoded by beam search
+    (greedy for beam_size 1) exactly as evaluation decodes them; alphas from the best hypothesis."""
+    keep = _usable(records, instances)
+    lp = model.config.decode.length_penalty if length_penalty is None else length_penalty
+    unk = model.vocab.unk if model.config.decode.forbid_unk else None
+    dec, table, g = model.model.decoder.eval(), word_table(instances.categories), model.grid_size
+    dtype = next(dec.parameters()).dtype
+    scored: list[WordGrounding] = []
+    for k in range(0, len(keep), batch_size):
+        idx = keep[k:k + batch_size]
+        x = torch.as_tensor(np.asarray(feats[idx], dtype=np.float32)).to(model.device, dtype)  # (b, P, D)
+        hyps = decode(dec, x, model.vocab.start, model.vocab.end, model.vocab.pad, beam_size, max_len, lp, unk)
+        for i, h in zip(idx, hyps):
+            words = [model.vocab.itos[t] for t in h[0].tokens]
+            alphas = h[0].alphas.float().cpu().numpy().reshape(len(words), g, g)  # (L, G, G)
+            scored += ground_words(words, alphas, instances.coverage(records[i].image_id, g, g), table,
+                                   records[i].image_id)
+    return GroundingSummary.of(scored, len(keep))
+
+
+@torch.no_grad()
+def reference_alphas(model: "Captioner", feats: torch.Tensor, captions: Sequence[Sequence[str]],
+                     max_len: int = 50) -> list[np.ndarray]:
+    """Teacher forcing on tokenised captions of ONE image: feats (1, P, D), captions (C,) of words ->
+    for each caption (min(len, max_len), P) attention, row t being the map with which word t is
+    predicted (the same step at which decoding would emit it)."""
+    dec, v = model.model.decoder.eval(), model.vocab
+    words = [list(c)[:max_len] for c in captions]
+    order = sorted(range(len(words)), key=lambda j: -len(words[j]))  # Decoder.forward wants lengths descending
+    lengths = torch.tensor([len(words[j]) + 1 for j in order], device=model.device)  # words + <end>
+    T = int(lengths[0]) if len(order) else 0
+    inputs = torch.full((len(order), T), v.pad, dtype=torch.long, device=model.device)  # (C, T)
+    for row, j in enumerate(order):
+        inputs[row, :len(words[j]) + 1] = torch.tensor([v.start] + [v.stoi.get(w, v.unk) for w in words[j]])
+    if not order:
+        return []
+    x = feats.to(model.device, next(dec.parameters()).dtype)
+    _, alphas = dec(x, inputs, lengths, image_index=torch.zeros(len(order), dtype=torch.long, device=model.device))
+    out: list[np.ndarray] = [np.zeros(0)] * len(words)
+    for row, j in enumerate(order):
+        out[j] = alphas[row, :len(words[j])].float().cpu().numpy()  # (L, P)
+    return out
+
+
+@torch.no_grad()
+def ground_references(model: "Captioner", feats: torch.Tensor | np.ndarray, records: Sequence["ImageRecord"],
+                      instances: Instances, max_len: int = 50) -> GroundingSummary:
+    """Grounding of the reference captions under teacher forcing (no caption errors): every word of
+    every reference that names a category in the photo."""
+    keep = _usable(records, instances)
+    table, g = word_table(instances.categories), model.grid_size
+    scored: list[WordGrounding] = []
+    for i in keep:
+        caps = [tokenize(c) for c in records[i].captions]
+        x = torch.as_tensor(np.asarray(feats[i:i + 1], dtype=np.float32))  # (1, P, D)
+        cov = instances.coverage(records[i].image_id, g, g)
+        for words, a in zip(caps, reference_alphas(model, x, caps, max_len)):
+            words = words[:len(a)]
+            scored += ground_words(words, a.reshape(len(words), g, g), cov, table, records[i].image_id)
+    return GroundingSummary.of(scored, len(keep))
