@@ -163,7 +163,8 @@ def _data(cfg: Config, model: CaptionModel, vocab: Vocab, train_records: list[Im
     if cfg.model.fine_tune_encoder or cfg.data.augment:  # encoder in the loop: images every step
         prep = build_preprocess(cfg.model)
         dataset = ImageDataset(train_records, prep.image_size, prep.mean, prep.std, caps, augment=cfg.data.augment)
-        return dataset, caps, _mean_lengths(caps), collate_skip_missing, val_records, None
+        n_val = cfg.train.val_limit or len(val_records)
+        return dataset, caps, _mean_lengths(caps), collate_skip_missing, val_records[:n_val], None
     caches = _caches(cfg, model, {"train": train_records, "val": val_records}, device, main, world_size, log,
                      progress)
     missing = set(caches["train"].missing)
@@ -173,7 +174,8 @@ def _data(cfg: Config, model: CaptionModel, vocab: Vocab, train_records: list[Im
     caps = [caps[i] for i in keep]
     dataset = FeatureDataset(caches["train"].features, keep, caps)
     val_missing = set(caches["val"].missing)
-    val_keep = [i for i, r in enumerate(val_records) if r.image_id not in val_missing]
+    n_val = cfg.train.val_limit or len(val_records)  # validate on the first n_val (the cache covers all)
+    val_keep = [i for i, r in enumerate(val_records[:n_val]) if r.image_id not in val_missing]
     return (dataset, caps, _mean_lengths(caps), collate, [val_records[i] for i in val_keep],
             caches["val"].features[val_keep])
 
@@ -198,7 +200,6 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     device, out, main = torch.device(device), Path(cfg.train.out_dir), rank == 0
     _seed(cfg.train.seed + rank)
     train_records, val_records = build_records(cfg.data, "train"), build_records(cfg.data, "val")
-    val_records = val_records[:cfg.train.val_limit or len(val_records)]
     resume, vocab, state, weights = _restore(cfg, out / "last.safetensors", train_records, log, main)
     model = _model(cfg, len(vocab), weights, resume is None, log).to(device)
     for p in model.encoder.parameters():

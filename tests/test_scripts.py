@@ -43,7 +43,7 @@ def test_train_writes_checkpoints_logs_and_plot(trained):
     val = [r for r in rows if r["kind"] == "val"]
     assert [r["epoch"] for r in val] == [1, 2] and all("Bleu_4" in r and "CIDEr" in r for r in val)
     train = [r for r in rows if r["kind"] == "train"]
-    assert train and all(r["xent"] > 0 and r["attention"] >= 0 for r in train)
+    assert train and all(r["xent"] > 0 and r["penalty"] >= 0 for r in train)
     # rerunning a finished run does nothing and says so
     again = run("scripts/train.py", "--config", "configs/tiny.yaml", "--set", f"train.out_dir={trained}",
                 f"data.root={need_flickr()}", "--no-progress")
