@@ -129,3 +129,12 @@ def test_reward_can_count_the_end_token():
     gap_end = with_end.rewards([full], [refs])[0] - with_end.rewards([cut], [refs])[0]
     gap_plain = plain.rewards([full], [refs])[0] - plain.rewards([cut], [refs])[0]
     assert gap_end > gap_plain > 0
+
+
+def test_configuration_errors_are_clear():
+    refs = [[4, 5, 6]]
+    for bad, match in (({"scst_baseline": "median"}, "mean' or 'greedy"), ({"scst_samples": 1}, "scst_samples >= 2"),
+                       ({"cpu_amp": True}, "cpu_amp=false")):
+        cfg, vocab, cider = _setup(bad, refs)
+        with pytest.raises(ValueError, match=match):
+            SelfCritical(cfg, True, vocab, cider)
