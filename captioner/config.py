@@ -72,6 +72,7 @@ class TrainConfig:
     scst_baseline: str = "mean"  # mean (of the image's other samples) | greedy (the greedy caption's reward)
     scst_max_len: int = 20  # longest sampled caption (words + <end>)
     scst_bad_ending_penalty: float = 0.0  # subtracted from the reward of a sample ending in "a", "with", "the" ...
+    scst_dropout: bool = False  # sample with dropout on (train mode); off: samples come from the policy decoding uses
     scst_reward_end: bool = False  # count <end> as a word in the CIDEr-D reward: "... with a <end>" matches no reference ending
 
 

@@ -88,7 +88,10 @@ class SelfCritical:
         feats = _features(model, batch, self.from_features)  # (Bi, P, D)
         refs = batch_references(batch, v.end)
         unk = v.unk if self.cfg.decode.forbid_unk else None
+        was_training = model.decoder.training
+        model.decoder.train(t.scst_dropout)  # without dropout the samples come from the policy decoding uses
         s = sample(model.decoder, feats, v.start, v.end, v.pad, K, t.scst_max_len, unk)  # Bi*K rows
+        model.decoder.train(was_training)
         reward = self.rewards(s.captions(v.end), [r for r in refs for _ in range(K)]).view(-1, K)  # (Bi, K)
         if t.scst_baseline == "mean":
             baseline = (reward.sum(1, keepdim=True) - reward) / (K - 1)  # (Bi, K): mean of the others
