@@ -73,6 +73,7 @@ class TrainConfig:
     scst_max_len: int = 20  # longest sampled caption (words + <end>)
     scst_bad_ending_penalty: float = 0.0  # subtracted from the reward of a sample ending in "a", "with", "the" ...
     scst_dropout: bool = False  # sample with dropout on (train mode); off: samples come from the policy decoding uses
+    scst_xent: float = 0.0  # + this x teacher-forced cross-entropy on the batch's references (anchors the policy)
     scst_reward_end: bool = False  # count <end> as a word in the CIDEr-D reward: "... with a <end>" matches no reference ending
 
 

@@ -102,8 +102,14 @@ class SelfCritical:
         pg = -(adv.unsqueeze(1) * s.log_probs).sum() / n_tokens  # per token, like cross-entropy
         penalty = attention_penalty(s.alphas)  # (Bi*K,)
         total = pg + t.alpha_c * penalty.sum() / n_tokens
-        return Terms(total, n_tokens, {"reward": reward.mean().item(), "baseline": baseline.mean().item(),
-                                       "sample_len": n_tokens / s.mask.shape[0], "penalty": t.alpha_c * penalty.mean().item()})
+        logs = {"reward": reward.mean().item(), "baseline": baseline.mean().item(),
+                "sample_len": n_tokens / s.mask.shape[0], "penalty": t.alpha_c * penalty.mean().item()}
+        if t.scst_xent:  # mixed objective: the references' likelihood keeps the policy near fluent captions
+            logits, alphas = model.decoder(feats, batch.inputs, batch.lengths, batch.image_index)
+            xent = caption_loss(logits, alphas, batch.targets, batch.lengths, 0.0).xent
+            total = total + t.scst_xent * xent
+            logs["xent"] = xent.item()
+        return Terms(total, n_tokens, logs)
 
     @torch.no_grad()
     def _greedy_reward(self, model: CaptionModel, feats: torch.Tensor, refs: list[list[list[int]]]) -> torch.Tensor:

@@ -82,6 +82,9 @@ def test_mean_of_others_baseline_advantages_sum_to_zero_per_image():
     terms = obj(CaptionModel(torch.nn.Identity(), tiny()), batch)  # type: ignore[arg-type]
     assert torch.isfinite(terms.total) and set(terms.logs) >= {"reward", "baseline", "penalty"}
     assert terms.logs["reward"] == pytest.approx(terms.logs["baseline"], abs=1e-6)  # mean of others: same mean
+    cfg.train.scst_xent = 0.5  # mixed objective: the references' cross-entropy is added and logged
+    mixed = obj(CaptionModel(torch.nn.Identity(), tiny()), batch)  # type: ignore[arg-type]
+    assert mixed.logs["xent"] > 0 and torch.isfinite(mixed.total)
 
 
 def test_bad_ending_penalty():
