@@ -19,6 +19,7 @@ class ModelConfig:
     pretrained: bool = True  # load ImageNet weights (EfficientNet-Lite: offline; ResNet: torchvision download)
     image_size: int = 224  # square network input; the whole image is resized, never cropped
     grid_size: int = 7  # annotation grid is grid_size x grid_size (paper: 14)
+    output_stride: int = 32  # 16 dilates the encoder's last stage: a 2x finer native grid, same weights
     fine_tune_encoder: bool = False
     embed_dim: int = 512  # E
     hidden_dim: int = 512  # H

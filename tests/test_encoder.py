@@ -64,3 +64,44 @@ def test_resnet_builds_offline_without_weights():
 def test_unknown_encoder_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown encoder 'vgg'"):
         build_encoder("vgg", False, 7)
+
+
+@pytest.mark.parametrize("name,size,native", [("efficientnet_lite2", 260, 17), ("efficientnet_lite0", 224, 14)])
+def test_output_stride_16_doubles_the_native_grid(name, size, native):
+    coarse = build_encoder(name, pretrained=False, grid_size=native).eval()
+    fine = build_encoder(name, pretrained=False, grid_size=native, output_stride=16).eval()
+    fine.load_state_dict(coarse.state_dict())  # dilation adds no parameters
+    with torch.no_grad():
+        fmap = fine._features(torch.randn(1, 3, size, size))
+    assert fmap.shape[-2:] == (native, native)  # not pooled up: the backbone itself is 2x finer
+
+
+def test_output_stride_16_keeps_what_the_weights_see(flickr):
+    """Dilating the last stage keeps each unit's field of view, so the pretrained network still
+    recognises the photo; pooled features stay close to the stride-32 ones (a random net would not
+    make this pass for the classification check)."""
+    photos = [flickr / "Images" / p for p in DOG_PHOTOS if (flickr / "Images" / p).exists()][:4]
+    assert photos
+    mean, std = normalization("efficientnet_lite0")
+    x = torch.stack([preprocess(load_image(p), 224, mean, std) for p in photos])
+    coarse = build_lite("efficientnet_lite0", pretrained=True).eval()
+    fine = build_lite("efficientnet_lite0", pretrained=True, output_stride=16).eval()
+    with torch.no_grad():
+        fc, ff = coarse.features(x), fine.features(x)  # (N, 1280, 7, 7), (N, 1280, 14, 14)
+        top5 = fine(x).topk(5, dim=-1).indices
+    assert ff.shape[-1] == 2 * fc.shape[-1]
+    cos = torch.nn.functional.cosine_similarity(fc.mean((2, 3)), ff.mean((2, 3)))
+    assert (cos > 0.9).all(), cos
+    assert all(any(int(c) in DOG_CLASSES for c in row) for row in top5)
+
+
+def test_output_stride_is_checked_and_names_its_own_cache():
+    from captioner.config import ModelConfig
+    from captioner.model.encoder import build_preprocess
+
+    with pytest.raises(ValueError, match="output_stride must be 16 or 32"):
+        build_encoder("efficientnet_lite0", False, 7, output_stride=8)
+    base = ModelConfig(encoder="efficientnet_lite2", image_size=260, grid_size=9)
+    fine = ModelConfig(encoder="efficientnet_lite2", image_size=260, grid_size=17, output_stride=16)
+    assert build_preprocess(base).cache_name("flickr8k", "train") == "flickr8k-train-efficientnet_lite2-260px-g9"
+    assert build_preprocess(fine).cache_name("flickr8k", "train").endswith("-g17-os16")

@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         from captioner.grounding import ground_generated, ground_references
 
         grounding = {"grounding_generated": ground_generated(model, feats, scored, instances, used.beam_size,
-                                                             used.max_len, used.length_penalty, args.batch_size),
+                                                             used.max_len, used.length_penalty, args.batch_size,
+                                                             used.block_trigrams),
                      "grounding_teacher_forced": ground_references(model, feats, scored, instances)}
     _write(args, label, used, scores, grounding, preds)
     return 0

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if cfg.model.fine_tune_encoder or cfg.data.augment:
         print("note: this recipe fine-tunes the encoder or augments images, so training does not use the feature cache")
-    encoder = build_encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size)
+    encoder = build_encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size,
+                            cfg.model.output_stride)
     prep = build_preprocess(cfg.model)
     for split, recs in records.items():
         t = time.time()

@@ -42,19 +42,26 @@ class FeatureCache:
 
 def _key(encoder: Encoder, image_size: int, records: Sequence[ImageRecord]) -> dict:
     ids = hashlib.sha1("\n".join(f"{r.image_id}\t{r.path.name}" for r in records).encode()).hexdigest()[:16]
-    return {"version": 1, "encoder": encoder.name, "image_size": image_size, "grid_size": encoder.grid_size,
-            "weights": encoder_fingerprint(encoder), "images": ids, "n": len(records)}
+    key = {"version": 1, "encoder": encoder.name, "image_size": image_size, "grid_size": encoder.grid_size,
+           "weights": encoder_fingerprint(encoder), "images": ids, "n": len(records)}
+    if encoder.output_stride != 32:  # same weights, other features; stride-32 caches keep their old key
+        key["output_stride"] = encoder.output_stride
+    return key
 
 
 def _preprocess_of(encoder: Encoder, preprocess: Preprocess | int) -> Preprocess:
     """A Preprocess as given; an int is an image size with the encoder's own normalisation
     (the older calling convention, still used by engine.py)."""
     if isinstance(preprocess, Preprocess):
-        if (preprocess.encoder, preprocess.grid_size) != (encoder.name, encoder.grid_size):
-            raise ValueError(f"preprocessing for {preprocess.encoder} (grid {preprocess.grid_size}) given with the "
-                             f"encoder {encoder.name} (grid {encoder.grid_size}); build both from one model config")
+        mine = (preprocess.encoder, preprocess.grid_size, preprocess.output_stride)
+        if mine != (encoder.name, encoder.grid_size, encoder.output_stride):
+            raise ValueError(f"preprocessing for {preprocess.encoder} (grid {preprocess.grid_size}, output stride "
+                             f"{preprocess.output_stride}) given with the encoder {encoder.name} (grid "
+                             f"{encoder.grid_size}, output stride {encoder.output_stride}); build both from one "
+                             "model config")
         return preprocess
-    return build_preprocess(ModelConfig(encoder=encoder.name, image_size=preprocess, grid_size=encoder.grid_size))
+    return build_preprocess(ModelConfig(encoder=encoder.name, image_size=preprocess, grid_size=encoder.grid_size,
+                                        output_stride=encoder.output_stride))
 
 
 def open_cache(cache_dir: str | Path, name: str, encoder: Encoder, preprocess: Preprocess | int,

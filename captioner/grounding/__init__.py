@@ -148,11 +148,13 @@ def _usable(records: Sequence["ImageRecord"], instances: Instances) -> list[int]
 @torch.no_grad()
 def ground_generated(model: "Captioner", feats: torch.Tensor | np.ndarray, records: Sequence["ImageRecord"],
                      instances: Instances, beam_size: int = 3, max_len: int = 50, length_penalty: float | None = None,
-                     batch_size: int = 100) -> GroundingSummary:
+                     batch_size: int = 100, block_trigrams: bool | None = None) -> GroundingSummary:
     """Grounding of the model's own captions: feats (N, P, D) of records (N,), decoded by beam search
-    (greedy for beam_size 1) exactly as evaluation decodes them; alphas from the best hypothesis."""
+    (greedy for beam_size 1) exactly as evaluation decodes them; alphas from the best hypothesis.
+    length_penalty and block_trigrams left as None are the model file's own."""
     keep = _usable(records, instances)
     lp = model.config.decode.length_penalty if length_penalty is None else length_penalty
+    block = model.config.decode.block_trigrams if block_trigrams is None else block_trigrams
     unk = model.vocab.unk if model.config.decode.forbid_unk else None
     dec, table, g = model.model.decoder.eval(), word_table(instances.categories), model.grid_size
     dtype = next(dec.parameters()).dtype
@@ -160,7 +162,7 @@ def ground_generated(model: "Captioner", feats: torch.Tensor | np.ndarray, recor
     for k in range(0, len(keep), batch_size):
         idx = keep[k:k + batch_size]
         x = torch.as_tensor(np.asarray(feats[idx], dtype=np.float32)).to(model.device, dtype)  # (b, P, D)
-        hyps = decode(dec, x, model.vocab.start, model.vocab.end, model.vocab.pad, beam_size, max_len, lp, unk)
+        hyps = decode(dec, x, model.vocab.start, model.vocab.end, model.vocab.pad, beam_size, max_len, lp, unk, block)
         for i, h in zip(idx, hyps):
             words = [model.vocab.itos[t] for t in h[0].tokens]
             alphas = h[0].alphas.float().cpu().numpy().reshape(len(words), g, g)  # (L, G, G)

@@ -49,6 +49,7 @@ class SameConv2d(nn.Conv2d):
         ih, iw = x.shape[-2:]
         kh, kw = self.weight.shape[-2:]
         sh, sw = self.stride
+        kh, kw = (kh - 1) * self.dilation[0] + 1, (kw - 1) * self.dilation[1] + 1  # dilated kernel extent
         ph = max((math.ceil(ih / sh) - 1) * sh + kh - ih, 0)
         pw = max((math.ceil(iw / sw) - 1) * sw + kw - iw, 0)
         if ph or pw:
@@ -59,14 +60,15 @@ class SameConv2d(nn.Conv2d):
 class MBConv(nn.Module):
     """Inverted residual block without squeeze-excite (the 'Lite' variant), ReLU6."""
 
-    def __init__(self, cin: int, cout: int, kernel: int, stride: int, expand: int):
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int, expand: int, dilation: int = 1):
         super().__init__()
         mid = cin * expand
         self.has_expand = expand != 1
         if self.has_expand:
             self._expand_conv = SameConv2d(cin, mid, 1, bias=False)
             self._bn0 = nn.BatchNorm2d(mid, **_BN)
-        self._depthwise_conv = SameConv2d(mid, mid, kernel, stride=stride, groups=mid, bias=False)
+        self._depthwise_conv = SameConv2d(mid, mid, kernel, stride=stride, groups=mid, bias=False,
+                                          dilation=dilation)
         self._bn1 = nn.BatchNorm2d(mid, **_BN)
         self._project_conv = SameConv2d(mid, cout, 1, bias=False)
         self._bn2 = nn.BatchNorm2d(cout, **_BN)
@@ -82,13 +84,20 @@ class MBConv(nn.Module):
 
 
 class EfficientNetLite(nn.Module):
-    """Parameter names follow the lukemelas/efficientnet-pytorch layout of the released .pth files."""
+    """Parameter names follow the lukemelas/efficientnet-pytorch layout of the released .pth files.
 
-    def __init__(self, name: str, num_classes: int = 1000):
+    output_stride 16 runs the last stride-2 stage at stride 1 and dilates every later depthwise
+    conv by 2 (DeepLab's atrous trick): the same ImageNet weights see the same context, on a grid
+    twice as fine (17x17 instead of 9x9 at 260 px)."""
+
+    def __init__(self, name: str, num_classes: int = 1000, output_stride: int = 32):
         super().__init__()
         width, depth, _, dropout = LITE_VARIANTS[name]
         self._conv_stem = SameConv2d(3, 32, 3, stride=2, bias=False)  # Lite: stem not scaled
         self._bn0 = nn.BatchNorm2d(32, **_BN)
+        if output_stride not in (16, 32):
+            raise ValueError(f"output_stride must be 16 or 32, got {output_stride}")
+        last_stride2 = max(i for i, st in enumerate(_STAGES) if st[2] == 2)
         blocks = []
         for i, (repeats, k, s, e, cin, cout) in enumerate(_STAGES):
             cin = 32 if i == 0 else _round_filters(cin, width)
@@ -96,7 +105,11 @@ class EfficientNetLite(nn.Module):
             if 0 < i < len(_STAGES) - 1:  # Lite: first and last stage keep their depth
                 repeats = int(math.ceil(depth * repeats))
             for r in range(repeats):
-                blocks.append(MBConv(cin if r == 0 else cout, cout, k, s if r == 0 else 1, e))
+                stride, dilation = (s if r == 0 else 1), 1
+                if output_stride == 16 and i >= last_stride2:
+                    # the first block of the de-strided stage keeps dilation 1 (as torchvision's ResNet)
+                    stride, dilation = 1, (1 if i == last_stride2 and r == 0 else 2)
+                blocks.append(MBConv(cin if r == 0 else cout, cout, k, stride, e, dilation))
         self._blocks = nn.ModuleList(blocks)
         self._conv_head = SameConv2d(cout, 1280, 1, bias=False)  # Lite: head not scaled
         self._bn1 = nn.BatchNorm2d(1280, **_BN)
@@ -127,8 +140,8 @@ def lite_weights_path(name: str) -> str:
     return f.get_model_file_path()
 
 
-def build_lite(name: str, pretrained: bool) -> EfficientNetLite:
-    net = EfficientNetLite(name)
+def build_lite(name: str, pretrained: bool, output_stride: int = 32) -> EfficientNetLite:
+    net = EfficientNetLite(name, output_stride=output_stride)
     if pretrained:
         # weights_only=True: the .pth is a plain state dict; never unpickle arbitrary objects
         state = torch.load(lite_weights_path(name), map_location="cpu", weights_only=True)
@@ -157,6 +170,7 @@ class Preprocess:
     encoder: str  # backbone name (e.g. efficientnet_lite0)
     image_size: int  # S: the whole image is resized to S x S, never cropped
     grid_size: int  # G: the cached features are (P = G*G, D) per image
+    output_stride: int  # 32, or 16 with the last stage dilated (a different feature map, another cache)
     mean: tuple[float, ...]  # per-channel, on [0, 1] pixels
     std: tuple[float, ...]
 
@@ -168,6 +182,7 @@ class Preprocess:
         """File stem of the feature cache of `split` of `dataset` made by this encoder recipe;
         features computed in another dtype than float32 are another cache."""
         name = f"{dataset}-{split}-{self.encoder}-{self.image_size}px-g{self.grid_size}"
+        name = name if self.output_stride == 32 else f"{name}-os{self.output_stride}"
         return name if dtype in (None, "float32") else f"{name}-{dtype}"
 
 
@@ -177,18 +192,18 @@ def build_preprocess(cfg: ModelConfig) -> Preprocess:
         raise ValueError(f"unknown encoder '{cfg.encoder}'; choose efficientnet_lite0, efficientnet_lite2, "
                          "resnet101 or resnet152")
     mean, std = normalization(cfg.encoder)
-    return Preprocess(cfg.encoder, cfg.image_size, cfg.grid_size, mean, std)
+    return Preprocess(cfg.encoder, cfg.image_size, cfg.grid_size, cfg.output_stride, mean, std)
 
 
 class Encoder(nn.Module):
     """CNN backbone -> annotation vectors (B, P, D), pooled to grid_size x grid_size when the
     backbone's native grid differs (e.g. ResNet at 256 px gives 8x8; the paper used 14x14)."""
 
-    def __init__(self, name: str, pretrained: bool, grid_size: int):
+    def __init__(self, name: str, pretrained: bool, grid_size: int, output_stride: int = 32):
         super().__init__()
-        self.name = name
+        self.name, self.output_stride = name, output_stride
         if name in LITE_VARIANTS:
-            net = build_lite(name, pretrained)
+            net = build_lite(name, pretrained, output_stride)
             self.backbone = net
             self._features = net.features
             self.out_dim = net.out_channels
@@ -196,7 +211,10 @@ class Encoder(nn.Module):
             import torchvision
 
             weights = "DEFAULT" if pretrained else None
-            net = getattr(torchvision.models, name)(weights=weights)
+            if output_stride not in (16, 32):
+                raise ValueError(f"output_stride must be 16 or 32, got {output_stride}")
+            net = getattr(torchvision.models, name)(weights=weights,
+                                                    replace_stride_with_dilation=[False, False, output_stride == 16])
             self.backbone = nn.Sequential(*list(net.children())[:-2])  # drop avgpool + fc
             self._features = self.backbone
             self.out_dim = 2048
@@ -212,5 +230,5 @@ class Encoder(nn.Module):
         return x.flatten(2).transpose(1, 2)  # (B, P, D)
 
 
-def build_encoder(name: str, pretrained: bool, grid_size: int) -> Encoder:
-    return Encoder(name, pretrained, grid_size)
+def build_encoder(name: str, pretrained: bool, grid_size: int, output_stride: int = 32) -> Encoder:
+    return Encoder(name, pretrained, grid_size, output_stride)
