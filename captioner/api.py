@@ -84,6 +84,7 @@ class Captioner:
         self.dtype = resolve_dtype(dtype)  # the whole model (encoder and decoder) computes in this type
         self.model = model.eval().to(device=device, dtype=self.dtype)
         self.vocab, self.config, self.metrics = vocab, config, metrics or {}
+        self.model.decoder.decode_context = config.decode.hard_context  # how a hard-attention model attends
         self.device = torch.device(device)
         self.preprocess: Preprocess = build_preprocess(config.model)  # any image input -> (3, S, S); ImageError
 

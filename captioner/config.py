@@ -25,6 +25,7 @@ class ModelConfig:
     hidden_dim: int = 512  # H
     attention_dim: int = 512  # A
     dropout: float = 0.5
+    attention: str = "soft"  # soft (deterministic, Xu et al. 4.2) | hard (stochastic, 4.1: REINFORCE on locations)
 
 
 @dataclass
@@ -76,6 +77,11 @@ class TrainConfig:
     scst_dropout: bool = False  # sample with dropout on (train mode); off: samples come from the policy decoding uses
     scst_xent: float = 0.0  # + this x teacher-forced cross-entropy on the batch's references (anchors the policy)
     scst_reward_end: bool = False  # count <end> as a word in the CIDEr-D reward: "... with a <end>" matches no reference ending
+    # model.attention=hard with objective xe (Xu et al. 4.1, eq. 11-12; defaults from the authors' arctic-captions)
+    hard_expected_prob: float = 0.5  # share of batches trained on the expected (soft) context instead (semi_sampling_p)
+    hard_reinforce: float = 1.0  # lambda_r: weight of the REINFORCE term on the sampled locations
+    hard_entropy: float = 0.002  # lambda_e: weight of the attention-entropy bonus (alpha_entropy_c)
+    hard_baseline_decay: float = 0.9  # b <- decay * b + (1 - decay) * mean log p(y|s,a) of the batch
 
 
 @dataclass
@@ -85,6 +91,7 @@ class DecodeConfig:
     length_penalty: float = 0.0  # score = log_prob / len**length_penalty (0 = raw log-prob)
     forbid_unk: bool = True  # never write "<unk>" in a caption
     block_trigrams: bool = False  # never repeat a trigram within a caption ("a red shirt ... a red shirt")
+    hard_context: str = "expected"  # hard-attention models: expected (the paper's test time) | argmax location
 
 
 @dataclass
@@ -135,6 +142,9 @@ def _coerce(value: Any, typ: type, name: str, source: str) -> Any:
     return value
 
 
+# settings with a fixed set of values, checked when set (string values; their users check again)
+CHOICES = {"model.attention": ("soft", "hard"), "decode.hard_context": ("expected", "argmax")}
+
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 _NONE_WORDS = ("none", "null", "~")
 
@@ -169,7 +179,10 @@ def set_value(cfg: Config, dotted: str, value: Any, source: str) -> None:
     if optional and (value is None or (isinstance(value, str) and value.strip().lower() in _NONE_WORDS)):
         setattr(section, parts[1], None)
         return
-    setattr(section, parts[1], _coerce(value, typ, dotted, source))
+    value = _coerce(value, typ, dotted, source)
+    if dotted in CHOICES and value not in CHOICES[dotted]:  # fail when the config is read, not hours into a run
+        raise ValueError(f"{source}: {dotted} must be one of {', '.join(CHOICES[dotted])}, got {value!r}")
+    setattr(section, parts[1], value)
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:

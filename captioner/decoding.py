@@ -4,7 +4,8 @@ Legend: B images, K beam size, N live rows (image x beam), P regions, D feature 
 
 All call Decoder.step (as does sampling.py), the same function teacher-forced training uses. <pad> and <start> are never
 generated. A hypothesis that has not emitted <end> after max_len words is finished as it is
-(capped), so decoding always terminates and always returns a caption.
+(capped), so decoding always terminates and always returns a caption. A hard-attention decoder
+attends as its `decode_context` says (decode.hard_context: the expected context, or the argmax location).
 """
 from __future__ import annotations
 

@@ -7,6 +7,15 @@ the doubly stochastic penalty, pushes the model to look at every region over the
 As in the paper (and its released code) both are summed per caption; the total is then divided by
 the number of tokens so the learning rate does not depend on caption length. Reported separately:
 `xent` per token and `penalty` = lambda * doubly stochastic penalty per caption.
+
+Hard (stochastic) attention, section 4.1, adds to a batch trained on sampled locations s (eq. 11-12):
+
+    - lambda_r * (log p(y|s,a) - b) * sum_t log p(s_t | a)  -  lambda_e * H[alpha]
+
+the REINFORCE estimate of the locations' gradient (the reward log p(y|s,a) - b is a constant, so only
+log p(s) is differentiated) and an entropy bonus on the attention maps; b is a moving average of
+log p(y|s,a) per caption (`update_baseline`). Both are summed per caption and divided by the tokens,
+like the penalty. `hard_attention_terms` computes them.
 """
 from __future__ import annotations
 
@@ -39,3 +48,37 @@ def caption_loss(logits: torch.Tensor, alphas: torch.Tensor, targets: torch.Tens
     penalty = attention_penalty(alphas)  # (B,)
     total = xent + alpha_c * penalty.sum() / n_tokens  # (sum of per-caption objectives) / tokens
     return LossTerms(total=total, xent=xent, penalty=alpha_c * penalty.mean(), n_tokens=n_tokens)
+
+
+@dataclass
+class HardTerms:
+    total: torch.Tensor  # REINFORCE term - entropy bonus, per token (add it to LossTerms.total)
+    reinforce: torch.Tensor  # lambda_r * mean over captions of -(log p(y|s,a) - b) sum_t log p(s_t)
+    entropy: torch.Tensor  # mean over captions of sum_t H[alpha_t] (nats, before lambda_e)
+
+
+def caption_log_likelihood(logits: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """log p(y | s, a) per caption, no gradient (it is the REINFORCE reward): logits (B, T, V),
+    targets (B, T), lengths (B,) -> (B,), summed over real tokens (no label smoothing)."""
+    with torch.no_grad():
+        mask = torch.arange(targets.shape[1], device=targets.device).unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
+        logp = torch.log_softmax(logits.float(), dim=-1).gather(2, targets.unsqueeze(2)).squeeze(2)  # (B, T)
+        return (logp * mask).sum(dim=1)
+
+
+def hard_attention_terms(log_lik: torch.Tensor, loc_logp: torch.Tensor, alphas: torch.Tensor, baseline: torch.Tensor,
+                         n_tokens: int, reinforce: float = 1.0, entropy: float = 0.002) -> HardTerms:
+    """Eq. 12 beyond the cross-entropy. log_lik (B,) from caption_log_likelihood, loc_logp (B,) =
+    sum_t log alpha_t[s_t] (Decoder.teacher_force), alphas (B, T, P) zero past each caption's end,
+    baseline b (scalar)."""
+    advantage = (log_lik - baseline).detach()  # (B,): the reward is a constant for autograd
+    pg = -(advantage * loc_logp)  # (B,)
+    ent = torch.special.entr(alphas.float()).sum(dim=(1, 2))  # (B,): -sum alpha log alpha; 0 at padding
+    total = (reinforce * pg.sum() - entropy * ent.sum()) / n_tokens
+    return HardTerms(total, reinforce * pg.mean(), ent.mean())
+
+
+@torch.no_grad()
+def update_baseline(baseline: torch.Tensor, log_lik: torch.Tensor, decay: float = 0.9) -> None:
+    """b <- decay * b + (1 - decay) * mean_batch log p(y|s,a), in place (the authors' code: 0.9 and 0.1)."""
+    baseline.mul_(decay).add_((1 - decay) * log_lik.mean().to(baseline.dtype))

@@ -2,7 +2,9 @@
 terms, so the training loop never branches on what it optimises:
 
 - CrossEntropy: teacher forcing, Xu et al. eq. 14 (loss.py): cross-entropy + lambda * doubly
-  stochastic attention penalty.
+  stochastic attention penalty. A hard-attention model (model.attention=hard) attends to sampled
+  locations and adds the REINFORCE and entropy terms of eq. 12, except on a share of batches
+  (train.hard_expected_prob) that use the expected context and the plain loss, as the authors' code does.
 - SelfCritical: self-critical sequence training (Rennie et al. 2017) on CIDEr-D. K captions are
   sampled per image; the reward of each is its CIDEr-D against the image's references, the
   baseline is the mean reward of the image's OTHER samples ("new self-critical") or the reward of
@@ -20,7 +22,7 @@ from .config import Config
 from .data.dataset import Batch
 from .decoding import greedy_decode
 from .sampling import sample
-from .loss import attention_penalty, caption_loss
+from .loss import attention_penalty, caption_log_likelihood, caption_loss, hard_attention_terms, update_baseline
 from .metrics import FUNCTION_WORDS
 from .model.captioner import CaptionModel
 from .vocab import Vocab
@@ -39,14 +41,36 @@ def _features(model: CaptionModel, batch: Batch, from_features: bool) -> torch.T
 
 class CrossEntropy:
     def __init__(self, cfg: Config, from_features: bool):
+        t = cfg.train
+        if not 0.0 <= t.hard_expected_prob <= 1.0:
+            raise ValueError(f"train.hard_expected_prob must be in [0, 1], got {t.hard_expected_prob}")
+        if not 0.0 <= t.hard_baseline_decay < 1.0:
+            raise ValueError(f"train.hard_baseline_decay must be in [0, 1), got {t.hard_baseline_decay}")
         self.cfg, self.from_features = cfg, from_features
 
     def __call__(self, model: CaptionModel, batch: Batch) -> Terms:
+        t, dec = self.cfg.train, model.decoder
         feats = _features(model, batch, self.from_features)
-        logits, alphas = model.decoder(feats, batch.inputs, batch.lengths, batch.image_index)
-        t = caption_loss(logits, alphas, batch.targets, batch.lengths, self.cfg.train.alpha_c,
-                         self.cfg.train.label_smoothing)
-        return Terms(t.total, t.n_tokens, {"xent": t.xent.item(), "penalty": t.penalty.item()})
+        # hard attention: sampled locations, except on a random share of batches (the authors' semi_sampling_p)
+        sampled = dec.hard and float(torch.rand(())) >= t.hard_expected_prob
+        logits, alphas, loc_logp = dec.teacher_force(feats, batch.inputs, batch.lengths, batch.image_index,
+                                                     "sample" if sampled else "expected")
+        c = caption_loss(logits, alphas, batch.targets, batch.lengths, t.alpha_c, t.label_smoothing)
+        logs = {"xent": c.xent.item(), "penalty": c.penalty.item()}
+        if not dec.hard:
+            return Terms(c.total, c.n_tokens, logs)
+        # hard models log the same keys on every batch, so epoch averages are over all batches
+        baseline = dec.reinforce_baseline
+        logs.update({"sampled": float(sampled), "baseline": baseline.item(), "reinforce": 0.0,
+                     "entropy": torch.special.entr(alphas.detach().float()).sum(dim=(1, 2)).mean().item()})
+        if not sampled:  # expected context: the plain soft loss, no REINFORCE term
+            return Terms(c.total, c.n_tokens, logs)
+        log_lik = caption_log_likelihood(logits, batch.targets, batch.lengths)  # (B,)
+        h = hard_attention_terms(log_lik, loc_logp, alphas, baseline, c.n_tokens, t.hard_reinforce, t.hard_entropy)
+        logs["reinforce"] = h.reinforce.item()
+        total = c.total + h.total  # with the baseline before this batch; then b moves towards this batch's mean
+        update_baseline(baseline, log_lik, t.hard_baseline_decay)
+        return Terms(total, c.n_tokens, logs)
 
 
 def batch_references(batch: Batch, end: int) -> list[list[list[int]]]:

@@ -202,6 +202,7 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     train_records, val_records = build_records(cfg.data, "train"), build_records(cfg.data, "val")
     resume, vocab, state, weights = _restore(cfg, out / "last.safetensors", train_records, log, main)
     model = _model(cfg, len(vocab), weights, resume is None, log).to(device)
+    model.decoder.decode_context = cfg.decode.hard_context  # validation decoding of a hard-attention model
     for p in model.encoder.parameters():
         p.requires_grad_(cfg.model.fine_tune_encoder)
     from_features = not cfg.model.fine_tune_encoder and not cfg.data.augment

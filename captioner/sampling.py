@@ -47,7 +47,9 @@ def sample(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int
     toks, logps, masks, alphas = [], [], [], []
     for _ in range(max_len):
         emb, emb_gates = decoder.embed(words)
-        logits, alpha, _, state = decoder.step(state, emb, emb_gates, feats, feat_proj)  # (n*K, V), (n*K, P)
+        # a hard-attention model samples its words with the expected context, as it is decoded at test
+        # time: SCST optimises the captions decoding writes, and word sampling is the only randomness
+        logits, alpha, _, state = decoder.step(state, emb, emb_gates, feats, feat_proj, "expected")  # (n*K, V), (n*K, P)
         # out of place (autograd needs log_softmax's output); renormalised over the allowed words
         logp = torch.log_softmax(logits.float().index_fill(1, banned, float("-inf")), dim=-1)  # (n*K, V)
         words = torch.where(alive, torch.multinomial(logp.detach().exp(), 1).squeeze(1), pad)  # (n*K,)

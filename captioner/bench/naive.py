@@ -30,6 +30,9 @@ class RecomputingAttention(nn.Module):
     def project(self, feats: torch.Tensor) -> torch.Tensor:
         return feats.new_empty(*feats.shape[:2], 0)  # (B, P, 0): nothing cached, forward recomputes it
 
+    def weights(self, feats: torch.Tensor, feat_proj: torch.Tensor, h: torch.Tensor):
+        return self.inner.weights(feats, self.inner.project(feats), h)
+
     def forward(self, feats: torch.Tensor, feat_proj: torch.Tensor, h: torch.Tensor):
         return self.inner(feats, self.inner.project(feats), h)
 

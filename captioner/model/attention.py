@@ -1,11 +1,15 @@
-"""Soft (deterministic) additive attention, Xu et al. 2015, section 4.2.
+"""Additive attention, Xu et al. 2015: soft (deterministic, section 4.2) and hard (stochastic, 4.1).
 
 Legend: B batch, P regions, D annotation dim, H LSTM hidden dim, A attention dim.
 
     e_ti    = w^T tanh(W_a a_i + W_h h_{t-1}) + b       (eq. 4, f_att as an MLP)
     alpha_t = softmax(e_t)                              (eq. 5)
-    z_t     = beta_t * sum_i alpha_ti a_i               (eq. 6 + the gating scalar of 4.2.1)
-    beta_t  = sigmoid(f_beta(h_{t-1}))
+    beta_t  = sigmoid(f_beta(h_{t-1}))                  (the gating scalar of 4.2.1)
+    soft:  z_t = beta_t * sum_i alpha_ti a_i            (eq. 6: the expected context)
+    hard:  z_t = beta_t * a_{s_t},  s_t ~ Multinoulli(alpha_t)   (eq. 8-9, gated like the soft one)
+
+Both contexts are `glimpse(feats, weights, beta)` with weights = alpha (soft) or the one-hot of the
+chosen location (hard), and the location is chosen in one place, `locate`.
 
 Eq. 4 is computed through tanh(x) = 2 sigmoid(2x) - 1, i.e. e_ti = 2 w^T sigmoid(2 u_ti) + b - sum(w):
 the same number, but PyTorch's CPU tanh kernel is ~5x slower than its sigmoid, and the (rows, P, A)
@@ -22,6 +26,9 @@ import torch.nn as nn
 BLOCK_ELEMENTS = 1 << 18
 
 
+CONTEXTS = ("expected", "sample", "argmax")  # how z_t is formed from alpha_t: see `locate`
+
+
 class SoftAttention(nn.Module):
     def __init__(self, feat_dim: int, hidden_dim: int, attention_dim: int):
         super().__init__()
@@ -35,12 +42,11 @@ class SoftAttention(nn.Module):
         once per image, not once per step."""
         return 2 * self.feat_proj(feats)  # (B, P, A)
 
-    def forward(
-        self, feats: torch.Tensor, feat_proj: torch.Tensor, h: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """feats (B, P, D), feat_proj (B, P, A) from `project`, h (B*G, H) -> context z (B*G, D),
-        alpha (B*G, P), beta (B*G,): how much of the attended context reaches the word (0 = the word
-        did not use the image).
+    def weights(self, feats: torch.Tensor, feat_proj: torch.Tensor, h: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """feats (B, P, D), feat_proj (B, P, A) from `project`, h (B*G, H) -> alpha (B*G, P) (eq. 4-5)
+        and the gate beta (B*G,): how much of the attended context reaches the word (0 = the word did
+        not use the image).
 
         G >= 1 hidden states per image (G = beam size in beam search; 1 in training) share the
         image's annotations, so beams never copy the (P, D) features of their image.
@@ -55,9 +61,38 @@ class SoftAttention(nn.Module):
             s = _sigmoid_scores_blocked(feat_proj, hp, w)
         e = 2 * s.view(B * G, P) + (self.score.bias - w.sum())  # (B*G, P): eq. 4
         alpha = torch.softmax(e, dim=-1)  # (B*G, P)
-        context = torch.bmm(alpha.view(B, G, P), feats).view(B * G, -1)  # (B*G, D)
         beta = torch.sigmoid(self.gate(h))  # (B*G, 1)
-        return beta * context, alpha, beta.squeeze(1)
+        return alpha, beta.squeeze(1)
+
+    def forward(
+        self, feats: torch.Tensor, feat_proj: torch.Tensor, h: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Soft attention: as `weights`, plus the expected context z (B*G, D) of eq. 6."""
+        alpha, beta = self.weights(feats, feat_proj, h)
+        return glimpse(feats, alpha, beta), alpha, beta
+
+
+def locate(alpha: torch.Tensor, context: str) -> torch.Tensor | None:
+    """The location each row attends to, or None for the expected (soft) context. alpha (N, P) ->
+    (N,) region indices: "sample" draws s_t ~ Multinoulli(alpha_t) (hard attention in training,
+    eq. 8), "argmax" takes the most probable region (a deterministic hard decoding)."""
+    if context == "expected":
+        return None
+    if context == "sample":
+        return torch.multinomial(alpha.detach().float(), 1).squeeze(1)  # (N,): no gradient through the draw
+    if context == "argmax":
+        return alpha.argmax(dim=-1)  # (N,)
+    raise ValueError(f"attention context must be one of {CONTEXTS}, got '{context}'")
+
+
+def glimpse(feats: torch.Tensor, weights: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """z = beta * sum_i w_i a_i: feats (B, P, D), weights (B*G, P) = alpha (eq. 6) or the one-hot of
+    a location (hard: z = beta a_s, eq. 8), beta (B*G,) -> (B*G, D). A one-hot carries no gradient
+    to alpha: hard attention's scores learn only from the REINFORCE term (loss.hard_attention_terms)."""
+    B, P, _ = feats.shape
+    G = weights.shape[0] // B
+    context = torch.bmm(weights.view(B, G, P), feats).view(B * G, -1)  # (B*G, D)
+    return beta.unsqueeze(1) * context
 
 
 def _sigmoid_scores_blocked(feat_proj: torch.Tensor, hp: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -23,5 +23,6 @@ def build_model(cfg: ModelConfig, vocab_size: int, pretrained: bool | None = Non
     """pretrained=None follows cfg.pretrained; loading a checkpoint passes False (its weights win)."""
     pretrained = cfg.pretrained if pretrained is None else pretrained
     encoder = build_encoder(cfg.encoder, pretrained, cfg.grid_size, cfg.output_stride)
-    decoder = Decoder(vocab_size, encoder.out_dim, cfg.embed_dim, cfg.hidden_dim, cfg.attention_dim, cfg.dropout)
+    decoder = Decoder(vocab_size, encoder.out_dim, cfg.embed_dim, cfg.hidden_dim, cfg.attention_dim, cfg.dropout,
+                      cfg.attention)
     return CaptionModel(encoder, decoder)

@@ -1,4 +1,4 @@
-"""LSTM decoder with soft attention and the deep output layer, Xu et al. 2015, sections 3.1.2, 4.
+"""LSTM decoder with soft or hard attention and the deep output layer, Xu et al. 2015, sections 3.1.2, 4.
 
 Legend: B batch (captions or beams), P regions, D annotation dim, E embedding dim, H hidden dim,
 T steps, V vocabulary.
@@ -12,22 +12,35 @@ The tanh before L_o follows the authors' released code (arctic-captions). One de
 loops over `recur` and applies `output` to all steps at once; greedy/beam search call `step`,
 which is the two in sequence. The embedding's share of the gates (W_e E y) is an input, so
 training computes it for all T steps in one matrix product.
+
+Hard attention (model.attention=hard, section 4.1) changes only how `recur` forms z_t: its `context`
+argument says expected (soft), sampled or argmax location (attention.locate). Training samples
+(`teacher_force(..., "sample")`, or the expected context on some batches, as the authors' code
+does); decoding uses `decode_context` (decode.hard_context).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
-from .attention import SoftAttention
+import torch.nn.functional as F
+
+from .attention import SoftAttention, glimpse, locate
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
+ATTENTIONS = ("soft", "hard")  # model.attention
+DECODE_CONTEXTS = ("expected", "argmax")  # decode.hard_context
 
 
 class Decoder(nn.Module):
     def __init__(self, vocab_size: int, feat_dim: int, embed_dim: int = 512, hidden_dim: int = 512,
-                 attention_dim: int = 512, dropout: float = 0.5):
+                 attention_dim: int = 512, dropout: float = 0.5, attention: str = "soft"):
         super().__init__()
+        if attention not in ATTENTIONS:
+            raise ValueError(f"model.attention must be 'soft' or 'hard', got '{attention}'")
         self.vocab_size, self.hidden_dim = vocab_size, hidden_dim
+        self.hard = attention == "hard"
+        self.decode_context = "expected"  # hard models: the context greedy/beam search use (decode.hard_context)
         self.attention = SoftAttention(feat_dim, hidden_dim, attention_dim)
         self.embedding = nn.Embedding(vocab_size, embed_dim)  # E
         self.init_h = nn.Linear(feat_dim, hidden_dim)
@@ -40,6 +53,8 @@ class Decoder(nn.Module):
         self.out_context = nn.Linear(feat_dim, embed_dim)  # L_z
         self.dropout = nn.Dropout(dropout)
         self.out_vocab = nn.Linear(embed_dim, vocab_size)  # L_o
+        if self.hard:  # REINFORCE baseline b of log p(y|s,a) (loss.py); a buffer, so checkpoints and resume keep it
+            self.register_buffer("reinforce_baseline", torch.zeros(()))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -59,19 +74,23 @@ class Decoder(nn.Module):
         emb = self.embedding(words)
         return emb, self.gates_embed(emb)
 
-    def recur(self, state: State, emb_gates: torch.Tensor, feats: torch.Tensor, feat_proj: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, State]:
-        """Attention and the LSTM cell for one word (eq. 4-6, eq. 1). state (B*G, H)x2, emb_gates
+    def recur(self, state: State, emb_gates: torch.Tensor, feats: torch.Tensor, feat_proj: torch.Tensor,
+              context: str = "expected") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, State]:
+        """Attention and the LSTM cell for one word (eq. 4-6 or 8, eq. 1). state (B*G, H)x2, emb_gates
         (B*G, 4H), feats (B, P, D), feat_proj (B, P, A) -> context z (B*G, D), alpha (B*G, P),
-        gate beta (B*G,), new state. G rows per image (consecutive) share its features: G = 1 in training, the beam size
-        in beam search."""
+        gate beta (B*G,), the attended location s_t (B*G,) or None for the expected context, new
+        state. G rows per image (consecutive) share its features: G = 1 in training, the beam size
+        in beam search. context: "expected" (soft), "sample" or "argmax" (hard; attention.locate)."""
         h, c = state
-        z, alpha, beta = self.attention(feats, feat_proj, h)  # (B*G, D), (B*G, P), (B*G,)
+        alpha, beta = self.attention.weights(feats, feat_proj, h)  # (B*G, P), (B*G,)
+        where = locate(alpha, context)  # (B*G,) or None
+        weights = alpha if where is None else F.one_hot(where, alpha.shape[1]).to(alpha.dtype)  # (B*G, P)
+        z = glimpse(feats, weights, beta)  # (B*G, D)
         gates = emb_gates + self.gates_context(z) + self.gates_hidden(h)  # (B*G, 4H)
         i, f, g, o = gates.chunk(4, dim=1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B*G, H)
         h = torch.sigmoid(o) * torch.tanh(c)  # (B*G, H)
-        return z, alpha, beta, (h, c)
+        return z, alpha, beta, where, (h, c)
 
     def compile_recur(self) -> None:
         """torch.compile the recurrence (attention + LSTM cell), the part every step runs: the one
@@ -85,15 +104,26 @@ class Decoder(nn.Module):
         return self.out_vocab(self.dropout(out))  # (N, V)
 
     def step(self, state: State, emb: torch.Tensor, emb_gates: torch.Tensor, feats: torch.Tensor,
-             feat_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, State]:
+             feat_proj: torch.Tensor, context: str | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, State]:
         """One word: recur then output. emb (B*G, E), emb_gates (B*G, 4H), the rest as in `recur`
         -> logits (B*G, V), alpha (B*G, P), beta (B*G,), new state. Greedy, beam search and
-        sampling call this."""
-        z, alpha, beta, state = self.recur(state, emb_gates, feats, feat_proj)
+        sampling call this. context None: `decode_context` for a hard model; a soft model always
+        uses the expected context."""
+        context = (context or self.decode_context) if self.hard else "expected"
+        z, alpha, beta, _, state = self.recur(state, emb_gates, feats, feat_proj, context)
         return self.output(emb, state[0], z), alpha, beta, state
 
     def forward(self, feats: torch.Tensor, inputs: torch.Tensor, lengths: torch.Tensor,
                 image_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher forcing with the expected (soft) context -> logits (B, T, V), alphas (B, T, P);
+        see `teacher_force`."""
+        logits, alphas, _ = self.teacher_force(feats, inputs, lengths, image_index)
+        return logits, alphas
+
+    def teacher_force(self, feats: torch.Tensor, inputs: torch.Tensor, lengths: torch.Tensor,
+                      image_index: torch.Tensor | None = None, context: str = "expected"
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Teacher forcing.
 
         feats (Bi, P, D) per image; inputs (B, T) = <start> w_1 .. w_{T-1} per caption, padded;
@@ -104,7 +134,13 @@ class Decoder(nn.Module):
         runs step by step (it must); the deep output runs once over all real tokens, and the
         padded results are assembled with one scatter (writing each step into a preallocated
         buffer would make autograd copy the whole buffer once per step).
+
+        context "sample" (hard attention, eq. 8): each word attends to one sampled location; the
+        third result is then sum_t log alpha_t[s_t] per caption (B,) over its real steps, the log
+        p(s) of the REINFORCE term (eq. 12); None for the expected context.
         """
+        if context != "expected" and not self.hard:
+            raise ValueError(f"context '{context}' needs a hard-attention decoder (model.attention=hard)")
         B, T = inputs.shape
         if image_index is None:
             image_index = torch.arange(B, device=feats.device)
@@ -115,19 +151,26 @@ class Decoder(nn.Module):
         h, c = self.init_state(feats)
         emb, emb_gates = self.embed(inputs)  # (B, T, E), (B, T, 4H): all steps in one product
         n_active = (lengths.unsqueeze(0) > torch.arange(T, device=lengths.device).unsqueeze(1)).sum(1).tolist()
-        hs, zs, alphas_t = [], [], []
+        hs, zs, alphas_t, loc_logps = [], [], [], []
         for t in range(T):
             n = n_active[t]
             if n == 0:
                 break
-            z, alpha, _, (h, c) = self.recur((h[:n], c[:n]), emb_gates[:n, t], feats[:n], feat_proj[:n])
+            z, alpha, _, where, (h, c) = self.recur((h[:n], c[:n]), emb_gates[:n, t], feats[:n], feat_proj[:n], context)
             hs.append(h)
             zs.append(z)
             alphas_t.append(alpha)
+            if where is not None:  # log alpha_t[s_t]; alpha of a sampled location is > 0
+                loc_logps.append(alpha.gather(1, where.unsqueeze(1)).squeeze(1).float().log())  # (n,)
         # real tokens in time-major order: (caption, step) of each packed row
         rows = torch.cat([torch.arange(n, device=inputs.device) for n in n_active if n])  # (N,)
         steps = torch.cat([torch.full((n,), t, device=inputs.device) for t, n in enumerate(n_active) if n])
         logits = self.output(emb[rows, steps], torch.cat(hs), torch.cat(zs))  # (N, V): eq. 7 for every token
         padded = logits.new_zeros(B, T, self.vocab_size).index_put((rows, steps), logits)  # (B, T, V)
         alphas = torch.cat(alphas_t)
-        return padded, alphas.new_zeros(B, T, alphas.shape[1]).index_put((rows, steps), alphas)  # (B, T, P)
+        alphas = alphas.new_zeros(B, T, alphas.shape[1]).index_put((rows, steps), alphas)  # (B, T, P)
+        loc_logp = None
+        if loc_logps:
+            lp = torch.cat(loc_logps)  # (N,) time-major, like `rows`
+            loc_logp = lp.new_zeros(B).index_add(0, rows, lp)  # (B,): sum over each caption's real steps
+        return padded, alphas, loc_logp
