@@ -26,6 +26,7 @@ from .objectives import Terms, build_objective
 from .vocab import Vocab
 
 Log = Callable[[str], None]
+BASELINE = "decoder.reinforce_baseline"  # hard attention's moving-average baseline (a buffer, not a weight)
 
 
 class TrainingError(RuntimeError):
@@ -127,6 +128,10 @@ def _model(cfg: Config, vocab_size: int, weights: dict | None, fresh: bool, log:
     rounded encoder weights that would not match it)."""
     if weights is None:
         return build_model(cfg.model, vocab_size)
+    if fresh:  # e.g. a hard-attention run started from a soft model: the REINFORCE baseline is this run's own state
+        weights = {k: v for k, v in weights.items() if k != BASELINE}
+        if cfg.model.attention == "hard":
+            weights[BASELINE] = torch.zeros(())
     if not fresh or cfg.model.fine_tune_encoder:
         model = build_model(cfg.model, vocab_size, pretrained=False)
         load_model_state(model, weights, cfg.train.init_from if fresh else "last.safetensors")

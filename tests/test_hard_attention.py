@@ -178,7 +178,8 @@ def test_log_likelihood_is_minus_the_summed_cross_entropy():
     logits = torch.randn(B, 6, V)
     inputs, targets, lengths = _captions()
     ce = caption_loss(logits, torch.zeros(B, 6, P), targets, lengths, alpha_c=0.0)
-    assert caption_log_likelihood(logits, targets, lengths).sum() == pytest.approx(-ce.xent.item() * ce.n_tokens, rel=1e-5)
+    total = caption_log_likelihood(logits, targets, lengths).sum()
+    assert total.item() == pytest.approx(-ce.xent.item() * ce.n_tokens, rel=1e-5)
 
 
 def _objective(expected_prob: float, decay: float = 0.9) -> CrossEntropy:
@@ -267,3 +268,23 @@ def test_bad_choices_are_clear_errors():
     assert load_config(overrides=["model.attention=hard"]).model.attention == "hard"
     with pytest.raises(ValueError, match="train.hard_expected_prob must be in"):
         _objective(expected_prob=1.5)
+
+
+def test_init_from_switches_between_soft_and_hard():
+    """train.init_from a soft model's file into a hard run (and back): the weights carry over, the
+    REINFORCE baseline is the new run's own (0 for a hard run, absent from a soft one)."""
+    from captioner.model.captioner import build_model
+    from captioner.run import _model
+
+    cfg = Config()
+    cfg.model.pretrained = False
+    cfg.model.embed_dim = cfg.model.hidden_dim = cfg.model.attention_dim = 16
+    soft = build_model(cfg.model, V)
+    cfg.model.attention = "hard"
+    hard = _model(cfg, V, soft.state_dict(), fresh=True, log=lambda _: None)
+    assert hard.decoder.hard and hard.decoder.reinforce_baseline.item() == 0.0
+    assert torch.equal(hard.decoder.attention.score.weight, soft.decoder.attention.score.weight)
+    hard.decoder.reinforce_baseline.fill_(-3.0)
+    cfg.model.attention = "soft"
+    back = _model(cfg, V, hard.state_dict(), fresh=True, log=lambda _: None)
+    assert not back.decoder.hard and "decoder.reinforce_baseline" not in back.state_dict()

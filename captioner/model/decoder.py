@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-
 import torch.nn.functional as F
 
 from .attention import SoftAttention, glimpse, locate
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
 ATTENTIONS = ("soft", "hard")  # model.attention
-DECODE_CONTEXTS = ("expected", "argmax")  # decode.hard_context
 
 
 class Decoder(nn.Module):
