@@ -80,7 +80,7 @@ class TrainConfig:
     # model.attention=hard with objective xe (Xu et al. 4.1, eq. 11-12; defaults from the authors' arctic-captions)
     hard_expected_prob: float = 0.5  # share of batches trained on the expected (soft) context instead (semi_sampling_p)
     hard_reinforce: float = 1.0  # lambda_r of eq. 12 (arctic-captions: 1/10, on a per-step reward)
-    hard_entropy: float = 0.002  # lambda_e: attention-entropy bonus (arctic-captions capgen.train alpha_entropy_c=0.002)
+    hard_entropy: float = 0.002  # lambda_e: entropy bonus (arctic-captions alpha_entropy_c=0.002)
     hard_baseline_decay: float = 0.9  # b <- decay * b + (1 - decay) * mean log p(y|s,a) of the batch
 
 
