@@ -56,14 +56,18 @@ def plot_history(jsonl: str | Path, png: str | Path) -> None:
     if train:
         steps = [r["step"] for r in train]
         # cross-entropy runs log xent; self-critical runs log the sampled captions' reward and baseline
-        main_keys = [k for k in ("xent", "reward", "baseline") if k in train[-1]]
+        # (the mean-of-others baseline averages to the mean reward by construction: drawn only if it differs)
+        same = all(abs(r.get("baseline", 0.0) - r.get("reward", 0.0)) < 1e-6 for r in train)
+        colors = {"xent": "tab:blue", "reward": "tab:green", "baseline": "tab:purple"}
+        main_keys = [k for k in colors if k in train[-1] and not (k == "baseline" and same)]
         for k in main_keys:
-            ax1.plot(steps, [r.get(k, float("nan")) for r in train], label=k)
-        ax1.set_ylabel("cross-entropy / token" if "xent" in main_keys else "CIDEr-D of samples")
+            ax1.plot(steps, [r.get(k, float("nan")) for r in train], label=k, color=colors[k])
+        ax1.set_ylabel(" | ".join({"xent": "cross-entropy / token", "reward": "CIDEr-D of samples"}.get(k, k)
+                                  for k in main_keys if k != "baseline"))
         ax1.legend(loc="upper left")
         pen = "penalty" if "penalty" in train[-1] else "attention"  # older logs called it "attention"
         twin = ax1.twinx()  # the penalty lives on another scale (it sums over all P regions)
-        twin.plot(steps, [r.get(pen, float("nan")) for r in train], color="tab:orange", alpha=0.6)
+        twin.plot(steps, [r.get(pen, float("nan")) for r in train], color="tab:orange", alpha=0.6, linestyle="--")
         twin.set_ylabel("lambda * attention penalty / caption", color="tab:orange")
         ax1.set_xlabel("step")
         ax1.set_title("training objective")
