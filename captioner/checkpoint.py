@@ -41,10 +41,14 @@ def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state:
     from safetensors.torch import save_file
 
     _check_tensors_finite(model_state, f"refusing to save {path}")  # never replace a good checkpoint with a broken one
+    # --half never rounds a frozen encoder: it keeps the exact pretrained weights, so the features the
+    # decoder sees are the ones it was trained on and evaluation shares training's feature cache (whose
+    # key includes the encoder's weights)
+    frozen = not config.model.fine_tune_encoder
     tensors = {}
     for k, v in model_state.items():
         v = v.detach().cpu()
-        if half and v.is_floating_point():
+        if half and v.is_floating_point() and not (frozen and k.startswith("encoder.")):
             v = v.half()
         tensors[k] = v.contiguous()
     for k, v in (optimizer_tensors or {}).items():
