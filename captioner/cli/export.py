@@ -4,7 +4,7 @@
         --half --metrics test_scores.json --set decode.length_penalty=0.5
 
 Keeps only the model tensors (no optimizer state), stores fp16 weights with --half (loaded back as
-fp32), records the evaluation scores given with --metrics inside the file, and can change decode
+fp32; a frozen encoder keeps its exact fp32 weights, so features and feature caches match training), records the evaluation scores given with --metrics inside the file, and can change decode
 settings (chosen on the validation split) so captioner.load() uses them by default.
 """
 from __future__ import annotations
@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     save_checkpoint(args.output, cfg, ckpt.vocab, state, metrics=metrics, half=args.half)
     size = Path(args.output).stat().st_size / 2**20
-    print(f"wrote {args.output} ({size:.1f} MiB, {'fp16' if args.half else 'fp32'}), metrics: {sorted(metrics)}")
+    kind = ("fp16" if cfg.model.fine_tune_encoder else "fp16 decoder, fp32 frozen encoder") if args.half else "fp32"
+    print(f"wrote {args.output} ({size:.1f} MiB, {kind}), metrics: {sorted(metrics)}")
     return 0
 
 
