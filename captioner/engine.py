@@ -20,6 +20,7 @@ from .config import Config
 from .evaluation import encode_records, evaluate_model
 from .model.encoder import build_preprocess
 from .logs import plot_history
+from .metrics import METRIC_KEYS
 from .objectives import Terms
 from .run import Log, Run, TrainingError, TrainState, _BatchIter, build_run
 
@@ -122,7 +123,7 @@ def validate(run: Run, stats: dict[str, float]) -> float:
         if feats is None:  # encoder in the loop: encode the val images with the current encoder
             feats, idx = encode_records(run.model, records, build_preprocess(cfg.model), run.device)
             records = [records[i] for i in idx]
-        metrics = ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "ROUGE_L", "CIDEr"]
+        metrics = [k for k in METRIC_KEYS if k != "METEOR"]  # METEOR (a Java process) only when it is val_metric
         metrics += [cfg.train.val_metric] if cfg.train.val_metric not in metrics else []
         scores, preds = evaluate_model(run.model, run.vocab, feats, records, cfg.train.val_beam_size,
                                        cfg.decode.max_len, cfg.decode.length_penalty, run.device,
