@@ -66,6 +66,12 @@ def caption_log_likelihood(logits: torch.Tensor, targets: torch.Tensor, lengths:
         return (logp * mask).sum(dim=1)
 
 
+def attention_entropy(alphas: torch.Tensor) -> torch.Tensor:
+    """sum_t H[alpha_t] per caption: alphas (B, T, P), zero past each caption's end -> (B,) nats
+    (-sum alpha log alpha; padding contributes 0)."""
+    return torch.special.entr(alphas.float()).sum(dim=(1, 2))
+
+
 def hard_attention_terms(log_lik: torch.Tensor, loc_logp: torch.Tensor, alphas: torch.Tensor, baseline: torch.Tensor,
                          n_tokens: int, reinforce: float = 1.0, entropy: float = 0.002) -> HardTerms:
     """Eq. 12 beyond the cross-entropy. log_lik (B,) from caption_log_likelihood, loc_logp (B,) =
@@ -73,7 +79,7 @@ def hard_attention_terms(log_lik: torch.Tensor, loc_logp: torch.Tensor, alphas: 
     baseline b (scalar)."""
     advantage = (log_lik - baseline).detach()  # (B,): the reward is a constant for autograd
     pg = -(advantage * loc_logp)  # (B,)
-    ent = torch.special.entr(alphas.float()).sum(dim=(1, 2))  # (B,): -sum alpha log alpha; 0 at padding
+    ent = attention_entropy(alphas)  # (B,)
     total = (reinforce * pg.sum() - entropy * ent.sum()) / n_tokens
     return HardTerms(total, reinforce * pg.mean(), ent.mean())
 

@@ -22,7 +22,8 @@ from .config import Config
 from .data.dataset import Batch
 from .decoding import greedy_decode
 from .sampling import sample
-from .loss import attention_penalty, caption_log_likelihood, caption_loss, hard_attention_terms, update_baseline
+from .loss import (attention_entropy, attention_penalty, caption_log_likelihood, caption_loss, hard_attention_terms,
+                   update_baseline)
 from .metrics import FUNCTION_WORDS
 from .model.captioner import CaptionModel
 from .vocab import Vocab
@@ -62,7 +63,7 @@ class CrossEntropy:
         # hard models log the same keys on every batch, so epoch averages are over all batches
         baseline = dec.reinforce_baseline
         logs.update({"sampled": float(sampled), "baseline": baseline.item(), "reinforce": 0.0,
-                     "entropy": torch.special.entr(alphas.detach().float()).sum(dim=(1, 2)).mean().item()})
+                     "entropy": attention_entropy(alphas.detach()).mean().item()})
         if not sampled:  # expected context: the plain soft loss, no REINFORCE term
             return Terms(c.total, c.n_tokens, logs)
         log_lik = caption_log_likelihood(logits, batch.targets, batch.lengths)  # (B,)

@@ -46,3 +46,16 @@ def one_torch_thread():
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+def optimise(objective, model, batch, steps: int, lr: float) -> list[dict[str, float]]:
+    """Adam on the decoder for `steps` steps of objective(model, batch); each step's logged scalars."""
+    opt = torch.optim.Adam(model.decoder.parameters(), lr=lr)
+    logs = []
+    for _ in range(steps):
+        terms = objective(model, batch)
+        opt.zero_grad()
+        terms.total.backward()
+        opt.step()
+        logs.append(terms.logs)
+    return logs

@@ -19,6 +19,8 @@ from captioner.objectives import CrossEntropy
 from captioner.sampling import sample
 from captioner.vocab import Vocab
 
+from .conftest import optimise
+
 B, P, D, H, V = 3, 9, 16, 10, 12
 PAD, START, END, UNK = 0, 1, 2, 3
 SCORES = ("attention.feat_proj.weight", "attention.hidden_proj.weight", "attention.score.weight")  # W_a, W_h, w
@@ -243,16 +245,8 @@ def test_a_tiny_hard_model_learns():
     model = CaptionModel(torch.nn.Identity(), tiny().train())  # type: ignore[arg-type]
     objective = _objective(expected_prob=0.5)
     objective.cfg.train.alpha_c = 1.0
-    opt = torch.optim.Adam(model.decoder.parameters(), lr=3e-2)
-    batch = _batch()
-    xents, sampled = [], []
-    for _ in range(30):
-        terms = objective(model, batch)
-        opt.zero_grad()
-        terms.total.backward()
-        opt.step()
-        xents.append(terms.logs["xent"])
-        sampled.append(terms.logs["sampled"])
+    logs = optimise(objective, model, _batch(), steps=30, lr=3e-2)
+    xents, sampled = [r["xent"] for r in logs], [r["sampled"] for r in logs]
     assert 0 < sum(sampled) < 30  # both kinds of batches occurred
     assert sum(xents[-5:]) / 5 < 0.7 * sum(xents[:5]) / 5, xents
     assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -15,6 +15,8 @@ from captioner.model.decoder import Decoder
 from captioner.objectives import SelfCritical, batch_references
 from captioner.vocab import Vocab
 
+from .conftest import optimise
+
 B, P, D, V = 3, 9, 16, 12
 PAD, START, END, UNK = 0, 1, 2, 3
 
@@ -107,14 +109,7 @@ def test_self_critical_training_raises_the_reward(baseline):
     model = CaptionModel(torch.nn.Identity(), tiny())  # type: ignore[arg-type]
     obj = SelfCritical(cfg, True, vocab, cider)
     batch = _batch(torch.randn(B, P, D), refs)
-    opt = torch.optim.Adam(model.decoder.parameters(), lr=2e-2)
-    rewards = []
-    for _ in range(120):
-        terms = obj(model, batch)
-        opt.zero_grad()
-        terms.total.backward()
-        opt.step()
-        rewards.append(terms.logs["reward"])
+    rewards = [r["reward"] for r in optimise(obj, model, batch, steps=120, lr=2e-2)]
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last > max(2 * first, first + 1.0), (first, last)  # CIDEr-D of samples; 10 is perfect
 
