@@ -38,11 +38,11 @@ def get_model(path: str, mtime: float, dtype: str = "float32") -> captioner.Capt
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def get_caption(path: str, mtime: float, dtype: str, digest: str, beam_size: int, max_len: int,
+def get_caption(path: str, mtime: float, dtype: str, digest: str, settings: tuple[tuple[str, object], ...],
                 _image) -> captioner.Caption:
-    """Caption of one decoded photo (keyed by its digest), so moving the opacity or word sliders
-    does not decode again."""
-    return get_model(path, mtime, dtype).caption(_image, beam_size=beam_size, max_len=max_len)
+    """Caption of one decoded photo (keyed by its digest and the decode settings as (name, value) pairs),
+    so moving the opacity or word sliders does not decode again."""
+    return get_model(path, mtime, dtype).caption(_image, **dict(settings))
 
 
 @st.cache_data(show_spinner=False, ttl=10)
@@ -168,7 +168,12 @@ with st.sidebar:
     beam_size = st.slider("Beam size", min_value=1, max_value=10, value=min(max(model.config.decode.beam_size, 1), 10),
                           help="1 = greedy decoding; larger beams search more captions. Starts at the model "
                                "file's own setting.")
-    max_len = st.slider("Maximum caption length (words)", min_value=5, max_value=50, value=20)
+    stored = model.config.decode
+    max_len = st.slider("Maximum caption length (words)", min_value=5, max_value=max(50, stored.max_len),
+                        value=max(5, stored.max_len), help="Starts at the model file's own setting.")
+    block_trigrams = st.checkbox("Never repeat a phrase (trigram blocking)", value=stored.block_trigrams,
+                                 help="Starts at the model file's own setting.")
+    decode_overrides = (("beam_size", beam_size), ("max_len", max_len), ("block_trigrams", block_trigrams))
     st.header("Attention maps")
     opacity = st.slider("Overlay opacity", min_value=0.0, max_value=1.0, value=0.6, step=0.05)
     smooth = st.slider("Smoothing (grid cells)", min_value=0.0, max_value=2.0, value=0.0, step=0.1,
@@ -209,7 +214,7 @@ except captioner.ImageError as e:
 
 with st.spinner("Captioning ..."):
     try:
-        cap = get_caption(ckpt_path, mtime, dtype, hashlib.sha256(data).hexdigest(), beam_size, max_len, image)
+        cap = get_caption(ckpt_path, mtime, dtype, hashlib.sha256(data).hexdigest(), decode_overrides, image)
     except captioner.ImageError as e:
         st.error(f"Cannot use **{name}**: {short_error(e)}")
         st.stop()

@@ -5,34 +5,45 @@
     cap = model.caption("photo.jpg")         # PIL image, path or bytes
     cap.text, cap.words, cap.alphas, cap.betas, cap.log_prob
 
-Decode settings (beam size, maximum length, length penalty) default to the ones stored in the
-model file (config.decode); an explicit argument overrides them for that call.
+Decode settings (every field of config.decode: beam size, maximum length, length penalty, trigram
+blocking ...) default to the ones stored in the model file; keyword overrides change them for one call:
+`model.caption(img, beam_size=1)`. Any DecodeConfig field is accepted, so a new decode setting needs
+no new parameter here.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 
+from .captions import Caption, captions_from_features
 from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
-from .config import Config, DecodeConfig
-from .decoding import decode
+from .config import DTYPES as DTYPE_NAMES
+from .config import Config, DecodeConfig, check_choice
 from .images import ImageError, ImageInput
 from .model.captioner import CaptionModel, build_model
 from .model.encoder import Preprocess, build_preprocess
 from .vocab import Vocab
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "assets" / "default.safetensors"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # "float32" -> torch.float32 ...
 
 
 def default_device() -> str:
     """"cuda" when a CUDA GPU is usable, else "cpu": the --device default of every command."""
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _ready(model: CaptionModel, device: torch.device, dtype: torch.dtype) -> CaptionModel:
+    """The caller's model when it is already in eval mode on `device` in `dtype`; otherwise a converted
+    COPY: a Captioner never changes the model it was given (its device, dtype or train mode)."""
+    p = next(model.parameters())
+    if not model.training and p.device == device and p.dtype == dtype:
+        return model
+    return copy.deepcopy(model).eval().to(device=device, dtype=dtype)
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -63,18 +74,6 @@ def preferred_dtype(device: str | torch.device = "cpu") -> str:
     return "bfloat16" if native else "float32"
 
 
-@dataclass
-class Caption:
-    text: str
-    words: list[str]  # no special tokens
-    alphas: np.ndarray  # (len(words), grid_h, grid_w), each map sums to 1, covering the whole image
-    log_prob: float  # log p(words, <end> | image) under the model
-    alternatives: list[tuple[str, float]] = field(default_factory=list)  # other beam hypotheses (text, log_prob)
-    # (len(words),) gate beta of each word in [0, 1]: the share of the attended image context that reached
-    # the word (z = beta * sum alpha_i a_i); near 0 = the word barely used the image. Empty when unknown.
-    betas: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-
-
 class Captioner:
     """A ready model with its preprocessing (`.preprocess`, callable: image -> (3, S, S) tensor),
     vocabulary and stored decode settings (`.config.decode`)."""
@@ -82,63 +81,52 @@ class Captioner:
     def __init__(self, model: CaptionModel, vocab: Vocab, config: Config, metrics: dict[str, Any] | None = None,
                  device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32"):
         self.dtype = resolve_dtype(dtype)  # the whole model (encoder and decoder) computes in this type
-        self.model = model.eval().to(device=device, dtype=self.dtype)
-        self.vocab, self.config, self.metrics = vocab, config, metrics or {}
-        self.model.decoder.decode_context = config.decode.hard_context  # how a hard-attention model attends
         self.device = torch.device(device)
+        self.model = _ready(model, self.device, self.dtype)
+        self.vocab, self.config, self.metrics = vocab, config, metrics or {}
         self.preprocess: Preprocess = build_preprocess(config.model)  # any image input -> (3, S, S); ImageError
 
     @property
     def grid_size(self) -> int:
         return self.config.model.grid_size
 
-    def decode_settings(self, beam_size: int | None = None, max_len: int | None = None,
-                        length_penalty: float | None = None) -> DecodeConfig:
-        """The settings a caption call uses: each None is the model file's (config.decode)."""
-        stored = self.config.decode
-        used = dataclasses.replace(
-            stored, beam_size=stored.beam_size if beam_size is None else beam_size,
-            max_len=stored.max_len if max_len is None else max_len,
-            length_penalty=stored.length_penalty if length_penalty is None else length_penalty)
+    def decode_settings(self, **overrides: Any) -> DecodeConfig:
+        """The settings a caption call uses: the model file's (config.decode) with `overrides` (any
+        DecodeConfig field; None means "the stored value") applied and checked."""
+        known = {f.name for f in dataclasses.fields(DecodeConfig)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise TypeError(f"unknown decode setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        used = dataclasses.replace(self.config.decode, **{k: v for k, v in overrides.items() if v is not None})
         if used.beam_size < 1 or used.max_len < 1:
             raise ValueError(f"beam_size and max_len must be at least 1, got {used.beam_size} and {used.max_len}")
+        check_choice("decode.hard_context", used.hard_context, "decode settings")
         return used
 
-    def caption(self, image: ImageInput, beam_size: int | None = None, max_len: int | None = None,
-                length_penalty: float | None = None) -> Caption:
-        """One image -> Caption; None settings are the model file's (see decode_settings)."""
-        return self.caption_batch([image], beam_size, max_len, length_penalty)[0]
+    def caption(self, image: ImageInput, **overrides: Any) -> Caption:
+        """One image -> Caption; decode settings are the model file's unless overridden (decode_settings)."""
+        return self.caption_batch([image], **overrides)[0]
 
     @torch.no_grad()
-    def caption_batch(self, images: Sequence[ImageInput], beam_size: int | None = None, max_len: int | None = None,
-                      length_penalty: float | None = None) -> list[Caption]:
+    def caption_batch(self, images: Sequence[ImageInput], **overrides: Any) -> list[Caption]:
         """All images decoded together (batched over images and beams). Raises ImageError naming
         the first unusable image."""
         if not images:
             return []
         x = torch.stack([self.preprocess(im) for im in images])  # (B, 3, S, S)
-        return self.caption_tensors(x, beam_size, max_len, length_penalty)
+        return self.caption_tensors(x, **overrides)
 
     @torch.no_grad()
-    def caption_tensors(self, x: torch.Tensor, beam_size: int | None = None, max_len: int | None = None,
-                        length_penalty: float | None = None) -> list[Caption]:
+    def caption_tensors(self, x: torch.Tensor, **overrides: Any) -> list[Caption]:
         """Preprocessed images (B, 3, S, S) -> captions."""
-        s = self.decode_settings(beam_size, max_len, length_penalty)
+        settings = self.decode_settings(**overrides)
+        return captions_from_features(self.model.decoder, self.encode(x), self.vocab, settings, batch_size=len(x))
+
+    @torch.no_grad()
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Preprocessed images (B, 3, S, S) -> annotation vectors (B, P, D) in the model's dtype."""
         x = x.to(self.device, self.dtype).contiguous(memory_format=torch.channels_last)
-        feats = self.model.encode(x)  # (B, P, D)
-        unk = self.vocab.unk if s.forbid_unk else None
-        results = decode(self.model.decoder, feats, self.vocab.start, self.vocab.end, self.vocab.pad,
-                         s.beam_size, s.max_len, s.length_penalty, unk, s.block_trigrams)
-        g = self.grid_size
-        out = []
-        for hyps in results:
-            best = hyps[0]
-            words = [self.vocab.itos[t] for t in best.tokens]
-            alphas = best.alphas.float().cpu().numpy().reshape(len(words), g, g)  # (L, G, G)
-            betas = best.betas.float().cpu().numpy() if best.betas is not None else np.zeros(0, np.float32)  # (L,)
-            alts = [(" ".join(self.vocab.itos[t] for t in h.tokens), h.log_prob) for h in hyps[1:]]
-            out.append(Caption(" ".join(words), words, alphas, float(best.log_prob), alts, betas))
-        return out
+        return self.model.encode(x)  # (B, P, D)
 
     def save(self, path: str | Path, half: bool = False, metrics: dict[str, Any] | None = None) -> None:
         state = {k: v.float() if v.is_floating_point() else v for k, v in self.model.state_dict().items()}
@@ -160,6 +148,7 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
     ckpt = load_checkpoint(checkpoint)
     model = build_model(ckpt.config.model, len(ckpt.vocab), pretrained=False)
     load_model_state(model, ckpt.model_state, str(checkpoint))
+    model = model.eval().to(device=torch.device(device), dtype=resolve_dtype(dtype))  # ours: converted in place
     return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype)
 
 

@@ -12,10 +12,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+# ---------------------------------------------------------------- the ONE list of values per enumerated setting
+# Every module that branches on one of these imports its list from here; load_config checks each value
+# against it before any work starts, and the error names the choices.
+ENCODERS = ("efficientnet_lite0", "efficientnet_lite2", "resnet101", "resnet152")  # model.encoder
+ATTENTIONS = ("soft", "hard")  # model.attention
+DATASETS = ("flickr8k", "coco", "karpathy")  # data.dataset
+METRICS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")  # train.val_metric
+OBJECTIVES = ("xe", "scst")  # train.objective
+SCST_BASELINES = ("mean", "greedy")  # train.scst_baseline
+HARD_CONTEXTS = ("expected", "argmax")  # decode.hard_context
+DTYPES = ("float32", "bfloat16")  # the compute type of a loaded model (api.load, --dtype)
+
 
 @dataclass
 class ModelConfig:
-    encoder: str = "efficientnet_lite0"  # efficientnet_lite0 | efficientnet_lite2 | resnet101 | resnet152
+    encoder: str = "efficientnet_lite0"  # one of ENCODERS
     pretrained: bool = True  # load ImageNet weights (EfficientNet-Lite: offline; ResNet: torchvision download)
     image_size: int = 224  # square network input; the whole image is resized, never cropped
     grid_size: int = 7  # annotation grid is grid_size x grid_size (paper: 14)
@@ -25,12 +37,12 @@ class ModelConfig:
     hidden_dim: int = 512  # H
     attention_dim: int = 512  # A
     dropout: float = 0.5
-    attention: str = "soft"  # soft (deterministic, Xu et al. 4.2) | hard (stochastic, 4.1: REINFORCE on locations)
+    attention: str = "soft"  # ATTENTIONS: soft (deterministic, Xu et al. 4.2) | hard (stochastic, 4.1: REINFORCE)
 
 
 @dataclass
 class DataConfig:
-    dataset: str = "flickr8k"  # flickr8k | coco | karpathy
+    dataset: str = "flickr8k"  # one of DATASETS
     root: str = "../shared/data/flickr8k"  # flickr8k: folder with Images/ + captions.txt (or Flickr8k.token.txt)
     images: str = ""  # coco/karpathy: image folder (coco: the training images)
     annotations: str = ""  # coco: captions_train*.json; karpathy: dataset_*.json
@@ -58,7 +70,7 @@ class TrainConfig:
     lr_decay: float = 0.8  # multiply lr by this when val metric does not improve ...
     lr_patience: int = 1  # ... for this many epochs
     early_stop_patience: int = 4  # stop after this many epochs without improvement
-    val_metric: str = "Bleu_4"  # Bleu_4 | CIDEr | METEOR ... computed on decoded captions
+    val_metric: str = "Bleu_4"  # one of METRICS, computed on decoded captions
     val_beam_size: int = 1  # 1 = greedy during validation (fast); the metric is still a real decoding metric
     val_limit: int = 0  # validate on the first N val images (0 = all)
     amp: bool = True  # bf16 autocast where the device supports it (CUDA)
@@ -68,10 +80,10 @@ class TrainConfig:
     log_every: int = 50
     checkpoint_every: int = 200  # also save a resumable checkpoint every N steps inside an epoch
     max_steps: int = 0  # stop after this many optimizer steps in total (0 = no limit); for tests
-    objective: str = "xe"  # xe (cross-entropy, teacher forcing) | scst (self-critical on CIDEr-D)
+    objective: str = "xe"  # OBJECTIVES: xe (cross-entropy, teacher forcing) | scst (self-critical on CIDEr-D)
     init_from: str = ""  # start a new run from this model file's weights and vocabulary (e.g. SCST after xe)
     scst_samples: int = 5  # K sampled captions per image
-    scst_baseline: str = "mean"  # mean (of the image's other samples) | greedy (the greedy caption's reward)
+    scst_baseline: str = "mean"  # SCST_BASELINES: mean (of the image's other samples) | greedy (greedy caption's reward)
     scst_max_len: int = 20  # longest sampled caption (words + <end>)
     scst_bad_ending_penalty: float = 0.0  # subtracted from the reward of a sample ending in "a", "with", "the" ...
     scst_dropout: bool = False  # sample with dropout on (train mode); off: samples come from the policy decoding uses
@@ -91,7 +103,7 @@ class DecodeConfig:
     length_penalty: float = 0.0  # score = log_prob / len**length_penalty (0 = raw log-prob)
     forbid_unk: bool = True  # never write "<unk>" in a caption
     block_trigrams: bool = False  # never repeat a trigram within a caption ("a red shirt ... a red shirt")
-    hard_context: str = "expected"  # hard-attention models: expected (the paper's test time) | argmax location
+    hard_context: str = "expected"  # HARD_CONTEXTS, hard-attention models: expected (paper's test time) | argmax
 
 
 @dataclass
@@ -100,6 +112,12 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    @property
+    def encoder_in_loop(self) -> bool:
+        """Whether training runs the encoder on images every step (fine-tuning or augmentation) instead
+        of reading cached features: decided here, once, for the run, the objectives and the scripts."""
+        return self.model.fine_tune_encoder or self.data.augment
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -142,27 +160,18 @@ def _coerce(value: Any, typ: type, name: str, source: str) -> Any:
     return value
 
 
-# settings with a fixed set of values, checked when set (string values; their users check again)
-CHOICES = {"model.attention": ("soft", "hard"), "decode.hard_context": ("expected", "argmax")}
-
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.encoder": ENCODERS, "model.attention": ATTENTIONS, "data.dataset": DATASETS,
+    "train.val_metric": METRICS, "train.objective": OBJECTIVES, "train.scst_baseline": SCST_BASELINES,
+    "decode.hard_context": HARD_CONTEXTS,
+}
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
-_NONE_WORDS = ("none", "null", "~")
 
 
-def _field_type(annotation: Any, name: str) -> tuple[type, bool]:
-    """A field's annotation -> (scalar type, whether None is allowed). Annotations are strings here
-    (postponed evaluation): "int", "float | None", "Optional[str]"."""
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-    text = text.strip()
-    if text.startswith("Optional[") and text.endswith("]"):
-        text = f"{text[len('Optional['):-1]} | None"
-    parts = [t.strip() for t in text.split("|")]
-    optional = "None" in parts
-    rest = [t for t in parts if t != "None"]
-    if len(rest) != 1 or rest[0] not in _SCALARS:
-        raise TypeError(f"setting {name} has type {text!r}; settings must be int, float, str or bool, or one of them "
-                        "| None")
-    return _SCALARS[rest[0]], optional
+def check_choice(name: str, value: Any, source: str = "config") -> None:
+    """Raise a ValueError naming the valid choices when `value` is not one of setting `name`'s."""
+    if name in CHOICES and value not in CHOICES[name]:
+        raise ValueError(f"{source}: {name} must be one of {', '.join(CHOICES[name])}, got {value!r}")
 
 
 def set_value(cfg: Config, dotted: str, value: Any, source: str) -> None:
@@ -175,13 +184,9 @@ def set_value(cfg: Config, dotted: str, value: Any, source: str) -> None:
         raise ValueError(
             f"{source}: unknown setting '{dotted}'. Known keys in [{parts[0]}]: {', '.join(sorted(types))}"
         )
-    typ, optional = _field_type(types[parts[1]], dotted)
-    if optional and (value is None or (isinstance(value, str) and value.strip().lower() in _NONE_WORDS)):
-        setattr(section, parts[1], None)
-        return
+    typ = _SCALARS[types[parts[1]] if isinstance(types[parts[1]], str) else types[parts[1]].__name__]
     value = _coerce(value, typ, dotted, source)
-    if dotted in CHOICES and value not in CHOICES[dotted]:  # fail when the config is read, not hours into a run
-        raise ValueError(f"{source}: {dotted} must be one of {', '.join(CHOICES[dotted])}, got {value!r}")
+    check_choice(dotted, value, source)  # fail when the config is read, not hours into a run
     setattr(section, parts[1], value)
 
 

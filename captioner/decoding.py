@@ -2,10 +2,14 @@
 
 Legend: B images, K beam size, N live rows (image x beam), P regions, D feature dim, V vocabulary.
 
+The one entry point is `decode(decoder, feats, ids, settings)`: the special token ids and a DecodeConfig
+(config.decode: beam size, maximum length, length penalty, <unk> and trigram rules, a hard model's
+context). A new decode setting is a DecodeConfig field read here, nowhere else.
+
 All call Decoder.step (as does sampling.py), the same function teacher-forced training uses. <pad> and <start> are never
 generated. A hypothesis that has not emitted <end> after max_len words is finished as it is
 (capped), so decoding always terminates and always returns a caption. A hard-attention decoder
-attends as its `decode_context` says (decode.hard_context: the expected context, or the argmax location).
+attends as settings.hard_context says (the expected context, or the argmax location).
 """
 from __future__ import annotations
 
@@ -13,7 +17,23 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import DecodeConfig
 from .model.decoder import Decoder
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """The token ids decoding treats specially: <start> begins, <end> finishes, <pad> and <start> are
+    never generated, and <unk> (when given) is never generated either."""
+    start: int
+    end: int
+    pad: int = 0
+    unk: int | None = None
+
+    @classmethod
+    def of(cls, vocab, forbid_unk: bool = True) -> "SpecialIds":
+        """From a Vocab; forbid_unk is config.decode.forbid_unk (a caption for people never says "<unk>")."""
+        return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None)
 
 
 @dataclass
@@ -46,36 +66,42 @@ def _ban_repeated_trigrams(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Te
     return logp
 
 
+def word_logp(logits: torch.Tensor, ids: SpecialIds, settings: DecodeConfig, tokens: torch.Tensor) -> torch.Tensor:
+    """logits (N, V) of the next word, tokens (N, t) written so far -> the log-probabilities decoding
+    ranks words by: <pad>, <start> (and <unk>) forbidden, repeated trigrams banned when
+    settings.block_trigrams. Every rule on which words may come next lives here."""
+    logp = _forbid(torch.log_softmax(logits.float(), dim=-1), ids.pad, ids.start, ids.unk)  # (N, V)
+    return _ban_repeated_trigrams(logp, tokens) if settings.block_trigrams else logp
+
+
 def _normalise(log_prob: float, length: int, length_penalty: float) -> float:
     return log_prob / (max(length, 1) ** length_penalty) if length_penalty else log_prob
 
 
 @torch.no_grad()
-def greedy_decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0,
-                  max_len: int = 50, unk: int | None = None, block_trigrams: bool = False) -> list[Hypothesis]:
-    """feats (B, P, D) -> one hypothesis per image; finished images leave the batch.
-    block_trigrams: never repeat a trigram within a caption."""
-    B = feats.shape[0]
+def greedy_decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig) -> list[Hypothesis]:
+    """feats (B, P, D) -> one hypothesis per image (settings.beam_size is not read); finished images
+    leave the batch."""
+    B, context = feats.shape[0], settings.hard_context
     feat_proj = decoder.attention.project(feats)  # (B, P, A)
     state = decoder.init_state(feats)
     rows = torch.arange(B, device=feats.device)  # image of each live row
-    words = feats.new_full((B,), start, dtype=torch.long)
+    words = feats.new_full((B,), ids.start, dtype=torch.long)
     tokens: list[list[int]] = [[] for _ in range(B)]
     alphas: list[list[torch.Tensor]] = [[] for _ in range(B)]
     betas: list[list[torch.Tensor]] = [[] for _ in range(B)]
     logps = [0.0] * B
     hist = torch.zeros(B, 0, dtype=torch.long, device=feats.device)  # (N, t) words of the live rows
-    for _ in range(max_len):
+    for _ in range(settings.max_len):
         emb, emb_gates = decoder.embed(words)
-        logits, alpha, beta, state = decoder.step(state, emb, emb_gates, feats, feat_proj)
-        logp = _forbid(torch.log_softmax(logits.float(), dim=-1), pad, start, unk)  # (N, V)
-        logp = _ban_repeated_trigrams(logp, hist) if block_trigrams else logp
+        logits, alpha, beta, state = decoder.step(state, emb, emb_gates, feats, feat_proj, context)
+        logp = word_logp(logits, ids, settings, hist)  # (N, V)
         best_logp, words = logp.max(dim=-1)  # (N,)
         hist = torch.cat([hist, words.unsqueeze(1)], 1)
         keep = []
         for j, (img, w, lp) in enumerate(zip(rows.tolist(), words.tolist(), best_logp.tolist())):
             logps[img] += lp
-            if w == end:
+            if w == ids.end:
                 continue
             tokens[img].append(w)
             alphas[img].append(alpha[j])
@@ -123,11 +149,10 @@ def _candidates(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, K: int, p
 
 
 @torch.no_grad()
-def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0,
-                beam_size: int = 3, max_len: int = 50, length_penalty: float = 0.0,
-                unk: int | None = None, block_trigrams: bool = False) -> list[list[Hypothesis]]:
-    """feats (B, P, D) -> for each image, its finished hypotheses best first (up to beam_size).
-    block_trigrams: no hypothesis repeats a trigram.
+def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig
+                ) -> list[list[Hypothesis]]:
+    """feats (B, P, D) -> for each image, its finished hypotheses best first (up to settings.beam_size).
+    settings.block_trigrams: no hypothesis repeats a trigram.
 
     All live images x K beams are one batch of rows. Each step scores the K*V continuations of
     every image at once (tensor ops, no loop over images), keeps the best 2K, records those that
@@ -136,23 +161,22 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
     length_penalty=0, since log-probabilities only decrease; with a penalty, once K have finished),
     or at max_len, where its live hypotheses are finished as they are (capped).
     """
-    K, (B, P, _), device = beam_size, feats.shape, feats.device
+    K, max_len, length_penalty, end = settings.beam_size, settings.max_len, settings.length_penalty, ids.end
+    (B, P, _), device = feats.shape, feats.device
     rank = torch.arange(2 * K, device=device)  # (2K,)
     G = 1  # rows = (image, beam), G per image sharing its features; G = 1 at t=0 (one <start>), then K
     feat_proj = decoder.attention.project(feats)  # (n, P, A)
     h, c = decoder.init_state(feats)  # (N, H)
     cum = feats.new_zeros(B)  # (N,) cumulative log-prob of each row
-    words = torch.full((B,), start, dtype=torch.long, device=device)
+    words = torch.full((B,), ids.start, dtype=torch.long, device=device)
     hist = _History(torch.zeros(B, 0, dtype=torch.long, device=device), feats.new_zeros(B, 0, P), feats.new_zeros(B, 0))
     image_ids = torch.arange(B, device=device)  # (n,) original id of each live image
     best_finished = torch.full((B, K), float("-inf"), device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(max_len):
         n, (emb, emb_gates) = len(image_ids), decoder.embed(words)
-        logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj)  # N = n * G rows
-        logp = _forbid(torch.log_softmax(logits.float(), dim=-1), pad, start, unk)  # (N, V)
-        logp = _ban_repeated_trigrams(logp, hist.tokens) if block_trigrams else logp
-        top_s, src, word = _candidates(cum, logp, n, G, K, pad)
+        logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context)
+        top_s, src, word = _candidates(cum, word_logp(logits, ids, settings, hist.tokens), n, G, K, ids.pad)
         is_end = word == end
         fin = is_end & (rank < K) & (top_s > float("-inf"))  # (n, 2K) finished now: <end> among the top K
         norm = top_s / float(t + 1) ** length_penalty if length_penalty else top_s  # t words + <end>
@@ -185,16 +209,13 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad
     return [sorted(f, key=lambda hyp: -hyp.score)[:K] for f in finished]
 
 
-def decode(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0, beam_size: int = 3,
-           max_len: int = 50, length_penalty: float = 0.0, unk: int | None = None,
-           block_trigrams: bool = False) -> list[list[Hypothesis]]:
-    """Greedy when beam_size == 1 (a single hypothesis per image), else beam search. Passing `unk`
-    forbids that token (the <unk> word), like <pad> and <start>; block_trigrams forbids repeating
-    a trigram within a caption."""
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    if max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {max_len}")
-    if beam_size == 1:
-        return [[h] for h in greedy_decode(decoder, feats, start, end, pad, max_len, unk, block_trigrams)]
-    return beam_search(decoder, feats, start, end, pad, beam_size, max_len, length_penalty, unk, block_trigrams)
+def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig) -> list[list[Hypothesis]]:
+    """THE decoding entry: feats (B, P, D) -> for each image its hypotheses, best first. Greedy when
+    settings.beam_size == 1 (one hypothesis per image), else beam search."""
+    if settings.beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {settings.beam_size}")
+    if settings.max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {settings.max_len}")
+    if settings.beam_size == 1:
+        return [[h] for h in greedy_decode(decoder, feats, ids, settings)]
+    return beam_search(decoder, feats, ids, settings)

@@ -8,23 +8,25 @@ metrics.jsonl + training.png next to the checkpoints.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader
 
 from .checkpoint import optimizer_to_tensors, save_checkpoint
 from .config import Config
+from .data.loader import epoch_loader
 from .evaluation import encode_records, evaluate_model
 from .model.encoder import build_preprocess
 from .logs import plot_history
 from .metrics import METRIC_KEYS
 from .objectives import Terms
-from .run import Log, Run, TrainingError, TrainState, _BatchIter, build_run
+from .run import Log, Run, TrainingError, TrainState, build_run
 
-__all__ = ["TrainingError", "TrainState", "fit", "train_one_epoch", "validate", "end_epoch", "training_autocast"]
+__all__ = ["TrainingError", "TrainState", "fit", "train_one_epoch", "train_step", "validate", "end_epoch",
+           "training_autocast"]
 
 
 def training_autocast(device: torch.device, cfg: Config):
@@ -39,7 +41,7 @@ def training_autocast(device: torch.device, cfg: Config):
 
 # ---------------------------------------------------------------- one epoch
 
-def train_one_epoch(run: Run, loader: Sequence | DataLoader, skip: int = 0) -> dict[str, float]:
+def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str, float]:
     """One pass over `loader` (already starting at batch `skip` when resuming) -> epoch averages of
     the objective's logged terms (weighted by tokens), seconds and batches."""
     from tqdm import tqdm
@@ -56,7 +58,8 @@ def train_one_epoch(run: Run, loader: Sequence | DataLoader, skip: int = 0) -> d
         bar.update(1)
         if batch is None:  # every image of this batch was unreadable
             continue
-        terms = _optimise(run, batch.to(run.device, non_blocking=True))
+        terms = train_step(run.train_module, run.optimizer, batch.to(run.device, non_blocking=True), cfg, run.device,
+                           f" at step {state.step} (epoch {state.epoch + 1})")
         state.step, state.batch_in_epoch, batches = state.step + 1, i + 1, batches + 1
         weight += terms.weight
         for k, v in terms.logs.items():
@@ -74,24 +77,25 @@ def train_one_epoch(run: Run, loader: Sequence | DataLoader, skip: int = 0) -> d
     return {**{k: v / max(weight, 1) for k, v in sums.items()}, "seconds": time.time() - t0, "batches": batches}
 
 
-def _optimise(run: Run, batch: Any) -> Terms:
-    """Objective, backward, clip, step: one optimiser step."""
-    cfg, state = run.cfg, run.state
-    with training_autocast(run.device, cfg):
-        terms = run.train_module(batch)
+def train_step(objective: Callable[[Any], Terms], optimizer: torch.optim.Optimizer, batch: Any, cfg: Config,
+               device: torch.device, where: str = "") -> Terms:
+    """THE optimiser step (fit, the benchmark and the tests all call it): objective(batch) under the
+    run's autocast, a finite-loss check, backward, gradient clipping over the optimiser's parameters
+    (train.grad_clip), Adam. `where` ("at step 12 (epoch 1)") goes into the error messages."""
+    with training_autocast(device, cfg):
+        terms = objective(batch)
     if not torch.isfinite(terms.total):
-        raise TrainingError(
-            f"loss became {terms.total.item()} at step {state.step} (epoch {state.epoch + 1}); stopping. "
-            f"The last good checkpoint is kept. Try a lower train.lr or train.grad_clip.")
-    run.optimizer.zero_grad(set_to_none=True)
+        raise TrainingError(f"loss became {terms.total.item()}{where}; stopping. The last good checkpoint is kept. "
+                            "Try a lower train.lr or train.grad_clip.")
+    optimizer.zero_grad(set_to_none=True)
     terms.total.backward()
     if cfg.train.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_([p for p in run.model.parameters() if p.requires_grad], cfg.train.grad_clip)
+        torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], cfg.train.grad_clip)
     try:
-        run.optimizer.step()
+        optimizer.step()
     except RuntimeError as e:  # e.g. overflow with an absurd learning rate
-        raise TrainingError(f"optimizer step failed at step {state.step} ({e}); the last good checkpoint is "
-                            "kept. Check train.lr.") from None
+        raise TrainingError(f"optimizer step failed{where} ({e}); the last good checkpoint is kept. "
+                            "Check train.lr.") from None
     return terms
 
 
@@ -125,10 +129,8 @@ def validate(run: Run, stats: dict[str, float]) -> float:
             records = [records[i] for i in idx]
         metrics = [k for k in METRIC_KEYS if k != "METEOR"]  # METEOR (a Java process) only when it is val_metric
         metrics += [cfg.train.val_metric] if cfg.train.val_metric not in metrics else []
-        scores, preds = evaluate_model(run.model, run.vocab, feats, records, cfg.train.val_beam_size,
-                                       cfg.decode.max_len, cfg.decode.length_penalty, run.device,
-                                       cfg.decode.forbid_unk, metrics, log=run.log,
-                                       block_trigrams=cfg.decode.block_trigrams)
+        settings = dataclasses.replace(cfg.decode, beam_size=cfg.train.val_beam_size)
+        scores, preds, _ = evaluate_model(run.model, run.vocab, feats, records, settings, metrics, log=run.log)
         value = scores[cfg.train.val_metric]
         rec = {"kind": "val", "epoch": state.epoch, "step": state.step,
                **{f"train_{k}": v for k, v in stats.items() if k not in ("seconds", "batches")},
@@ -185,7 +187,7 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
                 f"{state.best_metric:.4f} at epoch {state.best_epoch}); nothing to do")
         return state.__dict__
     run.log(f"training on {run.device}: {len(run.dataset)} images, objective {cfg.train.objective}, "
-            f"{len(run.batches)} batches/epoch/rank, {'cached features' if run.from_features else 'encoder in the loop'}, "
+            f"{len(run.batches)} batches/epoch/rank, {'encoder in the loop' if cfg.encoder_in_loop else 'cached features'}, "
             f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
     while state.epoch < cfg.train.epochs:
         run.sampler.set_epoch(state.epoch)
@@ -208,10 +210,8 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
 
 
 def _loader(run: Run) -> Any:
-    if run.from_features:  # a memory map: reading a batch is a slice, no worker processes needed
-        return _BatchIter(run.dataset, run.batches, run.collate_fn)
-    return DataLoader(run.dataset, batch_sampler=run.batches, collate_fn=run.collate_fn,
-                      num_workers=run.cfg.data.num_workers, pin_memory=run.device.type == "cuda")
+    return epoch_loader(run.dataset, run.batches, run.collate_fn, not run.cfg.encoder_in_loop,
+                        run.cfg.data.num_workers, run.device.type == "cuda")
 
 
 def check_ranks_in_sync(model: torch.nn.Module, world_size: int) -> None:

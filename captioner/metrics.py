@@ -12,7 +12,9 @@ import os
 import shutil
 from typing import Callable, Mapping, Sequence
 
-METRIC_KEYS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
+from .config import METRICS
+
+METRIC_KEYS = METRICS  # the one list, in config.py (train.val_metric is checked against it)
 
 
 def _spice_available() -> bool:

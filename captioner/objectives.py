@@ -13,14 +13,15 @@ terms, so the training loop never branches on what it optimises:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
 from .cider import CiderD
-from .config import Config
+from .config import Config, check_choice
 from .data.dataset import Batch
-from .decoding import greedy_decode
+from .decoding import SpecialIds, greedy_decode
 from .sampling import sample
 from .loss import (attention_entropy, attention_penalty, caption_log_likelihood, caption_loss, hard_attention_terms,
                    update_baseline)
@@ -36,25 +37,25 @@ class Terms:
     logs: dict[str, float] = field(default_factory=dict)  # per-batch scalars for metrics.jsonl
 
 
-def _features(model: CaptionModel, batch: Batch, from_features: bool) -> torch.Tensor:
-    return batch.images if from_features else model.encode(batch.images)  # (Bi, P, D)
+def _features(model: CaptionModel, batch: Batch, cfg: Config) -> torch.Tensor:
+    return model.encode(batch.visual) if cfg.encoder_in_loop else batch.visual  # (Bi, P, D)
 
 
 class CrossEntropy:
-    def __init__(self, cfg: Config, from_features: bool):
+    def __init__(self, cfg: Config):
         t = cfg.train
         if not 0.0 <= t.hard_expected_prob <= 1.0:
             raise ValueError(f"train.hard_expected_prob must be in [0, 1], got {t.hard_expected_prob}")
         if not 0.0 <= t.hard_baseline_decay < 1.0:
             raise ValueError(f"train.hard_baseline_decay must be in [0, 1), got {t.hard_baseline_decay}")
-        self.cfg, self.from_features = cfg, from_features
+        self.cfg = cfg
 
     def __call__(self, model: CaptionModel, batch: Batch) -> Terms:
         t, dec = self.cfg.train, model.decoder
-        feats = _features(model, batch, self.from_features)
+        feats = _features(model, batch, self.cfg)
         # hard attention: sampled locations, except on a random share of batches (the authors' semi_sampling_p)
         sampled = dec.hard and float(torch.rand(())) >= t.hard_expected_prob
-        logits, alphas, loc_logp = dec.teacher_force(feats, batch.inputs, batch.lengths, batch.image_index,
+        logits, alphas, _, loc_logp = dec.teacher_force(feats, batch.inputs, batch.lengths, batch.image_index,
                                                      "sample" if sampled else "expected")
         c = caption_loss(logits, alphas, batch.targets, batch.lengths, t.alpha_c, t.label_smoothing)
         logs = {"xent": c.xent.item(), "penalty": c.penalty.item()}
@@ -74,25 +75,31 @@ class CrossEntropy:
         return Terms(total, c.n_tokens, logs)
 
 
+def mean_of_others(reward: torch.Tensor) -> torch.Tensor:
+    """reward (Bi, K) -> (Bi, K): for each sample, the mean reward of its image's K - 1 OTHER samples
+    ("new self-critical" baseline: unbiased, since a sample never baselines itself)."""
+    K = reward.shape[1]
+    return (reward.sum(1, keepdim=True) - reward) / (K - 1)
+
+
 def batch_references(batch: Batch, end: int) -> list[list[list[int]]]:
     """The reference captions of each image of the batch, as word ids (no <end>)."""
-    refs: list[list[list[int]]] = [[] for _ in range(len(batch.images))]
+    refs: list[list[list[int]]] = [[] for _ in range(len(batch.visual))]
     for row, img, n in zip(batch.targets.tolist(), batch.image_index.tolist(), batch.lengths.tolist()):
         refs[img].append([w for w in row[:n] if w != end])
     return refs
 
 
 class SelfCritical:
-    def __init__(self, cfg: Config, from_features: bool, vocab: Vocab, cider: CiderD):
+    def __init__(self, cfg: Config, vocab: Vocab, cider: CiderD):
         t = cfg.train
         if t.scst_samples < 2 and t.scst_baseline == "mean":
             raise ValueError("train.scst_baseline=mean needs train.scst_samples >= 2 (the other samples are the baseline)")
         if t.cpu_amp:  # measured: backward through the sampled steps 22 s vs 0.9 s per batch in float32
             raise ValueError("train.cpu_amp with train.objective=scst: CPU bf16 autocast makes the backward pass "
                              "through sampled captions ~20x slower; set train.cpu_amp=false")
-        if t.scst_baseline not in ("mean", "greedy"):
-            raise ValueError(f"train.scst_baseline must be 'mean' or 'greedy', got '{t.scst_baseline}'")
-        self.cfg, self.from_features, self.vocab, self.cider = cfg, from_features, vocab, cider
+        check_choice("train.scst_baseline", t.scst_baseline)
+        self.cfg, self.vocab, self.cider = cfg, vocab, cider
         self.bad_end = {vocab.stoi[w] for w in FUNCTION_WORDS if w in vocab.stoi}
 
     def rewards(self, captions: list[list[int]], refs: list[list[list[int]]]) -> torch.Tensor:
@@ -110,16 +117,15 @@ class SelfCritical:
     def __call__(self, model: CaptionModel, batch: Batch) -> Terms:
         t, v = self.cfg.train, self.vocab
         K = t.scst_samples
-        feats = _features(model, batch, self.from_features)  # (Bi, P, D)
+        feats = _features(model, batch, self.cfg)  # (Bi, P, D)
         refs = batch_references(batch, v.end)
-        unk = v.unk if self.cfg.decode.forbid_unk else None
         was_training = model.decoder.training
         model.decoder.train(t.scst_dropout)  # without dropout the samples come from the policy decoding uses
-        s = sample(model.decoder, feats, v.start, v.end, v.pad, K, t.scst_max_len, unk)  # Bi*K rows
+        s = sample(model.decoder, feats, SpecialIds.of(v, self.cfg.decode.forbid_unk), K, t.scst_max_len)  # Bi*K rows
         model.decoder.train(was_training)
         reward = self.rewards(s.captions(v.end), [r for r in refs for _ in range(K)]).view(-1, K)  # (Bi, K)
         if t.scst_baseline == "mean":
-            baseline = (reward.sum(1, keepdim=True) - reward) / (K - 1)  # (Bi, K): mean of the others
+            baseline = mean_of_others(reward)  # (Bi, K)
         else:
             baseline = self._greedy_reward(model, feats.detach(), refs).unsqueeze(1)  # (Bi, 1)
         adv = (reward - baseline).view(-1).to(s.log_probs.device)  # (Bi*K,)
@@ -130,7 +136,7 @@ class SelfCritical:
         logs = {"reward": reward.mean().item(), "baseline": baseline.mean().item(),
                 "sample_len": n_tokens / s.mask.shape[0], "penalty": t.alpha_c * penalty.mean().item()}
         if t.scst_xent:  # mixed objective: the references' likelihood keeps the policy near fluent captions
-            logits, alphas = model.decoder(feats, batch.inputs, batch.lengths, batch.image_index)
+            logits, alphas, _, _ = model.decoder.teacher_force(feats, batch.inputs, batch.lengths, batch.image_index)
             xent = caption_loss(logits, alphas, batch.targets, batch.lengths, 0.0).xent
             total = total + t.scst_xent * xent
             logs["xent"] = xent.item()
@@ -140,21 +146,22 @@ class SelfCritical:
     def _greedy_reward(self, model: CaptionModel, feats: torch.Tensor, refs: list[list[list[int]]]) -> torch.Tensor:
         was_training = model.decoder.training
         model.decoder.eval()  # the caption the model would write: no dropout
-        v = self.vocab
-        hyps = greedy_decode(model.decoder, feats, v.start, v.end, v.pad, self.cfg.train.scst_max_len,
-                             v.unk if self.cfg.decode.forbid_unk else None)
+        settings = dataclasses.replace(self.cfg.decode, beam_size=1, max_len=self.cfg.train.scst_max_len,
+                                       block_trigrams=False)
+        hyps = greedy_decode(model.decoder, feats, SpecialIds.of(self.vocab, self.cfg.decode.forbid_unk), settings)
         model.decoder.train(was_training)
         return self.rewards([h.tokens for h in hyps], refs)
 
 
-def build_objective(cfg: Config, from_features: bool, vocab: Vocab, train_captions: list[list[list[int]]]):
+def build_objective(cfg: Config, vocab: Vocab, train_captions: list[list[list[int]]]):
     """train.objective -> the objective; SCST's CIDEr-D takes document frequencies from the training
     captions (encoded, <start>/<end> stripped)."""
     if cfg.train.objective == "xe":
-        return CrossEntropy(cfg, from_features)
+        return CrossEntropy(cfg)
     if cfg.train.objective == "scst":
         keep_end = cfg.train.scst_reward_end  # document frequencies over the same tokens as the reward
         refs = [[[w for w in c if w != vocab.start and (keep_end or w != vocab.end)] for c in caps]
                 for caps in train_captions]
-        return SelfCritical(cfg, from_features, vocab, CiderD(refs))
-    raise ValueError(f"train.objective must be 'xe' or 'scst', got '{cfg.train.objective}'")
+        return SelfCritical(cfg, vocab, CiderD(refs))
+    check_choice("train.objective", cfg.train.objective)
+    raise AssertionError("unreachable: config.OBJECTIVES and build_objective disagree")

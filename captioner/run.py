@@ -19,6 +19,7 @@ from .data import ImageRecord, build_records
 from .data.dataset import (BucketBatchSampler, FeatureDataset, ImageDataset, collate, collate_skip_missing,
                            encode_captions)
 from .data.features import build_cache
+from .data.loader import RankBatches
 from .logs import JsonlLogger
 from .model.captioner import CaptionModel, build_model
 from .model.encoder import build_preprocess
@@ -60,7 +61,7 @@ class Run:
     dataset: Any  # FeatureDataset | ImageDataset
     collate_fn: Callable
     sampler: BucketBatchSampler
-    batches: "_RankBatches"
+    batches: RankBatches
     val_records: list[ImageRecord]
     val_feats: Any  # (n_val, P, D) cached features, or None: encode the val images each time
     logger: JsonlLogger
@@ -69,7 +70,6 @@ class Run:
     main: bool
     world_size: int
     progress: bool
-    from_features: bool
 
     @property
     def last_path(self) -> Path:
@@ -165,7 +165,7 @@ def _data(cfg: Config, model: CaptionModel, vocab: Vocab, train_records: list[Im
           progress: bool) -> tuple[Any, list[list[list[int]]], list[float], Callable, list[ImageRecord], Any]:
     """(dataset, its encoded captions, mean caption length per image, collate, val records, val features)."""
     caps = encode_captions(train_records, vocab, cfg.data.max_caption_len)
-    if cfg.model.fine_tune_encoder or cfg.data.augment:  # encoder in the loop: images every step
+    if cfg.encoder_in_loop:  # images every step
         prep = build_preprocess(cfg.model)
         dataset = ImageDataset(train_records, prep.image_size, prep.mean, prep.std, caps, augment=cfg.data.augment)
         n_val = cfg.train.val_limit or len(val_records)
@@ -207,16 +207,14 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     train_records, val_records = build_records(cfg.data, "train"), build_records(cfg.data, "val")
     resume, vocab, state, weights = _restore(cfg, out / "last.safetensors", train_records, log, main)
     model = _model(cfg, len(vocab), weights, resume is None, log).to(device)
-    model.decoder.decode_context = cfg.decode.hard_context  # validation decoding of a hard-attention model
     for p in model.encoder.parameters():
         p.requires_grad_(cfg.model.fine_tune_encoder)
-    from_features = not cfg.model.fine_tune_encoder and not cfg.data.augment
     dataset, caps, mean_len, collate_fn, val_records, val_feats = _data(
         cfg, model, vocab, train_records, val_records, device, main, world_size, log, progress)
     sampler = BucketBatchSampler(mean_len, cfg.train.batch_images, seed=cfg.train.seed)
     if cfg.train.compile and device.type == "cuda":  # the one place compilation is switched on
         model.decoder.compile_recur()
-    module: torch.nn.Module = ObjectiveModule(model, build_objective(cfg, from_features, vocab, caps))
+    module: torch.nn.Module = ObjectiveModule(model, build_objective(cfg, vocab, caps))
     if world_size > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -225,36 +223,5 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     if resume is not None:
         logger.rewind(state.step, state.epoch)
     return Run(cfg, device, model, vocab, state, _optimizer(cfg, model, resume, device), module, dataset, collate_fn,
-               sampler, _RankBatches(sampler, rank, world_size), val_records, val_feats, logger, log, out, main,
-               world_size, progress, from_features)
-
-
-class _RankBatches:
-    """Every rank takes its share of the same batch order; all ranks run the same number of steps."""
-
-    def __init__(self, sampler: BucketBatchSampler, rank: int, world: int):
-        self.sampler, self.rank, self.world = sampler, rank, world
-        self.start = 0  # batches of this epoch already done (resume)
-
-    def __iter__(self):
-        batches = self.sampler.batches()
-        n = len(batches) // self.world
-        mine = batches[self.rank * n:(self.rank + 1) * n] if self.world > 1 else batches
-        return iter(mine[self.start:])
-
-    def __len__(self) -> int:
-        return len(self.sampler) // self.world - self.start
-
-
-class _BatchIter:
-    """Cached features are a memory map: reading a batch is a slice, no worker processes needed."""
-
-    def __init__(self, dataset: FeatureDataset, batches: _RankBatches, collate_fn):
-        self.dataset, self.batches, self.collate_fn = dataset, batches, collate_fn
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __iter__(self):
-        for idx in self.batches:
-            yield self.collate_fn([self.dataset[i] for i in idx])
+               sampler, RankBatches(sampler, rank, world_size), val_records, val_feats, logger, log, out, main,
+               world_size, progress)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .decoding import SpecialIds
 from .model.decoder import Decoder
 
 
@@ -30,12 +31,12 @@ class Samples:
                 for row, keep in zip(self.tokens.tolist(), self.mask.tolist())]
 
 
-def sample(decoder: Decoder, feats: torch.Tensor, start: int, end: int, pad: int = 0, n_samples: int = 5,
-           max_len: int = 20, unk: int | None = None) -> Samples:
+def sample(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, n_samples: int = 5, max_len: int = 20) -> Samples:
     """feats (B, P, D) -> n_samples captions per image, drawn from the model's distribution
     renormalised without <pad>, <start> (and <unk> when given). Runs until every sample has
     emitted <end> or max_len tokens; a capped sample has no <end>."""
     (B, P, _), K, dev = feats.shape, n_samples, feats.device
+    start, end, pad, unk = ids.start, ids.end, ids.pad, ids.unk
     N = B * K
     feat_proj = decoder.attention.project(feats)  # (B, P, A)
     h, c = decoder.init_state(feats)  # (B, H)

@@ -48,14 +48,14 @@ def _seed():
     yield
 
 
-def optimise(objective, model, batch, steps: int, lr: float) -> list[dict[str, float]]:
-    """Adam on the decoder for `steps` steps of objective(model, batch); each step's logged scalars."""
+def optimise(objective, model, batch, steps: int, lr: float, cfg=None) -> list[dict[str, float]]:
+    """`steps` steps of the engine's own train_step (autocast rule, finite check, clipping, Adam) on
+    objective(model, batch), Adam over the decoder; each step's logged scalars."""
+    from functools import partial
+
+    from captioner.config import Config
+    from captioner.engine import train_step
+
     opt = torch.optim.Adam(model.decoder.parameters(), lr=lr)
-    logs = []
-    for _ in range(steps):
-        terms = objective(model, batch)
-        opt.zero_grad()
-        terms.total.backward()
-        opt.step()
-        logs.append(terms.logs)
-    return logs
+    cfg = cfg or Config()
+    return [train_step(partial(objective, model), opt, batch, cfg, torch.device("cpu")).logs for _ in range(steps)]

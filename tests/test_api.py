@@ -156,13 +156,15 @@ def test_decode_settings_default_to_the_model_files(tmp_path, monkeypatch):
     model.save(path)
     loaded = captioner.load(path)
     calls = []
-    real = captioner.api.decode
+    from captioner import captions
 
-    def spy(decoder, feats, start, end, pad, beam_size, max_len, length_penalty, *rest):
-        calls.append((beam_size, max_len, length_penalty))
-        return real(decoder, feats, start, end, pad, beam_size, max_len, length_penalty, *rest)
+    real = captions.decode
 
-    monkeypatch.setattr(captioner.api, "decode", spy)
+    def spy(decoder, feats, ids, settings):
+        calls.append((settings.beam_size, settings.max_len, settings.length_penalty))
+        return real(decoder, feats, ids, settings)
+
+    monkeypatch.setattr(captions, "decode", spy)
     img = photo()
     stored = loaded.caption(img)
     explicit = loaded.caption(img, beam_size=5)
@@ -176,6 +178,25 @@ def test_decode_settings_default_to_the_model_files(tmp_path, monkeypatch):
     assert loaded.config.decode.beam_size == 5  # resolving settings never changes the stored ones
     with pytest.raises(ValueError, match="at least 1"):
         loaded.decode_settings(beam_size=0)
+    with pytest.raises(TypeError, match="unknown decode setting"):
+        loaded.caption(img, beam_sise=2)  # a typo is an error, not a silently ignored keyword
+    with pytest.raises(ValueError, match="hard_context must be one of"):
+        loaded.decode_settings(hard_context="foo")
+
+
+def test_captioner_never_changes_the_model_it_is_given():
+    """The model a Captioner is built from keeps its mode, device and dtype; the Captioner converts a copy."""
+    import torch
+
+    tiny = tiny_captioner()
+    model = tiny.model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    bf16 = captioner.Captioner(model, tiny.vocab, tiny.config, dtype="bfloat16")
+    assert model.training and next(model.parameters()).dtype == torch.float32
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert bf16.model is not model and next(bf16.model.parameters()).dtype == torch.bfloat16
+    same = captioner.Captioner(model.eval(), tiny.vocab, tiny.config)
+    assert same.model is model  # already ready: no copy
 
 
 def test_preprocess_belongs_to_the_model_recipe():
@@ -217,7 +238,7 @@ def test_default_device():
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_caption_betas_are_the_gates_of_its_words(beam_size):
     """Caption.betas: one gate value per word, in [0, 1], the ones decoding computed for those words."""
-    from captioner.decoding import decode
+    from captioner.decoding import SpecialIds, decode
 
     model = tiny_captioner()
     with torch.no_grad():
@@ -227,8 +248,8 @@ def test_caption_betas_are_the_gates_of_its_words(beam_size):
     assert ((cap.betas >= 0) & (cap.betas <= 1)).all()
     with torch.no_grad():
         feats = model.model.encode(model.preprocess(photo())[None])
-    (best, *_), = decode(model.model.decoder, feats, model.vocab.start, model.vocab.end, model.vocab.pad, beam_size, 8,
-                         model.config.decode.length_penalty, model.vocab.unk)
+    (best, *_), = decode(model.model.decoder, feats, SpecialIds.of(model.vocab),
+                         model.decode_settings(beam_size=beam_size, max_len=8))
     assert np.allclose(cap.betas, best.betas.numpy(), atol=1e-6)
     # captions built without gates (older code) still construct, with no betas
     assert captioner.Caption("a", ["a"], np.ones((1, 7, 7)) / 49, -1.0).betas.shape == (0,)

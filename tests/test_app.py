@@ -191,7 +191,7 @@ def test_each_word_shows_the_beta_the_model_computed(app, monkeypatch):
         st.cache_resource.clear()
         st.cache_data.clear()
     ckpt = os.environ.get("CAPTIONER_CHECKPOINT") or None
-    expected = load_with_low_gates(ckpt).caption(EXAMPLES / "cat.jpg", beam_size=1, max_len=20)
+    expected = load_with_low_gates(ckpt).caption(EXAMPLES / "cat.jpg", beam_size=1)  # the file's other settings
     assert words == expected.words
     assert overlay_betas(at) == pytest.approx(expected.betas.tolist(), abs=0.0051)
     assert any(b < 0.9 for b in overlay_betas(at))  # the gates really vary, so the check means something
@@ -317,7 +317,7 @@ def test_empty_caption_is_explained_not_crashed(app, monkeypatch):
     import numpy as np
     import streamlit as st
 
-    def empty_caption(self, image, beam_size=3, max_len=50, length_penalty=None):
+    def empty_caption(self, image, **overrides):
         g = self.grid_size
         return captioner.Caption("", [], np.zeros((0, g, g), np.float32), -1.5, [("a cat", -2.0)])
 
@@ -333,14 +333,14 @@ def test_empty_caption_is_explained_not_crashed(app, monkeypatch):
         st.cache_data.clear()  # do not leave the fake caption for other tests
 
 
-def test_beam_size_starts_at_the_model_files_setting(monkeypatch, tmp_path):
+def test_decoding_widgets_start_at_the_model_files_settings(monkeypatch, tmp_path):
     """The decoding widgets start from the checkpoint's stored decode settings, not the app's own."""
     import streamlit as st
 
     from .test_api import tiny_captioner
 
     model = tiny_captioner()
-    model.config.decode.beam_size = 5
+    model.config.decode.beam_size, model.config.decode.max_len, model.config.decode.block_trigrams = 5, 23, True
     path = tmp_path / "beam5.safetensors"
     model.save(path)
     monkeypatch.setenv("CAPTIONER_CHECKPOINT", str(path))  # the app opens on this file
@@ -349,6 +349,8 @@ def test_beam_size_starts_at_the_model_files_setting(monkeypatch, tmp_path):
         at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
         assert not at.exception, [e.value for e in at.exception]
         assert beam(at).value == 5
+        assert next(s for s in at.sidebar.slider if s.label.startswith("Maximum caption length")).value == 23
+        assert next(c for c in at.sidebar.checkbox if "trigram" in c.label).value is True
     finally:
         st.cache_resource.clear()
         st.cache_data.clear()

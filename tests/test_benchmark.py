@@ -11,7 +11,8 @@ from captioner.bench.synthetic import (PRESETS, install_length_counter, make_bat
                                        set_length_offset)
 from captioner.bench.training import decoder_train_flops
 from captioner.cli.benchmark import main
-from captioner.decoding import decode
+from captioner.config import DecodeConfig
+from captioner.decoding import SpecialIds, decode
 from captioner.model.decoder import Decoder
 
 
@@ -28,13 +29,13 @@ def test_bucketed_batches_are_shorter_and_naive_batches_share_nothing():
     p = PRESETS["flickr8k"]
     fast = make_batches(p, 6, 4, bucket=True, seed=0)
     plain = make_batches(p, 6, 4, bucket=False, seed=0)
-    assert all(len(b.lengths) == 20 and b.images.shape == (4, p.regions, p.feat_dim) for b in fast)
+    assert all(len(b.lengths) == 20 and b.visual.shape == (4, p.regions, p.feat_dim) for b in fast)
     assert all(bool((b.lengths[1:] <= b.lengths[:-1]).all()) for b in fast)  # sorted for the shrinking batch
     pad = lambda bs: np.mean([1 - float(b.lengths.sum()) / b.inputs.numel() for b in bs])  # noqa: E731
     assert pad(fast) < pad(plain)  # bucketing wastes fewer positions
     nb = naive_batch(plain[0])
-    assert nb.images.shape[0] == len(nb.lengths) and torch.equal(nb.image_index, torch.arange(len(nb.lengths)))
-    assert torch.equal(nb.images[3], plain[0].images[plain[0].image_index[3]])
+    assert nb.visual.shape[0] == len(nb.lengths) and torch.equal(nb.image_index, torch.arange(len(nb.lengths)))
+    assert torch.equal(nb.visual[3], plain[0].visual[plain[0].image_index[3]])
     assert decoder_train_flops(p, nb, fast=False) > 3 * decoder_train_flops(p, plain[0], fast=True)
 
 
@@ -46,7 +47,7 @@ def test_length_counter_makes_an_untrained_decoder_stop_at_the_requested_length(
     for words in (6, 11):
         set_length_offset(dec, words)
         for beam in (1, 3):
-            lens = [len(h[0].tokens) for h in decode(dec, feats, 1, 2, 0, beam, 40)]
+            lens = [len(h[0].tokens) for h in decode(dec, feats, SpecialIds(1, 2, 0), DecodeConfig(beam, 40, 0.0))]
             assert abs(np.mean(lens) - words) < 1.5, (words, beam, lens)
             assert np.std(lens) > 1.0  # lengths vary over images, like real captions
     # the decoder's shapes are untouched: decoding costs what it costs for a trained model

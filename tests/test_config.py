@@ -1,54 +1,93 @@
-"""Typed settings: `--set` coerces strings to the field's type, Optional fields accept none/null."""
+"""Typed settings: `--set` coerces strings to the field's type; every enumerated setting is checked
+against its ONE list of choices when the config is read, before any data or model is touched."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from captioner.config import Config, load_config, set_value
+from captioner import config as config_module
+from captioner.config import CHOICES, Config, load_config, set_value
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-@dataclass
-class Section:  # a section with the optional types a recipe may use (annotations are strings here)
-    steps: int | None = None
-    rate: float | None = 0.5
-    name: Optional[str] = "x"
-    flag: bool | None = None
-    count: int = 3
-
-
-@pytest.fixture
-def cfg() -> Config:
-    c = Config()
-    c.decode = Section()  # set_value looks settings up on the section object, whatever its class
-    return c
-
-
-def test_optional_fields_take_values_or_none(cfg):
-    set_value(cfg, "decode.steps", "7", "--set")
-    set_value(cfg, "decode.rate", "1e-3", "--set")
-    set_value(cfg, "decode.flag", "yes", "--set")
-    assert (cfg.decode.steps, cfg.decode.rate, cfg.decode.flag) == (7, 1e-3, True)
-    for word in ("none", "None", "null", " NULL "):
-        set_value(cfg, "decode.steps", word, "--set")
-        assert cfg.decode.steps is None
-    set_value(cfg, "decode.name", None, "file.yaml")  # YAML null
-    set_value(cfg, "decode.rate", 2, "file.yaml")  # int where a float is expected
-    assert cfg.decode.name is None and cfg.decode.rate == 2.0 and isinstance(cfg.decode.rate, float)
-
-
-def test_wrong_values_are_clear_errors(cfg):
-    with pytest.raises(ValueError, match="decode.steps expects int, got 'seven'"):
-        set_value(cfg, "decode.steps", "seven", "--set")
-    with pytest.raises(ValueError, match="decode.count expects int"):
-        set_value(cfg, "decode.count", "none", "--set")  # not optional: None is not a value
-    with pytest.raises(ValueError, match="unknown setting 'decode.bogus'"):
-        set_value(cfg, "decode.bogus", "1", "--set")
-
-
-def test_real_sections_still_coerce():
+def test_values_are_coerced_to_the_fields_type():
     c = load_config(None, ["decode.beam_size=5", "train.lr=1e-3", "train.amp=false", "data.dataset=coco"])
     assert (c.decode.beam_size, c.train.lr, c.train.amp, c.data.dataset) == (5, 1e-3, False, "coco")
+    set_value(c, "train.lr", 2, "file.yaml")  # an int where a float is expected
+    assert c.train.lr == 2.0 and isinstance(c.train.lr, float)
     with pytest.raises(ValueError, match="--set expects key=value"):
         load_config(None, ["decode.beam_size"])
+
+
+def test_wrong_values_are_clear_errors():
+    c = Config()
+    with pytest.raises(ValueError, match="decode.beam_size expects int, got 'seven'"):
+        set_value(c, "decode.beam_size", "seven", "--set")
+    with pytest.raises(ValueError, match="decode.beam_size expects int"):
+        set_value(c, "decode.beam_size", "none", "--set")  # no setting is optional: None is not a value
+    with pytest.raises(ValueError, match="unknown setting 'decode.bogus'"):
+        set_value(c, "decode.bogus", "1", "--set")
+
+
+def _enumerated_fields() -> set[str]:
+    """Every str setting whose comment names its list (a module-level tuple of config.py)."""
+    lists = {name for name, v in vars(config_module).items() if name.isupper() and isinstance(v, tuple)}
+    found = set()
+    for section in ("model", "data", "train", "decode"):
+        source = Path(config_module.__file__).read_text()
+        cls = getattr(Config(), section).__class__
+        start = source.index(f"class {cls.__name__}")
+        body = source[start:source.index("\n\n\n", start)]
+        for line in body.splitlines():
+            name = line.strip().split(":")[0]
+            if ": str =" in line and any(f" {lst}" in line.split("#", 1)[-1] for lst in lists):
+                found.add(f"{section}.{name}")
+    return found
+
+
+def test_every_enumerated_setting_has_one_checked_list():
+    assert _enumerated_fields() == set(CHOICES), "a setting names a list in its comment but is not checked, or back"
+    defaults = Config()
+    for name, choices in CHOICES.items():
+        section, key = name.split(".")
+        assert getattr(getattr(defaults, section), key) in choices  # the default is a valid choice
+        with pytest.raises(ValueError, match=f"{name} must be one of {', '.join(choices)}"):
+            load_config(None, [f"{name}=surely-not-a-choice"])
+
+
+def test_config_files_are_checked_too(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  objective: scts\n")
+    with pytest.raises(ValueError, match="train.objective must be one of xe, scst, got 'scts'"):
+        load_config(bad)
+
+
+def test_modules_use_the_config_lists():
+    """The encoder, decoder, attention and metrics read their choices from config.py, not copies."""
+    from captioner import metrics
+    from captioner.model import attention, decoder, encoder
+
+    assert metrics.METRIC_KEYS is config_module.METRICS
+    assert decoder.ATTENTIONS is config_module.ATTENTIONS
+    assert set(config_module.HARD_CONTEXTS) <= set(attention.CONTEXTS)
+    assert encoder.ENCODERS is config_module.ENCODERS
+
+
+@pytest.mark.parametrize("setting", ["train.val_metric=Bleu4", "train.objective=scts", "decode.hard_context=foo",
+                                     "model.encoder=vgg99", "train.scst_baseline=median"])
+def test_a_typo_stops_training_before_any_data_is_read(setting, tmp_path):
+    """Exit code 2 within seconds, naming the choices, with a data root that does not exist: the
+    error comes from the config, not from reading data hours later."""
+    t0 = time.time()
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", str(ROOT / "configs" / "tiny.yaml"),
+                        "--set", setting, "data.root=/nonexistent", f"train.out_dir={tmp_path / 'run'}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    key = setting.split("=")[0]
+    assert f"{key} must be one of {', '.join(CHOICES[key])}" in r.stderr
+    assert time.time() - t0 < 30 and not (tmp_path / "run").exists()

@@ -66,7 +66,7 @@ def test_collate_sorts_and_pads():
 def test_collate_skip_missing_drops_unreadable_images():
     samples = [None, (torch.ones(2), [[1, 8, 2]]), None]
     b = collate_skip_missing(samples)
-    assert b.images.shape == (1, 2) and b.image_index.tolist() == [0] and b.lengths.tolist() == [2]
+    assert b.visual.shape == (1, 2) and b.image_index.tolist() == [0] and b.lengths.tolist() == [2]
     assert collate_skip_missing([None, None]) is None and readable([None, None]) == []
 
 

@@ -9,7 +9,8 @@ import torch
 
 import captioner
 from captioner.data.coco import load_coco
-from captioner.decoding import greedy_decode
+from captioner.config import DecodeConfig
+from captioner.decoding import SpecialIds, greedy_decode
 from captioner.grounding import (CATEGORY_WORDS, GroundingSummary, box_coverage, ground_generated, ground_references,
                                  ground_words, instances_path_for, load_instances, match_words, reference_alphas,
                                  word_table)
@@ -173,7 +174,7 @@ def test_teacher_forcing_the_greedy_caption_reproduces_its_attention(model):
     """Row t of the teacher-forced maps is the map with which decoding emits word t."""
     x = torch.stack([model.preprocess(captioner.api.DEFAULT_CHECKPOINT.parent / "examples" / "cat.jpg")])
     feats = model.model.encode(x)  # (1, P, D)
-    (hyp,) = greedy_decode(model.model.decoder, feats, model.vocab.start, model.vocab.end, model.vocab.pad, 20)
+    (hyp,) = greedy_decode(model.model.decoder, feats, SpecialIds.of(model.vocab), DecodeConfig(max_len=20))
     words = [model.vocab.itos[t] for t in hyp.tokens]
     (alphas,) = reference_alphas(model, feats, [words])
     assert alphas.shape == (len(words), model.grid_size ** 2)
@@ -189,7 +190,7 @@ def test_end_to_end_on_coco_mini(model):
     assert len(instances.categories) == 80 and set(instances.categories) == set(CATEGORY_WORDS)
     with torch.no_grad():
         feats = model.model.encode(torch.stack([model.preprocess(r.path) for r in records]))  # (6, P, D)
-    gen = ground_generated(model, feats, records, instances, beam_size=2, max_len=20)
+    gen = ground_generated(model, feats, records, instances, model.decode_settings(beam_size=2, max_len=20))
     ref = ground_references(model, feats, records, instances)
     for s in (gen, ref):
         assert s.n_images == 6

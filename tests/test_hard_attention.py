@@ -10,7 +10,8 @@ import torch
 from captioner.checkpoint import load_checkpoint, load_model_state, save_checkpoint
 from captioner.config import Config, load_config
 from captioner.data.dataset import collate
-from captioner.decoding import beam_search, greedy_decode
+from captioner.config import DecodeConfig
+from captioner.decoding import SpecialIds, beam_search, greedy_decode
 from captioner.loss import caption_log_likelihood, caption_loss, hard_attention_terms, update_baseline
 from captioner.model.attention import locate
 from captioner.model.captioner import CaptionModel
@@ -23,6 +24,8 @@ from .conftest import optimise
 
 B, P, D, H, V = 3, 9, 16, 10, 12
 PAD, START, END, UNK = 0, 1, 2, 3
+IDS = SpecialIds(START, END, PAD)
+S = DecodeConfig  # decode settings: the defaults with the given fields changed
 SCORES = ("attention.feat_proj.weight", "attention.hidden_proj.weight", "attention.score.weight")  # W_a, W_h, w
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -95,30 +98,31 @@ def test_expected_mode_of_a_hard_model_is_the_soft_model():
     inputs[:, 0] = START
     lengths = torch.tensor([5, 4, 2])
     with torch.no_grad():
-        assert all(torch.equal(a, b) for a, b in zip(soft(feats, inputs, lengths), hard(feats, inputs, lengths)))
-    g_soft = greedy_decode(soft, feats, START, END, PAD, max_len=12)
-    g_hard = greedy_decode(hard, feats, START, END, PAD, max_len=12)
+        for a, b in zip(soft.teacher_force(feats, inputs, lengths), hard.teacher_force(feats, inputs, lengths)):
+            assert (a is None and b is None) or torch.equal(a, b)
+    g_soft = greedy_decode(soft, feats, IDS, S(max_len=12))
+    g_hard = greedy_decode(hard, feats, IDS, S(max_len=12))
     assert [h.tokens for h in g_soft] == [h.tokens for h in g_hard]
     assert all(torch.equal(a.alphas, b.alphas) for a, b in zip(g_soft, g_hard))
-    b_soft = beam_search(soft, feats, START, END, PAD, beam_size=3, max_len=12)
-    b_hard = beam_search(hard, feats, START, END, PAD, beam_size=3, max_len=12)
+    b_soft = beam_search(soft, feats, IDS, S(beam_size=3, max_len=12))
+    b_hard = beam_search(hard, feats, IDS, S(beam_size=3, max_len=12))
     assert [[h.tokens for h in hs] for hs in b_soft] == [[h.tokens for h in hs] for hs in b_hard]
     # argmax decoding attends differently (one region per word), so its gated contexts, and in general
     # its captions' scores, differ; a soft model ignores the setting
-    hard.decode_context = soft.decode_context = "argmax"
-    a_hard = greedy_decode(hard, feats, START, END, PAD, max_len=12)
+    a_hard = greedy_decode(hard, feats, IDS, S(max_len=12, hard_context="argmax"))
     assert [h.log_prob for h in a_hard] != [h.log_prob for h in g_hard]
-    assert [h.log_prob for h in greedy_decode(soft, feats, START, END, PAD, max_len=12)] == [h.log_prob for h in g_soft]
+    a_soft = greedy_decode(soft, feats, IDS, S(max_len=12, hard_context="argmax"))
+    assert [h.log_prob for h in a_soft] == [h.log_prob for h in g_soft]
+    assert not hasattr(hard, "decode_context")  # how it attends is an argument, never decoder state
 
 
 def test_scst_samples_of_a_hard_model_use_the_expected_context():
     soft, hard = twins()
-    hard.decode_context = "argmax"  # must not leak into SCST sampling
     feats = torch.randn(B, P, D)
     torch.manual_seed(3)
-    s_soft = sample(soft, feats, START, END, PAD, n_samples=4, max_len=8)
+    s_soft = sample(soft, feats, IDS, n_samples=4, max_len=8)
     torch.manual_seed(3)
-    s_hard = sample(hard, feats, START, END, PAD, n_samples=4, max_len=8)
+    s_hard = sample(hard, feats, IDS, n_samples=4, max_len=8)
     assert torch.equal(s_soft.tokens, s_hard.tokens) and torch.equal(s_soft.log_probs, s_hard.log_probs)
 
 
@@ -137,7 +141,7 @@ def test_location_log_probs_cover_real_steps_only():
     feats = torch.randn(B, P, D)
     inputs, targets, lengths = _captions()
     torch.manual_seed(5)
-    _, alphas, loc_logp = dec.teacher_force(feats, inputs, lengths, context="sample")
+    _, alphas, _, loc_logp = dec.teacher_force(feats, inputs, lengths, context="sample")
     assert loc_logp.shape == (B,) and torch.isfinite(loc_logp).all()
     mask = torch.arange(inputs.shape[1])[None] < lengths[:, None]  # (B, T)
     # each step's term log alpha_t[s_t] lies between the log of its smallest and largest alpha
@@ -147,7 +151,7 @@ def test_location_log_probs_cover_real_steps_only():
     other = inputs.clone()
     other[~mask] = 7  # padding can change freely: the same draws give the same sum
     torch.manual_seed(5)
-    assert torch.equal(dec.teacher_force(feats, other, lengths, context="sample")[2], loc_logp)
+    assert torch.equal(dec.teacher_force(feats, other, lengths, context="sample").loc_logp, loc_logp)
     with pytest.raises(ValueError, match="hard-attention decoder"):
         tiny("soft").teacher_force(feats, inputs, lengths, context="sample")
 
@@ -158,7 +162,7 @@ def test_reinforce_is_what_trains_the_attention_scores():
     dec = tiny()
     feats = torch.randn(B, P, D)
     inputs, targets, lengths = _captions()
-    logits, alphas, loc_logp = dec.teacher_force(feats, inputs, lengths, context="sample")
+    logits, alphas, _, loc_logp = dec.teacher_force(feats, inputs, lengths, context="sample")
     ce = caption_loss(logits, alphas, targets, lengths, alpha_c=0.0)
     ce.total.backward(retain_graph=True)
     for name in SCORES:
@@ -190,7 +194,7 @@ def _objective(expected_prob: float, decay: float = 0.9) -> CrossEntropy:
     cfg.train.alpha_c = 0.0
     cfg.train.hard_expected_prob = expected_prob
     cfg.train.hard_baseline_decay = decay
-    return CrossEntropy(cfg, from_features=True)
+    return CrossEntropy(cfg)
 
 
 def _batch(n_images: int = 4, n_caps: int = 2, T: int = 6):
@@ -257,7 +261,7 @@ def test_bad_choices_are_clear_errors():
         load_config(overrides=["model.attention=bogus"])
     with pytest.raises(ValueError, match="decode.hard_context must be one of expected, argmax"):
         load_config(overrides=["decode.hard_context=sample"])
-    with pytest.raises(ValueError, match="model.attention must be 'soft' or 'hard'"):
+    with pytest.raises(ValueError, match="model.attention must be one of soft, hard"):
         tiny("bogus")
     assert load_config(overrides=["model.attention=hard"]).model.attention == "hard"
     with pytest.raises(ValueError, match="train.hard_expected_prob must be in"):

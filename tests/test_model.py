@@ -8,13 +8,20 @@ import pytest
 import torch
 
 from captioner.bench.naive import naive_decoder
-from captioner.decoding import beam_search, decode, greedy_decode
+from captioner.config import DecodeConfig
+from captioner.decoding import SpecialIds, beam_search, decode, greedy_decode
 from captioner.loss import caption_loss
-from captioner.model.attention import SoftAttention
+from captioner.model.attention import AdditiveAttention, glimpse
 from captioner.model.decoder import Decoder
 
 B, P, D = 3, 9, 16
 START, END, PAD = 1, 2, 0
+IDS = SpecialIds(START, END, PAD)
+
+
+def S(**settings) -> DecodeConfig:
+    """Decode settings for a test: the defaults with `settings` changed."""
+    return DecodeConfig(**settings)
 
 
 def tiny_decoder(V: int = 12, dropout: float = 0.0) -> Decoder:
@@ -33,9 +40,10 @@ def batch(V: int, lengths=(6, 4, 2)):
 
 
 def test_attention_is_a_distribution_and_gated():
-    att = SoftAttention(D, 10, 7)
+    att = AdditiveAttention(D, 10, 7)
     feats = torch.randn(B, P, D)
-    z, alpha, beta = att(feats, att.project(feats), torch.randn(B, 10))
+    alpha, beta = att.weights(feats, att.project(feats), torch.randn(B, 10))
+    z = glimpse(feats, alpha, beta)  # the expected context, as Decoder.recur forms it
     assert z.shape == (B, D) and alpha.shape == (B, P)
     assert torch.allclose(alpha.sum(-1), torch.ones(B), atol=1e-6)
     assert (alpha >= 0).all()
@@ -55,13 +63,14 @@ def test_attention_equals_equations_4_to_6(grad, monkeypatch):
     import captioner.model.attention as attention
 
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 2 * 3 * P * 7)  # 2 images per block
-    att = SoftAttention(D, 10, 7)
+    att = AdditiveAttention(D, 10, 7)
     with torch.no_grad():
         att.score.bias.fill_(0.3)
     n, G = 7, 3
     feats, h = torch.randn(n, P, D), torch.randn(n * G, 10)
     with torch.set_grad_enabled(grad):
-        z, alpha, _ = att(feats, att.project(feats), h)
+        alpha, beta = att.weights(feats, att.project(feats), h)
+        z = glimpse(feats, alpha, beta)
     with torch.no_grad():  # eq. 4-6 written out literally, one row at a time
         for r in range(n * G):
             a = feats[r // G]  # (P, D)
@@ -75,27 +84,29 @@ def test_teacher_forcing_shapes_and_alphas_sum_to_one():
     V = 12
     dec = tiny_decoder(V)
     inputs, _, lengths, mask = batch(V)
-    logits, alphas = dec(torch.randn(B, P, D), inputs, lengths)
+    logits, alphas, betas, _ = dec.teacher_force(torch.randn(B, P, D), inputs, lengths)
     assert logits.shape == (B, inputs.shape[1], V) and alphas.shape == (B, inputs.shape[1], P)
+    assert betas.shape == (B, inputs.shape[1]) and ((betas[mask] > 0) & (betas[mask] < 1)).all()
     assert torch.allclose(alphas.sum(-1)[mask], torch.ones(int(mask.sum())), atol=1e-6)
-    assert (alphas[~mask] == 0).all() and (logits[~mask] == 0).all()  # padding never computed
+    assert (alphas[~mask] == 0).all() and (logits[~mask] == 0).all() and (betas[~mask] == 0).all()  # padding never computed
 
 
-def test_forward_equals_manual_steps_and_naive_path():
+def test_teacher_forcing_equals_manual_steps_and_naive_path():
     V = 12
     dec = tiny_decoder(V)
     feats = torch.randn(B, P, D)
     inputs, targets, lengths, mask = batch(V)
-    logits, alphas = dec(feats, inputs, lengths)
+    logits, alphas, betas, _ = dec.teacher_force(feats, inputs, lengths)
     # the same computation written as an explicit loop over Decoder.step
     state = dec.init_state(feats)
     proj = dec.attention.project(feats)
     for t in range(inputs.shape[1]):
         emb, eg = dec.embed(inputs[:, t])
-        lg, al, _, state = dec.step(state, emb, eg, feats, proj)
+        lg, al, be, state = dec.step(state, emb, eg, feats, proj)
         rows = lengths > t
         assert torch.allclose(lg[rows], logits[rows, t], atol=1e-5)
         assert torch.allclose(al[rows], alphas[rows, t], atol=1e-6)
+        assert torch.allclose(be[rows], betas[rows, t], atol=1e-6)
     # the benchmark's naive path (projection per step, full padded length) gives the same loss
     from captioner.bench.naive import naive_decoder, naive_loss
     from captioner.config import Config
@@ -112,8 +123,8 @@ def test_captions_share_their_image_projection():
     feats = torch.randn(2, P, D)
     inputs, _, lengths, _ = batch(V, (5, 4, 3))
     index = torch.tensor([1, 0, 1])
-    shared, _ = dec(feats, inputs, lengths, image_index=index)
-    copied, _ = dec(feats[index], inputs, lengths)
+    shared = dec.teacher_force(feats, inputs, lengths, image_index=index).logits
+    copied = dec.teacher_force(feats[index], inputs, lengths).logits
     assert torch.allclose(shared, copied, atol=1e-6)
 
 
@@ -122,7 +133,7 @@ def test_untrained_loss_is_about_log_vocab():
     dec = Decoder(V, 64, 32, 32, 32, dropout=0.0)
     feats = torch.randn(8, 49, 64)
     inputs, targets, lengths, _ = batch(V, (12, 11, 10, 9, 8, 7, 6, 5))
-    logits, alphas = dec(feats, inputs, lengths)
+    logits, alphas, betas, _ = dec.teacher_force(feats, inputs, lengths)
     xent = caption_loss(logits, alphas, targets, lengths).xent.item()
     assert abs(xent - math.log(V)) < 0.15 * math.log(V), (xent, math.log(V))
 
@@ -132,12 +143,12 @@ def test_padding_does_not_change_the_loss():
     dec = tiny_decoder(V)
     feats = torch.randn(B, P, D)
     inputs, targets, lengths, mask = batch(V)
-    logits, alphas = dec(feats, inputs, lengths)
+    logits, alphas, betas, _ = dec.teacher_force(feats, inputs, lengths)
     ref = caption_loss(logits, alphas, targets, lengths, alpha_c=1.0)
     inputs2, targets2 = inputs.clone(), targets.clone()
     inputs2[~mask] = torch.randint(0, V, (int((~mask).sum()),))
     targets2[~mask] = torch.randint(0, V, (int((~mask).sum()),))
-    logits2, alphas2 = dec(feats, inputs2, lengths)
+    logits2, alphas2, _, _ = dec.teacher_force(feats, inputs2, lengths)
     other = caption_loss(logits2, alphas2, targets2, lengths, alpha_c=1.0)
     assert torch.equal(ref.total, other.total) and torch.equal(ref.xent, other.xent)
     assert ref.n_tokens == int(lengths.sum())
@@ -147,7 +158,7 @@ def test_doubly_stochastic_penalty_is_reported_separately():
     V = 12
     dec = tiny_decoder(V)
     inputs, targets, lengths, _ = batch(V)
-    logits, alphas = dec(torch.randn(B, P, D), inputs, lengths)
+    logits, alphas, betas, _ = dec.teacher_force(torch.randn(B, P, D), inputs, lengths)
     with_pen = caption_loss(logits, alphas, targets, lengths, alpha_c=2.0)
     no_pen = caption_loss(logits, alphas, targets, lengths, alpha_c=0.0)
     expected = ((1 - alphas.sum(1)) ** 2).sum(1)  # (B,)
@@ -159,8 +170,8 @@ def test_doubly_stochastic_penalty_is_reported_separately():
 def test_beam_one_equals_greedy():
     dec = tiny_decoder(30)
     feats = torch.randn(5, P, D) * 3
-    g = greedy_decode(dec, feats, START, END, PAD, max_len=12)
-    b = beam_search(dec, feats, START, END, PAD, beam_size=1, max_len=12)
+    g = greedy_decode(dec, feats, IDS, S(max_len=12))
+    b = beam_search(dec, feats, IDS, S(beam_size=1, max_len=12))
     for gh, bh in zip(g, b):
         assert gh.tokens == bh[0].tokens
         assert gh.log_prob == pytest.approx(bh[0].log_prob, abs=1e-5)
@@ -178,7 +189,7 @@ def _brute_force(dec, feats, max_len, V):
             if L < max_len and seq[-1] != END:
                 continue  # shorter than max_len must end with <end>; at max_len it is capped
             inputs = torch.tensor([[START, *seq[:-1]]])
-            logits, _ = dec(feats, inputs, torch.tensor([L]))
+            logits = dec.teacher_force(feats, inputs, torch.tensor([L])).logits
             lp = torch.log_softmax(logits[0], -1)
             lp[:, PAD] = lp[:, START] = -math.inf
             s = sum(lp[t, w].item() for t, w in enumerate(seq))
@@ -196,7 +207,7 @@ def test_wide_beam_equals_brute_force():
     for seed in range(3):
         feats = torch.randn(1, P, D, generator=torch.Generator().manual_seed(seed)) * 2
         score, tokens = _brute_force(dec, feats, max_len, V)
-        hyp = beam_search(dec, feats, START, END, PAD, beam_size=128, max_len=max_len)[0][0]
+        hyp = beam_search(dec, feats, IDS, S(beam_size=128, max_len=max_len))[0][0]
         assert hyp.tokens == tokens
         assert hyp.log_prob == pytest.approx(score, abs=1e-4)
 
@@ -207,7 +218,7 @@ def test_beam_search_never_crashes_without_end_and_maps_sum_to_one():
         dec.out_vocab.bias[END] = -1e4  # <end> is never chosen: every hypothesis hits the cap
     feats = torch.randn(4, P, D)
     for k in (1, 3, 5):
-        for hyps in decode(dec, feats, START, END, PAD, beam_size=k, max_len=7):
+        for hyps in decode(dec, feats, IDS, S(beam_size=k, max_len=7)):
             assert 1 <= len(hyps) <= k
             for h in hyps:
                 assert len(h.tokens) == 7 and h.alphas.shape == (7, P)
@@ -219,21 +230,21 @@ def test_batched_decoding_equals_one_by_one():
     dec = tiny_decoder(30)
     feats = torch.randn(6, P, D) * 3
     for k in (1, 3):
-        batched = decode(dec, feats, START, END, PAD, beam_size=k, max_len=10)
+        batched = decode(dec, feats, IDS, S(beam_size=k, max_len=10))
         for i in range(6):
-            single = decode(dec, feats[i:i + 1], START, END, PAD, beam_size=k, max_len=10)[0]
+            single = decode(dec, feats[i:i + 1], IDS, S(beam_size=k, max_len=10))[0]
             assert [h.tokens for h in batched[i]] == [h.tokens for h in single]
             assert batched[i][0].log_prob == pytest.approx(single[0].log_prob, abs=1e-4)
             if k > 1:  # the benchmark's naive mode (W_a a_i recomputed every step) finds the same captions
-                naive = beam_search(naive_decoder(dec), feats[i:i + 1], START, END, PAD, k, 10)[0]
+                naive = beam_search(naive_decoder(dec), feats[i:i + 1], IDS, S(beam_size=k, max_len=10))[0]
                 assert [h.tokens for h in naive] == [h.tokens for h in single]
 
 
 def test_length_penalty_prefers_longer_or_equal_captions():
     dec = tiny_decoder(30)
     feats = torch.randn(6, P, D) * 3
-    plain = decode(dec, feats, START, END, PAD, beam_size=5, max_len=15, length_penalty=0.0)
-    normed = decode(dec, feats, START, END, PAD, beam_size=5, max_len=15, length_penalty=1.0)
+    plain = decode(dec, feats, IDS, S(beam_size=5, max_len=15, length_penalty=0.0))
+    normed = decode(dec, feats, IDS, S(beam_size=5, max_len=15, length_penalty=1.0))
     for a, b in zip(plain, normed):
         assert a[0].log_prob >= b[0].log_prob - 1e-5  # raw score ranking picks the most probable
         assert all(x.score >= y.score - 1e-6 for x, y in zip(b, b[1:]))  # sorted by the normalised score
@@ -246,9 +257,9 @@ def test_unk_can_be_forbidden():
         dec.out_vocab.bias[UNK] += 10.0  # <unk> would win every step
     feats = torch.randn(3, P, D)
     for k in (1, 3):
-        free = decode(dec, feats, START, END, PAD, beam_size=k, max_len=6)
+        free = decode(dec, feats, IDS, S(beam_size=k, max_len=6))
         assert any(UNK in h[0].tokens for h in free)  # the test can fail
-        banned = decode(dec, feats, START, END, PAD, beam_size=k, max_len=6, unk=UNK)
+        banned = decode(dec, feats, SpecialIds(START, END, PAD, UNK), S(beam_size=k, max_len=6))
         assert all(UNK not in h.tokens for hyps in banned for h in hyps)
 
 
@@ -273,7 +284,7 @@ def test_cpu_bf16_autocast_training_loss_matches_fp32():
         cfg.train.cpu_amp = amp
         dec.zero_grad()
         with training_autocast(torch.device("cpu"), cfg):
-            terms = CrossEntropy(cfg, from_features=True)(model, b)
+            terms = CrossEntropy(cfg)(model, b)
         terms.total.backward()
         assert all(p.dtype == torch.float32 for p in dec.parameters())
         grads[amp] = (terms.total.item(), torch.cat([p.grad.flatten() for p in dec.parameters() if p.grad is not None]))
@@ -293,14 +304,14 @@ def test_trigram_blocking():
     repeats a trigram, beam 1 still equals greedy, and captions without repeats are unchanged."""
     dec = tiny_decoder(7)
     feats = torch.randn(8, P, D) * 3
-    plain = decode(dec, feats, START, END, PAD, beam_size=1, max_len=15)
+    plain = decode(dec, feats, IDS, S(beam_size=1, max_len=15))
     assert any(_has_repeated_trigram(h[0].tokens) for h in plain)  # the test exercises something
     for k in (1, 3):
-        blocked = decode(dec, feats, START, END, PAD, beam_size=k, max_len=15, block_trigrams=True)
+        blocked = decode(dec, feats, IDS, S(beam_size=k, max_len=15, block_trigrams=True))
         assert not any(_has_repeated_trigram(h.tokens) for hyps in blocked for h in hyps)
-    greedy = greedy_decode(dec, feats, START, END, PAD, max_len=15, block_trigrams=True)
-    beam1 = decode(dec, feats, START, END, PAD, beam_size=1, max_len=15, block_trigrams=True)
+    greedy = greedy_decode(dec, feats, IDS, S(max_len=15, block_trigrams=True))
+    beam1 = decode(dec, feats, IDS, S(beam_size=1, max_len=15, block_trigrams=True))
     assert [h.tokens for h in greedy] == [h[0].tokens for h in beam1]
-    for p_, b_ in zip(plain, decode(dec, feats, START, END, PAD, beam_size=1, max_len=15, block_trigrams=True)):
+    for p_, b_ in zip(plain, decode(dec, feats, IDS, S(beam_size=1, max_len=15, block_trigrams=True))):
         if not _has_repeated_trigram(p_[0].tokens):
             assert p_[0].tokens == b_[0].tokens

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from captioner.config import Config, DataConfig
+from functools import partial
+
+from captioner.config import Config, DataConfig, DecodeConfig
 from captioner.data import build_records
 from captioner.data.dataset import collate, encode_captions
-from captioner.decoding import greedy_decode
+from captioner.decoding import SpecialIds, greedy_decode
+from captioner.engine import train_step
 from captioner.objectives import CrossEntropy
 from captioner.images import load_image, preprocess
 from captioner.model.captioner import build_model
@@ -31,17 +34,14 @@ def test_tiny_model_memorises_real_images(flickr):
     caps = encode_captions(records, vocab, 50)
     batch = collate([(f, c) for f, c in zip(feats, caps)])
     opt = torch.optim.Adam(model.decoder.parameters(), lr=3e-3)
-    first, objective = None, CrossEntropy(cfg, from_features=True)
+    first, objective = None, partial(CrossEntropy(cfg), model)
     for step in range(300):
-        terms = objective(model, batch)
+        terms = train_step(objective, opt, batch, cfg, torch.device("cpu"))  # the step fit() runs
         first = terms.logs["xent"] if first is None else first
-        opt.zero_grad()
-        terms.total.backward()
-        opt.step()
         if terms.logs["xent"] < 0.02:
             break
     model.eval()
-    hyps = greedy_decode(model.decoder, feats, vocab.start, vocab.end, vocab.pad, max_len=40)
+    hyps = greedy_decode(model.decoder, feats, SpecialIds.of(vocab), DecodeConfig(max_len=40))
     got = [" ".join(vocab.decode(h.tokens)) for h in hyps]
     want = [" ".join(vocab.decode(ids)) for ids in (c[0] for c in caps)]
     assert terms.logs["xent"] < 0.1 * first

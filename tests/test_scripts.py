@@ -1,6 +1,8 @@
 """Each script runs end to end on a few real Flickr8k photos, as a user would run it."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import subprocess
@@ -8,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from captioner.config import DecodeConfig
 
 from .conftest import ROOT, need_coco, need_flickr
 
@@ -81,8 +85,10 @@ def test_caption_cli(trained, tmp_path):
     assert "notes.jpg" in out.stderr and "not an image" in out.stderr  # ... with a clear message ...
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["image"] for r in lines] == [str(photos[0]), str(photos[1])]  # ... and the others are captioned
-    assert all(set(r) == {"image", "caption", "log_prob", "beam_size", "max_len", "length_penalty"}
-               and r["log_prob"] <= 0 and r["beam_size"] == 3 for r in lines)
+    settings = {f.name for f in dataclasses.fields(DecodeConfig)}  # every decode setting in use is recorded
+    assert all(set(r) == {"image", "caption", "log_prob"} | settings and r["log_prob"] <= 0 and r["beam_size"] == 3
+               for r in lines)
+    assert "decoding with beam_size 3" in out.stderr and "block_trigrams" in out.stderr
     assert sorted(p.name for p in (tmp_path / "att").iterdir()) == sorted(p.stem + "_attention.png" for p in photos)
 
 

@@ -64,7 +64,8 @@ def bench_eval(decoder, shape: tuple[int, int], max_len: int, counts: Counts, de
     one image per call two ways: "one_image" is the same beam search with a batch of one (W_a a_i
     still projected once per image); "naive" is the issue's naive mode, which also recomputes
     W_a a_i at every step as textbook loops do. Both ratios are reported."""
-    from ..decoding import beam_search
+    from ..config import DecodeConfig
+    from ..decoding import SpecialIds, beam_search
 
     timer = Timer(device)
     n = counts.eval_images
@@ -78,7 +79,8 @@ def bench_eval(decoder, shape: tuple[int, int], max_len: int, counts: Counts, de
         result[f"beam{beam}"] = {"images_per_s": n / t, "seconds": t, "mean_words": float(np.mean(lens))}
     m = counts.naive_eval_images
     for name, dec in (("one_image_beam3", decoder), ("naive_beam3", naive_decoder(decoder))):
-        search = partial(beam_search, dec, start=START, end=END, pad=PAD, beam_size=3, max_len=max_len)
+        search = partial(beam_search, dec, ids=SpecialIds(START, END, PAD),
+                         settings=DecodeConfig(beam_size=3, max_len=max_len, length_penalty=0.0))
         search(feats[:1])  # warm-up
         log(f"eval/{name.replace('_beam3', '')} beam 3, one image per call: {m} images")
         per_image = [timer(search, feats[i:i + 1]) for i in range(m)]
@@ -138,7 +140,7 @@ def bench_latency(cap, counts: Counts, device: torch.device, beam: int = 3, log:
     log(f"latency: {counts.latency_runs} single-image captions at beam {beam}")
     times = []
     for _ in range(counts.latency_runs):
-        t, caption = timer.run(cap.caption, img, beam)
+        t, caption = timer.run(partial(cap.caption, beam_size=beam), img)
         times.append(t)
         words.append(len(caption.words))
     ms = np.array(times) * 1e3

@@ -15,26 +15,23 @@ from torch import nn
 
 from ..config import Config
 from ..loss import LossTerms, caption_loss
-from ..model.attention import SoftAttention
+from ..model.attention import AdditiveAttention
 from ..model.decoder import Decoder
 
 
 class RecomputingAttention(nn.Module):
-    """SoftAttention that ignores the cached projection and recomputes 2 W_a a_i from the features
+    """AdditiveAttention that ignores the cached projection and recomputes 2 W_a a_i from the features
     at every call (every step)."""
 
-    def __init__(self, inner: SoftAttention):
+    def __init__(self, inner: AdditiveAttention):
         super().__init__()
         self.inner = inner
 
     def project(self, feats: torch.Tensor) -> torch.Tensor:
-        return feats.new_empty(*feats.shape[:2], 0)  # (B, P, 0): nothing cached, forward recomputes it
+        return feats.new_empty(*feats.shape[:2], 0)  # (B, P, 0): nothing cached, `weights` recomputes it
 
     def weights(self, feats: torch.Tensor, feat_proj: torch.Tensor, h: torch.Tensor):
         return self.inner.weights(feats, self.inner.project(feats), h)
-
-    def forward(self, feats: torch.Tensor, feat_proj: torch.Tensor, h: torch.Tensor):
-        return self.inner(feats, self.inner.project(feats), h)
 
 
 def make_naive(decoder: Decoder) -> Decoder:
@@ -54,7 +51,7 @@ def naive_loss(decoder: Decoder, feats: torch.Tensor, batch, cfg: Config) -> Los
     padded positions are masked out of the loss and the attention penalty afterwards."""
     T = batch.inputs.shape[1]
     full = torch.full_like(batch.lengths, T)
-    logits, alphas = decoder(feats, batch.inputs, full, batch.image_index)
+    logits, alphas, _, _ = decoder.teacher_force(feats, batch.inputs, full, batch.image_index)
     valid = torch.arange(T, device=alphas.device)[None, :] < batch.lengths[:, None]  # (B, T)
     return caption_loss(logits, alphas * valid.unsqueeze(-1), batch.targets, batch.lengths, cfg.train.alpha_c,
                         cfg.train.label_smoothing)

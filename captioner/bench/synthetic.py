@@ -98,7 +98,7 @@ def naive_batch(batch):
     """The same captions without sharing: each caption carries its own copy of its image's features."""
     from ..data.dataset import Batch
 
-    return Batch(batch.images[batch.image_index].contiguous(), batch.inputs, batch.targets, batch.lengths,
+    return Batch(batch.visual[batch.image_index].contiguous(), batch.inputs, batch.targets, batch.lengths,
                  torch.arange(len(batch.lengths)))
 
 
@@ -106,18 +106,18 @@ def truncate(batch, steps: int):
     """The first `steps` words of every caption: a cheap warm-up batch of the same width."""
     from ..data.dataset import Batch
 
-    return Batch(batch.images, batch.inputs[:, :steps], batch.targets[:, :steps], batch.lengths.clamp(max=steps),
+    return Batch(batch.visual, batch.inputs[:, :steps], batch.targets[:, :steps], batch.lengths.clamp(max=steps),
                  batch.image_index)
 
 
 def decode_lengths(decoder, feats: torch.Tensor, beam: int, max_len: int, chunk: int = 100) -> list[int]:
-    from ..decoding import decode
+    """Words per caption, decoded as evaluate.py decodes (captions_from_features, `chunk` images per call)."""
+    from ..captions import captions_from_features
+    from ..config import DecodeConfig
 
-    out = []
-    for k in range(0, len(feats), chunk):
-        hyps = decode(decoder, feats[k:k + chunk], START, END, PAD, beam, max_len, 0.0)
-        out.extend(len(h[0].tokens) for h in hyps)
-    return out
+    settings = DecodeConfig(beam_size=beam, max_len=max_len, length_penalty=0.0, forbid_unk=False)
+    caps = captions_from_features(decoder, feats, make_vocab(decoder.vocab_size), settings, batch_size=chunk)
+    return [len(c.words) for c in caps]
 
 
 @torch.no_grad()

@@ -36,7 +36,7 @@ def decoder_train_flops(preset: Preset, batch, fast: bool) -> float:
     E, H, A, D, P, V = (preset.embed_dim, preset.hidden_dim, preset.attention_dim, preset.feat_dim,
                         preset.regions, preset.vocab)
     B, T = batch.inputs.shape
-    Bi = batch.images.shape[0]
+    Bi = batch.visual.shape[0]
     per_row = H * A + P * A + P * D + H + D * 4 * H + H * 4 * H + H * E + D * E + E * V
     if fast:
         row_steps = int(batch.lengths.sum())
@@ -58,23 +58,21 @@ def _train_config(amp: bool):
     return cfg
 
 
-def _train_step(model, optimizer, batch, cfg, from_features: bool, fast: bool, device) -> None:
-    """One optimiser step of the real objective (fast) or of the textbook loop (naive.naive_loss)."""
-    from ..engine import training_autocast
-    from ..objectives import CrossEntropy
+def _train_step(model, optimizer, batch, cfg, fast: bool, device) -> None:
+    """engine.train_step (the step fit() runs) on the real objective (fast) or on the textbook loop
+    (naive.naive_loss, same clipping and optimiser)."""
+    from ..engine import train_step
+    from ..objectives import CrossEntropy, Terms
     from .naive import naive_loss
 
-    with training_autocast(device, cfg):
-        if fast:
-            terms = CrossEntropy(cfg, from_features)(model, batch)
-        else:
-            feats = batch.images if from_features else model.encode(batch.images)
-            terms = naive_loss(model.decoder, feats, batch, cfg)
-    optimizer.zero_grad(set_to_none=True)
-    terms.total.backward()
-    if cfg.train.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.train.grad_clip)
-    optimizer.step()
+    if fast:
+        objective = partial(CrossEntropy(cfg), model)
+    else:
+        def objective(b):
+            feats = model.encode(b.visual) if cfg.encoder_in_loop else b.visual
+            lt = naive_loss(model.decoder, feats, b, cfg)
+            return Terms(lt.total, lt.n_tokens)
+    train_step(objective, optimizer, batch, cfg, device)
 
 
 def _decoder_model(preset: Preset, compile_step: bool, naive: bool = False):
@@ -113,7 +111,7 @@ def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp
         reset_peak(device)
         log(f"train_cached/{mode}: {warmup} warm-up + {n_steps} timed steps of {n_caps} captions")
         # the naive warm-up is truncated on CPU, where one naive step costs tens of seconds
-        step = partial(_train_step, model, optimizer, cfg=cfg, from_features=True, fast=fast, device=device)
+        step = partial(_train_step, model, optimizer, cfg=cfg, fast=fast, device=device)
         times = time_steps(step, batches, warmup, timer, warmup_steps=0 if fast or device.type == "cuda" else 3)
         timed = batches[warmup:]
         r = rate(times, n_caps)
@@ -141,6 +139,7 @@ def bench_train_encoder(preset: Preset, counts: Counts, device: torch.device, am
     from ..model.encoder import build_encoder
 
     cfg = _train_config(amp)
+    cfg.model.fine_tune_encoder = True  # the encoder runs in the loop (cfg.encoder_in_loop); frozen or not below
     timer = Timer(device)
     bi = counts.encoder_batch
     n_caps = bi * CAPTIONS_PER_IMAGE
@@ -167,18 +166,18 @@ def bench_train_encoder(preset: Preset, counts: Counts, device: torch.device, am
         for b in make_batches(shapes, counts.encoder_steps + warmup, bi, bucket=True, seed=2):
             images = torch.randn(bi, 3, image_size, image_size, generator=g)
             b = Batch(images, b.inputs, b.targets, b.lengths, b.image_index).to(device)
-            b.images = b.images.contiguous(memory_format=torch.channels_last)
+            b.visual = b.visual.contiguous(memory_format=torch.channels_last)
             batches.append(b)
         reset_peak(device)
         log(f"train_encoder/{mode}: {encoder} {image_size}px, {warmup} warm-up + {counts.encoder_steps} timed steps")
-        step = partial(_train_step, model, optimizer, cfg=cfg, from_features=False, fast=True, device=device)
+        step = partial(_train_step, model, optimizer, cfg=cfg, fast=True, device=device)
         times = time_steps(step, batches, warmup, timer)
         r = rate(times, n_caps)
         r["images_per_s"] = bi / statistics.median(times)
         r["peak_memory_mb"] = peak_memory_mb(device)
         if mode == "frozen":  # encoder forward alone: what building the feature cache costs
             enc.eval()
-            encode = partial(_encode, enc, batches[-1].images, device, cfg)
+            encode = partial(_encode, enc, batches[-1].visual, device, cfg)
             encode()
             enc_times = [timer(encode) for _ in range(max(2, counts.encoder_steps))]
             r["encode_images_per_s"] = bi / statistics.median(enc_times)
@@ -228,20 +227,16 @@ def bench_train_scst(preset: Preset, counts: Counts, device: torch.device, amp: 
     batches = [b.to(device) for b in make_batches(preset, counts.steps + counts.warmup, counts.batch_images, True, 2)]
     refs = [r for b in batches for r in batch_references(b, END)]
     vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(preset.vocab - 4)])
-    objective = SelfCritical(cfg, True, vocab, CiderD(refs))
+    objective = SelfCritical(cfg, vocab, CiderD(refs))
     torch.manual_seed(0)
     model = _decoder_model(preset, False).to(device).train()
     optimizer = torch.optim.Adam(model.decoder.parameters(), lr=5e-5)
     lengths: list[float] = []
 
     def step(batch) -> None:
-        from ..engine import training_autocast
+        from ..engine import train_step
 
-        with training_autocast(device, cfg):
-            terms = objective(model, batch)
-        optimizer.zero_grad(set_to_none=True)
-        terms.total.backward()
-        optimizer.step()
+        terms = train_step(partial(objective, model), optimizer, batch, cfg, device)
         lengths.append(terms.logs["sample_len"])
 
     n = counts.batch_images * samples

@@ -2,14 +2,15 @@
 
     python scripts/caption.py photo.jpg other.png [--beam-size 3] [--json] [--attention-dir out/]
 
-Decode settings left out are the model file's own (its config.decode); the settings used are printed
-on stderr (with --json: recorded in every line).
+Decode settings left out are the model file's own (its config.decode); --decode KEY=VALUE sets any of
+them. Every setting in use is printed on stderr (with --json: recorded in every line).
 
 Unreadable images get a message on stderr and a non-zero exit code; the others are still captioned.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -17,16 +18,15 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     import captioner
+    from captioner.cli.decode_options import add_decode_options, decode_settings, describe
     from captioner.images import load_image
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("images", nargs="+", metavar="IMAGE")
     p.add_argument("--checkpoint", default=None, help="model file (default: the bundled model)")
-    p.add_argument("--beam-size", type=int, default=None, help="default: the model file's decode setting")
-    p.add_argument("--max-len", type=int, default=None, help="default: the model file's decode setting")
-    p.add_argument("--length-penalty", type=float, default=None, help="default: the model file's decode setting")
+    add_decode_options(p)
     p.add_argument("--json", action="store_true", help="one JSON object per image: image, caption, log_prob and "
-                   "the decode settings used (beam_size, max_len, length_penalty)")
+                   "every decode setting used")
     p.add_argument("--attention-dir", default=None, help="write an attention overlay figure (PNG) per image here")
     p.add_argument("--device", default=captioner.default_device(), help="cpu, cuda, cuda:1 ... "
                    "(default: cuda when available, else cpu)")
@@ -42,9 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     except (captioner.CheckpointError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    used = model.decode_settings(args.beam_size, args.max_len, args.length_penalty)
-    settings = {"beam_size": used.beam_size, "max_len": used.max_len, "length_penalty": used.length_penalty}
-    print("decoding with " + ", ".join(f"{k} {v}" for k, v in settings.items()), file=sys.stderr)
+    try:
+        used = decode_settings(model, args)
+    except (ValueError, TypeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    settings = dataclasses.asdict(used)
+    print(f"decoding with {describe(used)}", file=sys.stderr)
 
     failed = 0
     good: list[tuple[str, object]] = []
@@ -54,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         except captioner.ImageError as e:
             print(f"error: {e}", file=sys.stderr)
             failed += 1
-    caps = model.caption_batch([img for _, img in good], used.beam_size, used.max_len, used.length_penalty) if good else []
+    caps = model.caption_batch([img for _, img in good], **settings) if good else []
     out_dir = Path(args.attention_dir) if args.attention_dir else None
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)

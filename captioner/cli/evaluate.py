@@ -6,26 +6,26 @@
 
 --grounding (COCO only) also measures where the model looks when it names an object: the attention
 mass inside the object's instance boxes, for the generated and the teacher-forced reference
-captions (captioner/grounding.py). The boxes come from instances_X.json beside captions_X.json, or
+captions (captioner/grounding/). The boxes come from instances_X.json beside captions_X.json, or
 --instances PATH.
 
-
-Decode settings left out are the model file's own (its config.decode); the output JSON records the
-settings used. COCO results are labelled with the annotation file's split (captions_val2017.json -> val2017).
+Decode settings left out are the model file's own (its config.decode); --decode KEY=VALUE sets any of
+them (e.g. --decode block_trigrams=false); the output JSON records every setting used. COCO results are labelled with the annotation file's split (captions_val2017.json -> val2017).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
-import torch
 
 
 def _parser() -> argparse.ArgumentParser:
     import captioner
+    from captioner.cli.decode_options import add_decode_options
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", default=None, help="model file (default: the bundled model)")
@@ -34,9 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=["train", "val", "test"], default="test")
     p.add_argument("--images", help="coco/karpathy: image folder")
     p.add_argument("--annotations", help="coco: captions_*.json (all its images); karpathy: dataset_*.json")
-    p.add_argument("--beam-size", type=int, default=None, help="default: the checkpoint's decode setting")
-    p.add_argument("--max-len", type=int, default=None, help="default: the checkpoint's decode setting")
-    p.add_argument("--length-penalty", type=float, default=None, help="default: the checkpoint's decode setting")
+    add_decode_options(p)
     p.add_argument("--limit", type=int, default=0, help="first N images only")
     p.add_argument("--batch-size", type=int, default=100, help="images decoded together")
     p.add_argument("--cache-dir", default=None, help="reuse/build a feature cache here (frozen encoder)")
@@ -89,6 +87,7 @@ def _features(args: argparse.Namespace, model, records: list, label: str, say) -
 
 def main(argv: list[str] | None = None) -> int:
     import captioner
+    from captioner.cli.decode_options import decode_settings
     from captioner.evaluation import evaluate_model
     from captioner.metrics import METRIC_KEYS
 
@@ -97,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
     try:
         model = captioner.load(args.checkpoint, device=args.device, dtype=args.dtype)
-        used = model.decode_settings(args.beam_size, args.max_len, args.length_penalty)
+        used = decode_settings(model, args)
         records, label = _records(args, p)
         instances = load_grounding_instances(args) if args.grounding else None
-    except (ValueError, FileNotFoundError, captioner.CheckpointError) as e:
+    except (ValueError, TypeError, FileNotFoundError, captioner.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     t0 = time.time()
@@ -109,9 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         bad = [records[i].image_id for i in sorted(set(range(len(records))) - set(keep))]
         say(f"WARNING: {len(bad)} image(s) could not be read and are not scored: {', '.join(bad[:10])}")
     scored, t1 = [records[i] for i in keep], time.time()
-    scores, preds = evaluate_model(model.model, model.vocab, feats, scored, used.beam_size, used.max_len,
-                                   used.length_penalty, torch.device(args.device), used.forbid_unk, METRIC_KEYS,
-                                   args.batch_size, progress=not args.json, log=say, block_trigrams=used.block_trigrams)
+    scores, preds, caps = evaluate_model(model.model, model.vocab, feats, scored, used, METRIC_KEYS, args.batch_size,
+                                         progress=not args.json, log=say)
     say(f"encoded {len(keep)} images in {t1 - t0:.1f}s, decoded (beam {used.beam_size}) and scored in "
         f"{time.time() - t1:.1f}s; captions -> {args.output}")
     if args.spice:
@@ -120,11 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         scores.update(score_captions(preds, {r.image_id: r.captions for r in scored}, metrics=(), spice=True, log=say))
     grounding = {}
     if instances is not None:
-        from captioner.grounding import ground_generated, ground_references
+        from captioner.grounding import ground_captions, ground_references
 
-        grounding = {"grounding_generated": ground_generated(model, feats, scored, instances, used.beam_size,
-                                                             used.max_len, used.length_penalty, args.batch_size,
-                                                             used.block_trigrams),
+        grounding = {"grounding_generated": ground_captions(caps, scored, instances),
                      "grounding_teacher_forced": ground_references(model, feats, scored, instances)}
     _write(args, label, used, scores, grounding, preds)
     return 0
@@ -137,8 +133,7 @@ def _write(args: argparse.Namespace, label: str, used, scores: dict, grounding: 
 
     Path(args.output).write_text(json.dumps(
         {"checkpoint": str(args.checkpoint or captioner.DEFAULT_CHECKPOINT), "dataset": args.dataset, "split": label,
-         "beam_size": used.beam_size, "max_len": used.max_len, "length_penalty": used.length_penalty,
-         "block_trigrams": used.block_trigrams, "scores": scores, **{k: g.to_dict() for k, g in grounding.items()},
+         **dataclasses.asdict(used), "scores": scores, **{k: g.to_dict() for k, g in grounding.items()},
          "captions": [{"image_id": k, "caption": v} for k, v in preds.items()]}, indent=1))
     if args.json:
         print(json.dumps({**{k: scores[k] for k in (*METRIC_KEYS, "n_images")},  # exactly these keys

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             vocab.save(args.vocab_out)
     if args.no_features:
         return 0
-    if cfg.model.fine_tune_encoder or cfg.data.augment:
+    if cfg.encoder_in_loop:
         print("note: this recipe fine-tunes the encoder or augments images, so training does not use the feature cache")
     encoder = build_encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size,
                             cfg.model.output_stride)

@@ -21,7 +21,7 @@ from .records import ImageRecord
 
 @dataclass
 class Batch:
-    images: torch.Tensor  # (Bi, 3, S, S) images or (Bi, P, D) cached features
+    visual: torch.Tensor  # what the encoder sees or saw: (Bi, 3, S, S) images (encoder in the loop) or (Bi, P, D) cached features
     inputs: torch.Tensor  # (B, T) <start> w1 .. w_{n}, padded; B = all captions of the Bi images
     targets: torch.Tensor  # (B, T) w1 .. w_n <end>, padded
     lengths: torch.Tensor  # (B,) predicted tokens per caption, sorted descending
@@ -29,7 +29,7 @@ class Batch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         return Batch(*(t.to(device, non_blocking=non_blocking) for t in
-                       (self.images, self.inputs, self.targets, self.lengths, self.image_index)))
+                       (self.visual, self.inputs, self.targets, self.lengths, self.image_index)))
 
 
 def encode_captions(records: Sequence[ImageRecord], vocab: Vocab, max_len: int) -> list[list[list[int]]]:

@@ -11,9 +11,9 @@ For every caption word that names a COCO category present in the photo (see `mat
 
 A summary reports the mean mass, the mean baseline, lift = mean mass / mean baseline (1 = no better
 than looking everywhere) and the number of words, overall and per category. Two modes:
-`ground_generated` scores the model's own captions (beam search; a wrong word is not scored, a
-missed object is not penalised) and `ground_references` scores the reference captions under
-teacher forcing (Decoder.forward), i.e. grounding without caption errors.
+`ground_generated` / `ground_captions` score the model's own captions (decoded with the model file's
+settings; a wrong word is not scored, a missed object is not penalised) and `ground_references` scores
+the reference captions under teacher forcing (Decoder.teacher_force), i.e. grounding without caption errors.
 
 Geometry. The model sees the whole photo resized without cropping, so the gh x gw grid covers the
 whole image: a box's x scales by gw / width and its y by gh / height. Coverage is exact: the union
@@ -41,16 +41,18 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from ..decoding import decode
 from ..vocab import tokenize
 from .boxes import Instances, box_coverage, instances_path_for, load_instances
 from .words import CATEGORY_WORDS, Phrase, match_words, word_table
 
 if TYPE_CHECKING:
     from ..api import Captioner
+    from ..captions import Caption
+    from ..config import DecodeConfig
     from ..data.records import ImageRecord
 
-__all__ = ["CATEGORY_WORDS", "GroundingSummary", "Instances", "WordGrounding", "box_coverage", "ground_generated",
+__all__ = ["CATEGORY_WORDS", "GroundingSummary", "Instances", "WordGrounding", "box_coverage", "ground_captions",
+           "ground_generated",
            "ground_references", "ground_words", "instances_path_for", "load_instances", "match_words",
            "reference_alphas", "word_table"]
 
@@ -145,30 +147,30 @@ def _usable(records: Sequence["ImageRecord"], instances: Instances) -> list[int]
 
 # ---------------------------------------------------------------- the two modes
 
-@torch.no_grad()
-def ground_generated(model: "Captioner", feats: torch.Tensor | np.ndarray, records: Sequence["ImageRecord"],
-                     instances: Instances, beam_size: int = 3, max_len: int = 50, length_penalty: float | None = None,
-                     batch_size: int = 100, block_trigrams: bool | None = None) -> GroundingSummary:
-    """Grounding of the model's own captions: feats (N, P, D) of records (N,), decoded by beam search
-    (greedy for beam_size 1) exactly as evaluation decodes them; alphas from the best hypothesis.
-    length_penalty and block_trigrams left as None are the model file's own."""
+def ground_captions(captions: Sequence["Caption"], records: Sequence["ImageRecord"], instances: Instances
+                    ) -> GroundingSummary:
+    """Grounding of captions already decoded (one per record, e.g. evaluation's): each word's map
+    against its category's boxes."""
     keep = _usable(records, instances)
-    lp = model.config.decode.length_penalty if length_penalty is None else length_penalty
-    block = model.config.decode.block_trigrams if block_trigrams is None else block_trigrams
-    unk = model.vocab.unk if model.config.decode.forbid_unk else None
-    dec, table, g = model.model.decoder.eval(), word_table(instances.categories), model.grid_size
-    dtype = next(dec.parameters()).dtype
+    table = word_table(instances.categories)
     scored: list[WordGrounding] = []
-    for k in range(0, len(keep), batch_size):
-        idx = keep[k:k + batch_size]
-        x = torch.as_tensor(np.asarray(feats[idx], dtype=np.float32)).to(model.device, dtype)  # (b, P, D)
-        hyps = decode(dec, x, model.vocab.start, model.vocab.end, model.vocab.pad, beam_size, max_len, lp, unk, block)
-        for i, h in zip(idx, hyps):
-            words = [model.vocab.itos[t] for t in h[0].tokens]
-            alphas = h[0].alphas.float().cpu().numpy().reshape(len(words), g, g)  # (L, G, G)
-            scored += ground_words(words, alphas, instances.coverage(records[i].image_id, g, g), table,
-                                   records[i].image_id)
+    for i in keep:
+        cap = captions[i]
+        gh, gw = cap.alphas.shape[1:]  # (L, gh, gw)
+        scored += ground_words(cap.words, cap.alphas, instances.coverage(records[i].image_id, gh, gw), table,
+                               records[i].image_id)
     return GroundingSummary.of(scored, len(keep))
+
+
+def ground_generated(model: "Captioner", feats: torch.Tensor | np.ndarray, records: Sequence["ImageRecord"],
+                     instances: Instances, settings: "DecodeConfig | None" = None) -> GroundingSummary:
+    """Grounding of the model's own captions: feats (N, P, D) of records (N,), decoded exactly as
+    evaluation decodes them (captions_from_features) with `settings` (None: the model file's own)."""
+    from ..captions import captions_from_features
+
+    keep = _usable(records, instances)
+    caps = captions_from_features(model.model.decoder, feats[keep], model.vocab, settings or model.decode_settings())
+    return ground_captions(caps, [records[i] for i in keep], instances)
 
 
 @torch.no_grad()
@@ -179,7 +181,7 @@ def reference_alphas(model: "Captioner", feats: torch.Tensor, captions: Sequence
     predicted (the same step at which decoding would emit it)."""
     dec, v = model.model.decoder.eval(), model.vocab
     words = [list(c)[:max_len] for c in captions]
-    order = sorted(range(len(words)), key=lambda j: -len(words[j]))  # Decoder.forward wants lengths descending
+    order = sorted(range(len(words)), key=lambda j: -len(words[j]))  # teacher_force wants lengths descending
     lengths = torch.tensor([len(words[j]) + 1 for j in order], device=model.device)  # words + <end>
     T = int(lengths[0]) if len(order) else 0
     inputs = torch.full((len(order), T), v.pad, dtype=torch.long, device=model.device)  # (C, T)
@@ -188,7 +190,7 @@ def reference_alphas(model: "Captioner", feats: torch.Tensor, captions: Sequence
     if not order:
         return []
     x = feats.to(model.device, next(dec.parameters()).dtype)
-    _, alphas = dec(x, inputs, lengths, image_index=torch.zeros(len(order), dtype=torch.long, device=model.device))
+    alphas = dec.teacher_force(x, inputs, lengths, torch.zeros(len(order), dtype=torch.long, device=model.device)).alphas
     out: list[np.ndarray] = [np.zeros(0)] * len(words)
     for row, j in enumerate(order):
         out[j] = alphas[row, :len(words[j])].float().cpu().numpy()  # (L, P)

@@ -26,10 +26,15 @@ import torch.nn as nn
 BLOCK_ELEMENTS = 1 << 18
 
 
-CONTEXTS = ("expected", "sample", "argmax")  # how z_t is formed from alpha_t: see `locate`
+from ..config import HARD_CONTEXTS
+
+CONTEXTS = (*HARD_CONTEXTS, "sample")  # how z_t is formed from alpha_t (see `locate`); "sample" only in training
 
 
-class SoftAttention(nn.Module):
+class AdditiveAttention(nn.Module):
+    """The f_att of eq. 4-5 and the gate of 4.2.1: alpha and beta for each hidden state. How the context
+    z is then formed (soft: the expected context; hard: one location) is `locate` + `glimpse`."""
+
     def __init__(self, feat_dim: int, hidden_dim: int, attention_dim: int):
         super().__init__()
         self.feat_proj = nn.Linear(feat_dim, attention_dim)  # W_a
@@ -63,13 +68,6 @@ class SoftAttention(nn.Module):
         alpha = torch.softmax(e, dim=-1)  # (B*G, P)
         beta = torch.sigmoid(self.gate(h))  # (B*G, 1)
         return alpha, beta.squeeze(1)
-
-    def forward(
-        self, feats: torch.Tensor, feat_proj: torch.Tensor, h: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Soft attention: as `weights`, plus the expected context z (B*G, D) of eq. 6."""
-        alpha, beta = self.weights(feats, feat_proj, h)
-        return glimpse(feats, alpha, beta), alpha, beta
 
 
 def locate(alpha: torch.Tensor, context: str) -> torch.Tensor | None:

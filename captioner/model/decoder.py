@@ -16,18 +16,29 @@ training computes it for all T steps in one matrix product.
 Hard attention (model.attention=hard, section 4.1) changes only how `recur` forms z_t: its `context`
 argument says expected (soft), sampled or argmax location (attention.locate). Training samples
 (`teacher_force(..., "sample")`, or the expected context on some batches, as the authors' code
-does); decoding uses `decode_context` (decode.hard_context).
+does); decoding passes decode.hard_context to `step`. The decoder holds weights only: how it attends
+at decoding time is an argument, never state set from outside.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import SoftAttention, glimpse, locate
+from ..config import ATTENTIONS
+from .attention import AdditiveAttention, glimpse, locate
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
-ATTENTIONS = ("soft", "hard")  # model.attention
+
+
+class TeacherForced(NamedTuple):
+    """What teacher forcing computes for every real (caption, step); zero where t >= length."""
+    logits: torch.Tensor  # (B, T, V)
+    alphas: torch.Tensor  # (B, T, P) attention of each step
+    betas: torch.Tensor  # (B, T) gate beta of each step
+    loc_logp: torch.Tensor | None  # (B,) sum_t log alpha_t[s_t] with context "sample", else None
 
 
 class Decoder(nn.Module):
@@ -35,11 +46,10 @@ class Decoder(nn.Module):
                  attention_dim: int = 512, dropout: float = 0.5, attention: str = "soft"):
         super().__init__()
         if attention not in ATTENTIONS:
-            raise ValueError(f"model.attention must be 'soft' or 'hard', got '{attention}'")
+            raise ValueError(f"model.attention must be one of {', '.join(ATTENTIONS)}, got '{attention}'")
         self.vocab_size, self.hidden_dim = vocab_size, hidden_dim
         self.hard = attention == "hard"
-        self.decode_context = "expected"  # hard models: the context greedy/beam search use (decode.hard_context)
-        self.attention = SoftAttention(feat_dim, hidden_dim, attention_dim)
+        self.attention = AdditiveAttention(feat_dim, hidden_dim, attention_dim)
         self.embedding = nn.Embedding(vocab_size, embed_dim)  # E
         self.init_h = nn.Linear(feat_dim, hidden_dim)
         self.init_c = nn.Linear(feat_dim, hidden_dim)
@@ -102,39 +112,30 @@ class Decoder(nn.Module):
         return self.out_vocab(self.dropout(out))  # (N, V)
 
     def step(self, state: State, emb: torch.Tensor, emb_gates: torch.Tensor, feats: torch.Tensor,
-             feat_proj: torch.Tensor, context: str | None = None
+             feat_proj: torch.Tensor, context: str = "expected"
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, State]:
         """One word: recur then output. emb (B*G, E), emb_gates (B*G, 4H), the rest as in `recur`
         -> logits (B*G, V), alpha (B*G, P), beta (B*G,), new state. Greedy, beam search and
-        sampling call this. context None: `decode_context` for a hard model; a soft model always
-        uses the expected context."""
-        context = (context or self.decode_context) if self.hard else "expected"
-        z, alpha, beta, _, state = self.recur(state, emb_gates, feats, feat_proj, context)
+        sampling call this. context: how a hard model attends (decode.hard_context, or "sample");
+        a soft model always uses the expected context."""
+        z, alpha, beta, _, state = self.recur(state, emb_gates, feats, feat_proj, context if self.hard else "expected")
         return self.output(emb, state[0], z), alpha, beta, state
 
-    def forward(self, feats: torch.Tensor, inputs: torch.Tensor, lengths: torch.Tensor,
-                image_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Teacher forcing with the expected (soft) context -> logits (B, T, V), alphas (B, T, P);
-        see `teacher_force`."""
-        logits, alphas, _ = self.teacher_force(feats, inputs, lengths, image_index)
-        return logits, alphas
-
     def teacher_force(self, feats: torch.Tensor, inputs: torch.Tensor, lengths: torch.Tensor,
-                      image_index: torch.Tensor | None = None, context: str = "expected"
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Teacher forcing.
+                      image_index: torch.Tensor | None = None, context: str = "expected") -> TeacherForced:
+        """Teacher forcing: the one entry used by training, grounding and explaining a sentence.
 
         feats (Bi, P, D) per image; inputs (B, T) = <start> w_1 .. w_{T-1} per caption, padded;
         lengths (B,) = number of predicted tokens per caption (words + <end>), SORTED descending;
         image_index (B,) maps each caption to its image (several captions share one image and one
-        W_a a_i projection). Returns logits (B, T, V) and alphas (B, T, P), zero where t >= length:
+        W_a a_i projection). Returns logits (B, T, V), alphas (B, T, P) and betas (B, T), zero where t >= length:
         padded positions are never computed, the batch shrinks as captions finish. The recurrence
         runs step by step (it must); the deep output runs once over all real tokens, and the
         padded results are assembled with one scatter (writing each step into a preallocated
         buffer would make autograd copy the whole buffer once per step).
 
-        context "sample" (hard attention, eq. 8): each word attends to one sampled location; the
-        third result is then sum_t log alpha_t[s_t] per caption (B,) over its real steps, the log
+        context "sample" (hard attention, eq. 8): each word attends to one sampled location; loc_logp
+        is then sum_t log alpha_t[s_t] per caption (B,) over its real steps, the log
         p(s) of the REINFORCE term (eq. 12); None for the expected context.
         """
         if context != "expected" and not self.hard:
@@ -149,15 +150,17 @@ class Decoder(nn.Module):
         h, c = self.init_state(feats)
         emb, emb_gates = self.embed(inputs)  # (B, T, E), (B, T, 4H): all steps in one product
         n_active = (lengths.unsqueeze(0) > torch.arange(T, device=lengths.device).unsqueeze(1)).sum(1).tolist()
-        hs, zs, alphas_t, loc_logps = [], [], [], []
+        hs, zs, alphas_t, betas_t, loc_logps = [], [], [], [], []
         for t in range(T):
             n = n_active[t]
             if n == 0:
                 break
-            z, alpha, _, where, (h, c) = self.recur((h[:n], c[:n]), emb_gates[:n, t], feats[:n], feat_proj[:n], context)
+            z, alpha, beta, where, (h, c) = self.recur((h[:n], c[:n]), emb_gates[:n, t], feats[:n], feat_proj[:n],
+                                                       context)
             hs.append(h)
             zs.append(z)
             alphas_t.append(alpha)
+            betas_t.append(beta)
             if where is not None:  # log alpha_t[s_t]; alpha of a sampled location is > 0
                 loc_logps.append(alpha.gather(1, where.unsqueeze(1)).squeeze(1).float().log())  # (n,)
         # real tokens in time-major order: (caption, step) of each packed row
@@ -167,8 +170,10 @@ class Decoder(nn.Module):
         padded = logits.new_zeros(B, T, self.vocab_size).index_put((rows, steps), logits)  # (B, T, V)
         alphas = torch.cat(alphas_t)
         alphas = alphas.new_zeros(B, T, alphas.shape[1]).index_put((rows, steps), alphas)  # (B, T, P)
+        betas = torch.cat(betas_t)
+        betas = betas.new_zeros(B, T).index_put((rows, steps), betas)  # (B, T)
         loc_logp = None
         if loc_logps:
             lp = torch.cat(loc_logps)  # (N,) time-major, like `rows`
             loc_logp = lp.new_zeros(B).index_add(0, rows, lp)  # (B,): sum over each caption's real steps
-        return padded, alphas, loc_logp
+        return TeacherForced(padded, alphas, betas, loc_logp)

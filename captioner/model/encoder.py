@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..config import ModelConfig
+from ..config import ENCODERS, ModelConfig
 from ..images import ImageInput, load_image, preprocess
 
 # EfficientNet base stages: (repeats, kernel, stride, expand ratio, in, out)
@@ -29,7 +29,7 @@ _STAGES = [
     (1, 3, 1, 6, 192, 320),
 ]
 # name -> (width multiplier, depth multiplier, native resolution, dropout)
-LITE_VARIANTS = {
+LITE_VARIANTS = {  # the EfficientNet-Lite members of config.ENCODERS
     "efficientnet_lite0": (1.0, 1.0, 224, 0.2),
     "efficientnet_lite2": (1.1, 1.2, 260, 0.3),
 }
@@ -188,11 +188,14 @@ class Preprocess:
 
 def build_preprocess(cfg: ModelConfig) -> Preprocess:
     """The preprocessing of the encoder described by a model config (cfg.encoder, image_size, grid_size)."""
-    if cfg.encoder not in LITE_VARIANTS and cfg.encoder not in ("resnet101", "resnet152"):
-        raise ValueError(f"unknown encoder '{cfg.encoder}'; choose efficientnet_lite0, efficientnet_lite2, "
-                         "resnet101 or resnet152")
+    _check_name(cfg.encoder)
     mean, std = normalization(cfg.encoder)
     return Preprocess(cfg.encoder, cfg.image_size, cfg.grid_size, cfg.output_stride, mean, std)
+
+
+def _check_name(name: str) -> None:
+    if name not in ENCODERS:
+        raise ValueError(f"unknown encoder '{name}'; model.encoder must be one of {', '.join(ENCODERS)}")
 
 
 class Encoder(nn.Module):
@@ -201,13 +204,14 @@ class Encoder(nn.Module):
 
     def __init__(self, name: str, pretrained: bool, grid_size: int, output_stride: int = 32):
         super().__init__()
+        _check_name(name)
         self.name, self.output_stride = name, output_stride
         if name in LITE_VARIANTS:
             net = build_lite(name, pretrained, output_stride)
             self.backbone = net
             self._features = net.features
             self.out_dim = net.out_channels
-        elif name in ("resnet101", "resnet152"):
+        else:  # resnet101 | resnet152
             import torchvision
 
             weights = "DEFAULT" if pretrained else None
@@ -218,8 +222,6 @@ class Encoder(nn.Module):
             self.backbone = nn.Sequential(*list(net.children())[:-2])  # drop avgpool + fc
             self._features = self.backbone
             self.out_dim = 2048
-        else:
-            raise ValueError(f"unknown encoder '{name}'; choose efficientnet_lite0, efficientnet_lite2, resnet101 or resnet152")
         self.grid_size = grid_size
         self.pool = nn.AdaptiveAvgPool2d(grid_size)
 

@@ -1,0 +1,69 @@
+"""Features -> Captions, written once. `captions_from_features` is what the public API (Captioner),
+evaluation, training's validation, grounding and the benchmark all call: decode (decoding.decode, with a
+DecodeConfig) and turn each image's best hypothesis into a Caption (words, attention maps, gates).
+
+Legend: N images, P = G*G attention cells, D feature dim, L words.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .config import DecodeConfig
+from .decoding import Hypothesis, SpecialIds, decode
+from .model.decoder import Decoder
+from .vocab import Vocab
+
+
+@dataclass
+class Caption:
+    text: str
+    words: list[str]  # no special tokens
+    alphas: np.ndarray  # (L, G, G), each map sums to 1, covering the whole image
+    log_prob: float  # log p(words, <end> | image) under the model
+    alternatives: list[tuple[str, float]] = field(default_factory=list)  # other beam hypotheses (text, log_prob)
+    # (L,) gate beta of each word in [0, 1]: the share of the attended image context that reached
+    # the word (z = beta * sum alpha_i a_i); near 0 = the word barely used the image. Empty when unknown.
+    betas: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+
+
+def grid_side(regions: int) -> int:
+    """P attention cells -> the side G of the square grid (the encoders' grids are square)."""
+    g = math.isqrt(regions)
+    if g * g != regions:
+        raise ValueError(f"{regions} attention cells do not form a square grid")
+    return g
+
+
+def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab) -> Caption:
+    """One image's hypotheses (best first) -> its Caption; the others become `alternatives`."""
+    best = hyps[0]
+    words = [vocab.itos[t] for t in best.tokens]
+    g = grid_side(best.alphas.shape[-1])
+    alphas = best.alphas.float().cpu().numpy().reshape(len(words), g, g)  # (L, G, G)
+    betas = best.betas.float().cpu().numpy() if best.betas is not None else np.zeros(0, np.float32)  # (L,)
+    alts = [(" ".join(vocab.itos[t] for t in h.tokens), h.log_prob) for h in hyps[1:]]
+    return Caption(" ".join(words), words, alphas, float(best.log_prob), alts, betas)
+
+
+@torch.no_grad()
+def captions_from_features(decoder: Decoder, feats: np.ndarray | torch.Tensor, vocab: Vocab,
+                           settings: DecodeConfig, batch_size: int = 100, progress: bool = False) -> list[Caption]:
+    """Features (N, P, D) (a tensor, an array or a float16 memory map) -> N Captions, decoded in batches
+    of `batch_size` images on the decoder's device and in its dtype."""
+    from tqdm import tqdm
+
+    decoder.eval()
+    param = next(decoder.parameters())
+    ids = SpecialIds.of(vocab, settings.forbid_unk)
+    out: list[Caption] = []
+    for k in tqdm(range(0, len(feats), batch_size), desc="decoding", disable=not progress, unit="batch"):
+        x = feats[k:k + batch_size]
+        x = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x, dtype=np.float32))
+        x = x.to(param.device, param.dtype)  # (b, P, D)
+        out.extend(to_caption(h, vocab) for h in decode(decoder, x, ids, settings))
+    return out
