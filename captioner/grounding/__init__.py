@@ -43,6 +43,8 @@ import torch
 
 from ..vocab import tokenize
 from .boxes import Instances, box_coverage, instances_path_for, load_instances
+from .hallucination import (CaptionHallucination, HallucinationSummary, boxed_categories, caption_hallucination,
+                            categories_in, measure_hallucination, measure_references)
 from .words import CATEGORY_WORDS, Phrase, match_words, word_table
 
 if TYPE_CHECKING:
@@ -55,6 +57,8 @@ __all__ = ["CATEGORY_WORDS", "GroundingSummary", "Instances", "WordGrounding", "
            "ground_generated",
            "ground_references", "ground_words", "instances_path_for", "load_instances", "match_words",
            "reference_alphas", "word_table"]
+__all__ += ["CaptionHallucination", "HallucinationSummary", "boxed_categories", "caption_hallucination",  # CHAIR
+            "categories_in", "measure_hallucination", "measure_references"]
 
 
 @dataclass
