@@ -38,8 +38,6 @@ class Checkpoint:
 def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state: dict[str, torch.Tensor],
                     metrics: dict[str, Any] | None = None, train_state: dict[str, Any] | None = None,
                     optimizer_tensors: dict[str, torch.Tensor] | None = None, half: bool = False) -> None:
-    from safetensors.torch import save_file
-
     _check_tensors_finite(model_state, f"refusing to save {path}")  # never replace a good checkpoint with a broken one
     # --half never rounds a frozen encoder: it keeps the exact pretrained weights, so the features the
     # decoder sees are the ones it was trained on and evaluation shares training's feature cache (whose
@@ -57,12 +55,20 @@ def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state:
             "metrics": json.dumps(metrics or {})}
     if train_state is not None:
         meta["train_state"] = json.dumps(train_state)
+    write_safetensors(path, tensors, meta)
+
+
+def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Atomically write CPU, contiguous tensors + string metadata (every model file of the project goes
+    through here: the language model's too)."""
+    from safetensors.torch import save_file
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        save_file(tensors, str(tmp), metadata=meta)
+        save_file(tensors, str(tmp), metadata=metadata)
         os.chmod(tmp, 0o644)  # safetensors writes 0600; a model file is meant to be shared and packaged
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
@@ -120,8 +126,9 @@ def _fsync_dir(folder: Path) -> None:
 _PICKLE_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".pkl", ".pickle", ".tar")
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read a checkpoint written by save_checkpoint. Never unpickles; every problem is a CheckpointError."""
+def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors on the CPU, metadata) of a safetensors file. Never unpickles; a missing, truncated or
+    non-safetensors file (e.g. a torch.save pickle) is a CheckpointError that says so."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
@@ -135,6 +142,12 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError, ValueError, RuntimeError, TypeError) as e:
         raise CheckpointError(f"{path}: not a safetensors checkpoint, or a truncated one ({e}).{_not_safetensors_hint(path)}") from None
+    return tensors, meta
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Read a checkpoint written by save_checkpoint. Never unpickles; every problem is a CheckpointError."""
+    tensors, meta = read_safetensors(path)
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: missing or unknown format tag {meta.get('format')!r}; expected {FORMAT} "
                               "(a file written by captioner's save_checkpoint / Captioner.save)")
