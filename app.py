@@ -112,10 +112,20 @@ def beta_line(cap: captioner.Caption) -> str:
         b = visualize.word_beta(cap, i)
         if b is None:
             return ""
+        mark = "text-decoration:line-through wavy #c0392b;" if i in getattr(cap, "contradicted", []) else ""
         boxes.append(f'<span class="beta-word" title="gate β={b:.2f}" style="display:inline-block;text-align:center;'
-                     f'margin:0 0.35em;opacity:{max(0.2, min(1.0, b)):.2f}">{html.escape(w)}<br>'
+                     f'margin:0 0.35em;{mark}opacity:{max(0.2, min(1.0, b)):.2f}">{html.escape(w)}<br>'
                      f'<small style="color:#666">β={b:.2f}</small></span>')
     return f'<div class="beta-line" style="font-size:1.15em;line-height:1.3">{"".join(boxes)}</div>'
+
+
+def concepts_html(concepts: list[tuple[str, float]]) -> str:
+    """The photo's concepts as labelled bars (category, P), most probable first."""
+    rows = [f'<div class="concept" style="display:flex;align-items:center;gap:0.5em">'
+            f'<span style="width:8em">{html.escape(c)}</span>'
+            f'<span style="background:#4c78a8;height:0.8em;width:{max(1, round(100 * q))}px"></span>'
+            f'<small>{q:.2f}</small></div>' for c, q in concepts]
+    return f'<div class="concepts">{"".join(rows)}</div>'
 
 
 def word_label(cap: captioner.Caption, i: int) -> str:
@@ -173,7 +183,12 @@ with st.sidebar:
                         value=max(5, stored.max_len), help="Starts at the model file's own setting.")
     block_trigrams = st.checkbox("Never repeat a phrase (trigram blocking)", value=stored.block_trigrams,
                                  help="Starts at the model file's own setting.")
-    decode_overrides = (("beam_size", beam_size), ("max_len", max_len), ("block_trigrams", block_trigrams))
+    evidence = st.toggle("Say only what the encoder sees (evidence-aware decoding)", value=stored.evidence,
+                         help="The encoder's own ImageNet classifier vetoes object words it rules out (a dog it "
+                              "sees no sign of) and brings in the object it is sure of. Off: the decoder alone, "
+                              "for comparison. Starts at the model file's own setting.")
+    decode_overrides = (("beam_size", beam_size), ("max_len", max_len), ("block_trigrams", block_trigrams),
+                        ("evidence", evidence))
     st.header("Attention maps")
     opacity = st.slider("Overlay opacity", min_value=0.0, max_value=1.0, value=0.6, step=0.05)
     smooth = st.slider("Smoothing (grid cells)", min_value=0.0, max_value=2.0, value=0.0, step=0.1,
@@ -235,6 +250,12 @@ with col_text:
                    "4.2.1). Faint words (low β) were chosen mostly from the language model, not the photo; their "
                    "heat maps are drawn fainter in proportion.")
     st.markdown(f"log-probability **{cap.log_prob:.2f}** over {len(cap.words)} words + end")
+    if cap.concepts:
+        st.markdown("What the encoder's ImageNet classifier sees")
+        st.markdown(concepts_html(cap.concepts), unsafe_allow_html=True)
+    if cap.contradicted:
+        st.warning("The classifier sees no sign of: " + ", ".join(f"**{cap.words[i]}**" for i in cap.contradicted)
+                   + (". Switch on evidence-aware decoding to veto such words." if not evidence else "."))
     if cap.alternatives:
         st.markdown("Other beam hypotheses")
         st.dataframe([{"caption": text or "(empty)", "log-prob": round(lp, 3)} for text, lp in cap.alternatives],

@@ -120,7 +120,7 @@ class Captioner:
     def caption_tensors(self, x: torch.Tensor, **overrides: Any) -> list[Caption]:
         """Preprocessed images (B, 3, S, S) -> captions."""
         settings = self.decode_settings(**overrides)
-        return captions_from_features(self.model.decoder, self.encode(x), self.vocab, settings, batch_size=len(x))
+        return captions_from_features(self.model, self.encode(x), self.vocab, settings, batch_size=len(x))
 
     @torch.no_grad()
     def encode(self, x: torch.Tensor) -> torch.Tensor:

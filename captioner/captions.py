@@ -13,10 +13,14 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .concepts import CATEGORIES, concept_probs, has_head
 from .config import DecodeConfig
 from .decoding import Hypothesis, SpecialIds, decode
-from .model.decoder import Decoder
+from .evidence import Evidence, word_categories
+from .model.captioner import CaptionModel
 from .vocab import Vocab
+
+TOP_CONCEPTS = 5  # concepts a Caption carries
 
 
 @dataclass
@@ -29,6 +33,12 @@ class Caption:
     # (L,) gate beta of each word in [0, 1]: the share of the attended image context that reached
     # the word (z = beta * sum alpha_i a_i); near 0 = the word barely used the image. Empty when unknown.
     betas: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    # the COCO categories the encoder's ImageNet head sees in the photo, most probable first, with P
+    # (concepts.py); empty for encoders without an ImageNet head (ResNet)
+    concepts: list[tuple[str, float]] = field(default_factory=list)
+    # indices of words naming an object the ImageNet head rules out (P < decode.evidence_floor), whether
+    # or not decoding used the evidence: what the app marks as contradicted
+    contradicted: list[int] = field(default_factory=list)
 
 
 def grid_side(regions: int) -> int:
@@ -39,31 +49,52 @@ def grid_side(regions: int) -> int:
     return g
 
 
-def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab) -> Caption:
-    """One image's hypotheses (best first) -> its Caption; the others become `alternatives`."""
+def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab, probs: torch.Tensor | None = None,
+               ruled_out: torch.Tensor | None = None) -> Caption:
+    """One image's hypotheses (best first), its concept probabilities (C,) and ruled_out (V,) (1 for
+    words naming a ruled-out object), or None -> its Caption; the other hypotheses become `alternatives`."""
     best = hyps[0]
     words = [vocab.itos[t] for t in best.tokens]
     g = grid_side(best.alphas.shape[-1])
     alphas = best.alphas.float().cpu().numpy().reshape(len(words), g, g)  # (L, G, G)
     betas = best.betas.float().cpu().numpy() if best.betas is not None else np.zeros(0, np.float32)  # (L,)
     alts = [(" ".join(vocab.itos[t] for t in h.tokens), h.log_prob) for h in hyps[1:]]
-    return Caption(" ".join(words), words, alphas, float(best.log_prob), alts, betas)
+    concepts = [] if probs is None else top_concepts(probs)
+    bad = [] if ruled_out is None else [i for i, t in enumerate(best.tokens) if ruled_out[t] > 0]
+    return Caption(" ".join(words), words, alphas, float(best.log_prob), alts, betas, concepts, bad)
+
+
+def top_concepts(probs: torch.Tensor, k: int = TOP_CONCEPTS) -> list[tuple[str, float]]:
+    """(C,) concept probabilities -> the k most probable (category, P), most probable first."""
+    p, i = probs.float().cpu().topk(min(k, len(CATEGORIES)))
+    return [(CATEGORIES[j], round(float(q), 4)) for q, j in zip(p.tolist(), i.tolist())]
 
 
 @torch.no_grad()
-def captions_from_features(decoder: Decoder, feats: np.ndarray | torch.Tensor, vocab: Vocab,
+def captions_from_features(model: CaptionModel, feats: np.ndarray | torch.Tensor, vocab: Vocab,
                            settings: DecodeConfig, batch_size: int = 100, progress: bool = False) -> list[Caption]:
     """Features (N, P, D) (a tensor, an array or a float16 memory map) -> N Captions, decoded in batches
-    of `batch_size` images on the decoder's device and in its dtype."""
+    of `batch_size` images on the decoder's device and in its dtype. Where the encoder keeps its
+    ImageNet head, each Caption carries the photo's concepts, and settings.evidence biases its words."""
     from tqdm import tqdm
 
-    decoder.eval()
+    decoder = model.decoder.eval()
     param = next(decoder.parameters())
     ids = SpecialIds.of(vocab, settings.forbid_unk)
+    head = has_head(model)
+    if settings.evidence and head is None:
+        raise ValueError(f"decode.evidence needs an encoder with an ImageNet head (efficientnet_lite0/2), not "
+                         f"{getattr(model.encoder, 'name', type(model.encoder).__name__)}; set decode.evidence=false")
+    words = word_categories(vocab).to(param.device) if head is not None else None  # (V, C)
     out: list[Caption] = []
     for k in tqdm(range(0, len(feats), batch_size), desc="decoding", disable=not progress, unit="batch"):
         x = feats[k:k + batch_size]
         x = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x, dtype=np.float32))
         x = x.to(param.device, param.dtype)  # (b, P, D)
-        out.extend(to_caption(h, vocab) for h in decode(decoder, x, ids, settings))
+        probs = None if head is None else concept_probs(head, x)  # (b, C)
+        evidence = Evidence(probs, words, settings) if settings.evidence else None
+        hyps = decode(decoder, x, ids, settings, evidence)
+        ruled_out = None if words is None else (probs < settings.evidence_floor).float() @ words.t()  # (b, V)
+        out.extend(to_caption(h, vocab, None if probs is None else probs[j], None if words is None else ruled_out[j])
+                   for j, h in enumerate(hyps))
     return out

@@ -178,6 +178,14 @@ def membership(device: torch.device | str | None = None) -> torch.Tensor:
     return m
 
 
+def has_head(model: nn.Module) -> nn.Linear | None:
+    """The encoder's ImageNet classifier, or None when it keeps none (ResNet, a stand-in encoder)."""
+    try:
+        return encoder_head(model)
+    except ValueError:
+        return None
+
+
 def encoder_head(model: nn.Module) -> nn.Linear:
     """The ImageNet classifier of a CaptionModel's encoder (EfficientNet-Lite keeps it; ResNet does not)."""
     head = getattr(getattr(model.encoder, "backbone", None), "_fc", None)

@@ -104,6 +104,11 @@ class DecodeConfig:
     forbid_unk: bool = True  # never write "<unk>" in a caption
     block_trigrams: bool = False  # never repeat a trigram within a caption ("a red shirt ... a red shirt")
     hard_context: str = "expected"  # HARD_CONTEXTS, hard-attention models: expected (paper's test time) | argmax
+    # evidence-aware decoding (evidence.py): the encoder's ImageNet head vetoes object words it rules out
+    evidence: bool = False  # on: a word naming a COCO category with P(category) < evidence_floor is penalised
+    evidence_floor: float = 0.05  # P(category) from the ImageNet head below which its words are ruled out
+    evidence_penalty: float = 10.0  # subtracted from a ruled-out word's log-probability (large = forbidden)
+    evidence_bonus: float = 0.0  # + bonus * P(category) for the words of categories not ruled out
 
 
 @dataclass

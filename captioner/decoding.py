@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import DecodeConfig
+from .evidence import Evidence
 from .model.decoder import Decoder
 
 
@@ -66,11 +67,14 @@ def _ban_repeated_trigrams(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Te
     return logp
 
 
-def word_logp(logits: torch.Tensor, ids: SpecialIds, settings: DecodeConfig, tokens: torch.Tensor) -> torch.Tensor:
-    """logits (N, V) of the next word, tokens (N, t) written so far -> the log-probabilities decoding
-    ranks words by: <pad>, <start> (and <unk>) forbidden, repeated trigrams banned when
-    settings.block_trigrams. Every rule on which words may come next lives here."""
+def word_logp(logits: torch.Tensor, ids: SpecialIds, settings: DecodeConfig, tokens: torch.Tensor,
+              evidence: Evidence | None = None, images: torch.Tensor | None = None) -> torch.Tensor:
+    """logits (N, V) of the next word, tokens (N, t) written so far, the image of each row (N,) with
+    its Evidence (evidence.py) or None -> the scores decoding ranks words by: <pad>, <start> (and <unk>)
+    forbidden, repeated trigrams banned when settings.block_trigrams, the evidence's word bias added.
+    Every rule on which words may come next lives here."""
     logp = _forbid(torch.log_softmax(logits.float(), dim=-1), ids.pad, ids.start, ids.unk)  # (N, V)
+    logp = logp if evidence is None else logp + evidence.bias(images, tokens)
     return _ban_repeated_trigrams(logp, tokens) if settings.block_trigrams else logp
 
 
@@ -79,9 +83,10 @@ def _normalise(log_prob: float, length: int, length_penalty: float) -> float:
 
 
 @torch.no_grad()
-def greedy_decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig) -> list[Hypothesis]:
-    """feats (B, P, D) -> one hypothesis per image (settings.beam_size is not read); finished images
-    leave the batch."""
+def greedy_decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
+                  evidence: Evidence | None = None) -> list[Hypothesis]:
+    """feats (B, P, D), the images' Evidence or None -> one hypothesis per image (settings.beam_size is
+    not read); finished images leave the batch. With evidence, log_prob includes its word bias."""
     B, context = feats.shape[0], settings.hard_context
     feat_proj = decoder.attention.project(feats)  # (B, P, A)
     state = decoder.init_state(feats)
@@ -95,7 +100,7 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settin
     for _ in range(settings.max_len):
         emb, emb_gates = decoder.embed(words)
         logits, alpha, beta, state = decoder.step(state, emb, emb_gates, feats, feat_proj, context)
-        logp = word_logp(logits, ids, settings, hist)  # (N, V)
+        logp = word_logp(logits, ids, settings, hist, evidence, rows)  # (N, V)
         best_logp, words = logp.max(dim=-1)  # (N,)
         hist = torch.cat([hist, words.unsqueeze(1)], 1)
         keep = []
@@ -149,10 +154,10 @@ def _candidates(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, K: int, p
 
 
 @torch.no_grad()
-def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig
-                ) -> list[list[Hypothesis]]:
-    """feats (B, P, D) -> for each image, its finished hypotheses best first (up to settings.beam_size).
-    settings.block_trigrams: no hypothesis repeats a trigram.
+def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
+                evidence: Evidence | None = None) -> list[list[Hypothesis]]:
+    """feats (B, P, D), the images' Evidence or None -> for each image, its finished hypotheses best
+    first (up to settings.beam_size). Scores include the evidence's word bias.
 
     All live images x K beams are one batch of rows. Each step scores the K*V continuations of
     every image at once (tensor ops, no loop over images), keeps the best 2K, records those that
@@ -176,7 +181,8 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
     for t in range(max_len):
         n, (emb, emb_gates) = len(image_ids), decoder.embed(words)
         logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context)
-        top_s, src, word = _candidates(cum, word_logp(logits, ids, settings, hist.tokens), n, G, K, ids.pad)
+        logp = word_logp(logits, ids, settings, hist.tokens, evidence, image_ids.repeat_interleave(G, 0))  # (N, V)
+        top_s, src, word = _candidates(cum, logp, n, G, K, ids.pad)
         is_end = word == end
         fin = is_end & (rank < K) & (top_s > float("-inf"))  # (n, 2K) finished now: <end> among the top K
         norm = top_s / float(t + 1) ** length_penalty if length_penalty else top_s  # t words + <end>
@@ -209,13 +215,15 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
     return [sorted(f, key=lambda hyp: -hyp.score)[:K] for f in finished]
 
 
-def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig) -> list[list[Hypothesis]]:
+def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
+           evidence: Evidence | None = None) -> list[list[Hypothesis]]:
     """THE decoding entry: feats (B, P, D) -> for each image its hypotheses, best first. Greedy when
-    settings.beam_size == 1 (one hypothesis per image), else beam search."""
+    settings.beam_size == 1 (one hypothesis per image), else beam search. evidence: the images'
+    Evidence (evidence-aware decoding: scores added to object words), or None."""
     if settings.beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {settings.beam_size}")
     if settings.max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {settings.max_len}")
     if settings.beam_size == 1:
-        return [[h] for h in greedy_decode(decoder, feats, ids, settings)]
-    return beam_search(decoder, feats, ids, settings)
+        return [[h] for h in greedy_decode(decoder, feats, ids, settings, evidence)]
+    return beam_search(decoder, feats, ids, settings, evidence)

@@ -49,7 +49,7 @@ def evaluate_model(model: CaptionModel, vocab: Vocab, feats: np.ndarray | torch.
     """Decode features (N, P, D) of `records` (same order) with `settings` and score them against the
     records' references -> scores (incl. n_images and the defect shares), {image_id: caption} and the
     Captions themselves (words, maps, gates: grounding and the hallucination metric read them)."""
-    caps = captions_from_features(model.decoder, feats, vocab, settings, batch_size, progress)
+    caps = captions_from_features(model, feats, vocab, settings, batch_size, progress)
     preds = {r.image_id: c.text for r, c in zip(records, caps)}
     scores = score_captions(preds, {r.image_id: r.captions for r in records}, metrics, log=log)
     scores.update(caption_defects([c.text for c in caps]))

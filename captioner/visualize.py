@@ -129,7 +129,9 @@ def caption_json(caption: "Caption", image_name: str | None = None) -> dict[str,
             "grid": list(caption.alphas.shape[1:]),
             "words": [{"word": w, "beta": None if b is None else round(b, 5), "alpha": np.round(a, 5).tolist()}
                       for w, a, b in zip(caption.words, caption.alphas, betas)],
-            "alternatives": [{"caption": t, "log_prob": lp} for t, lp in caption.alternatives]}
+            "alternatives": [{"caption": t, "log_prob": lp} for t, lp in caption.alternatives],
+            "concepts": [{"category": c, "prob": q} for c, q in getattr(caption, "concepts", [])],
+            "contradicted_words": list(getattr(caption, "contradicted", []))}
 
 
 def caption_json_bytes(caption: "Caption", image_name: str | None = None) -> bytes:

@@ -46,8 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object with the scores")
     p.add_argument("--grounding", action="store_true",
                    help="coco: also the attention mass inside the boxes of the objects each word names")
+    p.add_argument("--hallucination", action="store_true",
+                   help="also CHAIR-s, CHAIR-i and object recall (truth: COCO boxes + references; flickr8k: references)")
     p.add_argument("--instances", default=None,
-                   help="coco: instances_*.json for --grounding (default: beside the --annotations file)")
+                   help="coco: instances_*.json for --grounding/--hallucination (default: beside --annotations)")
     return p
 
 
@@ -98,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         model = captioner.load(args.checkpoint, device=args.device, dtype=args.dtype)
         used = decode_settings(model, args)
         records, label = _records(args, p)
-        instances = load_grounding_instances(args) if args.grounding else None
+        need_boxes = args.grounding or (args.hallucination and args.dataset == "coco")
+        instances = load_grounding_instances(args) if need_boxes else None
     except (ValueError, TypeError, FileNotFoundError, captioner.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -120,8 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     if instances is not None:
         from captioner.grounding import ground_captions, ground_references
 
-        grounding = {"grounding_generated": ground_captions(caps, scored, instances),
-                     "grounding_teacher_forced": ground_references(model, feats, scored, instances)}
+        if args.grounding:
+            grounding = {"grounding_generated": ground_captions(caps, scored, instances),
+                         "grounding_teacher_forced": ground_references(model, feats, scored, instances)}
+    if args.hallucination:
+        grounding.update(hallucination_report(preds, scored, instances))
     _write(args, label, used, scores, grounding, preds)
     return 0
 
@@ -144,7 +150,19 @@ def _write(args: argparse.Namespace, label: str, used, scores: dict, grounding: 
             print(f"{k:16s} {scores[k]:.4f}")
     print(f"images           {scores['n_images']}")
     for k, g in grounding.items():
-        print(f"{k.replace('grounding_', 'grounding (') + ')':28s} {g}")
+        label = k.replace("grounding_", "grounding (") + ")" if k.startswith("grounding_") else k
+        print(f"{label:28s} {g}")
+
+
+def hallucination_report(preds: dict, records: list, instances) -> dict:
+    """CHAIR of the generated captions and, as a human baseline, of each reference against the others;
+    truth = boxed categories (COCO) + what the references name, or the references alone (no boxes)."""
+    from captioner.grounding import boxed_categories, measure_hallucination, measure_references
+
+    refs = {r.image_id: r.captions for r in records}
+    boxed = boxed_categories(instances, refs) if instances is not None else None
+    return {"hallucination": measure_hallucination(preds, refs, boxed),
+            "hallucination_references": measure_references(refs, boxed)}
 
 
 def coco_split_label(annotations: str | Path) -> str:

@@ -173,7 +173,7 @@ def ground_generated(model: "Captioner", feats: torch.Tensor | np.ndarray, recor
     from ..captions import captions_from_features
 
     keep = _usable(records, instances)
-    caps = captions_from_features(model.model.decoder, feats[keep], model.vocab, settings or model.decode_settings())
+    caps = captions_from_features(model.model, feats[keep], model.vocab, settings or model.decode_settings())
     return ground_captions(caps, [records[i] for i in keep], instances)
 
 

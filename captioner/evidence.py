@@ -1,0 +1,57 @@
+"""Evidence-aware decoding: the encoder's own ImageNet head vetoes object words it rules out.
+
+The decoder was trained on Flickr8k (people and dogs), so on everyday photos it names a dog that is
+not there; yet the encoder's ImageNet classifier, computed from the same annotation vectors (see
+concepts.py: no second forward pass), often knows better. Before decoding, each photo's concept
+probabilities p (B, C) over the COCO categories ImageNet can see become one additive bias per
+vocabulary word (B, V), applied to the next-word log-probabilities at every step (decoding.word_logp):
+
+    bias[b, w] = -evidence_penalty                  if w names category k and p[b, k] < evidence_floor
+               = +evidence_bonus * p[b, k]          if w names category k otherwise, until the caption
+                                                    has named k once (then 0: say it, do not repeat it)
+               = 0                                  for every other word (incl. person words: ImageNet
+                                                    has no person class, so there is no evidence either way)
+
+A large penalty forbids the word; a moderate one lets a strong language context still win. Words
+are the one-word names of the grounding table (grounding/words.py: "dog", "dogs", "puppy" -> dog);
+two-word names are left alone ("hot dog" keeps its "dog"). Settings: config.DecodeConfig.evidence*.
+
+Legend: B images, C seen categories, V vocabulary.
+"""
+from __future__ import annotations
+
+import torch
+
+from .concepts import CATEGORIES
+from .config import DecodeConfig
+from .grounding.words import CATEGORY_WORDS
+from .vocab import Vocab
+
+
+def word_categories(vocab: Vocab, categories: tuple[str, ...] = CATEGORIES) -> torch.Tensor:
+    """(V, C) 0/1: vocabulary word w is a one-word name of category k."""
+    m = torch.zeros(len(vocab), len(categories))
+    for k, cat in enumerate(categories):
+        for name in CATEGORY_WORDS[cat].split():
+            if "_" not in name and name in vocab.stoi:
+                m[vocab.stoi[name], k] = 1.0
+    return m
+
+
+class Evidence:
+    """Per-image word scores for decoding: probs (B, C) concept probabilities, words (V, C) from
+    word_categories, settings.evidence_* -> `bias(images, tokens)` for the live rows."""
+
+    def __init__(self, probs: torch.Tensor, words: torch.Tensor, settings: DecodeConfig):
+        ruled_out = (probs < settings.evidence_floor).float()  # (B, C)
+        self.words = words.to(probs)  # (V, C)
+        self.penalty = (-settings.evidence_penalty * ruled_out) @ self.words.t()  # (B, V)
+        self.bonus = settings.evidence_bonus * probs * (1 - ruled_out)  # (B, C)
+
+    def bias(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """images (N,) the image of each live row, tokens (N, t) its words so far -> (N, V)."""
+        bonus = self.bonus[images]  # (N, C)
+        if tokens.shape[1]:
+            named = self.words[tokens].amax(1)  # (N, C): categories the row has named already
+            bonus = bonus * (1 - named)
+        return self.penalty[images] + bonus @ self.words.t()  # (N, V)

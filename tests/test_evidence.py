@@ -1,0 +1,73 @@
+"""Evidence-aware decoding: the encoder's ImageNet head vetoes object words it rules out and brings
+in the object it sees; the bias is exact, per image, and off by default."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import captioner
+from captioner.concepts import CATEGORIES
+from captioner.config import DecodeConfig
+from captioner.evidence import Evidence, word_categories
+from captioner.vocab import Vocab
+
+EXAMPLES = captioner.DEFAULT_CHECKPOINT.parent / "examples"
+
+
+def _vocab() -> Vocab:
+    return Vocab(["<pad>", "<start>", "<end>", "<unk>", "a", "dog", "dogs", "puppy", "cat", "man", "hot", "cup"])
+
+
+def test_word_categories_use_the_grounding_names():
+    v = _vocab()
+    m = word_categories(v)
+    assert m.shape == (len(v), len(CATEGORIES)) and (m.sum(1) <= 1).all()  # a word names at most one category
+    dog = CATEGORIES.index("dog")
+    assert {v.itos[i] for i in m[:, dog].nonzero().flatten().tolist()} == {"dog", "dogs", "puppy"}
+    assert m[v.stoi["man"]].sum() == 0  # person: ImageNet has no class, no evidence either way
+    assert m[v.stoi["hot"]].sum() == 0 and m[v.stoi["cup"], CATEGORIES.index("cup")] == 1
+
+
+def test_bias_penalises_ruled_out_words_and_boosts_seen_ones_once():
+    v = _vocab()
+    probs = torch.zeros(2, len(CATEGORIES))
+    probs[0, CATEGORIES.index("dog")] = 0.9  # image 0 shows a dog, no cat, no cup
+    probs[1, CATEGORIES.index("cat")] = 0.6  # image 1 shows a cat
+    s = DecodeConfig(evidence=True, evidence_floor=0.05, evidence_penalty=7.0, evidence_bonus=2.0)
+    ev = Evidence(probs, word_categories(v), s)
+    b = ev.bias(torch.tensor([0, 1]), torch.zeros(2, 0, dtype=torch.long))  # (2, V) before any word
+    assert b[0, v.stoi["dog"]] == pytest.approx(1.8) and b[0, v.stoi["puppy"]] == pytest.approx(1.8)
+    assert b[0, v.stoi["cat"]] == -7.0 and b[1, v.stoi["dog"]] == -7.0 and b[1, v.stoi["cat"]] == pytest.approx(1.2)
+    assert b[:, v.stoi["man"]].eq(0).all() and b[:, v.stoi["a"]].eq(0).all()
+    said_dog = torch.tensor([[v.stoi["a"], v.stoi["dog"]]])
+    after = ev.bias(torch.tensor([0]), said_dog)  # once named, the bonus stops; the veto stays
+    assert after[0, v.stoi["dogs"]] == 0 and after[0, v.stoi["cat"]] == -7.0
+
+
+@pytest.fixture(scope="module")
+def model():
+    return captioner.load()
+
+
+def test_evidence_is_off_unless_asked_and_changes_only_object_words(model):
+    assert DecodeConfig().evidence is False  # old model files decode as before
+    plain = model.caption(EXAMPLES / "coffee.jpg", evidence=False)
+    assert "dog" in plain.words  # the Flickr8k prior: an espresso cup is "a brown and white dog"
+    assert plain.concepts[0][0] == "cup" and plain.concepts[0][1] > 0.5  # yet the head sees a cup
+    seen = model.caption(EXAMPLES / "coffee.jpg", evidence=True, evidence_bonus=15.0)
+    assert "dog" not in seen.words and "cup" in seen.words
+    cat = model.caption(EXAMPLES / "cat.jpg", evidence=True, evidence_bonus=15.0)
+    assert "cat" in cat.words
+    assert all(abs(a.sum() - 1) < 1e-4 for a in seen.alphas)  # every word still has its map
+
+
+def test_batched_evidence_equals_one_by_one(model):
+    """Each image's bias follows it through the batch (images leave the batch as they finish)."""
+    s = dataclasses.asdict(dataclasses.replace(model.config.decode, evidence=True, evidence_bonus=10.0))
+    photos = [EXAMPLES / n for n in ("cat.jpg", "coffee.jpg", "astronaut.jpg")]
+    for beam in (1, 3):
+        batch = model.caption_batch(photos, **{**s, "beam_size": beam})
+        for p, c in zip(photos, batch):
+            assert model.caption(p, **{**s, "beam_size": beam}).words == c.words
