@@ -213,3 +213,28 @@ def test_evaluate_coco_grounding(tmp_path):
     text = run(*common, "--annotations", str(lone), "--instances", str(ann.with_name("instances_train2017.json")),
                "--output", str(tmp_path / "d.json")).stdout
     assert "grounding (generated)" in text and "grounding (teacher_forced)" in text and "lift" in text
+
+
+def test_evaluate_hallucination_coco_and_flickr(tmp_path):
+    """--hallucination prints CHAIR-s, CHAIR-i and recall (COCO: boxes + references as truth; Flickr8k:
+    the references), with the references' own CHAIR as a human baseline; --decode evidence=true is
+    recorded with the settings."""
+    import captioner
+
+    if not captioner.DEFAULT_CHECKPOINT.is_file():
+        pytest.skip(f"the bundled model {captioner.DEFAULT_CHECKPOINT} is missing")
+    coco = need_coco()
+    out = run("scripts/evaluate.py", "--dataset", "coco", "--images", str(coco / "train2017"), "--annotations",
+              str(coco / "annotations" / "captions_train2017.json"), "--limit", "6", "--beam-size", "2",
+              "--hallucination", "--decode", "evidence=true", "--json", "--output", str(tmp_path / "c.json"))
+    h = json.loads(out.stdout)["hallucination"]
+    assert {"chair_s", "chair_i", "recall", "n_captions", "per_category"} <= set(h) and h["n_captions"] == 6
+    assert 0 <= h["chair_s"] <= 1 and not h["references_only"]
+    written = json.loads((tmp_path / "c.json").read_text())
+    assert written["evidence"] is True and written["hallucination"] == h
+    assert written["hallucination_references"]["n_captions"] == 30  # every reference against the others
+    flickr = need_flickr()
+    out = run("scripts/evaluate.py", "--dataset", "flickr8k", "--data-root", str(flickr), "--split", "test",
+              "--limit", "4", "--beam-size", "2", "--hallucination", "--output", str(tmp_path / "f.json"))
+    assert "hallucination " in out.stdout and "CHAIR" in out.stdout.upper()
+    assert json.loads((tmp_path / "f.json").read_text())["hallucination"]["references_only"] is True
