@@ -19,6 +19,11 @@ import captioner
 from captioner import visualize, workbench
 from captioner.images import load_image
 
+try:  # click-to-pick a region; without it the row/column menus still pick one
+    from streamlit_image_coordinates import streamlit_image_coordinates
+except ImportError:  # pragma: no cover - optional component
+    streamlit_image_coordinates = None
+
 EXAMPLES_DIR = Path(captioner.__file__).resolve().parent / "assets" / "examples"
 EXAMPLES = {"Cat": "cat.jpg", "Coffee": "coffee.jpg", "Astronaut": "astronaut.jpg"}
 UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "gif", "bmp"]
@@ -338,14 +343,27 @@ explanation_grid(thumb, explained)
 
 st.header("Click a region")
 G = model.grid_size
-st.caption(f"Pick a cell of the {G}x{G} attention grid: the words of the sentence above are ranked by how much "
-           "attention they paid to it (lift: times a uniform map's share).")
+st.caption(f"Click the photo (or pick a row and column) to choose a cell of the {G}x{G} attention grid: the words "
+           "of the sentence above are ranked by how much attention they paid to it (lift: times a uniform map's share).")
+click = st.session_state.get("region_click")
+if click and click.get("unix_time") != st.session_state.get("region_click_seen"):  # a new click picks its cell
+    st.session_state["region_click_seen"] = click.get("unix_time")
+    st.session_state["region_row"], st.session_state["region_col"] = workbench.cell_of_point(
+        click["x"], click["y"], click["width"], click["height"], G)
+for key in ("region_row", "region_col"):  # start in the middle; a new grid size starts over
+    if st.session_state.get(key) not in range(G):
+        st.session_state[key] = G // 2
 col_cell, col_rank = st.columns([1, 1])
 with col_cell:
     pick_row, pick_col = st.columns(2)
-    row = pick_row.selectbox("Row", list(range(G)), index=G // 2, key="region_row")
-    column = pick_col.selectbox("Column", list(range(G)), index=G // 2, key="region_col")
-    st.image(workbench.mark_cell(thumb, G, row, column), caption=f"cell row {row}, column {column}", width="stretch")
+    row = pick_row.selectbox("Row", list(range(G)), key="region_row")
+    column = pick_col.selectbox("Column", list(range(G)), key="region_col")
+    marked = workbench.mark_cell(thumb, G, row, column)
+    if streamlit_image_coordinates is not None:
+        streamlit_image_coordinates(marked, key="region_click", width="stretch", cursor="crosshair")
+        st.caption(f"cell row {row}, column {column}")
+    else:
+        st.image(marked, caption=f"cell row {row}, column {column}", width="stretch")
 with col_rank:
     if explained.words:
         st.markdown(cell_strip(explained, row, column), unsafe_allow_html=True)

@@ -415,7 +415,7 @@ def test_click_a_region_ranks_words_by_attention_there(app):
     next(s for s in at.selectbox if s.label == "Column").set_value(G - 1)
     at.run()
     no_problems(at)
-    assert any(c == f"cell row 0, column {G - 1}" for im in at.image for c in im.captions)
+    assert cell_shown(at) == (0, G - 1)
     table = next(d for d in at.dataframe if "lift" in d.value.columns).value
     alphas = model.explain(load_image_bytes(at), " ".join(words)).alphas[:, 0, G - 1]
     assert sorted(table["word"]) == sorted(words)
@@ -423,6 +423,31 @@ def test_click_a_region_ranks_words_by_attention_there(app):
     assert list(table["attention"]) == pytest.approx(sorted(alphas, reverse=True), abs=1e-3)
     strip = [m.value for m in at.markdown if 'class="cell-strip"' in m.value]
     assert len(strip) == 1 and all(w in strip[0] for w in words)
+
+
+def cell_shown(at: AppTest) -> tuple[int, int]:
+    """The (row, column) the region view says is picked (a caption under the clickable photo, or the
+    photo's own caption without the click component)."""
+    texts = [c.value for c in at.caption] + [c for im in at.image for c in im.captions]
+    found = [re.fullmatch(r"cell row (\d+), column (\d+)", t) for t in texts]
+    (m,) = [m for m in found if m]
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_a_click_on_the_photo_picks_its_cell(app):
+    pytest.importorskip("streamlit_image_coordinates")
+    at = app.run()
+    check_captioned(at)
+    G = workbench_model(at).grid_size
+    # what the component sends for a click: pixel offsets in the photo as drawn, and its drawn size
+    at.session_state["region_click"] = {"x": 399, "y": 1, "width": 400, "height": 300, "unix_time": 1}
+    at.run()
+    no_problems(at)
+    assert cell_shown(at) == (0, G - 1)
+    assert next(s for s in at.selectbox if s.label == "Row").value == 0
+    at.session_state["region_click"] = {"x": 0, "y": 299, "width": 400, "height": 300, "unix_time": 2}
+    at.run()
+    assert cell_shown(at) == (G - 1, 0)
 
 
 def test_compare_two_models_side_by_side(app, tmp_path):
