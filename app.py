@@ -344,7 +344,8 @@ explanation_grid(thumb, explained)
 st.header("Click a region")
 G = model.grid_size
 st.caption(f"Click the photo (or pick a row and column) to choose a cell of the {G}x{G} attention grid: the words "
-           "of the sentence above are ranked by how much attention they paid to it (lift: times a uniform map's share).")
+           "of the sentence above are ranked by how much attention they paid to it (lift: times a uniform map's "
+           "share).")
 click = st.session_state.get("region_click")
 if click and click.get("unix_time") != st.session_state.get("region_click_seen"):  # a new click picks its cell
     st.session_state["region_click_seen"] = click.get("unix_time")

@@ -265,7 +265,8 @@ def _prob_lines(page) -> list[list[tuple[str, float, bool]]]:
         row = []
         for box in line.locator(".prob-word").all():
             word, p = box.inner_text().rsplit("\n", 1)
-            row.append((word.strip(), float(p.strip().removeprefix("p=")), "background" in (box.get_attribute("style") or "")))
+            style = box.get_attribute("style") or ""
+            row.append((word.strip(), float(p.strip().removeprefix("p=")), "background" in style))
         out.append(row)
     return out
 
@@ -295,14 +296,16 @@ def test_workbench_views_in_chromium(app_url, sync_playwright, tmp_path):
             box = page.get_by_label("Sentence to explain")
             box.fill(SENTENCE)
             box.press("Enter")
-            page.get_by_text("‘zebraquux’ is not in the model's vocabulary (fed as <unk>)").wait_for(timeout=WAIT_MS)
+            note = "‘zebraquux’ is not in the model's vocabulary (fed as <unk>)"
+            page.get_by_text(note).wait_for(timeout=WAIT_MS)
             _settle(page)
             (line,) = _prob_lines(page)
             assert [w for w, _, _ in line] == ["a", "cat", "zebraquux (unk)", "sits", "on", "a", "bed"]
             probs = [float(x) for x in np.exp(expected.word_log_probs)]
             assert [q for _, q, _ in line] == pytest.approx(probs, abs=0.006)
             assert [hl for _, _, hl in line] == [q < 0.05 for q in probs]
-            shown = [EXPLAINED.match(c.strip()) for c in page.locator('[data-testid="stImageCaption"]').all_inner_texts()]
+            captions = page.locator('[data-testid="stImageCaption"]').all_inner_texts()
+            shown = [EXPLAINED.match(c.strip()) for c in captions]
             assert [m.group(1) for m in shown if m] == expected.words
             _section_shot(page, "Explain a sentence", "Click a region", tmp_path / "workbench_explain.png")
 

@@ -114,3 +114,27 @@ def test_unlikely_word_scores_lower(bundled, flickr, one_torch_thread):
     swapped[i] = "refrigerator" if dec.words[i] != "refrigerator" else "banana"
     exp = bundled.explain(path, " ".join(swapped))
     assert exp.word_log_probs[i] < dec.word_log_probs[i] - 1.0
+
+
+def test_hard_model_argmax_context_is_explained_as_decoded(one_torch_thread):
+    """A hard-attention model decoded with hard_context=argmax: explain uses the same context, so
+    the words' probabilities match (and differ from the expected context's)."""
+    import torch
+
+    from captioner.config import DecodeConfig
+    from captioner.decoding import SpecialIds, greedy_decode
+    from captioner.explain import explain_features
+    from captioner.vocab import Vocab
+    from tests.test_hard_attention import tiny
+
+    dec = tiny("hard").eval()
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(dec.vocab_size - 4)])
+    feats = torch.randn(1, 9, 16)  # (1, P, D) of test_hard_attention's tiny decoder: a 3x3 grid
+    settings = DecodeConfig(beam_size=1, max_len=6, block_trigrams=False, hard_context="argmax")
+    (hyp,) = greedy_decode(dec, feats, SpecialIds.of(vocab), settings)
+    words = [vocab.itos[t] for t in hyp.tokens]
+    argmax = explain_features(dec, feats, vocab, words, context="argmax")
+    np.testing.assert_allclose(argmax.word_log_probs, hyp.word_logps.numpy(), atol=1e-5)
+    np.testing.assert_allclose(argmax.alphas.reshape(len(words), -1), hyp.alphas.numpy(), atol=1e-5)
+    expected = explain_features(dec, feats, vocab, words, context="expected")
+    assert not np.allclose(expected.word_log_probs, argmax.word_log_probs)
