@@ -16,8 +16,13 @@ from pathlib import Path
 import streamlit as st
 
 import captioner
-from captioner import visualize
+from captioner import visualize, workbench
 from captioner.images import load_image
+
+try:  # click-to-pick a region; without it the row/column menus still pick one
+    from streamlit_image_coordinates import streamlit_image_coordinates
+except ImportError:  # pragma: no cover - optional component
+    streamlit_image_coordinates = None
 
 EXAMPLES_DIR = Path(captioner.__file__).resolve().parent / "assets" / "examples"
 EXAMPLES = {"Cat": "cat.jpg", "Coffee": "coffee.jpg", "Astronaut": "astronaut.jpg"}
@@ -43,6 +48,13 @@ def get_caption(path: str, mtime: float, dtype: str, digest: str, settings: tupl
     """Caption of one decoded photo (keyed by its digest and the decode settings as (name, value) pairs),
     so moving the opacity or word sliders does not decode again."""
     return get_model(path, mtime, dtype).caption(_image, **dict(settings))
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def get_explanation(path: str, mtime: float, dtype: str, digest: str, text: str, hard_context: str,
+                    _image) -> captioner.Caption:
+    """A typed sentence teacher-forced on one photo (Captioner.explain), cached per model, photo and text."""
+    return get_model(path, mtime, dtype).explain(_image, text, hard_context=hard_context)
 
 
 @st.cache_data(show_spinner=False, ttl=10)
@@ -132,6 +144,41 @@ def word_label(cap: captioner.Caption, i: int) -> str:
     """'dog (β=0.82)', or just 'dog' when the caption carries no betas."""
     b = visualize.word_beta(cap, i)
     return cap.words[i] if b is None else f"{cap.words[i]} (β={b:.2f})"
+
+
+def prob_line(cap: captioner.Caption) -> str:
+    """The sentence as HTML, each word with its probability under the model underneath; words below
+    workbench.LOW_PROB are highlighted, and out-of-vocabulary words are marked "(unk)"."""
+    low, boxes = set(workbench.unlikely_words(cap)), []
+    for i, (w, p) in enumerate(zip(cap.words, workbench.word_probs(cap))):
+        style = "background:#ffd6d6;border-radius:4px;" if i in low else ""
+        unk = " (unk)" if i in cap.unknown else ""
+        boxes.append(f'<span class="prob-word" title="p={p:.3f}" style="display:inline-block;text-align:center;'
+                     f'margin:0 0.3em;padding:0 0.2em;{style}">{html.escape(w)}{unk}<br>'
+                     f'<small style="color:#666">p={p:.2f}</small></span>')
+    return f'<div class="prob-line" style="font-size:1.1em;line-height:1.3">{"".join(boxes)}</div>'
+
+
+def cell_strip(cap: captioner.Caption, row: int, col: int) -> str:
+    """The caption as HTML with each word's background as strong as its attention at the cell
+    (relative to the most attentive word), the attention underneath."""
+    att = workbench.cell_attention(cap, row, col)
+    top = max(float(att.max()), 1e-12) if len(att) else 1.0
+    boxes = [f'<span class="cell-word" style="display:inline-block;text-align:center;margin:0 0.2em;padding:0 0.2em;'
+             f'background:rgba(255,80,0,{a / top:.2f})">{html.escape(w)}<br><small>{a:.3f}</small></span>'
+             for w, a in zip(cap.words, att)]
+    return f'<div class="cell-strip" style="font-size:1.1em;line-height:1.3">{"".join(boxes)}</div>'
+
+
+def explanation_grid(image, cap: captioner.Caption, columns: int = GRID_COLUMNS) -> None:
+    """One small overlay per word of an explained sentence, titled '“word” p=0.31 (word 1)'."""
+    probs = workbench.word_probs(cap)
+    for start in range(0, len(cap.words), columns):
+        for col, i in zip(st.columns(columns), range(start, min(start + columns, len(cap.words)))):
+            with col:
+                st.image(visualize.overlay(image, cap.alphas[i], opacity, smooth, beta=visualize.word_beta(cap, i),
+                                           mode=mode),
+                         caption=f"“{cap.words[i]}” p={probs[i]:.2f} (word {i + 1})", width="stretch")
 
 
 def short_error(e: Exception) -> str:
@@ -297,3 +344,83 @@ for start in range(0, n, GRID_COLUMNS):
             st.image(visualize.overlay(thumb, cap.alphas[i], opacity, smooth, beta=visualize.word_beta(cap, i),
                                        mode=mode),
                      caption=f"{i + 1}. {word_label(cap, i)}", width="stretch")
+
+# ----------------------------------------------------------------------------- the attention workbench
+digest = hashlib.sha256(data).hexdigest()
+hard_context = model.config.decode.hard_context
+
+st.header("Explain a sentence")
+st.caption("Type any sentence about the photo: the model reads it word by word (teacher forcing) and shows where "
+           "it looks for each word and how likely it finds it. Words below "
+           f"p={workbench.LOW_PROB} are highlighted.")
+sentence = st.text_input("Sentence to explain", value=cap.text, key="explain_text")
+explained = get_explanation(ckpt_path, mtime, dtype, digest, sentence, hard_context, image)
+for note in explained.notes:
+    st.info(note)
+if explained.words:
+    st.markdown(prob_line(explained), unsafe_allow_html=True)
+st.markdown(f"sentence log-probability **{explained.log_prob:.2f}** over {len(explained.words)} words + end")
+explanation_grid(thumb, explained)
+
+st.header("Click a region")
+G = model.grid_size
+st.caption(f"Click the photo (or pick a row and column) to choose a cell of the {G}x{G} attention grid: the words "
+           "of the sentence above are ranked by how much attention they paid to it (lift: times a uniform map's "
+           "share).")
+click = st.session_state.get("region_click")
+if click and click.get("unix_time") != st.session_state.get("region_click_seen"):  # a new click picks its cell
+    st.session_state["region_click_seen"] = click.get("unix_time")
+    st.session_state["region_row"], st.session_state["region_col"] = workbench.cell_of_point(
+        click["x"], click["y"], click["width"], click["height"], G)
+for key in ("region_row", "region_col"):  # start in the middle; a new grid size starts over
+    if st.session_state.get(key) not in range(G):
+        st.session_state[key] = G // 2
+col_cell, col_rank = st.columns([1, 1])
+with col_cell:
+    pick_row, pick_col = st.columns(2)
+    row = pick_row.selectbox("Row", list(range(G)), key="region_row")
+    column = pick_col.selectbox("Column", list(range(G)), key="region_col")
+    marked = workbench.mark_cell(thumb, G, row, column)
+    if streamlit_image_coordinates is not None:
+        streamlit_image_coordinates(marked, key="region_click", width="stretch", cursor="crosshair")
+        st.caption(f"cell row {row}, column {column}")
+    else:
+        st.image(marked, caption=f"cell row {row}, column {column}", width="stretch")
+with col_rank:
+    if explained.words:
+        st.markdown(cell_strip(explained, row, column), unsafe_allow_html=True)
+        st.dataframe([{"word": r.word, "position": r.index + 1, "attention": round(r.attention, 4),
+                       "lift": round(r.lift, 2)} for r in workbench.rank_words_at(explained, row, column)],
+                     hide_index=True, width="stretch", key="region_ranking")
+    else:
+        st.info("The sentence has no words to rank.")
+
+st.header("Compare two models")
+if st.checkbox("Compare with a second checkpoint", value=False, key="compare_on"):
+    others = [lb for lb in choices if lb != label] or [label]
+    label_b = st.selectbox("Second checkpoint (B)", others, key="compare_ckpt")
+    path_b = choices[label_b]
+    try:
+        mtime_b = Path(path_b).stat().st_mtime
+        model_b = get_model(path_b, mtime_b, dtype)
+        cap_b = get_caption(path_b, mtime_b, dtype, digest, decode_overrides, image)
+        explained_b = get_explanation(path_b, mtime_b, dtype, digest, sentence, model_b.config.decode.hard_context,
+                                      image)
+    except Exception as e:  # noqa: BLE001 - a broken second checkpoint is a message, not a crash
+        st.error(f"Cannot use the checkpoint '{label_b}': {type(e).__name__}: {e}")
+        st.stop()
+    st.markdown(f"The sentence “{html.escape(sentence)}” under both models:")
+    for side, name, lb, generated, exp in zip(st.columns(2), "AB", (label, label_b), (cap, cap_b),
+                                              (explained, explained_b)):
+        with side:
+            st.markdown(f"**{name}: {html.escape(lb)}**")
+            st.markdown(f"generated: *{html.escape(generated.text) or '(empty)'}* ({generated.log_prob:.2f})")
+            for note in exp.notes:
+                st.info(note)
+            if exp.words:
+                st.markdown(prob_line(exp), unsafe_allow_html=True)
+            st.markdown(f"sentence log-probability **{exp.log_prob:.2f}**")
+            explanation_grid(thumb, exp, columns=2)
+    if explained.words:
+        st.dataframe(workbench.compare_rows(explained, explained_b), hide_index=True, width="stretch",
+                     key="compare_table")

@@ -3,7 +3,8 @@
     import captioner
     model = captioner.load()                 # the bundled default model
     cap = model.caption("photo.jpg")         # PIL image, path or bytes
-    cap.text, cap.words, cap.alphas, cap.betas, cap.log_prob
+    cap.text, cap.words, cap.alphas, cap.betas, cap.log_prob, cap.word_log_probs
+    model.explain("photo.jpg", "a dog runs on the grass")   # any sentence, as a Caption (maps, probabilities)
 
 Decode settings (every field of config.decode: beam size, maximum length, length penalty, trigram
 blocking ...) default to the ones stored in the model file; keyword overrides change them for one call:
@@ -121,6 +122,19 @@ class Captioner:
         """Preprocessed images (B, 3, S, S) -> captions."""
         settings = self.decode_settings(**overrides)
         return captions_from_features(self.model, self.encode(x), self.vocab, settings, batch_size=len(x))
+
+    @torch.no_grad()
+    def explain(self, image: ImageInput, text: str, **overrides: Any) -> Caption:
+        """Any sentence about one image -> Caption of exactly its (tokenised) words, teacher-forced:
+        where the model looks for each word and how likely it finds each (word_log_probs). Words the
+        vocabulary lacks are fed as <unk> and listed in Caption.unknown. `overrides`: decode settings
+        (only hard_context matters, for a hard-attention model)."""
+        from .explain import explain_features
+        from .vocab import tokenize
+
+        context = self.decode_settings(**overrides).hard_context
+        feats = self.encode(self.preprocess(image).unsqueeze(0))  # (1, P, D)
+        return explain_features(self.model.decoder, feats, self.vocab, tokenize(text), context)
 
     @torch.no_grad()
     def encode(self, x: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,17 @@ class Caption:
     # (L,) gate beta of each word in [0, 1]: the share of the attended image context that reached
     # the word (z = beta * sum alpha_i a_i); near 0 = the word barely used the image. Empty when unknown.
     betas: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    # (L,) log p(word_i | image, words before it) of each word; log_prob - their sum = <end>'s. Empty when unknown.
+    # Lets a reader see WHICH words the model found unlikely, not just the sentence's total.
+    word_log_probs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    # indices of words the vocabulary lacks (explained sentences only): fed to the decoder as <unk>,
+    # so their maps and probabilities are those of <unk>
+    unknown: list[int] = field(default_factory=list)
+
+    @property
+    def notes(self) -> list[str]:
+        """Human-readable remarks on the caption: one per out-of-vocabulary word."""
+        return [f"‘{self.words[i]}’ is not in the model's vocabulary (fed as <unk>)" for i in self.unknown]
     # the COCO categories the encoder's ImageNet head sees in the photo, most probable first, with P
     # (concepts.py); empty for encoders without an ImageNet head (ResNet)
     concepts: list[tuple[str, float]] = field(default_factory=list)
@@ -58,10 +69,12 @@ def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab, probs: torch.Tensor | N
     g = grid_side(best.alphas.shape[-1])
     alphas = best.alphas.float().cpu().numpy().reshape(len(words), g, g)  # (L, G, G)
     betas = best.betas.float().cpu().numpy() if best.betas is not None else np.zeros(0, np.float32)  # (L,)
+    lps = best.word_logps.float().cpu().numpy() if best.word_logps is not None else np.zeros(0, np.float32)  # (L,)
     alts = [(" ".join(vocab.itos[t] for t in h.tokens), h.log_prob) for h in hyps[1:]]
     concepts = [] if probs is None else top_concepts(probs)
     bad = [] if ruled_out is None else [i for i, t in enumerate(best.tokens) if ruled_out[t] > 0]
-    return Caption(" ".join(words), words, alphas, float(best.log_prob), alts, betas, concepts, bad)
+    return Caption(" ".join(words), words, alphas, float(best.log_prob), alts, betas, word_log_probs=lps,
+                   concepts=concepts, contradicted=bad)
 
 
 def top_concepts(probs: torch.Tensor, k: int = TOP_CONCEPTS) -> list[tuple[str, float]]:

@@ -44,6 +44,8 @@ class Hypothesis:
     log_prob: float  # sum of log-probabilities of the words (and of <end> when it was emitted)
     score: float  # log_prob after length normalisation (what the ranking uses)
     betas: torch.Tensor | None = None  # (len(tokens),): gate beta of each word (how much it used the image)
+    # (len(tokens),) float32: log-probability of each word when chosen (log_prob minus these = <end>'s); None: unknown
+    word_logps: torch.Tensor | None = None
 
 
 def _forbid(logp: torch.Tensor, pad: int, start: int, unk: int | None = None) -> torch.Tensor:
@@ -95,6 +97,7 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settin
     tokens: list[list[int]] = [[] for _ in range(B)]
     alphas: list[list[torch.Tensor]] = [[] for _ in range(B)]
     betas: list[list[torch.Tensor]] = [[] for _ in range(B)]
+    word_lps: list[list[float]] = [[] for _ in range(B)]
     logps = [0.0] * B
     hist = torch.zeros(B, 0, dtype=torch.long, device=feats.device)  # (N, t) words of the live rows
     for _ in range(settings.max_len):
@@ -111,6 +114,7 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settin
             tokens[img].append(w)
             alphas[img].append(alpha[j])
             betas[img].append(beta[j])
+            word_lps[img].append(lp)
             keep.append(j)
         if len(keep) < len(rows):  # drop finished images from the batch
             k = torch.tensor(keep, dtype=torch.long, device=feats.device)
@@ -120,29 +124,35 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settin
             break
     P = feats.shape[1]
     return [Hypothesis(tokens[i], torch.stack(alphas[i]) if alphas[i] else feats.new_zeros(0, P), logps[i], logps[i],
-                       torch.stack(betas[i]) if betas[i] else feats.new_zeros(0)) for i in range(B)]
+                       torch.stack(betas[i]) if betas[i] else feats.new_zeros(0),
+                       torch.tensor(word_lps[i], dtype=torch.float32)) for i in range(B)]
 
 
 @dataclass
 class _History:
-    """Words, attention maps and gates of every live beam row so far: (N, t), (N, t, P), (N, t)."""
+    """Words, attention maps, gates and word log-probs of every live beam row so far: (N, t), (N, t, P),
+    (N, t), (N, t)."""
     tokens: torch.Tensor
     alphas: torch.Tensor
     betas: torch.Tensor
+    logps: torch.Tensor
 
-    def extend(self, rows: torch.Tensor, words: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> "_History":
+    def extend(self, rows: torch.Tensor, words: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
+               logp: torch.Tensor) -> "_History":
+        """rows (M,) source rows, words (M,) and their log-probs logp (M,); alpha, beta indexed by rows."""
         return _History(torch.cat([self.tokens[rows], words.unsqueeze(1)], 1),
                         torch.cat([self.alphas[rows], alpha[rows].unsqueeze(1)], 1),
-                        torch.cat([self.betas[rows], beta[rows].unsqueeze(1)], 1))
+                        torch.cat([self.betas[rows], beta[rows].unsqueeze(1)], 1),
+                        torch.cat([self.logps[rows], logp.float().unsqueeze(1)], 1))
 
     def hypothesis(self, r: int, log_prob: float, score: float) -> Hypothesis:
-        return Hypothesis(self.tokens[r].tolist(), self.alphas[r], log_prob, score, self.betas[r])
+        return Hypothesis(self.tokens[r].tolist(), self.alphas[r], log_prob, score, self.betas[r], self.logps[r].cpu())
 
 
 def _candidates(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, K: int, pad: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The best 2K continuations of each image's G rows: scores (n, 2K), source rows (n, 2K) and
-    words (n, 2K), best first."""
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The best 2K continuations of each image's G rows: scores (n, 2K), source rows (n, 2K),
+    words (n, 2K) and the words' own log-probs (n, 2K), best first."""
     V = logp.shape[1]
     cand = (cum.unsqueeze(1) + logp).view(n, G * V)  # (n, G*V)
     if G * V < 2 * K:  # a vocabulary smaller than 2K words: pad with impossible candidates
@@ -150,7 +160,7 @@ def _candidates(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, K: int, p
     top_s, top_i = cand.topk(2 * K, dim=1)  # (n, 2K)
     src = torch.arange(n, device=cum.device).unsqueeze(1) * G + (top_i // V).clamp(max=G - 1)  # (n, 2K)
     word = torch.where(top_i < G * V, top_i % V, pad)  # (n, 2K)
-    return top_s, src, word
+    return top_s, src, word, logp[src, word]
 
 
 @torch.no_grad()
@@ -174,7 +184,8 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
     h, c = decoder.init_state(feats)  # (N, H)
     cum = feats.new_zeros(B)  # (N,) cumulative log-prob of each row
     words = torch.full((B,), ids.start, dtype=torch.long, device=device)
-    hist = _History(torch.zeros(B, 0, dtype=torch.long, device=device), feats.new_zeros(B, 0, P), feats.new_zeros(B, 0))
+    hist = _History(torch.zeros(B, 0, dtype=torch.long, device=device), feats.new_zeros(B, 0, P), feats.new_zeros(B, 0),
+                    torch.zeros(B, 0, device=device))
     image_ids = torch.arange(B, device=device)  # (n,) original id of each live image
     best_finished = torch.full((B, K), float("-inf"), device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
@@ -182,7 +193,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
         n, (emb, emb_gates) = len(image_ids), decoder.embed(words)
         logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context)
         logp = word_logp(logits, ids, settings, hist.tokens, evidence, image_ids.repeat_interleave(G, 0))  # (N, V)
-        top_s, src, word = _candidates(cum, logp, n, G, K, ids.pad)
+        top_s, src, word, step_lp = _candidates(cum, logp, n, G, K, ids.pad)
         is_end = word == end
         fin = is_end & (rank < K) & (top_s > float("-inf"))  # (n, 2K) finished now: <end> among the top K
         norm = top_s / float(t + 1) ** length_penalty if length_penalty else top_s  # t words + <end>
@@ -195,8 +206,9 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
         keep_score = (~is_end).float() * (2 * K - rank)  # prefer non-end, then better rank
         alive = keep_score.topk(K, dim=1).indices.sort(dim=1).values  # (n, K) positions in rank order
         alive_s, alive_src, alive_word = top_s.gather(1, alive), src.gather(1, alive), word.gather(1, alive)  # (n, K)
+        alive_lp = step_lp.gather(1, alive)  # (n, K)
         if t == max_len - 1:  # cap: live hypotheses end here with the word they just chose
-            capped = hist.extend(alive_src.reshape(-1), alive_word.reshape(-1), alpha, beta)  # (n*K, t+1)
+            capped = hist.extend(alive_src.reshape(-1), alive_word.reshape(-1), alpha, beta, alive_lp.reshape(-1))
             for g, k in (alive_s > float("-inf")).nonzero().tolist():
                 s_ = float(alive_s[g, k])
                 finished[int(image_ids[g])].append(capped.hypothesis(g * K + k, s_, _normalise(s_, t + 1, length_penalty)))
@@ -208,7 +220,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
             break
         rows = alive_src[keep].reshape(-1)  # (n' * K,) source rows of the surviving beams
         words, cum = alive_word[keep].reshape(-1), alive_s[keep].reshape(-1)
-        hist, (h, c), G = hist.extend(rows, words, alpha, beta), (h[rows], c[rows]), K
+        hist, (h, c), G = hist.extend(rows, words, alpha, beta, alive_lp[keep].reshape(-1)), (h[rows], c[rows]), K
         if len(keep) < n:  # finished images leave the batch
             feats, feat_proj = feats[keep], feat_proj[keep]
         image_ids, best_finished = image_ids[keep], best_finished[keep]

@@ -13,6 +13,7 @@ import struct
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -354,6 +355,123 @@ def test_decoding_widgets_start_at_the_model_files_settings(monkeypatch, tmp_pat
     finally:
         st.cache_resource.clear()
         st.cache_data.clear()
+
+
+# ----------------------------------------------------------------------------- the attention workbench
+
+EXPLAINED = re.compile(r"^“(.*)” p=(\d\.\d\d) \(word (\d+)\)$")  # explained-sentence overlay captions
+
+
+def explained_overlays(at: AppTest) -> list[tuple[str, float]]:
+    """(word, p) of each overlay of the explained sentence(s), in page order."""
+    found = [EXPLAINED.match(c) for im in at.image for c in im.captions]
+    return [(m.group(1), float(m.group(2))) for m in found if m]
+
+
+def prob_words(at: AppTest, k: int = 0) -> list[tuple[str, float, bool]]:
+    """(word, p, highlighted) of the k-th probability line."""
+    lines = [m.value for m in at.markdown if 'class="prob-line"' in m.value]
+    spans = re.findall(r'title="p=[\d.]+" style="([^"]*)">([^<]*)<br><small[^>]*>p=(\d\.\d\d)</small>', lines[k])
+    return [(w, float(p), "background" in style) for style, w, p in spans]
+
+
+def workbench_model(at: AppTest) -> captioner.Captioner:
+    return captioner.load(_selected_path())
+
+
+def test_explain_a_sentence_follows_the_typed_text(app):
+    at = app.run()
+    words = check_captioned(at)
+    box = next(t for t in at.text_input if t.label == "Sentence to explain")
+    assert box.value == " ".join(words)  # starts from the generated caption
+    assert [w for w, _ in explained_overlays(at)] == words
+    typed = "a zebraquux sits on the grass"
+    box.set_value(typed).run()
+    no_problems(at)
+    shown = prob_words(at)
+    assert [w for w, _, _ in shown] == ["a", "zebraquux (unk)", "sits", "on", "the", "grass"]
+    assert [w for w, _ in explained_overlays(at)] == ["a", "zebraquux", "sits", "on", "the", "grass"]
+    assert any("‘zebraquux’ is not in the model's vocabulary" in i.value for i in at.info)
+    expected = workbench_model(at).explain(load_image_bytes(at), typed)
+    probs = np.exp(expected.word_log_probs)
+    assert [p for _, p, _ in shown] == pytest.approx(probs, abs=0.006)
+    assert [hl for _, _, hl in shown] == [p < 0.05 for p in probs]  # unlikely words highlighted
+    assert any(f"**{expected.log_prob:.2f}**" in m.value for m in at.markdown)
+
+
+def load_image_bytes(at: AppTest):
+    """The example photo the app opened with (the first example)."""
+    from captioner.images import load_image
+
+    return load_image(EXAMPLES / "cat.jpg")
+
+
+def test_click_a_region_ranks_words_by_attention_there(app):
+    at = app.run()
+    words = check_captioned(at)
+    model = workbench_model(at)
+    G = model.grid_size
+    next(s for s in at.selectbox if s.label == "Row").set_value(0)
+    next(s for s in at.selectbox if s.label == "Column").set_value(G - 1)
+    at.run()
+    no_problems(at)
+    assert cell_shown(at) == (0, G - 1)
+    table = next(d for d in at.dataframe if "lift" in d.value.columns).value
+    alphas = model.explain(load_image_bytes(at), " ".join(words)).alphas[:, 0, G - 1]
+    assert sorted(table["word"]) == sorted(words)
+    assert list(table["attention"]) == sorted(table["attention"], reverse=True)
+    assert list(table["attention"]) == pytest.approx(sorted(alphas, reverse=True), abs=1e-3)
+    strip = [m.value for m in at.markdown if 'class="cell-strip"' in m.value]
+    assert len(strip) == 1 and all(w in strip[0] for w in words)
+
+
+def cell_shown(at: AppTest) -> tuple[int, int]:
+    """The (row, column) the region view says is picked (a caption under the clickable photo, or the
+    photo's own caption without the click component)."""
+    texts = [c.value for c in at.caption] + [c for im in at.image for c in im.captions]
+    found = [re.fullmatch(r"cell row (\d+), column (\d+)", t) for t in texts]
+    (m,) = [m for m in found if m]
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_a_click_on_the_photo_picks_its_cell(app):
+    pytest.importorskip("streamlit_image_coordinates")
+    at = app.run()
+    check_captioned(at)
+    G = workbench_model(at).grid_size
+    # what the component sends for a click: pixel offsets in the photo as drawn, and its drawn size
+    at.session_state["region_click"] = {"x": 399, "y": 1, "width": 400, "height": 300, "unix_time": 1}
+    at.run()
+    no_problems(at)
+    assert cell_shown(at) == (0, G - 1)
+    assert next(s for s in at.selectbox if s.label == "Row").value == 0
+    at.session_state["region_click"] = {"x": 0, "y": 299, "width": 400, "height": 300, "unix_time": 2}
+    at.run()
+    assert cell_shown(at) == (G - 1, 0)
+
+
+def test_compare_two_models_side_by_side(app, tmp_path):
+    from .test_api import tiny_captioner
+
+    tiny_captioner().save(tmp_path / "tiny.safetensors")
+    at = app.run()
+    words = check_captioned(at)
+    next(t for t in at.sidebar.text_input if t.label.startswith("Checkpoint folder")).set_value(str(tmp_path)).run()
+    next(c for c in at.checkbox if c.label == "Compare with a second checkpoint").check().run()
+    no_problems(at)
+    second = next(s for s in at.selectbox if s.label == "Second checkpoint (B)")
+    assert "tiny.safetensors" in second.options
+    second.set_value("tiny.safetensors").run()
+    no_problems(at)
+    heads = [m.value for m in at.markdown if m.value.startswith("**A: ") or m.value.startswith("**B: ")]
+    assert len(heads) == 2 and "tiny.safetensors" in heads[1]
+    assert len([m for m in at.markdown if 'class="prob-line"' in m.value]) == 3  # explain view + A + B
+    overlays = [w for w, _ in explained_overlays(at)]
+    assert overlays == words * 3  # the same sentence, explained in the view and under both models
+    table = next(d for d in at.dataframe if "likelier under" in d.value.columns).value
+    assert list(table["word"]) == words
+    tiny_unknown = [w for w in words if w not in tiny_captioner().vocab.stoi]
+    assert all(any(f"‘{w}’" in i.value for i in at.info) for w in tiny_unknown)
 
 
 def test_concepts_and_the_evidence_switch(app):

@@ -1,6 +1,8 @@
 """The Streamlit app in a real browser: `streamlit run app.py` driven by headless Debian chromium
 through Playwright. Uploads a photo through the page's file input, checks the caption and the
 attention overlays, downloads the results, then uploads bad files and checks the app recovers.
+The attention workbench: types a sentence, clicks a region of the photo, compares two checkpoints
+(screenshots of each view: docs/workbench_*.png when CAPTIONER_SCREENSHOT_DIR is set).
 
 A screenshot of the captioned page is saved under pytest's tmp_path and, when the env var
 CAPTIONER_SCREENSHOT_DIR is set, copied there.
@@ -19,6 +21,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -180,7 +183,8 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             betas = _check_betas(page, words)
             # every overlay is a loaded picture with the photo's aspect ratio (600x400)
             images = page.locator('[data-testid="stImage"] img')
-            assert images.count() == len(words) + 2  # the photo, the large view, one per word
+            # the photo, the large view, one per word, and one per word of the explained sentence (the caption)
+            assert images.count() == 2 * len(words) + 2
             for k in range(images.count()):
                 img = images.nth(k)
                 img.scroll_into_view_if_needed()
@@ -229,6 +233,110 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             assert words and _all_overlays(page, words) == [f"{i + 1}. {w}" for i, w in enumerate(words)]
             _check_betas(page, words)
             assert page.get_by_test_id("stAlert").filter(has_text="Cannot use").count() == 0
+            assert page.get_by_test_id("stException").count() == 0
+        finally:
+            browser.close()
+
+
+EXPLAINED = re.compile(r"^“(.*)” p=(\d\.\d\d) \(word (\d+)\)$")  # explained-sentence overlay captions
+SENTENCE = "a cat zebraquux sits on a bed"
+
+
+def _section_shot(page, first: str, until: str | None, path: Path) -> None:
+    """Screenshot of the page from the header `first` to the header `until` (None: to the end)."""
+    top = page.get_by_role("heading", name=first).bounding_box()
+    end = page.get_by_role("heading", name=until).bounding_box()["y"] if until else None
+    if end is None:  # the bottom of the last element on the page
+        last = page.locator('[data-testid="stMainBlockContainer"] [data-testid="stElementContainer"]').last
+        box = last.bounding_box()
+        end = box["y"] + box["height"] + 30
+    page.screenshot(path=str(path), clip={"x": 0, "y": top["y"] - 10, "width": page.viewport_size["width"],
+                                          "height": end - top["y"]})
+    if os.environ.get("CAPTIONER_SCREENSHOT_DIR"):
+        out = Path(os.environ["CAPTIONER_SCREENSHOT_DIR"])
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, out / path.name)
+
+
+def _prob_lines(page) -> list[list[tuple[str, float, bool]]]:
+    """Each probability line: (word, p, highlighted) per word."""
+    out = []
+    for line in page.locator(".prob-line").all():
+        row = []
+        for box in line.locator(".prob-word").all():
+            word, p = box.inner_text().rsplit("\n", 1)
+            style = box.get_attribute("style") or ""
+            row.append((word.strip(), float(p.strip().removeprefix("p=")), "background" in style))
+        out.append(row)
+    return out
+
+
+def test_workbench_views_in_chromium(app_url, sync_playwright, tmp_path):
+    """Explain a typed sentence, click a region, compare with a second checkpoint: what the page
+    shows is what the library computes."""
+    from captioner.images import load_image
+
+    from .test_api import tiny_captioner
+
+    folder = tmp_path / "models"
+    tiny_captioner().save(folder / "tiny.safetensors")
+    model = captioner.load(os.environ.get("CAPTIONER_CHECKPOINT") if not captioner.DEFAULT_CHECKPOINT.is_file()
+                           else None)
+    expected = model.explain(load_image(EXAMPLES / "cat.jpg"), SENTENCE)
+    G = model.grid_size
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 7000})
+            page.goto(app_url)
+            page.get_by_text("cat.jpg (451x300)").wait_for(timeout=WAIT_MS)
+            _settle(page)
+
+            # explain a sentence: the maps and probabilities follow the typed text
+            box = page.get_by_label("Sentence to explain")
+            box.fill(SENTENCE)
+            box.press("Enter")
+            note = "‘zebraquux’ is not in the model's vocabulary (fed as <unk>)"
+            page.get_by_text(note).wait_for(timeout=WAIT_MS)
+            _settle(page)
+            (line,) = _prob_lines(page)
+            assert [w for w, _, _ in line] == ["a", "cat", "zebraquux (unk)", "sits", "on", "a", "bed"]
+            probs = [float(x) for x in np.exp(expected.word_log_probs)]
+            assert [q for _, q, _ in line] == pytest.approx(probs, abs=0.006)
+            assert [hl for _, _, hl in line] == [q < 0.05 for q in probs]
+            captions = page.locator('[data-testid="stImageCaption"]').all_inner_texts()
+            shown = [EXPLAINED.match(c.strip()) for c in captions]
+            assert [m.group(1) for m in shown if m] == expected.words
+            _section_shot(page, "Explain a sentence", "Click a region", tmp_path / "workbench_explain.png")
+
+            # click a region: the top-right corner of the photo picks cell (0, G-1)
+            frame = page.frame_locator('iframe[title*="image_coordinates"]')
+            img = frame.locator("img")
+            img.wait_for(timeout=WAIT_MS)
+            w = img.bounding_box()["width"]
+            img.click(position={"x": w - 3, "y": 3})
+            page.get_by_text(f"cell row 0, column {G - 1}").wait_for(timeout=WAIT_MS)
+            _settle(page)
+            strip = page.locator(".cell-strip .cell-word").all_inner_texts()
+            assert [s.split()[0] for s in strip] == expected.words
+            att = expected.alphas[:, 0, G - 1]
+            assert [float(s.split()[-1]) for s in strip] == pytest.approx(att.tolist(), abs=0.0006)
+            _section_shot(page, "Click a region", "Compare two models", tmp_path / "workbench_region.png")
+
+            # compare two models: a second checkpoint from the folder, the same sentence under both
+            folder_box = page.get_by_label("Checkpoint folder (searched recursively for *.safetensors)")
+            folder_box.fill(str(folder))
+            folder_box.press("Enter")
+            _settle(page)
+            page.get_by_text("Compare with a second checkpoint").click()
+            page.get_by_text("B: tiny.safetensors").wait_for(timeout=WAIT_MS)
+            _settle(page)
+            lines = _prob_lines(page)
+            assert len(lines) == 3 and lines[1] == line  # the view, A (the same model), B
+            assert [w for w, _, _ in lines[2]][:2] == ["a", "cat (unk)"]  # not in the tiny vocabulary
+            assert page.get_by_text("‘cat’ is not in the model's vocabulary (fed as <unk>)").count() == 1
+            assert len(lines[2]) == len(expected.words)
+            _section_shot(page, "Compare two models", None, tmp_path / "workbench_compare.png")
             assert page.get_by_test_id("stException").count() == 0
         finally:
             browser.close()

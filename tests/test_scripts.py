@@ -15,7 +15,9 @@ from captioner.config import DecodeConfig
 
 from .conftest import ROOT, need_coco, need_flickr
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+# PYTHONPATH: the scripts import THIS checkout's package, not whichever one is installed
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+       "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 def run(*args: str, ok: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -86,8 +88,8 @@ def test_caption_cli(trained, tmp_path):
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["image"] for r in lines] == [str(photos[0]), str(photos[1])]  # ... and the others are captioned
     settings = {f.name for f in dataclasses.fields(DecodeConfig)}  # every decode setting in use is recorded
-    assert all(set(r) == {"image", "caption", "log_prob"} | settings and r["log_prob"] <= 0 and r["beam_size"] == 3
-               for r in lines)
+    fields = {"image", "caption", "words", "word_log_probs", "word_probs", "betas", "log_prob"}
+    assert all(set(r) == fields | settings and r["log_prob"] <= 0 and r["beam_size"] == 3 for r in lines)
     assert "decoding with beam_size 3" in out.stderr and "block_trigrams" in out.stderr
     assert sorted(p.name for p in (tmp_path / "att").iterdir()) == sorted(p.stem + "_attention.png" for p in photos)
 
@@ -213,6 +215,72 @@ def test_evaluate_coco_grounding(tmp_path):
     text = run(*common, "--annotations", str(lone), "--instances", str(ann.with_name("instances_train2017.json")),
                "--output", str(tmp_path / "d.json")).stdout
     assert "grounding (generated)" in text and "grounding (teacher_forced)" in text and "lift" in text
+
+
+def photo_folder(tmp_path: Path) -> Path:
+    """photos/: two real photos (one as PNG), a text file named .jpg, a non-image extension, and
+    sub/ with a third photo."""
+    from PIL import Image
+
+    photos = sorted((need_flickr() / "Images").glob("*.jpg"))[:3]
+    root = tmp_path / "photos"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.jpg").write_bytes(photos[0].read_bytes())
+    Image.open(photos[1]).save(root / "b.png")
+    (root / "sub" / "c.jpeg").write_bytes(photos[2].read_bytes())
+    (root / "bad.jpg").write_text("not a photo")
+    (root / "readme.txt").write_text("ignored: not an image extension")
+    return root
+
+
+def bundled_or_skip() -> None:
+    import captioner
+
+    if not captioner.DEFAULT_CHECKPOINT.is_file():
+        pytest.skip(f"the bundled model {captioner.DEFAULT_CHECKPOINT} is missing")
+
+
+def test_caption_cli_folder(tmp_path):
+    """A folder: its images in sorted order, the bad one reported (exit 1), subfolders only with
+    --recursive; the same captions whatever the batch size."""
+    bundled_or_skip()
+    root = photo_folder(tmp_path)
+    flat = run("scripts/caption.py", str(root), "--beam-size", "1", "--batch-size", "16", ok=False)
+    assert flat.returncode == 1 and "bad.jpg" in flat.stderr and "readme" not in flat.stderr
+    rows = [line.split("\t") for line in flat.stdout.splitlines()]
+    assert [r[0] for r in rows] == [str(root / "a.jpg"), str(root / "b.png")]
+    deep = run("scripts/caption.py", str(root), "--recursive", "--beam-size", "1", "--batch-size", "2", ok=False)
+    rows_deep = [line.split("\t") for line in deep.stdout.splitlines()]
+    assert [r[0] for r in rows_deep] == [str(root / "a.jpg"), str(root / "b.png"), str(root / "sub" / "c.jpeg")]
+    assert rows_deep[:2] == rows  # batches of 2 (bad file inside one) give the same captions as one batch
+    assert deep.stderr.count("error:") == 1
+
+
+def test_caption_cli_folder_json_and_maps(tmp_path):
+    import math
+
+    import captioner
+
+    bundled_or_skip()
+    root = photo_folder(tmp_path)
+    (root / "bad.jpg").unlink()
+    out = run("scripts/caption.py", str(root), "--recursive", "--json", "--maps", "--batch-size", "2")
+    lines = [json.loads(x) for x in out.stdout.splitlines()]
+    assert len(lines) == 3
+    model = captioner.load()
+    g = model.grid_size
+    for r in lines:
+        n = len(r["words"])
+        assert r["caption"] == " ".join(r["words"]) and len(r["word_log_probs"]) == len(r["betas"]) == n
+        assert all(math.isclose(p, math.exp(lp), rel_tol=1e-3, abs_tol=1e-5)
+                   for p, lp in zip(r["word_probs"], r["word_log_probs"]))
+        assert sum(r["word_log_probs"]) >= r["log_prob"] - 1e-3  # + log p(<end>) <= 0
+        assert len(r["alphas"]) == n and all(len(a) == g and len(a[0]) == g for a in r["alphas"])
+        assert all(abs(sum(map(sum, a)) - 1) < 1e-3 for a in r["alphas"])
+    expect = model.caption(root / "a.jpg", **{k: lines[0][k] for k in ("beam_size", "max_len", "block_trigrams")})
+    assert lines[0]["caption"] == expect.text
+    plain = run("scripts/caption.py", str(root / "a.jpg"), "--json")
+    assert "alphas" not in json.loads(plain.stdout)
 
 
 def test_evaluate_hallucination_coco_and_flickr(tmp_path):

@@ -62,3 +62,6 @@ def test_figure_titles_and_json_carry_beta():
     plain = Caption("a dog", cap.words, cap.alphas, -1.0)
     assert visualize.word_title("dog", visualize.word_beta(plain, 1)) == "dog"
     assert [w["beta"] for w in visualize.caption_json(plain)["words"]] == [None, None]
+    assert [w["log_prob"] for w in visualize.caption_json(plain)["words"]] == [None, None]
+    scored = Caption("a dog", cap.words, cap.alphas, -1.0, word_log_probs=np.array([-0.25, -0.5], np.float32))
+    assert [w["log_prob"] for w in visualize.caption_json(scored)["words"]] == [-0.25, -0.5]

@@ -1,0 +1,89 @@
+"""The attention workbench's logic (the app's "Explain a sentence", "Click a region" and "Compare two
+models" views draw what these functions compute; app.py only lays out widgets).
+
+Legend: L words, G grid side (P = G*G cells).
+
+- word probabilities: p = exp(word_log_prob); a word below LOW_PROB is one the model finds unlikely
+  there (it would rarely have written it), which is where a typed sentence and the photo disagree.
+- a region: grid cell (row, col) covers rows [row*H/G, (row+1)*H/G) and columns [col*W/G, ...) of
+  the photo (the grid covers the whole uncropped photo, see visualize.py). A word's attention at the
+  cell is alpha[row, col]; times P it is the lift over a uniform map (1 = looked there no more than
+  anywhere else), which is comparable across grid sizes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+if TYPE_CHECKING:
+    from .captions import Caption
+
+LOW_PROB = 0.05  # below this a word is marked unlikely
+
+
+def word_probs(caption: "Caption") -> np.ndarray:
+    """(L,) probability of each word given the photo and the words before it; empty when unknown."""
+    return np.exp(np.asarray(caption.word_log_probs, dtype=np.float64))
+
+
+def unlikely_words(caption: "Caption", threshold: float = LOW_PROB) -> list[int]:
+    """Indices of the words the model gives probability below `threshold`."""
+    return [i for i, p in enumerate(word_probs(caption)) if p < threshold]
+
+
+@dataclass
+class CellWord:
+    index: int  # position in the caption
+    word: str
+    attention: float  # alpha of the word at the cell, in [0, 1]
+    lift: float  # attention * P: 1 = no more than a uniform map
+
+
+def cell_attention(caption: "Caption", row: int, col: int) -> np.ndarray:
+    """(L,) each word's attention at grid cell (row, col). IndexError outside the grid."""
+    G = caption.alphas.shape[-1]
+    if not (0 <= row < caption.alphas.shape[1] and 0 <= col < G):
+        raise IndexError(f"cell ({row}, {col}) is outside the {caption.alphas.shape[1]}x{G} grid")
+    return caption.alphas[:, row, col].astype(np.float64)
+
+
+def rank_words_at(caption: "Caption", row: int, col: int) -> list[CellWord]:
+    """The caption's words ranked by their attention at cell (row, col), most first (ties: caption order)."""
+    att = cell_attention(caption, row, col)
+    P = caption.alphas.shape[1] * caption.alphas.shape[2]
+    order = sorted(range(len(att)), key=lambda i: (-att[i], i))
+    return [CellWord(i, caption.words[i], float(att[i]), float(att[i] * P)) for i in order]
+
+
+def cell_of_point(x: float, y: float, width: int, height: int, grid: int) -> tuple[int, int]:
+    """A pixel (x, y) of a width x height picture -> the (row, col) of the grid cell it falls in."""
+    col = min(grid - 1, max(0, int(x * grid / width)))
+    row = min(grid - 1, max(0, int(y * grid / height)))
+    return row, col
+
+
+def mark_cell(image: Image.Image, grid: int, row: int, col: int, colour: str = "#ff2b2b") -> Image.Image:
+    """A copy of the photo with grid cell (row, col) outlined and the other cell borders faint."""
+    out = image.convert("RGB").copy()
+    w, h = out.size
+    draw = ImageDraw.Draw(out)
+    for k in range(1, grid):  # faint grid
+        draw.line([(k * w / grid, 0), (k * w / grid, h)], fill=(255, 255, 255), width=1)
+        draw.line([(0, k * h / grid), (w, k * h / grid)], fill=(255, 255, 255), width=1)
+    box = (col * w / grid, row * h / grid, (col + 1) * w / grid - 1, (row + 1) * h / grid - 1)
+    draw.rectangle(box, outline=colour, width=max(2, round(min(w, h) / 120)))
+    return out
+
+
+def compare_rows(a: "Caption", b: "Caption") -> list[dict[str, object]]:
+    """One sentence explained under two models -> per word its probability under each and which
+    model found it likelier. Both captions must be explanations of the same words."""
+    if a.words != b.words:
+        raise ValueError(f"the two explanations have different words: {a.words} vs {b.words}")
+    pa, pb = word_probs(a), word_probs(b)
+    return [{"word": w, "p (A)": round(float(x), 4), "p (B)": round(float(y), 4),
+             "likelier under": "A" if x > y else "B" if y > x else "="}
+            for w, x, y in zip(a.words, pa, pb)]

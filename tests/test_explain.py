@@ -1,0 +1,140 @@
+"""Explaining a sentence (Captioner.explain, explain.explain_features) and per-word log-probabilities.
+
+Invariants: explaining a caption's own text reproduces what decoding computed for it (maps, gates,
+each word's log-probability, the total); a sentence's total is its words' log-probs plus <end>'s;
+out-of-vocabulary words are reported, not fatal; an empty sentence is just <end>.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import captioner
+from tests.test_api import photo, tiny_captioner
+
+ATOL = 1e-5
+
+
+def end_log_prob(cap: captioner.Caption) -> float:
+    """log p(<end>) implied by a caption: its total minus its words'."""
+    return cap.log_prob - float(np.sum(cap.word_log_probs, dtype=np.float64))
+
+
+def assert_same(explained: captioner.Caption, decoded: captioner.Caption) -> None:
+    assert explained.words == decoded.words
+    assert explained.alphas.shape == decoded.alphas.shape
+    np.testing.assert_allclose(explained.alphas, decoded.alphas, atol=ATOL)
+    np.testing.assert_allclose(explained.betas, decoded.betas, atol=ATOL)
+    np.testing.assert_allclose(explained.word_log_probs, decoded.word_log_probs, atol=1e-4)
+    assert explained.log_prob == pytest.approx(decoded.log_prob, abs=1e-4)
+
+
+def check_totals(cap: captioner.Caption) -> None:
+    assert cap.word_log_probs.shape == (len(cap.words),)
+    assert np.all(cap.word_log_probs <= 0) and np.all(np.isfinite(cap.word_log_probs))
+    assert -50 < end_log_prob(cap) <= 1e-6  # a real probability for <end>, not a bookkeeping leftover
+
+
+@pytest.fixture(scope="module")
+def bundled() -> captioner.Captioner:
+    if not captioner.DEFAULT_CHECKPOINT.is_file():
+        pytest.skip("the bundled default model is missing")
+    return captioner.load()
+
+
+def flickr_photos(root, n: int) -> list:
+    return sorted((root / "Images").glob("*.jpg"))[:n]
+
+
+def test_tiny_model_explain_equals_greedy(one_torch_thread):
+    model = tiny_captioner()
+    img = photo()
+    dec = model.caption(img, beam_size=1, block_trigrams=False, max_len=8)
+    check_totals(dec)
+    exp = model.explain(img, dec.text)
+    assert exp.unknown == [] and exp.notes == []
+    # a capped caption (no <end> emitted) has no <end> term; compare the words then
+    if len(dec.words) < 8:
+        assert_same(exp, dec)
+    else:
+        np.testing.assert_allclose(exp.word_log_probs, dec.word_log_probs, atol=1e-4)
+
+
+def test_explain_reproduces_greedy_on_real_photos(bundled, flickr, one_torch_thread):
+    for path in flickr_photos(flickr, 4):
+        dec = bundled.caption(path, beam_size=1, block_trigrams=False)
+        check_totals(dec)
+        exp = bundled.explain(path, dec.text)
+        assert_same(exp, dec)
+        check_totals(exp)
+        sums = exp.alphas.reshape(len(exp.words), -1).sum(-1)
+        np.testing.assert_allclose(sums, 1.0, atol=1e-5)
+
+
+def test_beam_search_word_log_probs_are_the_words_own(bundled, flickr, one_torch_thread):
+    """Beam search records each word's log-prob along the surviving beam: teacher forcing its
+    caption must give the same numbers (a beam bookkeeping slip would mix up rows)."""
+    paths = flickr_photos(flickr, 3)
+    caps = bundled.caption_batch(paths, beam_size=3, block_trigrams=False)
+    for path, cap in zip(paths, caps):
+        check_totals(cap)
+        exp = bundled.explain(path, cap.text)
+        np.testing.assert_allclose(cap.word_log_probs, exp.word_log_probs, atol=1e-4)
+        assert cap.log_prob == pytest.approx(exp.log_prob, abs=1e-4)
+
+
+def test_out_of_vocabulary_word_is_reported(bundled, flickr, one_torch_thread):
+    word = "zebraquux"
+    assert word not in bundled.vocab.stoi
+    path = flickr_photos(flickr, 1)[0]
+    cap = bundled.explain(path, f"A {word} runs on the grass.")
+    assert cap.words == ["a", word, "runs", "on", "the", "grass"]
+    assert cap.unknown == [1]
+    assert cap.notes == [f"‘{word}’ is not in the model's vocabulary (fed as <unk>)"]
+    assert cap.alphas.shape[0] == 6 and np.all(np.isfinite(cap.word_log_probs))
+    as_unk = bundled.explain(path, "a <unk> runs on the grass")  # the tokenizer drops <>: "unk"
+    assert as_unk.words[1] == "unk"
+
+
+def test_empty_sentence_is_only_end(bundled, flickr, one_torch_thread):
+    path = flickr_photos(flickr, 1)[0]
+    cap = bundled.explain(path, "  ,. ")
+    g = bundled.grid_size
+    assert cap.words == [] and cap.text == "" and cap.alphas.shape == (0, g, g)
+    assert cap.word_log_probs.shape == (0,) and cap.betas.shape == (0,)
+    assert -50 < cap.log_prob < 0  # log p(<end> | <start>)
+
+
+def test_unlikely_word_scores_lower(bundled, flickr, one_torch_thread):
+    """Swapping a caption's noun for an unrelated one lowers that word's probability."""
+    path = flickr_photos(flickr, 1)[0]
+    dec = bundled.caption(path, beam_size=1, block_trigrams=False)
+    i = max(range(len(dec.words)), key=lambda j: dec.word_log_probs[j])  # the model's surest word
+    swapped = list(dec.words)
+    swapped[i] = "refrigerator" if dec.words[i] != "refrigerator" else "banana"
+    exp = bundled.explain(path, " ".join(swapped))
+    assert exp.word_log_probs[i] < dec.word_log_probs[i] - 1.0
+
+
+def test_hard_model_argmax_context_is_explained_as_decoded(one_torch_thread):
+    """A hard-attention model decoded with hard_context=argmax: explain uses the same context, so
+    the words' probabilities match (and differ from the expected context's)."""
+    import torch
+
+    from captioner.config import DecodeConfig
+    from captioner.decoding import SpecialIds, greedy_decode
+    from captioner.explain import explain_features
+    from captioner.vocab import Vocab
+    from tests.test_hard_attention import tiny
+
+    dec = tiny("hard").eval()
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(dec.vocab_size - 4)])
+    feats = torch.randn(1, 9, 16)  # (1, P, D) of test_hard_attention's tiny decoder: a 3x3 grid
+    settings = DecodeConfig(beam_size=1, max_len=6, block_trigrams=False, hard_context="argmax")
+    (hyp,) = greedy_decode(dec, feats, SpecialIds.of(vocab), settings)
+    words = [vocab.itos[t] for t in hyp.tokens]
+    argmax = explain_features(dec, feats, vocab, words, context="argmax")
+    np.testing.assert_allclose(argmax.word_log_probs, hyp.word_logps.numpy(), atol=1e-5)
+    np.testing.assert_allclose(argmax.alphas.reshape(len(words), -1), hyp.alphas.numpy(), atol=1e-5)
+    expected = explain_features(dec, feats, vocab, words, context="expected")
+    assert not np.allclose(expected.word_log_probs, argmax.word_log_probs)
