@@ -192,8 +192,8 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
     for t in range(max_len):
         n, (emb, emb_gates) = len(image_ids), decoder.embed(words)
         logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context)
-        logp = word_logp(logits, ids, settings, hist.tokens, evidence, image_ids.repeat_interleave(G, 0))  # (N, V)
-        top_s, src, word, step_lp = _candidates(cum, logp, n, G, K, ids.pad)
+        top_s, src, word, step_lp = _candidates(
+            cum, word_logp(logits, ids, settings, hist.tokens, evidence, image_ids.repeat_interleave(G, 0)), n, G, K, ids.pad)
         is_end = word == end
         fin = is_end & (rank < K) & (top_s > float("-inf"))  # (n, 2K) finished now: <end> among the top K
         norm = top_s / float(t + 1) ** length_penalty if length_penalty else top_s  # t words + <end>
