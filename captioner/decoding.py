@@ -178,8 +178,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
     """
     K, max_len, length_penalty, end = settings.beam_size, settings.max_len, settings.length_penalty, ids.end
     (B, P, _), device = feats.shape, feats.device
-    rank = torch.arange(2 * K, device=device)  # (2K,)
-    G = 1  # rows = (image, beam), G per image sharing its features; G = 1 at t=0 (one <start>), then K
+    rank, G = torch.arange(2 * K, device=device), 1  # (2K,); G rows (image, beam) per image: 1 at t=0, then K
     feat_proj = decoder.attention.project(feats)  # (n, P, A)
     h, c = decoder.init_state(feats)  # (N, H)
     cum = feats.new_zeros(B)  # (N,) cumulative log-prob of each row
