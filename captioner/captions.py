@@ -16,7 +16,7 @@ import torch
 from .concepts import CATEGORIES, concept_probs, has_head
 from .config import DecodeConfig
 from .decoding import Hypothesis, SpecialIds, decode
-from .evidence import Evidence, word_categories
+from .evidence import Evidence, ruled_out_words, word_categories
 from .model.captioner import CaptionModel
 from .vocab import Vocab
 
@@ -39,17 +39,17 @@ class Caption:
     # indices of words the vocabulary lacks (explained sentences only): fed to the decoder as <unk>,
     # so their maps and probabilities are those of <unk>
     unknown: list[int] = field(default_factory=list)
-
-    @property
-    def notes(self) -> list[str]:
-        """Human-readable remarks on the caption: one per out-of-vocabulary word."""
-        return [f"‘{self.words[i]}’ is not in the model's vocabulary (fed as <unk>)" for i in self.unknown]
     # the COCO categories the encoder's ImageNet head sees in the photo, most probable first, with P
     # (concepts.py); empty for encoders without an ImageNet head (ResNet)
     concepts: list[tuple[str, float]] = field(default_factory=list)
     # indices of words naming an object the ImageNet head rules out (P < decode.evidence_floor), whether
     # or not decoding used the evidence: what the app marks as contradicted
     contradicted: list[int] = field(default_factory=list)
+
+    @property
+    def notes(self) -> list[str]:
+        """Human-readable remarks on the caption: one per out-of-vocabulary word."""
+        return [f"‘{self.words[i]}’ is not in the model's vocabulary (fed as <unk>)" for i in self.unknown]
 
 
 def grid_side(regions: int) -> int:
@@ -107,7 +107,7 @@ def captions_from_features(model: CaptionModel, feats: np.ndarray | torch.Tensor
         probs = None if head is None else concept_probs(head, x)  # (b, C)
         evidence = Evidence(probs, words, settings) if settings.evidence else None
         hyps = decode(decoder, x, ids, settings, evidence)
-        ruled_out = None if words is None else (probs < settings.evidence_floor).float() @ words.t()  # (b, V)
+        ruled_out = None if words is None else ruled_out_words(probs, words, settings.evidence_floor)  # (b, V)
         out.extend(to_caption(h, vocab, None if probs is None else probs[j], None if words is None else ruled_out[j])
                    for j, h in enumerate(hyps))
     return out

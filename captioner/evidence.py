@@ -38,15 +38,19 @@ def word_categories(vocab: Vocab, categories: tuple[str, ...] = CATEGORIES) -> t
     return m
 
 
+def ruled_out_words(probs: torch.Tensor, words: torch.Tensor, floor: float) -> torch.Tensor:
+    """probs (B, C), words (V, C) -> (B, V) 1 where the word names a category with P < floor."""
+    return (probs < floor).float() @ words.t().to(probs)
+
+
 class Evidence:
     """Per-image word scores for decoding: probs (B, C) concept probabilities, words (V, C) from
     word_categories, settings.evidence_* -> `bias(images, tokens)` for the live rows."""
 
     def __init__(self, probs: torch.Tensor, words: torch.Tensor, settings: DecodeConfig):
-        ruled_out = (probs < settings.evidence_floor).float()  # (B, C)
         self.words = words.to(probs)  # (V, C)
-        self.penalty = (-settings.evidence_penalty * ruled_out) @ self.words.t()  # (B, V)
-        self.bonus = settings.evidence_bonus * probs * (1 - ruled_out)  # (B, C)
+        self.penalty = -settings.evidence_penalty * ruled_out_words(probs, self.words, settings.evidence_floor)  # (B, V)
+        self.bonus = settings.evidence_bonus * probs * (probs >= settings.evidence_floor).float()  # (B, C)
 
     def bias(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """images (N,) the image of each live row, tokens (N, t) its words so far -> (N, V)."""
