@@ -183,6 +183,9 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             betas = _check_betas(page, words)
             # every overlay is a loaded picture with the photo's aspect ratio (600x400)
             images = page.locator('[data-testid="stImage"] img')
+            # the explained sentence's grid streams in after the caption's: wait for its last word's overlay
+            page.locator('[data-testid="stImageCaption"]', has_text=f"(word {len(words)})").last.wait_for(timeout=WAIT_MS)
+            _settle(page)
             # the photo, the large view, one per word, and one per word of the explained sentence (the caption)
             assert images.count() == 2 * len(words) + 2
             for k in range(images.count()):
