@@ -353,7 +353,9 @@ st.header("Explain a sentence")
 st.caption("Type any sentence about the photo: the model reads it word by word (teacher forcing) and shows where "
            "it looks for each word and how likely it finds it. Words below "
            f"p={workbench.LOW_PROB} are highlighted.")
-sentence = st.text_input("Sentence to explain", value=cap.text, key="explain_text")
+# keyed by photo and caption: a new photo (or new decode settings) starts the box from its own caption
+sentence = st.text_input("Sentence to explain", value=cap.text,
+                         key=f"explain_text-{digest}-{hashlib.sha256(cap.text.encode()).hexdigest()[:12]}")
 explained = get_explanation(ckpt_path, mtime, dtype, digest, sentence, hard_context, image)
 for note in explained.notes:
     st.info(note)

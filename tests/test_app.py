@@ -486,3 +486,12 @@ def test_concepts_and_the_evidence_switch(app):
     assert any("cup" in m.value for m in at.markdown if "concept" in m.value)
     if toggle.value:
         assert "dog" not in caption_text(at)
+
+
+def test_explain_box_follows_a_new_photo(app):
+    """The sentence box starts from the caption of the photo on screen, also after another photo."""
+    at = app.run()
+    ex = next(s for s in at.selectbox if s.label.startswith("... or pick an example"))
+    ex.set_value("Astronaut").run()
+    box = next(t for t in at.text_input if t.label == "Sentence to explain")
+    assert box.value == caption_text(at)
