@@ -22,6 +22,7 @@ METRICS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
 OBJECTIVES = ("xe", "scst")  # train.objective
 SCST_BASELINES = ("mean", "greedy")  # train.scst_baseline
 HARD_CONTEXTS = ("expected", "argmax")  # decode.hard_context
+BN_MODES = ("frozen", "train")  # train.encoder_bn
 DTYPES = ("float32", "bfloat16")  # the compute type of a loaded model (api.load, --dtype)
 
 
@@ -32,7 +33,8 @@ class ModelConfig:
     image_size: int = 224  # square network input; the whole image is resized, never cropped
     grid_size: int = 7  # annotation grid is grid_size x grid_size (paper: 14)
     output_stride: int = 32  # 16 dilates the encoder's last stage: a 2x finer native grid, same weights
-    fine_tune_encoder: bool = False
+    fine_tune_encoder: bool = False  # the whole encoder in the loop on images (GPU path)
+    tune_stages: int = 0  # >0: train the encoder's top N stages + head conv from cached activations (CPU path)
     embed_dim: int = 512  # E
     hidden_dim: int = 512  # H
     attention_dim: int = 512  # A
@@ -51,6 +53,7 @@ class DataConfig:
     min_word_count: int = 5
     max_caption_len: int = 50  # longer training captions are truncated (in tokens, without <start>/<end>)
     augment: bool = False  # random resized crop + flip while training (needs the encoder in the loop)
+    flip: bool = False  # model.tune_stages: also cache each photo's mirror image; each epoch reads one at random
     cache_dir: str = "cache"  # frozen-encoder feature cache
     num_workers: int = 2
     limit: int = 0  # use only the first N images of each split (0 = all); for smoke tests
@@ -62,7 +65,11 @@ class TrainConfig:
     epochs: int = 20
     batch_images: int = 16  # images per batch; each brings all its captions (5 on Flickr8k/COCO)
     lr: float = 4e-4
-    encoder_lr: float = 1e-4
+    encoder_lr: float = 1e-4  # the encoder's (or its tuned top stages') learning rate
+    encoder_bn: str = "frozen"  # BN_MODES, tuned stages: frozen (ImageNet statistics) | train (batch statistics, updated)
+    alpha_head: float = 0.0  # tuned stages: + this x KL(pretrained ImageNet head || tuned), keeps concepts valid
+    alpha_cam: float = 0.0  # + this x cross-entropy of a concept word's attention to its class activation map
+    cam_min_prob: float = 0.1  # supervise a concept word's attention only where P(category) >= this
     weight_decay: float = 0.0
     grad_clip: float = 5.0
     alpha_c: float = 1.0  # lambda of the doubly stochastic attention penalty
@@ -124,6 +131,11 @@ class Config:
         of reading cached features: decided here, once, for the run, the objectives and the scripts."""
         return self.model.fine_tune_encoder or self.data.augment
 
+    @property
+    def from_activations(self) -> bool:
+        """Whether training reads cached lower-stage activations and runs the top stages (model.tune_stages)."""
+        return self.model.tune_stages > 0 and not self.encoder_in_loop
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -168,7 +180,7 @@ def _coerce(value: Any, typ: type, name: str, source: str) -> Any:
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.encoder": ENCODERS, "model.attention": ATTENTIONS, "data.dataset": DATASETS,
     "train.val_metric": METRICS, "train.objective": OBJECTIVES, "train.scst_baseline": SCST_BASELINES,
-    "decode.hard_context": HARD_CONTEXTS,
+    "decode.hard_context": HARD_CONTEXTS, "train.encoder_bn": BN_MODES,
 }
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 

@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             vocab.save(args.vocab_out)
     if args.no_features:
         return 0
+    if cfg.from_activations:  # model.tune_stages: the frozen lower stages' activations instead of features
+        return _activations(cfg, records, args.device, not args.no_progress)
     if cfg.encoder_in_loop:
         print("note: this recipe fine-tunes the encoder or augments images, so training does not use the feature cache")
     encoder = build_encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size,
@@ -56,6 +58,25 @@ def main(argv: list[str] | None = None) -> int:
         cache = build_cache(cfg.data.cache_dir, name, encoder, prep, recs, args.device,
                             num_workers=cfg.data.num_workers, progress=not args.no_progress)
         print(f"{split}: features {tuple(cache.features.shape)} float16 at {cache.path} ({time.time() - t:.0f}s)")
+    return 0
+
+
+def _activations(cfg, records, device: str, progress: bool) -> int:
+    from captioner.data.activations import build_activations, cache_name
+    from captioner.model.encoder import build_encoder, build_preprocess
+
+    encoder = build_encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size, cfg.model.output_stride)
+    prep = build_preprocess(cfg.model)
+    for split, recs in records.items():
+        t = time.time()
+        name = cache_name(prep, cfg.data.dataset, split if not cfg.data.limit else f"{split}{cfg.data.limit}",
+                          encoder.split_block)
+        flip = cfg.data.flip and split == "train"
+        cache = build_activations(cfg.data.cache_dir, name, encoder, prep, recs, flip, device,
+                                  num_workers=cfg.data.num_workers, progress=progress)
+        size = cache.acts.nbytes * (2 if flip else 1) + cache.logits.nbytes
+        print(f"{split}: activations {tuple(cache.acts.shape)} float16{' + flipped' if flip else ''} at {cache.path} "
+              f"({size / 2**20:.0f} MiB, {cache.bytes_per_photo / 1024:.0f} KiB per view; {time.time() - t:.0f}s)")
     return 0
 
 

@@ -98,8 +98,9 @@ class EfficientNetLite(nn.Module):
         if output_stride not in (16, 32):
             raise ValueError(f"output_stride must be 16 or 32, got {output_stride}")
         last_stride2 = max(i for i, st in enumerate(_STAGES) if st[2] == 2)
-        blocks = []
+        blocks, self.stage_starts = [], []  # stage_starts[i]: index in _blocks of stage i's first block
         for i, (repeats, k, s, e, cin, cout) in enumerate(_STAGES):
+            self.stage_starts.append(len(blocks))
             cin = 32 if i == 0 else _round_filters(cin, width)
             cout = _round_filters(cout, width)
             if 0 < i < len(_STAGES) - 1:  # Lite: first and last stage keep their depth
@@ -111,6 +112,7 @@ class EfficientNetLite(nn.Module):
                     stride, dilation = 1, (1 if i == last_stride2 and r == 0 else 2)
                 blocks.append(MBConv(cin if r == 0 else cout, cout, k, stride, e, dilation))
         self._blocks = nn.ModuleList(blocks)
+        self.last_stride2 = last_stride2
         self._conv_head = SameConv2d(cout, 1280, 1, bias=False)  # Lite: head not scaled
         self._bn1 = nn.BatchNorm2d(1280, **_BN)
         self._dropout = nn.Dropout(dropout)
@@ -122,6 +124,19 @@ class EfficientNetLite(nn.Module):
         for block in self._blocks:
             x = block(x)
         return F.relu6(self._bn1(self._conv_head(x)))  # (B, 1280, h, w)
+
+    def lower(self, x: torch.Tensor, upto: int) -> torch.Tensor:
+        """Stem and blocks [0, upto): the activations that enter block `upto` (B, C, h, w)."""
+        x = F.relu6(self._bn0(self._conv_stem(x)))
+        for block in self._blocks[:upto]:
+            x = block(x)
+        return x
+
+    def upper(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """Blocks [start, end) and the head conv: lower(x, start) -> features (B, 1280, h', w')."""
+        for block in self._blocks[start:]:
+            x = block(x)
+        return F.relu6(self._bn1(self._conv_head(x)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """ImageNet logits (B, 1000); used to prove the pretrained weights are the real ones."""
@@ -226,10 +241,46 @@ class Encoder(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(grid_size)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x = self._features(images)  # (B, D, h, w)
+        return self._grid(self._features(images))  # (B, P, D)
+
+    def _grid(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.grid_size or x.shape[-2] != self.grid_size:
             x = self.pool(x)  # (B, D, G, G)
         return x.flatten(2).transpose(1, 2)  # (B, P, D)
+
+    # ---- the split used to fine-tune the top stages on a CPU (data/activations.py caches `stem`)
+    def _lite(self) -> EfficientNetLite:
+        if not isinstance(self.backbone, EfficientNetLite):
+            raise ValueError(f"model.tune_stages needs an EfficientNet-Lite encoder (the split point is Lite's last "
+                             f"stride-2 stage); {self.name} can be fine-tuned whole with model.fine_tune_encoder=true")
+        return self.backbone
+
+    @property
+    def split_block(self) -> int:
+        """Index of the first block of the last stride-2 stage: the cached activations enter it
+        (for Lite2 at 260 px: 120 x 17 x 17). Every stage that model.tune_stages can unfreeze lies above it."""
+        net = self._lite()
+        return net.stage_starts[net.last_stride2]
+
+    def stem(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, S, S) -> the activations entering the split block (B, C, h, w); frozen in every recipe."""
+        return self._lite().lower(images, self.split_block)
+
+    def top(self, acts: torch.Tensor) -> torch.Tensor:
+        """stem(images) -> annotation vectors (B, P, D): equal to forward(images)."""
+        return self._grid(self._lite().upper(acts, self.split_block))
+
+    def top_modules(self, stages: int) -> list[nn.Module]:
+        """The modules model.tune_stages=`stages` trains: the top `stages` stages' blocks and the head conv
+        + batch norm (never the ImageNet classifier _fc, which concepts and evidence read)."""
+        net = self._lite()
+        n_stages = len(net.stage_starts) - net.last_stride2  # stages above the split point
+        if not 0 <= stages <= n_stages:
+            raise ValueError(f"model.tune_stages must be between 0 and {n_stages} for {self.name}, got {stages}")
+        if stages == 0:
+            return []
+        first = net.stage_starts[len(net.stage_starts) - stages]
+        return [*net._blocks[first:], net._conv_head, net._bn1]
 
 
 def build_encoder(name: str, pretrained: bool, grid_size: int, output_stride: int = 32) -> Encoder:

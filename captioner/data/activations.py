@@ -1,0 +1,161 @@
+"""Activation cache for fine-tuning the encoder's top stages on a CPU (model.tune_stages).
+
+Most of an EfficientNet's cost is in its lower stages, which fine-tuning changes least. They are run
+once per photo (and once per horizontally flipped photo) into a float16 memory map of the activations
+that enter the last stride-2 stage (Lite2 at 260 px: 120 x 17 x 17, 68 KB per photo); training then
+runs only the top stage(s), the head conv and the decoder. The pretrained ImageNet logits of each
+photo and its flip are stored beside them: the head-preservation term (train.alpha_head) and the
+agreement report read them.
+
+Keyed like the feature cache (features.py): encoder name, input size, the split block, a fingerprint
+of the FROZEN lower blocks' weights (the top may change: the cache stays valid through a whole chain of
+fine-tuning stages) and the image list. A mismatch is rebuilt, never silently used.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from ..model.encoder import Encoder, Preprocess
+from .dataset import ImageDataset, readable
+from .records import ImageRecord
+
+VERSION = 1
+
+
+@dataclass
+class ActivationCache:
+    acts: np.ndarray  # (N, C, h, w) float16, memory-mapped: what enters the split block
+    flipped: np.ndarray | None  # (N, C, h, w) the same for the horizontally flipped photos (data.flip)
+    logits: np.ndarray  # (N, 2, K) float16 pretrained ImageNet logits of the photo and of its flip
+    index: dict[str, int]
+    missing: list[str]
+    path: Path
+
+    @property
+    def bytes_per_photo(self) -> int:
+        return int(np.prod(self.acts.shape[1:])) * 2
+
+
+def cache_name(prep: Preprocess, dataset: str, split: str, split_block: int) -> str:
+    """Stem of the activation cache: the grid and output stride do not enter (they act above the split)."""
+    return f"{dataset}-{split}-{prep.encoder}-{prep.image_size}px-act{split_block}"
+
+
+def lower_fingerprint(encoder: Encoder) -> str:
+    """Hash of the weights that make the cached activations (stem and blocks below the split) and of
+    the ImageNet head that made the cached logits."""
+    net, h = encoder.backbone, hashlib.sha1()
+    keep = ("_conv_stem.", "_bn0.", "_fc.") + tuple(f"_blocks.{i}." for i in range(encoder.split_block))
+    for name, t in sorted(net.state_dict().items()):
+        if name.startswith(keep):
+            h.update(name.encode())
+            h.update(t.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _key(encoder: Encoder, prep: Preprocess, records: Sequence[ImageRecord], flip: bool) -> dict:
+    ids = hashlib.sha1("\n".join(f"{r.image_id}\t{r.path.name}" for r in records).encode()).hexdigest()[:16]
+    return {"version": VERSION, "encoder": encoder.name, "image_size": prep.image_size,
+            "split_block": encoder.split_block, "weights": lower_fingerprint(encoder), "images": ids,
+            "n": len(records), "flip": flip}
+
+
+def _paths(cache_dir: str | Path, name: str) -> dict[str, Path]:
+    base = Path(cache_dir) / name
+    return {"meta": base.with_suffix(".json"), "acts": base.with_suffix(".npy"),
+            "flipped": base.parent / f"{name}-flip.npy", "logits": base.parent / f"{name}-logits.npy"}
+
+
+def open_activations(cache_dir: str | Path, name: str, encoder: Encoder, prep: Preprocess,
+                     records: Sequence[ImageRecord], flip: bool) -> ActivationCache | None:
+    """The cache for exactly these images, lower weights and flip setting, or None. A cache built with
+    flips serves a run without them too."""
+    paths = _paths(cache_dir, name)
+    if not paths["meta"].is_file():
+        return None
+    try:
+        meta = json.loads(paths["meta"].read_text())
+    except json.JSONDecodeError:
+        return None
+    key = meta.get("key", {})
+    if {**key, "flip": flip} != _key(encoder, prep, records, flip) or (flip and not key.get("flip")):
+        return None
+    try:
+        acts = np.load(paths["acts"], mmap_mode="r")
+        flipped = np.load(paths["flipped"], mmap_mode="r") if key.get("flip") else None
+        logits = np.load(paths["logits"], mmap_mode="r")
+    except (ValueError, OSError):  # missing, truncated or corrupt: rebuild rather than fail
+        return None
+    if acts.shape[0] != len(records) or logits.shape[0] != len(records):
+        return None
+    return ActivationCache(acts, flipped if flip else None, logits, {r.image_id: i for i, r in enumerate(records)},
+                           meta.get("missing", []), paths["acts"])
+
+
+@torch.no_grad()
+def build_activations(cache_dir: str | Path, name: str, encoder: Encoder, prep: Preprocess,
+                      records: Sequence[ImageRecord], flip: bool, device: torch.device | str = "cpu",
+                      batch_size: int = 32, num_workers: int = 2, log: Callable[[str], None] = print,
+                      progress: bool = True) -> ActivationCache:
+    """Open the matching cache or (re)build it; the .json is written last, so an interrupted build is
+    never mistaken for a finished one. `encoder` must hold the pretrained weights below the split."""
+    cache = open_activations(cache_dir, name, encoder, prep, records, flip)
+    if cache is not None:
+        return cache
+    from tqdm import tqdm
+
+    paths = _paths(cache_dir, name)
+    paths["meta"].parent.mkdir(parents=True, exist_ok=True)
+    if paths["meta"].exists():
+        log(f"activation cache {paths['meta']} does not match this encoder/image list/flip setting: rebuilding")
+        paths["meta"].unlink()
+    encoder = encoder.eval().to(device)
+    head = encoder.backbone._fc
+    loader = DataLoader(ImageDataset(records, prep.image_size, prep.mean, prep.std), batch_size=batch_size,
+                        num_workers=num_workers, collate_fn=readable)
+    outs, tmps = {}, {}
+    views = ["acts", "flipped"] if flip else ["acts"]
+    shape = None
+    seen = np.zeros(len(records), dtype=bool)
+    logits = np.zeros((len(records), 2, head.out_features), dtype=np.float16)
+    for batch in tqdm(loader, desc=f"encoding {name}", disable=not progress, unit="batch"):
+        if not batch:
+            continue
+        x = torch.stack([s[0] for s in batch]).to(device).contiguous(memory_format=torch.channels_last)
+        idx = [s[1] for s in batch]
+        for v, view in enumerate(views):
+            a = encoder.stem(x if view == "acts" else x.flip(-1))  # (b, C, h, w)
+            if shape is None:
+                shape = (len(records), *a.shape[1:])
+                for w in views:
+                    tmps[w] = paths[w].with_suffix(f".tmp{os.getpid()}.npy")
+                    outs[w] = np.lib.format.open_memmap(tmps[w], mode="w+", dtype=np.float16, shape=shape)
+            outs[view][idx] = a.float().cpu().numpy().astype(np.float16)
+            pooled = encoder.backbone.upper(a, encoder.split_block).mean((2, 3))  # (b, 1280)
+            logits[idx, v] = head(pooled).float().cpu().numpy().astype(np.float16)  # (b, K)
+        seen[idx] = True
+    if shape is None:
+        raise ValueError(f"no image of {name} could be read")
+    for view in views:
+        outs[view].flush()
+        del outs[view]
+        os.replace(tmps[view], paths[view])
+    np.save(paths["logits"], logits)
+    missing = [records[i].image_id for i in np.flatnonzero(~seen)]
+    if missing:
+        log(f"WARNING: {len(missing)} image(s) could not be read and are skipped: {', '.join(missing[:20])}")
+    tmp_meta = paths["meta"].with_suffix(".json.tmp")
+    tmp_meta.write_text(json.dumps({"key": _key(encoder, prep, records, flip), "missing": missing}))
+    os.replace(tmp_meta, paths["meta"])
+    cache = open_activations(cache_dir, name, encoder, prep, records, flip)
+    assert cache is not None
+    return cache
