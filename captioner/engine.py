@@ -23,7 +23,7 @@ from .model.encoder import build_preprocess
 from .logs import plot_history
 from .metrics import METRIC_KEYS
 from .objectives import Terms
-from .run import Log, Run, TrainingError, TrainState, build_run
+from .run import Log, Run, TrainingError, TrainState, build_run, encoder_train_mode
 
 __all__ = ["TrainingError", "TrainState", "fit", "train_one_epoch", "train_step", "validate", "end_epoch",
            "training_autocast"]
@@ -48,8 +48,7 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
 
     cfg, state, model = run.cfg, run.state, run.model
     model.train()
-    if not cfg.model.fine_tune_encoder:
-        model.encoder.eval()  # frozen encoder: batch-norm statistics stay ImageNet's
+    encoder_train_mode(cfg, model)  # frozen (or BN-frozen tuned) encoder: batch-norm statistics stay ImageNet's
     sums: dict[str, float] = {}
     weight, batches, t0 = 0, 0, time.time()
     bar = tqdm(total=len(loader) + skip, initial=skip, desc=f"epoch {state.epoch + 1}",
@@ -127,6 +126,8 @@ def validate(run: Run, stats: dict[str, float]) -> float:
         if feats is None:  # encoder in the loop: encode the val images with the current encoder
             feats, idx = encode_records(run.model, records, build_preprocess(cfg.model), run.device)
             records = [records[i] for i in idx]
+        elif cfg.from_activations:  # cached activations through the tuned top stages
+            feats = top_features(run.model, feats, run.device)
         metrics = [k for k in METRIC_KEYS if k != "METEOR"]  # METEOR (a Java process) only when it is val_metric
         metrics += [cfg.train.val_metric] if cfg.train.val_metric not in metrics else []
         settings = dataclasses.replace(cfg.decode, beam_size=cfg.train.val_beam_size)
@@ -146,6 +147,21 @@ def validate(run: Run, stats: dict[str, float]) -> float:
         dist.broadcast_object_list(box, src=0)
         value = box[0]
     return value
+
+
+@torch.no_grad()
+def top_features(model: torch.nn.Module, acts: Any, device: torch.device, batch_size: int = 64) -> torch.Tensor:
+    """Cached lower-stage activations (N, C, h, w) -> features (N, P, D) from the model's current top stages."""
+    import numpy as np
+
+    was_training = model.encoder.training
+    model.encoder.eval()
+    out = []
+    for k in range(0, len(acts), batch_size):
+        x = torch.from_numpy(np.asarray(acts[k:k + batch_size], dtype=np.float32)).to(device)
+        out.append(model.encoder.top(x.contiguous(memory_format=torch.channels_last)).float().cpu())
+    model.encoder.train(was_training)
+    return torch.cat(out)
 
 
 def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
@@ -187,7 +203,7 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
                 f"{state.best_metric:.4f} at epoch {state.best_epoch}); nothing to do")
         return state.__dict__
     run.log(f"training on {run.device}: {len(run.dataset)} images, objective {cfg.train.objective}, "
-            f"{len(run.batches)} batches/epoch/rank, {'encoder in the loop' if cfg.encoder_in_loop else 'cached features'}, "
+            f"{len(run.batches)} batches/epoch/rank, {_source(cfg)}, "
             f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
     while state.epoch < cfg.train.epochs:
         run.sampler.set_epoch(state.epoch)
@@ -207,6 +223,12 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
             break
     run.log(f"done: best {cfg.train.val_metric} {state.best_metric:.4f} at epoch {state.best_epoch} -> {run.best_path}")
     return state.__dict__
+
+
+def _source(cfg: Config) -> str:
+    if cfg.from_activations:
+        return f"cached activations through {cfg.model.tune_stages} tuned top stage(s)"
+    return "encoder in the loop" if cfg.encoder_in_loop else "cached features"
 
 
 def _loader(run: Run) -> Any:

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .cider import CiderD
+from .concept_maps import cam_loss, concept_maps, head_kl
+from .concepts import encoder_head
+from .evidence import word_categories
 from .config import Config, check_choice
 from .data.dataset import Batch
 from .decoding import SpecialIds, greedy_decode
@@ -38,17 +41,56 @@ class Terms:
 
 
 def _features(model: CaptionModel, batch: Batch, cfg: Config) -> torch.Tensor:
+    if cfg.from_activations:  # model.tune_stages: cached lower-stage activations through the tuned top stages
+        return model.encoder.top(batch.visual.contiguous(memory_format=torch.channels_last))  # (Bi, P, D)
     return model.encode(batch.visual) if cfg.encoder_in_loop else batch.visual  # (Bi, P, D)
 
 
+class EncoderTerms:
+    """The terms that read the encoder's ImageNet head (concept_maps.py), shared by both objectives:
+    train.alpha_cam (a concept word's attention -> its class activation map) and train.alpha_head
+    (the tuned head's predictions -> the pretrained ones). Both 0: nothing is computed."""
+
+    def __init__(self, cfg: Config, vocab: Vocab | None):
+        t = cfg.train
+        if t.alpha_cam and vocab is None:
+            raise ValueError("train.alpha_cam needs the vocabulary (which words name which category)")
+        if t.alpha_head and not cfg.from_activations:
+            raise ValueError("train.alpha_head needs model.tune_stages > 0 (the activation cache holds the "
+                             "pretrained logits it preserves)")
+        self.cfg = cfg
+        self.word_cats = word_categories(vocab) if t.alpha_cam else None  # (V, C)
+
+    def __call__(self, model: CaptionModel, batch: Batch, feats: torch.Tensor, alphas: torch.Tensor,
+                 targets: torch.Tensor, lengths: torch.Tensor, image_index: torch.Tensor, n_tokens: int
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+        """-> (what to add to the per-token total, logs)."""
+        t = self.cfg.train
+        total, logs = alphas.new_zeros(()).float(), {}
+        if not (t.alpha_cam or t.alpha_head):
+            return total, logs
+        head = encoder_head(model)
+        if t.alpha_cam:
+            with torch.no_grad():  # the map is the target: the classifier's view, not pulled towards the attention
+                maps, probs = concept_maps(head, feats)  # (Bi, C, P), (Bi, C)
+            cam, n = cam_loss(alphas, targets, lengths, image_index, maps, probs, self.word_cats, t.cam_min_prob)
+            total = total + t.alpha_cam * cam * n / max(n_tokens, 1)  # per token, like the cross-entropy
+            logs.update({"cam": cam.item(), "cam_words": n / max(n_tokens, 1)})
+        if t.alpha_head:
+            kl = head_kl(head, feats, batch.teacher_logits)
+            total = total + t.alpha_head * kl
+            logs["head_kl"] = kl.item()
+        return total, logs
+
+
 class CrossEntropy:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, vocab: Vocab | None = None):
         t = cfg.train
         if not 0.0 <= t.hard_expected_prob <= 1.0:
             raise ValueError(f"train.hard_expected_prob must be in [0, 1], got {t.hard_expected_prob}")
         if not 0.0 <= t.hard_baseline_decay < 1.0:
             raise ValueError(f"train.hard_baseline_decay must be in [0, 1), got {t.hard_baseline_decay}")
-        self.cfg = cfg
+        self.cfg, self.encoder_terms = cfg, EncoderTerms(cfg, vocab)
 
     def __call__(self, model: CaptionModel, batch: Batch) -> Terms:
         t, dec = self.cfg.train, model.decoder
@@ -59,6 +101,9 @@ class CrossEntropy:
                                                      "sample" if sampled else "expected")
         c = caption_loss(logits, alphas, batch.targets, batch.lengths, t.alpha_c, t.label_smoothing)
         logs = {"xent": c.xent.item(), "penalty": c.penalty.item()}
+        extra, extra_logs = self.encoder_terms(model, batch, feats, alphas, batch.targets, batch.lengths,
+                                               batch.image_index, c.n_tokens)
+        c.total, logs = c.total + extra, {**logs, **extra_logs}
         if not dec.hard:
             return Terms(c.total, c.n_tokens, logs)
         # hard models log the same keys on every batch, so epoch averages are over all batches
@@ -100,6 +145,10 @@ class SelfCritical:
                              "through sampled captions ~20x slower; set train.cpu_amp=false")
         check_choice("train.scst_baseline", t.scst_baseline)
         self.cfg, self.vocab, self.cider = cfg, vocab, cider
+        if t.alpha_cam and not t.scst_xent:
+            raise ValueError("train.alpha_cam with train.objective=scst needs train.scst_xent > 0: the term "
+                             "supervises the references' teacher-forced attention")
+        self.encoder_terms = EncoderTerms(cfg, vocab)
         self.bad_end = {vocab.stoi[w] for w in FUNCTION_WORDS if w in vocab.stoi}
 
     def rewards(self, captions: list[list[int]], refs: list[list[list[int]]]) -> torch.Tensor:
@@ -140,6 +189,14 @@ class SelfCritical:
             xent = caption_loss(logits, alphas, batch.targets, batch.lengths, 0.0).xent
             total = total + t.scst_xent * xent
             logs["xent"] = xent.item()
+            ref_tokens = int(batch.lengths.sum())
+            extra, extra_logs = self.encoder_terms(model, batch, feats, alphas, batch.targets, batch.lengths,
+                                                   batch.image_index, ref_tokens)
+            total, logs = total + extra, {**logs, **extra_logs}
+        elif t.alpha_head:
+            extra, extra_logs = self.encoder_terms(model, batch, feats, s.alphas, batch.targets, batch.lengths,
+                                                   batch.image_index, n_tokens)
+            total, logs = total + extra, {**logs, **extra_logs}
         return Terms(total, n_tokens, logs)
 
     @torch.no_grad()
@@ -157,7 +214,7 @@ def build_objective(cfg: Config, vocab: Vocab, train_captions: list[list[list[in
     """train.objective -> the objective; SCST's CIDEr-D takes document frequencies from the training
     captions (encoded, <start>/<end> stripped)."""
     if cfg.train.objective == "xe":
-        return CrossEntropy(cfg)
+        return CrossEntropy(cfg, vocab)
     if cfg.train.objective == "scst":
         keep_end = cfg.train.scst_reward_end  # document frequencies over the same tokens as the reward
         refs = [[[w for w in c if w != vocab.start and (keep_end or w != vocab.end)] for c in caps]

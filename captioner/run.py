@@ -63,7 +63,7 @@ class Run:
     sampler: BucketBatchSampler
     batches: RankBatches
     val_records: list[ImageRecord]
-    val_feats: Any  # (n_val, P, D) cached features, or None: encode the val images each time
+    val_feats: Any  # (n_val, P, D) cached features, (n_val, C, h, w) activations (model.tune_stages), or None: encode the val images each time
     logger: JsonlLogger
     log: Log
     out: Path
@@ -132,7 +132,7 @@ def _model(cfg: Config, vocab_size: int, weights: dict | None, fresh: bool, log:
         weights = {k: v for k, v in weights.items() if k != BASELINE}
         if cfg.model.attention == "hard":
             weights[BASELINE] = torch.zeros(())
-    if not fresh or cfg.model.fine_tune_encoder:
+    if not fresh or cfg.model.fine_tune_encoder or cfg.model.tune_stages:  # a tuned encoder goes on from its weights
         model = build_model(cfg.model, vocab_size, pretrained=False)
         load_model_state(model, weights, cfg.train.init_from if fresh else "last.safetensors")
         return model
@@ -170,6 +170,11 @@ def _data(cfg: Config, model: CaptionModel, vocab: Vocab, train_records: list[Im
         dataset = ImageDataset(train_records, prep.image_size, prep.mean, prep.std, caps, augment=cfg.data.augment)
         n_val = cfg.train.val_limit or len(val_records)
         return dataset, caps, _mean_lengths(caps), collate_skip_missing, val_records[:n_val], None
+    if cfg.from_activations:
+        if world_size > 1:
+            raise TrainingError("model.tune_stages (the CPU path) runs in one process; on GPUs fine-tune the whole "
+                                "encoder with model.fine_tune_encoder=true")
+        return _activation_data(cfg, model, vocab, caps, train_records, val_records, device, log, progress)
     caches = _caches(cfg, model, {"train": train_records, "val": val_records}, device, main, world_size, log,
                      progress)
     missing = set(caches["train"].missing)
@@ -185,6 +190,36 @@ def _data(cfg: Config, model: CaptionModel, vocab: Vocab, train_records: list[Im
             caches["val"].features[val_keep])
 
 
+def _activation_data(cfg: Config, model: CaptionModel, vocab: Vocab, caps: list[list[list[int]]],
+                     train_records: list[ImageRecord], val_records: list[ImageRecord], device: torch.device,
+                     log: Log, progress: bool) -> tuple[Any, list[list[list[int]]], list[float], Callable,
+                                                        list[ImageRecord], Any]:
+    """model.tune_stages: the lower stages' activation caches (built once, valid while those weights are
+    the pretrained ones) for train (+ mirror images with data.flip) and val. Single process only."""
+    from .data.activations import build_activations, cache_name
+    from .data.dataset import ActivationDataset
+
+    prep, enc = build_preprocess(cfg.model), model.encoder
+    caches = {}
+    for split, recs in {"train": train_records, "val": val_records}.items():
+        name = cache_name(prep, cfg.data.dataset, split if not cfg.data.limit else f"{split}{cfg.data.limit}",
+                          enc.split_block)
+        caches[split] = build_activations(cfg.data.cache_dir, name, enc, prep, recs, cfg.data.flip and split == "train",
+                                          device, num_workers=cfg.data.num_workers, log=log, progress=progress)
+    missing = set(caches["train"].missing)
+    keep = [i for i, r in enumerate(train_records) if r.image_id not in missing]
+    caps = [caps[i] for i in keep]
+    swap = {vocab.stoi[a]: vocab.stoi[b] for a, b in (("left", "right"), ("right", "left"))
+            if a in vocab.stoi and b in vocab.stoi}
+    c = caches["train"]
+    dataset = ActivationDataset(c.acts, c.flipped, c.logits, keep, caps, swap)
+    n_val = cfg.train.val_limit or len(val_records)
+    val_missing = set(caches["val"].missing)
+    val_keep = [i for i, r in enumerate(val_records[:n_val]) if r.image_id not in val_missing]
+    return (dataset, caps, _mean_lengths(caps), collate, [val_records[i] for i in val_keep],
+            caches["val"].acts[val_keep])
+
+
 def _mean_lengths(caps: list[list[list[int]]]) -> list[float]:
     return [sum(len(c) for c in cs) / len(cs) for cs in caps]
 
@@ -193,11 +228,31 @@ def _optimizer(cfg: Config, model: CaptionModel, resume: Any, device: torch.devi
     groups = [{"params": list(model.decoder.parameters()), "lr": cfg.train.lr}]
     if cfg.model.fine_tune_encoder:
         groups.append({"params": list(model.encoder.parameters()), "lr": cfg.train.encoder_lr})
+    elif cfg.model.tune_stages:
+        groups.append({"params": tuned_parameters(cfg, model), "lr": cfg.train.encoder_lr})
     optimizer = torch.optim.Adam(groups, weight_decay=cfg.train.weight_decay)
     if resume is not None and resume.optimizer_tensors:
         optimizer_from_tensors(optimizer, {k: v.to(device) for k, v in resume.optimizer_tensors.items()},
                                resume.train_state["optimizer"])
     return optimizer
+
+
+def tuned_parameters(cfg: Config, model: CaptionModel) -> list[torch.nn.Parameter]:
+    """The encoder parameters model.tune_stages trains (none when 0 or when the whole encoder is tuned)."""
+    if cfg.model.fine_tune_encoder or not cfg.model.tune_stages:
+        return []
+    return [p for m in model.encoder.top_modules(cfg.model.tune_stages) for p in m.parameters()]
+
+
+def encoder_train_mode(cfg: Config, model: CaptionModel) -> None:
+    """After model.train(): a frozen encoder keeps ImageNet's batch-norm statistics; tuned top stages
+    use and update batch statistics only with train.encoder_bn=train."""
+    if cfg.model.fine_tune_encoder:
+        return
+    model.encoder.eval()
+    if cfg.model.tune_stages and cfg.train.encoder_bn == "train":
+        for m in model.encoder.top_modules(cfg.model.tune_stages):
+            m.train()
 
 
 def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progress: bool = True,
@@ -209,6 +264,8 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     model = _model(cfg, len(vocab), weights, resume is None, log).to(device)
     for p in model.encoder.parameters():
         p.requires_grad_(cfg.model.fine_tune_encoder)
+    for p in tuned_parameters(cfg, model):
+        p.requires_grad_(True)
     dataset, caps, mean_len, collate_fn, val_records, val_feats = _data(
         cfg, model, vocab, train_records, val_records, device, main, world_size, log, progress)
     sampler = BucketBatchSampler(mean_len, cfg.train.batch_images, seed=cfg.train.seed)

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     save_checkpoint(args.output, cfg, ckpt.vocab, state, metrics=metrics, half=args.half)
     size = Path(args.output).stat().st_size / 2**20
-    kind = ("fp16" if cfg.model.fine_tune_encoder else "fp16 decoder, fp32 frozen encoder") if args.half else "fp32"
+    kind = ("fp16" if cfg.model.fine_tune_encoder else "fp16 decoder, fp32 encoder") if args.half else "fp32"
     print(f"wrote {args.output} ({size:.1f} MiB, {kind}), metrics: {sorted(metrics)}")
     return 0
 

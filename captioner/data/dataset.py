@@ -26,19 +26,22 @@ class Batch:
     targets: torch.Tensor  # (B, T) w1 .. w_n <end>, padded
     lengths: torch.Tensor  # (B,) predicted tokens per caption, sorted descending
     image_index: torch.Tensor  # (B,) which image each caption belongs to
+    teacher_logits: torch.Tensor | None = None  # (Bi, K) pretrained ImageNet logits (activation cache only)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
-        return Batch(*(t.to(device, non_blocking=non_blocking) for t in
-                       (self.visual, self.inputs, self.targets, self.lengths, self.image_index)))
+        return Batch(*(t if t is None else t.to(device, non_blocking=non_blocking) for t in
+                       (self.visual, self.inputs, self.targets, self.lengths, self.image_index,
+                        self.teacher_logits)))
 
 
 def encode_captions(records: Sequence[ImageRecord], vocab: Vocab, max_len: int) -> list[list[list[int]]]:
     return [[vocab.encode(c, max_len) for c in r.captions] for r in records]
 
 
-def collate(samples: list[tuple[torch.Tensor, list[list[int]]]]) -> Batch:
+def collate(samples: list[tuple]) -> Batch:
+    """samples: (visual, captions) or (visual, captions, teacher logits) per image."""
     images = torch.stack([s[0] for s in samples])
-    caps = [(ids, i) for i, (_, cs) in enumerate(samples) for ids in cs]
+    caps = [(ids, i) for i, s in enumerate(samples) for ids in s[1]]
     caps.sort(key=lambda c: -len(c[0]))  # descending length: the decoder's batch shrinks over time
     T = len(caps[0][0]) - 1
     inputs = torch.zeros(len(caps), T, dtype=torch.long)
@@ -49,7 +52,8 @@ def collate(samples: list[tuple[torch.Tensor, list[list[int]]]]) -> Batch:
         targets[row, : len(ids) - 1] = ids_t[1:]
     lengths = torch.tensor([len(ids) - 1 for ids, _ in caps])
     image_index = torch.tensor([i for _, i in caps])
-    return Batch(images, inputs, targets, lengths, image_index)
+    teacher = torch.stack([s[2] for s in samples]) if len(samples[0]) > 2 else None
+    return Batch(images, inputs, targets, lengths, image_index, teacher)
 
 
 class FeatureDataset(Dataset):
@@ -63,6 +67,28 @@ class FeatureDataset(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, list[list[int]]]:
         return torch.from_numpy(np.asarray(self.features[self.rows[i]], dtype=np.float32)), self.captions[i]
+
+
+class ActivationDataset(Dataset):
+    """Cached lower-stage activations (model.tune_stages) + encoded captions + the pretrained logits.
+    With a flipped copy, each read takes the photo or its mirror image at random, and the captions of
+    a mirror image say "right" for "left" and back (`swap`: word id -> word id)."""
+
+    def __init__(self, acts: np.ndarray, flipped: np.ndarray | None, logits: np.ndarray, rows: Sequence[int],
+                 captions: list[list[list[int]]], swap: dict[int, int] | None = None):
+        self.acts, self.flipped, self.logits, self.rows, self.captions = acts, flipped, logits, list(rows), captions
+        self.swap = swap or {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, list[list[int]], torch.Tensor]:
+        row, caps = self.rows[i], self.captions[i]
+        mirror = self.flipped is not None and random.random() < 0.5
+        x = np.asarray((self.flipped if mirror else self.acts)[row], dtype=np.float32)  # (C, h, w)
+        if mirror:
+            caps = [[self.swap.get(w, w) for w in c] for c in caps]
+        return torch.from_numpy(x), caps, torch.from_numpy(np.asarray(self.logits[row, int(mirror)], dtype=np.float32))
 
 
 class ImageDataset(Dataset):

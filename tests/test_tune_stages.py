@@ -1,0 +1,188 @@
+"""Fine-tuning the encoder's top stages from cached activations (model.tune_stages), and the terms that
+read the ImageNet head (concept maps, head preservation): invariants, a cache that stays honest, and
+a real run on a few Flickr8k photos that changes exactly the weights it should."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from captioner.concept_maps import cam_loss, concept_maps, head_kl
+from captioner.concepts import CATEGORIES, category_classes
+from captioner.config import load_config
+from captioner.data import build_records
+from captioner.data.activations import build_activations, cache_name, open_activations
+from captioner.data.dataset import ActivationDataset, collate
+from captioner.model.encoder import build_encoder, build_preprocess
+from captioner.run import encoder_train_mode, tuned_parameters
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.mark.parametrize("output_stride", [32, 16])
+def test_top_of_stem_is_the_whole_encoder(output_stride):
+    enc = build_encoder("efficientnet_lite0", False, 7 if output_stride == 32 else 14, output_stride).eval()
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        acts = enc.stem(x)  # (2, C, h, w)
+        assert acts.shape[-1] == 14  # the input of the last stride-2 stage: stride 16
+        assert torch.allclose(enc.top(acts), enc(x), atol=1e-5)
+
+
+def test_top_modules_are_the_top_stages_and_never_the_classifier():
+    enc = build_encoder("efficientnet_lite0", False, 7)
+    net = enc.backbone
+    one, two = enc.top_modules(1), enc.top_modules(2)
+    assert net._fc not in one + two and net._conv_head in one and net._bn1 in one
+    assert set(map(id, one)) < set(map(id, two))
+    assert net._blocks[enc.split_block] in two and net._blocks[enc.split_block] not in one
+    assert enc.top_modules(0) == []
+    with pytest.raises(ValueError, match="tune_stages must be between 0 and 2"):
+        enc.top_modules(3)
+
+
+def test_resnet_says_to_fine_tune_whole():
+    enc = build_encoder("resnet101", False, 7)
+    with pytest.raises(ValueError, match="fine_tune_encoder"):
+        enc.stem(torch.zeros(1, 3, 64, 64))
+
+
+def _records(flickr, n=3):
+    cfg = load_config(ROOT / "configs/tiny.yaml", [f"data.root={flickr}", f"data.limit={n}"])
+    return cfg, build_records(cfg.data, "train")
+
+
+def test_activation_cache_is_keyed_by_the_lower_weights_only(flickr, tmp_path):
+    cfg, recs = _records(flickr)
+    cfg.model.image_size = 128
+    prep = build_preprocess(cfg.model)
+    enc = build_encoder(cfg.model.encoder, True, cfg.model.grid_size).eval()
+    name = cache_name(prep, "flickr8k", "train3", enc.split_block)
+    c = build_activations(tmp_path, name, enc, prep, recs, flip=True, num_workers=0, progress=False)
+    x = torch.stack([prep(r.path) for r in recs])
+    with torch.no_grad():
+        assert np.allclose(c.acts[:], enc.stem(x).numpy(), atol=2e-2)
+        assert np.allclose(c.flipped[:], enc.stem(x.flip(-1)).numpy(), atol=2e-2)
+        logits = enc.backbone(x)  # (3, K)
+    assert (torch.from_numpy(np.asarray(c.logits[:, 0], dtype=np.float32)).argmax(1) == logits.argmax(1)).all()
+    assert open_activations(tmp_path, name, enc, prep, recs, flip=False) is not None  # a flip cache serves both
+    with torch.no_grad():
+        enc.backbone._conv_head.weight.mul_(2)  # the tuned part changes: still valid
+    assert open_activations(tmp_path, name, enc, prep, recs, flip=True) is not None
+    with torch.no_grad():
+        enc.backbone._blocks[0]._depthwise_conv.weight.add_(0.1)  # a lower weight changes: stale
+    assert open_activations(tmp_path, name, enc, prep, recs, flip=True) is None
+    assert open_activations(tmp_path, name, enc, prep, recs[:2], flip=True) is None  # another image list
+
+
+def test_mirror_image_captions_swap_left_and_right():
+    acts = np.zeros((1, 2, 3, 3), np.float16)
+    flipped = np.ones((1, 2, 3, 3), np.float16)
+    logits = np.zeros((1, 2, 4), np.float16)
+    logits[0, 1] = 1
+    ds = ActivationDataset(acts, flipped, logits, [0], [[[1, 7, 8, 2]]], swap={7: 8, 8: 7})
+    seen = {}
+    for _ in range(40):
+        x, caps, lg = ds[0]
+        seen[float(x.mean())] = (caps, float(lg.mean()))
+    assert seen == {0.0: ([[1, 7, 8, 2]], 0.0), 1.0: ([[1, 8, 7, 2]], 1.0)}
+    b = collate([ds[0], ds[0]])
+    assert b.teacher_logits.shape == (2, 4) and b.visual.shape == (2, 2, 3, 3)
+
+
+def _head(D=16, P=9):
+    from captioner.concepts import imagenet_classes
+
+    head = torch.nn.Linear(D, len(imagenet_classes()))
+    torch.nn.init.normal_(head.weight, std=0.1)
+    return head
+
+
+def test_concept_maps_are_distributions_that_peak_where_the_class_is():
+    head = _head()
+    dog = category_classes()["dog"][0]
+    feats = torch.rand(2, 9, 16) * 0.1  # (B, P, D)
+    feats[0, 4] += 3 * head.weight[dog].detach() / head.weight[dog].norm()  # region 4 looks like a dog
+    maps, probs = concept_maps(head, feats)
+    assert maps.shape == (2, len(CATEGORIES), 9) and probs.shape == (2, len(CATEGORIES))
+    assert torch.allclose(maps.sum(-1), torch.ones(2, len(CATEGORIES)), atol=1e-5) and (maps >= 0).all()
+    assert maps[0, CATEGORIES.index("dog")].argmax() == 4
+    assert probs[0, CATEGORIES.index("dog")] > probs[1, CATEGORIES.index("dog")]
+
+
+def test_cam_loss_supervises_only_confident_concept_words_and_is_least_at_the_map():
+    C, P, V = len(CATEGORIES), 9, 6
+    word_cats = torch.zeros(V, C)
+    dog = CATEGORIES.index("dog")
+    word_cats[4, dog] = 1  # word 4 = "dog"
+    maps = torch.softmax(torch.randn(2, C, P), -1)
+    probs = torch.zeros(2, C)
+    probs[0, dog] = 0.9  # image 0 confidently has a dog, image 1 does not
+    targets = torch.tensor([[3, 4, 2], [3, 4, 2]])  # "a dog <end>" for both images
+    lengths = torch.tensor([3, 3])
+    index = torch.tensor([0, 1])
+    alphas = torch.softmax(torch.randn(2, 3, P), -1).requires_grad_()
+    loss, n = cam_loss(alphas, targets, lengths, index, maps, probs, word_cats, 0.1)
+    assert n == 1  # only image 0's "dog"
+    loss.backward()
+    assert alphas.grad[1].abs().sum() == 0 and alphas.grad[0, [0, 2]].abs().sum() == 0
+    assert alphas.grad[0, 1].abs().sum() > 0
+    at_map = alphas.detach().clone()
+    at_map[0, 1] = maps[0, dog]
+    best, _ = cam_loss(at_map, targets, lengths, index, maps, probs, word_cats, 0.1)
+    assert best <= loss  # cross-entropy is least when the attention is the map
+    none, n0 = cam_loss(alphas, targets, torch.tensor([1, 1]), index, maps, probs, word_cats, 0.1)
+    assert n0 == 0 and none == 0  # "dog" past the caption's length is padding
+
+
+def test_head_kl_is_zero_for_the_teachers_own_logits():
+    head = _head()
+    feats = torch.randn(3, 9, 16)
+    from captioner.concepts import imagenet_logits
+
+    assert head_kl(head, feats, imagenet_logits(head, feats)).abs() < 1e-5
+    assert head_kl(head, feats, torch.randn(3, head.out_features)) > 0
+
+
+def test_tuning_trains_the_top_stages_only(flickr, tmp_path):
+    """A real run on 4 photos (+ mirror images): the tuned top stages and the decoder move; the lower
+    stages (the cache's key) and the ImageNet classifier do not; frozen BN keeps ImageNet's statistics."""
+    from captioner.checkpoint import load_checkpoint
+    from captioner.engine import fit
+
+    out = tmp_path / "run"
+    cfg = load_config(ROOT / "configs/tiny.yaml", [
+        f"data.root={flickr}", "data.limit=4", f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={out}",
+        "model.image_size=128", "model.grid_size=4", "model.tune_stages=1", "data.flip=true", "train.epochs=1",
+        "train.alpha_cam=1.0", "train.alpha_head=1.0", "train.val_limit=2", "train.checkpoint_every=0"])
+    fit(cfg, log=lambda _: None, progress=False)
+    ref = build_encoder(cfg.model.encoder, True, cfg.model.grid_size).state_dict()
+    got = {k.removeprefix("encoder."): v for k, v in load_checkpoint(out / "last.safetensors").model_state.items()
+           if k.startswith("encoder.")}
+    changed = {k for k in ref if not torch.equal(ref[k], got[k])}
+    last = f"backbone._blocks.{len(build_encoder(cfg.model.encoder, False, 4).backbone._blocks) - 1}."
+    assert any(k.startswith(last) and k.endswith("weight") for k in changed)
+    assert "backbone._conv_head.weight" in changed
+    assert all(k.startswith((last, "backbone._conv_head", "backbone._bn1")) for k in changed), changed
+    assert not any("running_" in k for k in changed)  # train.encoder_bn=frozen
+    rec = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("head_kl" in r and "cam" in r for r in rec if r["kind"] == "train")
+
+
+def test_bn_modes():
+    from captioner.model.captioner import build_model
+
+    cfg = load_config(None, ["model.tune_stages=1", "model.pretrained=false"])
+    model = build_model(cfg.model, 10)
+    model.train()
+    encoder_train_mode(cfg, model)
+    assert not any(m.training for m in model.encoder.modules())
+    cfg.train.encoder_bn = "train"
+    encoder_train_mode(cfg, model)
+    top = model.encoder.top_modules(1)
+    assert all(m.training for m in top) and not model.encoder.backbone._blocks[0].training
+    assert {id(p) for p in tuned_parameters(cfg, model)} == {id(p) for m in top for p in m.parameters()}
