@@ -126,8 +126,10 @@ def validate(run: Run, stats: dict[str, float]) -> float:
         if feats is None:  # encoder in the loop: encode the val images with the current encoder
             feats, idx = encode_records(run.model, records, build_preprocess(cfg.model), run.device)
             records = [records[i] for i in idx]
-        elif cfg.from_activations:  # cached activations through the tuned top stages
+        agreement = {}
+        if cfg.from_activations:  # cached activations through the tuned top stages
             feats = top_features(run.model, feats, run.device)
+            agreement = {"head_top1_agreement": head_agreement(run.model, feats, run.val_teacher_logits)}
         metrics = [k for k in METRIC_KEYS if k != "METEOR"]  # METEOR (a Java process) only when it is val_metric
         metrics += [cfg.train.val_metric] if cfg.train.val_metric not in metrics else []
         settings = dataclasses.replace(cfg.decode, beam_size=cfg.train.val_beam_size)
@@ -135,7 +137,7 @@ def validate(run: Run, stats: dict[str, float]) -> float:
         value = scores[cfg.train.val_metric]
         rec = {"kind": "val", "epoch": state.epoch, "step": state.step,
                **{f"train_{k}": v for k, v in stats.items() if k not in ("seconds", "batches")},
-               "epoch_seconds": stats["seconds"], "lr": run.optimizer.param_groups[0]["lr"], **scores}
+               "epoch_seconds": stats["seconds"], "lr": run.optimizer.param_groups[0]["lr"], **scores, **agreement}
         run.logger.write(rec)
         state.history.append(rec)
         train_txt = " ".join(f"{k} {v:.3f}" for k, v in stats.items() if k not in ("seconds", "batches"))
@@ -162,6 +164,19 @@ def top_features(model: torch.nn.Module, acts: Any, device: torch.device, batch_
         out.append(model.encoder.top(x.contiguous(memory_format=torch.channels_last)).float().cpu())
     model.encoder.train(was_training)
     return torch.cat(out)
+
+
+@torch.no_grad()
+def head_agreement(model: torch.nn.Module, feats: torch.Tensor, teacher_logits: Any) -> float:
+    """Share of photos whose top-1 ImageNet class under the tuned encoder is the pretrained encoder's:
+    how far concepts and evidence (which read the head) have drifted."""
+    import numpy as np
+
+    from .concepts import encoder_head, imagenet_logits
+
+    mine = imagenet_logits(encoder_head(model), feats).argmax(1)  # (N,)
+    theirs = torch.from_numpy(np.asarray(teacher_logits, dtype=np.float32)).argmax(1)  # (N,)
+    return float((mine == theirs).float().mean())
 
 
 def end_epoch(run: Run, value: float, hit_max: bool) -> bool:

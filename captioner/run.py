@@ -70,6 +70,7 @@ class Run:
     main: bool
     world_size: int
     progress: bool
+    val_teacher_logits: Any = None  # (n_val, K) pretrained ImageNet logits of the val photos (model.tune_stages)
 
     @property
     def last_path(self) -> Path:
@@ -217,7 +218,7 @@ def _activation_data(cfg: Config, model: CaptionModel, vocab: Vocab, caps: list[
     val_missing = set(caches["val"].missing)
     val_keep = [i for i, r in enumerate(val_records[:n_val]) if r.image_id not in val_missing]
     return (dataset, caps, _mean_lengths(caps), collate, [val_records[i] for i in val_keep],
-            caches["val"].acts[val_keep])
+            (caches["val"].acts[val_keep], caches["val"].logits[val_keep, 0]))
 
 
 def _mean_lengths(caps: list[list[list[int]]]) -> list[float]:
@@ -268,6 +269,9 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
         p.requires_grad_(True)
     dataset, caps, mean_len, collate_fn, val_records, val_feats = _data(
         cfg, model, vocab, train_records, val_records, device, main, world_size, log, progress)
+    val_teacher = None
+    if cfg.from_activations:
+        val_feats, val_teacher = val_feats
     sampler = BucketBatchSampler(mean_len, cfg.train.batch_images, seed=cfg.train.seed)
     if cfg.train.compile and device.type == "cuda":  # the one place compilation is switched on
         model.decoder.compile_recur()
@@ -281,4 +285,4 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
         logger.rewind(state.step, state.epoch)
     return Run(cfg, device, model, vocab, state, _optimizer(cfg, model, resume, device), module, dataset, collate_fn,
                sampler, RankBatches(sampler, rank, world_size), val_records, val_feats, logger, log, out, main,
-               world_size, progress)
+               world_size, progress, val_teacher)

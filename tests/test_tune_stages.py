@@ -171,6 +171,7 @@ def test_tuning_trains_the_top_stages_only(flickr, tmp_path):
     assert not any("running_" in k for k in changed)  # train.encoder_bn=frozen
     rec = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("head_kl" in r and "cam" in r for r in rec if r["kind"] == "train")
+    assert 0.0 <= [r for r in rec if r["kind"] == "val"][-1]["head_top1_agreement"] <= 1.0
 
 
 def test_bn_modes():

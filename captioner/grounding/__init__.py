@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from ..data.records import ImageRecord
 
 __all__ = ["CATEGORY_WORDS", "GroundingSummary", "Instances", "WordGrounding", "box_coverage", "ground_captions",
+           "ground_concept_maps",
            "ground_generated",
            "ground_references", "ground_words", "instances_path_for", "load_instances", "match_words",
            "reference_alphas", "word_table"]
@@ -216,4 +217,26 @@ def ground_references(model: "Captioner", feats: torch.Tensor | np.ndarray, reco
         for words, a in zip(caps, reference_alphas(model, x, caps, max_len)):
             words = words[:len(a)]
             scored += ground_words(words, a.reshape(len(words), g, g), cov, table, records[i].image_id)
+    return GroundingSummary.of(scored, len(keep))
+
+
+@torch.no_grad()
+def ground_concept_maps(model: "Captioner", feats: torch.Tensor | np.ndarray, records: Sequence["ImageRecord"],
+                        instances: Instances, min_prob: float = 0.1) -> GroundingSummary:
+    """Grounding of the encoder's own concept maps (concept_maps.py): for every category with boxes in
+    the photo that the ImageNet head sees with P >= min_prob, its class activation map's mass inside
+    the boxes. The ceiling of what train.alpha_cam can teach the attention (`word` is the category)."""
+    from ..concept_maps import concept_maps
+    from ..concepts import CATEGORIES, encoder_head
+
+    keep = _usable(records, instances)
+    head, g = encoder_head(model.model), model.grid_size
+    scored: list[WordGrounding] = []
+    for i in keep:
+        x = torch.as_tensor(np.asarray(feats[i:i + 1], dtype=np.float32)).to(model.device)  # (1, P, D)
+        maps, probs = concept_maps(head, x)  # (1, C, P), (1, C)
+        for cat, cov in instances.coverage(records[i].image_id, g, g).items():
+            if cat in CATEGORIES and float(probs[0, CATEGORIES.index(cat)]) >= min_prob:
+                m = maps[0, CATEGORIES.index(cat)].cpu().numpy().reshape(g, g)
+                scored.append(WordGrounding(records[i].image_id, cat, cat, float((m * cov).sum()), float(cov.mean())))
     return GroundingSummary.of(scored, len(keep))
