@@ -9,11 +9,12 @@ on the very grid the decoder attends.
 Two training terms read it (objectives.py):
 - `cam_loss` (train.alpha_cam): for each reference word naming a category the photo confidently has
   (P(category) >= train.cam_min_prob), the cross-entropy -sum_i cam_i log alpha_ti of the word's
-  teacher-forced attention to the category's map. Person words have no ImageNet class: unsupervised.
+  teacher-forced attention to the category's map. Person has no ImageNet class: its map is that of the
+  clothes and outfits people wear (concepts.PERSON_CLASSES), used only with train.cam_person.
 - `head_kl` (train.alpha_head): when the top stages are tuned, KL(pretrained head || tuned head) on
   the photo's ImageNet distribution, so concepts, evidence and these maps stay the classifier's.
 
-Legend: B images, P regions, D channels, K ImageNet classes, C seen COCO categories, N captions.
+Legend: B images, P regions, D channels, K ImageNet classes, C = len(MAP_CATEGORIES), N captions.
 """
 from __future__ import annotations
 
@@ -21,14 +22,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .concepts import imagenet_logits, membership
+from .concepts import imagenet_logits, map_membership
 
 
 def concept_maps(head: nn.Linear, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """feats (B, P, D) -> (maps (B, C, P) each summing to 1, P(category) (B, C))."""
+    """feats (B, P, D) -> (maps (B, C, P) each summing to 1, P(category) (B, C)) over MAP_CATEGORIES:
+    the seen COCO categories, then person (the classes of clothes and outfits people wear)."""
     feats = feats.float()
     probs = imagenet_logits(head, feats).softmax(-1)  # (B, K)
-    member = membership(feats.device)  # (C, K)
+    member = map_membership(feats.device)  # (C, K)
     weights = probs.unsqueeze(1) * member.unsqueeze(0)  # (B, C, K): each category's classes, by probability
     cat_probs = weights.sum(-1)  # (B, C)
     weights = weights / cat_probs.clamp_min(1e-12).unsqueeze(-1)  # (B, C, K), rows sum to 1

@@ -129,6 +129,19 @@ HOMONYMS: dict[str, str | None] = {
 }
 
 CATEGORIES: tuple[str, ...] = tuple(CATEGORY_CLASSES)  # the order of every (B, C) concept vector
+
+# Person has no ImageNet class, but clothes and outfits are worn by people: their classes' activation
+# maps fall on the people in a photo. Used ONLY for concept maps (concept_maps.py, where a person is),
+# never as evidence that nobody is there (person stays UNSEEN for concepts and evidence).
+PERSON_CLASSES: tuple[str, ...] = (
+    "scuba diver", "groom", "ballplayer", "jersey", "sweatshirt", "suit", "miniskirt", "jean", "cardigan",
+    "trench coat", "fur coat", "lab coat", "kimono", "abaya", "academic gown", "bikini", "swimming trunks",
+    "maillot", "brassiere", "pajama", "poncho", "sarong", "gown", "overskirt", "hoopskirt", "military uniform",
+    "bulletproof vest", "cowboy hat", "sombrero", "bonnet", "mortarboard", "crash helmet", "football helmet",
+    "wig", "sunglasses", "sunglass", "stole", "feather boa", "apron", "cloak", "vestment", "bearskin",
+    "knee pad", "ski mask", "snorkel", "cowboy boot", "sandal", "running shoe", "Loafer",
+)
+MAP_CATEGORIES: tuple[str, ...] = CATEGORIES + ("person",)  # the order of every (B, C+1) concept-map stack
 THRESHOLD = 0.3  # default P(category) to name it (see the measurements above)
 
 
@@ -176,6 +189,25 @@ def membership(device: torch.device | str | None = None) -> torch.Tensor:
     for c, cat in enumerate(CATEGORIES):
         m[c, list(category_classes()[cat])] = 1.0
     return m
+
+
+@lru_cache(maxsize=1)
+def person_classes() -> tuple[int, ...]:
+    """ImageNet indices of PERSON_CLASSES (unknown names are an error; none may belong to a category)."""
+    index = {name: k for k, name in enumerate(imagenet_classes())}
+    idx = tuple(sorted({k for e in PERSON_CLASSES for k in _resolve(e, index)}))
+    taken = {k for ks in category_classes().values() for k in ks} & set(idx)
+    if taken:
+        raise ValueError(f"concepts table: person classes {sorted(imagenet_classes()[k] for k in taken)} also "
+                         "support a COCO category")
+    return idx
+
+
+def map_membership(device: torch.device | str | None = None) -> torch.Tensor:
+    """(C + 1, K): membership() with a last row for person (PERSON_CLASSES): MAP_CATEGORIES' classes."""
+    person = torch.zeros(1, len(imagenet_classes()), device=device)
+    person[0, list(person_classes())] = 1.0
+    return torch.cat([membership(device), person])
 
 
 def has_head(model: nn.Module) -> nn.Linear | None:

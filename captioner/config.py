@@ -70,6 +70,7 @@ class TrainConfig:
     alpha_head: float = 0.0  # tuned stages: + this x KL(pretrained ImageNet head || tuned), keeps concepts valid
     alpha_cam: float = 0.0  # + this x cross-entropy of a concept word's attention to its class activation map
     cam_min_prob: float = 0.1  # supervise a concept word's attention only where P(category) >= this
+    cam_person: bool = False  # also person words, towards the map of the clothes people wear (coco-mini lift 1.27 only)
     weight_decay: float = 0.0
     grad_clip: float = 5.0
     alpha_c: float = 1.0  # lambda of the doubly stochastic attention penalty

@@ -20,7 +20,7 @@ import torch
 
 from .cider import CiderD
 from .concept_maps import cam_loss, concept_maps, head_kl
-from .concepts import encoder_head
+from .concepts import MAP_CATEGORIES, encoder_head
 from .evidence import word_categories
 from .config import Config, check_choice
 from .data.dataset import Batch
@@ -58,8 +58,11 @@ class EncoderTerms:
         if t.alpha_head and not cfg.from_activations:
             raise ValueError("train.alpha_head needs model.tune_stages > 0 (the activation cache holds the "
                              "pretrained logits it preserves)")
-        self.cfg = cfg
-        self.word_cats = word_categories(vocab) if t.alpha_cam else None  # (V, C)
+        self.cfg, self.word_cats = cfg, None
+        if t.alpha_cam:  # (V, C+1) over MAP_CATEGORIES; person words only with train.cam_person
+            self.word_cats = word_categories(vocab, MAP_CATEGORIES)
+            if not t.cam_person:
+                self.word_cats[:, MAP_CATEGORIES.index("person")] = 0
 
     def __call__(self, model: CaptionModel, batch: Batch, feats: torch.Tensor, alphas: torch.Tensor,
                  targets: torch.Tensor, lengths: torch.Tensor, image_index: torch.Tensor, n_tokens: int

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from captioner.concept_maps import cam_loss, concept_maps, head_kl
-from captioner.concepts import CATEGORIES, category_classes
+from captioner.concepts import CATEGORIES, MAP_CATEGORIES, category_classes
 from captioner.config import load_config
 from captioner.data import build_records
 from captioner.data.activations import build_activations, cache_name, open_activations
@@ -108,8 +108,9 @@ def test_concept_maps_are_distributions_that_peak_where_the_class_is():
     feats = torch.rand(2, 9, 16) * 0.1  # (B, P, D)
     feats[0, 4] += 3 * head.weight[dog].detach() / head.weight[dog].norm()  # region 4 looks like a dog
     maps, probs = concept_maps(head, feats)
-    assert maps.shape == (2, len(CATEGORIES), 9) and probs.shape == (2, len(CATEGORIES))
-    assert torch.allclose(maps.sum(-1), torch.ones(2, len(CATEGORIES)), atol=1e-5) and (maps >= 0).all()
+    C = len(MAP_CATEGORIES)  # the seen categories, then person
+    assert maps.shape == (2, C, 9) and probs.shape == (2, C) and MAP_CATEGORIES[-1] == "person"
+    assert torch.allclose(maps.sum(-1), torch.ones(2, C), atol=1e-5) and (maps >= 0).all()
     assert maps[0, CATEGORIES.index("dog")].argmax() == 4
     assert probs[0, CATEGORIES.index("dog")] > probs[1, CATEGORIES.index("dog")]
 
@@ -187,3 +188,12 @@ def test_bn_modes():
     top = model.encoder.top_modules(1)
     assert all(m.training for m in top) and not model.encoder.backbone._blocks[0].training
     assert {id(p) for p in tuned_parameters(cfg, model)} == {id(p) for m in top for p in m.parameters()}
+
+
+def test_person_map_reads_clothes_only():
+    from captioner.concepts import imagenet_classes, map_membership, person_classes
+
+    m = map_membership()
+    names = {imagenet_classes()[k] for k in person_classes()}
+    assert {"jersey", "suit", "bikini"} <= names and m[-1].sum() == len(person_classes())
+    assert (m[:-1] @ m[-1]).sum() == 0  # no class is both a category's and person's

@@ -227,7 +227,7 @@ def ground_concept_maps(model: "Captioner", feats: torch.Tensor | np.ndarray, re
     the photo that the ImageNet head sees with P >= min_prob, its class activation map's mass inside
     the boxes. The ceiling of what train.alpha_cam can teach the attention (`word` is the category)."""
     from ..concept_maps import concept_maps
-    from ..concepts import CATEGORIES, encoder_head
+    from ..concepts import MAP_CATEGORIES as CATEGORIES, encoder_head
 
     keep = _usable(records, instances)
     head, g = encoder_head(model.model), model.grid_size
