@@ -329,10 +329,20 @@ if n > 1:
 else:
     k = 0
 beta_k = visualize.word_beta(cap, k)
-st.image(visualize.overlay(image, cap.alphas[k], opacity, smooth, beta=beta_k, mode=mode),
-         caption=f"attention for “{cap.words[k]}” (word {k + 1} of {n}"
-                 + ("" if beta_k is None else f", β={beta_k:.2f}") + ")",
-         width=min(900, max(600, image.width)))
+looked = visualize.overlay(image, cap.alphas[k], opacity, smooth, beta=beta_k, mode=mode)
+looked_caption = (f"where “{cap.words[k]}” looked (word {k + 1} of {n}"
+                  + ("" if beta_k is None else f", β={beta_k:.2f}") + ")")
+if k in cap.concept_maps:  # the word names something the ImageNet classifier sees: its map beside the word's
+    category, p, cmap = cap.concept_maps[k]
+    seen, word_col = st.columns(2)
+    what = "the clothes people wear" if category == "person" else f"a {category}"
+    seen.image(visualize.overlay(image, cmap, opacity, smooth, mode=mode),
+               caption=f"where the classifier sees {what} (P={p:.2f})", width="stretch")
+    word_col.image(looked, caption=looked_caption, width="stretch")
+    st.caption("Left: the encoder's ImageNet classifier applied to every region (a class activation map), i.e. "
+               "where the photo's evidence for the category is. Right: where the decoder looked for the word.")
+else:
+    st.image(looked, caption=looked_caption, width=min(900, max(600, image.width)))
 
 # --- every word
 st.header("All words")

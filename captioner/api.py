@@ -132,9 +132,17 @@ class Captioner:
         from .explain import explain_features
         from .vocab import tokenize
 
+        from .captions import attach_concept_maps
+        from .concepts import has_head
+
         context = self.decode_settings(**overrides).hard_context
         feats = self.encode(self.preprocess(image).unsqueeze(0))  # (1, P, D)
-        return explain_features(self.model.decoder, feats, self.vocab, tokenize(text), context)
+        cap = explain_features(self.model.decoder, feats, self.vocab, tokenize(text), context)
+        head = has_head(self.model)
+        if head is not None:  # where the classifier sees what a word names (unknown words name nothing)
+            ids = [self.vocab.stoi.get(w, self.vocab.unk) for w in cap.words]
+            attach_concept_maps([cap], [ids], head, feats, self.vocab)
+        return cap
 
     @torch.no_grad()
     def encode(self, x: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .concepts import CATEGORIES, concept_probs, has_head
+from .concept_maps import MIN_PROB, category_maps
+from .concepts import CATEGORIES, MAP_CATEGORIES, concept_probs, has_head
 from .config import DecodeConfig
 from .decoding import Hypothesis, SpecialIds, decode
 from .evidence import Evidence, ruled_out_words, word_categories
@@ -45,6 +46,10 @@ class Caption:
     # indices of words naming an object the ImageNet head rules out (P < decode.evidence_floor), whether
     # or not decoding used the evidence: what the app marks as contradicted
     contradicted: list[int] = field(default_factory=list)
+    # word index -> (category, P(category), (G, G) concept map summing to 1) for each word naming a category
+    # the ImageNet head sees with P >= concept_maps.MIN_PROB: where the classifier sees what the word names
+    # (concept_maps.py), to set beside where the word looked
+    concept_maps: dict[int, tuple[str, float, np.ndarray]] = field(default_factory=dict)
 
     @property
     def notes(self) -> list[str]:
@@ -108,6 +113,32 @@ def captions_from_features(model: CaptionModel, feats: np.ndarray | torch.Tensor
         evidence = Evidence(probs, words, settings) if settings.evidence else None
         hyps = decode(decoder, x, ids, settings, evidence)
         ruled_out = None if words is None else ruled_out_words(probs, words, settings.evidence_floor)  # (b, V)
-        out.extend(to_caption(h, vocab, None if probs is None else probs[j], None if words is None else ruled_out[j])
-                   for j, h in enumerate(hyps))
+        caps = [to_caption(h, vocab, None if probs is None else probs[j], None if words is None else ruled_out[j])
+                for j, h in enumerate(hyps)]
+        if head is not None:
+            attach_concept_maps(caps, [h[0].tokens for h in hyps], head, x, vocab)
+        out.extend(caps)
     return out
+
+
+def attach_concept_maps(caps: Sequence[Caption], tokens: Sequence[Sequence[int]], head: torch.nn.Linear,
+                        feats: torch.Tensor, vocab: Vocab) -> None:
+    """Fill each Caption's concept_maps: for every word naming a MAP_CATEGORIES category (person: the
+    clothes people wear), that category's map on the caption's photo when P >= MIN_PROB.
+    tokens[n]: the word ids of caps[n]; feats (n, P, D) their photos."""
+    cats = map_word_categories(vocab)  # (V,) category index or -1
+    where = [(n, i, int(cats[t])) for n, toks in enumerate(tokens) for i, t in enumerate(toks) if cats[t] >= 0]
+    if not where:
+        return
+    rows = torch.tensor([n for n, _, _ in where], device=feats.device)
+    maps, probs = category_maps(head, feats[rows], torch.tensor([c for _, _, c in where], device=feats.device))
+    for (n, i, c), m, p in zip(where, maps.cpu().numpy(), probs.tolist()):
+        if p >= MIN_PROB:
+            g = grid_side(m.shape[0])
+            caps[n].concept_maps[i] = (MAP_CATEGORIES[c], round(p, 4), m.reshape(g, g))
+
+
+def map_word_categories(vocab: Vocab) -> np.ndarray:
+    """(V,) the MAP_CATEGORIES index each vocabulary word names (-1: none)."""
+    m = word_categories(vocab, MAP_CATEGORIES)  # (V, C+1), at most one 1 per row
+    return np.where(m.sum(1).numpy() > 0, m.argmax(1).numpy(), -1)

@@ -25,6 +25,17 @@ import torch.nn.functional as F
 from .concepts import imagenet_logits, map_membership
 
 
+MIN_PROB = 0.1  # a concept is "confident" from here (train.cam_min_prob's default; the app shows maps from here)
+
+
+def _normalise(maps: torch.Tensor) -> torch.Tensor:
+    """(..., P) -> shifted to a minimum of 0 and summing to 1 (uniform where the map is flat)."""
+    maps = maps - maps.amin(-1, keepdim=True)
+    total = maps.sum(-1, keepdim=True)
+    uniform = torch.full_like(maps, 1.0 / maps.shape[-1])
+    return torch.where(total > 1e-12, maps / total.clamp_min(1e-12), uniform)
+
+
 def concept_maps(head: nn.Linear, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """feats (B, P, D) -> (maps (B, C, P) each summing to 1, P(category) (B, C)) over MAP_CATEGORIES:
     the seen COCO categories, then person (the classes of clothes and outfits people wear)."""
@@ -36,11 +47,19 @@ def concept_maps(head: nn.Linear, feats: torch.Tensor) -> tuple[torch.Tensor, to
     weights = weights / cat_probs.clamp_min(1e-12).unsqueeze(-1)  # (B, C, K), rows sum to 1
     class_maps = feats @ head.weight.float().t()  # (B, P, K): w_k . a_i (the bias shifts every region alike)
     maps = weights @ class_maps.transpose(1, 2)  # (B, C, P)
-    maps = maps - maps.amin(-1, keepdim=True)  # >= 0, the least likely region 0
-    total = maps.sum(-1, keepdim=True)  # (B, C, 1)
-    uniform = torch.full_like(maps, 1.0 / maps.shape[-1])
-    maps = torch.where(total > 1e-12, maps / total.clamp_min(1e-12), uniform)  # (B, C, P)
-    return maps, cat_probs
+    return _normalise(maps), cat_probs  # (B, C, P), (B, C)
+
+
+def category_maps(head: nn.Linear, feats: torch.Tensor, categories: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The maps of one category per row, cheaply (only that category's classes): feats (N, P, D),
+    categories (N,) indices into MAP_CATEGORIES -> (maps (N, P), P(category) (N,)). Equal to
+    concept_maps(head, feats)[0][n, categories[n]]."""
+    feats = feats.float()
+    probs = imagenet_logits(head, feats).softmax(-1)  # (N, K)
+    weights = probs * map_membership(feats.device)[categories]  # (N, K): the row's category's classes
+    cat_probs = weights.sum(-1)  # (N,)
+    w = (weights / cat_probs.clamp_min(1e-12).unsqueeze(-1)) @ head.weight.float()  # (N, D): the classes' mean weight
+    return _normalise((feats @ w.unsqueeze(-1)).squeeze(-1)), cat_probs  # (N, P), (N,)
 
 
 def cam_loss(alphas: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor, image_index: torch.Tensor,

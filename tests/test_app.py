@@ -108,7 +108,7 @@ def check_captioned(at: AppTest, require_words: bool = True) -> list[str]:
         betas = overlay_betas(at)
         assert len(betas) == len(words) and all(0 <= b <= 1 for b in betas)
         assert beta_line(at) == list(zip(words, betas))
-    large = [c for im in at.image for c in im.captions if c.startswith("attention for")]
+    large = [c for im in at.image for c in im.captions if c.startswith("where “") and " looked (word " in c]
     assert len(large) == (1 if words else 0)
     labels = [b.label for b in at.download_button]
     assert any("PNG" in lb for lb in labels) and any("JSON" in lb for lb in labels), labels
@@ -141,8 +141,8 @@ def test_example_photo_is_captioned_then_beam_size_changes(app):
     if len(words) > 1:
         at.select_slider[0].set_value(len(words) - 1).run()
         no_problems(at)
-        large = [c for im in at.image for c in im.captions if c.startswith("attention for")]
-        assert len(large) == 1 and large[0].startswith(f"attention for “{words[-1]}” (word {len(words)} of "
+        large = [c for im in at.image for c in im.captions if c.startswith("where “") and " looked (word " in c]
+        assert len(large) == 1 and large[0].startswith(f"where “{words[-1]}” looked (word {len(words)} of "
                                                        f"{len(words)}, β=")
     # another beam size and another example photo: still fine
     beam(at).set_value(4).run()
@@ -495,3 +495,22 @@ def test_explain_box_follows_a_new_photo(app):
     ex.set_value("Astronaut").run()
     box = next(t for t in at.text_input if t.label == "Sentence to explain")
     assert box.value == caption_text(at)
+
+
+def test_a_concept_word_shows_the_classifiers_map_beside_its_attention(app, flickr):
+    """A Flickr8k photo of two dogs: the caption names a dog, the classifier sees one, and the large view
+    shows the concept map beside the word's attention; a word without a concept shows one image."""
+    at = app.run()
+    photo = flickr / "Images" / "1001773457_577c3a7d70.jpg"
+    at.file_uploader[0].set_value((photo.name, photo.read_bytes(), "image/jpeg")).run()
+    words = check_captioned(at)
+    cap = workbench_model(at).caption(photo)
+    assert cap.words == words
+    concept = [i for i in cap.concept_maps if cap.concept_maps[i][0] == "dog"]
+    assert concept, f"no dog concept map in {cap.text!r}"
+    at.select_slider[0].set_value(concept[0]).run()
+    captions = [c for im in at.image for c in im.captions]
+    assert any(c.startswith("where the classifier sees a dog (P=") for c in captions), captions
+    plain = next(i for i in range(len(words)) if i not in cap.concept_maps)
+    at.select_slider[0].set_value(plain).run()
+    assert not any(c.startswith("where the classifier sees") for im in at.image for c in im.captions)

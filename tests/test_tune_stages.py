@@ -197,3 +197,15 @@ def test_person_map_reads_clothes_only():
     names = {imagenet_classes()[k] for k in person_classes()}
     assert {"jersey", "suit", "bikini"} <= names and m[-1].sum() == len(person_classes())
     assert (m[:-1] @ m[-1]).sum() == 0  # no class is both a category's and person's
+
+
+def test_category_maps_are_rows_of_concept_maps():
+    from captioner.concept_maps import category_maps
+
+    head = _head()
+    feats = torch.randn(3, 9, 16)
+    maps, probs = concept_maps(head, feats)
+    cats = torch.tensor([0, MAP_CATEGORIES.index("dog"), len(MAP_CATEGORIES) - 1])
+    one, p = category_maps(head, feats, cats)
+    assert torch.allclose(one, maps[torch.arange(3), cats], atol=1e-5)
+    assert torch.allclose(p, probs[torch.arange(3), cats], atol=1e-6)
