@@ -81,14 +81,17 @@ def test_quick_benchmark_reports_every_section(capsys):
     assert ev["model"]
 
     la = res["latency"]
-    assert 0 < la["p50_ms"] <= la["p95_ms"] and la["mean_words"] > 0 and la["model"]
+    assert 0 < la["p50_ms"] <= la["p95_ms"] and la["mean_words"] > 0 and la["model"] and la["beam"] == 3
+    stored = res["latency_stored"]  # the model file's own decode settings, what users get
+    assert stored["stored_settings"] and 0 < stored["p50_ms"] <= stored["p95_ms"]
 
     assert res["peak_memory_mb"] > 0
-    assert set(res["targets"]) == {"train_cached_speedup>=3x", "eval_beam3_speedup>=10x", "latency_beam3_p50<250ms"}
+    assert set(res["targets"]) == {"train_cached_speedup>=3x", "eval_beam3_speedup>=10x", "latency_beam3_p50<250ms",
+                                   "latency_stored_p50<150ms"}
     assert res["machine"]["torch_threads"] == 1 and res["quick"] is True
 
 
 def test_table_output(capsys):
     assert main(["--quick", "--only", "latency"]) == 0
     out = capsys.readouterr().out
-    assert "caption latency, 1 image, beam 3" in out and "| measurement" in out and "peak memory" in out
+    assert "caption latency, 1 image, beam 3" in out and "stored settings" in out and "| measurement" in out and "peak memory" in out

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "captioner" / "assets" / "examples"
+FLICKR_DOGS = ROOT.parent / "shared" / "data" / "flickr8k" / "Images" / "1001773457_577c3a7d70.jpg"  # two dogs
 CHROMIUM = Path("/usr/bin/chromium")
 DEV_CHECKPOINT = Path("/tmp/devmodel/placeholder.safetensors")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -237,6 +238,31 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             _check_betas(page, words)
             assert page.get_by_test_id("stAlert").filter(has_text="Cannot use").count() == 0
             assert page.get_by_test_id("stException").count() == 0
+
+            # a word naming what the classifier sees: its concept map beside its attention, both drawn
+            if (FLICKR_DOGS).is_file():
+                page.locator('input[type="file"]').set_input_files(str(FLICKR_DOGS))
+                page.get_by_text(f"{FLICKR_DOGS.name} (").first.wait_for(timeout=WAIT_MS)
+                _settle(page)
+                words = _caption_shown(page).split()
+                cap = captioner.load().caption(FLICKR_DOGS, beam_size=1)
+                assert cap.words == words
+                dogs = [i for i, (cat, _, _) in cap.concept_maps.items() if cat == "dog"]
+                assert dogs, f"no dog concept map in {cap.text!r}"
+                slider = page.get_by_role("slider", name="Word")
+                slider.focus()
+                for _ in range(dogs[0]):
+                    slider.press("ArrowRight")
+                seen = page.locator('[data-testid="stImageCaption"]', has_text="where the classifier sees a dog")
+                seen.first.wait_for(timeout=WAIT_MS)
+                _settle(page)
+                looked = page.locator('[data-testid="stImageCaption"]', has_text=f"where “{words[dogs[0]]}” looked")
+                assert looked.count() == 1
+                for img in (seen.first, looked.first):
+                    pic = img.locator("xpath=ancestor::*[@data-testid='stImage'][1]//img")
+                    page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=pic.element_handle(),
+                                           timeout=WAIT_MS)
+                assert page.get_by_test_id("stException").count() == 0
         finally:
             browser.close()
 

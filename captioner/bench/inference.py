@@ -129,22 +129,28 @@ def latency_captioner(checkpoint: str | None, counts: Counts, device: torch.devi
                  f"(configs/flickr8k_cpu.yaml shapes), decoder with a step counter driving <end> ({words:.0f} words)")
 
 
-def bench_latency(cap, counts: Counts, device: torch.device, beam: int = 3, log: Callable[[str], None] = print
-                  ) -> dict[str, Any]:
+def bench_latency(cap, counts: Counts, device: torch.device, beam: int | None = 3,
+                  log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Single-image caption latency at `beam`, or with beam None at the model file's stored decode
+    settings (beam, evidence, trigram blocking: what users get)."""
     timer = Timer(device)
     img = latency_image()
     words: list[int] = []
+    caption_fn = partial(cap.caption, **({} if beam is None else {"beam_size": beam}))
     for _ in range(max(2, counts.warmup + 1)):
-        cap.caption(img, beam_size=beam)
+        caption_fn(img)
     reset_peak(device)
-    log(f"latency: {counts.latency_runs} single-image captions at beam {beam}")
+    settings = cap.decode_settings(**({} if beam is None else {"beam_size": beam}))
+    log(f"latency: {counts.latency_runs} single-image captions at beam {settings.beam_size}"
+        + (" (the file's stored settings)" if beam is None else ""))
     times = []
     for _ in range(counts.latency_runs):
-        t, caption = timer.run(partial(cap.caption, beam_size=beam), img)
+        t, caption = timer.run(caption_fn, img)
         times.append(t)
         words.append(len(caption.words))
     ms = np.array(times) * 1e3
-    return {"beam": beam, "runs": len(times), "p50_ms": float(np.percentile(ms, 50)),
+    return {"beam": settings.beam_size, "stored_settings": beam is None, "evidence": settings.evidence,
+            "runs": len(times), "p50_ms": float(np.percentile(ms, 50)),
             "p95_ms": float(np.percentile(ms, 95)), "min_ms": float(ms.min()), "mean_words": float(np.mean(words)),
             "image": "500x375 PIL RGB", "peak_memory_mb": peak_memory_mb(device)}
 

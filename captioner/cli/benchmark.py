@@ -151,6 +151,7 @@ def _run(args: argparse.Namespace) -> int:
     if "latency" in sections:
         cap, desc = latency_captioner(checkpoint, counts, device, log)
         res["latency"] = {"model": desc, **bench_latency(cap, counts, device, log=log)}
+        res["latency_stored"] = bench_latency(cap, counts, device, beam=None, log=log)
         if preferred_dtype(device) == "bfloat16":  # the faster precision the app offers on this hardware
             bf16 = Captioner(cap.model, cap.vocab, cap.config, cap.metrics, device, "bfloat16")  # converts a copy
             res["latency_bf16"] = bench_latency(bf16, counts, device, log=log)
