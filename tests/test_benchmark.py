@@ -84,10 +84,12 @@ def test_quick_benchmark_reports_every_section(capsys):
     assert 0 < la["p50_ms"] <= la["p95_ms"] and la["mean_words"] > 0 and la["model"] and la["beam"] == 3
     stored = res["latency_stored"]  # the model file's own decode settings, what users get
     assert stored["stored_settings"] and 0 < stored["p50_ms"] <= stored["p95_ms"]
+    ex = res["latency_explain"]
+    assert ex["words"] == 12 and 0 < ex["p50_ms"] <= ex["p95_ms"]
 
     assert res["peak_memory_mb"] > 0
     assert set(res["targets"]) == {"train_cached_speedup>=3x", "eval_beam3_speedup>=10x", "latency_beam3_p50<250ms",
-                                   "latency_stored_p50<150ms"}
+                                   "latency_stored_p50<150ms", "explain_12_words_p50<100ms"}
     assert res["machine"]["torch_threads"] == 1 and res["quick"] is True
 
 

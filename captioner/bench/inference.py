@@ -154,3 +154,19 @@ def bench_latency(cap, counts: Counts, device: torch.device, beam: int | None = 
             "p95_ms": float(np.percentile(ms, 95)), "min_ms": float(ms.min()), "mean_words": float(np.mean(words)),
             "image": "500x375 PIL RGB", "peak_memory_mb": peak_memory_mb(device)}
 
+
+
+EXPLAIN_SENTENCE = "a brown and white dog is running on the green grass outside"  # 12 words
+
+
+def bench_explain(cap, counts: Counts, device: torch.device, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Captioner.explain latency: one photo and a 12-word sentence, preprocessing and encoder included."""
+    timer = Timer(device)
+    img = latency_image()
+    for _ in range(max(2, counts.warmup + 1)):
+        cap.explain(img, EXPLAIN_SENTENCE)
+    log(f"latency: {counts.latency_runs} explain() calls of a {len(EXPLAIN_SENTENCE.split())}-word sentence")
+    ms = np.array([timer.run(cap.explain, img, EXPLAIN_SENTENCE)[0] for _ in range(counts.latency_runs)]) * 1e3
+    return {"words": len(EXPLAIN_SENTENCE.split()), "runs": len(ms), "p50_ms": float(np.percentile(ms, 50)),
+            "p95_ms": float(np.percentile(ms, 95)), "min_ms": float(ms.min()), "mean_words": 12.0,
+            "image": "500x375 PIL RGB"}

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from ..api import Captioner, preferred_dtype
-from ..bench.inference import bench_eval, bench_latency, default_checkpoint, eval_decoder, latency_captioner
+from ..bench.inference import bench_eval, bench_explain, bench_latency, default_checkpoint, eval_decoder, latency_captioner
 from ..bench.report import format_table, machine, max_key, targets
 from ..bench.synthetic import PRESETS
 from ..bench.timing import Counts, peak_memory_mb
@@ -152,6 +152,7 @@ def _run(args: argparse.Namespace) -> int:
         cap, desc = latency_captioner(checkpoint, counts, device, log)
         res["latency"] = {"model": desc, **bench_latency(cap, counts, device, log=log)}
         res["latency_stored"] = bench_latency(cap, counts, device, beam=None, log=log)
+        res["latency_explain"] = bench_explain(cap, counts, device, log=log)
         if preferred_dtype(device) == "bfloat16":  # the faster precision the app offers on this hardware
             bf16 = Captioner(cap.model, cap.vocab, cap.config, cap.metrics, device, "bfloat16")  # converts a copy
             res["latency_bf16"] = bench_latency(bf16, counts, device, log=log)
