@@ -249,7 +249,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
                 assert cap.words == words
                 dogs = [i for i, (cat, _, _) in cap.concept_maps.items() if cat == "dog"]
                 assert dogs, f"no dog concept map in {cap.text!r}"
-                slider = page.get_by_role("slider", name="Word")
+                slider = page.locator('input[type="range"][aria-label="Word"]')
                 slider.focus()
                 for _ in range(dogs[0]):
                     slider.press("ArrowRight")
