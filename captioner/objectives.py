@@ -64,19 +64,21 @@ class EncoderTerms:
             if not t.cam_person:
                 self.word_cats[:, MAP_CATEGORIES.index("person")] = 0
 
-    def __call__(self, model: CaptionModel, batch: Batch, feats: torch.Tensor, alphas: torch.Tensor,
-                 targets: torch.Tensor, lengths: torch.Tensor, image_index: torch.Tensor, n_tokens: int
-                 ) -> tuple[torch.Tensor, dict[str, float]]:
-        """-> (what to add to the per-token total, logs)."""
+    def __call__(self, model: CaptionModel, batch: Batch, feats: torch.Tensor, alphas: torch.Tensor | None,
+                 n_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """feats (Bi, P, D); alphas (B, T, P) the teacher-forced attention of the batch's references (None:
+        not computed, allowed without alpha_cam); n_tokens: the objective's per-token divisor
+        -> (what to add to its total, logs)."""
         t = self.cfg.train
-        total, logs = alphas.new_zeros(()).float(), {}
+        total, logs = feats.new_zeros(()).float(), {}
         if not (t.alpha_cam or t.alpha_head):
             return total, logs
         head = encoder_head(model)
         if t.alpha_cam:
             with torch.no_grad():  # the map is the target: the classifier's view, not pulled towards the attention
                 maps, probs = concept_maps(head, feats)  # (Bi, C, P), (Bi, C)
-            cam, n = cam_loss(alphas, targets, lengths, image_index, maps, probs, self.word_cats, t.cam_min_prob)
+            cam, n = cam_loss(alphas, batch.targets, batch.lengths, batch.image_index, maps, probs, self.word_cats,
+                              t.cam_min_prob)
             total = total + t.alpha_cam * cam * n / max(n_tokens, 1)  # per token, like the cross-entropy
             logs.update({"cam": cam.item(), "cam_words": n / max(n_tokens, 1)})
         if t.alpha_head:
@@ -104,8 +106,7 @@ class CrossEntropy:
                                                      "sample" if sampled else "expected")
         c = caption_loss(logits, alphas, batch.targets, batch.lengths, t.alpha_c, t.label_smoothing)
         logs = {"xent": c.xent.item(), "penalty": c.penalty.item()}
-        extra, extra_logs = self.encoder_terms(model, batch, feats, alphas, batch.targets, batch.lengths,
-                                               batch.image_index, c.n_tokens)
+        extra, extra_logs = self.encoder_terms(model, batch, feats, alphas, c.n_tokens)
         c.total, logs = c.total + extra, {**logs, **extra_logs}
         if not dec.hard:
             return Terms(c.total, c.n_tokens, logs)
@@ -192,15 +193,10 @@ class SelfCritical:
             xent = caption_loss(logits, alphas, batch.targets, batch.lengths, 0.0).xent
             total = total + t.scst_xent * xent
             logs["xent"] = xent.item()
-            ref_tokens = int(batch.lengths.sum())
-            extra, extra_logs = self.encoder_terms(model, batch, feats, alphas, batch.targets, batch.lengths,
-                                                   batch.image_index, ref_tokens)
-            total, logs = total + extra, {**logs, **extra_logs}
-        elif t.alpha_head:
-            extra, extra_logs = self.encoder_terms(model, batch, feats, s.alphas, batch.targets, batch.lengths,
-                                                   batch.image_index, n_tokens)
-            total, logs = total + extra, {**logs, **extra_logs}
-        return Terms(total, n_tokens, logs)
+            extra, extra_logs = self.encoder_terms(model, batch, feats, alphas, int(batch.lengths.sum()))
+        else:  # alpha_cam needs the references' attention (checked in __init__); alpha_head does not
+            extra, extra_logs = self.encoder_terms(model, batch, feats, None, n_tokens)
+        return Terms(total + extra, n_tokens, {**logs, **extra_logs})
 
     @torch.no_grad()
     def _greedy_reward(self, model: CaptionModel, feats: torch.Tensor, refs: list[list[list[int]]]) -> torch.Tensor:

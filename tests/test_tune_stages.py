@@ -149,7 +149,8 @@ def test_head_kl_is_zero_for_the_teachers_own_logits():
     assert head_kl(head, feats, torch.randn(3, head.out_features)) > 0
 
 
-def test_tuning_trains_the_top_stages_only(flickr, tmp_path):
+@pytest.mark.parametrize("objective", ["xe", "scst"])
+def test_tuning_trains_the_top_stages_only(flickr, tmp_path, objective):
     """A real run on 4 photos (+ mirror images): the tuned top stages and the decoder move; the lower
     stages (the cache's key) and the ImageNet classifier do not; frozen BN keeps ImageNet's statistics."""
     from captioner.checkpoint import load_checkpoint
@@ -159,7 +160,8 @@ def test_tuning_trains_the_top_stages_only(flickr, tmp_path):
     cfg = load_config(ROOT / "configs/tiny.yaml", [
         f"data.root={flickr}", "data.limit=4", f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={out}",
         "model.image_size=128", "model.grid_size=4", "model.tune_stages=1", "data.flip=true", "train.epochs=1",
-        "train.alpha_cam=1.0", "train.alpha_head=1.0", "train.val_limit=2", "train.checkpoint_every=0"])
+        "train.alpha_cam=1.0", "train.alpha_head=1.0", "train.val_limit=2", "train.checkpoint_every=0",
+        f"train.objective={objective}", "train.scst_xent=0.5", "train.scst_samples=2"])
     fit(cfg, log=lambda _: None, progress=False)
     ref = build_encoder(cfg.model.encoder, True, cfg.model.grid_size).state_dict()
     got = {k.removeprefix("encoder."): v for k, v in load_checkpoint(out / "last.safetensors").model_state.items()
