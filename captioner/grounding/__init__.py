@@ -44,7 +44,7 @@ import torch
 from ..vocab import tokenize
 from .boxes import Instances, box_coverage, instances_path_for, load_instances
 from .hallucination import (CaptionHallucination, HallucinationSummary, boxed_categories, caption_hallucination,
-                            categories_in, measure_hallucination, measure_references)
+                            categories_in, json_number, measure_hallucination, measure_references)
 from .words import CATEGORY_WORDS, Phrase, match_words, word_table
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class GroundingSummary:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; NaN (no words) becomes null."""
-        clean = lambda v: None if isinstance(v, float) and math.isnan(v) else v  # noqa: E731
+        clean = json_number
         return {"mass": clean(self.mass), "baseline": clean(self.baseline), "lift": clean(self.lift),
                 "n_words": self.n_words, "n_images": self.n_images,
                 "per_category": {c: {k: clean(v) for k, v in d.items()} for c, d in self.per_category.items()}}

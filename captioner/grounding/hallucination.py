@@ -103,8 +103,8 @@ class HallucinationSummary:
         """JSON-ready; NaN (nothing to divide by) becomes null."""
         keys = ("chair_s", "chair_i", "recall", "n_captions", "n_mentions", "n_hallucinated",
                 "n_captions_hallucinating", "n_boxed", "n_named_boxed", "references_only")
-        return {**{k: _clean(getattr(self, k)) for k in keys},
-                "per_category": {c: {k: _clean(v) for k, v in d.items()} for c, d in self.per_category.items()},
+        return {**{k: json_number(getattr(self, k)) for k in keys},
+                "per_category": {c: {k: json_number(v) for k, v in d.items()} for c, d in self.per_category.items()},
                 "worst": [{"category": c, "hallucinated": h, "mentions": m} for c, h, m in self.worst()]}
 
     def __str__(self) -> str:
@@ -118,7 +118,8 @@ def _share(num: int, den: int) -> float:
     return num / den if den else math.nan
 
 
-def _clean(v: Any) -> Any:
+def json_number(v: Any) -> Any:
+    """NaN (a share of nothing) -> None, so JSON files say null; anything else unchanged."""
     return None if isinstance(v, float) and math.isnan(v) else v
 
 
