@@ -58,6 +58,10 @@ class DataConfig:
     num_workers: int = 2
     limit: int = 0  # use only the first N images of each split (0 = all); for smoke tests
 
+    def cache_split(self, split: str) -> str:
+        """The split's name in cache file names: a limited run ("train8") never shares the full split's cache."""
+        return f"{split}{self.limit}" if self.limit else split
+
 
 @dataclass
 class TrainConfig:

@@ -149,7 +149,7 @@ def _caches(cfg: Config, model: CaptionModel, splits: dict[str, list[ImageRecord
     """Frozen-encoder feature caches of the splits; rank 0 builds, the others wait and open them."""
     caches, prep = {}, build_preprocess(cfg.model)
     for split, recs in splits.items():
-        name = prep.cache_name(cfg.data.dataset, split if not cfg.data.limit else f"{split}{cfg.data.limit}")
+        name = prep.cache_name(cfg.data.dataset, cfg.data.cache_split(split))
         if main:
             caches[split] = build_cache(cfg.data.cache_dir, name, model.encoder, prep, recs,
                                         device, num_workers=cfg.data.num_workers, log=log, progress=progress)
@@ -203,7 +203,7 @@ def _activation_data(cfg: Config, model: CaptionModel, vocab: Vocab, caps: list[
     prep, enc = build_preprocess(cfg.model), model.encoder
     caches = {}
     for split, recs in {"train": train_records, "val": val_records}.items():
-        name = cache_name(prep, cfg.data.dataset, split if not cfg.data.limit else f"{split}{cfg.data.limit}",
+        name = cache_name(prep, cfg.data.dataset, cfg.data.cache_split(split),
                           enc.split_block)
         caches[split] = build_activations(cfg.data.cache_dir, name, enc, prep, recs, cfg.data.flip and split == "train",
                                           device, num_workers=cfg.data.num_workers, log=log, progress=progress)

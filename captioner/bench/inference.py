@@ -136,11 +136,12 @@ def bench_latency(cap, counts: Counts, device: torch.device, beam: int | None = 
     timer = Timer(device)
     img = latency_image()
     words: list[int] = []
-    caption_fn = partial(cap.caption, **({} if beam is None else {"beam_size": beam}))
+    overrides = {} if beam is None else {"beam_size": beam}
+    caption_fn = partial(cap.caption, **overrides)
     for _ in range(max(2, counts.warmup + 1)):
         caption_fn(img)
     reset_peak(device)
-    settings = cap.decode_settings(**({} if beam is None else {"beam_size": beam}))
+    settings = cap.decode_settings(**overrides)
     log(f"latency: {counts.latency_runs} single-image captions at beam {settings.beam_size}"
         + (" (the file's stored settings)" if beam is None else ""))
     times = []

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     prep = build_preprocess(cfg.model)
     for split, recs in records.items():
         t = time.time()
-        name = prep.cache_name(cfg.data.dataset, split if not cfg.data.limit else f"{split}{cfg.data.limit}")
+        name = prep.cache_name(cfg.data.dataset, cfg.data.cache_split(split))
         cache = build_cache(cfg.data.cache_dir, name, encoder, prep, recs, args.device,
                             num_workers=cfg.data.num_workers, progress=not args.no_progress)
         print(f"{split}: features {tuple(cache.features.shape)} float16 at {cache.path} ({time.time() - t:.0f}s)")
@@ -69,7 +69,7 @@ def _activations(cfg, records, device: str, progress: bool) -> int:
     prep = build_preprocess(cfg.model)
     for split, recs in records.items():
         t = time.time()
-        name = cache_name(prep, cfg.data.dataset, split if not cfg.data.limit else f"{split}{cfg.data.limit}",
+        name = cache_name(prep, cfg.data.dataset, cfg.data.cache_split(split),
                           encoder.split_block)
         flip = cfg.data.flip and split == "train"
         cache = build_activations(cfg.data.cache_dir, name, encoder, prep, recs, flip, device,

@@ -227,7 +227,7 @@ def ground_concept_maps(model: "Captioner", feats: torch.Tensor | np.ndarray, re
     the photo that the ImageNet head sees with P >= min_prob, its class activation map's mass inside
     the boxes. The ceiling of what train.alpha_cam can teach the attention (`word` is the category)."""
     from ..concept_maps import concept_maps
-    from ..concepts import MAP_CATEGORIES as CATEGORIES, encoder_head
+    from ..concepts import MAP_CATEGORIES, encoder_head
 
     keep = _usable(records, instances)
     head, g = encoder_head(model.model), model.grid_size
@@ -236,7 +236,7 @@ def ground_concept_maps(model: "Captioner", feats: torch.Tensor | np.ndarray, re
         x = torch.as_tensor(np.asarray(feats[i:i + 1], dtype=np.float32)).to(model.device)  # (1, P, D)
         maps, probs = concept_maps(head, x)  # (1, C, P), (1, C)
         for cat, cov in instances.coverage(records[i].image_id, g, g).items():
-            if cat in CATEGORIES and float(probs[0, CATEGORIES.index(cat)]) >= min_prob:
-                m = maps[0, CATEGORIES.index(cat)].cpu().numpy().reshape(g, g)
+            if cat in MAP_CATEGORIES and float(probs[0, MAP_CATEGORIES.index(cat)]) >= min_prob:
+                m = maps[0, MAP_CATEGORIES.index(cat)].cpu().numpy().reshape(g, g)
                 scored.append(WordGrounding(records[i].image_id, cat, cat, float((m * cov).sum()), float(cov.mean())))
     return GroundingSummary.of(scored, len(keep))

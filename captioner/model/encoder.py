@@ -120,10 +120,7 @@ class EfficientNetLite(nn.Module):
         self.out_channels = 1280
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu6(self._bn0(self._conv_stem(x)))
-        for block in self._blocks:
-            x = block(x)
-        return F.relu6(self._bn1(self._conv_head(x)))  # (B, 1280, h, w)
+        return self.upper(self.lower(x, 0), 0)  # (B, 1280, h, w): stem, every block, head conv
 
     def lower(self, x: torch.Tensor, upto: int) -> torch.Tensor:
         """Stem and blocks [0, upto): the activations that enter block `upto` (B, C, h, w)."""
