@@ -167,7 +167,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise CheckpointError(f"{path}: corrupt metadata (no {e.args[0]!r} entry)") from None
     except (json.JSONDecodeError, ValueError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{path}: corrupt metadata ({e})") from None
-    model_state = {k: v for k, v in tensors.items() if not k.startswith(_OPT)}
+    model_state = _without_legacy_aliases({k: v for k, v in tensors.items() if not k.startswith(_OPT)}, path)
     optim = {k[len(_OPT):]: v for k, v in tensors.items() if k.startswith(_OPT)}
     for key in ("decoder.embedding.weight", "decoder.out_vocab.weight"):  # the vocabulary must fit the weights
         if key in model_state and model_state[key].ndim >= 1 and model_state[key].shape[0] != len(vocab):
@@ -176,6 +176,24 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
                 f"{model_state[key].shape[0]} rows {tuple(model_state[key].shape)}; the metadata and the weights "
                 "come from different models")
     return Checkpoint(config, vocab, model_state, metrics, train_state, optim)
+
+
+_LEGACY_ALIAS, _BACKBONE = "encoder._features.", "encoder.backbone."
+
+
+def _without_legacy_aliases(state: dict[str, torch.Tensor], path: str | Path) -> dict[str, torch.Tensor]:
+    """Before 0.1.0's fix a ResNet encoder registered its body twice (`backbone` and `_features`), so a
+    file written around safetensors' shared-memory check would hold every encoder weight under both
+    names. The second name is dropped when it repeats the first; anything else is refused."""
+    aliases = [k for k in state if k.startswith(_LEGACY_ALIAS)]
+    for k in aliases:
+        twin = _BACKBONE + k[len(_LEGACY_ALIAS):]
+        if twin in state and not torch.equal(state[twin], state[k]):
+            raise CheckpointError(f"{path}: {k} and {twin} should be one tensor (an old ResNet file) but differ; "
+                                  "the file was edited or is corrupt. Re-export it from its training checkpoint")
+        state.setdefault(twin, state[k])
+        del state[k]
+    return state
 
 
 def _not_safetensors_hint(path: Path) -> str:

@@ -9,6 +9,7 @@ metrics.jsonl + training.png next to the checkpoints.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any, Callable, Sequence
 
@@ -85,7 +86,7 @@ def train_step(objective: Callable[[Any], Terms], optimizer: torch.optim.Optimiz
         terms = objective(batch)
     if not torch.isfinite(terms.total):
         raise TrainingError(f"loss became {terms.total.item()}{where}; stopping. The last good checkpoint is kept. "
-                            "Try a lower train.lr or train.grad_clip.")
+                            + _nonfinite_hint(batch, cfg))
     optimizer.zero_grad(set_to_none=True)
     terms.total.backward()
     if cfg.train.grad_clip > 0:
@@ -96,6 +97,19 @@ def train_step(objective: Callable[[Any], Terms], optimizer: torch.optim.Optimiz
         raise TrainingError(f"optimizer step failed{where} ({e}); the last good checkpoint is kept. "
                             "Check train.lr.") from None
     return terms
+
+
+def _nonfinite_hint(batch: Any, cfg: Config) -> str:
+    """What to try after a non-finite loss: the inputs first (a random encoder's features can be huge),
+    then the optimiser settings."""
+    visual = getattr(batch, "images", None)
+    if torch.is_tensor(visual) and visual.is_floating_point():
+        peak = visual.detach().abs().amax().item()
+        if not math.isfinite(peak) or peak > 1e4:
+            return (f"The batch's encoder inputs reach {peak:.3g}: with model.pretrained={cfg.model.pretrained} the "
+                    f"{cfg.model.encoder} features are out of a trainable range; use pretrained weights, or rebuild "
+                    "the feature cache (data.cache_dir) if it predates this version.")
+    return "Try a lower train.lr or train.grad_clip."
 
 
 def _check_weights_finite(model: torch.nn.Module, step: int) -> None:

@@ -364,3 +364,32 @@ def test_reader_sees_old_or_new_file_never_half(tmp_path, tiny):
     out, err = reader.communicate(timeout=120)
     assert reader.returncode == 0, err[-2000:]
     assert _temps(tmp_path) == []
+
+
+def test_resnet_files_hold_each_weight_once_and_old_alias_files_load(tmp_path):
+    """A ResNet model registers its body once (safetensors refused the shared `_features` alias); a file
+    that still carries the old alias loads when it repeats the weights and is refused when it does not."""
+    from captioner.checkpoint import load_checkpoint, save_checkpoint, write_safetensors
+    from captioner.config import Config, ModelConfig
+    from captioner.model.captioner import build_model
+    from captioner.vocab import Vocab
+
+    cfg = Config(model=ModelConfig(encoder="resnet101", pretrained=False, grid_size=2, hidden_dim=16,
+                                   embed_dim=8, attention_dim=8))
+    vocab = Vocab.build(["a dog runs"], 1)
+    state = build_model(cfg.model, len(vocab), pretrained=False).state_dict()
+    assert not any("_features" in k for k in state)
+    save_checkpoint(tmp_path / "new.safetensors", cfg, vocab, state)
+    assert set(load_checkpoint(tmp_path / "new.safetensors").model_state) == set(state)
+    old = {**{k: v.clone() for k, v in state.items()},
+           **{k.replace("encoder.backbone.", "encoder._features."): v.clone()
+              for k, v in state.items() if k.startswith("encoder.backbone.")}}
+    meta = {"format": "captioner-checkpoint/1", "config": __import__("json").dumps(cfg.to_dict()),
+            "vocab": vocab.to_json(), "metrics": "{}"}
+    write_safetensors(tmp_path / "old.safetensors", old, meta)
+    loaded = load_checkpoint(tmp_path / "old.safetensors").model_state
+    assert set(loaded) == set(state) and all(torch.equal(loaded[k], state[k]) for k in state)
+    old["encoder._features.0.weight"] = old["encoder._features.0.weight"] + 1
+    write_safetensors(tmp_path / "bad.safetensors", old, meta)
+    with pytest.raises(CheckpointError, match="encoder._features.0.weight and encoder.backbone.0.weight"):
+        load_checkpoint(tmp_path / "bad.safetensors")

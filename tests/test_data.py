@@ -160,3 +160,29 @@ def test_unreadable_images_are_reported_and_skipped(flickr, tmp_path):
                         log=logs.append, progress=False)
     assert sorted(cache.missing) == ["broken.jpg", "gone.jpg"]
     assert any("2 image(s) could not be read" in m and "broken.jpg" in m for m in logs)
+
+
+def test_feature_cache_keeps_values_float16_cannot_hold(flickr, tmp_path):
+    """A random ResNet's features pass 65504: the cache widens to float32 (equal to the encoder's output),
+    never rounds them to inf; an encoder that yields NaN is refused at cache time, naming it."""
+    from captioner.config import DataConfig
+    from captioner.images import load_image, preprocess
+
+    recs = build_records(DataConfig(root=str(flickr), limit=3), "test")
+    enc = build_encoder("resnet152", False, 2).eval()
+    prep = build_preprocess(ModelConfig(encoder="resnet152", image_size=64, grid_size=2))
+    logs = []
+    cache = build_cache(tmp_path, "r", enc, prep, recs, batch_size=2, num_workers=0, log=logs.append, progress=False)
+    assert cache.features.dtype == np.float32 and any("float32" in m and "resnet152" in m for m in logs)
+    x = torch.stack([preprocess(load_image(r.path), 64, prep.mean, prep.std) for r in recs])
+    with torch.no_grad():
+        direct = enc(x.contiguous(memory_format=torch.channels_last)).numpy()  # (3, 4, 2048)
+    assert np.abs(direct).max() > np.finfo(np.float16).max  # the case this test is about
+    scale = np.abs(direct).max()  # float16 would be off by up to 5e-4 of each value, or inf
+    np.testing.assert_allclose(np.asarray(cache.features), direct, rtol=1e-4, atol=1e-5 * scale)
+    assert open_cache(tmp_path, "r", enc, prep, recs) is not None  # a widened cache is reused like any other
+    with torch.no_grad():
+        enc.backbone[0].weight.fill_(float("nan"))
+    with pytest.raises(ValueError, match="resnet152 produced NaN/inf features"):
+        build_cache(tmp_path, "n", enc, prep, recs, num_workers=0, progress=False)
+    assert not (tmp_path / "n.json").exists()

@@ -72,7 +72,7 @@ def test_output_stride_16_doubles_the_native_grid(name, size, native):
     fine = build_encoder(name, pretrained=False, grid_size=native, output_stride=16).eval()
     fine.load_state_dict(coarse.state_dict())  # dilation adds no parameters
     with torch.no_grad():
-        fmap = fine._features(torch.randn(1, 3, size, size))
+        fmap = fine.feature_map(torch.randn(1, 3, size, size))
     assert fmap.shape[-2:] == (native, native)  # not pooled up: the backbone itself is 2x finer
 
 

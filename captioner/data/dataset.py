@@ -66,7 +66,7 @@ class FeatureDataset(Dataset):
         return len(self.rows)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, list[list[int]]]:
-        return torch.from_numpy(np.asarray(self.features[self.rows[i]], dtype=np.float32)), self.captions[i]
+        return torch.from_numpy(np.array(self.features[self.rows[i]], dtype=np.float32)), self.captions[i]  # a copy: the memmap is read-only
 
 
 class ActivationDataset(Dataset):

@@ -1,6 +1,11 @@
 """Frozen-encoder feature cache: encode every image once, store (N, P, D) float16 on disk as a
 memory-mapped .npy, reuse it across epochs and runs.
 
+float16 holds values up to 65,504. A pretrained encoder stays far below that; a randomly initialised
+ResNet (model.pretrained=false, e.g. a smoke run without downloaded weights) does not, and rounding its
+features to inf would surface as a NaN loss an epoch later. Such a cache is stored in float32 instead
+(said in the log); non-finite features are refused when the cache is built, naming the encoder.
+
 A cache is keyed by what made it: encoder name, input size, grid size and a fingerprint of the
 encoder weights, plus the list of images. Anything else (another encoder, another grid, a fine-tuned
 encoder, a half-written file) does not match and is rebuilt, never silently used.
@@ -34,7 +39,7 @@ def encoder_fingerprint(encoder: Encoder) -> str:
 
 @dataclass
 class FeatureCache:
-    features: np.ndarray  # (N, P, D) float16, memory-mapped
+    features: np.ndarray  # (N, P, D) float16 (float32 where float16 cannot hold them), memory-mapped
     index: dict[str, int]  # image_id -> row
     missing: list[str]  # images that could not be read (reported, skipped)
     path: Path
@@ -119,7 +124,12 @@ def build_cache(cache_dir: str | Path, name: str, encoder: Encoder, preprocess: 
         x = torch.stack([s[0] for s in batch]).to(device, next(encoder.parameters()).dtype)
         idx = [s[1] for s in batch]
         feats = encoder(x.contiguous(memory_format=torch.channels_last))  # (b, P, D); channels_last is faster on CPU
-        out[idx] = feats.float().cpu().numpy().astype(np.float16)
+        feats = _checked(feats.float().cpu().numpy(), encoder.name, [records[i].image_id for i in idx])
+        if out.dtype == np.float16 and np.abs(feats).max() > F16_MAX:
+            log(f"note: {encoder.name} features reach {np.abs(feats).max():.3g}, beyond float16's range "
+                f"({F16_MAX:.0f}; random weights?): {name} is stored in float32 (twice the disk)")
+            out = _widen(out, tmp)
+        out[idx] = feats.astype(out.dtype)
         seen[idx] = True
     out.flush()
     del out
@@ -135,6 +145,30 @@ def build_cache(cache_dir: str | Path, name: str, encoder: Encoder, preprocess: 
     cache = open_cache(cache_dir, name, encoder, prep, records)
     assert cache is not None
     return cache
+
+
+F16_MAX = float(np.finfo(np.float16).max)  # 65504
+
+
+def _checked(feats: np.ndarray, encoder: str, image_ids: Sequence[str]) -> np.ndarray:
+    """The batch's features, or a ValueError when the encoder produced NaN or inf for one of its images."""
+    bad = ~np.isfinite(feats).reshape(len(feats), -1).all(axis=1)
+    if bad.any():
+        raise ValueError(f"the encoder {encoder} produced NaN/inf features for {int(bad.sum())} image(s) (e.g. "
+                         f"{image_ids[int(np.flatnonzero(bad)[0])]}); nothing was cached. Its weights are broken or "
+                         "diverged: use model.pretrained=true, or check the checkpoint it was loaded from")
+    return feats
+
+
+def _widen(out: np.memmap, tmp: Path) -> np.memmap:
+    """The float16 memory map `out` (written so far) copied into a float32 one at the same path."""
+    wide_tmp = tmp.with_suffix(".f32.npy")
+    wide = np.lib.format.open_memmap(wide_tmp, mode="w+", dtype=np.float32, shape=out.shape)
+    for i in range(0, len(out), 256):
+        wide[i:i + 256] = out[i:i + 256]
+    del out
+    os.replace(wide_tmp, tmp)
+    return wide
 
 
 def cache_name(dataset: str, split: str, encoder: str, image_size: int, grid_size: int) -> str:

@@ -221,7 +221,6 @@ class Encoder(nn.Module):
         if name in LITE_VARIANTS:
             net = build_lite(name, pretrained, output_stride)
             self.backbone = net
-            self._features = net.features
             self.out_dim = net.out_channels
         else:  # resnet101 | resnet152
             import torchvision
@@ -231,14 +230,21 @@ class Encoder(nn.Module):
                 raise ValueError(f"output_stride must be 16 or 32, got {output_stride}")
             net = getattr(torchvision.models, name)(weights=weights,
                                                     replace_stride_with_dilation=[False, False, output_stride == 16])
-            self.backbone = nn.Sequential(*list(net.children())[:-2])  # drop avgpool + fc
-            self._features = self.backbone
+            # drop avgpool + fc; registered once, as `backbone` (a second name for the same module would put
+            # every weight in the state dict twice, which safetensors refuses to save)
+            self.backbone = nn.Sequential(*list(net.children())[:-2])
             self.out_dim = 2048
         self.grid_size = grid_size
         self.pool = nn.AdaptiveAvgPool2d(grid_size)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self._grid(self._features(images))  # (B, P, D)
+        return self._grid(self.feature_map(images))  # (B, P, D)
+
+    def feature_map(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, S, S) -> the backbone's last feature map (B, D, h, w), before pooling to the grid."""
+        if isinstance(self.backbone, EfficientNetLite):
+            return self.backbone.features(images)  # (B, D, h, w)
+        return self.backbone(images)  # (B, D, h, w)
 
     def _grid(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.grid_size or x.shape[-2] != self.grid_size:
