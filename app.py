@@ -16,7 +16,7 @@ from pathlib import Path
 import streamlit as st
 
 import captioner
-from captioner import visualize, workbench
+from captioner.ui import visualize, workbench
 from captioner.images import load_image
 
 try:  # click-to-pick a region; without it the row/column menus still pick one

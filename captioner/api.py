@@ -20,7 +20,8 @@ from typing import Any, Sequence
 
 import torch
 
-from .captions import Caption, captions_from_features
+from .decoding.captions import Caption, captions_from_features
+from .concepts.imagenet import THRESHOLD, Concepts, detect, encoder_head
 from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
 from .config import DTYPES as DTYPE_NAMES
 from .config import Config, DecodeConfig, check_choice
@@ -129,11 +130,11 @@ class Captioner:
         where the model looks for each word and how likely it finds each (word_log_probs). Words the
         vocabulary lacks are fed as <unk> and listed in Caption.unknown. `overrides`: decode settings
         (only hard_context matters, for a hard-attention model)."""
-        from .explain import explain_features
+        from .decoding.explain import explain_features
         from .vocab import tokenize
 
-        from .captions import attach_concept_maps
-        from .concepts import has_head
+        from .decoding.captions import attach_concept_maps
+        from .concepts.imagenet import has_head
 
         context = self.decode_settings(**overrides).hard_context
         feats = self.encode(self.preprocess(image).unsqueeze(0))  # (1, P, D)
@@ -143,6 +144,13 @@ class Captioner:
             ids = [self.vocab.stoi.get(w, self.vocab.unk) for w in cap.words]
             attach_concept_maps([cap], [ids], head, feats, self.vocab)
         return cap
+
+    @torch.no_grad()
+    def concepts(self, images: Sequence[ImageInput], threshold: float = THRESHOLD, top_k: int = 5) -> list[Concepts]:
+        """What the encoder's ImageNet head sees in each image (one encoder pass): COCO categories at or
+        above `threshold` and the `top_k` ImageNet classes. A ValueError for encoders without the head."""
+        x = torch.stack([self.preprocess(im) for im in images])  # (B, 3, S, S)
+        return detect(encoder_head(self.model), self.encode(x), threshold, top_k)
 
     @torch.no_grad()
     def encode(self, x: torch.Tensor) -> torch.Tensor:

@@ -54,7 +54,7 @@ def optimise(objective, model, batch, steps: int, lr: float, cfg=None) -> list[d
     from functools import partial
 
     from captioner.config import Config
-    from captioner.engine import train_step
+    from captioner.training.engine import train_step
 
     opt = torch.optim.Adam(model.decoder.parameters(), lr=lr)
     cfg = cfg or Config()

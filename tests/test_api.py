@@ -156,7 +156,7 @@ def test_decode_settings_default_to_the_model_files(tmp_path, monkeypatch):
     model.save(path)
     loaded = captioner.load(path)
     calls = []
-    from captioner import captions
+    from captioner.decoding import captions
 
     real = captions.decode
 
@@ -238,7 +238,7 @@ def test_default_device():
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_caption_betas_are_the_gates_of_its_words(beam_size):
     """Caption.betas: one gate value per word, in [0, 1], the ones decoding computed for those words."""
-    from captioner.decoding import SpecialIds, decode
+    from captioner.decoding.search import SpecialIds, decode
 
     model = tiny_captioner()
     with torch.no_grad():

@@ -37,3 +37,81 @@ def test_no_module_level_monkeypatching():
             if any(isinstance(t, ast.Attribute) for t in targets):
                 found.append(f"{p.relative_to(PACKAGE)}:{node.lineno}")
     assert not found, f"module-level attribute assignments: {found}"
+
+
+# ---------------------------------------------------------------- the package by job (docs/architecture.md)
+# Each folder is one job; a job imports only jobs of a lower rank (never its equals or its betters).
+# "base" is the root's basics; api.py, the public face, sits above decoding and below the jobs that use it.
+JOB_RANK = {"base": 0, "model": 1, "data": 2, "concepts": 2, "decoding": 3, "lm": 3, "api": 4,
+            "evaluation": 5, "training": 6, "ui": 6, "bench": 7, "cli": 8}
+MAX_TOP_LEVEL_MODULES = 8
+
+
+def _module_name(p: Path) -> str:
+    parts = list(p.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(p: Path) -> set[str]:
+    """Every captioner module `p` imports: top level, inside functions and under TYPE_CHECKING alike."""
+    me = _module_name(p)
+    pkg = me if p.name == "__init__.py" else me.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(p.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [f"{target}.{a.name}" for a in node.names]
+            out |= {n for n in names if n in _ALL} | ({target} if target in _ALL else set())
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in _ALL}
+    return out - {me}
+
+
+_ALL = {_module_name(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _job(module: str) -> str:
+    parts = module.split(".")
+    if module in ("captioner", "captioner.api"):  # the package's face re-exports api's names
+        return "api"
+    return parts[1] if len(parts) > 2 or parts[1] in JOB_RANK else "base"
+
+
+def test_import_graph_has_no_cycle():
+    graph = {_module_name(p): _imports(p) for p in _modules()}
+    graph = {m: {t for t in deps if not (m.startswith(t + ".") and t != "captioner")} for m, deps in graph.items()}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for t in sorted(graph.get(m, ())):
+            assert state.get(t) != 1, f"import cycle: {' -> '.join(path + [m, t])}"
+            if t not in state:
+                visit(t, path + [m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+
+
+def test_no_job_imports_a_higher_job():
+    upward = []
+    for p in _modules():
+        src = _module_name(p)
+        for t in _imports(p):
+            a, b = _job(src), _job(t)
+            if a != b and JOB_RANK[b] >= JOB_RANK[a]:
+                upward.append(f"{src} ({a}) -> {t} ({b})")
+    assert not upward, "imports from a job to an equal or higher one:\n" + "\n".join(upward)
+
+
+def test_the_package_root_keeps_few_modules():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} top-level modules: {top}; put new code in its job's folder"
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert folders <= set(JOB_RANK), f"a folder without a rank in JOB_RANK: {folders - set(JOB_RANK)}"

@@ -12,7 +12,7 @@ from captioner.bench.synthetic import (PRESETS, install_length_counter, make_bat
 from captioner.bench.training import decoder_train_flops
 from captioner.cli.benchmark import main
 from captioner.config import DecodeConfig
-from captioner.decoding import SpecialIds, decode
+from captioner.decoding.search import SpecialIds, decode
 from captioner.model.decoder import Decoder
 
 

@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 
 import captioner
-from captioner import concepts as C
-from captioner.grounding.words import CATEGORY_WORDS
+from captioner.concepts import imagenet as C
+from captioner.concepts.words import CATEGORY_WORDS
 
 EXAMPLES = Path(captioner.__file__).resolve().parent / "assets" / "examples"
 
@@ -145,7 +145,7 @@ def test_head_on_the_mean_annotation_vector_is_the_classifiers_own_output(bundle
 
 
 def test_the_example_photos_show_what_they_show(bundled):
-    cat, coffee = C.concepts_of(bundled, [EXAMPLES / "cat.jpg", EXAMPLES / "coffee.jpg"])
+    cat, coffee = bundled.concepts([EXAMPLES / "cat.jpg", EXAMPLES / "coffee.jpg"])
     assert cat.top and cat.top[0][0] == "cat", cat.top
     assert cat.classes[0][0] in {"tabby", "tiger cat", "Persian cat", "Siamese cat", "Egyptian cat"}
     assert coffee.top and coffee.top[0][0] == "cup", coffee.top
@@ -163,7 +163,7 @@ def test_flickr_photos_whose_captions_say_dog_get_a_high_dog_probability(bundled
     others = [r for r in test if mentions(r) == 0][:8]
     p_dog = {}
     for name, recs in (("dogs", dogs), ("others", others)):
-        found = C.concepts_of(bundled, [r.path for r in recs], threshold=0.3)
+        found = bundled.concepts([r.path for r in recs], threshold=0.3)
         p_dog[name] = np.array([f.prob("dog") for f in found])
     assert np.median(p_dog["dogs"]) >= 0.4 and p_dog["dogs"].min() >= 0.15, p_dog
     assert np.median(p_dog["others"]) <= 0.1, p_dog

@@ -69,7 +69,7 @@ def test_config_files_are_checked_too(tmp_path):
 
 def test_modules_use_the_config_lists():
     """The encoder, decoder, attention and metrics read their choices from config.py, not copies."""
-    from captioner import metrics
+    from captioner.evaluation import metrics
     from captioner.model import attention, decoder, encoder
 
     assert metrics.METRIC_KEYS is config_module.METRICS

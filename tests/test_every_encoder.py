@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import captioner
-from captioner import engine
+from captioner.training import engine
 from captioner.checkpoint import load_checkpoint
 from captioner.cli import export as export_cli
 from captioner.cli import train as train_cli

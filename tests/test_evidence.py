@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import captioner
-from captioner.concepts import CATEGORIES
+from captioner.concepts.imagenet import CATEGORIES
 from captioner.config import DecodeConfig
-from captioner.evidence import Evidence, word_categories
+from captioner.decoding.evidence import Evidence, word_categories
 from captioner.vocab import Vocab
 
 EXAMPLES = captioner.DEFAULT_CHECKPOINT.parent / "examples"

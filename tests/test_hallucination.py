@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from captioner.data.coco import load_coco
-from captioner.grounding import (CATEGORY_WORDS, CaptionHallucination, HallucinationSummary, Instances,
+from captioner.evaluation.grounding import (CATEGORY_WORDS, CaptionHallucination, HallucinationSummary, Instances,
                                  boxed_categories, caption_hallucination, categories_in, load_instances,
                                  match_words, measure_hallucination, measure_references, word_table)
 from captioner.vocab import tokenize

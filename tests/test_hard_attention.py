@@ -11,13 +11,13 @@ from captioner.checkpoint import load_checkpoint, load_model_state, save_checkpo
 from captioner.config import Config, load_config
 from captioner.data.dataset import collate
 from captioner.config import DecodeConfig
-from captioner.decoding import SpecialIds, beam_search, greedy_decode
-from captioner.loss import caption_log_likelihood, caption_loss, hard_attention_terms, update_baseline
+from captioner.decoding.search import SpecialIds, beam_search, greedy_decode
+from captioner.training.loss import caption_log_likelihood, caption_loss, hard_attention_terms, update_baseline
 from captioner.model.attention import locate
 from captioner.model.captioner import CaptionModel
 from captioner.model.decoder import Decoder
-from captioner.objectives import CrossEntropy
-from captioner.sampling import sample
+from captioner.training.objectives import CrossEntropy
+from captioner.decoding.sampling import sample
 from captioner.vocab import Vocab
 
 from .conftest import optimise
@@ -272,7 +272,7 @@ def test_init_from_switches_between_soft_and_hard():
     """train.init_from a soft model's file into a hard run (and back): the weights carry over, the
     REINFORCE baseline is the new run's own (0 for a hard run, absent from a soft one)."""
     from captioner.model.captioner import build_model
-    from captioner.run import _model
+    from captioner.training.run import _model
 
     cfg = Config()
     cfg.model.pretrained = False

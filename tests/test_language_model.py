@@ -11,9 +11,9 @@ import torch
 
 from captioner.api import DEFAULT_CHECKPOINT
 from captioner.checkpoint import CheckpointError
-from captioner.language_model import (ConceptLM, LMConfig, captioner_input_ids, extend_vocab, fuse_scores, generate,
+from captioner.lm.model import (ConceptLM, LMConfig, captioner_input_ids, extend_vocab, fuse_scores, generate,
                                       load_language_model, save_language_model)
-from captioner.lm_data import CATEGORIES, batches, coco_captions, corrupt_concepts, encode, named_concepts, observable_mask
+from captioner.lm.data import CATEGORIES, batches, coco_captions, corrupt_concepts, encode, named_concepts, observable_mask
 from captioner.vocab import SPECIALS, Vocab
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -180,8 +180,8 @@ def test_the_concept_condition_steers_the_next_word():
 
 def test_fit_saves_the_best_model_and_the_cli_describes_it(tmp_path, capsys):
     from captioner.cli.train_lm import main
-    from captioner.lm_data import Corpus
-    from captioner.lm_train import LMTrainSettings, build_lm, fit
+    from captioner.lm.data import Corpus
+    from captioner.lm.train import LMTrainSettings, build_lm, fit
 
     vocab = extend_vocab(BASE, [s.split() for s, _ in SENTENCES], min_count=5)
     data = encode([s.split() for s, _ in SENTENCES], vocab)  # real categories: pizza and dog are named

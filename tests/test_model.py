@@ -9,8 +9,8 @@ import torch
 
 from captioner.bench.naive import naive_decoder
 from captioner.config import DecodeConfig
-from captioner.decoding import SpecialIds, beam_search, decode, greedy_decode
-from captioner.loss import caption_loss
+from captioner.decoding.search import SpecialIds, beam_search, decode, greedy_decode
+from captioner.training.loss import caption_loss
 from captioner.model.attention import AdditiveAttention, glimpse
 from captioner.model.decoder import Decoder
 
@@ -268,8 +268,8 @@ def test_cpu_bf16_autocast_training_loss_matches_fp32():
     gradients are finite and point the same way (matmuls in bf16, parameters stay fp32)."""
     from captioner.config import Config
     from captioner.data.dataset import Batch
-    from captioner.engine import training_autocast
-    from captioner.objectives import CrossEntropy
+    from captioner.training.engine import training_autocast
+    from captioner.training.objectives import CrossEntropy
     from captioner.model.captioner import CaptionModel
 
     V = 30

@@ -9,9 +9,9 @@ from functools import partial
 from captioner.config import Config, DataConfig, DecodeConfig
 from captioner.data import build_records
 from captioner.data.dataset import collate, encode_captions
-from captioner.decoding import SpecialIds, greedy_decode
-from captioner.engine import train_step
-from captioner.objectives import CrossEntropy
+from captioner.decoding.search import SpecialIds, greedy_decode
+from captioner.training.engine import train_step
+from captioner.training.objectives import CrossEntropy
 from captioner.images import load_image, preprocess
 from captioner.model.captioner import build_model
 from captioner.model.encoder import normalization

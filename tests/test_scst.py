@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from captioner.cider import CiderD
+from captioner.training.cider import CiderD
 from captioner.config import Config
 from captioner.data.dataset import collate
-from captioner.decoding import SpecialIds
-from captioner.sampling import sample
+from captioner.decoding.search import SpecialIds
+from captioner.decoding.sampling import sample
 from captioner.model.captioner import CaptionModel
 from captioner.model.decoder import Decoder
-from captioner.objectives import SelfCritical, batch_references, mean_of_others
+from captioner.training.objectives import SelfCritical, batch_references, mean_of_others
 from captioner.vocab import Vocab
 
 from .conftest import optimise

@@ -233,7 +233,7 @@ def test_kill_9_while_writing_a_checkpoint(tmp_path):
 
 NAN_LOSS = textwrap.dedent("""
     import dataclasses, sys
-    import captioner.objectives as objectives
+    import captioner.training.objectives as objectives
     real, calls = objectives.caption_loss, [0]
     def poisoned(*args, **kwargs):  # the loss becomes NaN on the 5th batch
         terms = real(*args, **kwargs)

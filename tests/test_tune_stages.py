@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from captioner.concept_maps import cam_loss, concept_maps, head_kl
-from captioner.concepts import CATEGORIES, MAP_CATEGORIES, category_classes
+from captioner.concepts.maps import cam_loss, concept_maps, head_kl
+from captioner.concepts.imagenet import CATEGORIES, MAP_CATEGORIES, category_classes
 from captioner.config import load_config
 from captioner.data import build_records
 from captioner.data.activations import build_activations, cache_name, open_activations
 from captioner.data.dataset import ActivationDataset, collate
 from captioner.model.encoder import build_encoder, build_preprocess
-from captioner.run import encoder_train_mode, tuned_parameters
+from captioner.training.run import encoder_train_mode, tuned_parameters
 
 from .conftest import ROOT
 
@@ -95,7 +95,7 @@ def test_mirror_image_captions_swap_left_and_right():
 
 
 def _head(D=16, P=9):
-    from captioner.concepts import imagenet_classes
+    from captioner.concepts.imagenet import imagenet_classes
 
     head = torch.nn.Linear(D, len(imagenet_classes()))
     torch.nn.init.normal_(head.weight, std=0.1)
@@ -143,7 +143,7 @@ def test_cam_loss_supervises_only_confident_concept_words_and_is_least_at_the_ma
 def test_head_kl_is_zero_for_the_teachers_own_logits():
     head = _head()
     feats = torch.randn(3, 9, 16)
-    from captioner.concepts import imagenet_logits
+    from captioner.concepts.imagenet import imagenet_logits
 
     assert head_kl(head, feats, imagenet_logits(head, feats)).abs() < 1e-5
     assert head_kl(head, feats, torch.randn(3, head.out_features)) > 0
@@ -154,7 +154,7 @@ def test_tuning_trains_the_top_stages_only(flickr, tmp_path, objective):
     """A real run on 4 photos (+ mirror images): the tuned top stages and the decoder move; the lower
     stages (the cache's key) and the ImageNet classifier do not; frozen BN keeps ImageNet's statistics."""
     from captioner.checkpoint import load_checkpoint
-    from captioner.engine import fit
+    from captioner.training.engine import fit
 
     out = tmp_path / "run"
     cfg = load_config(ROOT / "configs/tiny.yaml", [
@@ -193,7 +193,7 @@ def test_bn_modes():
 
 
 def test_person_map_reads_clothes_only():
-    from captioner.concepts import imagenet_classes, map_membership, person_classes
+    from captioner.concepts.imagenet import imagenet_classes, map_membership, person_classes
 
     m = map_membership()
     names = {imagenet_classes()[k] for k in person_classes()}
@@ -202,7 +202,7 @@ def test_person_map_reads_clothes_only():
 
 
 def test_category_maps_are_rows_of_concept_maps():
-    from captioner.concept_maps import category_maps
+    from captioner.concepts.maps import category_maps
 
     head = _head()
     feats = torch.randn(3, 9, 16)

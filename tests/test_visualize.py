@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from captioner import visualize
+from captioner.ui import visualize
 from captioner.api import Caption
 
 

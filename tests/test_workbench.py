@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from captioner.captions import Caption
-from captioner.workbench import (cell_attention, cell_of_point, compare_rows, mark_cell, rank_words_at,
+from captioner.decoding.captions import Caption
+from captioner.ui.workbench import (cell_attention, cell_of_point, compare_rows, mark_cell, rank_words_at,
                                  unlikely_words, word_probs)
 
 

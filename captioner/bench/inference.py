@@ -65,7 +65,7 @@ def bench_eval(decoder, shape: tuple[int, int], max_len: int, counts: Counts, de
     still projected once per image); "naive" is the issue's naive mode, which also recomputes
     W_a a_i at every step as textbook loops do. Both ratios are reported."""
     from ..config import DecodeConfig
-    from ..decoding import SpecialIds, beam_search
+    from ..decoding.search import SpecialIds, beam_search
 
     timer = Timer(device)
     n = counts.eval_images

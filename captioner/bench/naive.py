@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..config import Config
-from ..loss import LossTerms, caption_loss
+from ..training.loss import LossTerms, caption_loss
 from ..model.attention import AdditiveAttention
 from ..model.decoder import Decoder
 

@@ -112,7 +112,7 @@ def truncate(batch, steps: int):
 
 def decode_lengths(decoder, feats: torch.Tensor, beam: int, max_len: int, chunk: int = 100) -> list[int]:
     """Words per caption, decoded as evaluate.py decodes (captions_from_features, `chunk` images per call)."""
-    from ..captions import captions_from_features
+    from ..decoding.captions import captions_from_features
     from ..config import DecodeConfig
     from ..model.captioner import CaptionModel
 

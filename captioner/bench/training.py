@@ -61,8 +61,8 @@ def _train_config(amp: bool):
 def _train_step(model, optimizer, batch, cfg, fast: bool, device) -> None:
     """engine.train_step (the step fit() runs) on the real objective (fast) or on the textbook loop
     (naive.naive_loss, same clipping and optimiser)."""
-    from ..engine import train_step
-    from ..objectives import CrossEntropy, Terms
+    from ..training.engine import train_step
+    from ..training.objectives import CrossEntropy, Terms
     from .naive import naive_loss
 
     if fast:
@@ -187,7 +187,7 @@ def bench_train_encoder(preset: Preset, counts: Counts, device: torch.device, am
 
 
 def _encode(encoder: nn.Module, images: torch.Tensor, device: torch.device, cfg) -> None:
-    from ..engine import training_autocast
+    from ..training.engine import training_autocast
 
     with torch.no_grad(), training_autocast(device, cfg):
         encoder(images)
@@ -218,8 +218,8 @@ def bench_train_scst(preset: Preset, counts: Counts, device: torch.device, amp: 
     CIDEr-D against the image's references (document frequencies from the synthetic pool), the
     mean-of-others baseline, backward, Adam. An untrained decoder rarely says <end>, so samples run
     longer than a trained model's: the rate is a lower bound; the real epoch time is in README."""
-    from ..cider import CiderD
-    from ..objectives import SelfCritical, batch_references
+    from ..training.cider import CiderD
+    from ..training.objectives import SelfCritical, batch_references
     from ..vocab import Vocab
 
     cfg = _train_config(amp)
@@ -234,7 +234,7 @@ def bench_train_scst(preset: Preset, counts: Counts, device: torch.device, amp: 
     lengths: list[float] = []
 
     def step(batch) -> None:
-        from ..engine import train_step
+        from ..training.engine import train_step
 
         terms = train_step(partial(objective, model), optimizer, batch, cfg, device)
         lengths.append(terms.logs["sample_len"])

@@ -124,7 +124,7 @@ def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict
     else:
         print(f"{path}\t{cap.text}", flush=True)
     if args.attention_dir:
-        from captioner.visualize import attention_figure, figure_png
+        from captioner.ui.visualize import attention_figure, figure_png
 
         out_dir = Path(args.attention_dir)
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -75,7 +75,7 @@ def _records(args: argparse.Namespace, p: argparse.ArgumentParser) -> tuple[list
 def _features(args: argparse.Namespace, model, records: list, label: str, say) -> tuple:
     """(features (N', P, D) of the readable images, their indices in records)."""
     from captioner.data.features import build_cache
-    from captioner.evaluation import encode_records
+    from captioner.evaluation.scoring import encode_records
 
     if not args.cache_dir:
         return encode_records(model.model, records, model.preprocess, args.device, num_workers=2)
@@ -90,8 +90,8 @@ def _features(args: argparse.Namespace, model, records: list, label: str, say) -
 def main(argv: list[str] | None = None) -> int:
     import captioner
     from captioner.cli.decode_options import decode_settings
-    from captioner.evaluation import evaluate_model
-    from captioner.metrics import METRIC_KEYS
+    from captioner.evaluation.scoring import evaluate_model
+    from captioner.evaluation.metrics import METRIC_KEYS
 
     p = _parser()
     args = p.parse_args(argv)
@@ -116,13 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     say(f"encoded {len(keep)} images in {t1 - t0:.1f}s, decoded (beam {used.beam_size}) and scored in "
         f"{time.time() - t1:.1f}s; captions -> {args.output}")
     if args.spice:
-        from captioner.metrics import score_captions
+        from captioner.evaluation.metrics import score_captions
 
         scores.update(score_captions(preds, {r.image_id: r.captions for r in scored}, metrics=(), spice=True, log=say))
     grounding = {}
     if instances is not None:
-        from captioner.concepts import has_head
-        from captioner.grounding import ground_captions, ground_concept_maps, ground_references
+        from captioner.concepts.imagenet import has_head
+        from captioner.evaluation.grounding import ground_captions, ground_concept_maps, ground_references
 
         if args.grounding:
             grounding = {"grounding_generated": ground_captions(caps, scored, instances),
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 def _write(args: argparse.Namespace, label: str, used, scores: dict, grounding: dict, preds: dict) -> None:
     """The --output file (settings, scores, grounding, captions) and the printed summary."""
     import captioner
-    from captioner.metrics import METRIC_KEYS
+    from captioner.evaluation.metrics import METRIC_KEYS
 
     Path(args.output).write_text(json.dumps(
         {"checkpoint": str(args.checkpoint or captioner.DEFAULT_CHECKPOINT), "dataset": args.dataset, "split": label,
@@ -160,7 +160,7 @@ def _write(args: argparse.Namespace, label: str, used, scores: dict, grounding: 
 def hallucination_report(preds: dict, records: list, instances) -> dict:
     """CHAIR of the generated captions and, as a human baseline, of each reference against the others;
     truth = boxed categories (COCO) + what the references name, or the references alone (no boxes)."""
-    from captioner.grounding import boxed_categories, measure_hallucination, measure_references
+    from captioner.evaluation.grounding import boxed_categories, measure_hallucination, measure_references
 
     refs = {r.image_id: r.captions for r in records}
     boxed = boxed_categories(instances, refs) if instances is not None else None
@@ -175,7 +175,7 @@ def coco_split_label(annotations: str | Path) -> str:
 
 def load_grounding_instances(args: argparse.Namespace):
     """The COCO instance boxes for --grounding: --instances, else instances_X.json beside captions_X.json."""
-    from captioner.grounding import instances_path_for, load_instances
+    from captioner.evaluation.grounding import instances_path_for, load_instances
 
     if args.dataset != "coco":
         raise ValueError("--grounding needs COCO instance boxes: use it with --dataset coco")

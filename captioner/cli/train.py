@@ -17,7 +17,7 @@ import torch
 
 def main(argv: list[str] | None = None) -> int:
     from captioner.config import load_config
-    from captioner.engine import TrainingError, fit
+    from captioner.training.engine import TrainingError, fit
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML/JSON recipe in configs/")

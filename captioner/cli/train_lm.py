@@ -22,7 +22,7 @@ SHOW = [["pizza"], ["giraffe"], ["laptop"], ["dog"], ["cat"], ["zebra"], []]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from captioner.lm_train import LMTrainSettings
+    from captioner.lm.train import LMTrainSettings
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--flickr8k", help="Flickr8k folder (captions.txt + split files)")
@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _report(lm, log) -> None:
-    from captioner.lm_train import concept_vector, describe, next_word_logprob
+    from captioner.lm.train import concept_vector, describe, next_word_logprob
 
     for line in describe(lm, SHOW):
         log(line)
@@ -67,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     from captioner.api import DEFAULT_CHECKPOINT
     from captioner.checkpoint import CheckpointError, load_checkpoint
-    from captioner.language_model import load_language_model
-    from captioner.lm_data import CATEGORIES, build_corpus
-    from captioner.lm_train import LMTrainSettings, build_lm, fit
+    from captioner.lm.model import load_language_model
+    from captioner.lm.data import CATEGORIES, build_corpus
+    from captioner.lm.train import LMTrainSettings, build_lm, fit
     from captioner.logs import JsonlLogger
 
     log = lambda s: print(s, flush=True)  # noqa: E731

@@ -16,13 +16,13 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .checkpoint import optimizer_to_tensors, save_checkpoint
-from .config import Config
-from .data.loader import epoch_loader
-from .evaluation import encode_records, evaluate_model
-from .model.encoder import build_preprocess
-from .logs import plot_history
-from .metrics import METRIC_KEYS
+from ..checkpoint import optimizer_to_tensors, save_checkpoint
+from ..config import Config
+from ..data.loader import epoch_loader
+from ..evaluation.scoring import encode_records, evaluate_model
+from ..model.encoder import build_preprocess
+from ..logs import plot_history
+from ..evaluation.metrics import METRIC_KEYS
 from .objectives import Terms
 from .run import Log, Run, TrainingError, TrainState, build_run, encoder_train_mode
 
@@ -186,7 +186,7 @@ def head_agreement(model: torch.nn.Module, feats: torch.Tensor, teacher_logits: 
     how far concepts and evidence (which read the head) have drifted."""
     import numpy as np
 
-    from .concepts import encoder_head, imagenet_logits
+    from ..concepts.imagenet import encoder_head, imagenet_logits
 
     mine = imagenet_logits(encoder_head(model), feats).argmax(1)  # (N,)
     theirs = torch.from_numpy(np.asarray(teacher_logits, dtype=np.float32)).argmax(1)  # (N,)

@@ -41,9 +41,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checkpoint import CheckpointError, _check_tensors_finite, load_model_state, read_safetensors, write_safetensors
-from .lm_fusion import captioner_input_ids, fuse_scores
-from .vocab import Vocab
+from ..checkpoint import CheckpointError, _check_tensors_finite, load_model_state, read_safetensors, write_safetensors
+from .fusion import captioner_input_ids, fuse_scores
+from ..vocab import Vocab
 
 FORMAT = "captioner-language-model/1"
 LMState = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # h (N, L, H), c (N, L, H), concepts (N, C)

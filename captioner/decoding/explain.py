@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from .captions import Caption, grid_side
-from .model.decoder import Decoder
-from .vocab import Vocab
+from ..model.decoder import Decoder
+from ..vocab import Vocab
 
 
 @torch.no_grad()

@@ -13,13 +13,13 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .concept_maps import MIN_PROB, category_maps
-from .concepts import CATEGORIES, MAP_CATEGORIES, concept_probs, has_head
-from .config import DecodeConfig
-from .decoding import Hypothesis, SpecialIds, decode
+from ..concepts.maps import MIN_PROB, category_maps
+from ..concepts.imagenet import CATEGORIES, MAP_CATEGORIES, concept_probs, has_head
+from ..config import DecodeConfig
+from .search import Hypothesis, SpecialIds, decode
 from .evidence import Evidence, ruled_out_words, word_categories
-from .model.captioner import CaptionModel
-from .vocab import Vocab
+from ..model.captioner import CaptionModel
+from ..vocab import Vocab
 
 TOP_CONCEPTS = 5  # concepts a Caption carries
 

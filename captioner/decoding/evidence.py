@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from .concepts import CATEGORIES
-from .config import DecodeConfig
-from .grounding.words import CATEGORY_WORDS
-from .vocab import Vocab
+from ..concepts.imagenet import CATEGORIES
+from ..config import DecodeConfig
+from ..concepts.words import CATEGORY_WORDS
+from ..vocab import Vocab
 
 
 def word_categories(vocab: Vocab, categories: tuple[str, ...] = CATEGORIES) -> torch.Tensor:

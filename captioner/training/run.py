@@ -13,18 +13,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .checkpoint import load_checkpoint, load_model_state, optimizer_from_tensors
-from .config import Config
-from .data import ImageRecord, build_records
-from .data.dataset import (BucketBatchSampler, FeatureDataset, ImageDataset, collate, collate_skip_missing,
+from ..checkpoint import load_checkpoint, load_model_state, optimizer_from_tensors
+from ..config import Config
+from ..data import ImageRecord, build_records
+from ..data.dataset import (BucketBatchSampler, FeatureDataset, ImageDataset, collate, collate_skip_missing,
                            encode_captions)
-from .data.features import build_cache
-from .data.loader import RankBatches
-from .logs import JsonlLogger
-from .model.captioner import CaptionModel, build_model
-from .model.encoder import build_preprocess
+from ..data.features import build_cache
+from ..data.loader import RankBatches
+from ..logs import JsonlLogger
+from ..model.captioner import CaptionModel, build_model
+from ..model.encoder import build_preprocess
 from .objectives import Terms, build_objective
-from .vocab import Vocab
+from ..vocab import Vocab
 
 Log = Callable[[str], None]
 BASELINE = "decoder.reinforce_baseline"  # hard attention's moving-average baseline (a buffer, not a weight)
@@ -197,8 +197,8 @@ def _activation_data(cfg: Config, model: CaptionModel, vocab: Vocab, caps: list[
                                                         list[ImageRecord], Any]:
     """model.tune_stages: the lower stages' activation caches (built once, valid while those weights are
     the pretrained ones) for train (+ mirror images with data.flip) and val. Single process only."""
-    from .data.activations import build_activations, cache_name
-    from .data.dataset import ActivationDataset
+    from ..data.activations import build_activations, cache_name
+    from ..data.dataset import ActivationDataset
 
     prep, enc = build_preprocess(cfg.model), model.encoder
     caches = {}

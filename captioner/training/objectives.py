@@ -19,18 +19,18 @@ from dataclasses import dataclass, field
 import torch
 
 from .cider import CiderD
-from .concept_maps import cam_loss, concept_maps, head_kl
-from .concepts import MAP_CATEGORIES, encoder_head
-from .evidence import word_categories
-from .config import Config, check_choice
-from .data.dataset import Batch
-from .decoding import SpecialIds, greedy_decode
-from .sampling import sample
+from ..concepts.maps import cam_loss, concept_maps, head_kl
+from ..concepts.imagenet import MAP_CATEGORIES, encoder_head
+from ..decoding.evidence import word_categories
+from ..config import Config, check_choice
+from ..data.dataset import Batch
+from ..decoding.search import SpecialIds, greedy_decode
+from ..decoding.sampling import sample
 from .loss import (attention_entropy, attention_penalty, caption_log_likelihood, caption_loss, hard_attention_terms,
                    update_baseline)
-from .metrics import FUNCTION_WORDS
-from .model.captioner import CaptionModel
-from .vocab import Vocab
+from ..evaluation.metrics import FUNCTION_WORDS
+from ..model.captioner import CaptionModel
+from ..vocab import Vocab
 
 
 @dataclass

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .decoding import SpecialIds
-from .model.decoder import Decoder
+from .search import SpecialIds
+from ..model.decoder import Decoder
 
 
 @dataclass

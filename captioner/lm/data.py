@@ -20,10 +20,10 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .data.flickr8k import load_flickr8k
-from .grounding.words import CATEGORY_WORDS, match_words, word_table
-from .language_model import extend_vocab
-from .vocab import Vocab, tokenize
+from ..data.flickr8k import load_flickr8k
+from ..concepts.words import CATEGORY_WORDS, match_words, word_table
+from .model import extend_vocab
+from ..vocab import Vocab, tokenize
 
 CATEGORIES: list[str] = list(CATEGORY_WORDS)
 UNOBSERVED: tuple[str, ...] = ("person",)  # categories the test-time classifier never reports

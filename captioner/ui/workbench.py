@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 if TYPE_CHECKING:
-    from .captions import Caption
+    from ..decoding.captions import Caption
 
 LOW_PROB = 0.05  # below this a word is marked unlikely
 

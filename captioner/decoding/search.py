@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import DecodeConfig
+from ..config import DecodeConfig
 from .evidence import Evidence
-from .model.decoder import Decoder
+from ..model.decoder import Decoder
 
 
 @dataclass(frozen=True)

@@ -45,11 +45,11 @@ from ..vocab import tokenize
 from .boxes import Instances, box_coverage, instances_path_for, load_instances
 from .hallucination import (CaptionHallucination, HallucinationSummary, boxed_categories, caption_hallucination,
                             categories_in, json_number, measure_hallucination, measure_references)
-from .words import CATEGORY_WORDS, Phrase, match_words, word_table
+from ..concepts.words import CATEGORY_WORDS, Phrase, match_words, word_table
 
 if TYPE_CHECKING:
     from ..api import Captioner
-    from ..captions import Caption
+    from ..decoding.captions import Caption
     from ..config import DecodeConfig
     from ..data.records import ImageRecord
 
@@ -171,7 +171,7 @@ def ground_generated(model: "Captioner", feats: torch.Tensor | np.ndarray, recor
                      instances: Instances, settings: "DecodeConfig | None" = None) -> GroundingSummary:
     """Grounding of the model's own captions: feats (N, P, D) of records (N,), decoded exactly as
     evaluation decodes them (captions_from_features) with `settings` (None: the model file's own)."""
-    from ..captions import captions_from_features
+    from ..decoding.captions import captions_from_features
 
     keep = _usable(records, instances)
     caps = captions_from_features(model.model, feats[keep], model.vocab, settings or model.decode_settings())
@@ -226,8 +226,8 @@ def ground_concept_maps(model: "Captioner", feats: torch.Tensor | np.ndarray, re
     """Grounding of the encoder's own concept maps (concept_maps.py): for every category with boxes in
     the photo that the ImageNet head sees with P >= min_prob, its class activation map's mass inside
     the boxes. The ceiling of what train.alpha_cam can teach the attention (`word` is the category)."""
-    from ..concept_maps import concept_maps
-    from ..concepts import MAP_CATEGORIES, encoder_head
+    from ..concepts.maps import concept_maps
+    from ..concepts.imagenet import MAP_CATEGORIES, encoder_head
 
     keep = _usable(records, instances)
     head, g = encoder_head(model.model), model.grid_size

@@ -16,9 +16,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from .language_model import ConceptLM, LMConfig, generate, save_language_model
-from .lm_data import Corpus, Encoded, batches, corrupt_concepts, observable_mask
-from .logs import JsonlLogger
+from .model import ConceptLM, LMConfig, generate, save_language_model
+from .data import Corpus, Encoded, batches, corrupt_concepts, observable_mask
+from ..logs import JsonlLogger
 
 
 @dataclass

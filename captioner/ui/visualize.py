@@ -30,7 +30,7 @@ from PIL import Image, ImageFilter
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from .api import Caption
+    from ..api import Caption
 
 
 LOW_BETA = 0.5  # below this gate value a word's figure title is grey: it used the image little

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .concepts import imagenet_logits, map_membership
+from .imagenet import imagenet_logits, map_membership
 
 
 MIN_PROB = 0.1  # a concept is "confident" from here (train.cam_min_prob's default; the app shows maps from here)

@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..vocab import tokenize
 from .boxes import Instances
-from .words import CATEGORY_WORDS, Phrase, match_words, word_table
+from ..concepts.words import CATEGORY_WORDS, Phrase, match_words, word_table
 
 
 def categories_in(words_or_text: str | Sequence[str], table: dict[Phrase, str]) -> set[str]:

@@ -12,14 +12,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from .captions import Caption, captions_from_features
-from .config import DecodeConfig
-from .data import ImageRecord
-from .data.dataset import ImageDataset, readable
+from ..decoding.captions import Caption, captions_from_features
+from ..config import DecodeConfig
+from ..data import ImageRecord
+from ..data.dataset import ImageDataset, readable
 from .metrics import METRIC_KEYS, caption_defects, score_captions
-from .model.captioner import CaptionModel
-from .model.encoder import Preprocess
-from .vocab import Vocab
+from ..model.captioner import CaptionModel
+from ..model.encoder import Preprocess
+from ..vocab import Vocab
 
 Log = Callable[[str], None]
 

@@ -23,15 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-if TYPE_CHECKING:
-    from .api import Captioner
 
 # COCO category -> the ImageNet-1k classes (exact names of torchvision's meta "categories") that are
 # instances of it. "A..B" is the inclusive run of classes from A to B in ImageNet's order.
@@ -273,16 +270,6 @@ def detect(head: nn.Linear, feats: torch.Tensor, threshold: float = THRESHOLD, t
         classes = [(names[k], float(v)) for v, k in zip(val[b].tolist(), idx[b].tolist())]
         out.append(Concepts(top, classes, {cat: float(p) for cat, p in zip(CATEGORIES, cp[b])}))
     return out
-
-
-@torch.no_grad()
-def concepts_of(captioner: "Captioner", images: Sequence, threshold: float = THRESHOLD, top_k: int = 5) -> list[Concepts]:
-    """A loaded Captioner and images (PIL, paths or bytes) -> their Concepts (one encoder pass).
-    Where the features are already at hand (captioning), call detect(encoder_head(model), feats)."""
-    model = captioner.model
-    x = torch.stack([captioner.preprocess(im) for im in images])  # (B, 3, S, S)
-    feats = model.encode(x.to(captioner.device, captioner.dtype))  # (B, P, D)
-    return detect(encoder_head(model), feats, threshold, top_k)
 
 
 def precision_recall(probs: np.ndarray, present: np.ndarray, threshold: float) -> dict[str, np.ndarray]:

@@ -12,7 +12,7 @@ import os
 import shutil
 from typing import Callable, Mapping, Sequence
 
-from .config import METRICS
+from ..config import METRICS
 
 METRIC_KEYS = METRICS  # the one list, in config.py (train.val_metric is checked against it)
 
