@@ -209,7 +209,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
                 page.get_by_role("button", name="Download caption and attention maps (JSON)").click()
             record = json.loads(Path(dl.value.path()).read_text())
             assert record["caption"] == " ".join(words) and len(record["words"]) == len(words)
-            assert [r["beta"] for r in record["words"]] == pytest.approx(betas, abs=0.0051)
+            assert record["betas"] == pytest.approx(betas, abs=0.0051)
             with page.expect_download(timeout=WAIT_MS) as dl:
                 page.get_by_role("button", name="Download attention figure (PNG)").click()
             assert Path(dl.value.path()).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

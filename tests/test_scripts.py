@@ -88,8 +88,10 @@ def test_caption_cli(trained, tmp_path):
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["image"] for r in lines] == [str(photos[0]), str(photos[1])]  # ... and the others are captioned
     settings = {f.name for f in dataclasses.fields(DecodeConfig)}  # every decode setting in use is recorded
-    fields = {"image", "caption", "words", "word_log_probs", "word_probs", "betas", "log_prob"}
-    assert all(set(r) == fields | settings and r["log_prob"] <= 0 and r["beam_size"] == 3 for r in lines)
+    fields = {"image", "caption", "words", "word_log_probs", "word_probs", "betas", "log_prob", "alternatives",
+              "concepts", "contradicted_words", "unknown_words", "notes", "settings", "grid"}
+    assert all(set(r) == fields and set(r["settings"]) == settings and r["log_prob"] <= 0
+               and r["settings"]["beam_size"] == 3 for r in lines)
     assert "decoding with beam_size 3" in out.stderr and "block_trigrams" in out.stderr
     assert sorted(p.name for p in (tmp_path / "att").iterdir()) == sorted(p.stem + "_attention.png" for p in photos)
 
@@ -162,12 +164,12 @@ def test_caption_cli_uses_the_model_files_decode_settings(beam5_model):
     photo = sorted((need_flickr() / "Images").glob("*.jpg"))[0]
     stored = run("scripts/caption.py", str(photo), "--checkpoint", str(beam5_model), "--json", "--device", "cpu")
     (line,) = [json.loads(x) for x in stored.stdout.splitlines()]
-    assert (line["beam_size"], line["max_len"], line["length_penalty"]) == (5, 6, 0.0)
+    assert (line["settings"]["beam_size"], line["settings"]["max_len"], line["settings"]["length_penalty"]) == (5, 6, 0.0)
     assert "decoding with beam_size 5, max_len 6" in stored.stderr
     same = run("scripts/caption.py", str(photo), "--checkpoint", str(beam5_model), "--json", "--beam-size", "5")
     assert json.loads(same.stdout) == line  # the stored setting is exactly the explicit one
     greedy = run("scripts/caption.py", str(photo), "--checkpoint", str(beam5_model), "--json", "--beam-size", "1")
-    assert json.loads(greedy.stdout)["beam_size"] == 1 and json.loads(greedy.stdout)["max_len"] == 6
+    assert json.loads(greedy.stdout)["settings"]["beam_size"] == 1 and json.loads(greedy.stdout)["settings"]["max_len"] == 6
 
 
 def test_evaluate_coco_val_is_recorded_as_val(beam5_model, tmp_path):
@@ -277,8 +279,13 @@ def test_caption_cli_folder_json_and_maps(tmp_path):
         assert sum(r["word_log_probs"]) >= r["log_prob"] - 1e-3  # + log p(<end>) <= 0
         assert len(r["alphas"]) == n and all(len(a) == g and len(a[0]) == g for a in r["alphas"])
         assert all(abs(sum(map(sum, a)) - 1) < 1e-3 for a in r["alphas"])
-    expect = model.caption(root / "a.jpg", **{k: lines[0][k] for k in ("beam_size", "max_len", "block_trigrams")})
+    expect = model.caption(root / "a.jpg", **{k: lines[0]["settings"][k] for k in ("beam_size", "max_len", "block_trigrams")})
     assert lines[0]["caption"] == expect.text
+    # one shape for one Caption: the app's download has exactly these keys (one function makes both)
+    from captioner.ui.visualize import caption_json_bytes
+
+    assert set(json.loads(caption_json_bytes(expect, "a.jpg"))) == set(lines[0])
+    assert {"concepts", "contradicted_words", "word_log_probs", "betas"} <= set(lines[0])
     plain = run("scripts/caption.py", str(root / "a.jpg"), "--json")
     assert "alphas" not in json.loads(plain.stdout)
 

@@ -211,3 +211,35 @@ def test_category_maps_are_rows_of_concept_maps():
     one, p = category_maps(head, feats, cats)
     assert torch.allclose(one, maps[torch.arange(3), cats], atol=1e-5)
     assert torch.allclose(p, probs[torch.arange(3), cats], atol=1e-6)
+
+
+def test_cache_built_mid_chain_keeps_the_pretrained_teacher(flickr, tmp_path):
+    """A cache (re)built with an encoder whose top is already tuned stores the PRETRAINED head's logits
+    (the alpha_head target), and a cache whose teacher differs from the pretrained one is not used."""
+    import json
+
+    cfg, recs = _records(flickr)
+    cfg.model.image_size = 128
+    prep = build_preprocess(cfg.model)
+    pretrained = build_encoder(cfg.model.encoder, True, cfg.model.grid_size).eval()
+    tuned = build_encoder(cfg.model.encoder, True, cfg.model.grid_size).eval()
+    with torch.no_grad():
+        for m in tuned.top_modules(2):
+            for p in m.parameters():
+                p.add_(0.05 * torch.randn_like(p))  # a stage-1 top, as a rebuilt cache mid-chain would see it
+    name = cache_name(prep, "flickr8k", "train3", tuned.split_block)
+    c = build_activations(tmp_path, name, tuned, prep, recs, flip=False, num_workers=0, progress=False)
+    x = torch.stack([prep(r.path) for r in recs])
+    with torch.no_grad():
+        want, tuned_logits = pretrained.backbone(x), tuned.backbone(x)  # (3, K)
+    got = torch.from_numpy(np.asarray(c.logits[:, 0], dtype=np.float32))
+    assert (got - want).abs().max() < 0.05 < (got - tuned_logits).abs().max()
+    meta_path = tmp_path / f"{name}.json"
+    meta = json.loads(meta_path.read_text())
+    meta["key"]["teacher"] = "0" * 16  # made by another teacher (e.g. an older cache built through a tuned top)
+    meta_path.write_text(json.dumps(meta))
+    assert open_activations(tmp_path, name, tuned, prep, recs, flip=False) is None
+    with torch.no_grad():
+        tuned.backbone._blocks[0]._depthwise_conv.weight.add_(0.1)  # lower stages not the pretrained ones
+    with pytest.raises(ValueError, match="not its pretrained ImageNet weights"):
+        build_activations(tmp_path, "other", tuned, prep, recs, flip=False, num_workers=0, progress=False)

@@ -57,11 +57,13 @@ def test_figure_titles_and_json_carry_beta():
     assert "a  β=0.90" in titles and "dog  β=0.10" in titles
     assert titles["dog  β=0.10"] != titles["a  β=0.90"]  # the low-beta word is greyed
     record = json.loads(visualize.caption_json_bytes(cap, "x.jpg"))
-    assert [w["beta"] for w in record["words"]] == [pytest.approx(0.9), pytest.approx(0.1)]
+    assert record["betas"] == [pytest.approx(0.9), pytest.approx(0.1)] and record["words"] == cap.words
+    assert np.allclose(record["alphas"], cap.alphas, atol=1e-5)  # the download carries the maps
     # a caption without betas: plain titles, null betas
     plain = Caption("a dog", cap.words, cap.alphas, -1.0)
     assert visualize.word_title("dog", visualize.word_beta(plain, 1)) == "dog"
-    assert [w["beta"] for w in visualize.caption_json(plain)["words"]] == [None, None]
-    assert [w["log_prob"] for w in visualize.caption_json(plain)["words"]] == [None, None]
+    assert plain.to_dict()["betas"] == [None, None]
+    assert plain.to_dict()["word_log_probs"] == plain.to_dict()["word_probs"] == [None, None]
     scored = Caption("a dog", cap.words, cap.alphas, -1.0, word_log_probs=np.array([-0.25, -0.5], np.float32))
-    assert [w["log_prob"] for w in visualize.caption_json(scored)["words"]] == [-0.25, -0.5]
+    assert scored.to_dict()["word_log_probs"] == [-0.25, -0.5]
+    assert scored.to_dict()["word_probs"] == [pytest.approx(np.exp(-0.25), abs=1e-5), pytest.approx(np.exp(-0.5), abs=1e-5)]

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from ..api import Captioner, preferred_dtype
+from ..api import Captioner, default_device, preferred_dtype
 from ..bench.inference import bench_eval, bench_explain, bench_latency, default_checkpoint, eval_decoder, latency_captioner
 from ..bench.report import format_table, machine, max_key, targets
 from ..bench.synthetic import PRESETS
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(args.device or default_device())
     if device.type == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but CUDA is not available", file=sys.stderr)
         return 2

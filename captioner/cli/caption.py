@@ -62,20 +62,6 @@ def loaded_batches(paths: list[str], batch_size: int, threads: int = LOAD_THREAD
             pending = following
 
 
-def caption_record(path: str, cap: Any, settings: dict[str, Any], maps: bool = False) -> dict[str, Any]:
-    """One --json line: the caption, its words with their log-probs, probabilities and gates, the total
-    log-prob and every decode setting; the (L, G, G) attention maps when `maps`."""
-    import numpy as np
-
-    lps = [round(float(x), 5) for x in cap.word_log_probs]
-    rec = {"image": path, "caption": cap.text, "words": cap.words, "word_log_probs": lps,
-           "word_probs": [round(float(np.exp(x)), 5) for x in cap.word_log_probs],
-           "betas": [round(float(b), 5) for b in cap.betas], "log_prob": cap.log_prob, **settings}
-    if maps:
-        rec["alphas"] = np.round(cap.alphas, 5).tolist()
-    return rec
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     import captioner
     from captioner.cli.decode_options import add_decode_options
@@ -120,7 +106,7 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
 def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict[str, Any]) -> None:
     """Print one image's line (text or JSON) and write its figure when asked."""
     if args.json:
-        print(json.dumps(caption_record(path, cap, settings, args.maps)), flush=True)
+        print(json.dumps(cap.to_dict(path, settings, maps=args.maps)), flush=True)
     else:
         print(f"{path}\t{cap.text}", flush=True)
     if args.attention_dir:

@@ -16,6 +16,7 @@ import torch
 
 
 def main(argv: list[str] | None = None) -> int:
+    from captioner.api import default_device
     from captioner.config import load_config
     from captioner.training.engine import TrainingError, fit
 
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device or default_device()
     if world > 1:
         import torch.distributed as dist
 

@@ -5,11 +5,14 @@ once per photo (and once per horizontally flipped photo) into a float16 memory m
 that enter the last stride-2 stage (Lite2 at 260 px: 120 x 17 x 17, 68 KB per photo); training then
 runs only the top stage(s), the head conv and the decoder. The pretrained ImageNet logits of each
 photo and its flip are stored beside them: the head-preservation term (train.alpha_head) and the
-agreement report read them.
+agreement report read them. They always come from a freshly built PRETRAINED encoder, never from the
+encoder passed in (whose top may be mid-chain): a cache rebuilt halfway through a fine-tuning chain
+must not make the tuned head its own teacher.
 
 Keyed like the feature cache (features.py): encoder name, input size, the split block, a fingerprint
 of the FROZEN lower blocks' weights (the top may change: the cache stays valid through a whole chain of
-fine-tuning stages) and the image list. A mismatch is rebuilt, never silently used.
+fine-tuning stages), a fingerprint of the teacher (the whole pretrained backbone that made the logits)
+and the image list. A mismatch is rebuilt, never silently used.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -24,11 +28,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..model.encoder import Encoder, Preprocess
+from ..model.encoder import Encoder, Preprocess, build_encoder
 from .dataset import ImageDataset, readable
 from .records import ImageRecord
 
-VERSION = 1
+VERSION = 2  # 2: teacher logits from a fresh pretrained encoder, keyed by its weights
 
 
 @dataclass
@@ -62,11 +66,28 @@ def lower_fingerprint(encoder: Encoder) -> str:
     return h.hexdigest()[:16]
 
 
+def teacher_encoder(encoder: Encoder) -> Encoder:
+    """A freshly built pretrained encoder like `encoder` (same name, grid, stride), in eval mode: the
+    source of the cached ImageNet logits, whatever the passed encoder's top holds."""
+    return build_encoder(encoder.name, True, encoder.grid_size, encoder.output_stride).eval()
+
+
+@lru_cache(maxsize=4)
+def _teacher_fingerprint(name: str, grid_size: int, output_stride: int) -> str:
+    teacher = build_encoder(name, True, grid_size, output_stride)
+    h = hashlib.sha1()
+    for key, t in sorted(teacher.backbone.state_dict().items()):
+        h.update(key.encode())
+        h.update(t.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def _key(encoder: Encoder, prep: Preprocess, records: Sequence[ImageRecord], flip: bool) -> dict:
     ids = hashlib.sha1("\n".join(f"{r.image_id}\t{r.path.name}" for r in records).encode()).hexdigest()[:16]
     return {"version": VERSION, "encoder": encoder.name, "image_size": prep.image_size,
             "split_block": encoder.split_block, "weights": lower_fingerprint(encoder), "images": ids,
-            "n": len(records), "flip": flip}
+            "n": len(records), "flip": flip,
+            "teacher": _teacher_fingerprint(encoder.name, encoder.grid_size, encoder.output_stride)}
 
 
 def _paths(cache_dir: str | Path, name: str) -> dict[str, Path]:
@@ -118,8 +139,13 @@ def build_activations(cache_dir: str | Path, name: str, encoder: Encoder, prep: 
     if paths["meta"].exists():
         log(f"activation cache {paths['meta']} does not match this encoder/image list/flip setting: rebuilding")
         paths["meta"].unlink()
+    teacher = teacher_encoder(encoder).to(device)
+    if lower_fingerprint(teacher) != lower_fingerprint(encoder):
+        raise ValueError(f"the lower stages of this {encoder.name} are not its pretrained ImageNet weights; the "
+                         "activation cache (model.tune_stages) freezes them at those: build the model with "
+                         "model.pretrained=true, or start from a file whose lower stages were never tuned")
     encoder = encoder.eval().to(device)
-    head = encoder.backbone._fc
+    head = teacher.backbone._fc
     loader = DataLoader(ImageDataset(records, prep.image_size, prep.mean, prep.std), batch_size=batch_size,
                         num_workers=num_workers, collate_fn=readable)
     outs, tmps = {}, {}
@@ -140,7 +166,7 @@ def build_activations(cache_dir: str | Path, name: str, encoder: Encoder, prep: 
                     tmps[w] = paths[w].with_suffix(f".tmp{os.getpid()}.npy")
                     outs[w] = np.lib.format.open_memmap(tmps[w], mode="w+", dtype=np.float16, shape=shape)
             outs[view][idx] = a.float().cpu().numpy().astype(np.float16)
-            pooled = encoder.backbone.upper(a, encoder.split_block).mean((2, 3))  # (b, 1280)
+            pooled = teacher.backbone.upper(a, encoder.split_block).mean((2, 3))  # (b, 1280): the PRETRAINED top
             logits[idx, v] = head(pooled).float().cpu().numpy().astype(np.float16)  # (b, K)
         seen[idx] = True
     if shape is None:

@@ -51,6 +51,24 @@ class Caption:
     # (concept_maps.py), to set beside where the word looked
     concept_maps: dict[int, tuple[str, float, np.ndarray]] = field(default_factory=dict)
 
+    def to_dict(self, image: str | None = None, settings: dict | None = None, maps: bool = True) -> dict:
+        """The one JSON shape of a caption (scripts/caption.py --json lines and the app's download): text,
+        words with their log-probs, probabilities and gates (null where the caption carries none), the
+        concepts, contradicted and unknown words, the decode `settings`; the (L, G, G) maps when `maps`."""
+        n = len(self.words)
+        lps = [round(float(x), 5) for x in self.word_log_probs] if len(self.word_log_probs) == n else [None] * n
+        rec = {"image": image, "caption": self.text, "log_prob": float(self.log_prob), "words": list(self.words),
+               "word_log_probs": lps, "word_probs": [None if x is None else round(math.exp(x), 5) for x in lps],
+               "betas": [round(float(b), 5) for b in self.betas] if len(self.betas) == n else [None] * n,
+               "alternatives": [{"caption": t, "log_prob": float(lp)} for t, lp in self.alternatives],
+               "concepts": [{"category": c, "prob": round(float(q), 5)} for c, q in self.concepts],
+               "contradicted_words": [self.words[i] for i in self.contradicted],
+               "unknown_words": [self.words[i] for i in self.unknown], "notes": self.notes,
+               "settings": dict(settings or {}), "grid": list(self.alphas.shape[1:])}
+        if maps:
+            rec["alphas"] = np.round(self.alphas, 5).tolist()
+        return rec
+
     @property
     def notes(self) -> list[str]:
         """Human-readable remarks on the caption: one per out-of-vocabulary word."""

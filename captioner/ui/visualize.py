@@ -121,21 +121,6 @@ def figure_png(fig: "Figure", dpi: int = 100) -> bytes:
     return buf.getvalue()
 
 
-def caption_json(caption: "Caption", image_name: str | None = None) -> dict[str, Any]:
-    """JSON-ready record: caption, log-prob, words with their attention grids, gate betas and
-    log-probabilities ("beta" / "log_prob" are null when the caption carries none)."""
-    betas = [word_beta(caption, i) for i in range(len(caption.words))]
-    lps = getattr(caption, "word_log_probs", np.zeros(0))
-    lps = [round(float(x), 5) for x in lps] if len(lps) == len(caption.words) else [None] * len(caption.words)
-    return {"image": image_name, "caption": caption.text, "log_prob": caption.log_prob,
-            "grid": list(caption.alphas.shape[1:]),
-            "words": [{"word": w, "beta": None if b is None else round(b, 5), "log_prob": lp,
-                       "alpha": np.round(a, 5).tolist()}
-                      for w, a, b, lp in zip(caption.words, caption.alphas, betas, lps)],
-            "alternatives": [{"caption": t, "log_prob": lp} for t, lp in caption.alternatives],
-            "concepts": [{"category": c, "prob": q} for c, q in getattr(caption, "concepts", [])],
-            "contradicted_words": list(getattr(caption, "contradicted", []))}
-
-
-def caption_json_bytes(caption: "Caption", image_name: str | None = None) -> bytes:
-    return json.dumps(caption_json(caption, image_name)).encode()
+def caption_json_bytes(caption: "Caption", image_name: str | None = None, settings: dict | None = None) -> bytes:
+    """The app's download: Caption.to_dict, the shape of scripts/caption.py --json --maps."""
+    return json.dumps(caption.to_dict(image_name, settings, maps=True)).encode()
