@@ -68,8 +68,14 @@ def lower_fingerprint(encoder: Encoder) -> str:
 
 def teacher_encoder(encoder: Encoder) -> Encoder:
     """A freshly built pretrained encoder like `encoder` (same name, grid, stride), in eval mode: the
-    source of the cached ImageNet logits, whatever the passed encoder's top holds."""
-    return build_encoder(encoder.name, True, encoder.grid_size, encoder.output_stride).eval()
+    source of the cached ImageNet logits, whatever the passed encoder's top holds. A ValueError when the
+    passed encoder's lower stages (what the cache stores) are not the pretrained ones."""
+    teacher = build_encoder(encoder.name, True, encoder.grid_size, encoder.output_stride).eval()
+    if lower_fingerprint(teacher) != lower_fingerprint(encoder):
+        raise ValueError(f"the lower stages of this {encoder.name} are not its pretrained ImageNet weights; the "
+                         "activation cache (model.tune_stages) freezes them at those: build the model with "
+                         "model.pretrained=true, or start from a file whose lower stages were never tuned")
+    return teacher
 
 
 @lru_cache(maxsize=4)
@@ -140,10 +146,6 @@ def build_activations(cache_dir: str | Path, name: str, encoder: Encoder, prep: 
         log(f"activation cache {paths['meta']} does not match this encoder/image list/flip setting: rebuilding")
         paths["meta"].unlink()
     teacher = teacher_encoder(encoder).to(device)
-    if lower_fingerprint(teacher) != lower_fingerprint(encoder):
-        raise ValueError(f"the lower stages of this {encoder.name} are not its pretrained ImageNet weights; the "
-                         "activation cache (model.tune_stages) freezes them at those: build the model with "
-                         "model.pretrained=true, or start from a file whose lower stages were never tuned")
     encoder = encoder.eval().to(device)
     head = teacher.backbone._fc
     loader = DataLoader(ImageDataset(records, prep.image_size, prep.mean, prep.std), batch_size=batch_size,

@@ -178,28 +178,16 @@ def ground_generated(model: "Captioner", feats: torch.Tensor | np.ndarray, recor
     return ground_captions(caps, [records[i] for i in keep], instances)
 
 
-@torch.no_grad()
 def reference_alphas(model: "Captioner", feats: torch.Tensor, captions: Sequence[Sequence[str]],
                      max_len: int = 50) -> list[np.ndarray]:
     """Teacher forcing on tokenised captions of ONE image: feats (1, P, D), captions (C,) of words ->
     for each caption (min(len, max_len), P) attention, row t being the map with which word t is
-    predicted (the same step at which decoding would emit it)."""
-    dec, v = model.model.decoder.eval(), model.vocab
-    words = [list(c)[:max_len] for c in captions]
-    order = sorted(range(len(words)), key=lambda j: -len(words[j]))  # teacher_force wants lengths descending
-    lengths = torch.tensor([len(words[j]) + 1 for j in order], device=model.device)  # words + <end>
-    T = int(lengths[0]) if len(order) else 0
-    inputs = torch.full((len(order), T), v.pad, dtype=torch.long, device=model.device)  # (C, T)
-    for row, j in enumerate(order):
-        inputs[row, :len(words[j]) + 1] = torch.tensor([v.start] + [v.stoi.get(w, v.unk) for w in words[j]])
-    if not order:
-        return []
-    x = feats.to(model.device, next(dec.parameters()).dtype)
-    alphas = dec.teacher_force(x, inputs, lengths, torch.zeros(len(order), dtype=torch.long, device=model.device)).alphas
-    out: list[np.ndarray] = [np.zeros(0)] * len(words)
-    for row, j in enumerate(order):
-        out[j] = alphas[row, :len(words[j])].float().cpu().numpy()  # (L, P)
-    return out
+    predicted (the same step at which decoding would emit it). explain's force_sentences does the work."""
+    from ..decoding.explain import force_sentences
+
+    x = torch.as_tensor(feats).to(model.device)
+    forced = force_sentences(model.model.decoder, x, model.vocab, [list(c)[:max_len] for c in captions])
+    return [f.alphas for f in forced]
 
 
 @torch.no_grad()

@@ -161,16 +161,36 @@ def _caches(cfg: Config, model: CaptionModel, splits: dict[str, list[ImageRecord
     return caches
 
 
+@dataclass
+class RunData:
+    """What a run trains and validates on, whichever the source (images, features or activations)."""
+
+    dataset: Any
+    caps: list[list[list[int]]]  # encoded captions per kept training image
+    collate: Callable
+    val_records: list[ImageRecord]  # the validated images (train.val_limit, unreadable ones left out)
+    val_feats: Any = None  # their cached features or activations (None: encoded from the images)
+    val_teacher: Any = None  # model.tune_stages: their pretrained ImageNet logits
+
+    @property
+    def mean_lengths(self) -> list[float]:
+        return [sum(len(c) for c in cs) / len(cs) for cs in self.caps]
+
+
+def _kept(records: list[ImageRecord], missing: list[str], limit: int = 0) -> list[int]:
+    """Indices of the first `limit` records (0: all) whose images could be read when the cache was built."""
+    gone = set(missing)
+    return [i for i, r in enumerate(records[:limit or len(records)]) if r.image_id not in gone]
+
+
 def _data(cfg: Config, model: CaptionModel, vocab: Vocab, train_records: list[ImageRecord],
           val_records: list[ImageRecord], device: torch.device, main: bool, world_size: int, log: Log,
-          progress: bool) -> tuple[Any, list[list[list[int]]], list[float], Callable, list[ImageRecord], Any]:
-    """(dataset, its encoded captions, mean caption length per image, collate, val records, val features)."""
+          progress: bool) -> RunData:
     caps = encode_captions(train_records, vocab, cfg.data.max_caption_len)
     if cfg.encoder_in_loop:  # images every step
         prep = build_preprocess(cfg.model)
         dataset = ImageDataset(train_records, prep.image_size, prep.mean, prep.std, caps, augment=cfg.data.augment)
-        n_val = cfg.train.val_limit or len(val_records)
-        return dataset, caps, _mean_lengths(caps), collate_skip_missing, val_records[:n_val], None
+        return RunData(dataset, caps, collate_skip_missing, val_records[:cfg.train.val_limit or len(val_records)])
     if cfg.from_activations:
         if world_size > 1:
             raise TrainingError("model.tune_stages (the CPU path) runs in one process; on GPUs fine-tune the whole "
@@ -178,23 +198,18 @@ def _data(cfg: Config, model: CaptionModel, vocab: Vocab, train_records: list[Im
         return _activation_data(cfg, model, vocab, caps, train_records, val_records, device, log, progress)
     caches = _caches(cfg, model, {"train": train_records, "val": val_records}, device, main, world_size, log,
                      progress)
-    missing = set(caches["train"].missing)
-    keep = [i for i, r in enumerate(train_records) if r.image_id not in missing]
-    if missing:
-        log(f"skipping {len(missing)} unreadable training image(s)")
+    keep = _kept(train_records, caches["train"].missing)
+    if len(keep) < len(train_records):
+        log(f"skipping {len(train_records) - len(keep)} unreadable training image(s)")
     caps = [caps[i] for i in keep]
-    dataset = FeatureDataset(caches["train"].features, keep, caps)
-    val_missing = set(caches["val"].missing)
-    n_val = cfg.train.val_limit or len(val_records)  # validate on the first n_val (the cache covers all)
-    val_keep = [i for i, r in enumerate(val_records[:n_val]) if r.image_id not in val_missing]
-    return (dataset, caps, _mean_lengths(caps), collate, [val_records[i] for i in val_keep],
-            caches["val"].features[val_keep])
+    val_keep = _kept(val_records, caches["val"].missing, cfg.train.val_limit)  # the cache covers all val images
+    return RunData(FeatureDataset(caches["train"].features, keep, caps), caps, collate,
+                   [val_records[i] for i in val_keep], caches["val"].features[val_keep])
 
 
 def _activation_data(cfg: Config, model: CaptionModel, vocab: Vocab, caps: list[list[list[int]]],
                      train_records: list[ImageRecord], val_records: list[ImageRecord], device: torch.device,
-                     log: Log, progress: bool) -> tuple[Any, list[list[list[int]]], list[float], Callable,
-                                                        list[ImageRecord], Any]:
+                     log: Log, progress: bool) -> RunData:
     """model.tune_stages: the lower stages' activation caches (built once, valid while those weights are
     the pretrained ones) for train (+ mirror images with data.flip) and val. Single process only."""
     from ..data.activations import build_activations, cache_name
@@ -207,22 +222,15 @@ def _activation_data(cfg: Config, model: CaptionModel, vocab: Vocab, caps: list[
                           enc.split_block)
         caches[split] = build_activations(cfg.data.cache_dir, name, enc, prep, recs, cfg.data.flip and split == "train",
                                           device, num_workers=cfg.data.num_workers, log=log, progress=progress)
-    missing = set(caches["train"].missing)
-    keep = [i for i, r in enumerate(train_records) if r.image_id not in missing]
+    keep = _kept(train_records, caches["train"].missing)
     caps = [caps[i] for i in keep]
     swap = {vocab.stoi[a]: vocab.stoi[b] for a, b in (("left", "right"), ("right", "left"))
             if a in vocab.stoi and b in vocab.stoi}
     c = caches["train"]
-    dataset = ActivationDataset(c.acts, c.flipped, c.logits, keep, caps, swap)
-    n_val = cfg.train.val_limit or len(val_records)
-    val_missing = set(caches["val"].missing)
-    val_keep = [i for i, r in enumerate(val_records[:n_val]) if r.image_id not in val_missing]
-    return (dataset, caps, _mean_lengths(caps), collate, [val_records[i] for i in val_keep],
-            (caches["val"].acts[val_keep], caches["val"].logits[val_keep, 0]))
-
-
-def _mean_lengths(caps: list[list[list[int]]]) -> list[float]:
-    return [sum(len(c) for c in cs) / len(cs) for cs in caps]
+    val_keep = _kept(val_records, caches["val"].missing, cfg.train.val_limit)
+    return RunData(ActivationDataset(c.acts, c.flipped, c.logits, keep, caps, swap), caps, collate,
+                   [val_records[i] for i in val_keep], caches["val"].acts[val_keep],
+                   caches["val"].logits[val_keep, 0])
 
 
 def _optimizer(cfg: Config, model: CaptionModel, resume: Any, device: torch.device) -> torch.optim.Optimizer:
@@ -267,15 +275,11 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
         p.requires_grad_(cfg.model.fine_tune_encoder)
     for p in tuned_parameters(cfg, model):
         p.requires_grad_(True)
-    dataset, caps, mean_len, collate_fn, val_records, val_feats = _data(
-        cfg, model, vocab, train_records, val_records, device, main, world_size, log, progress)
-    val_teacher = None
-    if cfg.from_activations:
-        val_feats, val_teacher = val_feats
-    sampler = BucketBatchSampler(mean_len, cfg.train.batch_images, seed=cfg.train.seed)
+    data = _data(cfg, model, vocab, train_records, val_records, device, main, world_size, log, progress)
+    sampler = BucketBatchSampler(data.mean_lengths, cfg.train.batch_images, seed=cfg.train.seed)
     if cfg.train.compile and device.type == "cuda":  # the one place compilation is switched on
         model.decoder.compile_recur()
-    module: torch.nn.Module = ObjectiveModule(model, build_objective(cfg, vocab, caps))
+    module: torch.nn.Module = ObjectiveModule(model, build_objective(cfg, vocab, data.caps))
     if world_size > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -283,6 +287,6 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     logger = JsonlLogger(out / "metrics.jsonl", enabled=main)
     if resume is not None:
         logger.rewind(state.step, state.epoch)
-    return Run(cfg, device, model, vocab, state, _optimizer(cfg, model, resume, device), module, dataset, collate_fn,
-               sampler, RankBatches(sampler, rank, world_size), val_records, val_feats, logger, log, out, main,
-               world_size, progress, val_teacher)
+    return Run(cfg, device, model, vocab, state, _optimizer(cfg, model, resume, device), module, data.dataset,
+               data.collate, sampler, RankBatches(sampler, rank, world_size), data.val_records, data.val_feats, logger,
+               log, out, main, world_size, progress, data.val_teacher)
