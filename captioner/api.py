@@ -134,12 +134,12 @@ class Captioner:
         from .vocab import tokenize
 
         from .decoding.captions import attach_concept_maps
-        from .concepts.imagenet import has_head
+        from .concepts.imagenet import imagenet_head_or_none
 
         context = self.decode_settings(**overrides).hard_context
         feats = self.encode(self.preprocess(image).unsqueeze(0))  # (1, P, D)
         cap = explain_features(self.model.decoder, feats, self.vocab, tokenize(text), context)
-        head = has_head(self.model)
+        head = imagenet_head_or_none(self.model)
         if head is not None:  # where the classifier sees what a word names (unknown words name nothing)
             ids = [self.vocab.stoi.get(w, self.vocab.unk) for w in cap.words]
             attach_concept_maps([cap], [ids], head, feats, self.vocab)

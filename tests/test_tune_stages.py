@@ -28,9 +28,9 @@ def test_top_of_stem_is_the_whole_encoder(output_stride):
     enc = build_encoder("efficientnet_lite0", False, 7 if output_stride == 32 else 14, output_stride).eval()
     x = torch.randn(2, 3, 224, 224)
     with torch.no_grad():
-        acts = enc.stem(x)  # (2, C, h, w)
+        acts = enc.below_split(x)  # (2, C, h, w)
         assert acts.shape[-1] == 14  # the input of the last stride-2 stage: stride 16
-        assert torch.allclose(enc.top(acts), enc(x), atol=1e-5)
+        assert torch.allclose(enc.above_split(acts), enc(x), atol=1e-5)
 
 
 def test_top_modules_are_the_top_stages_and_never_the_classifier():
@@ -48,7 +48,7 @@ def test_top_modules_are_the_top_stages_and_never_the_classifier():
 def test_resnet_says_to_fine_tune_whole():
     enc = build_encoder("resnet101", False, 7)
     with pytest.raises(ValueError, match="fine_tune_encoder"):
-        enc.stem(torch.zeros(1, 3, 64, 64))
+        enc.below_split(torch.zeros(1, 3, 64, 64))
 
 
 def _records(flickr, n=3):
@@ -65,8 +65,8 @@ def test_activation_cache_is_keyed_by_the_lower_weights_only(flickr, tmp_path):
     c = build_activations(tmp_path, name, enc, prep, recs, flip=True, num_workers=0, progress=False)
     x = torch.stack([prep(r.path) for r in recs])
     with torch.no_grad():
-        assert np.allclose(c.acts[:], enc.stem(x).numpy(), atol=2e-2)
-        assert np.allclose(c.flipped[:], enc.stem(x.flip(-1)).numpy(), atol=2e-2)
+        assert np.allclose(c.acts[:], enc.below_split(x).numpy(), atol=2e-2)
+        assert np.allclose(c.flipped[:], enc.below_split(x.flip(-1)).numpy(), atol=2e-2)
         logits = enc.backbone(x)  # (3, K)
     assert (torch.from_numpy(np.asarray(c.logits[:, 0], dtype=np.float32)).argmax(1) == logits.argmax(1)).all()
     assert open_activations(tmp_path, name, enc, prep, recs, flip=False) is not None  # a flip cache serves both

@@ -121,13 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         scores.update(score_captions(preds, {r.image_id: r.captions for r in scored}, metrics=(), spice=True, log=say))
     grounding = {}
     if instances is not None:
-        from captioner.concepts.imagenet import has_head
+        from captioner.concepts.imagenet import imagenet_head_or_none
         from captioner.evaluation.grounding import ground_captions, ground_concept_maps, ground_references
 
         if args.grounding:
             grounding = {"grounding_generated": ground_captions(caps, scored, instances),
                          "grounding_teacher_forced": ground_references(model, feats, scored, instances)}
-            if has_head(model.model) is not None:  # the ceiling of train.alpha_cam: the classifier's own maps
+            if imagenet_head_or_none(model.model) is not None:  # the ceiling of train.alpha_cam: the classifier's own maps
                 grounding["grounding_concept_maps"] = ground_concept_maps(model, feats, scored, instances)
     if args.hallucination:
         grounding.update(hallucination_report(preds, scored, instances))

@@ -207,7 +207,7 @@ def map_membership(device: torch.device | str | None = None) -> torch.Tensor:
     return torch.cat([membership(device), person])
 
 
-def has_head(model: nn.Module) -> nn.Linear | None:
+def imagenet_head_or_none(model: nn.Module) -> nn.Linear | None:
     """The encoder's ImageNet classifier, or None when it keeps none (ResNet, a stand-in encoder)."""
     try:
         return encoder_head(model)

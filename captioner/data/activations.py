@@ -161,7 +161,7 @@ def build_activations(cache_dir: str | Path, name: str, encoder: Encoder, prep: 
         x = torch.stack([s[0] for s in batch]).to(device).contiguous(memory_format=torch.channels_last)
         idx = [s[1] for s in batch]
         for v, view in enumerate(views):
-            a = encoder.stem(x if view == "acts" else x.flip(-1))  # (b, C, h, w)
+            a = encoder.below_split(x if view == "acts" else x.flip(-1))  # (b, C, h, w)
             if shape is None:
                 shape = (len(records), *a.shape[1:])
                 for w in views:

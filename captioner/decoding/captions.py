@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..concepts.maps import MIN_PROB, category_maps
-from ..concepts.imagenet import CATEGORIES, MAP_CATEGORIES, concept_probs, has_head
+from ..concepts.imagenet import CATEGORIES, MAP_CATEGORIES, concept_probs, imagenet_head_or_none
 from ..config import DecodeConfig
 from .search import Hypothesis, SpecialIds, decode
 from .evidence import Evidence, ruled_out_words, word_categories
@@ -117,7 +117,7 @@ def captions_from_features(model: CaptionModel, feats: np.ndarray | torch.Tensor
     decoder = model.decoder.eval()
     param = next(decoder.parameters())
     ids = SpecialIds.of(vocab, settings.forbid_unk)
-    head = has_head(model)
+    head = imagenet_head_or_none(model)
     if settings.evidence and head is None:
         raise ValueError(f"decode.evidence needs an encoder with an ImageNet head (efficientnet_lite0/2), not "
                          f"{getattr(model.encoder, 'name', type(model.encoder).__name__)}; set decode.evidence=false")

@@ -251,7 +251,7 @@ class Encoder(nn.Module):
             x = self.pool(x)  # (B, D, G, G)
         return x.flatten(2).transpose(1, 2)  # (B, P, D)
 
-    # ---- the split used to fine-tune the top stages on a CPU (data/activations.py caches `stem`)
+    # ---- the split used to fine-tune the top stages on a CPU (data/activations.py caches `below_split`)
     def _lite(self) -> EfficientNetLite:
         if not isinstance(self.backbone, EfficientNetLite):
             raise ValueError(f"model.tune_stages needs an EfficientNet-Lite encoder (the split point is Lite's last "
@@ -265,12 +265,12 @@ class Encoder(nn.Module):
         net = self._lite()
         return net.stage_starts[net.last_stride2]
 
-    def stem(self, images: torch.Tensor) -> torch.Tensor:
+    def below_split(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, S, S) -> the activations entering the split block (B, C, h, w); frozen in every recipe."""
         return self._lite().lower(images, self.split_block)
 
-    def top(self, acts: torch.Tensor) -> torch.Tensor:
-        """stem(images) -> annotation vectors (B, P, D): equal to forward(images)."""
+    def above_split(self, acts: torch.Tensor) -> torch.Tensor:
+        """below_split(images) -> annotation vectors (B, P, D): equal to forward(images)."""
         return self._grid(self._lite().upper(acts, self.split_block))
 
     def top_modules(self, stages: int) -> list[nn.Module]:

@@ -175,7 +175,7 @@ def top_features(model: torch.nn.Module, acts: Any, device: torch.device, batch_
     out = []
     for k in range(0, len(acts), batch_size):
         x = torch.from_numpy(np.asarray(acts[k:k + batch_size], dtype=np.float32)).to(device)
-        out.append(model.encoder.top(x.contiguous(memory_format=torch.channels_last)).float().cpu())
+        out.append(model.encoder.above_split(x.contiguous(memory_format=torch.channels_last)).float().cpu())
     model.encoder.train(was_training)
     return torch.cat(out)
 

@@ -42,7 +42,7 @@ class Terms:
 
 def _features(model: CaptionModel, batch: Batch, cfg: Config) -> torch.Tensor:
     if cfg.from_activations:  # model.tune_stages: cached lower-stage activations through the tuned top stages
-        return model.encoder.top(batch.visual.contiguous(memory_format=torch.channels_last))  # (Bi, P, D)
+        return model.encoder.above_split(batch.visual.contiguous(memory_format=torch.channels_last))  # (Bi, P, D)
     return model.encode(batch.visual) if cfg.encoder_in_loop else batch.visual  # (Bi, P, D)
 
 
