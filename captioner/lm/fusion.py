@@ -1,5 +1,8 @@
-"""Shallow fusion of the captioner and the concept language model (language_model.py) over the
-extended vocabulary: pure functions on log-probabilities, which beam search calls every step.
+"""Shallow fusion of the captioner and the concept language model (lm/model.py) over the extended
+vocabulary: pure functions on log-probabilities, the rule a fused beam search would apply every step.
+NOT wired into decoding yet (decoding/search.py does not call it; its conditioning on the encoder's head
+also needs an adapter: this model's concepts are the 80 COCO categories of concepts/words.py, the head
+gives concepts/imagenet.py's 61 seen ones in another order).
 
 Legend: N rows (images x beams), V the captioner's vocabulary, X >= V the LM's extended vocabulary
 (ids 0..V-1 are the captioner's words with the same ids; V..X-1 are the words it lacks: "new").

@@ -1,5 +1,6 @@
-"""A concept-conditioned language model over an extended vocabulary, fused with the captioner's word
-scores in beam search to name objects the captioner never saw in a photo (Hendricks et al. 2016,
+"""A concept-conditioned language model over an extended vocabulary, meant to be fused with the
+captioner's word scores in beam search (lm/fusion.py; not wired into decoding yet) to name objects the
+captioner never saw in a photo (Hendricks et al. 2016,
 "Deep Compositional Captioning"; Venugopalan et al. 2017, "Captioning Images with Diverse Objects").
 
 Legend: B sentences, N rows (in beam search: images x beams), T steps, C concepts (COCO categories,
