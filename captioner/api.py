@@ -120,8 +120,21 @@ class Captioner:
     @torch.no_grad()
     def caption_tensors(self, x: torch.Tensor, **overrides: Any) -> list[Caption]:
         """Preprocessed images (B, 3, S, S) -> captions."""
+        return self.caption_features(self.encode(x), **overrides)
+
+    @torch.no_grad()
+    def caption_features(self, feats: torch.Tensor, **overrides: Any) -> list[Caption]:
+        """Annotation vectors (B, P, D) from `encode` (or `features`) -> captions: decode again (other
+        settings, another beam) without running the encoder again."""
         settings = self.decode_settings(**overrides)
-        return captions_from_features(self.model, self.encode(x), self.vocab, settings, batch_size=len(x))
+        return captions_from_features(self.model, feats, self.vocab, settings, batch_size=len(feats))
+
+    @torch.no_grad()
+    def features(self, image: ImageInput) -> torch.Tensor:
+        """One image -> its annotation vectors (1, P, D): what caption_features and explain_features
+        read. Compute them once per photo and keep them to caption, explain or compare without
+        re-running the encoder (the app caches them per photo)."""
+        return self.encode(self.preprocess(image).unsqueeze(0))  # (1, P, D)
 
     @torch.no_grad()
     def explain(self, image: ImageInput, text: str, **overrides: Any) -> Caption:
@@ -129,6 +142,11 @@ class Captioner:
         where the model looks for each word and how likely it finds each (word_log_probs). Words the
         vocabulary lacks are fed as <unk> and listed in Caption.unknown. `overrides`: decode settings
         (only hard_context matters, for a hard-attention model)."""
+        return self.explain_features(self.features(image), text, **overrides)
+
+    @torch.no_grad()
+    def explain_features(self, feats: torch.Tensor, text: str, **overrides: Any) -> Caption:
+        """explain() from one photo's annotation vectors (1, P, D) (`features`): no encoder run."""
         from .explain import explain_features
         from .vocab import tokenize
 
@@ -136,7 +154,7 @@ class Captioner:
         from .concepts import has_head
 
         context = self.decode_settings(**overrides).hard_context
-        feats = self.encode(self.preprocess(image).unsqueeze(0))  # (1, P, D)
+        feats = feats.to(self.device, self.dtype)  # (1, P, D)
         cap = explain_features(self.model.decoder, feats, self.vocab, tokenize(text), context)
         head = has_head(self.model)
         if head is not None:  # where the classifier sees what a word names (unknown words name nothing)

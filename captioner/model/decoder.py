@@ -82,19 +82,29 @@ class Decoder(nn.Module):
         emb = self.embedding(words)
         return emb, self.gates_embed(emb)
 
+    def context_gates(self, feats: torch.Tensor) -> torch.Tensor:
+        """W_z a_i for every region, feats (B, P, D) -> (B, P, 4H): once per image, for `recur`'s ctx_gates.
+        z_t = beta_t sum_i alpha_ti a_i is linear in the a_i, so W_z z_t = beta_t sum_i alpha_ti (W_z a_i):
+        a step then reads a (P, 4H) table per image instead of multiplying z by W_z, the step's largest
+        product. It pays when a step has few rows per image (decoding: K beams) and many steps share it."""
+        return self.gates_context(feats)  # (B, P, 4H)
+
     def recur(self, state: State, emb_gates: torch.Tensor, feats: torch.Tensor, feat_proj: torch.Tensor,
-              context: str = "expected") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, State]:
+              context: str = "expected", ctx_gates: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, State]:
         """Attention and the LSTM cell for one word (eq. 4-6 or 8, eq. 1). state (B*G, H)x2, emb_gates
         (B*G, 4H), feats (B, P, D), feat_proj (B, P, A) -> context z (B*G, D), alpha (B*G, P),
         gate beta (B*G,), the attended location s_t (B*G,) or None for the expected context, new
         state. G rows per image (consecutive) share its features: G = 1 in training, the beam size
-        in beam search. context: "expected" (soft), "sample" or "argmax" (hard; attention.locate)."""
+        in beam search. context: "expected" (soft), "sample" or "argmax" (hard; attention.locate).
+        ctx_gates: context_gates(feats) (B, P, 4H) or None; the same W_z z_t either way (to rounding)."""
         h, c = state
         alpha, beta = self.attention.weights(feats, feat_proj, h)  # (B*G, P), (B*G,)
         where = locate(alpha, context)  # (B*G,) or None
         weights = alpha if where is None else F.one_hot(where, alpha.shape[1]).to(alpha.dtype)  # (B*G, P)
         z = glimpse(feats, weights, beta)  # (B*G, D)
-        gates = emb_gates + self.gates_context(z) + self.gates_hidden(h)  # (B*G, 4H)
+        z_gates = self.gates_context(z) if ctx_gates is None else glimpse(ctx_gates, weights, beta)  # (B*G, 4H)
+        gates = emb_gates + z_gates + self.gates_hidden(h)  # (B*G, 4H)
         i, f, g, o = gates.chunk(4, dim=1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B*G, H)
         h = torch.sigmoid(o) * torch.tanh(c)  # (B*G, H)
@@ -112,13 +122,14 @@ class Decoder(nn.Module):
         return self.out_vocab(self.dropout(out))  # (N, V)
 
     def step(self, state: State, emb: torch.Tensor, emb_gates: torch.Tensor, feats: torch.Tensor,
-             feat_proj: torch.Tensor, context: str = "expected"
+             feat_proj: torch.Tensor, context: str = "expected", ctx_gates: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, State]:
         """One word: recur then output. emb (B*G, E), emb_gates (B*G, 4H), the rest as in `recur`
         -> logits (B*G, V), alpha (B*G, P), beta (B*G,), new state. Greedy, beam search and
         sampling call this. context: how a hard model attends (decode.hard_context, or "sample");
         a soft model always uses the expected context."""
-        z, alpha, beta, _, state = self.recur(state, emb_gates, feats, feat_proj, context if self.hard else "expected")
+        z, alpha, beta, _, state = self.recur(state, emb_gates, feats, feat_proj, context if self.hard else "expected",
+                                              ctx_gates)
         return self.output(emb, state[0], z), alpha, beta, state
 
     def teacher_force(self, feats: torch.Tensor, inputs: torch.Tensor, lengths: torch.Tensor,
