@@ -103,3 +103,25 @@ def test_preprocess_equals_the_previous_formula(bundled, flickr, coco_mini):
         want = (x - torch.tensor(pre.mean).view(3, 1, 1)) / torch.tensor(pre.std).view(3, 1, 1)
         assert torch.equal(pre(path), want)
         assert torch.equal(preprocess(load_image(path), S, pre.mean, pre.std), want)
+
+
+def test_remembered_word_gates_follow_the_weights():
+    """Without autograd embed() looks W_e E y up in a table filled as words occur; a training step
+    (an in-place update of either weight) or another dtype drops it."""
+    dec = tiny_decoder(12)
+    words = torch.tensor([[4, 5, 4], [7, 4, 11]])
+    want = lambda: dec.gates_embed(dec.embedding(words))  # noqa: E731 - the plain product
+    with torch.no_grad():
+        torch.testing.assert_close(dec.embed(words)[1], want())
+        other = torch.tensor([5, 6])  # a remembered word and a new one
+        torch.testing.assert_close(dec.embed(other)[1], dec.gates_embed(dec.embedding(other)))
+        for weight in (dec.embedding.weight, dec.gates_embed.weight):
+            weight.add_(0.5)  # as an optimiser step does
+            torch.testing.assert_close(dec.embed(words)[1], want())
+    opt = torch.optim.SGD(dec.parameters(), lr=1.0)
+    dec.embed(words)[1].sum().backward()  # with autograd: the plain product, so gradients flow
+    assert dec.gates_embed.weight.grad is not None and dec.embedding.weight.grad.abs().sum() > 0
+    opt.step()
+    with torch.no_grad():
+        torch.testing.assert_close(dec.embed(words)[1], want())
+        torch.testing.assert_close(dec.double().embed(words)[1], want())

@@ -78,9 +78,31 @@ class Decoder(nn.Module):
         return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))  # (B, H) each
 
     def embed(self, words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """words (...,) -> E y (..., E) and its gate contribution W_e E y (..., 4H)."""
+        """words (...,) -> E y (..., E) and its gate contribution W_e E y (..., 4H). Without autograd
+        each word's W_e E y is computed once and remembered (`_word_gates`)."""
         emb = self.embedding(words)
-        return emb, self.gates_embed(emb)
+        if torch.is_grad_enabled():
+            return emb, self.gates_embed(emb)
+        return emb, self._word_gates(words)
+
+    def _word_gates(self, words: torch.Tensor) -> torch.Tensor:
+        """W_e E y of `words` (...,) -> (..., 4H) from a (V, 4H) table filled as words first occur: a beam
+        step then looks its K rows up instead of a (K, E) x (E, 4H) product. The table is dropped when
+        either weight changes (training steps bump their versions) or moves; rows are written before
+        they are marked known, and identical values may be written twice (concurrent callers)."""
+        w_emb, w_gate = self.embedding.weight, self.gates_embed.weight
+        key = (w_emb._version, w_gate._version, w_emb.data_ptr(), w_gate.data_ptr(), w_gate.dtype, w_gate.device)
+        cache = getattr(self, "_gate_table", None)
+        if cache is None or cache[0] != key:
+            cache = (key, w_gate.new_empty(self.vocab_size, w_gate.shape[0]),
+                     torch.zeros(self.vocab_size, dtype=torch.bool, device=w_gate.device))
+            self._gate_table = cache
+        _, table, known = cache
+        if not bool(known[words].all()):
+            new = words[~known[words]].unique()  # (n,) words seen for the first time
+            table[new] = self.gates_embed(self.embedding(new))  # (n, 4H)
+            known[new] = True
+        return table[words]  # (..., 4H)
 
     def context_gates(self, feats: torch.Tensor) -> torch.Tensor:
         """W_z a_i for every region, feats (B, P, D) -> (B, P, 4H): once per image, for `recur`'s ctx_gates.
