@@ -86,6 +86,15 @@ def format_table(res: dict[str, Any]) -> str:
         if la:
             rows.append((label, f"p50 {la['p50_ms']:.0f} ms, p95 {la['p95_ms']:.0f} ms",
                          f"incl. preprocessing of a {la['image']}, {la['mean_words']:.1f} words"))
+    bd = res.get("latency_breakdown")
+    if bd:
+        rows.append(("one photo at the stored settings: read + preprocess / encoder / decoding / concepts",
+                     f"{bd['read_preprocess_ms']:.1f} / {bd['encoder_ms']:.1f} / {bd['decoding_ms']:.1f} / "
+                     f"{bd['concepts_ms']:.1f} ms", f"medians of {bd['runs']} runs over {bd['photos']} JPEGs in "
+                     f"{bd['photo_folder']}, beam {bd['beam']}"))
+        rows.append(("  caption() / explain() end to end", f"{bd['caption_ms']:.1f} / {bd['explain_ms']:.1f} ms",
+                     f"{bd['caption_over_preprocess_encoder']:.2f}x / {bd['explain_over_preprocess_encoder']:.2f}x "
+                     f"preprocess + encoder; explain's decoder part {bd['explain_decoder_ms']:.1f} ms ({bd['words']} words)"))
     co = res.get("coco_epoch")
     if co:
         rows.append(("COCO epoch, cached features", f"{co['cached_epoch_minutes']:.1f} min",
