@@ -125,3 +125,15 @@ def test_remembered_word_gates_follow_the_weights():
     with torch.no_grad():
         torch.testing.assert_close(dec.embed(words)[1], want())
         torch.testing.assert_close(dec.double().embed(words)[1], want())
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 16, 17, 81])
+def test_few_rows_linear_equals_nn_linear(n):
+    from captioner.model import rows
+
+    for layer in (torch.nn.Linear(64, 300), torch.nn.Linear(64, 300, bias=False)):
+        x = torch.randn(n, 64, requires_grad=True)
+        y = rows.linear(layer, x)
+        torch.testing.assert_close(y, layer(x), atol=1e-5, rtol=1e-5)
+        y.sum().backward()  # the swapped product has the same gradients
+        torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(n, -1), atol=1e-5, rtol=1e-5)

@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import ATTENTIONS
+from . import rows
 from .attention import AdditiveAttention, glimpse, locate
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
@@ -125,8 +126,8 @@ class Decoder(nn.Module):
         where = locate(alpha, context)  # (B*G,) or None
         weights = alpha if where is None else F.one_hot(where, alpha.shape[1]).to(alpha.dtype)  # (B*G, P)
         z = glimpse(feats, weights, beta)  # (B*G, D)
-        z_gates = self.gates_context(z) if ctx_gates is None else glimpse(ctx_gates, weights, beta)  # (B*G, 4H)
-        gates = emb_gates + z_gates + self.gates_hidden(h)  # (B*G, 4H)
+        z_gates = rows.linear(self.gates_context, z) if ctx_gates is None else glimpse(ctx_gates, weights, beta)
+        gates = emb_gates + z_gates + rows.linear(self.gates_hidden, h)  # (B*G, 4H)
         i, f, g, o = gates.chunk(4, dim=1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B*G, H)
         h = torch.sigmoid(o) * torch.tanh(c)  # (B*G, H)
@@ -140,8 +141,8 @@ class Decoder(nn.Module):
     def output(self, emb: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Deep output layer (eq. 7): emb (N, E), h (N, H), z (N, D) -> logits (N, V). Nothing
         feeds back into the recurrence, so training computes it for all steps at once."""
-        out = torch.tanh(emb + self.out_hidden(h) + self.out_context(z))  # (N, E)
-        return self.out_vocab(self.dropout(out))  # (N, V)
+        out = torch.tanh(emb + rows.linear(self.out_hidden, h) + rows.linear(self.out_context, z))  # (N, E)
+        return rows.linear(self.out_vocab, self.dropout(out))  # (N, V)
 
     def step(self, state: State, emb: torch.Tensor, emb_gates: torch.Tensor, feats: torch.Tensor,
              feat_proj: torch.Tensor, context: str = "expected", ctx_gates: torch.Tensor | None = None
