@@ -5,6 +5,8 @@
     cap = model.caption("photo.jpg")         # PIL image, path or bytes
     cap.text, cap.words, cap.alphas, cap.betas, cap.log_prob, cap.word_log_probs
     model.explain("photo.jpg", "a dog runs on the grass")   # any sentence, as a Caption (maps, probabilities)
+    feats = model.features("photo.jpg")      # the encoder once; then decode or explain without it:
+    model.caption_features(feats, beam_size=3)[0], model.explain_features(feats, "a dog")
 
 Decode settings (every field of config.decode: beam size, maximum length, length penalty, trigram
 blocking ...) default to the ones stored in the model file; keyword overrides change them for one call:
