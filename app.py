@@ -42,19 +42,29 @@ def get_model(path: str, mtime: float, dtype: str = "float32") -> captioner.Capt
     return captioner.load(path, dtype=dtype)
 
 
+@st.cache_resource(show_spinner=False, max_entries=16)
+def get_features(path: str, mtime: float, dtype: str, digest: str, _image):
+    """One photo's annotation vectors (1, P, D) under one model (keyed by the photo's digest): the encoder
+    runs once per photo and model, so new decode settings, a typed sentence, another word or region,
+    or a comparison only decode (Captioner.caption_features / explain_features). Never modified."""
+    return get_model(path, mtime, dtype).features(_image)
+
+
 @st.cache_data(show_spinner=False, max_entries=64)
 def get_caption(path: str, mtime: float, dtype: str, digest: str, settings: tuple[tuple[str, object], ...],
                 _image) -> captioner.Caption:
     """Caption of one decoded photo (keyed by its digest and the decode settings as (name, value) pairs),
     so moving the opacity or word sliders does not decode again."""
-    return get_model(path, mtime, dtype).caption(_image, **dict(settings))
+    feats = get_features(path, mtime, dtype, digest, _image)
+    return get_model(path, mtime, dtype).caption_features(feats, **dict(settings))[0]
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def get_explanation(path: str, mtime: float, dtype: str, digest: str, text: str, hard_context: str,
                     _image) -> captioner.Caption:
     """A typed sentence teacher-forced on one photo (Captioner.explain), cached per model, photo and text."""
-    return get_model(path, mtime, dtype).explain(_image, text, hard_context=hard_context)
+    feats = get_features(path, mtime, dtype, digest, _image)
+    return get_model(path, mtime, dtype).explain_features(feats, text, hard_context=hard_context)
 
 
 @st.cache_data(show_spinner=False, ttl=10)

@@ -5,6 +5,8 @@
     cap = model.caption("photo.jpg")         # PIL image, path or bytes
     cap.text, cap.words, cap.alphas, cap.betas, cap.log_prob, cap.word_log_probs
     model.explain("photo.jpg", "a dog runs on the grass")   # any sentence, as a Caption (maps, probabilities)
+    feats = model.features("photo.jpg")      # the encoder once; then decode or explain without it:
+    model.caption_features(feats, beam_size=3)[0], model.explain_features(feats, "a dog")
 
 Decode settings (every field of config.decode: beam size, maximum length, length penalty, trigram
 blocking ...) default to the ones stored in the model file; keyword overrides change them for one call:
@@ -121,8 +123,21 @@ class Captioner:
     @torch.no_grad()
     def caption_tensors(self, x: torch.Tensor, **overrides: Any) -> list[Caption]:
         """Preprocessed images (B, 3, S, S) -> captions."""
+        return self.caption_features(self.encode(x), **overrides)
+
+    @torch.no_grad()
+    def caption_features(self, feats: torch.Tensor, **overrides: Any) -> list[Caption]:
+        """Annotation vectors (B, P, D) from `encode` (or `features`) -> captions: decode again (other
+        settings, another beam) without running the encoder again."""
         settings = self.decode_settings(**overrides)
-        return captions_from_features(self.model, self.encode(x), self.vocab, settings, batch_size=len(x))
+        return captions_from_features(self.model, feats, self.vocab, settings, batch_size=len(feats))
+
+    @torch.no_grad()
+    def features(self, image: ImageInput) -> torch.Tensor:
+        """One image -> its annotation vectors (1, P, D): what caption_features and explain_features
+        read. Compute them once per photo and keep them to caption, explain or compare without
+        re-running the encoder (the app caches them per photo)."""
+        return self.encode(self.preprocess(image).unsqueeze(0))  # (1, P, D)
 
     @torch.no_grad()
     def explain(self, image: ImageInput, text: str, **overrides: Any) -> Caption:
@@ -130,6 +145,11 @@ class Captioner:
         where the model looks for each word and how likely it finds each (word_log_probs). Words the
         vocabulary lacks are fed as <unk> and listed in Caption.unknown. `overrides`: decode settings
         (only hard_context matters, for a hard-attention model)."""
+        return self.explain_features(self.features(image), text, **overrides)
+
+    @torch.no_grad()
+    def explain_features(self, feats: torch.Tensor, text: str, **overrides: Any) -> Caption:
+        """explain() from one photo's annotation vectors (1, P, D) (`features`): no encoder run."""
         from .decoding.explain import explain_features
         from .vocab import tokenize
 
@@ -137,7 +157,7 @@ class Captioner:
         from .concepts.imagenet import imagenet_head_or_none
 
         context = self.decode_settings(**overrides).hard_context
-        feats = self.encode(self.preprocess(image).unsqueeze(0))  # (1, P, D)
+        feats = feats.to(self.device, self.dtype)  # (1, P, D)
         cap = explain_features(self.model.decoder, feats, self.vocab, tokenize(text), context)
         head = imagenet_head_or_none(self.model)
         if head is not None:  # where the classifier sees what a word names (unknown words name nothing)

@@ -189,8 +189,5 @@ def preprocess(img: Image.Image, image_size: int, mean: tuple[float, ...], std: 
     """Whole image -> (3, S, S) normalised tensor. No crop: the attention grid covers the full picture
     (a non-square photo is resized anisotropically; overlays stretch the grid back onto it)."""
     img = img.resize((image_size, image_size), Image.BILINEAR, reducing_gap=None)
-    x = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).view(image_size, image_size, 3)
-    x = x.permute(2, 0, 1).float().div_(255.0)  # (3, S, S)
-    m = torch.tensor(mean).view(3, 1, 1)
-    s = torch.tensor(std).view(3, 1, 1)
-    return (x - m) / s
+    x = torch.from_numpy(np.array(img)).permute(2, 0, 1).float().div_(255.0)  # (3, S, S)
+    return x.sub_(torch.tensor(mean).view(3, 1, 1)).div_(torch.tensor(std).view(3, 1, 1))  # in place, same numbers

@@ -318,11 +318,11 @@ def test_empty_caption_is_explained_not_crashed(app, monkeypatch):
     import numpy as np
     import streamlit as st
 
-    def empty_caption(self, image, **overrides):
+    def empty_caption(self, feats, **overrides):
         g = self.grid_size
-        return captioner.Caption("", [], np.zeros((0, g, g), np.float32), -1.5, [("a cat", -2.0)])
+        return [captioner.Caption("", [], np.zeros((0, g, g), np.float32), -1.5, [("a cat", -2.0)])]
 
-    monkeypatch.setattr(captioner.Captioner, "caption", empty_caption)
+    monkeypatch.setattr(captioner.Captioner, "caption_features", empty_caption)  # what the app decodes with
     st.cache_data.clear()
     try:
         at = app.run()
@@ -514,3 +514,35 @@ def test_a_concept_word_shows_the_classifiers_map_beside_its_attention(app, flic
     plain = next(i for i in range(len(words)) if i not in cap.concept_maps)
     at.select_slider[0].set_value(plain).run()
     assert not any(c.startswith("where the classifier sees") for im in at.image for c in im.captions)
+
+
+def test_encoder_runs_once_per_photo(app, monkeypatch):
+    """A new beam size, a typed sentence and a region click decode again from the photo's cached
+    features: the encoder runs once per photo and model (app.get_features)."""
+    import streamlit as st
+
+    encoded = []
+    real_encode = captioner.Captioner.encode
+
+    def counting_encode(self, x):
+        encoded.append(tuple(x.shape))
+        return real_encode(self, x)
+
+    monkeypatch.setattr(captioner.Captioner, "encode", counting_encode)
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    try:
+        at = app.run()
+        check_captioned(at)
+        beam(at).set_value(2).run()
+        check_captioned(at, require_words=False)
+        next(t for t in at.text_input if t.label == "Sentence to explain").set_value("a cat on a bed").run()
+        no_problems(at)
+        assert [w for w, _ in explained_overlays(at)] == ["a", "cat", "on", "a", "bed"]
+        assert len(encoded) == 1, encoded
+        next(s for s in at.selectbox if "example" in s.label).set_value("Coffee").run()  # a new photo: once more
+        check_captioned(at, require_words=False)
+        assert len(encoded) == 2, encoded
+    finally:
+        st.cache_resource.clear()
+        st.cache_data.clear()

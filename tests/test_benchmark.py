@@ -97,3 +97,18 @@ def test_table_output(capsys):
     assert main(["--quick", "--only", "latency"]) == 0
     out = capsys.readouterr().out
     assert "caption latency, 1 image, beam 3" in out and "stored settings" in out and "| measurement" in out and "peak memory" in out
+
+
+def test_latency_breakdown_on_real_photos(capsys, coco_mini):
+    """The per-photo breakdown at the stored settings on real JPEGs: every stage timed, the ratios are
+    the end-to-end times over preprocess + encoder, and the table shows it."""
+    assert main(["--quick", "--only", "latency", "--photos", str(coco_mini / "train2017"), "--json"]) == 0
+    bd = json.loads(capsys.readouterr().out)["latency_breakdown"]
+    for k in ("read_preprocess", "encoder", "decoding", "concepts", "caption", "explain_decoder", "explain"):
+        assert bd[f"{k}_ms"] > 0, k
+    front = bd["read_preprocess_ms"] + bd["encoder_ms"]
+    assert bd["caption_over_preprocess_encoder"] == pytest.approx(bd["caption_ms"] / front)
+    assert bd["explain_over_preprocess_encoder"] == pytest.approx(bd["explain_ms"] / front)
+    assert bd["photos"] == 80 and bd["beam"] == 5 and bd["words"] == 12 and bd["torch_threads"] == 1
+    assert main(["--quick", "--only", "latency"]) == 0
+    assert "read + preprocess / encoder / decoding / concepts" in capsys.readouterr().out

@@ -39,6 +39,18 @@ def _scst_rows(ts: dict[str, Any] | None) -> list[tuple[str, str, str]]:
              f"{ts['step_ms_median']:.0f} ms, {ts['mean_sample_tokens']:.1f} tokens/sample")]
 
 
+def _breakdown_rows(bd: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    if not bd:
+        return []
+    return [("one photo at the stored settings: read + preprocess / encoder / decoding / concepts",
+             f"{bd['read_preprocess_ms']:.1f} / {bd['encoder_ms']:.1f} / {bd['decoding_ms']:.1f} / "
+             f"{bd['concepts_ms']:.1f} ms", f"medians of {bd['runs']} runs over {bd['photos']} JPEGs in "
+             f"{bd['photo_folder']}, beam {bd['beam']}"),
+            ("  caption() / explain() end to end", f"{bd['caption_ms']:.1f} / {bd['explain_ms']:.1f} ms",
+             f"{bd['caption_over_preprocess_encoder']:.2f}x / {bd['explain_over_preprocess_encoder']:.2f}x "
+             f"preprocess + encoder; explain's decoder part {bd['explain_decoder_ms']:.1f} ms ({bd['words']} words)")]
+
+
 def format_table(res: dict[str, Any]) -> str:
     rows: list[tuple[str, str, str]] = []
     tc = res.get("train_cached")
@@ -86,6 +98,7 @@ def format_table(res: dict[str, Any]) -> str:
         if la:
             rows.append((label, f"p50 {la['p50_ms']:.0f} ms, p95 {la['p95_ms']:.0f} ms",
                          f"incl. preprocessing of a {la['image']}, {la['mean_words']:.1f} words"))
+    rows += _breakdown_rows(res.get("latency_breakdown"))
     co = res.get("coco_epoch")
     if co:
         rows.append(("COCO epoch, cached features", f"{co['cached_epoch_minutes']:.1f} min",

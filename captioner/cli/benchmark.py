@@ -31,6 +31,9 @@ Sections (each printed as a table row, or one JSON object with --json):
   above) when neither exists. Where the hardware computes bfloat16 natively (preferred_dtype: CPUs
   with AVX512-BF16/AMX, CUDA) the same model is also timed in bfloat16, the faster precision the app
   offers there (its default stays float32).
+* latency breakdown: per photo at the stored settings, on real JPEG files (the bundled examples, or
+  --photos DIR): read + preprocess, encoder, decoding, concepts, caption() end to end, explain() of a
+  12-word sentence (its decoder part and end to end), and caption / explain over preprocess + encoder.
 * peak memory: CPU: process max RSS (cumulative high-water mark); CUDA: torch.cuda.max_memory_allocated
   per section.
 
@@ -51,7 +54,9 @@ from typing import Any
 import torch
 
 from ..api import Captioner, default_device, preferred_dtype
-from ..bench.inference import bench_eval, bench_explain, bench_latency, default_checkpoint, eval_decoder, latency_captioner
+from ..bench.breakdown import bench_breakdown, photo_files
+from ..bench.inference import (EXPLAIN_SENTENCE, bench_eval, bench_explain, bench_latency, default_checkpoint, eval_decoder,
+                               latency_captioner)
 from ..bench.report import format_table, machine, max_key, targets
 from ..bench.synthetic import PRESETS
 from ..bench.timing import Counts, peak_memory_mb
@@ -92,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(default 1000)")
     p.add_argument("--checkpoint", default=None, help="trained model for eval and latency (default: the bundled model "
                    "if present, else an untrained model whose <end> is driven by a calibrated step counter)")
+    p.add_argument("--photos", default=None, help="folder of JPEG photos for the latency breakdown (default: the "
+                   "bundled example photos); e.g. ../shared/data/coco-mini/train2017 for unseen photos")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default; --quick: 1, which "
                    "keeps timings steady on a machine shared with other jobs)")
     p.add_argument("--no-amp", action="store_true", help="CUDA: train in fp32 instead of bf16 autocast")
@@ -153,6 +160,7 @@ def _run(args: argparse.Namespace) -> int:
         res["latency"] = {"model": desc, **bench_latency(cap, counts, device, log=log)}
         res["latency_stored"] = bench_latency(cap, counts, device, beam=None, log=log)
         res["latency_explain"] = bench_explain(cap, counts, device, log=log)
+        res["latency_breakdown"] = bench_breakdown(cap, photo_files(args.photos), counts, device, EXPLAIN_SENTENCE, log)
         if preferred_dtype(device) == "bfloat16":  # the faster precision the app offers on this hardware
             bf16 = Captioner(cap.model, cap.vocab, cap.config, cap.metrics, device, "bfloat16")  # converts a copy
             res["latency_bf16"] = bench_latency(bf16, counts, device, log=log)

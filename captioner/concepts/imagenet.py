@@ -180,6 +180,7 @@ def category_classes() -> dict[str, tuple[int, ...]]:
     return out
 
 
+@lru_cache(maxsize=4)  # a Python loop that every caption needed; shared: never modify the result in place
 def membership(device: torch.device | str | None = None) -> torch.Tensor:
     """(C, K) 0/1 matrix: row c marks the ImageNet classes of CATEGORIES[c]."""
     m = torch.zeros(len(CATEGORIES), len(imagenet_classes()), device=device)

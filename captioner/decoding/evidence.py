@@ -20,6 +20,8 @@ Legend: B images, C seen categories, V vocabulary.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from ..concepts.imagenet import CATEGORIES
@@ -29,12 +31,19 @@ from ..vocab import Vocab
 
 
 def word_categories(vocab: Vocab, categories: tuple[str, ...] = CATEGORIES) -> torch.Tensor:
-    """(V, C) 0/1: vocabulary word w is a one-word name of category k."""
-    m = torch.zeros(len(vocab), len(categories))
+    """(V, C) 0/1: vocabulary word w is a one-word name of category k. Built once per vocabulary (a
+    Python loop over the table that every caption call needed); each call gets its own copy."""
+    return _word_categories(tuple(vocab.itos), tuple(categories)).clone()
+
+
+@lru_cache(maxsize=8)
+def _word_categories(itos: tuple[str, ...], categories: tuple[str, ...]) -> torch.Tensor:
+    stoi = {w: i for i, w in enumerate(itos)}
+    m = torch.zeros(len(itos), len(categories))
     for k, cat in enumerate(categories):
         for name in CATEGORY_WORDS[cat].split():
-            if "_" not in name and name in vocab.stoi:
-                m[vocab.stoi[name], k] = 1.0
+            if "_" not in name and name in stoi:
+                m[stoi[name], k] = 1.0
     return m
 
 
@@ -51,9 +60,12 @@ class Evidence:
         self.words = words.to(probs)  # (V, C)
         self.penalty = -settings.evidence_penalty * ruled_out_words(probs, self.words, settings.evidence_floor)  # (B, V)
         self.bonus = settings.evidence_bonus * probs * (probs >= settings.evidence_floor).float()  # (B, C)
+        self.has_bonus = bool(settings.evidence_bonus) and bool((self.bonus > 0).any())  # else bias = penalty
 
     def bias(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """images (N,) the image of each live row, tokens (N, t) its words so far -> (N, V)."""
+        if not self.has_bonus:  # no word earns a bonus (evidence_bonus 0, the stored setting): a lookup per step
+            return self.penalty[images]  # (N, V)
         bonus = self.bonus[images]  # (N, C)
         if tokens.shape[1]:
             named = self.words[tokens].amax(1)  # (N, C): categories the row has named already

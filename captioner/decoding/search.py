@@ -179,7 +179,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
     K, max_len, length_penalty, end = settings.beam_size, settings.max_len, settings.length_penalty, ids.end
     (B, P, _), device = feats.shape, feats.device
     rank, G = torch.arange(2 * K, device=device), 1  # (2K,); G rows (image, beam) per image: 1 at t=0, then K
-    feat_proj = decoder.attention.project(feats)  # (n, P, A)
+    feat_proj, ctx_gates = decoder.attention.project(feats), decoder.context_gates(feats)  # (n, P, A), (n, P, 4H)
     h, c = decoder.init_state(feats)  # (N, H)
     cum = feats.new_zeros(B)  # (N,) cumulative log-prob of each row
     words = torch.full((B,), ids.start, dtype=torch.long, device=device)
@@ -190,7 +190,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(max_len):
         n, (emb, emb_gates) = len(image_ids), decoder.embed(words)
-        logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context)
+        logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context, ctx_gates)
         top_s, src, word, step_lp = _candidates(
             cum, word_logp(logits, ids, settings, hist.tokens, evidence, image_ids.repeat_interleave(G, 0)), n, G, K, ids.pad)
         is_end = word == end
@@ -221,7 +221,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
         words, cum = alive_word[keep].reshape(-1), alive_s[keep].reshape(-1)
         hist, (h, c), G = hist.extend(rows, words, alpha, beta, alive_lp[keep].reshape(-1)), (h[rows], c[rows]), K
         if len(keep) < n:  # finished images leave the batch
-            feats, feat_proj = feats[keep], feat_proj[keep]
+            feats, feat_proj, ctx_gates = feats[keep], feat_proj[keep], ctx_gates[keep]
         image_ids, best_finished = image_ids[keep], best_finished[keep]
     return [sorted(f, key=lambda hyp: -hyp.score)[:K] for f in finished]
 

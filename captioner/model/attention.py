@@ -27,6 +27,7 @@ BLOCK_ELEMENTS = 1 << 18
 
 
 from ..config import HARD_CONTEXTS
+from . import rows
 
 CONTEXTS = (*HARD_CONTEXTS, "sample")  # how z_t is formed from alpha_t (see `locate`); "sample" only in training
 
@@ -58,7 +59,7 @@ class AdditiveAttention(nn.Module):
         """
         B, P, _ = feats.shape
         G = h.shape[0] // B
-        hp = 2 * self.hidden_proj(h).view(B, G, 1, -1)  # (B, G, 1, A): 2 W_h h
+        hp = 2 * rows.linear(self.hidden_proj, h).reshape(B, G, 1, -1)  # (B, G, 1, A): 2 W_h h
         w = self.score.weight.t()  # (A, 1)
         if torch.is_grad_enabled() or feat_proj.device.type != "cpu":
             s = torch.sigmoid(feat_proj.unsqueeze(1) + hp) @ w  # (B, G, P, 1)

@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import ATTENTIONS
+from . import rows
 from .attention import AdditiveAttention, glimpse, locate
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
@@ -78,23 +79,55 @@ class Decoder(nn.Module):
         return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))  # (B, H) each
 
     def embed(self, words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """words (...,) -> E y (..., E) and its gate contribution W_e E y (..., 4H)."""
+        """words (...,) -> E y (..., E) and its gate contribution W_e E y (..., 4H). Without autograd
+        each word's W_e E y is computed once and remembered (`_word_gates`)."""
         emb = self.embedding(words)
-        return emb, self.gates_embed(emb)
+        if torch.is_grad_enabled():
+            return emb, self.gates_embed(emb)
+        return emb, self._word_gates(words)
+
+    def _word_gates(self, words: torch.Tensor) -> torch.Tensor:
+        """W_e E y of `words` (...,) -> (..., 4H) from a (V, 4H) table filled as words first occur: a beam
+        step then looks its K rows up instead of a (K, E) x (E, 4H) product. The table is dropped when
+        either weight changes (training steps bump their versions) or moves; rows are written before
+        they are marked known, and identical values may be written twice (concurrent callers)."""
+        w_emb, w_gate = self.embedding.weight, self.gates_embed.weight
+        key = (w_emb._version, w_gate._version, w_emb.data_ptr(), w_gate.data_ptr(), w_gate.dtype, w_gate.device)
+        cache = getattr(self, "_gate_table", None)
+        if cache is None or cache[0] != key:
+            cache = (key, w_gate.new_empty(self.vocab_size, w_gate.shape[0]),
+                     torch.zeros(self.vocab_size, dtype=torch.bool, device=w_gate.device))
+            self._gate_table = cache
+        _, table, known = cache
+        if not bool(known[words].all()):
+            new = words[~known[words]].unique()  # (n,) words seen for the first time
+            table[new] = self.gates_embed(self.embedding(new))  # (n, 4H)
+            known[new] = True
+        return table[words]  # (..., 4H)
+
+    def context_gates(self, feats: torch.Tensor) -> torch.Tensor:
+        """W_z a_i for every region, feats (B, P, D) -> (B, P, 4H): once per image, for `recur`'s ctx_gates.
+        z_t = beta_t sum_i alpha_ti a_i is linear in the a_i, so W_z z_t = beta_t sum_i alpha_ti (W_z a_i):
+        a step then reads a (P, 4H) table per image instead of multiplying z by W_z, the step's largest
+        product. It pays when a step has few rows per image (decoding: K beams) and many steps share it."""
+        return self.gates_context(feats)  # (B, P, 4H)
 
     def recur(self, state: State, emb_gates: torch.Tensor, feats: torch.Tensor, feat_proj: torch.Tensor,
-              context: str = "expected") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, State]:
+              context: str = "expected", ctx_gates: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, State]:
         """Attention and the LSTM cell for one word (eq. 4-6 or 8, eq. 1). state (B*G, H)x2, emb_gates
         (B*G, 4H), feats (B, P, D), feat_proj (B, P, A) -> context z (B*G, D), alpha (B*G, P),
         gate beta (B*G,), the attended location s_t (B*G,) or None for the expected context, new
         state. G rows per image (consecutive) share its features: G = 1 in training, the beam size
-        in beam search. context: "expected" (soft), "sample" or "argmax" (hard; attention.locate)."""
+        in beam search. context: "expected" (soft), "sample" or "argmax" (hard; attention.locate).
+        ctx_gates: context_gates(feats) (B, P, 4H) or None; the same W_z z_t either way (to rounding)."""
         h, c = state
         alpha, beta = self.attention.weights(feats, feat_proj, h)  # (B*G, P), (B*G,)
         where = locate(alpha, context)  # (B*G,) or None
         weights = alpha if where is None else F.one_hot(where, alpha.shape[1]).to(alpha.dtype)  # (B*G, P)
         z = glimpse(feats, weights, beta)  # (B*G, D)
-        gates = emb_gates + self.gates_context(z) + self.gates_hidden(h)  # (B*G, 4H)
+        z_gates = rows.linear(self.gates_context, z) if ctx_gates is None else glimpse(ctx_gates, weights, beta)
+        gates = emb_gates + z_gates + rows.linear(self.gates_hidden, h)  # (B*G, 4H)
         i, f, g, o = gates.chunk(4, dim=1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B*G, H)
         h = torch.sigmoid(o) * torch.tanh(c)  # (B*G, H)
@@ -108,17 +141,18 @@ class Decoder(nn.Module):
     def output(self, emb: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Deep output layer (eq. 7): emb (N, E), h (N, H), z (N, D) -> logits (N, V). Nothing
         feeds back into the recurrence, so training computes it for all steps at once."""
-        out = torch.tanh(emb + self.out_hidden(h) + self.out_context(z))  # (N, E)
-        return self.out_vocab(self.dropout(out))  # (N, V)
+        out = torch.tanh(emb + rows.linear(self.out_hidden, h) + rows.linear(self.out_context, z))  # (N, E)
+        return rows.linear(self.out_vocab, self.dropout(out))  # (N, V)
 
     def step(self, state: State, emb: torch.Tensor, emb_gates: torch.Tensor, feats: torch.Tensor,
-             feat_proj: torch.Tensor, context: str = "expected"
+             feat_proj: torch.Tensor, context: str = "expected", ctx_gates: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, State]:
         """One word: recur then output. emb (B*G, E), emb_gates (B*G, 4H), the rest as in `recur`
         -> logits (B*G, V), alpha (B*G, P), beta (B*G,), new state. Greedy, beam search and
         sampling call this. context: how a hard model attends (decode.hard_context, or "sample");
         a soft model always uses the expected context."""
-        z, alpha, beta, _, state = self.recur(state, emb_gates, feats, feat_proj, context if self.hard else "expected")
+        z, alpha, beta, _, state = self.recur(state, emb_gates, feats, feat_proj, context if self.hard else "expected",
+                                              ctx_gates)
         return self.output(emb, state[0], z), alpha, beta, state
 
     def teacher_force(self, feats: torch.Tensor, inputs: torch.Tensor, lengths: torch.Tensor,

@@ -1,0 +1,84 @@
+"""Where one photo's time goes at the model file's stored settings (what a user waiting on a photo gets):
+read + preprocess (file -> (3, S, S) tensor), encoder, decoding (beam search with the evidence), concepts
+(ImageNet-head probabilities, evidence bias, concept maps, Caption assembly), and explain() of a 12-word
+sentence, on real JPEG files (default: the bundled example photos; `--photos DIR` for others, e.g. unseen
+COCO photos). Medians over the runs, cycling through the photos; each photo is timed end to end too.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .timing import Counts, Timer
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "assets" / "examples"
+
+
+def photo_files(folder: str | None) -> list[Path]:
+    """The JPEG files of `folder` (sorted), or the bundled example photos when None."""
+    root = Path(folder) if folder else EXAMPLES
+    photos = sorted(p for p in root.glob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
+    if not photos:
+        raise ValueError(f"no .jpg/.jpeg photos in {root}; pass a folder of JPEG photos with --photos")
+    return photos
+
+
+def _stages(cap, feats: torch.Tensor, settings) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+    """captions_from_features split in two: decoding.decode (evidence included) and everything else
+    it does for one photo (concept probabilities, evidence bias, Caption, concept maps)."""
+    from ..decoding.captions import attach_concept_maps, to_caption
+    from ..concepts.imagenet import concept_probs, imagenet_head_or_none
+    from ..decoding.search import SpecialIds, decode
+    from ..decoding.evidence import Evidence, ruled_out_words, word_categories
+
+    head, ids = imagenet_head_or_none(cap.model), SpecialIds.of(cap.vocab, settings.forbid_unk)
+
+    def concepts(hyps=None):
+        if head is None:
+            return None, None
+        words = word_categories(cap.vocab).to(feats.device)  # (V, C)
+        probs = concept_probs(head, feats)  # (1, C)
+        evidence = Evidence(probs, words, settings) if settings.evidence else None
+        if hyps is not None:
+            c = to_caption(hyps[0], cap.vocab, probs[0], ruled_out_words(probs, words, settings.evidence_floor)[0])
+            attach_concept_maps([c], [hyps[0][0].tokens], head, feats, cap.vocab)
+        return evidence
+
+    evidence = concepts()
+    return (lambda: decode(cap.model.decoder, feats, ids, settings, evidence)), concepts
+
+
+@torch.no_grad()
+def bench_breakdown(cap, photos: list[Path], counts: Counts, device: torch.device, sentence: str,
+                    log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Per-photo stage times (ms, medians) at the stored settings, and the two ratios the latency work
+    aims at: caption / (preprocess + encoder) and explain / (preprocess + encoder)."""
+    timer, settings = Timer(device), cap.decode_settings()
+    runs = max(counts.latency_runs, 1)
+    log(f"latency breakdown: {runs} runs over {len(photos)} photos at the stored settings (beam {settings.beam_size})")
+    t: dict[str, list[float]] = {k: [] for k in ("read_preprocess", "encoder", "decoding", "concepts", "caption",
+                                                 "explain_decoder", "explain")}
+    for i in range(runs + 2):  # the first two warm up
+        photo = photos[i % len(photos)]
+        pre, x = timer.run(cap.preprocess, photo)
+        enc, feats = timer.run(cap.encode, x.unsqueeze(0))
+        decoding, concepts = _stages(cap, feats, settings)
+        dec, hyps = timer.run(decoding)
+        times = {"read_preprocess": pre, "encoder": enc, "decoding": dec, "concepts": timer(concepts, hyps),
+                 "caption": timer(cap.caption, photo),
+                 "explain_decoder": timer(cap.explain_features, feats, sentence),
+                 "explain": timer(cap.explain, photo, sentence)}
+        if i >= 2:
+            for k, v in times.items():
+                t[k].append(v)
+    out: dict[str, Any] = {f"{k}_ms": statistics.median(v) * 1e3 for k, v in t.items()}
+    front = out["read_preprocess_ms"] + out["encoder_ms"]
+    out["caption_over_preprocess_encoder"] = out["caption_ms"] / front
+    out["explain_over_preprocess_encoder"] = out["explain_ms"] / front
+    out.update(runs=runs, photos=len(photos), photo_folder=str(photos[0].parent), beam=settings.beam_size,
+               words=len(sentence.split()), torch_threads=torch.get_num_threads())
+    return out
