@@ -24,6 +24,7 @@ from .captions import Caption, captions_from_features
 from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
 from .config import DTYPES as DTYPE_NAMES
 from .config import Config, DecodeConfig, check_choice
+from .explain import NoWordsError
 from .images import ImageError, ImageInput
 from .model.captioner import CaptionModel, build_model
 from .model.encoder import Preprocess, build_preprocess
@@ -125,19 +126,21 @@ class Captioner:
 
     @torch.no_grad()
     def explain(self, image: ImageInput, text: str, **overrides: Any) -> Caption:
-        """Any sentence about one image -> Caption of exactly its (tokenised) words, teacher-forced:
-        where the model looks for each word and how likely it finds each (word_log_probs). Words the
-        vocabulary lacks are fed as <unk> and listed in Caption.unknown. `overrides`: decode settings
-        (only hard_context matters, for a hard-attention model)."""
-        from .explain import explain_features
-        from .vocab import tokenize
+        """Any sentence about one image -> Caption of exactly its words (vocab.tokenize_typed: each kept as
+        typed, in any script, lowercased), teacher-forced: where the model looks for each word and how
+        likely it finds each (word_log_probs). Words the vocabulary lacks are fed as <unk> and listed in
+        Caption.unknown (and Caption.notes). A sentence with no words ("", "!!! ...") raises
+        NoWordsError (a ValueError). `overrides`: decode settings (only hard_context matters, for a
+        hard-attention model)."""
+        from .explain import explain_features, sentence_words
 
         from .captions import attach_concept_maps
         from .concepts import has_head
 
+        words = sentence_words(text)  # NoWordsError before any work
         context = self.decode_settings(**overrides).hard_context
         feats = self.encode(self.preprocess(image).unsqueeze(0))  # (1, P, D)
-        cap = explain_features(self.model.decoder, feats, self.vocab, tokenize(text), context)
+        cap = explain_features(self.model.decoder, feats, self.vocab, words, context)
         head = has_head(self.model)
         if head is not None:  # where the classifier sees what a word names (unknown words name nothing)
             ids = [self.vocab.stoi.get(w, self.vocab.unk) for w in cap.words]
@@ -174,5 +177,5 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
     return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype)
 
 
-__all__ = ["Caption", "Captioner", "ImageError", "CheckpointError", "load", "preferred_dtype", "default_device",
+__all__ = ["Caption", "Captioner", "ImageError", "CheckpointError", "NoWordsError", "load", "preferred_dtype", "default_device",
            "Preprocess", "DEFAULT_CHECKPOINT"]
