@@ -283,6 +283,37 @@ def test_caption_cli_folder_json_and_maps(tmp_path):
     assert "alphas" not in json.loads(plain.stdout)
 
 
+def test_caption_cli_attention_dir_one_figure_per_photo_and_never_read_back(tmp_path):
+    """photos/a/x.jpg, a/x.png and b/x.jpg used to write one x_attention.png (the last photo), and a
+    figure folder inside the input folder was read as photos by the next --recursive run."""
+    from PIL import Image
+
+    bundled_or_skip()
+    src = sorted((need_flickr() / "Images").glob("*.jpg"))[:3]
+    root = tmp_path / "photos"
+    for rel, photo in (("a/x.jpg", src[0]), ("a/x.png", src[1]), ("b/x.jpg", src[2])):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.open(photo).save(root / rel)
+    out_dir = root / "out"
+    cmd = ["scripts/caption.py", str(root), "--recursive", "--beam-size", "1", "--attention-dir", str(out_dir)]
+    first = run(*cmd)
+    captioned = [line.split("\t")[0] for line in first.stdout.splitlines()]
+    assert captioned == [str(root / r) for r in ("a/x.jpg", "a/x.png", "b/x.jpg")]
+    figures = sorted(str(p.relative_to(out_dir)) for p in out_dir.rglob("*.png"))
+    assert figures == ["a/x.jpg_attention.png", "a/x.png_attention.png", "b/x_attention.png"]
+    sizes = {Image.open(out_dir / f).size for f in figures}
+    assert len({(out_dir / f).read_bytes() for f in figures}) == 3 and all(w * h > 0 for w, h in sizes)
+    again = run(*cmd)  # the figure folder inside the input folder is output, never input
+    assert again.stdout == first.stdout and "skipping" in again.stderr and str(out_dir) in again.stderr
+    plain = run("scripts/caption.py", str(root), "--recursive", "--beam-size", "1")  # marked: skipped without the flag too
+    assert [line.split("\t")[0] for line in plain.stdout.splitlines()] == captioned
+    same = run("scripts/caption.py", str(root / "a"), "--attention-dir", str(root / "a"), ok=False)
+    assert same.returncode == 2 and "is the input folder" in same.stderr and not same.stdout
+    twins = run("scripts/caption.py", str(root / "a" / "x.jpg"), str(root / "b" / "x.jpg"), "--attention-dir",
+                str(tmp_path / "flat"), ok=False)
+    assert twins.returncode == 2 and "would both write" in twins.stderr and not (tmp_path / "flat").exists()
+
+
 def test_evaluate_hallucination_coco_and_flickr(tmp_path):
     """--hallucination prints CHAIR-s, CHAIR-i and recall (COCO: boxes + references as truth; Flickr8k:
     the references), with the references' own CHAIR as a human baseline; --decode evidence=true is
