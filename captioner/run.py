@@ -24,6 +24,7 @@ from .logs import JsonlLogger
 from .model.captioner import CaptionModel, build_model
 from .model.encoder import build_preprocess
 from .objectives import Terms, build_objective
+from .resume import apply_to_optimizer, check_init, check_resume, reopen
 from .vocab import Vocab
 
 Log = Callable[[str], None]
@@ -99,27 +100,32 @@ def _seed(seed: int) -> None:
 
 
 def _restore(cfg: Config, last_path: Path, train_records: Sequence[ImageRecord], log: Log, main: bool
-             ) -> tuple[Any, Vocab, TrainState, dict | None]:
-    """(resume checkpoint or None, vocabulary, state, initial weights or None)."""
+             ) -> tuple[Any, Vocab, TrainState, dict | None, dict[str, Any]]:
+    """(resume checkpoint or None, vocabulary, state, initial weights or None, the settings this command
+    changed: key -> (stored, new)). A resumed run takes the
+    command's settings where that is safe (resume.check_resume: logged) and refuses other changes."""
     resume = load_checkpoint(last_path) if last_path.is_file() else None
     if resume is not None:
         if not resume.train_state or "state" not in resume.train_state:
             raise TrainingError(f"{last_path} has no training state (is it an exported model?). Move it away "
                                 "or choose another train.out_dir.")
+        changed = check_resume(resume.config, cfg, str(last_path), log)  # ValueError: an unsafe change
         state = TrainState(**resume.train_state["state"])
+        reopen(state, cfg, log)
         if not state.finished:
             log(f"resuming from {last_path}: epoch {state.epoch + 1}, batch {state.batch_in_epoch}, step {state.step}")
-        return resume, resume.vocab, state, resume.model_state
+        return resume, resume.vocab, state, resume.model_state, changed
     state = TrainState(lr=cfg.train.lr)
     if cfg.train.init_from:  # e.g. SCST starts from a cross-entropy model: its weights AND its vocabulary
         init = load_checkpoint(cfg.train.init_from)
+        check_init(init.config, cfg, cfg.train.init_from)  # names the model settings that differ
         log(f"starting from the weights of {cfg.train.init_from}")
-        return None, init.vocab, state, init.model_state
+        return None, init.vocab, state, init.model_state, {}
     captions = [c for r in train_records for c in r.captions]
     vocab = Vocab.build(captions, cfg.data.min_word_count)
     if main:
         log(str(vocab.stats(captions, cfg.data.max_caption_len)))
-    return None, vocab, state, None
+    return None, vocab, state, None, {}
 
 
 def _model(cfg: Config, vocab_size: int, weights: dict | None, fresh: bool, log: Log) -> CaptionModel:
@@ -225,7 +231,8 @@ def _mean_lengths(caps: list[list[list[int]]]) -> list[float]:
     return [sum(len(c) for c in cs) / len(cs) for cs in caps]
 
 
-def _optimizer(cfg: Config, model: CaptionModel, resume: Any, device: torch.device) -> torch.optim.Optimizer:
+def _optimizer(cfg: Config, model: CaptionModel, resume: Any, device: torch.device,
+               changed: dict[str, Any]) -> torch.optim.Optimizer:
     groups = [{"params": list(model.decoder.parameters()), "lr": cfg.train.lr}]
     if cfg.model.fine_tune_encoder:
         groups.append({"params": list(model.encoder.parameters()), "lr": cfg.train.encoder_lr})
@@ -235,6 +242,7 @@ def _optimizer(cfg: Config, model: CaptionModel, resume: Any, device: torch.devi
     if resume is not None and resume.optimizer_tensors:
         optimizer_from_tensors(optimizer, {k: v.to(device) for k, v in resume.optimizer_tensors.items()},
                                resume.train_state["optimizer"])
+    apply_to_optimizer(optimizer, changed)  # a new train.lr / encoder_lr / weight_decay replaces the stored one
     return optimizer
 
 
@@ -261,7 +269,7 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     device, out, main = torch.device(device), Path(cfg.train.out_dir), rank == 0
     _seed(cfg.train.seed + rank)
     train_records, val_records = build_records(cfg.data, "train"), build_records(cfg.data, "val")
-    resume, vocab, state, weights = _restore(cfg, out / "last.safetensors", train_records, log, main)
+    resume, vocab, state, weights, changed = _restore(cfg, out / "last.safetensors", train_records, log, main)
     model = _model(cfg, len(vocab), weights, resume is None, log).to(device)
     for p in model.encoder.parameters():
         p.requires_grad_(cfg.model.fine_tune_encoder)
@@ -283,6 +291,8 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     logger = JsonlLogger(out / "metrics.jsonl", enabled=main)
     if resume is not None:
         logger.rewind(state.step, state.epoch)
-    return Run(cfg, device, model, vocab, state, _optimizer(cfg, model, resume, device), module, dataset, collate_fn,
+    optimizer = _optimizer(cfg, model, resume, device, changed)
+    state.lr = optimizer.param_groups[0]["lr"]
+    return Run(cfg, device, model, vocab, state, optimizer, module, dataset, collate_fn,
                sampler, RankBatches(sampler, rank, world_size), val_records, val_feats, logger, log, out, main,
                world_size, progress, val_teacher)
