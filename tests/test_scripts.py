@@ -133,6 +133,36 @@ def test_export_compact_model(trained, tmp_path):
     assert bad.returncode == 2 and "only decode" in bad.stderr
 
 
+def test_export_reports_the_dtypes_the_file_holds_and_names_bad_metrics_files(tmp_path):
+    """Re-exporting the bundled (fp16-decoder) model without --half printed "fp32" for a file keeping fp16
+    tensors; --metrics x.npy failed with "'utf-8' codec can't decode" and no file name."""
+    from collections import Counter
+
+    import numpy as np
+    from safetensors import safe_open
+
+    import captioner
+
+    bundled_or_skip()
+    out = tmp_path / "again.safetensors"
+    printed = run("scripts/export_model.py", str(captioner.DEFAULT_CHECKPOINT), str(out)).stdout
+    with safe_open(str(out), "pt") as f:
+        held = Counter((k.split(".")[0], str(f.get_slice(k).get_dtype())) for k in f.keys())
+    assert held[("decoder", "F16")] > 0  # the bundled decoder's fp16 tensors are kept as they are ...
+    assert f"decoder {held[('decoder', 'F16')]} fp16" in printed and "fp16" in printed  # ... and reported
+    assert f"encoder {held[('encoder', 'F32')]} fp32" in printed
+    npy = tmp_path / "x.npy"
+    np.save(npy, np.arange(40.0))
+    bad = run("scripts/export_model.py", str(captioner.DEFAULT_CHECKPOINT), str(tmp_path / "o.safetensors"),
+              "--metrics", str(npy), ok=False)
+    assert bad.returncode == 2 and f"--metrics {npy}: not a JSON file" in bad.stderr and "Traceback" not in bad.stderr
+    (tmp_path / "list.json").write_text("[1, 2]")
+    no_scores = run("scripts/export_model.py", str(captioner.DEFAULT_CHECKPOINT), str(tmp_path / "o.safetensors"),
+                    "--metrics", str(tmp_path / "list.json"), ok=False)
+    assert no_scores.returncode == 2 and 'list.json: no "scores" object' in no_scores.stderr
+    assert not (tmp_path / "o.safetensors").exists()
+
+
 def test_export_weight_averaging(trained, tmp_path):
     import captioner
     import torch
