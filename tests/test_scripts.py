@@ -67,6 +67,13 @@ def test_evaluate_json(trained, tmp_path):
     assert len(written["captions"]) == 4
 
 
+@pytest.mark.parametrize("limit", ["0", "-3"])
+def test_evaluate_limit_must_be_positive(limit):
+    """--limit 0 evaluated all 1,000 test images although the help says "first N images only"."""
+    out = run("scripts/evaluate.py", "--limit", limit, "--json", ok=False)
+    assert out.returncode == 2 and f"--limit must be at least 1, got {limit}" in out.stderr and not out.stdout
+
+
 def test_evaluate_coco_annotations(trained, tmp_path):
     coco = need_coco()
     out = run("scripts/evaluate.py", "--checkpoint", str(trained / "best.safetensors"), "--dataset", "coco",
