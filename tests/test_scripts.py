@@ -98,7 +98,8 @@ def test_caption_cli(trained, tmp_path):
     fields = {"image", "caption", "words", "word_log_probs", "word_probs", "betas", "log_prob"}
     assert all(set(r) == fields | settings and r["log_prob"] <= 0 and r["beam_size"] == 3 for r in lines)
     assert "decoding with beam_size 3" in out.stderr and "block_trigrams" in out.stderr
-    assert sorted(p.name for p in (tmp_path / "att").iterdir()) == sorted(p.stem + "_attention.png" for p in photos)
+    assert sorted(p.name for p in (tmp_path / "att").glob("*.png")) == sorted(p.stem + "_attention.png" for p in photos)
+    assert (tmp_path / "att" / ".captioner-figures").is_file()  # marked: a folder search never reads it as photos
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "auto"])
@@ -349,6 +350,24 @@ def test_caption_cli_attention_dir_one_figure_per_photo_and_never_read_back(tmp_
     twins = run("scripts/caption.py", str(root / "a" / "x.jpg"), str(root / "b" / "x.jpg"), "--attention-dir",
                 str(tmp_path / "flat"), ok=False)
     assert twins.returncode == 2 and "would both write" in twins.stderr and not (tmp_path / "flat").exists()
+
+
+def test_caption_cli_explain_matches_the_api_and_refuses_a_sentence_without_words():
+    """--explain is Captioner.explain on the command line: the same words (kept as typed), scores and
+    unknown words; a sentence with no words is the same error as in the API (the app shows it as a note)."""
+    import captioner
+    from captioner.images import load_image
+
+    bundled_or_skip()
+    photo = sorted((need_flickr() / "Images").glob("*.jpg"))[0]
+    out = run("scripts/caption.py", str(photo), "--explain", "A dog in a café!", "--json")
+    rec = json.loads(out.stdout)
+    expect = captioner.load().explain(load_image(photo), "A dog in a café!")
+    assert rec["words"] == expect.words == ["a", "dog", "in", "a", "café"] and rec["unknown"] == [4]
+    assert rec["log_prob"] == pytest.approx(expect.log_prob, abs=1e-3)
+    assert "‘café’ is not in the model's vocabulary" in out.stderr
+    bad = run("scripts/caption.py", str(photo), "--explain", "!!! ...", ok=False)
+    assert bad.returncode == 2 and "has no words to explain" in bad.stderr and not bad.stdout
 
 
 def test_evaluate_hallucination_coco_and_flickr(tmp_path):

@@ -2,6 +2,7 @@
 
     python scripts/caption.py photo.jpg other.png [--beam-size 3] [--json] [--attention-dir out/]
     python scripts/caption.py photos/ [--recursive] [--batch-size 16] [--json [--maps]]
+    python scripts/caption.py photo.jpg --explain "a dog runs on the grass" [--json]
 
 A FOLDER argument stands for its images (.jpg .jpeg .png .webp .gif .bmp, sorted by path; --recursive
 includes subfolders). Images are loaded by a small thread pool, one batch ahead, while the model
@@ -148,6 +149,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="one JSON object per image: image, caption, words, "
                    "word_log_probs, word_probs, betas, log_prob and every decode setting used")
     p.add_argument("--maps", action="store_true", help="with --json: add each word's attention map (alphas)")
+    p.add_argument("--explain", default=None, metavar="SENTENCE",
+                   help="instead of captioning, explain this sentence on each image (Captioner.explain): each word's "
+                   "probability and attention; a sentence with no words is an error")
     p.add_argument("--attention-dir", default=None, help="write an attention overlay figure (PNG) per image here: "
                    "NAME_attention.png, a FOLDER's subfolders mirrored (x.jpg and x.png: x.jpg_attention.png, "
                    "x.png_attention.png); later folder searches skip this folder")
@@ -180,9 +184,17 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
 
 def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict[str, Any],
          figure: Path | None = None) -> None:
-    """Print one image's line (text or JSON) and write its figure (when asked) to `figure`."""
+    """Print one image's line (text or JSON) and write its figure (when asked) to `figure`. An explained
+    sentence's text line adds its log-probability and each word's probability (unknown words marked)."""
+    import numpy as np
+
     if args.json:
-        print(json.dumps(caption_record(path, cap, settings, args.maps)), flush=True)
+        extra = {"unknown": cap.unknown} if args.explain is not None else {}
+        print(json.dumps({**caption_record(path, cap, settings, args.maps), **extra}), flush=True)
+    elif args.explain is not None:
+        words = " ".join(f"{w}{'(unk)' if i in cap.unknown else ''}={np.exp(lp):.3f}"
+                         for i, (w, lp) in enumerate(zip(cap.words, cap.word_log_probs)))
+        print(f"{path}\t{cap.text}\tlog_prob {cap.log_prob:.2f}\t{words}", flush=True)
     else:
         print(f"{path}\t{cap.text}", flush=True)
     if figure is not None:
@@ -210,10 +222,34 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Path]] | None:
     return [path for path, _ in found], figures
 
 
+def describe(model: Any, images: list[Any], settings: dict[str, Any], sentence: str | None) -> list[Any]:
+    """Captions of the images, or (--explain) the sentence explained on each."""
+    if sentence is None:
+        return model.caption_batch(images, **settings) if images else []
+    return [model.explain(img, sentence, hard_context=settings["hard_context"]) for img in images]
+
+
+def check_sentence(model: Any, sentence: str | None) -> bool:
+    """--explain: False after printing why a sentence cannot be explained; notes its unknown words."""
+    if sentence is None:
+        return True
+    from captioner.explain import NoWordsError, sentence_words
+
+    try:
+        words = sentence_words(sentence)
+    except NoWordsError as e:
+        print(f"error: --explain: {e}", file=sys.stderr)
+        return False
+    for w in words:
+        if w not in model.vocab.stoi:
+            print(f"note: ‘{w}’ is not in the model's vocabulary (fed as <unk>)", file=sys.stderr)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     ready = setup(args)
-    planned = plan(args) if ready is not None else None
+    planned = plan(args) if ready is not None and check_sentence(ready[0], args.explain) else None
     if planned is None:
         return 2
     model, settings = ready
@@ -225,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(err, Exception):
                 print(f"error: {err}", file=sys.stderr)
                 failed += 1
-        caps = model.caption_batch([img for _, img in good], **settings) if good else []
+        caps = describe(model, [img for _, img in good], settings, args.explain)
         for (path, img), cap in zip(good, caps):
             emit(args, path, img, cap, settings, figures.get(path))
     if not paths:
