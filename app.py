@@ -67,6 +67,16 @@ def get_explanation(path: str, mtime: float, dtype: str, digest: str, text: str,
     return get_model(path, mtime, dtype).explain_features(feats, text, hard_context=hard_context)
 
 
+def explain_or_none(path: str, mtime: float, dtype: str, digest: str, text: str, hard_context: str, _image
+                    ) -> captioner.Caption | None:
+    """get_explanation, or None after an info line when the sentence has no words (NoWordsError)."""
+    try:
+        return get_explanation(path, mtime, dtype, digest, text, hard_context, _image)
+    except captioner.NoWordsError as e:
+        st.info(f"{str(e)[0].upper()}{str(e)[1:]}.")
+        return None
+
+
 @st.cache_data(show_spinner=False, ttl=10)
 def find_checkpoints(folder: str) -> list[str]:
     """*.safetensors under folder (recursive), newest first."""
@@ -376,13 +386,13 @@ st.caption("Type any sentence about the photo: the model reads it word by word (
 # keyed by photo and caption: a new photo (or new decode settings) starts the box from its own caption
 sentence = st.text_input("Sentence to explain", value=cap.text,
                          key=f"explain_text-{digest}-{hashlib.sha256(cap.text.encode()).hexdigest()[:12]}")
-explained = get_explanation(ckpt_path, mtime, dtype, digest, sentence, hard_context, image)
-for note in explained.notes:
-    st.info(note)
-if explained.words:
+explained = explain_or_none(ckpt_path, mtime, dtype, digest, sentence, hard_context, image)  # None: no words
+if explained is not None:
+    for note in explained.notes:
+        st.info(note)
     st.markdown(prob_line(explained), unsafe_allow_html=True)
-st.markdown(f"sentence log-probability **{explained.log_prob:.2f}** over {len(explained.words)} words + end")
-explanation_grid(thumb, explained)
+    st.markdown(f"sentence log-probability **{explained.log_prob:.2f}** over {len(explained.words)} words + end")
+    explanation_grid(thumb, explained)
 
 st.header("Click a region")
 G = model.grid_size
@@ -409,7 +419,7 @@ with col_cell:
     else:
         st.image(marked, caption=f"cell row {row}, column {column}", width="stretch")
 with col_rank:
-    if explained.words:
+    if explained is not None:
         st.markdown(cell_strip(explained, row, column), unsafe_allow_html=True)
         st.dataframe([{"word": r.word, "position": r.index + 1, "attention": round(r.attention, 4),
                        "lift": round(r.lift, 2)} for r in workbench.rank_words_at(explained, row, column)],
@@ -426,8 +436,8 @@ if st.checkbox("Compare with a second checkpoint", value=False, key="compare_on"
         mtime_b = Path(path_b).stat().st_mtime
         model_b = get_model(path_b, mtime_b, dtype)
         cap_b = get_caption(path_b, mtime_b, dtype, digest, decode_overrides, image)
-        explained_b = get_explanation(path_b, mtime_b, dtype, digest, sentence, model_b.config.decode.hard_context,
-                                      image)
+        explained_b = None if explained is None else get_explanation(  # None: the sentence has no words
+            path_b, mtime_b, dtype, digest, sentence, model_b.config.decode.hard_context, image)
     except Exception as e:  # noqa: BLE001 - a broken second checkpoint is a message, not a crash
         st.error(f"Cannot use the checkpoint '{label_b}': {type(e).__name__}: {e}")
         st.stop()
@@ -437,12 +447,13 @@ if st.checkbox("Compare with a second checkpoint", value=False, key="compare_on"
         with side:
             st.markdown(f"**{name}: {html.escape(lb)}**")
             st.markdown(f"generated: *{html.escape(generated.text) or '(empty)'}* ({generated.log_prob:.2f})")
+            if exp is None:
+                continue
             for note in exp.notes:
                 st.info(note)
-            if exp.words:
-                st.markdown(prob_line(exp), unsafe_allow_html=True)
+            st.markdown(prob_line(exp), unsafe_allow_html=True)
             st.markdown(f"sentence log-probability **{exp.log_prob:.2f}**")
             explanation_grid(thumb, exp, columns=2)
-    if explained.words:
+    if explained is not None:
         st.dataframe(workbench.compare_rows(explained, explained_b), hide_index=True, width="stretch",
                      key="compare_table")

@@ -27,6 +27,7 @@ from .concepts.imagenet import THRESHOLD, Concepts, detect, encoder_head
 from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
 from .config import DTYPES as DTYPE_NAMES
 from .config import Config, DecodeConfig, check_choice
+from .decoding.explain import NoWordsError
 from .images import ImageError, ImageInput
 from .model.captioner import CaptionModel, build_model
 from .model.encoder import Preprocess, build_preprocess
@@ -141,24 +142,29 @@ class Captioner:
 
     @torch.no_grad()
     def explain(self, image: ImageInput, text: str, **overrides: Any) -> Caption:
-        """Any sentence about one image -> Caption of exactly its (tokenised) words, teacher-forced:
-        where the model looks for each word and how likely it finds each (word_log_probs). Words the
-        vocabulary lacks are fed as <unk> and listed in Caption.unknown. `overrides`: decode settings
-        (only hard_context matters, for a hard-attention model)."""
+        """Any sentence about one image -> Caption of exactly its words (vocab.tokenize_typed: each kept as
+        typed, in any script, lowercased), teacher-forced: where the model looks for each word and how
+        likely it finds each (word_log_probs). Words the vocabulary lacks are fed as <unk> and listed in
+        Caption.unknown (and Caption.notes). A sentence with no words ("", "!!! ...") raises
+        NoWordsError (a ValueError) before the photo is read. `overrides`: decode settings (only
+        hard_context matters, for a hard-attention model)."""
+        from .decoding.explain import sentence_words
+
+        sentence_words(text)  # NoWordsError before any work
         return self.explain_features(self.features(image), text, **overrides)
 
     @torch.no_grad()
     def explain_features(self, feats: torch.Tensor, text: str, **overrides: Any) -> Caption:
         """explain() from one photo's annotation vectors (1, P, D) (`features`): no encoder run."""
-        from .decoding.explain import explain_features
-        from .vocab import tokenize
+        from .decoding.explain import explain_features, sentence_words
 
         from .decoding.captions import attach_concept_maps
         from .concepts.imagenet import imagenet_head_or_none
 
+        words = sentence_words(text)  # NoWordsError before any work
         context = self.decode_settings(**overrides).hard_context
         feats = feats.to(self.device, self.dtype)  # (1, P, D)
-        cap = explain_features(self.model.decoder, feats, self.vocab, tokenize(text), context)
+        cap = explain_features(self.model.decoder, feats, self.vocab, words, context)
         head = imagenet_head_or_none(self.model)
         if head is not None:  # where the classifier sees what a word names (unknown words name nothing)
             ids = [self.vocab.stoi.get(w, self.vocab.unk) for w in cap.words]
@@ -202,5 +208,5 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
     return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype)
 
 
-__all__ = ["Caption", "Captioner", "ImageError", "CheckpointError", "load", "preferred_dtype", "default_device",
+__all__ = ["Caption", "Captioner", "ImageError", "CheckpointError", "NoWordsError", "load", "preferred_dtype", "default_device",
            "Preprocess", "DEFAULT_CHECKPOINT"]

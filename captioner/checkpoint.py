@@ -229,7 +229,8 @@ def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], sou
         encoder = getattr(getattr(model, "encoder", None), "name", None)
         built = f" (built with encoder {encoder!r})" if isinstance(encoder, str) else ""
         raise CheckpointError(f"{source} does not fit the model its config describes{built}: " + "; ".join(parts)
-                              + ". Was it made with another encoder or vocabulary?")
+                              + ". Was it made with other model settings (model.encoder, embed_dim, hidden_dim, "
+                              "attention_dim, attention) or another vocabulary?")
     _check_tensors_finite(state, str(source))
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=True)
 

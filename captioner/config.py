@@ -212,6 +212,25 @@ def set_value(cfg: Config, dotted: str, value: Any, source: str) -> None:
     setattr(section, parts[1], value)
 
 
+def native_grid(model: ModelConfig) -> int:
+    """The side of the encoder's own feature map for model.image_size and output_stride (every stride-2
+    layer pads, so a side of S gives ceil(S / stride)): 224 px -> 7 at stride 32, 14 at stride 16."""
+    return -(-model.image_size // model.output_stride)
+
+
+def check_grid(model: ModelConfig, source: str = "config") -> None:
+    """A ValueError when model.grid_size exceeds the native map: pooling it UP would interpolate a coarser
+    map into cells that hold no information of their own."""
+    native = native_grid(model)
+    if model.grid_size > native:
+        need = model.grid_size * model.output_stride
+        raise ValueError(
+            f"{source}: model.grid_size={model.grid_size} is larger than the encoder's {native}x{native} feature map "
+            f"at model.image_size={model.image_size} with model.output_stride={model.output_stride}; the map would be "
+            f"stretched, not pooled. Use model.grid_size <= {native}, or model.image_size={need} for a native "
+            f"{model.grid_size}x{model.grid_size} map.")
+
+
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
     """Defaults, then the YAML/JSON file at `path`, then `key=value` overrides (e.g. 'train.lr=1e-3')."""
     cfg = Config()
@@ -232,4 +251,5 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
             raise ValueError(f"--set expects key=value, got '{item}'")
         key, value = item.split("=", 1)
         set_value(cfg, key.strip(), value, source="--set")
+    check_grid(cfg.model)
     return cfg

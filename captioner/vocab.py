@@ -2,11 +2,16 @@
 
 The tokenizer needs no downloaded data (nltk's punkt is not available offline): lowercase,
 split off punctuation, keep word-internal apostrophes and hyphens ("man's", "t-shirt").
+`tokenize` (a-z and digits) builds vocabularies and encodes training captions; `tokenize_typed`
+splits a sentence a person typed (Captioner.explain): every word is kept as typed, in any script
+("café", "naïve", "犬"), lowercased, so a word the vocabulary lacks is reported, never mangled.
+On ASCII text the two agree (tests/test_explain.py checks it on every Flickr8k caption).
 """
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +27,20 @@ def tokenize(text: str) -> list[str]:
     """'A dog, running!' -> ['a', 'dog', 'running']. Punctuation is dropped, as in the
     standard PTB-tokenised caption evaluation."""
     return _TOKEN.findall(text.lower())
+
+
+_SEPARATORS = "'-"  # joined inside a word ("man's", "t-shirt"); a run of them splits it
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u2010": "-", "\u2011": "-"})
+
+
+def tokenize_typed(text: str) -> list[str]:
+    """A typed sentence -> its words, each kept as typed (NFC, lowercased): letters of any script,
+    accents, digits, word-internal apostrophes and hyphens; every other character separates words.
+    'Très  naïve, café!' -> ['très', 'naïve', 'café']; '!!! ...' -> []."""
+    text = unicodedata.normalize("NFC", text).lower().translate(_APOSTROPHES)
+    kept = "".join(c if c in _SEPARATORS or unicodedata.category(c)[0] in "LMN" else " " for c in text)
+    return [w for piece in kept.split() for part in re.split(r"['\-]{2,}", piece)
+            if (w := part.strip(_SEPARATORS))]
 
 
 @dataclass

@@ -399,6 +399,19 @@ def test_explain_a_sentence_follows_the_typed_text(app):
     assert any(f"**{expected.log_prob:.2f}**" in m.value for m in at.markdown)
 
 
+def test_a_sentence_without_words_is_a_note_not_a_score(app):
+    """'!!! ...' used to get a sentence log-probability (that of <end>); now the page says it has no
+    words, in the explain, region and compare sections alike, and nothing is scored."""
+    at = app.run()
+    check_captioned(at)
+    next(t for t in at.text_input if t.label == "Sentence to explain").set_value("!!! ...").run()
+    next(c for c in at.checkbox if c.key == "compare_on").check().run()
+    no_problems(at)
+    assert any("has no words to explain" in i.value for i in at.info), [i.value for i in at.info]
+    assert any("no words to rank" in i.value for i in at.info)
+    assert not explained_overlays(at) and not [m for m in at.markdown if "sentence log-probability" in m.value]
+
+
 def load_image_bytes(at: AppTest):
     """The example photo the app opened with (the first example)."""
     from captioner.images import load_image

@@ -90,12 +90,25 @@ def test_quick_benchmark_reports_every_section(capsys):
     assert res["peak_memory_mb"] > 0
     assert set(res["targets"]) == {"train_cached_speedup>=3x", "eval_beam3_speedup>=10x", "latency_beam3_p50<250ms",
                                    "latency_stored_p50<150ms", "explain_12_words_p50<100ms"}
+    assert all(t["met"] is None and "not judged" in t["note"] and t["value"] > 0 for t in res["targets"].values())
     assert res["machine"]["torch_threads"] == 1 and res["quick"] is True
+
+
+def test_targets_are_judged_only_on_a_full_run():
+    from captioner.bench.report import targets
+
+    res = {"latency": {"p50_ms": 300.0}, "latency_explain": {"p50_ms": 50.0}}
+    assert targets({**res, "quick": False}) == {"latency_beam3_p50<250ms": {"value": 300.0, "met": False},
+                                                "explain_12_words_p50<100ms": {"value": 50.0, "met": True}}
+    assert all(t["met"] is None for t in targets({**res, "quick": True}).values())
 
 
 def test_table_output(capsys):
     assert main(["--quick", "--only", "latency"]) == 0
     out = capsys.readouterr().out
+    assert "MISSED" not in out and "met" not in out.split("| measurement")[0]  # a quick run judges no target ...
+    assert "target latency_beam3_p50<250ms:" in out and "-> not judged (--quick)" in out  # ... and says so
+    assert "run without --quick to judge the targets" in out
     assert "caption latency, 1 image, beam 3" in out and "stored settings" in out and "| measurement" in out and "peak memory" in out
 
 

@@ -241,7 +241,7 @@ def test_other_encoder_in_config(tmp_path, good):
     msg = str(e.value)
     assert "does not fit the model its config describes" in msg
     assert "efficientnet_lite2" in msg and "shape mismatch" in msg and "encoder." in msg
-    assert "another encoder" in msg
+    assert "other model settings (model.encoder" in msg
 
 
 def test_other_decoder_size_in_config(tmp_path, good):

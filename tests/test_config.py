@@ -91,3 +91,28 @@ def test_a_typo_stops_training_before_any_data_is_read(setting, tmp_path):
     key = setting.split("=")[0]
     assert f"{key} must be one of {', '.join(CHOICES[key])}" in r.stderr
     assert time.time() - t0 < 30 and not (tmp_path / "run").exists()
+
+
+def test_a_grid_larger_than_the_feature_map_is_refused():
+    """model.output_stride=16 model.grid_size=17 at 224 px average-pooled a 14x14 map UP to 17x17."""
+    from captioner.config import ModelConfig, native_grid
+    from captioner.model.captioner import build_model
+
+    with pytest.raises(ValueError, match=r"grid_size=17 is larger than the encoder's 14x14 feature map at "
+                                         r"model.image_size=224 .*model.image_size=272 for a native 17x17 map"):
+        load_config("configs/tiny.yaml", ["model.output_stride=16", "model.grid_size=17"])
+    with pytest.raises(ValueError, match="larger than the encoder's 7x7"):
+        build_model(ModelConfig(grid_size=8), 10, pretrained=False)  # also when built from a stored config
+    # the documented grids stay valid: 260 px at stride 16 is 17x17 natively, 224 px at 16 pools 14 -> 7
+    assert native_grid(ModelConfig(encoder="efficientnet_lite2", image_size=260, output_stride=16)) == 17
+    assert native_grid(ModelConfig(image_size=260)) == 9 and native_grid(ModelConfig(image_size=448)) == 14
+    load_config("configs/tiny.yaml", ["model.output_stride=16", "model.grid_size=14"])
+    load_config("configs/flickr8k_cpu.yaml", ["model.output_stride=16", "model.grid_size=17"])
+    import torch
+
+    for size, stride in ((260, 32), (224, 16), (250, 16)):  # the arithmetic is the network's own
+        cfg = ModelConfig(image_size=size, output_stride=stride, grid_size=native_grid(ModelConfig(
+            image_size=size, output_stride=stride)))
+        enc = build_model(cfg, 10, pretrained=False).encoder.eval()
+        with torch.no_grad():
+            assert enc._features(torch.zeros(1, 3, size, size)).shape[-1] == cfg.grid_size, (size, stride)

@@ -2,7 +2,8 @@
 
 Invariants: explaining a caption's own text reproduces what decoding computed for it (maps, gates,
 each word's log-probability, the total); a sentence's total is its words' log-probs plus <end>'s;
-out-of-vocabulary words are reported, not fatal; an empty sentence is just <end>.
+out-of-vocabulary words are reported, not fatal, and kept as typed (any script); a sentence
+with no words is an error, never a score.
 """
 from __future__ import annotations
 
@@ -96,13 +97,45 @@ def test_out_of_vocabulary_word_is_reported(bundled, flickr, one_torch_thread):
     assert as_unk.words[1] == "unk"
 
 
-def test_empty_sentence_is_only_end(bundled, flickr, one_torch_thread):
+@pytest.mark.parametrize("text", ["", "  ,. ", "!!! ...", "— ¿? —"])
+def test_a_sentence_without_words_is_an_error(bundled, flickr, text):
+    """explain(photo, "") used to return no words and log p(<end>) as the sentence's score."""
     path = flickr_photos(flickr, 1)[0]
-    cap = bundled.explain(path, "  ,. ")
-    g = bundled.grid_size
-    assert cap.words == [] and cap.text == "" and cap.alphas.shape == (0, g, g)
-    assert cap.word_log_probs.shape == (0,) and cap.betas.shape == (0,)
-    assert -50 < cap.log_prob < 0  # log p(<end> | <start>)
+    with pytest.raises(captioner.NoWordsError, match="type at least one word"):
+        bundled.explain(path, text)
+    assert issubclass(captioner.NoWordsError, ValueError)
+
+
+def test_typed_words_are_kept_as_typed_in_any_script(bundled, flickr, one_torch_thread):
+    """'café naïve résumé' was split into 'caf na ve r sum' and a Japanese sentence into no words."""
+    path = flickr_photos(flickr, 1)[0]
+    cap = bundled.explain(path, "A dog in a Café, très naïve résumé!")
+    assert cap.words == ["a", "dog", "in", "a", "café", "très", "naïve", "résumé"]
+    assert cap.unknown == [i for i, w in enumerate(cap.words) if w not in bundled.vocab.stoi] == [4, 5, 6, 7]
+    assert cap.notes[0] == "‘café’ is not in the model's vocabulary (fed as <unk>)" and len(cap.notes) == 4
+    assert cap.alphas.shape[0] == 8 and np.all(np.isfinite(cap.word_log_probs))
+    # the <unk> words score as <unk> does in that place: the same as typing an unknown ASCII word there
+    ascii_unk = bundled.explain(path, "a dog in a zzzq zzzq zzzq zzzq")
+    np.testing.assert_allclose(cap.word_log_probs, ascii_unk.word_log_probs, atol=1e-5)
+    ja = bundled.explain(path, "犬が 走っている")  # no spaces inside a Japanese word run: kept whole
+    assert ja.words == ["犬が", "走っている"] and ja.unknown == [0, 1]
+    assert bundled.explain(path, "cafe\u0301").words == ["café"]  # a combining accent is the same word (NFC)
+    assert bundled.explain(path, "a man’s dog").words == bundled.explain(path, "a man's dog").words
+
+
+def test_typed_tokenizer_agrees_with_the_training_one_on_ascii(flickr):
+    """On every Flickr8k caption (ASCII) the typed sentence tokenizer gives the vocabulary's tokens:
+    the model's captions and their explanations are unchanged."""
+    from captioner.vocab import tokenize, tokenize_typed
+
+    lines = (flickr / "captions.txt").read_text(encoding="utf-8").splitlines()[1:]
+    captions = [line.split(",", 1)[1] for line in lines if "," in line]
+    assert len(captions) > 40000
+    ascii_caps = [c for c in captions if c.isascii()]
+    assert len(ascii_caps) > 0.99 * len(captions)
+    differ = [c for c in ascii_caps if tokenize(c) != tokenize_typed(c)]
+    assert not differ, differ[:5]
+    assert tokenize("café naïve") == ["caf", "na", "ve"]  # the training tokenizer is unchanged (vocabularies)
 
 
 def test_unlikely_word_scores_lower(bundled, flickr, one_torch_thread):

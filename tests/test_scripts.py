@@ -67,6 +67,13 @@ def test_evaluate_json(trained, tmp_path):
     assert len(written["captions"]) == 4
 
 
+@pytest.mark.parametrize("limit", ["0", "-3"])
+def test_evaluate_limit_must_be_positive(limit):
+    """--limit 0 evaluated all 1,000 test images although the help says "first N images only"."""
+    out = run("scripts/evaluate.py", "--limit", limit, "--json", ok=False)
+    assert out.returncode == 2 and f"--limit must be at least 1, got {limit}" in out.stderr and not out.stdout
+
+
 def test_evaluate_coco_annotations(trained, tmp_path):
     coco = need_coco()
     out = run("scripts/evaluate.py", "--checkpoint", str(trained / "best.safetensors"), "--dataset", "coco",
@@ -93,7 +100,8 @@ def test_caption_cli(trained, tmp_path):
     assert all(set(r) == fields and set(r["settings"]) == settings and r["log_prob"] <= 0
                and r["settings"]["beam_size"] == 3 for r in lines)
     assert "decoding with beam_size 3" in out.stderr and "block_trigrams" in out.stderr
-    assert sorted(p.name for p in (tmp_path / "att").iterdir()) == sorted(p.stem + "_attention.png" for p in photos)
+    assert sorted(p.name for p in (tmp_path / "att").glob("*.png")) == sorted(p.stem + "_attention.png" for p in photos)
+    assert (tmp_path / "att" / ".captioner-figures").is_file()  # marked: a folder search never reads it as photos
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "auto"])
@@ -133,6 +141,36 @@ def test_export_compact_model(trained, tmp_path):
     assert small.caption(photo, length_penalty=0.0).words == full.caption(photo, length_penalty=0.0).words
     bad = run("scripts/export_model.py", str(trained / "best.safetensors"), str(out), "--set", "train.lr=1", ok=False)
     assert bad.returncode == 2 and "only decode" in bad.stderr
+
+
+def test_export_reports_the_dtypes_the_file_holds_and_names_bad_metrics_files(tmp_path):
+    """Re-exporting the bundled (fp16-decoder) model without --half printed "fp32" for a file keeping fp16
+    tensors; --metrics x.npy failed with "'utf-8' codec can't decode" and no file name."""
+    from collections import Counter
+
+    import numpy as np
+    from safetensors import safe_open
+
+    import captioner
+
+    bundled_or_skip()
+    out = tmp_path / "again.safetensors"
+    printed = run("scripts/export_model.py", str(captioner.DEFAULT_CHECKPOINT), str(out)).stdout
+    with safe_open(str(out), "pt") as f:
+        held = Counter((k.split(".")[0], str(f.get_slice(k).get_dtype())) for k in f.keys())
+    assert held[("decoder", "F16")] > 0  # the bundled decoder's fp16 tensors are kept as they are ...
+    assert f"decoder {held[('decoder', 'F16')]} fp16" in printed and "fp16" in printed  # ... and reported
+    assert f"encoder {held[('encoder', 'F32')]} fp32" in printed
+    npy = tmp_path / "x.npy"
+    np.save(npy, np.arange(40.0))
+    bad = run("scripts/export_model.py", str(captioner.DEFAULT_CHECKPOINT), str(tmp_path / "o.safetensors"),
+              "--metrics", str(npy), ok=False)
+    assert bad.returncode == 2 and f"--metrics {npy}: not a JSON file" in bad.stderr and "Traceback" not in bad.stderr
+    (tmp_path / "list.json").write_text("[1, 2]")
+    no_scores = run("scripts/export_model.py", str(captioner.DEFAULT_CHECKPOINT), str(tmp_path / "o.safetensors"),
+                    "--metrics", str(tmp_path / "list.json"), ok=False)
+    assert no_scores.returncode == 2 and 'list.json: no "scores" object' in no_scores.stderr
+    assert not (tmp_path / "o.safetensors").exists()
 
 
 def test_export_weight_averaging(trained, tmp_path):
@@ -288,6 +326,55 @@ def test_caption_cli_folder_json_and_maps(tmp_path):
     assert {"concepts", "contradicted_words", "word_log_probs", "betas"} <= set(lines[0])
     plain = run("scripts/caption.py", str(root / "a.jpg"), "--json")
     assert "alphas" not in json.loads(plain.stdout)
+
+
+def test_caption_cli_attention_dir_one_figure_per_photo_and_never_read_back(tmp_path):
+    """photos/a/x.jpg, a/x.png and b/x.jpg used to write one x_attention.png (the last photo), and a
+    figure folder inside the input folder was read as photos by the next --recursive run."""
+    from PIL import Image
+
+    bundled_or_skip()
+    src = sorted((need_flickr() / "Images").glob("*.jpg"))[:3]
+    root = tmp_path / "photos"
+    for rel, photo in (("a/x.jpg", src[0]), ("a/x.png", src[1]), ("b/x.jpg", src[2])):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.open(photo).save(root / rel)
+    out_dir = root / "out"
+    cmd = ["scripts/caption.py", str(root), "--recursive", "--beam-size", "1", "--attention-dir", str(out_dir)]
+    first = run(*cmd)
+    captioned = [line.split("\t")[0] for line in first.stdout.splitlines()]
+    assert captioned == [str(root / r) for r in ("a/x.jpg", "a/x.png", "b/x.jpg")]
+    figures = sorted(str(p.relative_to(out_dir)) for p in out_dir.rglob("*.png"))
+    assert figures == ["a/x.jpg_attention.png", "a/x.png_attention.png", "b/x_attention.png"]
+    sizes = {Image.open(out_dir / f).size for f in figures}
+    assert len({(out_dir / f).read_bytes() for f in figures}) == 3 and all(w * h > 0 for w, h in sizes)
+    again = run(*cmd)  # the figure folder inside the input folder is output, never input
+    assert again.stdout == first.stdout and "skipping" in again.stderr and str(out_dir) in again.stderr
+    plain = run("scripts/caption.py", str(root), "--recursive", "--beam-size", "1")  # marked: skipped without the flag too
+    assert [line.split("\t")[0] for line in plain.stdout.splitlines()] == captioned
+    same = run("scripts/caption.py", str(root / "a"), "--attention-dir", str(root / "a"), ok=False)
+    assert same.returncode == 2 and "is the input folder" in same.stderr and not same.stdout
+    twins = run("scripts/caption.py", str(root / "a" / "x.jpg"), str(root / "b" / "x.jpg"), "--attention-dir",
+                str(tmp_path / "flat"), ok=False)
+    assert twins.returncode == 2 and "would both write" in twins.stderr and not (tmp_path / "flat").exists()
+
+
+def test_caption_cli_explain_matches_the_api_and_refuses_a_sentence_without_words():
+    """--explain is Captioner.explain on the command line: the same words (kept as typed), scores and
+    unknown words; a sentence with no words is the same error as in the API (the app shows it as a note)."""
+    import captioner
+    from captioner.images import load_image
+
+    bundled_or_skip()
+    photo = sorted((need_flickr() / "Images").glob("*.jpg"))[0]
+    out = run("scripts/caption.py", str(photo), "--explain", "A dog in a café!", "--json")
+    rec = json.loads(out.stdout)
+    expect = captioner.load().explain(load_image(photo), "A dog in a café!")
+    assert rec["words"] == expect.words == ["a", "dog", "in", "a", "café"] and rec["unknown_words"] == ["café"]
+    assert rec["log_prob"] == pytest.approx(expect.log_prob, abs=1e-3)
+    assert "‘café’ is not in the model's vocabulary" in out.stderr
+    bad = run("scripts/caption.py", str(photo), "--explain", "!!! ...", ok=False)
+    assert bad.returncode == 2 and "has no words to explain" in bad.stderr and not bad.stdout
 
 
 def test_evaluate_hallucination_coco_and_flickr(tmp_path):

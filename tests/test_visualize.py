@@ -1,4 +1,4 @@
-"""Attention drawing (captioner/visualize.py): faithful upsampling and the gate beta on every word."""
+"""Attention drawing (captioner/ui/visualize.py): faithful upsampling and the gate beta on every word."""
 from __future__ import annotations
 
 import json
@@ -67,3 +67,44 @@ def test_figure_titles_and_json_carry_beta():
     scored = Caption("a dog", cap.words, cap.alphas, -1.0, word_log_probs=np.array([-0.25, -0.5], np.float32))
     assert scored.to_dict()["word_log_probs"] == [-0.25, -0.5]
     assert scored.to_dict()["word_probs"] == [pytest.approx(np.exp(-0.25), abs=1e-5), pytest.approx(np.exp(-0.5), abs=1e-5)]
+
+
+@pytest.mark.parametrize("size", [(50, 10000), (10000, 50), (640, 480)])
+def test_figures_of_extreme_photos_are_capped_in_size_and_aspect(size):
+    """A 50x10000 photo gave a 1300x88816 PNG (Pillow: decompression bomb); a 10000x50 one gave
+    1-pixel strips. Panels are letterboxed to at most MAX_ASPECT:1 and the PNG stays under
+    MAX_FIGURE_PIXELS, whatever the photo; an ordinary photo is drawn as before (no bands)."""
+    import io
+    import warnings
+
+    import captioner
+
+    if not captioner.DEFAULT_CHECKPOINT.is_file():
+        pytest.skip("the bundled default model is missing")
+    model = captioner.load()
+    img = photo(*size)
+    cap = model.caption(img, beam_size=1)
+    assert cap.words
+    png = visualize.figure_png(visualize.attention_figure(img, cap))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        fig = Image.open(io.BytesIO(png))
+        fig.load()
+    w, h = fig.size
+    assert w * h <= visualize.MAX_FIGURE_PIXELS
+    rows = -(-(len(cap.words) + 1) // 5)
+    panel_h = h / rows  # each row of panels is at least a third of a panel's width tall: no strips
+    panel_w = w / min(5, len(cap.words) + 1)
+    assert panel_h >= panel_w / visualize.MAX_ASPECT and panel_h <= panel_w * (visualize.MAX_ASPECT + 0.5)
+    boxed = visualize.letterbox(img)
+    assert max(boxed.size) / min(boxed.size) <= visualize.MAX_ASPECT + 0.01
+    assert (boxed is img) == (size == (640, 480))
+
+
+def test_png_pixel_cap_lowers_dpi_only_when_needed():
+    from matplotlib.figure import Figure
+
+    small = Image.open(__import__("io").BytesIO(visualize.figure_png(Figure(figsize=(4, 3)))))
+    assert small.size == (400, 300)  # the requested dpi
+    huge = Image.open(__import__("io").BytesIO(visualize.figure_png(Figure(figsize=(10, 900)))))
+    assert huge.size[0] * huge.size[1] <= visualize.MAX_FIGURE_PIXELS and huge.size[1] / huge.size[0] == pytest.approx(90, rel=0.02)

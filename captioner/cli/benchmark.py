@@ -57,7 +57,7 @@ from ..api import Captioner, default_device, preferred_dtype
 from ..bench.breakdown import bench_breakdown, photo_files
 from ..bench.inference import (EXPLAIN_SENTENCE, bench_eval, bench_explain, bench_latency, default_checkpoint, eval_decoder,
                                latency_captioner)
-from ..bench.report import format_table, machine, max_key, targets
+from ..bench.report import QUICK_NOTE, format_table, machine, max_key, targets
 from ..bench.synthetic import PRESETS
 from ..bench.timing import Counts, peak_memory_mb
 from ..bench.training import bench_coco_epoch, bench_train_cached, bench_train_encoder, bench_train_scst
@@ -191,7 +191,10 @@ def _report(res: dict[str, Any], preset: str, amp: bool, as_json: bool) -> None:
             print(f"latency model: {res['latency']['model']}")
         print(format_table(res))
         for name, t in res["targets"].items():
-            print(f"target {name}: {t['value']:.1f} -> {'met' if t['met'] else 'MISSED'}")
+            verdict = "not judged (--quick)" if t["met"] is None else "met" if t["met"] else "MISSED"
+            print(f"target {name}: {t['value']:.1f} -> {verdict}")
+        if res["quick"] and res["targets"]:
+            print(f"targets {QUICK_NOTE}")
         print(f"({res['seconds']:.0f} s)")
 
 

@@ -2,6 +2,7 @@
 
     python scripts/caption.py photo.jpg other.png [--beam-size 3] [--json] [--attention-dir out/]
     python scripts/caption.py photos/ [--recursive] [--batch-size 16] [--json [--maps]]
+    python scripts/caption.py photo.jpg --explain "a dog runs on the grass" [--json]
 
 A FOLDER argument stands for its images (.jpg .jpeg .png .webp .gif .bmp, sorted by path; --recursive
 includes subfolders). Images are loaded by a small thread pool, one batch ahead, while the model
@@ -13,12 +14,15 @@ carries image, caption, words, word_log_probs and word_probs (each word's probab
 model), betas (each word's gate), log_prob and every decode setting; --maps adds the attention maps.
 
 Unreadable images get a message on stderr and a non-zero exit code; the others are still captioned.
+--attention-dir writes one figure per image, never two to one file (see its help), and marks the folder
+so that a later --recursive search of a folder holding it does not read the figures as photos.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,16 +32,72 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp")
 LOAD_THREADS = 2
 
 
-def expand_inputs(inputs: list[str], recursive: bool = False) -> list[str]:
-    """Files as given; each folder -> its images sorted by path (subfolders too when recursive)."""
-    out: list[str] = []
+FIGURE_MARK = ".captioner-figures"  # written into an --attention-dir: folder searches never read it as input
+
+
+def _folder_images(folder: Path, recursive: bool, skip: set[Path]) -> tuple[list[Path], list[Path]]:
+    """(the folder's image files, the figure folders skipped): a subfolder holding FIGURE_MARK, or one
+    of `skip` (this run's --attention-dir), is output, never input."""
+    if not recursive:
+        return [f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_EXTENSIONS], []
+    found, skipped = [], []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        d = Path(dirpath)
+        for name in list(dirnames):
+            if (d / name / FIGURE_MARK).is_file() or (d / name).resolve() in skip:
+                dirnames.remove(name)
+                skipped.append(d / name)
+        found += [d / n for n in filenames if Path(n).suffix.lower() in IMAGE_EXTENSIONS]
+    return found, skipped
+
+
+def find_images(inputs: list[str], recursive: bool = False, out_dir: str | None = None
+                ) -> tuple[list[tuple[str, str]], list[Path]]:
+    """([(path, name relative to its FOLDER argument; a file's own name)], skipped figure folders).
+    Each folder's images are sorted by path; a folder argument that IS out_dir is an error (its figures
+    would be read as photos by the next run)."""
+    skip = {Path(out_dir).resolve()} if out_dir else set()
+    out: list[tuple[str, str]] = []
+    skipped: list[Path] = []
     for item in inputs:
         p = Path(item)
         if p.is_dir():
-            found = p.rglob("*") if recursive else p.iterdir()
-            out += sorted(str(f) for f in found if f.is_file() and f.suffix.lower() in IMAGE_EXTENSIONS)
+            if p.resolve() in skip:
+                raise ValueError(f"--attention-dir {out_dir} is the input folder {item}: its figures would be "
+                                 f"read as photos by the next run; choose another folder (e.g. {p / 'attention'})")
+            files, gone = _folder_images(p, recursive, skip)
+            out += sorted((str(f), str(f.relative_to(p))) for f in files)
+            skipped += gone
         else:
-            out.append(item)
+            out.append((item, p.name))
+    return out, skipped
+
+
+def expand_inputs(inputs: list[str], recursive: bool = False, out_dir: str | None = None) -> list[str]:
+    """Files as given; each folder -> its images sorted by path (subfolders too when recursive; figure
+    folders never)."""
+    return [path for path, _ in find_images(inputs, recursive, out_dir)[0]]
+
+
+def figure_paths(found: list[tuple[str, str]], out_dir: str) -> dict[str, Path]:
+    """image path -> its figure: out_dir/<relative folder>/<stem>_attention.png, subfolders mirrored. Images
+    whose stems meet (x.jpg and x.png) keep their extension (x.jpg_attention.png); two different images
+    that would still share a figure (same name given from two folders) are an error naming both."""
+    def target(rel: str, full: bool) -> Path:
+        r = Path(rel)
+        return Path(out_dir) / r.parent / f"{r.name if full else r.stem}_attention.png"
+
+    first = {}
+    for path, rel in found:
+        first.setdefault(target(rel, False), set()).add(os.path.realpath(path))
+    out: dict[str, Path] = {}
+    owner: dict[Path, str] = {}
+    for path, rel in found:
+        fig = target(rel, len(first[target(rel, False)]) > 1)
+        if fig in owner and os.path.realpath(owner[fig]) != os.path.realpath(path):
+            raise ValueError(f"{owner[fig]} and {path} would both write {fig}; caption them in separate runs or "
+                             "give their folder instead (figures mirror the folder's subfolders)")
+        owner[fig], out[path] = path, fig
     return out
 
 
@@ -75,7 +135,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="one JSON object per image: image, caption, words, "
                    "word_log_probs, word_probs, betas, log_prob and every decode setting used")
     p.add_argument("--maps", action="store_true", help="with --json: add each word's attention map (alphas)")
-    p.add_argument("--attention-dir", default=None, help="write an attention overlay figure (PNG) per image here")
+    p.add_argument("--explain", default=None, metavar="SENTENCE",
+                   help="instead of captioning, explain this sentence on each image (Captioner.explain): each word's "
+                   "probability and attention; a sentence with no words is an error")
+    p.add_argument("--attention-dir", default=None, help="write an attention overlay figure (PNG) per image here: "
+                   "NAME_attention.png, a FOLDER's subfolders mirrored (x.jpg and x.png: x.jpg_attention.png, "
+                   "x.png_attention.png); later folder searches skip this folder")
     p.add_argument("--device", default=captioner.default_device(), help="cpu, cuda, cuda:1 ... "
                    "(default: cuda when available, else cpu)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "auto"], default="float32",
@@ -103,27 +168,77 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
     return model, dataclasses.asdict(used)
 
 
-def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict[str, Any]) -> None:
-    """Print one image's line (text or JSON) and write its figure when asked."""
+def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict[str, Any],
+         figure: Path | None = None) -> None:
+    """Print one image's line (text or JSON) and write its figure (when asked) to `figure`. An explained
+    sentence's text line adds its log-probability and each word's probability (unknown words marked)."""
+    import numpy as np
+
     if args.json:
         print(json.dumps(cap.to_dict(path, settings, maps=args.maps)), flush=True)
+    elif args.explain is not None:
+        words = " ".join(f"{w}{'(unk)' if i in cap.unknown else ''}={np.exp(lp):.3f}"
+                         for i, (w, lp) in enumerate(zip(cap.words, cap.word_log_probs)))
+        print(f"{path}\t{cap.text}\tlog_prob {cap.log_prob:.2f}\t{words}", flush=True)
     else:
         print(f"{path}\t{cap.text}", flush=True)
-    if args.attention_dir:
+    if figure is not None:
         from captioner.ui.visualize import attention_figure, figure_png
 
-        out_dir = Path(args.attention_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / (Path(path).stem + "_attention.png")).write_bytes(figure_png(attention_figure(img, cap)))
+        figure.parent.mkdir(parents=True, exist_ok=True)
+        figure.write_bytes(figure_png(attention_figure(img, cap)))
+
+
+def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Path]] | None:
+    """(the images to caption, image -> figure path), or None after printing why not. The figure folder
+    is marked (FIGURE_MARK) so that a later folder search skips it."""
+    try:
+        found, skipped = find_images(args.images, args.recursive, args.attention_dir)
+        figures = figure_paths(found, args.attention_dir) if args.attention_dir else {}
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    for folder in skipped:
+        print(f"note: skipping {folder}: a figure folder (--attention-dir), not input", file=sys.stderr)
+    if args.attention_dir and found:
+        Path(args.attention_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.attention_dir) / FIGURE_MARK).write_text("attention figures written by captioner's caption.py; "
+                                                            "folder searches skip this folder\n")
+    return [path for path, _ in found], figures
+
+
+def describe(model: Any, images: list[Any], settings: dict[str, Any], sentence: str | None) -> list[Any]:
+    """Captions of the images, or (--explain) the sentence explained on each."""
+    if sentence is None:
+        return model.caption_batch(images, **settings) if images else []
+    return [model.explain(img, sentence, hard_context=settings["hard_context"]) for img in images]
+
+
+def check_sentence(model: Any, sentence: str | None) -> bool:
+    """--explain: False after printing why a sentence cannot be explained; notes its unknown words."""
+    if sentence is None:
+        return True
+    from captioner.decoding.explain import NoWordsError, sentence_words
+
+    try:
+        words = sentence_words(sentence)
+    except NoWordsError as e:
+        print(f"error: --explain: {e}", file=sys.stderr)
+        return False
+    for w in words:
+        if w not in model.vocab.stoi:
+            print(f"note: ‘{w}’ is not in the model's vocabulary (fed as <unk>)", file=sys.stderr)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     ready = setup(args)
-    if ready is None:
+    planned = plan(args) if ready is not None and check_sentence(ready[0], args.explain) else None
+    if planned is None:
         return 2
     model, settings = ready
-    paths = expand_inputs(args.images, args.recursive)
+    paths, figures = planned
     failed = 0
     for batch in loaded_batches(paths, args.batch_size):
         good = [(path, img) for path, img in batch if not isinstance(img, Exception)]
@@ -131,9 +246,9 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(err, Exception):
                 print(f"error: {err}", file=sys.stderr)
                 failed += 1
-        caps = model.caption_batch([img for _, img in good], **settings) if good else []
+        caps = describe(model, [img for _, img in good], settings, args.explain)
         for (path, img), cap in zip(good, caps):
-            emit(args, path, img, cap, settings)
+            emit(args, path, img, cap, settings, figures.get(path))
     if not paths:
         print("error: no images found (folders are searched for "
               f"{' '.join(IMAGE_EXTENSIONS)}; --recursive for subfolders)", file=sys.stderr)

@@ -35,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--images", help="coco/karpathy: image folder")
     p.add_argument("--annotations", help="coco: captions_*.json (all its images); karpathy: dataset_*.json")
     add_decode_options(p)
-    p.add_argument("--limit", type=int, default=0, help="first N images only")
+    p.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="first N images only (N >= 1; leave it out to evaluate every image of the split)")
     p.add_argument("--batch-size", type=int, default=100, help="images decoded together")
     p.add_argument("--cache-dir", default=None, help="reuse/build a feature cache here (frozen encoder)")
     p.add_argument("--output", default="captions.json", help="where the generated captions are written")
@@ -68,7 +69,7 @@ def _records(args: argparse.Namespace, p: argparse.ArgumentParser) -> tuple[list
     else:
         data = DataConfig(dataset="karpathy", images=args.images or "", annotations=args.annotations or "")
         split = label = args.split
-    data.limit = args.limit
+    data.limit = args.limit or 0  # DataConfig: 0 = all
     return build_records(data, split), label
 
 
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = _parser()
     args = p.parse_args(argv)
+    if args.limit is not None and args.limit < 1:  # 0 used to mean "all", against the help's "first N"
+        p.error(f"--limit must be at least 1, got {args.limit} (leave it out to evaluate every image)")
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
     try:
         model = captioner.load(args.checkpoint, device=args.device, dtype=args.dtype)

@@ -49,18 +49,45 @@ def main(argv: list[str] | None = None) -> int:
         if args.average:
             metrics["averaged_with"] = [str(a) for a in args.average]
         for path in args.metrics:
-            data = json.loads(Path(path).read_text())
+            data = read_metrics(path)
             name = f"{data.get('dataset', 'eval')}_{data.get('split', '')}_beam{data.get('beam_size', '')}"
             metrics[name] = {"scores": data["scores"], "beam_size": data.get("beam_size"),
                              "length_penalty": data.get("length_penalty")}
-    except (CheckpointError, ValueError, KeyError, FileNotFoundError) as e:
+    except (CheckpointError, ValueError, KeyError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     save_checkpoint(args.output, cfg, ckpt.vocab, state, metrics=metrics, half=args.half)
     size = Path(args.output).stat().st_size / 2**20
-    kind = ("fp16" if cfg.model.fine_tune_encoder else "fp16 decoder, fp32 encoder") if args.half else "fp32"
-    print(f"wrote {args.output} ({size:.1f} MiB, {kind}), metrics: {sorted(metrics)}")
+    print(f"wrote {args.output} ({size:.1f} MiB; {stored_dtypes(args.output)}), metrics: {sorted(metrics)}")
     return 0
+
+
+def read_metrics(path: str) -> dict:
+    """One --metrics file (evaluate.py --output JSON, with "scores"); a ValueError naming the file otherwise."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"--metrics {path}: no such file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--metrics {path}: not a JSON file ({e}); pass the file evaluate.py --output wrote") from None
+    if not isinstance(data, dict) or not isinstance(data.get("scores"), dict):
+        raise ValueError(f"--metrics {path}: no \"scores\" object; pass the file evaluate.py --output wrote")
+    return data
+
+
+def stored_dtypes(path: str) -> str:
+    """What the written file holds, read back from it: 'encoder 170 fp32; decoder 22 fp16'."""
+    from collections import Counter
+
+    from safetensors import safe_open
+
+    names = {"F32": "fp32", "F16": "fp16", "BF16": "bf16", "I64": "int64"}
+    parts: dict[str, Counter] = {}
+    with safe_open(path, framework="pt") as f:
+        for key in f.keys():
+            dtype = str(f.get_slice(key).get_dtype())
+            parts.setdefault(key.split(".", 1)[0], Counter())[names.get(dtype, dtype.lower())] += 1
+    return "; ".join(f"{part} " + ", ".join(f"{n} {d}" for d, n in sorted(c.items())) for part, c in parts.items())
 
 
 if __name__ == "__main__":

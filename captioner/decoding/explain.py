@@ -6,8 +6,10 @@ show a generated one.
 
 Legend: P = G*G attention cells, D feature dim, L words, V vocabulary.
 
-Out-of-vocabulary words are kept in `words` as typed, fed to the decoder as <unk> and listed in
-Caption.unknown: the maps and probabilities shown for them are those of <unk>.
+A typed sentence is split by vocab.tokenize_typed: every word is kept in `words` as typed (accents and
+any script, lowercased; "café" stays "café"). Out-of-vocabulary words are fed to the decoder as <unk>
+and listed in Caption.unknown (one note each): the maps and probabilities shown for them are those of
+<unk>. A sentence with no words is an error (NoWordsError), never a score of <end> alone.
 """
 from __future__ import annotations
 
@@ -19,7 +21,21 @@ import torch
 
 from .captions import Caption, grid_side
 from ..model.decoder import Decoder
-from ..vocab import Vocab
+from ..vocab import Vocab, tokenize_typed
+
+
+class NoWordsError(ValueError):
+    """The sentence to explain has no words (empty or only punctuation); the message says so."""
+
+
+def sentence_words(text: str) -> list[str]:
+    """A typed sentence -> its words (tokenize_typed); NoWordsError when it has none."""
+    words = tokenize_typed(text)
+    if not words:
+        shown = text.strip()[:40]
+        raise NoWordsError(f"the sentence {shown!r} has no words to explain: type at least one word"
+                           if shown else "the sentence is empty: type at least one word to explain")
+    return words
 
 
 @dataclass
@@ -69,6 +85,8 @@ def explain_features(decoder: Decoder, feats: torch.Tensor, vocab: Vocab, words:
     (L, G, G), betas (L,), word_log_probs (L,), log_prob = their sum + log p(<end>).
     context: how a hard-attention decoder attends (decode.hard_context); a soft one ignores it."""
     words = list(words)
+    if not words:
+        raise NoWordsError("no words to explain: a sentence needs at least one word")
     (forced,) = force_sentences(decoder, feats, vocab, [words], context)
     L, g = len(words), grid_side(feats.shape[1])
     unknown = [i for i, w in enumerate(words) if w not in vocab.stoi]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..config import ModelConfig
+from ..config import ModelConfig, check_grid
 from .decoder import Decoder
 from .encoder import Encoder, build_encoder
 
@@ -22,6 +22,7 @@ class CaptionModel(nn.Module):
 def build_model(cfg: ModelConfig, vocab_size: int, pretrained: bool | None = None) -> CaptionModel:
     """pretrained=None follows cfg.pretrained; loading a checkpoint passes False (its weights win)."""
     pretrained = cfg.pretrained if pretrained is None else pretrained
+    check_grid(cfg, "model config")  # never average-pool a feature map UP to a larger grid
     encoder = build_encoder(cfg.encoder, pretrained, cfg.grid_size, cfg.output_stride)
     decoder = Decoder(vocab_size, encoder.out_dim, cfg.embed_dim, cfg.hidden_dim, cfg.attention_dim, cfg.dropout,
                       cfg.attention)

@@ -229,7 +229,7 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
     state = run.state
     if state.finished:
         run.log(f"{run.last_path}: this run already finished (best {cfg.train.val_metric} "
-                f"{state.best_metric:.4f} at epoch {state.best_epoch}); nothing to do")
+                f"{state.best_metric:.4f} at epoch {state.best_epoch}; {_why_finished(state, cfg)}); nothing to do")
         return state.__dict__
     run.log(f"training on {run.device}: {len(run.dataset)} images, objective {cfg.train.objective}, "
             f"{len(run.batches)} batches/epoch/rank, {_source(cfg)}, "
@@ -252,6 +252,16 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
             break
     run.log(f"done: best {cfg.train.val_metric} {state.best_metric:.4f} at epoch {state.best_epoch} -> {run.best_path}")
     return state.__dict__
+
+
+def _why_finished(state: TrainState, cfg: Config) -> str:
+    """Which stopping rule ended a finished run, and the setting that would let it go on."""
+    if cfg.train.max_steps and state.step >= cfg.train.max_steps:
+        return f"train.max_steps={cfg.train.max_steps} reached: raise it to go on"
+    if state.bad_epochs >= cfg.train.early_stop_patience:
+        return (f"stopped early after {state.bad_epochs} epoch(s) without improvement: raise "
+                "train.early_stop_patience to go on")
+    return f"{state.epoch} of train.epochs={cfg.train.epochs} done: raise train.epochs to train longer"
 
 
 def _source(cfg: Config) -> str:

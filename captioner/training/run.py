@@ -11,19 +11,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from ..checkpoint import load_checkpoint, load_model_state, optimizer_from_tensors
 from ..config import Config
 from ..data import ImageRecord, build_records
-from ..data.dataset import (BucketBatchSampler, FeatureDataset, ImageDataset, collate, collate_skip_missing,
-                           encode_captions)
-from ..data.features import build_cache
+from ..data.dataset import BucketBatchSampler
 from ..data.loader import RankBatches
 from ..logs import JsonlLogger
 from ..model.captioner import CaptionModel, build_model
-from ..model.encoder import build_preprocess
+from .sources import build_data
 from .objectives import Terms, build_objective
+from .resume import apply_to_optimizer, check_init, check_resume, reopen
 from ..vocab import Vocab
 
 Log = Callable[[str], None]
@@ -99,27 +97,32 @@ def _seed(seed: int) -> None:
 
 
 def _restore(cfg: Config, last_path: Path, train_records: Sequence[ImageRecord], log: Log, main: bool
-             ) -> tuple[Any, Vocab, TrainState, dict | None]:
-    """(resume checkpoint or None, vocabulary, state, initial weights or None)."""
+             ) -> tuple[Any, Vocab, TrainState, dict | None, dict[str, Any]]:
+    """(resume checkpoint or None, vocabulary, state, initial weights or None, the settings this command
+    changed: key -> (stored, new)). A resumed run takes the
+    command's settings where that is safe (resume.check_resume: logged) and refuses other changes."""
     resume = load_checkpoint(last_path) if last_path.is_file() else None
     if resume is not None:
         if not resume.train_state or "state" not in resume.train_state:
             raise TrainingError(f"{last_path} has no training state (is it an exported model?). Move it away "
                                 "or choose another train.out_dir.")
+        changed = check_resume(resume.config, cfg, str(last_path), log)  # ValueError: an unsafe change
         state = TrainState(**resume.train_state["state"])
+        reopen(state, cfg, log)
         if not state.finished:
             log(f"resuming from {last_path}: epoch {state.epoch + 1}, batch {state.batch_in_epoch}, step {state.step}")
-        return resume, resume.vocab, state, resume.model_state
+        return resume, resume.vocab, state, resume.model_state, changed
     state = TrainState(lr=cfg.train.lr)
     if cfg.train.init_from:  # e.g. SCST starts from a cross-entropy model: its weights AND its vocabulary
         init = load_checkpoint(cfg.train.init_from)
+        check_init(init.config, cfg, cfg.train.init_from)  # names the model settings that differ
         log(f"starting from the weights of {cfg.train.init_from}")
-        return None, init.vocab, state, init.model_state
+        return None, init.vocab, state, init.model_state, {}
     captions = [c for r in train_records for c in r.captions]
     vocab = Vocab.build(captions, cfg.data.min_word_count)
     if main:
         log(str(vocab.stats(captions, cfg.data.max_caption_len)))
-    return None, vocab, state, None
+    return None, vocab, state, None, {}
 
 
 def _model(cfg: Config, vocab_size: int, weights: dict | None, fresh: bool, log: Log) -> CaptionModel:
@@ -144,96 +147,8 @@ def _model(cfg: Config, vocab_size: int, weights: dict | None, fresh: bool, log:
     return model
 
 
-def _caches(cfg: Config, model: CaptionModel, splits: dict[str, list[ImageRecord]], device: torch.device,
-            main: bool, world_size: int, log: Log, progress: bool) -> dict[str, Any]:
-    """Frozen-encoder feature caches of the splits; rank 0 builds, the others wait and open them."""
-    caches, prep = {}, build_preprocess(cfg.model)
-    for split, recs in splits.items():
-        name = prep.cache_name(cfg.data.dataset, cfg.data.cache_split(split))
-        if main:
-            caches[split] = build_cache(cfg.data.cache_dir, name, model.encoder, prep, recs,
-                                        device, num_workers=cfg.data.num_workers, log=log, progress=progress)
-        if world_size > 1:
-            dist.barrier()
-        if not main:
-            caches[split] = build_cache(cfg.data.cache_dir, name, model.encoder, prep, recs,
-                                        device, progress=False, log=log)
-    return caches
-
-
-@dataclass
-class RunData:
-    """What a run trains and validates on, whichever the source (images, features or activations)."""
-
-    dataset: Any
-    caps: list[list[list[int]]]  # encoded captions per kept training image
-    collate: Callable
-    val_records: list[ImageRecord]  # the validated images (train.val_limit, unreadable ones left out)
-    val_feats: Any = None  # their cached features or activations (None: encoded from the images)
-    val_teacher: Any = None  # model.tune_stages: their pretrained ImageNet logits
-
-    @property
-    def mean_lengths(self) -> list[float]:
-        return [sum(len(c) for c in cs) / len(cs) for cs in self.caps]
-
-
-def _kept(records: list[ImageRecord], missing: list[str], limit: int = 0) -> list[int]:
-    """Indices of the first `limit` records (0: all) whose images could be read when the cache was built."""
-    gone = set(missing)
-    return [i for i, r in enumerate(records[:limit or len(records)]) if r.image_id not in gone]
-
-
-def _data(cfg: Config, model: CaptionModel, vocab: Vocab, train_records: list[ImageRecord],
-          val_records: list[ImageRecord], device: torch.device, main: bool, world_size: int, log: Log,
-          progress: bool) -> RunData:
-    caps = encode_captions(train_records, vocab, cfg.data.max_caption_len)
-    if cfg.encoder_in_loop:  # images every step
-        prep = build_preprocess(cfg.model)
-        dataset = ImageDataset(train_records, prep.image_size, prep.mean, prep.std, caps, augment=cfg.data.augment)
-        return RunData(dataset, caps, collate_skip_missing, val_records[:cfg.train.val_limit or len(val_records)])
-    if cfg.from_activations:
-        if world_size > 1:
-            raise TrainingError("model.tune_stages (the CPU path) runs in one process; on GPUs fine-tune the whole "
-                                "encoder with model.fine_tune_encoder=true")
-        return _activation_data(cfg, model, vocab, caps, train_records, val_records, device, log, progress)
-    caches = _caches(cfg, model, {"train": train_records, "val": val_records}, device, main, world_size, log,
-                     progress)
-    keep = _kept(train_records, caches["train"].missing)
-    if len(keep) < len(train_records):
-        log(f"skipping {len(train_records) - len(keep)} unreadable training image(s)")
-    caps = [caps[i] for i in keep]
-    val_keep = _kept(val_records, caches["val"].missing, cfg.train.val_limit)  # the cache covers all val images
-    return RunData(FeatureDataset(caches["train"].features, keep, caps), caps, collate,
-                   [val_records[i] for i in val_keep], caches["val"].features[val_keep])
-
-
-def _activation_data(cfg: Config, model: CaptionModel, vocab: Vocab, caps: list[list[list[int]]],
-                     train_records: list[ImageRecord], val_records: list[ImageRecord], device: torch.device,
-                     log: Log, progress: bool) -> RunData:
-    """model.tune_stages: the lower stages' activation caches (built once, valid while those weights are
-    the pretrained ones) for train (+ mirror images with data.flip) and val. Single process only."""
-    from ..data.activations import build_activations, cache_name
-    from ..data.dataset import ActivationDataset
-
-    prep, enc = build_preprocess(cfg.model), model.encoder
-    caches = {}
-    for split, recs in {"train": train_records, "val": val_records}.items():
-        name = cache_name(prep, cfg.data.dataset, cfg.data.cache_split(split),
-                          enc.split_block)
-        caches[split] = build_activations(cfg.data.cache_dir, name, enc, prep, recs, cfg.data.flip and split == "train",
-                                          device, num_workers=cfg.data.num_workers, log=log, progress=progress)
-    keep = _kept(train_records, caches["train"].missing)
-    caps = [caps[i] for i in keep]
-    swap = {vocab.stoi[a]: vocab.stoi[b] for a, b in (("left", "right"), ("right", "left"))
-            if a in vocab.stoi and b in vocab.stoi}
-    c = caches["train"]
-    val_keep = _kept(val_records, caches["val"].missing, cfg.train.val_limit)
-    return RunData(ActivationDataset(c.acts, c.flipped, c.logits, keep, caps, swap), caps, collate,
-                   [val_records[i] for i in val_keep], caches["val"].acts[val_keep],
-                   caches["val"].logits[val_keep, 0])
-
-
-def _optimizer(cfg: Config, model: CaptionModel, resume: Any, device: torch.device) -> torch.optim.Optimizer:
+def _optimizer(cfg: Config, model: CaptionModel, resume: Any, device: torch.device,
+               changed: dict[str, Any]) -> torch.optim.Optimizer:
     groups = [{"params": list(model.decoder.parameters()), "lr": cfg.train.lr}]
     if cfg.model.fine_tune_encoder:
         groups.append({"params": list(model.encoder.parameters()), "lr": cfg.train.encoder_lr})
@@ -243,6 +158,7 @@ def _optimizer(cfg: Config, model: CaptionModel, resume: Any, device: torch.devi
     if resume is not None and resume.optimizer_tensors:
         optimizer_from_tensors(optimizer, {k: v.to(device) for k, v in resume.optimizer_tensors.items()},
                                resume.train_state["optimizer"])
+    apply_to_optimizer(optimizer, changed)  # a new train.lr / encoder_lr / weight_decay replaces the stored one
     return optimizer
 
 
@@ -269,13 +185,13 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     device, out, main = torch.device(device), Path(cfg.train.out_dir), rank == 0
     _seed(cfg.train.seed + rank)
     train_records, val_records = build_records(cfg.data, "train"), build_records(cfg.data, "val")
-    resume, vocab, state, weights = _restore(cfg, out / "last.safetensors", train_records, log, main)
+    resume, vocab, state, weights, changed = _restore(cfg, out / "last.safetensors", train_records, log, main)
     model = _model(cfg, len(vocab), weights, resume is None, log).to(device)
     for p in model.encoder.parameters():
         p.requires_grad_(cfg.model.fine_tune_encoder)
     for p in tuned_parameters(cfg, model):
         p.requires_grad_(True)
-    data = _data(cfg, model, vocab, train_records, val_records, device, main, world_size, log, progress)
+    data = build_data(cfg, model, vocab, train_records, val_records, device, main, world_size, log, progress)
     sampler = BucketBatchSampler(data.mean_lengths, cfg.train.batch_images, seed=cfg.train.seed)
     if cfg.train.compile and device.type == "cuda":  # the one place compilation is switched on
         model.decoder.compile_recur()
@@ -287,6 +203,8 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     logger = JsonlLogger(out / "metrics.jsonl", enabled=main)
     if resume is not None:
         logger.rewind(state.step, state.epoch)
-    return Run(cfg, device, model, vocab, state, _optimizer(cfg, model, resume, device), module, data.dataset,
-               data.collate, sampler, RankBatches(sampler, rank, world_size), data.val_records, data.val_feats, logger,
-               log, out, main, world_size, progress, data.val_teacher)
+    optimizer = _optimizer(cfg, model, resume, device, changed)
+    state.lr = optimizer.param_groups[0]["lr"]
+    return Run(cfg, device, model, vocab, state, optimizer, module, data.dataset, data.collate, sampler,
+               RankBatches(sampler, rank, world_size), data.val_records, data.val_feats, logger, log, out, main,
+               world_size, progress, data.val_teacher)

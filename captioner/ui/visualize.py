@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 
 LOW_BETA = 0.5  # below this gate value a word's figure title is grey: it used the image little
+MAX_ASPECT = 3.0  # figure panels: a photo longer than 3:1 (either way) is letterboxed to 3:1
+PANEL_PIXELS = 640  # the longer side of the photo drawn in a figure panel (its overlays are computed there)
+MAX_FIGURE_PIXELS = 12_000_000  # figure_png lowers its dpi so that no PNG exceeds this many pixels
 MODES = {"bilinear": "bilinear", "nearest": "nearest-exact"}  # upsampling: ours -> torch's name
 
 
@@ -84,10 +87,25 @@ def word_title(word: str, beta: float | None) -> str:
     return word if beta is None else f"{word}  β={beta:.2f}"
 
 
+def letterbox(image: Image.Image, max_aspect: float = MAX_ASPECT, fill: tuple[int, int, int] = (255, 255, 255)
+              ) -> Image.Image:
+    """The image centred on a `fill` canvas that is at most max_aspect:1 either way (unchanged when it
+    already is): a 10000x50 strip becomes a readable 10000x3333 panel, not a 1-pixel line."""
+    w, h = image.size
+    W, H = max(w, round(h / max_aspect)), max(h, round(w / max_aspect))
+    if (W, H) == (w, h):
+        return image
+    canvas = Image.new("RGB", (W, H), fill)
+    canvas.paste(image.convert("RGB"), ((W - w) // 2, (H - h) // 2))
+    return canvas
+
+
 def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opacity: float = 0.6,
                      smooth: float = 0.0, panel_width: float = 2.6, mode: str = "bilinear") -> "Figure":
     """One panel per word (plus the photo), each the photo with that word's attention, titled with
-    the word and its gate beta (grey below LOW_BETA; heat opacity scaled by beta)."""
+    the word and its gate beta (grey below LOW_BETA; heat opacity scaled by beta). Each panel shows the
+    photo at most PANEL_PIXELS on its longer side, letterboxed to at most MAX_ASPECT:1 (an extreme
+    photo keeps its shape inside a white band instead of making the figure a strip or a tower)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -96,18 +114,20 @@ def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opac
     n = len(caption.words) + 1
     cols = max(1, min(cols, n))
     rows = (n + cols - 1) // cols
-    w, h = image.size
+    image = image.convert("RGB")
+    image.thumbnail((PANEL_PIXELS, PANEL_PIXELS))  # a copy by convert; overlays are computed at this size
+    w, h = letterbox(image).size
     panel_h = panel_width * h / w
     fig = Figure(figsize=(cols * panel_width, rows * (panel_h + 0.35)))
     for k in range(rows * cols):
         ax = fig.add_subplot(rows, cols, k + 1)
         ax.axis("off")
         if k == 0:
-            ax.imshow(image)
+            ax.imshow(letterbox(image))
             ax.set_title("input", fontsize=10)
         elif k < n:
             beta = word_beta(caption, k - 1)
-            ax.imshow(overlay(image, caption.alphas[k - 1], opacity, smooth, beta=beta, mode=mode))
+            ax.imshow(letterbox(overlay(image, caption.alphas[k - 1], opacity, smooth, beta=beta, mode=mode)))
             low = beta is not None and beta < LOW_BETA
             ax.set_title(word_title(caption.words[k - 1], beta), fontsize=11, color="0.55" if low else "black")
     fig.suptitle(caption.text, fontsize=12)
@@ -116,6 +136,9 @@ def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opac
 
 
 def figure_png(fig: "Figure", dpi: int = 100) -> bytes:
+    """The figure as PNG bytes, at `dpi` or lower so that it holds at most MAX_FIGURE_PIXELS pixels."""
+    w_in, h_in = fig.get_size_inches()
+    dpi = min(float(dpi), (MAX_FIGURE_PIXELS / max(w_in * h_in, 1e-9)) ** 0.5)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()

@@ -1,0 +1,100 @@
+"""Resuming a run with the command's settings: the config stored in last.safetensors is compared
+with the command's, key by key.
+
+Safe to change (SAFE_TO_CHANGE: how long and how fast to train, logging, validation, decoding,
+where things are written): applied, one logged line per changed key. A larger train.epochs (or
+early_stop_patience, or max_steps) reopens a finished run; a new train.lr / encoder_lr /
+weight_decay replaces the optimiser's stored (possibly decayed) value.
+Anything else (model.*, the data and vocabulary: data.dataset, root, limit, min_word_count ...,
+batch size and seed, which fix the mid-epoch position, the objective, the validation metric the
+best checkpoint was chosen on) would silently mix two runs: refused, with the differing keys named.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from ..config import Config
+
+# keys (section.key) a resumed run may change
+SAFE_TO_CHANGE = frozenset(
+    [f"train.{k}" for k in (
+        "out_dir", "epochs", "lr", "encoder_lr", "encoder_bn", "weight_decay", "grad_clip", "alpha_c", "alpha_head",
+        "alpha_cam", "cam_min_prob", "cam_person", "label_smoothing", "lr_decay", "lr_patience",
+        "early_stop_patience", "val_beam_size", "val_limit", "amp", "cpu_amp", "compile", "log_every",
+        "checkpoint_every", "max_steps", "scst_samples", "scst_baseline", "scst_max_len", "scst_bad_ending_penalty",
+        "scst_dropout", "scst_xent", "scst_reward_end", "hard_expected_prob", "hard_reinforce", "hard_entropy",
+        "hard_baseline_decay")]
+    + [f"data.{k}" for k in ("cache_dir", "num_workers", "max_caption_len")]
+    + ["decode.*"])
+PATH_KEYS = ("data.root", "data.images", "data.annotations", "data.val_images", "data.val_annotations")
+OPTIMIZER_KEYS = {"train.lr": (0, "lr"), "train.encoder_lr": (1, "lr"), "train.weight_decay": (None, "weight_decay")}
+
+
+def _flat(cfg: Config) -> dict[str, Any]:
+    return {f"{section}.{k}": v for section, values in cfg.to_dict().items() for k, v in values.items()}
+
+
+def _same(key: str, old: Any, new: Any) -> bool:
+    if key in PATH_KEYS and old and new:  # "../shared/data/flickr8k" and its absolute path are one folder
+        return os.path.realpath(old) == os.path.realpath(new)
+    return old == new
+
+
+def config_changes(stored: Config, cfg: Config) -> tuple[dict[str, tuple[Any, Any]], dict[str, tuple[Any, Any]]]:
+    """(safe, unsafe): key -> (stored value, command's value) for every differing key."""
+    old, new = _flat(stored), _flat(cfg)
+    safe, unsafe = {}, {}
+    for key in new:
+        if not _same(key, old.get(key), new[key]):
+            ok = key in SAFE_TO_CHANGE or f"{key.split('.')[0]}.*" in SAFE_TO_CHANGE
+            (safe if ok else unsafe)[key] = (old.get(key), new[key])
+    return safe, unsafe
+
+
+def check_resume(stored: Config, cfg: Config, source: str, log: Callable[[str], None]) -> dict[str, tuple[Any, Any]]:
+    """The safe changes (logged, one line each); a ValueError naming every unsafe one."""
+    safe, unsafe = config_changes(stored, cfg)
+    if unsafe:
+        listed = "; ".join(f"{k}: {a!r} (stored) vs {b!r} (this command)" for k, (a, b) in unsafe.items())
+        raise ValueError(f"cannot resume {source} with other settings: {listed}. These change the model, the data "
+                         "or the vocabulary the run was built with. Use the stored values, or start a new run in "
+                         "another train.out_dir (train.init_from can start it from this run's weights).")
+    for key, (a, b) in safe.items():
+        log(f"resume: {key} {a!r} -> {b!r} (changed by this command; applied)")
+    return safe
+
+
+def reopen(state: Any, cfg: Config, log: Callable[[str], None]) -> None:
+    """A finished run whose stopping rule the command relaxed (more epochs, more patience, more steps)
+    goes on training; otherwise it stays finished."""
+    if not state.finished:
+        return
+    t = cfg.train
+    done = (state.epoch >= t.epochs or state.bad_epochs >= t.early_stop_patience
+            or bool(t.max_steps and state.step >= t.max_steps))
+    if not done:
+        state.finished = False
+        log(f"continuing a finished run: {state.epoch} epoch(s) done, training up to train.epochs={t.epochs}")
+
+
+def apply_to_optimizer(optimizer: Any, changed: dict[str, tuple[Any, Any]]) -> None:
+    """A changed train.lr / encoder_lr / weight_decay replaces the value the optimiser was restored with."""
+    for key, (group, name) in OPTIMIZER_KEYS.items():
+        if key in changed:
+            groups = optimizer.param_groups if group is None else optimizer.param_groups[group:group + 1]
+            for g in groups:
+                g[name] = changed[key][1]
+
+
+SHAPE_KEYS = ("encoder", "embed_dim", "hidden_dim", "attention_dim")  # model.* that shape the weights
+
+
+def check_init(init: Config, cfg: Config, source: str) -> None:
+    """train.init_from: a ValueError naming the model settings whose weights cannot be taken over."""
+    differ = {k: (getattr(init.model, k), getattr(cfg.model, k)) for k in SHAPE_KEYS
+              if getattr(init.model, k) != getattr(cfg.model, k)}
+    if differ:
+        listed = "; ".join(f"model.{k}: {a!r} in {source} vs {b!r} in this config" for k, (a, b) in differ.items())
+        raise ValueError(f"cannot start from {source}: its weights were made with other model settings ({listed}). "
+                         "Use its values for these settings.")

@@ -1,0 +1,71 @@
+"""Resuming a run with another command: safe changes (more epochs, a new learning rate ...) are applied
+with one logged line each, and a finished run can be extended; changes to the model, the data or the
+vocabulary are refused with the differing keys named. scripts/train.py on 8 real photos (configs/tiny.yaml)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from captioner.checkpoint import load_checkpoint
+from captioner.config import load_config
+from captioner.training.resume import config_changes
+
+from .conftest import need_flickr
+from .test_scripts import run
+
+
+def test_config_changes_sorts_safe_from_unsafe():
+    stored = load_config("configs/tiny.yaml")
+    cmd = load_config("configs/tiny.yaml", ["data.limit=12", "train.lr=1", "train.epochs=3", "decode.beam_size=5",
+                                            "model.hidden_dim=256", "data.root=" + str(Path("../shared/data/flickr8k")
+                                                                                      .resolve())])
+    safe, unsafe = config_changes(stored, cmd)
+    assert safe == {"train.lr": (3e-3, 1.0), "train.epochs": (2, 3), "decode.beam_size": (3, 5)}
+    assert unsafe == {"data.limit": (8, 12), "model.hidden_dim": (128, 256)}  # the same folder by another path is no change
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> list[str]:
+    """A tiny run trained for one epoch; returns its train.py command (without --set extras)."""
+    flickr = need_flickr()
+    tmp = tmp_path_factory.mktemp("resume")
+    cmd = ["scripts/train.py", "--config", "configs/tiny.yaml", "--no-progress", "--set", f"data.root={flickr}",
+           f"data.cache_dir={tmp / 'cache'}", f"train.out_dir={tmp / 'run'}"]
+    out = run(*cmd, "train.epochs=1")
+    assert "epoch 1:" in out.stdout
+    return cmd
+
+
+def _state(cmd: list[str]) -> dict:
+    return load_checkpoint(Path(cmd[-1].split("=", 1)[1]) / "last.safetensors").train_state
+
+
+def test_unsafe_changes_are_refused_with_the_keys_named(finished_run):
+    before = _state(finished_run)["state"]["step"]
+    out = run(*finished_run, "data.limit=12", "train.lr=1", "train.epochs=3", ok=False)  # the issue's command
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "cannot resume" in out.stderr and "data.limit: 8 (stored) vs 12 (this command)" in out.stderr
+    assert "train.lr" not in out.stderr and "epoch 2:" not in out.stdout  # safe keys are not the problem
+    wider = run(*finished_run, "train.epochs=1", "model.hidden_dim=256", ok=False)
+    assert wider.returncode == 2 and "model.hidden_dim: 128 (stored) vs 256 (this command)" in wider.stderr
+    assert "another encoder or vocabulary" not in wider.stderr
+    assert _state(finished_run)["state"]["step"] == before  # nothing was trained or overwritten
+
+
+def test_a_finished_run_is_extended_with_the_new_learning_rate(finished_run):
+    out_dir = Path(finished_run[-1].split("=", 1)[1])
+    same = run(*finished_run, "train.epochs=1")
+    assert "already finished" in same.stdout and "raise train.epochs to train longer" in same.stdout
+    longer = run(*finished_run, "train.epochs=2", "train.lr=1e-3")
+    assert "resume: train.epochs 1 -> 2 (changed by this command; applied)" in longer.stdout
+    assert "resume: train.lr 0.003 -> 0.001" in longer.stdout
+    assert "continuing a finished run: 1 epoch(s) done" in longer.stdout and "epoch 2:" in longer.stdout
+    rows = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows if r["kind"] == "val"] == [1, 2]
+    assert {r["lr"] for r in rows if r["kind"] == "train" and r["epoch"] == 2} == {1e-3}  # the new rate, applied
+    st = _state(finished_run)["state"]
+    assert st["epoch"] == 2 and st["finished"]
+    again = run(*finished_run, "train.epochs=2", "train.lr=1e-3")
+    assert "already finished" in again.stdout and "2 of train.epochs=2 done" in again.stdout
