@@ -115,6 +115,7 @@ class DecodeConfig:
     length_penalty: float = 0.0  # score = log_prob / len**length_penalty (0 = raw log-prob)
     forbid_unk: bool = True  # never write "<unk>" in a caption
     block_trigrams: bool = False  # never repeat a trigram within a caption ("a red shirt ... a red shirt")
+    block_bigrams: bool = False  # never repeat a bigram ending in a content word ("brown and white and white")
     hard_context: str = "expected"  # HARD_CONTEXTS, hard-attention models: expected (paper's test time) | argmax
     # evidence-aware decoding (evidence.py): the encoder's ImageNet head vetoes object words it rules out
     evidence: bool = False  # on: a word naming a COCO category with P(category) < evidence_floor is penalised

@@ -22,6 +22,10 @@ SPECIALS = (PAD, START, END, UNK)
 
 _TOKEN = re.compile(r"[a-z0-9]+(?:['\-][a-z0-9]+)*")
 
+# words that carry grammar, not content: a caption ending in one is cut short (metrics, SCST's penalty);
+# repeating a bigram that ends in one is ordinary English ("in a ... in a"), unlike "blue shirt ... blue shirt"
+FUNCTION_WORDS = frozenset("a an the of with in on at to for from by and or is are his her its their".split())
+
 
 def tokenize(text: str) -> list[str]:
     """'A dog, running!' -> ['a', 'dog', 'running']. Punctuation is dropped, as in the

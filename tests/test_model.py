@@ -315,3 +315,33 @@ def test_trigram_blocking():
     for p_, b_ in zip(plain, decode(dec, feats, IDS, S(beam_size=1, max_len=15, block_trigrams=True))):
         if not _has_repeated_trigram(p_[0].tokens):
             assert p_[0].tokens == b_[0].tokens
+
+
+def _repeated_content_bigram(tokens: list[int], function: set[int]) -> bool:
+    grams = [g for g in zip(tokens, tokens[1:]) if g[1] not in function]
+    return len(set(grams)) < len(grams)
+
+
+def test_bigram_blocking_spares_function_words():
+    """With block_bigrams no caption repeats a bigram that ends in a content word, bigrams ending in a
+    function word may repeat, beam 1 still equals greedy, and captions without such repeats are unchanged."""
+    from captioner.decoding.search import _ban_repeated_bigrams
+
+    dec = tiny_decoder(7)
+    feats = torch.randn(8, P, D) * 3
+    function = (4,)  # token 4 plays "a"
+    ids = SpecialIds(START, END, PAD, function_words=function)
+    plain = decode(dec, feats, ids, S(beam_size=1, max_len=15))
+    assert any(_repeated_content_bigram(h[0].tokens, set(function)) for h in plain)  # the test exercises something
+    for k in (1, 3):
+        blocked = decode(dec, feats, ids, S(beam_size=k, max_len=15, block_bigrams=True))
+        assert not any(_repeated_content_bigram(h.tokens, set(function)) for hyps in blocked for h in hyps)
+    greedy = greedy_decode(dec, feats, ids, S(max_len=15, block_bigrams=True))
+    beam1 = decode(dec, feats, ids, S(beam_size=1, max_len=15, block_bigrams=True))
+    assert [h.tokens for h in greedy] == [h[0].tokens for h in beam1]
+    for p_, b_ in zip(plain, beam1):
+        if not _repeated_content_bigram(p_[0].tokens, set(function)):
+            assert p_[0].tokens == b_[0].tokens
+    # the rule itself: after "4 5 4" word 5 is banned (a content bigram); after "5 4 5" word 4 is not
+    out = _ban_repeated_bigrams(torch.zeros(2, 7), torch.tensor([[4, 5, 4], [5, 4, 5]]), function)
+    assert out[0, 5] == float("-inf") and torch.isfinite(out[1]).all()

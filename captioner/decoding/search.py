@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import DecodeConfig
+from ..vocab import FUNCTION_WORDS
 from .evidence import Evidence
 from ..model.decoder import Decoder
 
@@ -30,11 +31,13 @@ class SpecialIds:
     end: int
     pad: int = 0
     unk: int | None = None
+    function_words: tuple[int, ...] = ()  # vocab.FUNCTION_WORDS: bigrams ending in one may repeat
 
     @classmethod
     def of(cls, vocab, forbid_unk: bool = True) -> "SpecialIds":
         """From a Vocab; forbid_unk is config.decode.forbid_unk (a caption for people never says "<unk>")."""
-        return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None)
+        function = tuple(sorted(vocab.stoi[w] for w in FUNCTION_WORDS if w in vocab.stoi))
+        return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None, function)
 
 
 @dataclass
@@ -69,14 +72,30 @@ def _ban_repeated_trigrams(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Te
     return logp
 
 
+def _ban_repeated_bigrams(logp: torch.Tensor, tokens: torch.Tensor, function_words: tuple[int, ...]) -> torch.Tensor:
+    """logp (N, V), tokens (N, t) -> -inf for every content word w that would repeat a bigram:
+    (tokens[-1], w) already occurs in the row ("a brown and white and white", "a blue shirt and blue
+    shirt"). Bigrams ending in a function word ("in a ... in a") stay allowed."""
+    if tokens.shape[1] < 2:
+        return logp
+    match = tokens[:, :-1] == tokens[:, -1:]  # (N, t-1): earlier copies of the last word
+    rows, pos = match.nonzero(as_tuple=True)
+    words = tokens[rows, pos + 1]  # the words that followed them
+    content = ~torch.isin(words, torch.tensor(function_words, dtype=words.dtype, device=words.device))
+    logp[rows[content], words[content]] = float("-inf")
+    return logp
+
+
 def word_logp(logits: torch.Tensor, ids: SpecialIds, settings: DecodeConfig, tokens: torch.Tensor,
               evidence: Evidence | None = None, images: torch.Tensor | None = None) -> torch.Tensor:
     """logits (N, V) of the next word, tokens (N, t) written so far, the image of each row (N,) with
     its Evidence (evidence.py) or None -> the scores decoding ranks words by: <pad>, <start> (and <unk>)
-    forbidden, repeated trigrams banned when settings.block_trigrams, the evidence's word bias added.
+    forbidden, repeated trigrams (block_trigrams) and content bigrams (block_bigrams) banned, the evidence's
+    word bias added.
     Every rule on which words may come next lives here."""
     logp = _forbid(torch.log_softmax(logits.float(), dim=-1), ids.pad, ids.start, ids.unk)  # (N, V)
     logp = logp if evidence is None else logp + evidence.bias(images, tokens)
+    logp = _ban_repeated_bigrams(logp, tokens, ids.function_words) if settings.block_bigrams else logp
     return _ban_repeated_trigrams(logp, tokens) if settings.block_trigrams else logp
 
 

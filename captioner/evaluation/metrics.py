@@ -13,6 +13,7 @@ import shutil
 from typing import Callable, Mapping, Sequence
 
 from ..config import METRICS
+from ..vocab import FUNCTION_WORDS
 
 METRIC_KEYS = METRICS  # the one list, in config.py (train.val_metric is checked against it)
 
@@ -94,7 +95,6 @@ def _close_meteor(m) -> None:
 
 # Words a finished caption should not end with ("a man in a", "a dog with the"): the classic
 # failure of captioners optimised for CIDEr.
-FUNCTION_WORDS = frozenset("a an the of with in on at to for from by and or is are his her its their".split())
 
 
 def caption_defects(captions: Sequence[str]) -> dict[str, float]:

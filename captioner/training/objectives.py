@@ -28,9 +28,8 @@ from ..decoding.search import SpecialIds, greedy_decode
 from ..decoding.sampling import sample
 from .loss import (attention_entropy, attention_penalty, caption_log_likelihood, caption_loss, hard_attention_terms,
                    update_baseline)
-from ..evaluation.metrics import FUNCTION_WORDS
 from ..model.captioner import CaptionModel
-from ..vocab import Vocab
+from ..vocab import FUNCTION_WORDS, Vocab
 
 
 @dataclass
