@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import torch
 
 from .decoding.captions import Caption, captions_from_features
-from .concepts.detectors import WordDetectors, attach, detectors_of, with_detections
+from .concepts.detectors import WordDetectors, attach, detect_words, detectors_of, with_detections
 from .concepts.imagenet import THRESHOLD, Concepts, detect, encoder_head
 from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
 from .config import DTYPES as DTYPE_NAMES
@@ -156,7 +156,7 @@ class Captioner:
         out = detect(encoder_head(self.model), feats, threshold, top_k)
         det = detectors_of(self.model)
         if det is not None:  # person (always) and the scene words the detectors see at P >= threshold
-            for c, row in zip(out, det(feats).float().cpu()):
+            for c, row in zip(out, detect_words(self.model, feats).float().cpu()):
                 c.top = with_detections(c.top, det, row, threshold)
                 c.probs.update({g: round(float(row[k]), 4) for k, g in enumerate(det.groups) if g not in c.probs})
         return out

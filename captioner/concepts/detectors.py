@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..vocab import tokenize
-from .imagenet import CATEGORIES
+from .imagenet import CATEGORIES, imagenet_head_or_none, imagenet_logits, person_classes
 from .words import CATEGORY_WORDS
 
 PERSON = "person"
@@ -102,6 +102,10 @@ class WordDetectors(nn.Module):
         self.register_buffer("inv_std", torch.ones(dim))  # (D,)
         self.register_buffer("scale", torch.ones(k))  # (K,) Platt calibration, scale > 0 keeps the order
         self.register_buffer("shift", torch.zeros(k))  # (K,)
+        # (K,) weight of the ImageNet head's own evidence: log P(the clothes people wear) (imagenet.PERSON_CLASSES);
+        # chosen on held-out photos (0 for every group but person): Flickr8k's negatives are dogs, the
+        # head has seen everyday scenes
+        self.register_buffer("prior_weight", torch.zeros(k))
 
     def cell_scores(self, feats: torch.Tensor) -> torch.Tensor:
         """(B, P, D) -> (B, P, K) per-cell scores s_ik."""
@@ -112,9 +116,17 @@ class WordDetectors(nn.Module):
         """(B, P, D) -> logit of the uncalibrated noisy-OR (B, K) (what training fits)."""
         return noisy_or_logit(self.cell_scores(feats))
 
-    def forward(self, feats: torch.Tensor) -> torch.Tensor:
-        """(B, P, D) -> calibrated probabilities (B, K) in [0, 1]."""
-        return torch.sigmoid(self.scale.float() * self.raw_logit(feats) + self.shift.float())
+    def fused_logit(self, feats: torch.Tensor, prior: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, P, D), prior (B,) log P(clothes) or None -> the noisy-OR logit + prior_weight * prior (B, K)."""
+        z = self.raw_logit(feats)  # (B, K)
+        return z if prior is None else z + self.prior_weight.float() * prior.float()[:, None]
+
+    def forward(self, feats: torch.Tensor, prior: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, P, D), prior (B,) (clothes_prior) -> calibrated probabilities (B, K) in [0, 1]. Without the
+        prior a detector whose prior_weight is not 0 is an error (its calibration assumed the prior)."""
+        if prior is None and bool(self.prior_weight.ne(0).any()):
+            raise ValueError("these word detectors use the ImageNet head's evidence: pass prior=clothes_prior(...)")
+        return torch.sigmoid(self.scale.float() * self.fused_logit(feats, prior) + self.shift.float())
 
     def prob_of(self, probs: torch.Tensor, group: str) -> torch.Tensor:
         """(B, K) -> (B,) the column of `group` (KeyError naming the groups when it has none)."""
@@ -141,6 +153,21 @@ class WordDetectors(nn.Module):
                              f" do not fit {len(det.groups)} groups of dimension {info['dim']}")
         det.load_state_dict({k: v.float() for k, v in tensors.items()})
         return det.eval()
+
+
+def clothes_prior(head: nn.Linear, feats: torch.Tensor) -> torch.Tensor:
+    """(B, P, D) -> (B,) log of the ImageNet head's probability of the clothes and outfits people wear."""
+    logp = imagenet_logits(head, feats).log_softmax(-1)  # (B, 1000)
+    return logp[:, list(person_classes())].logsumexp(-1)
+
+
+def detect_words(model: nn.Module, feats: torch.Tensor) -> torch.Tensor | None:
+    """A CaptionModel's word detections (B, K) for annotation vectors (B, P, D); None without detectors."""
+    det = detectors_of(model)
+    if det is None:
+        return None
+    head = imagenet_head_or_none(model)
+    return det(feats, None if head is None else clothes_prior(head, feats))
 
 
 def detectors_of(model: nn.Module) -> WordDetectors | None:

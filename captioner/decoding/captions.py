@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..concepts.detectors import PERSON, WordDetectors, detectors_of, with_detections
+from ..concepts.detectors import PERSON, WordDetectors, detect_words, detectors_of, with_detections
 from ..concepts.maps import MIN_PROB, category_maps
 from ..concepts.imagenet import CATEGORIES, MAP_CATEGORIES, concept_probs, imagenet_head_or_none
 from ..config import DecodeConfig
@@ -135,7 +135,7 @@ def captions_from_features(model: CaptionModel, feats: np.ndarray | torch.Tensor
         x = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x, dtype=np.float32))
         x = x.to(param.device, param.dtype)  # (b, P, D)
         probs = None if head is None else concept_probs(head, x)  # (b, C)
-        seen = None if det is None else det(x).float()  # (b, K) word detections
+        seen = None if det is None else detect_words(model, x).float()  # (b, K) word detections
         person = None if person_words is None else (det.prob_of(seen, PERSON), person_words)
         evidence = Evidence(probs, words, settings, person) if settings.evidence else None
         hyps = decode(decoder, x, ids, settings, evidence)

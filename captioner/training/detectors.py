@@ -68,16 +68,40 @@ def fit(det: WordDetectors, feats: np.ndarray | torch.Tensor, labels: torch.Tens
 
 
 @torch.no_grad()
-def raw_logits(det: WordDetectors, feats: np.ndarray | torch.Tensor, batch_size: int = 256) -> torch.Tensor:
-    """(N, P, D) -> uncalibrated noisy-OR logits (N, K)."""
-    return torch.cat([det.raw_logit(_rows(feats, np.arange(k, min(k + batch_size, len(feats)))))
-                      for k in range(0, len(feats), batch_size)])
+def raw_logits(det: WordDetectors, feats: np.ndarray | torch.Tensor, prior: torch.Tensor | None = None,
+               batch_size: int = 256) -> torch.Tensor:
+    """(N, P, D), prior (N,) or None -> uncalibrated logits (N, K): noisy-OR + prior_weight * prior."""
+    out = torch.cat([det.raw_logit(_rows(feats, np.arange(k, min(k + batch_size, len(feats)))))
+                     for k in range(0, len(feats), batch_size)])
+    return out if prior is None else out + det.prior_weight * prior[:, None]
 
 
 @torch.no_grad()
-def probabilities(det: WordDetectors, feats: np.ndarray | torch.Tensor, batch_size: int = 256) -> torch.Tensor:
-    """(N, P, D) -> calibrated probabilities (N, K)."""
-    return torch.sigmoid(det.scale * raw_logits(det, feats, batch_size) + det.shift)
+def probabilities(det: WordDetectors, feats: np.ndarray | torch.Tensor, prior: torch.Tensor | None = None,
+                  batch_size: int = 256) -> torch.Tensor:
+    """(N, P, D), prior (N,) -> calibrated probabilities (N, K)."""
+    return torch.sigmoid(det.scale * raw_logits(det, feats, prior, batch_size) + det.shift)
+
+
+@torch.no_grad()
+def clothes_priors(head: torch.nn.Linear, feats: np.ndarray | torch.Tensor, batch_size: int = 256) -> torch.Tensor:
+    """(N, P, D) -> (N,) concepts.detectors.clothes_prior of every photo."""
+    from ..concepts.detectors import clothes_prior
+
+    return torch.cat([clothes_prior(head, _rows(feats, np.arange(k, min(k + batch_size, len(feats)))))
+                      for k in range(0, len(feats), batch_size)])
+
+
+PRIOR_WEIGHTS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+def choose_prior_weight(raw: list[torch.Tensor], prior: list[torch.Tensor], present: list[np.ndarray],
+                        weights: tuple[float, ...] = PRIOR_WEIGHTS) -> tuple[float, dict[float, list[float]]]:
+    """The weight a of the ImageNet head's clothes evidence (score = noisy-OR logit + a * prior) with the
+    best mean average precision over the held-out sets (raw (N,), prior (N,), present (N,) each), and
+    every weight's APs."""
+    aps = {a: [average_precision((r + a * q).numpy(), y) for r, q, y in zip(raw, prior, present)] for a in weights}
+    return max(weights, key=lambda a: float(np.mean(aps[a]))), aps
 
 
 def calibrate(det: WordDetectors, logits: torch.Tensor, labels: torch.Tensor, steps: int = 300) -> None:
@@ -116,3 +140,16 @@ def floor_report(p: np.ndarray, present: np.ndarray, floors: tuple[float, ...]) 
     return [{"floor": f, "ruled_out_absent": float((p[~present] < f).mean()) if (~present).any() else float("nan"),
              "ruled_out_present": float((p[present] < f).mean()) if present.any() else float("nan")}
             for f in floors]
+
+
+FLOORS = (0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
+
+
+def choose_floor(held_out: list[tuple[np.ndarray, np.ndarray]], max_miss: float = 0.03,
+                 floors: tuple[float, ...] = FLOORS) -> float:
+    """The largest floor at which, on EVERY held-out set (P(person) (N,), person present (N,)), at most
+    `max_miss` of the photos with a person are ruled out (a vetoed person word where one is, is worse
+    than a person word where none is); 0 (off) when even the lowest floor misses more."""
+    ok = [f for f in floors
+          if all(r["ruled_out_present"] <= max_miss for p, y in held_out for r in floor_report(p, y, (f,)))]
+    return max(ok, default=0.0)
