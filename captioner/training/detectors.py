@@ -62,7 +62,7 @@ def fit(det: WordDetectors, feats: np.ndarray | torch.Tensor, labels: torch.Tens
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total += float(loss) * len(idx)
+            total += float(loss.detach()) * len(idx)
         log(f"detectors epoch {epoch + 1}/{settings.epochs}: loss {total / len(feats):.4f}")
     return det.eval()
 
