@@ -177,3 +177,17 @@ def test_caption_concepts_and_json_carry_the_detections(model):
     assert any(c["category"] == "person" and c["prob"] > 0.99 for c in rec["concepts"])
     seen = m.concepts([EXAMPLES / "cat.jpg"])[0]
     assert seen.prob("person") > 0.99 and "person" in [c for c, _ in seen.top]
+
+
+def test_export_keeps_the_detectors(model, tmp_path):
+    from captioner.cli.export import main as export
+
+    m = captioner.load()
+    det = _person_detector(m, -2.0)
+    det.weight.data.normal_(std=0.01)
+    attach(m.model, det)
+    m.config.decode.person_floor = 0.1
+    m.save(tmp_path / "det.safetensors")
+    assert export([str(tmp_path / "det.safetensors"), str(tmp_path / "out.safetensors"), "--half"]) == 0
+    got = detectors_of(captioner.load(tmp_path / "out.safetensors").model)
+    assert got is not None and all(torch.equal(got.state_dict()[k], v) for k, v in det.state_dict().items())
