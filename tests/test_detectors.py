@@ -191,3 +191,20 @@ def test_export_keeps_the_detectors(model, tmp_path):
     assert export([str(tmp_path / "det.safetensors"), str(tmp_path / "out.safetensors"), "--half"]) == 0
     got = detectors_of(captioner.load(tmp_path / "out.safetensors").model)
     assert got is not None and all(torch.equal(got.state_dict()[k], v) for k, v in det.state_dict().items())
+
+
+def test_train_detectors_cli_writes_a_model_with_its_floor(flickr, tmp_path, one_torch_thread):
+    import json
+
+    from captioner.cli.train_detectors import main as train_detectors
+
+    out, report = tmp_path / "model.safetensors", tmp_path / "report.json"
+    assert train_detectors(["--data-root", str(flickr), "--cache-dir", str(tmp_path / "cache"), "--out", str(out),
+                            "--limit", "24", "--groups", "person,water", "--epochs", "3", "--report", str(report)]) == 0
+    got = captioner.load(out)
+    r = json.loads(report.read_text())
+    assert detectors_of(got.model).groups == [PERSON, "water"]
+    assert got.config.decode.person_floor == r["person_floor"] and set(r["ap_val"]) == {PERSON, "water"}
+    assert 0 <= r["ap_val"][PERSON] <= 1 and r["person_prior_weight"] in T.PRIOR_WEIGHTS
+    cap = got.caption(EXAMPLES / "cat.jpg")
+    assert [w for w, _ in cap.detections] == [PERSON, "water"]
