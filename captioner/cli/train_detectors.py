@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="where to write the model file with detectors")
     p.add_argument("--groups", default=",".join(GROUP_WORDS), help="comma-separated word groups (GROUP_WORDS)")
     p.add_argument("--person-floor", type=float, default=None, help="store this floor (default: choose it)")
-    p.add_argument("--max-miss", type=float, default=0.03,
+    p.add_argument("--max-miss", type=float, default=0.06,
                    help="the chosen floor vetoes person words on at most this share of photos WITH a person")
     p.add_argument("--report", default=None, help="also write the measurements as JSON here")
     p.add_argument("--limit", type=int, default=0, help="first N photos of train and of val only (a quick try)")

@@ -22,7 +22,7 @@ class FitSettings:
     lr: float = 1e-3
     weight_decay: float = 1e-4  # on the (standardised-feature) weights
     batch_size: int = 64
-    balanced: bool = False  # weight positives by negatives/positives per group
+    balanced: bool = True  # weight positives by negatives/positives per group (measured: mean AP .629 vs .616 on val)
     seed: int = 0
 
 
@@ -145,7 +145,7 @@ def floor_report(p: np.ndarray, present: np.ndarray, floors: tuple[float, ...]) 
 FLOORS = (0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
 
 
-def choose_floor(held_out: list[tuple[np.ndarray, np.ndarray]], max_miss: float = 0.03,
+def choose_floor(held_out: list[tuple[np.ndarray, np.ndarray]], max_miss: float = 0.06,
                  floors: tuple[float, ...] = FLOORS) -> float:
     """The largest floor at which, on EVERY held-out set (P(person) (N,), person present (N,)), at most
     `max_miss` of the photos with a person are ruled out (a vetoed person word where one is, is worse
