@@ -318,7 +318,8 @@ with col_text:
                    "heat maps are drawn fainter in proportion.")
     st.markdown(f"log-probability **{cap.log_prob:.2f}** over {len(cap.words)} words + end")
     if cap.concepts:
-        st.markdown("What the encoder's ImageNet classifier sees")
+        st.markdown("What the encoder sees (its ImageNet classifier; person and scene words: the model's word "
+                    "detectors)" if cap.detections else "What the encoder's ImageNet classifier sees")
         st.markdown(concepts_html(cap.concepts), unsafe_allow_html=True)
     if cap.contradicted:
         st.warning("The classifier sees no sign of: " + ", ".join(f"**{cap.words[i]}**" for i in cap.contradicted)

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import torch
 
 from .decoding.captions import Caption, captions_from_features
+from .concepts.detectors import WordDetectors, attach, detect_words, detectors_of, with_detections
 from .concepts.imagenet import THRESHOLD, Concepts, detect, encoder_head
 from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
 from .config import DTYPES as DTYPE_NAMES
@@ -174,9 +175,17 @@ class Captioner:
     @torch.no_grad()
     def concepts(self, images: Sequence[ImageInput], threshold: float = THRESHOLD, top_k: int = 5) -> list[Concepts]:
         """What the encoder's ImageNet head sees in each image (one encoder pass): COCO categories at or
-        above `threshold` and the `top_k` ImageNet classes. A ValueError for encoders without the head."""
+        above `threshold` and the `top_k` ImageNet classes; with word detectors in the model file, also
+        person (always) and the detected words at or above `threshold`. A ValueError for encoders without the head."""
         x = torch.stack([self.preprocess(im) for im in images])  # (B, 3, S, S)
-        return detect(encoder_head(self.model), self.encode(x), threshold, top_k)
+        feats = self.encode(x)  # (B, P, D)
+        out = detect(encoder_head(self.model), feats, threshold, top_k)
+        det = detectors_of(self.model)
+        if det is not None:  # person (always) and the scene words the detectors see at P >= threshold
+            for c, row in zip(out, detect_words(self.model, feats).float().cpu()):
+                c.top = with_detections(c.top, det, row, threshold)
+                c.probs.update({g: round(float(row[k]), 4) for k, g in enumerate(det.groups) if g not in c.probs})
+        return out
 
     @torch.no_grad()
     def encode(self, x: torch.Tensor) -> torch.Tensor:
@@ -186,8 +195,9 @@ class Captioner:
 
     def save(self, path: str | Path, half: bool = False, metrics: dict[str, Any] | None = None) -> None:
         state = {k: v.float() if v.is_floating_point() else v for k, v in self.model.state_dict().items()}
-        save_checkpoint(path, self.config, self.vocab, state,
-                        metrics=self.metrics if metrics is None else metrics, half=half)
+        det = detectors_of(self.model)
+        save_checkpoint(path, self.config, self.vocab, state, metrics=self.metrics if metrics is None else metrics,
+                        half=half, detector_info=None if det is None else det.info())
 
 
 def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu",
@@ -204,6 +214,11 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
     ckpt = load_checkpoint(checkpoint)
     model = build_model(ckpt.config.model, len(ckpt.vocab), pretrained=False)
     load_model_state(model, ckpt.model_state, str(checkpoint))
+    if ckpt.detector_info is not None:  # the word-detector head (person evidence), when the file has one
+        try:
+            attach(model, WordDetectors.from_state(ckpt.detector_tensors, ckpt.detector_info))
+        except ValueError as e:
+            raise CheckpointError(f"{checkpoint}: {e}") from None
     model = model.eval().to(device=torch.device(device), dtype=resolve_dtype(dtype))  # ours: converted in place
     return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype)
 

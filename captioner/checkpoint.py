@@ -19,6 +19,7 @@ from .vocab import Vocab
 
 FORMAT = "captioner-checkpoint/1"
 _OPT = "optimizer."
+DETECTORS = "detectors."  # tensors of the optional word-detector head (concepts/detectors.py), JSON under "detectors"
 
 
 class CheckpointError(ValueError):
@@ -33,11 +34,20 @@ class Checkpoint:
     metrics: dict[str, Any] = field(default_factory=dict)
     train_state: dict[str, Any] | None = None  # epoch, step, best, history ... (resumable checkpoints)
     optimizer_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    # the word-detector head (without the "detectors." prefix) and its description; empty / None in
+    # files without detectors
+    detector_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    detector_info: dict[str, Any] | None = None
 
 
 def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state: dict[str, torch.Tensor],
                     metrics: dict[str, Any] | None = None, train_state: dict[str, Any] | None = None,
-                    optimizer_tensors: dict[str, torch.Tensor] | None = None, half: bool = False) -> None:
+                    optimizer_tensors: dict[str, torch.Tensor] | None = None, half: bool = False,
+                    detector_info: dict[str, Any] | None = None) -> None:
+    """`model_state` may hold the word detectors' tensors ("detectors." keys, kept in float32) when
+    `detector_info` describes them; the two come together or not at all."""
+    if any(k.startswith(DETECTORS) for k in model_state) != (detector_info is not None):
+        raise ValueError("word detectors need both their tensors ('detectors.' keys) and detector_info")
     _check_tensors_finite(model_state, f"refusing to save {path}")  # never replace a good checkpoint with a broken one
     # --half never rounds a frozen encoder: it keeps the exact pretrained weights, so the features the
     # decoder sees are the ones it was trained on and evaluation shares training's feature cache (whose
@@ -46,7 +56,7 @@ def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state:
     tensors = {}
     for k, v in model_state.items():
         v = v.detach().cpu()
-        if half and v.is_floating_point() and not (frozen and k.startswith("encoder.")):
+        if half and v.is_floating_point() and not (frozen and k.startswith("encoder.")) and not k.startswith(DETECTORS):
             v = v.half()
         tensors[k] = v.contiguous()
     for k, v in (optimizer_tensors or {}).items():
@@ -55,6 +65,8 @@ def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state:
             "metrics": json.dumps(metrics or {})}
     if train_state is not None:
         meta["train_state"] = json.dumps(train_state)
+    if detector_info is not None:
+        meta["detectors"] = json.dumps(detector_info)
     write_safetensors(path, tensors, meta)
 
 
@@ -163,11 +175,18 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         train_state = json.loads(meta["train_state"]) if "train_state" in meta else None
         if train_state is not None and not isinstance(train_state, dict):
             raise ValueError(f"train_state must be a JSON object, got {type(train_state).__name__}")
+        detector_info = json.loads(meta["detectors"]) if "detectors" in meta else None
+        if detector_info is not None and not isinstance(detector_info, dict):
+            raise ValueError(f"detectors must be a JSON object, got {type(detector_info).__name__}")
     except KeyError as e:
         raise CheckpointError(f"{path}: corrupt metadata (no {e.args[0]!r} entry)") from None
     except (json.JSONDecodeError, ValueError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{path}: corrupt metadata ({e})") from None
-    model_state = _without_legacy_aliases({k: v for k, v in tensors.items() if not k.startswith(_OPT)}, path)
+    detectors = {k[len(DETECTORS):]: v for k, v in tensors.items() if k.startswith(DETECTORS)}
+    if bool(detectors) != (detector_info is not None):
+        raise CheckpointError(f"{path}: word-detector tensors and their 'detectors' description must come together")
+    model_state = _without_legacy_aliases(
+        {k: v for k, v in tensors.items() if not k.startswith((_OPT, DETECTORS))}, path)
     optim = {k[len(_OPT):]: v for k, v in tensors.items() if k.startswith(_OPT)}
     for key in ("decoder.embedding.weight", "decoder.out_vocab.weight"):  # the vocabulary must fit the weights
         if key in model_state and model_state[key].ndim >= 1 and model_state[key].shape[0] != len(vocab):
@@ -175,7 +194,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
                 f"{path}: shape mismatch: its vocabulary has {len(vocab)} words but {key} has "
                 f"{model_state[key].shape[0]} rows {tuple(model_state[key].shape)}; the metadata and the weights "
                 "come from different models")
-    return Checkpoint(config, vocab, model_state, metrics, train_state, optim)
+    return Checkpoint(config, vocab, model_state, metrics, train_state, optim, detectors, detector_info)
 
 
 _LEGACY_ALIAS, _BACKBONE = "encoder._features.", "encoder.backbone."

@@ -122,6 +122,10 @@ class DecodeConfig:
     evidence_floor: float = 0.05  # P(category) from the ImageNet head below which its words are ruled out
     evidence_penalty: float = 10.0  # subtracted from a ruled-out word's log-probability (large = forbidden)
     evidence_bonus: float = 0.0  # + bonus * P(category) for the words of categories not ruled out
+    # with decode.evidence and a model file that carries word detectors (concepts/detectors.py): person words
+    # are ruled out where the person detector's P(person) < person_floor (0 = off, the default; files with
+    # detectors store the floor chosen on Flickr8k val + coco-mini)
+    person_floor: float = 0.0
 
 
 @dataclass

@@ -559,3 +559,25 @@ def test_encoder_runs_once_per_photo(app, monkeypatch):
     finally:
         st.cache_resource.clear()
         st.cache_data.clear()
+
+
+def test_concepts_panel_shows_the_word_detectors_person(app, tmp_path):
+    """A model file with word detectors: the concepts panel lists person like any concept, and a person
+    the detector rules out is not the caption's subject."""
+    from captioner.concepts.detectors import PERSON, WordDetectors, attach
+
+    m = captioner.load(_selected_path())
+    det = WordDetectors([PERSON, "water"], m.model.encoder.out_dim)
+    det.bias.data.fill_(-30.0)  # P(person) ~ 0 on every photo: the panel must say so and the veto must act
+    attach(m.model, det)
+    m.config.decode.person_floor = 0.2
+    m.save(tmp_path / "detectors.safetensors")
+    at = app.run()
+    next(t for t in at.sidebar.text_input if t.label.startswith("Checkpoint folder")).set_value(str(tmp_path)).run()
+    next(s for s in at.sidebar.selectbox if s.label == "Checkpoint").set_value("detectors.safetensors").run()
+    ex = next(s for s in at.selectbox if s.label.startswith("... or pick an example"))
+    ex.set_value("Astronaut").run()
+    no_problems(at)
+    panel = [x.value for x in at.markdown if 'class="concepts"' in x.value]
+    assert panel and ">person<" in panel[0], panel
+    assert not set(det.members[PERSON]) & set(caption_text(at).split())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from captioner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from captioner.checkpoint import DETECTORS, CheckpointError, load_checkpoint, save_checkpoint
     from captioner.config import Config, set_value
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,7 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ValueError, KeyError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    save_checkpoint(args.output, cfg, ckpt.vocab, state, metrics=metrics, half=args.half)
+    if ckpt.detector_info is not None:  # the word detectors travel with the model (never averaged, never halved)
+        state = {**state, **{DETECTORS + k: v for k, v in ckpt.detector_tensors.items()}}
+    save_checkpoint(args.output, cfg, ckpt.vocab, state, metrics=metrics, half=args.half,
+                    detector_info=ckpt.detector_info)
     size = Path(args.output).stat().st_size / 2**20
     print(f"wrote {args.output} ({size:.1f} MiB; {stored_dtypes(args.output)}), metrics: {sorted(metrics)}")
     return 0

@@ -13,11 +13,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..concepts.detectors import PERSON, WordDetectors, detect_words, detectors_of, with_detections
 from ..concepts.maps import MIN_PROB, category_maps
 from ..concepts.imagenet import CATEGORIES, MAP_CATEGORIES, concept_probs, imagenet_head_or_none
 from ..config import DecodeConfig
 from .search import Hypothesis, SpecialIds, decode
-from .evidence import Evidence, ruled_out_words, word_categories
+from .evidence import Evidence, person_ruled_out, ruled_out_words, word_categories
 from ..model.captioner import CaptionModel
 from ..vocab import Vocab
 
@@ -50,6 +51,9 @@ class Caption:
     # the ImageNet head sees with P >= concept_maps.MIN_PROB: where the classifier sees what the word names
     # (concept_maps.py), to set beside where the word looked
     concept_maps: dict[int, tuple[str, float, np.ndarray]] = field(default_factory=dict)
+    # what the model file's word detectors (concepts/detectors.py) see: every group -> P, e.g. ("person", 0.97);
+    # empty for files without detectors. The shown ones (person, scene words) are also in `concepts`
+    detections: list[tuple[str, float]] = field(default_factory=list)
 
     def to_dict(self, image: str | None = None, settings: dict | None = None, maps: bool = True) -> dict:
         """The one JSON shape of a caption (scripts/caption.py --json lines and the app's download): text,
@@ -62,6 +66,7 @@ class Caption:
                "betas": [round(float(b), 5) for b in self.betas] if len(self.betas) == n else [None] * n,
                "alternatives": [{"caption": t, "log_prob": float(lp)} for t, lp in self.alternatives],
                "concepts": [{"category": c, "prob": round(float(q), 5)} for c, q in self.concepts],
+               "detections": [{"word": w, "prob": round(float(q), 5)} for w, q in self.detections],
                "contradicted_words": [self.words[i] for i in self.contradicted],
                "unknown_words": [self.words[i] for i in self.unknown], "notes": self.notes,
                "settings": dict(settings or {}), "grid": list(self.alphas.shape[1:])}
@@ -122,21 +127,51 @@ def captions_from_features(model: CaptionModel, feats: np.ndarray | torch.Tensor
         raise ValueError(f"decode.evidence needs an encoder with an ImageNet head (efficientnet_lite0/2), not "
                          f"{getattr(model.encoder, 'name', type(model.encoder).__name__)}; set decode.evidence=false")
     words = word_categories(vocab).to(param.device) if head is not None else None  # (V, C)
+    det = checked_detectors(model, settings)
+    person_words = None if det is None else person_word_mask(vocab, det).to(param.device)  # (V,)
     out: list[Caption] = []
     for k in tqdm(range(0, len(feats), batch_size), desc="decoding", disable=not progress, unit="batch"):
         x = feats[k:k + batch_size]
         x = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x, dtype=np.float32))
         x = x.to(param.device, param.dtype)  # (b, P, D)
         probs = None if head is None else concept_probs(head, x)  # (b, C)
-        evidence = Evidence(probs, words, settings) if settings.evidence else None
+        seen = None if det is None else detect_words(model, x).float()  # (b, K) word detections
+        person = None if person_words is None else (det.prob_of(seen, PERSON), person_words)
+        evidence = Evidence(probs, words, settings, person) if settings.evidence else None
         hyps = decode(decoder, x, ids, settings, evidence)
         ruled_out = None if words is None else ruled_out_words(probs, words, settings.evidence_floor)  # (b, V)
+        if ruled_out is not None and person is not None and settings.person_floor > 0:
+            ruled_out = (ruled_out + person_ruled_out(person[0], person_words, settings.person_floor)).clamp(max=1)
         caps = [to_caption(h, vocab, None if probs is None else probs[j], None if words is None else ruled_out[j])
                 for j, h in enumerate(hyps)]
+        if det is not None:
+            add_detections(caps, det, seen)
         if head is not None:
             attach_concept_maps(caps, [h[0].tokens for h in hyps], head, x, vocab)
         out.extend(caps)
     return out
+
+
+def checked_detectors(model: CaptionModel, settings: DecodeConfig) -> WordDetectors | None:
+    """The model's word detectors; a ValueError when decode.person_floor asks for a person detector it lacks."""
+    det = detectors_of(model)
+    if settings.person_floor > 0 and (det is None or PERSON not in det.groups):
+        raise ValueError(f"decode.person_floor={settings.person_floor} needs a model file with a person detector "
+                         "(captioner-train-detectors writes one); set decode.person_floor=0 for this model")
+    return det
+
+
+def person_word_mask(vocab: Vocab, det: WordDetectors) -> torch.Tensor:
+    """(V,) 0/1: the vocabulary's person words (the person detector's group)."""
+    names = set(det.members.get(PERSON, ()))
+    return torch.tensor([float(w in names) for w in vocab.itos])
+
+
+def add_detections(caps: Sequence[Caption], det: WordDetectors, seen: torch.Tensor) -> None:
+    """Each Caption's detections (every group, P) and the shown ones merged into its concepts; seen (n, K)."""
+    for cap, row in zip(caps, seen.cpu()):
+        cap.detections = [(g, round(float(p), 4)) for g, p in zip(det.groups, row)]
+        cap.concepts = with_detections(cap.concepts, det, row)
 
 
 def attach_concept_maps(caps: Sequence[Caption], tokens: Sequence[Sequence[int]], head: torch.nn.Linear,

@@ -9,8 +9,11 @@ vocabulary word (B, V), applied to the next-word log-probabilities at every step
     bias[b, w] = -evidence_penalty                  if w names category k and p[b, k] < evidence_floor
                = +evidence_bonus * p[b, k]          if w names category k otherwise, until the caption
                                                     has named k once (then 0: say it, do not repeat it)
-               = 0                                  for every other word (incl. person words: ImageNet
-                                                    has no person class, so there is no evidence either way)
+               = 0                                  for every other word
+    bias[b, w] = -evidence_penalty                  if w is a person word and the model file's person
+                                                    detector (concepts/detectors.py) gives P(person) <
+                                                    person_floor (ImageNet has no person class: without
+                                                    a detector, person words get no evidence either way)
 
 A large penalty forbids the word; a moderate one lets a strong language context still win. Words
 are the one-word names of the grounding table (grounding/words.py: "dog", "dogs", "puppy" -> dog);
@@ -52,13 +55,23 @@ def ruled_out_words(probs: torch.Tensor, words: torch.Tensor, floor: float) -> t
     return (probs < floor).float() @ words.t().to(probs)
 
 
+def person_ruled_out(person: torch.Tensor, person_words: torch.Tensor, floor: float) -> torch.Tensor:
+    """P(person) (B,), person_words (V,) 0/1 -> (B, V) 1 where the word is a person word and P < floor."""
+    return (person < floor).float()[:, None] * person_words.to(person)[None, :]
+
+
 class Evidence:
     """Per-image word scores for decoding: probs (B, C) concept probabilities, words (V, C) from
-    word_categories, settings.evidence_* -> `bias(images, tokens)` for the live rows."""
+    word_categories, settings.evidence_* -> `bias(images, tokens)` for the live rows. `person`:
+    (P(person) (B,), person words (V,)) from the word detectors, or None when the model has none."""
 
-    def __init__(self, probs: torch.Tensor, words: torch.Tensor, settings: DecodeConfig):
+    def __init__(self, probs: torch.Tensor, words: torch.Tensor, settings: DecodeConfig,
+                 person: tuple[torch.Tensor, torch.Tensor] | None = None):
         self.words = words.to(probs)  # (V, C)
-        self.penalty = -settings.evidence_penalty * ruled_out_words(probs, self.words, settings.evidence_floor)  # (B, V)
+        out = ruled_out_words(probs, self.words, settings.evidence_floor)  # (B, V)
+        if person is not None and settings.person_floor > 0:
+            out = (out + person_ruled_out(person[0].to(probs), person[1], settings.person_floor)).clamp(max=1)
+        self.penalty = -settings.evidence_penalty * out  # (B, V)
         self.bonus = settings.evidence_bonus * probs * (probs >= settings.evidence_floor).float()  # (B, C)
         self.has_bonus = bool(settings.evidence_bonus) and bool((self.bonus > 0).any())  # else bias = penalty
 

@@ -1,0 +1,210 @@
+"""Visual word detectors (concepts/detectors.py, Fang et al. 2015): the noisy-OR's invariants, learning
+person from a few dozen real Flickr8k photos, the model file round trip, the person veto in decoding and
+the JSON that carries the detections."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import captioner
+from captioner.checkpoint import CheckpointError, load_checkpoint
+from captioner.concepts.detectors import (PERSON, WordDetectors, attach, caption_labels, detectors_of, group_members,
+                                          noisy_or, noisy_or_logit)
+from captioner.config import DecodeConfig
+from captioner.decoding.evidence import Evidence, word_categories
+from captioner.training import detectors as T
+from captioner.vocab import Vocab
+
+EXAMPLES = captioner.DEFAULT_CHECKPOINT.parent / "examples"
+
+
+def test_noisy_or_is_a_probability_at_least_the_best_cell_and_monotone():
+    s = torch.randn(4, 81, 3) * 4  # (B, P, K)
+    q = noisy_or(s)
+    assert ((q >= 0) & (q <= 1)).all()
+    assert (q >= torch.sigmoid(s).amax(1) - 1e-6).all()  # any cell alone would say at least this much
+    assert torch.allclose(torch.sigmoid(noisy_or_logit(s)), q, atol=1e-5)  # the stable logit is the same q
+    for cell in (0, 40, 80):  # raising any one cell's score never lowers P(word)
+        up = s.clone()
+        up[:, cell] += 1.0
+        assert (noisy_or(up) >= q - 1e-7).all()
+
+
+def test_one_hot_cell_gives_that_cells_probability():
+    s = torch.full((1, 81, 1), -30.0)
+    s[0, 17, 0] = 1.5  # one cell holds the word, the others certainly not
+    assert noisy_or(s).item() == pytest.approx(torch.sigmoid(torch.tensor(1.5)).item(), abs=1e-6)
+    assert noisy_or(torch.full((1, 81, 1), -30.0)).item() < 1e-9  # no cell: no word
+
+
+def test_calibration_keeps_the_order_and_the_prior_is_required_when_used():
+    det = WordDetectors([PERSON, "dog"], 8)
+    det.weight.data.normal_()
+    x = torch.randn(40, 9, 8)
+    raw = det.raw_logit(x).detach()  # (40, 2)
+    labels = (raw + torch.randn(40, 2) > raw.median(0).values).float()  # informative, not separable
+    T.calibrate(det, raw, labels)
+    p = det(x).detach()
+    assert (det.scale > 0.05).all() and torch.equal(raw.argsort(0), p.argsort(0))  # Platt never reorders
+    nll = torch.nn.functional.binary_cross_entropy
+    assert nll(p, labels) < nll(torch.sigmoid(raw), labels)  # and fits the held-out labels better
+    det.prior_weight[0] = 2.0
+    with pytest.raises(ValueError, match="prior"):
+        det(x)
+    assert det(x, torch.zeros(40)).shape == (40, 2)
+
+
+def test_caption_labels_use_every_word_of_the_group():
+    members = group_members([PERSON, "dog", "water"])
+    y = caption_labels([["Two girls play in a pool ."], ["A puppy runs ."], ["A brown dog ."]], members)
+    assert y.tolist() == [[1, 0, 1], [0, 1, 0], [0, 1, 0]]
+    assert {"man", "women", "children", "people", "boy", "player"} <= set(members[PERSON])
+
+
+def _person_split(records, n: int):
+    """n photos, half whose captions all name a person and half whose captions name none."""
+    members = group_members([PERSON])
+    y = caption_labels([r.captions for r in records], members)[:, 0]
+    every = np.array([all(caption_labels([[c]], members)[0, 0] for c in r.captions) for r in records])
+    pos = [r for r, e in zip(records, every) if e][: n // 2]
+    neg = [r for r, lab in zip(records, y) if lab == 0][: n // 2]
+    return pos + neg
+
+
+@pytest.fixture(scope="module")
+def model():
+    return captioner.load()
+
+
+def test_detector_learnt_from_a_few_dozen_real_photos_separates_person(model, flickr, one_torch_thread):
+    from captioner.data.flickr8k import load_flickr8k
+    from captioner.evaluation.scoring import encode_records
+
+    train = _person_split(load_flickr8k(flickr, "train")[:300], 48)
+    held = _person_split(load_flickr8k(flickr, "val")[:200], 24)
+    (xt, _), (xh, _) = (encode_records(model.model, rs, model.preprocess, "cpu", num_workers=0) for rs in (train, held))
+    members = group_members([PERSON])
+    yt, yh = (caption_labels([r.captions for r in rs], members) for rs in (train, held))
+    det = T.fit(WordDetectors([PERSON], xt.shape[-1]), xt, yt, T.FitSettings(epochs=15), log=lambda _: None)
+    p = T.probabilities(det, xh)[:, 0].numpy()
+    ap = T.average_precision(p, yh[:, 0].numpy())
+    chance = float(yh.mean())  # a random ranking's expected AP
+    assert ap > chance + 0.25, (ap, chance)
+
+
+def _person_detector(model, bias: float) -> WordDetectors:
+    """A person detector that is sure (bias >> 0) or that rules out a person (bias << 0) on any photo."""
+    det = WordDetectors([PERSON, "water"], model.model.encoder.out_dim)
+    det.bias.data.fill_(bias)
+    return det
+
+
+def test_model_file_round_trip_keeps_the_detectors_and_old_files_load(model, tmp_path):
+    assert detectors_of(model.model) is None and model.config.decode.person_floor == 0  # the bundled file has none
+    m = captioner.load()
+    det = _person_detector(m, -1.0)
+    det.weight.data.normal_(std=0.01)
+    det.scale.fill_(1.7)
+    det.prior_weight[0] = 3.0
+    attach(m.model, det)
+    m.config.decode.person_floor = 0.12
+    m.save(tmp_path / "det.safetensors", half=True)
+    back = captioner.load(tmp_path / "det.safetensors")
+    got = detectors_of(back.model)
+    assert got is not None and got.groups == [PERSON, "water"] and got.members == det.members
+    for k, v in det.state_dict().items():
+        assert torch.equal(got.state_dict()[k], v), k  # float32 even in a --half file
+    assert back.config.decode.person_floor == 0.12
+    ckpt = load_checkpoint(tmp_path / "det.safetensors")
+    assert not any(k.startswith("detectors.") for k in ckpt.model_state)  # init_from never sees them
+
+
+def test_detector_tensors_without_their_description_are_refused(model, tmp_path):
+    from captioner.checkpoint import read_safetensors, write_safetensors
+
+    m = captioner.load()
+    attach(m.model, _person_detector(m, 0.0))
+    m.save(tmp_path / "det.safetensors")
+    tensors, meta = read_safetensors(tmp_path / "det.safetensors")
+    del meta["detectors"]
+    write_safetensors(tmp_path / "bad.safetensors", tensors, meta)
+    with pytest.raises(CheckpointError, match="detector"):
+        load_checkpoint(tmp_path / "bad.safetensors")
+
+
+def test_evidence_vetoes_person_words_below_the_floor():
+    v = Vocab(["<pad>", "<start>", "<end>", "<unk>", "a", "man", "women", "dog", "runs"])
+    det = WordDetectors([PERSON], 4)
+    mask = torch.tensor([float(w in det.members[PERSON]) for w in v.itos])
+    probs = torch.full((2, 61), 0.5)  # every seen category plausible: only the person evidence matters
+    s = DecodeConfig(evidence=True, person_floor=0.2, evidence_penalty=9.0)
+    ev = Evidence(probs, word_categories(v), s, (torch.tensor([0.05, 0.9]), mask))
+    b = ev.bias(torch.tensor([0, 1]), torch.zeros(2, 0, dtype=torch.long))
+    assert b[0, v.stoi["man"]] == -9.0 and b[0, v.stoi["women"]] == -9.0 and b[0, v.stoi["runs"]] == 0
+    assert b[1, v.stoi["man"]] == 0  # P(person) above the floor: no veto
+    off = Evidence(probs, word_categories(v), dataclasses.replace(s, person_floor=0.0), (torch.tensor([0.05, 0.9]), mask))
+    assert off.bias(torch.tensor([0]), torch.zeros(1, 0, dtype=torch.long))[0, v.stoi["man"]] == 0
+
+
+def test_decoding_drops_person_words_the_detector_rules_out(model):
+    m = captioner.load()
+    before = m.caption(EXAMPLES / "astronaut.jpg")
+    people = set(WordDetectors([PERSON], 1).members[PERSON])
+    assert people & set(before.words), before.text  # the Flickr8k prior names a person here
+    with pytest.raises(ValueError, match="person_floor"):
+        m.caption(EXAMPLES / "astronaut.jpg", person_floor=0.3)  # no detector in the file: said, not ignored
+    attach(m.model, _person_detector(m, -30.0))  # P(person) ~ 0 on every photo
+    vetoed = m.caption(EXAMPLES / "astronaut.jpg", person_floor=0.3)
+    assert not people & set(vetoed.words), vetoed.text
+    kept = m.caption(EXAMPLES / "astronaut.jpg", person_floor=0.0)  # floor off: the detector only informs
+    assert kept.words == before.words
+    said = m.caption(EXAMPLES / "astronaut.jpg", person_floor=0.3, evidence=False)  # not vetoed, but marked
+    assert {said.words[i] for i in said.contradicted} >= people & set(said.words)
+
+
+def test_caption_concepts_and_json_carry_the_detections(model):
+    m = captioner.load()
+    attach(m.model, _person_detector(m, 5.0))  # sure of a person (and of water) everywhere
+    cap = m.caption(EXAMPLES / "cat.jpg")
+    names = [c for c, _ in cap.concepts]
+    assert "person" in names and "water" in names and "cat" in names
+    assert [q for _, q in cap.concepts] == sorted((q for _, q in cap.concepts), reverse=True)
+    rec = cap.to_dict(maps=False)
+    assert {d["word"] for d in rec["detections"]} == {PERSON, "water"}
+    assert any(c["category"] == "person" and c["prob"] > 0.99 for c in rec["concepts"])
+    seen = m.concepts([EXAMPLES / "cat.jpg"])[0]
+    assert seen.prob("person") > 0.99 and "person" in [c for c, _ in seen.top]
+
+
+def test_export_keeps_the_detectors(model, tmp_path):
+    from captioner.cli.export import main as export
+
+    m = captioner.load()
+    det = _person_detector(m, -2.0)
+    det.weight.data.normal_(std=0.01)
+    attach(m.model, det)
+    m.config.decode.person_floor = 0.1
+    m.save(tmp_path / "det.safetensors")
+    assert export([str(tmp_path / "det.safetensors"), str(tmp_path / "out.safetensors"), "--half"]) == 0
+    got = detectors_of(captioner.load(tmp_path / "out.safetensors").model)
+    assert got is not None and all(torch.equal(got.state_dict()[k], v) for k, v in det.state_dict().items())
+
+
+def test_train_detectors_cli_writes_a_model_with_its_floor(flickr, tmp_path, one_torch_thread):
+    import json
+
+    from captioner.cli.train_detectors import main as train_detectors
+
+    out, report = tmp_path / "model.safetensors", tmp_path / "report.json"
+    assert train_detectors(["--data-root", str(flickr), "--cache-dir", str(tmp_path / "cache"), "--out", str(out),
+                            "--limit", "24", "--groups", "person,water", "--epochs", "3", "--report", str(report)]) == 0
+    got = captioner.load(out)
+    r = json.loads(report.read_text())
+    assert detectors_of(got.model).groups == [PERSON, "water"]
+    assert got.config.decode.person_floor == r["person_floor"] and set(r["ap_val"]) == {PERSON, "water"}
+    assert 0 <= r["ap_val"][PERSON] <= 1 and r["person_prior_weight"] in T.PRIOR_WEIGHTS
+    cap = got.caption(EXAMPLES / "cat.jpg")
+    assert [w for w, _ in cap.detections] == [PERSON, "water"]
