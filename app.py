@@ -16,6 +16,8 @@ from pathlib import Path
 import streamlit as st
 
 import captioner
+from captioner.concepts.imagenet import imagenet_head_or_none
+from captioner.ui import html as html_parts
 from captioner.ui import visualize, workbench
 from captioner.images import load_image
 
@@ -136,69 +138,47 @@ def figure_bytes(image, cap: captioner.Caption, opacity: float, smooth: float, m
     return visualize.figure_png(visualize.attention_figure(image, cap, opacity=opacity, smooth=smooth, mode=mode))
 
 
-def beta_line(cap: captioner.Caption) -> str:
-    """The caption as HTML, one word per box with its gate beta underneath; a word's opacity is its
-    beta (never below 0.2, to stay readable), so words that barely used the image fade."""
-    boxes = []
-    for i, w in enumerate(cap.words):
-        b = visualize.word_beta(cap, i)
-        if b is None:
-            return ""
-        mark = "text-decoration:line-through wavy #c0392b;" if i in getattr(cap, "contradicted", []) else ""
-        boxes.append(f'<span class="beta-word" title="gate β={b:.2f}" style="display:inline-block;text-align:center;'
-                     f'margin:0 0.35em;{mark}opacity:{max(0.2, min(1.0, b)):.2f}">{html.escape(w)}<br>'
-                     f'<small style="color:#666">β={b:.2f}</small></span>')
-    return f'<div class="beta-line" style="font-size:1.15em;line-height:1.3">{"".join(boxes)}</div>'
-
-
-def concepts_html(concepts: list[tuple[str, float]]) -> str:
-    """The photo's concepts as labelled bars (category, P), most probable first."""
-    rows = [f'<div class="concept" style="display:flex;align-items:center;gap:0.5em">'
-            f'<span style="width:8em">{html.escape(c)}</span>'
-            f'<span style="background:#4c78a8;height:0.8em;width:{max(1, round(100 * q))}px"></span>'
-            f'<small>{q:.2f}</small></div>' for c, q in concepts]
-    return f'<div class="concepts">{"".join(rows)}</div>'
-
-
 def word_label(cap: captioner.Caption, i: int) -> str:
     """'dog (β=0.82)', or just 'dog' when the caption carries no betas."""
     b = visualize.word_beta(cap, i)
     return cap.words[i] if b is None else f"{cap.words[i]} (β={b:.2f})"
 
 
-def prob_line(cap: captioner.Caption) -> str:
-    """The sentence as HTML, each word with its probability under the model underneath; words below
-    workbench.LOW_PROB are highlighted, and out-of-vocabulary words are marked "(unk)"."""
-    low, boxes = set(workbench.unlikely_words(cap)), []
-    for i, (w, p) in enumerate(zip(cap.words, workbench.word_probs(cap))):
-        style = "background:#ffd6d6;border-radius:4px;" if i in low else ""
-        unk = " (unk)" if i in cap.unknown else ""
-        boxes.append(f'<span class="prob-word" title="p={p:.3f}" style="display:inline-block;text-align:center;'
-                     f'margin:0 0.3em;padding:0 0.2em;{style}">{html.escape(w)}{unk}<br>'
-                     f'<small style="color:#666">p={p:.2f}</small></span>')
-    return f'<div class="prob-line" style="font-size:1.1em;line-height:1.3">{"".join(boxes)}</div>'
-
-
-def cell_strip(cap: captioner.Caption, row: int, col: int) -> str:
-    """The caption as HTML with each word's background as strong as its attention at the cell
-    (relative to the most attentive word), the attention underneath."""
-    att = workbench.cell_attention(cap, row, col)
-    top = max(float(att.max()), 1e-12) if len(att) else 1.0
-    boxes = [f'<span class="cell-word" style="display:inline-block;text-align:center;margin:0 0.2em;padding:0 0.2em;'
-             f'background:rgba(255,80,0,{a / top:.2f})">{html.escape(w)}<br><small>{a:.3f}</small></span>'
-             for w, a in zip(cap.words, att)]
-    return f'<div class="cell-strip" style="font-size:1.1em;line-height:1.3">{"".join(boxes)}</div>'
-
-
-def explanation_grid(image, cap: captioner.Caption, columns: int = GRID_COLUMNS) -> None:
-    """One small overlay per word of an explained sentence, titled '“word” p=0.31 (word 1)'."""
-    probs = workbench.word_probs(cap)
+def overlay_grid(image, cap: captioner.Caption, labels: list[str], view: tuple[float, float, str],
+                 columns: int = GRID_COLUMNS) -> None:
+    """One small overlay per word (the caption's "All words" and an explained sentence's alike), titled
+    by `labels`; view = (opacity, smoothing, rendering mode) from the sidebar."""
+    opacity, smooth, mode = view
     for start in range(0, len(cap.words), columns):
         for col, i in zip(st.columns(columns), range(start, min(start + columns, len(cap.words)))):
             with col:
                 st.image(visualize.overlay(image, cap.alphas[i], opacity, smooth, beta=visualize.word_beta(cap, i),
-                                           mode=mode),
-                         caption=f"“{cap.words[i]}” p={probs[i]:.2f} (word {i + 1})", width="stretch")
+                                           mode=mode), caption=labels[i], width="stretch")
+
+
+def explanation_labels(cap: captioner.Caption) -> list[str]:
+    """'“word” p=0.31 (word 1)' for each word of an explained sentence."""
+    return [f"“{w}” p={p:.2f} (word {i + 1})" for i, (w, p) in enumerate(zip(cap.words, workbench.word_probs(cap)))]
+
+
+def show_explanation(cap: captioner.Caption, image, view: tuple[float, float, str], columns: int = GRID_COLUMNS) -> None:
+    """An explained sentence: its notes, each word's probability, its log-probability and its maps."""
+    for note in cap.notes:
+        st.info(note)
+    st.markdown(html_parts.prob_line(cap), unsafe_allow_html=True)
+    st.markdown(f"sentence log-probability **{cap.log_prob:.2f}** over {len(cap.words)} words + end")
+    overlay_grid(image, cap, explanation_labels(cap), view, columns)
+
+
+def has_head(model: captioner.Captioner) -> bool:
+    """Whether the model's encoder keeps the ImageNet head that evidence-aware decoding reads."""
+    return imagenet_head_or_none(model.model) is not None
+
+
+def settings_for(model: captioner.Captioner, overrides: tuple[tuple[str, object], ...]) -> tuple[tuple[str, object], ...]:
+    """The page's decode settings as one model may use them: evidence off where its encoder has no head
+    (a ResNet checkpoint beside the bundled model in a comparison)."""
+    return tuple((k, v and has_head(model) if k == "evidence" else v) for k, v in overrides)
 
 
 def short_error(e: Exception) -> str:
@@ -250,12 +230,17 @@ with st.sidebar:
                         value=max(5, stored.max_len), help="Starts at the model file's own setting.")
     block_trigrams = st.checkbox("Never repeat a phrase (trigram blocking)", value=stored.block_trigrams,
                                  help="Starts at the model file's own setting.")
-    evidence = st.toggle("Say only what the encoder sees (evidence-aware decoding)", value=stored.evidence,
-                         help="The encoder's own ImageNet classifier vetoes object words it rules out (a dog it "
-                              "sees no sign of) and brings in the object it is sure of. Off: the decoder alone, "
-                              "for comparison. Starts at the model file's own setting.")
+    block_bigrams = st.checkbox("Never repeat a word pair (bigram blocking)", value=stored.block_bigrams,
+                                help="No bigram ending in a content word twice ('white and white'). Starts at the "
+                                     "model file's own setting.")
+    # evidence-aware decoding needs the encoder's ImageNet head: offered only for models that keep one
+    evidence = has_head(model) and st.toggle(
+        "Say only what the encoder sees (evidence-aware decoding)", value=stored.evidence,
+        help="The encoder's own ImageNet classifier vetoes object words it rules out (a dog it sees no sign of) "
+             "and brings in the object it is sure of. Off: the decoder alone, for comparison. Starts at the model "
+             "file's own setting.")
     decode_overrides = (("beam_size", beam_size), ("max_len", max_len), ("block_trigrams", block_trigrams),
-                        ("evidence", evidence))
+                        ("block_bigrams", block_bigrams), ("evidence", evidence))
     st.header("Attention maps")
     opacity = st.slider("Overlay opacity", min_value=0.0, max_value=1.0, value=0.6, step=0.05)
     smooth = st.slider("Smoothing (grid cells)", min_value=0.0, max_value=2.0, value=0.0, step=0.1,
@@ -310,7 +295,7 @@ with col_photo:
     st.image(image, caption=f"{name} ({image.width}x{image.height})", width="stretch")
 with col_text:
     st.subheader(f"“{cap.text}”" if cap.words else "“” (empty caption)")
-    line = beta_line(cap)
+    line = html_parts.beta_line(cap)
     if line:
         st.markdown(line, unsafe_allow_html=True)
         st.caption("β: the gate that scales how much of the attended image reaches each word (Xu et al. 2015, "
@@ -320,7 +305,7 @@ with col_text:
     if cap.concepts:
         st.markdown("What the encoder sees (its ImageNet classifier; person and scene words: the model's word "
                     "detectors)" if cap.detections else "What the encoder's ImageNet classifier sees")
-        st.markdown(concepts_html(cap.concepts), unsafe_allow_html=True)
+        st.markdown(html_parts.concepts_html(cap.concepts), unsafe_allow_html=True)
     if cap.contradicted:
         st.warning("The classifier sees no sign of: " + ", ".join(f"**{cap.words[i]}**" for i in cap.contradicted)
                    + (". Switch on evidence-aware decoding to veto such words." if not evidence else "."))
@@ -368,13 +353,8 @@ else:
 # --- every word
 st.header("All words")
 thumb = shrink(image, GRID_SIDE)
-for start in range(0, n, GRID_COLUMNS):
-    cols = st.columns(GRID_COLUMNS)
-    for col, i in zip(cols, range(start, min(start + GRID_COLUMNS, n))):
-        with col:
-            st.image(visualize.overlay(thumb, cap.alphas[i], opacity, smooth, beta=visualize.word_beta(cap, i),
-                                       mode=mode),
-                     caption=f"{i + 1}. {word_label(cap, i)}", width="stretch")
+view = (opacity, smooth, mode)
+overlay_grid(thumb, cap, [f"{i + 1}. {word_label(cap, i)}" for i in range(n)], view)
 
 # ----------------------------------------------------------------------------- the attention workbench
 digest = hashlib.sha256(data).hexdigest()
@@ -389,11 +369,7 @@ sentence = st.text_input("Sentence to explain", value=cap.text,
                          key=f"explain_text-{digest}-{hashlib.sha256(cap.text.encode()).hexdigest()[:12]}")
 explained = explain_or_none(ckpt_path, mtime, dtype, digest, sentence, hard_context, image)  # None: no words
 if explained is not None:
-    for note in explained.notes:
-        st.info(note)
-    st.markdown(prob_line(explained), unsafe_allow_html=True)
-    st.markdown(f"sentence log-probability **{explained.log_prob:.2f}** over {len(explained.words)} words + end")
-    explanation_grid(thumb, explained)
+    show_explanation(explained, thumb, view)
 
 st.header("Click a region")
 G = model.grid_size
@@ -421,7 +397,7 @@ with col_cell:
         st.image(marked, caption=f"cell row {row}, column {column}", width="stretch")
 with col_rank:
     if explained is not None:
-        st.markdown(cell_strip(explained, row, column), unsafe_allow_html=True)
+        st.markdown(html_parts.cell_strip(explained, row, column), unsafe_allow_html=True)
         st.dataframe([{"word": r.word, "position": r.index + 1, "attention": round(r.attention, 4),
                        "lift": round(r.lift, 2)} for r in workbench.rank_words_at(explained, row, column)],
                      hide_index=True, width="stretch", key="region_ranking")
@@ -436,25 +412,20 @@ if st.checkbox("Compare with a second checkpoint", value=False, key="compare_on"
     try:
         mtime_b = Path(path_b).stat().st_mtime
         model_b = get_model(path_b, mtime_b, dtype)
-        cap_b = get_caption(path_b, mtime_b, dtype, digest, decode_overrides, image)
+        cap_b = get_caption(path_b, mtime_b, dtype, digest, settings_for(model_b, decode_overrides), image)
         explained_b = None if explained is None else get_explanation(  # None: the sentence has no words
             path_b, mtime_b, dtype, digest, sentence, model_b.config.decode.hard_context, image)
     except Exception as e:  # noqa: BLE001 - a broken second checkpoint is a message, not a crash
         st.error(f"Cannot use the checkpoint '{label_b}': {type(e).__name__}: {e}")
         st.stop()
     st.markdown(f"The sentence “{html.escape(sentence)}” under both models:")
-    for side, name, lb, generated, exp in zip(st.columns(2), "AB", (label, label_b), (cap, cap_b),
-                                              (explained, explained_b)):
+    for side, which, lb, generated, exp in zip(st.columns(2), "AB", (label, label_b), (cap, cap_b),
+                                               (explained, explained_b)):
         with side:
-            st.markdown(f"**{name}: {html.escape(lb)}**")
+            st.markdown(f"**{which}: {html.escape(lb)}**")
             st.markdown(f"generated: *{html.escape(generated.text) or '(empty)'}* ({generated.log_prob:.2f})")
-            if exp is None:
-                continue
-            for note in exp.notes:
-                st.info(note)
-            st.markdown(prob_line(exp), unsafe_allow_html=True)
-            st.markdown(f"sentence log-probability **{exp.log_prob:.2f}**")
-            explanation_grid(thumb, exp, columns=2)
+            if exp is not None:
+                show_explanation(exp, thumb, view, columns=2)
     if explained is not None:
         st.dataframe(workbench.compare_rows(explained, explained_b), hide_index=True, width="stretch",
                      key="compare_table")
