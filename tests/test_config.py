@@ -115,4 +115,4 @@ def test_a_grid_larger_than_the_feature_map_is_refused():
             image_size=size, output_stride=stride)))
         enc = build_model(cfg, 10, pretrained=False).encoder.eval()
         with torch.no_grad():
-            assert enc._features(torch.zeros(1, 3, size, size)).shape[-1] == cfg.grid_size, (size, stride)
+            assert enc.feature_map(torch.zeros(1, 3, size, size)).shape[-1] == cfg.grid_size, (size, stride)
