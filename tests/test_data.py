@@ -38,9 +38,9 @@ def test_vocab_roundtrip_and_unk():
 
 def test_config_layers_and_unknown_keys(tmp_path):
     f = tmp_path / "c.yaml"
-    f.write_text("model:\n  grid_size: 14\ntrain:\n  lr: 0.001\n")
+    f.write_text("model:\n  grid_size: 5\ntrain:\n  lr: 0.001\n")
     cfg = load_config(f, ["train.lr=5e-4", "model.fine_tune_encoder=true"])
-    assert cfg.model.grid_size == 14 and cfg.train.lr == 5e-4 and cfg.model.fine_tune_encoder is True
+    assert cfg.model.grid_size == 5 and cfg.train.lr == 5e-4 and cfg.model.fine_tune_encoder is True
     with pytest.raises(ValueError, match="unknown setting 'train.lrr'"):
         load_config(None, ["train.lrr=1"])
     f.write_text("modle:\n  grid_size: 14\n")
