@@ -18,6 +18,7 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     from captioner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     from captioner.config import Config, set_value
+    from captioner.diskspace import FULL
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
@@ -56,7 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ValueError, KeyError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    save_checkpoint(args.output, cfg, ckpt.vocab, state, metrics=metrics, half=args.half)
+    try:
+        save_checkpoint(args.output, cfg, ckpt.vocab, state, metrics=metrics, half=args.half,
+                        then=": any file already at the output is left as it was.")
+    except OSError as e:  # a full disk: DiskFullError names the file and the space it needs
+        if e.errno not in FULL:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     size = Path(args.output).stat().st_size / 2**20
     kind = ("fp16" if cfg.model.fine_tune_encoder else "fp16 decoder, fp32 encoder") if args.half else "fp32"
     print(f"wrote {args.output} ({size:.1f} MiB, {kind}), metrics: {sorted(metrics)}")

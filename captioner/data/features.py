@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..config import ModelConfig
+from ..diskspace import reserve, writing
 from ..model.encoder import Encoder, Preprocess, build_preprocess
 from .dataset import ImageDataset, readable
 from .records import ImageRecord
@@ -98,22 +99,52 @@ def build_cache(cache_dir: str | Path, name: str, encoder: Encoder, preprocess: 
     cache = open_cache(cache_dir, name, encoder, prep, records)
     if cache is not None:
         return cache
-    from tqdm import tqdm
-
     base = Path(cache_dir) / name
     base.parent.mkdir(parents=True, exist_ok=True)
     meta_path, npy_path = base.with_suffix(".json"), base.with_suffix(".npy")
     if meta_path.exists():
         log(f"feature cache {meta_path} does not match this encoder/grid/image list: rebuilding")
         meta_path.unlink()
+        npy_path.unlink(missing_ok=True)  # of no use any more: free its space before writing the new one
     encoder = encoder.eval().to(device)
     ds = ImageDataset(records, prep.image_size, prep.mean, prep.std)
     loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=readable)
-    P = encoder.grid_size ** 2
+    shape = (len(records), encoder.grid_size ** 2, encoder.out_dim)  # (N, P, D)
     tmp = npy_path.with_suffix(f".tmp{os.getpid()}.npy")
-    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=(len(records), P, encoder.out_dim))
-    seen = np.zeros(len(records), dtype=bool)
-    for batch in tqdm(loader, desc=f"encoding {name}", disable=not progress, unit="batch"):
+    try:
+        with writing(npy_path, int(np.prod(shape)) * 2 + 4096, REBUILT):
+            seen = _encode_into(tmp, shape, encoder, loader, device, f"encoding {name}", progress)
+        os.replace(tmp, npy_path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk or an interrupt leaves no half-written cache behind
+        raise
+    missing = [records[i].image_id for i in np.flatnonzero(~seen)]
+    if missing:
+        log(f"WARNING: {len(missing)} image(s) could not be read and are skipped: {', '.join(missing[:20])}"
+            + (" ..." if len(missing) > 20 else ""))
+    meta = {"key": _key(encoder, prep.image_size, records), "missing": missing}
+    tmp_meta = meta_path.with_suffix(".json.tmp")
+    with writing(meta_path, 4096, REBUILT):
+        tmp_meta.write_text(json.dumps(meta))
+        os.replace(tmp_meta, meta_path)
+    cache = open_cache(cache_dir, name, encoder, prep, records)
+    assert cache is not None
+    return cache
+
+
+REBUILT = ": the cache is built again then (nothing else is lost)."
+
+
+def _encode_into(tmp: Path, shape: tuple[int, int, int], encoder: Encoder, loader: DataLoader,
+                 device: torch.device | str, desc: str, progress: bool) -> np.ndarray:
+    """Encode every image into a new float16 .npy memory map at `tmp` (disk space reserved first);
+    which rows were filled (N,) bool."""
+    from tqdm import tqdm
+
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=shape)  # (N, P, D)
+    reserve(tmp, out.offset + out.nbytes)
+    seen = np.zeros(shape[0], dtype=bool)
+    for batch in tqdm(loader, desc=desc, disable=not progress, unit="batch"):
         if not batch:  # no image of this batch could be read
             continue
         x = torch.stack([s[0] for s in batch]).to(device, next(encoder.parameters()).dtype)
@@ -123,18 +154,7 @@ def build_cache(cache_dir: str | Path, name: str, encoder: Encoder, preprocess: 
         seen[idx] = True
     out.flush()
     del out
-    os.replace(tmp, npy_path)
-    missing = [records[i].image_id for i in np.flatnonzero(~seen)]
-    if missing:
-        log(f"WARNING: {len(missing)} image(s) could not be read and are skipped: {', '.join(missing[:20])}"
-            + (" ..." if len(missing) > 20 else ""))
-    meta = {"key": _key(encoder, prep.image_size, records), "missing": missing}
-    tmp_meta = meta_path.with_suffix(".json.tmp")
-    tmp_meta.write_text(json.dumps(meta))
-    os.replace(tmp_meta, meta_path)
-    cache = open_cache(cache_dir, name, encoder, prep, records)
-    assert cache is not None
-    return cache
+    return seen
 
 
 def cache_name(dataset: str, split: str, encoder: str, image_size: int, grid_size: int) -> str:
