@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .config import Config
+from .diskspace import FULL, writing
 from .vocab import Vocab
 
 FORMAT = "captioner-checkpoint/1"
@@ -43,9 +44,10 @@ class Checkpoint:
 def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state: dict[str, torch.Tensor],
                     metrics: dict[str, Any] | None = None, train_state: dict[str, Any] | None = None,
                     optimizer_tensors: dict[str, torch.Tensor] | None = None, half: bool = False,
-                    detector_info: dict[str, Any] | None = None) -> None:
+                    detector_info: dict[str, Any] | None = None, then: str = "") -> None:
     """`model_state` may hold the word detectors' tensors ("detectors." keys, kept in float32) when
-    `detector_info` describes them; the two come together or not at all."""
+    `detector_info` describes them; the two come together or not at all. `then` ends the advice of a
+    DiskFullError (what rerunning the command will do)."""
     if any(k.startswith(DETECTORS) for k in model_state) != (detector_info is not None):
         raise ValueError("word detectors need both their tensors ('detectors.' keys) and detector_info")
     _check_tensors_finite(model_state, f"refusing to save {path}")  # never replace a good checkpoint with a broken one
@@ -67,28 +69,43 @@ def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state:
         meta["train_state"] = json.dumps(train_state)
     if detector_info is not None:
         meta["detectors"] = json.dumps(detector_info)
-    write_safetensors(path, tensors, meta)
+    write_safetensors(path, tensors, meta, then)
 
 
-def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str],
+                      then: str = "") -> None:
     """Atomically write CPU, contiguous tensors + string metadata (every model file of the project goes
-    through here: the language model's too)."""
-    from safetensors.torch import save_file
-
+    through here: the language model's too). Too little disk space is a DiskFullError naming the file
+    and the space needed (`then` ends its advice); the previous file at `path` stays as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    needed = sum(t.numel() * t.element_size() for t in tensors.values()) + 64 * len(tensors) + \
+        sum(len(k) + len(v) for k, v in metadata.items()) + 4096  # tensors + the JSON header
     try:
-        save_file(tensors, str(tmp), metadata=metadata)
-        os.chmod(tmp, 0o644)  # safetensors writes 0600; a model file is meant to be shared and packaged
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one, never half
+        with writing(path, needed, then):
+            _write_file(tmp, tensors, metadata)
+            os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one, never half
     except BaseException:
         tmp.unlink(missing_ok=True)  # a full disk or an interrupt leaves no half-written file behind
         raise
     _fsync_dir(path.parent)  # make the rename itself durable
+
+
+def _write_file(tmp: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(tmp), metadata=metadata)
+    except Exception as e:  # safetensors reports I/O errors as SafetensorError("... (os error 28)")
+        code = next((c for c in FULL if f"os error {c})" in str(e)), None)
+        if code is None:
+            raise
+        raise OSError(code, str(e), str(tmp)) from e
+    os.chmod(tmp, 0o644)  # safetensors writes 0600; a model file is meant to be shared and packaged
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())  # a full disk may only show here (delayed allocation)
 
 
 def _check_tensors_finite(tensors: dict[str, torch.Tensor], what: str) -> None:

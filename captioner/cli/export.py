@@ -18,6 +18,7 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     from captioner.checkpoint import DETECTORS, CheckpointError, load_checkpoint, save_checkpoint
     from captioner.config import Config, set_value
+    from captioner.diskspace import FULL
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
@@ -58,8 +59,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if ckpt.detector_info is not None:  # the word detectors travel with the model (never averaged, never halved)
         state = {**state, **{DETECTORS + k: v for k, v in ckpt.detector_tensors.items()}}
-    save_checkpoint(args.output, cfg, ckpt.vocab, state, metrics=metrics, half=args.half,
-                    detector_info=ckpt.detector_info)
+    try:
+        save_checkpoint(args.output, cfg, ckpt.vocab, state, metrics=metrics, half=args.half,
+                        detector_info=ckpt.detector_info, then=": any file already at the output is left as it was.")
+    except OSError as e:  # a full disk: DiskFullError names the file and the space it needs
+        if e.errno not in FULL:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     size = Path(args.output).stat().st_size / 2**20
     print(f"wrote {args.output} ({size:.1f} MiB; {stored_dtypes(args.output)}), metrics: {sorted(metrics)}")
     return 0

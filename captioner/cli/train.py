@@ -18,6 +18,7 @@ import torch
 def main(argv: list[str] | None = None) -> int:
     from captioner.api import default_device
     from captioner.config import load_config
+    from captioner.diskspace import FULL, DiskFullError
     from captioner.training.engine import TrainingError, fit
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk (DiskFullError names the file and the space it needs)
+        if e.errno not in FULL:
+            raise
+        print(f"error: {e}" if isinstance(e, DiskFullError) else
+              f"error: no space left on device writing {e.filename or cfg.train.out_dir} ({e.strerror}). Free some "
+              "space and rerun the same command: it resumes from the last good checkpoint.", file=sys.stderr)
+        return 1
     finally:
         if world > 1:
             import torch.distributed as dist

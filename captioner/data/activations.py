@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from ..diskspace import reserve, writing
 from ..model.encoder import Encoder, Preprocess, build_encoder
 from .dataset import ImageDataset, readable
 from .records import ImageRecord
@@ -138,52 +139,78 @@ def build_activations(cache_dir: str | Path, name: str, encoder: Encoder, prep: 
     cache = open_activations(cache_dir, name, encoder, prep, records, flip)
     if cache is not None:
         return cache
-    from tqdm import tqdm
-
     paths = _paths(cache_dir, name)
     paths["meta"].parent.mkdir(parents=True, exist_ok=True)
     if paths["meta"].exists():
         log(f"activation cache {paths['meta']} does not match this encoder/image list/flip setting: rebuilding")
         paths["meta"].unlink()
+        for w in ("acts", "flipped", "logits"):  # of no use any more: free their space first
+            paths[w].unlink(missing_ok=True)
     teacher = teacher_encoder(encoder).to(device)
     encoder = encoder.eval().to(device)
-    head = teacher.backbone._fc
     loader = DataLoader(ImageDataset(records, prep.image_size, prep.mean, prep.std), batch_size=batch_size,
                         num_workers=num_workers, collate_fn=readable)
-    outs, tmps = {}, {}
     views = ["acts", "flipped"] if flip else ["acts"]
-    shape = None
-    seen = np.zeros(len(records), dtype=bool)
-    logits = np.zeros((len(records), 2, head.out_features), dtype=np.float16)
-    for batch in tqdm(loader, desc=f"encoding {name}", disable=not progress, unit="batch"):
+    with torch.no_grad():  # what enters the split block for one photo: (1, C, h, w)
+        probe = encoder.below_split(torch.zeros(1, 3, prep.image_size, prep.image_size, device=device))
+    shape = (len(records), *probe.shape[1:])  # (N, C, h, w)
+    K = encoder.backbone._fc.out_features
+    needed = len(views) * int(np.prod(shape)) * 2 + len(records) * 2 * K * 2 + 3 * 4096
+    tmps = {w: paths[w].with_suffix(f".tmp{os.getpid()}.npy") for w in [*views, "logits"]}
+    try:
+        with writing(paths["acts"], needed, REBUILT):
+            seen, logits = _encode_into(tmps, shape, views, encoder, teacher, loader, device, f"encoding {name}",
+                                        progress)
+            np.save(tmps["logits"], logits)
+            for w in tmps:
+                os.replace(tmps[w], paths[w])
+    except BaseException:
+        for t in tmps.values():  # a full disk or an interrupt leaves no half-written cache behind
+            t.unlink(missing_ok=True)
+        raise
+    missing = [records[i].image_id for i in np.flatnonzero(~seen)]
+    if missing:
+        log(f"WARNING: {len(missing)} image(s) could not be read and are skipped: {', '.join(missing[:20])}")
+    tmp_meta = paths["meta"].with_suffix(".json.tmp")
+    with writing(paths["meta"], 4096, REBUILT):
+        tmp_meta.write_text(json.dumps({"key": _key(encoder, prep, records, flip), "missing": missing}))
+        os.replace(tmp_meta, paths["meta"])
+    cache = open_activations(cache_dir, name, encoder, prep, records, flip)
+    assert cache is not None
+    return cache
+
+
+REBUILT = ": the cache is built again then (nothing else is lost)."
+
+
+def _encode_into(tmps: dict[str, Path], shape: tuple[int, ...], views: list[str], encoder: Encoder,
+                 teacher: Encoder, loader: DataLoader, device: torch.device | str, desc: str, progress: bool
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Run the lower stages on every photo (and its flip) into new float16 memory maps at tmps[view]
+    (disk space reserved first); (which rows were filled (N,) bool, the PRETRAINED teacher's logits (N, 2, K))."""
+    from tqdm import tqdm
+
+    head = teacher.backbone._fc
+    outs = {}
+    for w in views:
+        outs[w] = np.lib.format.open_memmap(tmps[w], mode="w+", dtype=np.float16, shape=shape)  # (N, C, h, w)
+        reserve(tmps[w], outs[w].offset + outs[w].nbytes)
+    seen = np.zeros(shape[0], dtype=bool)
+    logits = np.zeros((shape[0], 2, head.out_features), dtype=np.float16)
+    for batch in tqdm(loader, desc=desc, disable=not progress, unit="batch"):
         if not batch:
             continue
         x = torch.stack([s[0] for s in batch]).to(device).contiguous(memory_format=torch.channels_last)
         idx = [s[1] for s in batch]
         for v, view in enumerate(views):
             a = encoder.below_split(x if view == "acts" else x.flip(-1))  # (b, C, h, w)
-            if shape is None:
-                shape = (len(records), *a.shape[1:])
-                for w in views:
-                    tmps[w] = paths[w].with_suffix(f".tmp{os.getpid()}.npy")
-                    outs[w] = np.lib.format.open_memmap(tmps[w], mode="w+", dtype=np.float16, shape=shape)
             outs[view][idx] = a.float().cpu().numpy().astype(np.float16)
             pooled = teacher.backbone.upper(a, encoder.split_block).mean((2, 3))  # (b, 1280): the PRETRAINED top
             logits[idx, v] = head(pooled).float().cpu().numpy().astype(np.float16)  # (b, K)
         seen[idx] = True
-    if shape is None:
-        raise ValueError(f"no image of {name} could be read")
-    for view in views:
-        outs[view].flush()
-        del outs[view]
-        os.replace(tmps[view], paths[view])
-    np.save(paths["logits"], logits)
-    missing = [records[i].image_id for i in np.flatnonzero(~seen)]
-    if missing:
-        log(f"WARNING: {len(missing)} image(s) could not be read and are skipped: {', '.join(missing[:20])}")
-    tmp_meta = paths["meta"].with_suffix(".json.tmp")
-    tmp_meta.write_text(json.dumps({"key": _key(encoder, prep, records, flip), "missing": missing}))
-    os.replace(tmp_meta, paths["meta"])
-    cache = open_activations(cache_dir, name, encoder, prep, records, flip)
-    assert cache is not None
-    return cache
+    if not seen.any():
+        raise ValueError(f"no image of {desc.removeprefix('encoding ')} could be read")
+    for w in views:
+        outs[w].flush()
+    del outs
+    return seen, logits

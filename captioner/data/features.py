@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..config import ModelConfig
+from ..diskspace import reserve, writing
 from ..model.encoder import Encoder, Preprocess, build_preprocess
 from .dataset import ImageDataset, readable
 from .records import ImageRecord
@@ -103,48 +104,70 @@ def build_cache(cache_dir: str | Path, name: str, encoder: Encoder, preprocess: 
     cache = open_cache(cache_dir, name, encoder, prep, records)
     if cache is not None:
         return cache
-    from tqdm import tqdm
-
     base = Path(cache_dir) / name
     base.parent.mkdir(parents=True, exist_ok=True)
     meta_path, npy_path = base.with_suffix(".json"), base.with_suffix(".npy")
     if meta_path.exists():
         log(f"feature cache {meta_path} does not match this encoder/grid/image list: rebuilding")
         meta_path.unlink()
+        npy_path.unlink(missing_ok=True)  # of no use any more: free its space before writing the new one
     encoder = encoder.eval().to(device)
     ds = ImageDataset(records, prep.image_size, prep.mean, prep.std)
     loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=readable)
-    P = encoder.grid_size ** 2
+    shape = (len(records), encoder.grid_size ** 2, encoder.out_dim)  # (N, P, D)
     tmp = npy_path.with_suffix(f".tmp{os.getpid()}.npy")
-    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=(len(records), P, encoder.out_dim))
-    seen = np.zeros(len(records), dtype=bool)
-    for batch in tqdm(loader, desc=f"encoding {name}", disable=not progress, unit="batch"):
-        if not batch:  # no image of this batch could be read
-            continue
-        x = torch.stack([s[0] for s in batch]).to(device, next(encoder.parameters()).dtype)
-        idx = [s[1] for s in batch]
-        feats = encoder(x.contiguous(memory_format=torch.channels_last))  # (b, P, D); channels_last is faster on CPU
-        feats = _checked(feats.float().cpu().numpy(), encoder.name, [records[i].image_id for i in idx])
-        if out.dtype == np.float16 and np.abs(feats).max() > F16_MAX:
-            log(f"note: {encoder.name} features reach {np.abs(feats).max():.3g}, beyond float16's range "
-                f"({F16_MAX:.0f}; random weights?): {name} is stored in float32 (twice the disk)")
-            out = _widen(out, tmp)
-        out[idx] = feats.astype(out.dtype)
-        seen[idx] = True
-    out.flush()
-    del out
-    os.replace(tmp, npy_path)
+    try:
+        with writing(npy_path, int(np.prod(shape)) * 2 + 4096, REBUILT):
+            seen = _encode_into(tmp, shape, encoder, loader, device, f"encoding {name}", progress,
+                                [r.image_id for r in records], log)
+        os.replace(tmp, npy_path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk or an interrupt leaves no half-written cache behind
+        raise
     missing = [records[i].image_id for i in np.flatnonzero(~seen)]
     if missing:
         log(f"WARNING: {len(missing)} image(s) could not be read and are skipped: {', '.join(missing[:20])}"
             + (" ..." if len(missing) > 20 else ""))
     meta = {"key": _key(encoder, prep.image_size, records), "missing": missing}
     tmp_meta = meta_path.with_suffix(".json.tmp")
-    tmp_meta.write_text(json.dumps(meta))
-    os.replace(tmp_meta, meta_path)
+    with writing(meta_path, 4096, REBUILT):
+        tmp_meta.write_text(json.dumps(meta))
+        os.replace(tmp_meta, meta_path)
     cache = open_cache(cache_dir, name, encoder, prep, records)
     assert cache is not None
     return cache
+
+
+REBUILT = ": the cache is built again then (nothing else is lost)."
+
+
+def _encode_into(tmp: Path, shape: tuple[int, int, int], encoder: Encoder, loader: DataLoader,
+                 device: torch.device | str, desc: str, progress: bool, image_ids: Sequence[str],
+                 log: Callable[[str], None]) -> np.ndarray:
+    """Encode every image into a new float16 .npy memory map at `tmp` (disk space reserved first;
+    float32 from the first batch float16 cannot hold); which rows were filled (N,) bool."""
+    from tqdm import tqdm
+
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=shape)  # (N, P, D)
+    reserve(tmp, out.offset + out.nbytes)
+    seen = np.zeros(shape[0], dtype=bool)
+    for batch in tqdm(loader, desc=desc, disable=not progress, unit="batch"):
+        if not batch:  # no image of this batch could be read
+            continue
+        x = torch.stack([s[0] for s in batch]).to(device, next(encoder.parameters()).dtype)
+        idx = [s[1] for s in batch]
+        feats = encoder(x.contiguous(memory_format=torch.channels_last))  # (b, P, D); channels_last is faster on CPU
+        feats = _checked(feats.float().cpu().numpy(), encoder.name, [image_ids[i] for i in idx])
+        if out.dtype == np.float16 and np.abs(feats).max() > F16_MAX:
+            log(f"note: {encoder.name} features reach {np.abs(feats).max():.3g}, beyond float16's range "
+                f"({F16_MAX:.0f}; random weights?): {desc.removeprefix('encoding ')} is stored in float32 "
+                "(twice the disk)")
+            out = _widen(out, tmp)
+        out[idx] = feats.astype(out.dtype)
+        seen[idx] = True
+    out.flush()
+    del out
+    return seen
 
 
 F16_MAX = float(np.finfo(np.float16).max)  # 65504
@@ -164,6 +187,7 @@ def _widen(out: np.memmap, tmp: Path) -> np.memmap:
     """The float16 memory map `out` (written so far) copied into a float32 one at the same path."""
     wide_tmp = tmp.with_suffix(".f32.npy")
     wide = np.lib.format.open_memmap(wide_tmp, mode="w+", dtype=np.float32, shape=out.shape)
+    reserve(wide_tmp, wide.offset + wide.nbytes)
     for i in range(0, len(out), 256):
         wide[i:i + 256] = out[i:i + 256]
     del out

@@ -119,13 +119,17 @@ def _check_weights_finite(model: torch.nn.Module, step: int) -> None:
                             "Try a lower train.lr or train.grad_clip.")
 
 
+RESUMES = ": the last good checkpoint is kept, and the run resumes from it."
+
+
 def save_last(run: Run) -> None:
     """The resumable checkpoint (weights, optimiser, state), written atomically by rank 0."""
     if not run.main:
         return
     opt_tensors, opt_info = optimizer_to_tensors(run.optimizer)
     save_checkpoint(run.last_path, run.cfg, run.vocab, run.model.state_dict(),
-                    train_state={"state": run.state.__dict__, "optimizer": opt_info}, optimizer_tensors=opt_tensors)
+                    train_state={"state": run.state.__dict__, "optimizer": opt_info}, optimizer_tensors=opt_tensors,
+                    then=RESUMES)
 
 
 # ---------------------------------------------------------------- validation and the epoch's decisions
@@ -200,7 +204,7 @@ def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
         state.best_metric, state.best_epoch, state.bad_epochs, state.since_decay = value, state.epoch, 0, 0
         if run.main:
             meta = {"val": state.history[-1], "epoch": state.epoch, "objective": cfg.train.objective}
-            save_checkpoint(run.best_path, cfg, run.vocab, run.model.state_dict(), metrics=meta)
+            save_checkpoint(run.best_path, cfg, run.vocab, run.model.state_dict(), metrics=meta, then=RESUMES)
             run.log(f"  new best {cfg.train.val_metric} {value:.4f} -> {run.best_path}")
     else:
         state.bad_epochs += 1
