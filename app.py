@@ -3,13 +3,16 @@
     streamlit run app.py
 
 Layout and widgets only; loading, captioning and drawing live in the captioner package.
-The env var CAPTIONER_CHECKPOINT (optional) names the checkpoint selected when the app opens.
+The env var CAPTIONER_CHECKPOINT (optional) names the checkpoint selected when the app opens. The folders
+whose model files the page offers are the operator's: `streamlit run app.py -- --checkpoints DIR [DIR ...]`
+or CAPTIONER_CHECKPOINT_DIRS (default: runs/ under the working directory); a visitor never types a path.
 """
 from __future__ import annotations
 
 import hashlib
 import html
 import os
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -18,7 +21,7 @@ import streamlit as st
 import captioner
 from captioner.concepts.imagenet import imagenet_head_or_none
 from captioner.ui import html as html_parts
-from captioner.ui import visualize, workbench
+from captioner.ui import checkpoints, visualize, workbench
 from captioner.images import load_image
 
 try:  # click-to-pick a region; without it the row/column menus still pick one
@@ -80,26 +83,14 @@ def explain_or_none(path: str, mtime: float, dtype: str, digest: str, text: str,
 
 
 @st.cache_data(show_spinner=False, ttl=10)
-def find_checkpoints(folder: str) -> list[str]:
-    """*.safetensors under folder (recursive), newest first."""
-    root = Path(folder).expanduser()
-    if not root.is_dir():
-        return []
-    found = []
-    try:
-        for p in root.rglob("*.safetensors"):
-            try:
-                if p.is_file():
-                    found.append((p.stat().st_mtime, str(p)))
-            except OSError:
-                continue
-    except OSError:
-        pass
-    return [p for _, p in sorted(found, reverse=True)]
+def find_checkpoints(folders: tuple[str, ...]) -> tuple[list[str], str]:
+    """(*.safetensors under the operator's folders, newest first; why the search stopped early or "")."""
+    found = checkpoints.find_model_files(folders)
+    return [str(p) for p in found.files], found.stopped
 
 
-def checkpoint_choices(folder: str) -> dict[str, str]:
-    """label -> path, in menu order: CAPTIONER_CHECKPOINT, the bundled default, then the folder's."""
+def checkpoint_choices(folders: tuple[str, ...]) -> dict[str, str]:
+    """label -> path, in menu order: CAPTIONER_CHECKPOINT, the bundled default, then the operator's folders'."""
     choices: dict[str, str] = {}
     seen: set[str] = set()
 
@@ -116,12 +107,17 @@ def checkpoint_choices(folder: str) -> dict[str, str]:
         st.warning(f"CAPTIONER_CHECKPOINT names a file that does not exist: {env}")
     if captioner.DEFAULT_CHECKPOINT.is_file():
         add(DEFAULT_LABEL, captioner.DEFAULT_CHECKPOINT)
-    root = Path(folder).expanduser()
-    for p in find_checkpoints(folder):
-        try:
-            label = str(Path(p).relative_to(root))
-        except ValueError:
-            label = p
+    files, stopped = find_checkpoints(folders)
+    if stopped:
+        st.caption(f"Model files: {stopped}; not every file of the allowed folders is listed.")
+    for p in files:
+        label = p
+        for folder in folders:
+            try:
+                label = str(Path(p).relative_to(Path(folder).expanduser()))
+                break
+            except ValueError:
+                continue
         add(label, p)
     return choices
 
@@ -195,12 +191,13 @@ st.caption("Image captioning with soft attention: for every word, the heat map s
 # --- sidebar: model and decoding settings
 with st.sidebar:
     st.header("Model")
-    folder = st.text_input("Checkpoint folder (searched recursively for *.safetensors)", value="runs")
-    choices = checkpoint_choices(folder)
+    # the operator, not a visitor, decides which folders the page may load from (README: deploying the app)
+    folders = tuple(checkpoints.operator_folders(sys.argv[1:], os.environ.get("CAPTIONER_CHECKPOINT_DIRS")))
+    choices = checkpoint_choices(folders)
     if not choices:
-        st.error(f"No model available: the bundled default model is missing and no *.safetensors file was "
-                 f"found under '{folder}'. Train one (python scripts/train.py --config configs/flickr8k_cpu.yaml) "
-                 f"or point the checkpoint folder at one.")
+        st.error("No model available: the bundled default model is missing and no *.safetensors file was "
+                 "found in the folders this server allows. Train one (python scripts/train.py --config "
+                 "configs/flickr8k_cpu.yaml), or start the app with `-- --checkpoints FOLDER`.")
         st.stop()
     label = st.selectbox("Checkpoint", list(choices))
     ckpt_path = choices[label]

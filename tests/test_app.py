@@ -240,20 +240,20 @@ def test_bad_upload_shows_an_error_and_the_app_recovers(app, name, data, message
     assert "cat.jpg" in photo_caption(at)
 
 
-def test_checkpoint_folder_is_searched_recursively(app, tmp_path):
-    at = app.run()
-    no_problems(at)
+def test_operator_folder_is_searched_recursively(app, tmp_path, monkeypatch):
     model_file = Path(_selected_path())
     nested = tmp_path / "exp1" / "ckpt"
     nested.mkdir(parents=True)
-    (nested / "mine.safetensors").symlink_to(model_file)
+    (nested / "mine.safetensors").symlink_to(model_file)  # a link to a file outside: not offered
+    (nested / "copy.safetensors").write_bytes(model_file.read_bytes())
     (tmp_path / "broken.safetensors").write_bytes(b"not a checkpoint")
-    folder = next(t for t in at.sidebar.text_input if t.label.startswith("Checkpoint folder"))
-    folder.set_value(str(tmp_path)).run()
+    monkeypatch.setenv("CAPTIONER_CHECKPOINT_DIRS", str(tmp_path))
+    at = app.run()
     no_problems(at)
     box = next(s for s in at.sidebar.selectbox if s.label == "Checkpoint")
-    assert "exp1/ckpt/mine.safetensors" in box.options and "broken.safetensors" in box.options, box.options
-    box.set_value("exp1/ckpt/mine.safetensors")
+    assert "exp1/ckpt/copy.safetensors" in box.options and "broken.safetensors" in box.options, box.options
+    assert "exp1/ckpt/mine.safetensors" not in box.options  # it resolves outside the allowed folder
+    box.set_value("exp1/ckpt/copy.safetensors")
     beam(at).set_value(1)
     at.run()
     check_captioned(at)
@@ -261,8 +261,40 @@ def test_checkpoint_folder_is_searched_recursively(app, tmp_path):
     next(s for s in at.sidebar.selectbox if s.label == "Checkpoint").set_value("broken.safetensors").run()
     assert not at.exception
     assert any("Cannot load the checkpoint" in e.value for e in at.error), [e.value for e in at.error]
-    next(s for s in at.sidebar.selectbox if s.label == "Checkpoint").set_value("exp1/ckpt/mine.safetensors").run()
+    next(s for s in at.sidebar.selectbox if s.label == "Checkpoint").set_value("exp1/ckpt/copy.safetensors").run()
     check_captioned(at)
+
+
+def test_a_visitor_cannot_steer_the_server_file_system(app, tmp_path, monkeypatch):
+    """Typing a server folder (or '/') into ANY text box of the page never offers or loads a model file
+    outside the operator's folders; the default deployment offers the bundled model and runs/."""
+    from .test_api import tiny_captioner
+
+    secret = tmp_path / "secret"
+    tiny_captioner().save(secret / "private.safetensors")
+    runs = tmp_path / "work" / "runs" / "exp"
+    tiny_captioner().save(runs / "mine.safetensors")
+    import streamlit as st
+
+    monkeypatch.delenv("CAPTIONER_CHECKPOINT_DIRS", raising=False)
+    monkeypatch.chdir(tmp_path / "work")  # the default deployment: runs/ under the working directory
+    st.cache_data.clear()
+    at = app.run()
+    no_problems(at)
+    box = next(s for s in at.sidebar.selectbox if s.label == "Checkpoint")
+    assert DEFAULT_LABEL_OF(box) and "exp/mine.safetensors" in box.options, box.options
+    for typed in (str(secret), "/", str(tmp_path)):
+        for t in at.text_input:
+            t.set_value(typed)
+        at.run()
+        options = [o for s in at.selectbox for o in s.options]
+        assert not any("private" in str(o) for o in options), options
+        assert not any(str(secret) in m.value for m in at.markdown)
+    assert not any(t.label.startswith("Checkpoint folder") for t in at.sidebar.text_input)
+
+
+def DEFAULT_LABEL_OF(box) -> bool:
+    return not captioner.DEFAULT_CHECKPOINT.is_file() or "bundled default model" in box.options
 
 
 def _selected_path() -> str:
@@ -463,13 +495,13 @@ def test_a_click_on_the_photo_picks_its_cell(app):
     assert cell_shown(at) == (G - 1, 0)
 
 
-def test_compare_two_models_side_by_side(app, tmp_path):
+def test_compare_two_models_side_by_side(app, tmp_path, monkeypatch):
     from .test_api import tiny_captioner
 
     tiny_captioner().save(tmp_path / "tiny.safetensors")
+    monkeypatch.setenv("CAPTIONER_CHECKPOINT_DIRS", str(tmp_path))
     at = app.run()
     words = check_captioned(at)
-    next(t for t in at.sidebar.text_input if t.label.startswith("Checkpoint folder")).set_value(str(tmp_path)).run()
     next(c for c in at.checkbox if c.label == "Compare with a second checkpoint").check().run()
     no_problems(at)
     second = next(s for s in at.selectbox if s.label == "Second checkpoint (B)")
@@ -561,7 +593,7 @@ def test_encoder_runs_once_per_photo(app, monkeypatch):
         st.cache_data.clear()
 
 
-def test_concepts_panel_shows_the_word_detectors_person(app, tmp_path):
+def test_concepts_panel_shows_the_word_detectors_person(app, tmp_path, monkeypatch):
     """A model file with word detectors: the concepts panel lists person like any concept, and a person
     the detector rules out is not the caption's subject."""
     from captioner.concepts.detectors import PERSON, WordDetectors, attach
@@ -572,8 +604,8 @@ def test_concepts_panel_shows_the_word_detectors_person(app, tmp_path):
     attach(m.model, det)
     m.config.decode.person_floor = 0.2
     m.save(tmp_path / "detectors.safetensors")
+    monkeypatch.setenv("CAPTIONER_CHECKPOINT_DIRS", str(tmp_path))
     at = app.run()
-    next(t for t in at.sidebar.text_input if t.label.startswith("Checkpoint folder")).set_value(str(tmp_path)).run()
     next(s for s in at.sidebar.selectbox if s.label == "Checkpoint").set_value("detectors.safetensors").run()
     ex = next(s for s in at.selectbox if s.label.startswith("... or pick an example"))
     ex.set_value("Astronaut").run()
@@ -581,3 +613,25 @@ def test_concepts_panel_shows_the_word_detectors_person(app, tmp_path):
     panel = [x.value for x in at.markdown if 'class="concepts"' in x.value]
     assert panel and ">person<" in panel[0], panel
     assert not set(det.members[PERSON]) & set(caption_text(at).split())
+
+
+def test_compare_the_bundled_model_with_a_resnet_checkpoint(app, tmp_path, monkeypatch):
+    """Evidence-aware decoding is the bundled model's setting, and a ResNet has no ImageNet head: each side
+    of a comparison decodes with what it can use, so the ResNet side captions instead of failing."""
+    from captioner.config import Config, ModelConfig
+    from captioner.model.captioner import build_model
+
+    from .test_api import tiny_captioner
+
+    base = tiny_captioner()
+    cfg = Config(model=ModelConfig(encoder="resnet101", pretrained=False, image_size=64, grid_size=2,
+                                   embed_dim=8, hidden_dim=16, attention_dim=8))
+    resnet = captioner.Captioner(build_model(cfg.model, len(base.vocab), pretrained=False).eval(), base.vocab, cfg)
+    resnet.save(tmp_path / "resnet.safetensors")
+    monkeypatch.setenv("CAPTIONER_CHECKPOINT_DIRS", str(tmp_path))
+    at = app.run()
+    check_captioned(at)
+    next(c for c in at.checkbox if c.label == "Compare with a second checkpoint").check().run()
+    next(s for s in at.selectbox if s.label == "Second checkpoint (B)").set_value("resnet.safetensors").run()
+    no_problems(at)
+    assert any(m.value.startswith("**B: resnet.safetensors") for m in at.markdown)

@@ -73,6 +73,7 @@ def sync_playwright():
 def app_url(tmp_path, sync_playwright):
     env = _app_env()
     env.setdefault("OMP_NUM_THREADS", "2")
+    env["CAPTIONER_CHECKPOINT_DIRS"] = str(tmp_path / "models")  # the operator's folder (the workbench test fills it)
     port = _free_port()
     log = open(tmp_path / "streamlit.log", "w")
     proc = subprocess.Popen(
@@ -352,11 +353,7 @@ def test_workbench_views_in_chromium(app_url, sync_playwright, tmp_path):
             assert [float(s.split()[-1]) for s in strip] == pytest.approx(att.tolist(), abs=0.0006)
             _section_shot(page, "Click a region", "Compare two models", tmp_path / "workbench_region.png")
 
-            # compare two models: a second checkpoint from the folder, the same sentence under both
-            folder_box = page.get_by_label("Checkpoint folder (searched recursively for *.safetensors)")
-            folder_box.fill(str(folder))
-            folder_box.press("Enter")
-            _settle(page)
+            # compare two models: a second checkpoint from the operator's folder, the same sentence under both
             page.get_by_text("Compare with a second checkpoint").click()
             page.get_by_text("B: tiny.safetensors").wait_for(timeout=WAIT_MS)
             _settle(page)

@@ -1,0 +1,88 @@
+"""Which model files the app may offer: the operator names the folders on the server side (app.py reads
+`streamlit run app.py -- --checkpoints DIR ...` or CAPTIONER_CHECKPOINT_DIRS); a visitor only picks from
+the menu. The search is bounded in depth, files and time, never follows a link out of an allowed folder,
+and says when it stopped early."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+MAX_DEPTH, MAX_FILES, MAX_SECONDS = 4, 200, 2.0
+
+
+@dataclass
+class Found:
+    files: list[Path] = field(default_factory=list)  # newest first
+    stopped: str = ""  # why the search stopped early ("" when it saw everything)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root)
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def find_model_files(folders: Sequence[str | Path], max_depth: int = MAX_DEPTH, max_files: int = MAX_FILES,
+                     max_seconds: float = MAX_SECONDS) -> Found:
+    """*.safetensors under the allowed folders (at most `max_depth` levels down, `max_files` files,
+    `max_seconds`), each resolving inside the folder it was found in (a link out of it is skipped)."""
+    found, seen, start = Found(), set(), time.monotonic()
+    for folder in folders:
+        root = Path(folder).expanduser()
+        if not root.is_dir():
+            continue
+        real_root = root.resolve()
+        stack = [(root, 0)]
+        while stack:
+            if time.monotonic() - start > max_seconds:
+                found.stopped = f"the search stopped after {max_seconds:g} s"
+                return _sorted(found)
+            here, depth = stack.pop()
+            try:
+                entries = list(os.scandir(here))
+            except OSError:
+                continue
+            for e in entries:
+                p = Path(e.path)
+                if not _inside(p, real_root):
+                    continue  # a link out of the allowed folder
+                if e.is_dir() and depth < max_depth:
+                    stack.append((p, depth + 1))
+                elif e.name.endswith(".safetensors") and e.is_file() and p.resolve() not in seen:
+                    seen.add(p.resolve())
+                    found.files.append(p)
+                    if len(found.files) >= max_files:
+                        found.stopped = f"the search stopped at {max_files} model files"
+                        return _sorted(found)
+    return _sorted(found)
+
+
+def _sorted(found: Found) -> Found:
+    def mtime(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except OSError:
+            return 0.0
+    found.files.sort(key=mtime, reverse=True)
+    return found
+
+
+def operator_folders(argv: Sequence[str], env_value: str | None, default: Sequence[str] = ("runs",)) -> list[str]:
+    """The folders the operator allows: `--checkpoints DIR [DIR ...]` in the app's own arguments (after `--`
+    of `streamlit run app.py`), else CAPTIONER_CHECKPOINT_DIRS (os.pathsep-separated), else `default`."""
+    args = list(argv)
+    if "--checkpoints" in args:
+        out = []
+        for a in args[args.index("--checkpoints") + 1:]:
+            if a.startswith("--"):
+                break
+            out.append(a)
+        return out
+    if env_value:
+        return [p for p in env_value.split(os.pathsep) if p]
+    return list(default)
