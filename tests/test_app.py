@@ -635,3 +635,45 @@ def test_compare_the_bundled_model_with_a_resnet_checkpoint(app, tmp_path, monke
     next(s for s in at.selectbox if s.label == "Second checkpoint (B)").set_value("resnet.safetensors").run()
     no_problems(at)
     assert any(m.value.startswith("**B: resnet.safetensors") for m in at.markdown)
+
+
+def test_concurrent_sessions_stay_isolated(app):
+    """Three sessions at once (threads, as a server runs them), each with its own photo, typed sentence,
+    region and second model: each page shows only its own, equal to what the library computes."""
+    import threading
+    import time
+
+    jobs = {"Cat": "a cat on a wall", "Coffee": "a cup of coffee", "Astronaut": "a man in a white suit"}
+    files = {"Cat": "cat.jpg", "Coffee": "coffee.jpg", "Astronaut": "astronaut.jpg"}
+    results: dict[str, object] = {}
+
+    def session(example: str, sentence: str) -> None:
+        try:
+            at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+            at.run()
+            next(s for s in at.selectbox if s.label.startswith("... or pick an example")).set_value(example).run()
+            next(t for t in at.text_input if t.label == "Sentence to explain").set_value(sentence).run()
+            next(s for s in at.selectbox if s.label == "Row").set_value(0).run()
+            results[example] = (photo_caption(at), [w for w, _ in explained_overlays(at)], caption_text(at),
+                                [e.value for e in at.exception] + [e.value for e in at.error])
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            results[example] = e
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=session, args=job) for job in jobs.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.monotonic() - t0
+    model = captioner.load(_selected_path())
+    for example, sentence in jobs.items():
+        got = results[example]
+        assert not isinstance(got, Exception), (example, got)
+        shown_photo, explained, caption, problems = got
+        assert not problems, (example, problems)
+        assert shown_photo.startswith(files[example]), (example, shown_photo)  # its own photo ...
+        assert explained == sentence.split()  # ... its own sentence ...
+        image = (EXAMPLES / files[example]).read_bytes()
+        assert caption == model.caption(image).text  # ... and its own caption
+    print(f"3 concurrent sessions: {seconds:.1f} s")
