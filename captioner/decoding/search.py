@@ -208,23 +208,15 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
     best_finished = torch.full((B, K), float("-inf"), device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(max_len):
-        n, (emb, emb_gates) = len(image_ids), decoder.embed(words)
+        n = len(image_ids)
+        emb, emb_gates = decoder.embed(words)
         logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context, ctx_gates)
         top_s, src, word, step_lp = _candidates(
             cum, word_logp(logits, ids, settings, hist.tokens, evidence, image_ids.repeat_interleave(G, 0)), n, G, K, ids.pad)
         is_end = word == end
-        fin = is_end & (rank < K) & (top_s > float("-inf"))  # (n, 2K) finished now: <end> among the top K
-        norm = top_s / float(t + 1) ** length_penalty if length_penalty else top_s  # t words + <end>
-        if bool(fin.any()):
-            for g, j in fin.nonzero().tolist():
-                finished[int(image_ids[g])].append(hist.hypothesis(int(src[g, j]), float(top_s[g, j]), float(norm[g, j])))
-            merged = torch.cat([best_finished[:n], norm.masked_fill(~fin, float("-inf"))], dim=1)
-            best_finished = merged.topk(K, dim=1).values  # (n, K)
-        # alive: the K best non-<end> continuations (>= K among 2K: each of the G <= K rows has one <end>)
-        keep_score = (~is_end).float() * (2 * K - rank)  # prefer non-end, then better rank
-        alive = keep_score.topk(K, dim=1).indices.sort(dim=1).values  # (n, K) positions in rank order
-        alive_s, alive_src, alive_word = top_s.gather(1, alive), src.gather(1, alive), word.gather(1, alive)  # (n, K)
-        alive_lp = step_lp.gather(1, alive)  # (n, K)
+        best_finished = _record_finished(finished, best_finished[:n], hist, image_ids, top_s, src,
+                                         is_end & (rank < K) & (top_s > float("-inf")), t, length_penalty)
+        alive_s, alive_src, alive_word, alive_lp = _alive(top_s, src, word, step_lp, is_end, rank, K)  # (n, K) each
         if t == max_len - 1:  # cap: live hypotheses end here with the word they just chose
             capped = hist.extend(alive_src.reshape(-1), alive_word.reshape(-1), alpha, beta, alive_lp.reshape(-1))
             for g, k in (alive_s > float("-inf")).nonzero().tolist():
@@ -238,11 +230,35 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
             break
         rows = alive_src[keep].reshape(-1)  # (n' * K,) source rows of the surviving beams
         words, cum = alive_word[keep].reshape(-1), alive_s[keep].reshape(-1)
-        hist, (h, c), G = hist.extend(rows, words, alpha, beta, alive_lp[keep].reshape(-1)), (h[rows], c[rows]), K
+        hist = hist.extend(rows, words, alpha, beta, alive_lp[keep].reshape(-1))
+        h, c, G = h[rows], c[rows], K  # from now on each live image has K rows
         if len(keep) < n:  # finished images leave the batch
             feats, feat_proj, ctx_gates = feats[keep], feat_proj[keep], ctx_gates[keep]
         image_ids, best_finished = image_ids[keep], best_finished[keep]
     return [sorted(f, key=lambda hyp: -hyp.score)[:K] for f in finished]
+
+
+def _record_finished(finished: list[list[Hypothesis]], best_finished: torch.Tensor, hist: "_History",
+                     image_ids: torch.Tensor, top_s: torch.Tensor, src: torch.Tensor, fin: torch.Tensor, t: int,
+                     length_penalty: float) -> torch.Tensor:
+    """Hypotheses ending now (fin (n, 2K): <end> among the top K) join their image's finished list;
+    returns the K best finished normalised scores per live image (n, K)."""
+    if not bool(fin.any()):
+        return best_finished
+    norm = top_s / float(t + 1) ** length_penalty if length_penalty else top_s  # t words + <end>
+    for g, j in fin.nonzero().tolist():
+        finished[int(image_ids[g])].append(hist.hypothesis(int(src[g, j]), float(top_s[g, j]), float(norm[g, j])))
+    merged = torch.cat([best_finished, norm.masked_fill(~fin, float("-inf"))], dim=1)  # (n, 3K)
+    return merged.topk(best_finished.shape[1], dim=1).values  # (n, K)
+
+
+def _alive(top_s: torch.Tensor, src: torch.Tensor, word: torch.Tensor, step_lp: torch.Tensor, is_end: torch.Tensor,
+           rank: torch.Tensor, K: int) -> tuple[torch.Tensor, ...]:
+    """The K best continuations that do not end (>= K among the 2K: each of the G <= K rows has one
+    <end>), in rank order: their scores, source rows, words and word log-probs, each (n, K)."""
+    keep_score = (~is_end).float() * (2 * K - rank)  # prefer non-end, then better rank
+    alive = keep_score.topk(K, dim=1).indices.sort(dim=1).values  # (n, K) positions in rank order
+    return top_s.gather(1, alive), src.gather(1, alive), word.gather(1, alive), step_lp.gather(1, alive)
 
 
 def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
