@@ -307,8 +307,9 @@ def test_failed_write_keeps_previous_checkpoint(tmp_path, good, tiny, monkeypatc
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(st_torch, "save_file", dies_halfway)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OSError, match="not enough disk space to write") as e:  # a DiskFullError, an OSError
         save_checkpoint(good, cfg, vocab, model.state_dict(), metrics={"Bleu_4": 0.9})
+    assert str(good) in str(e.value) and e.value.errno == 28  # names the file
     assert good.read_bytes() == before
     assert _temps(good.parent) == []  # the partial temp file was removed
     monkeypatch.undo()
