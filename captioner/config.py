@@ -43,6 +43,23 @@ class ModelConfig:
 
 
 @dataclass
+class SourceConfig:
+    """One caption set of a training mix (data.sources): where its photos and captions are, how its
+    train/val photos are chosen, and how often each of its photos is seen per epoch."""
+
+    name: str = ""  # unique in the mix: names its caches ("<name>_train_...") and its val scores ("<name>/CIDEr")
+    dataset: str = "flickr8k"  # one of DATASETS
+    root: str = ""  # flickr8k: folder with Images/ + captions.txt and the official split files
+    images: str = ""  # coco/karpathy: image folder
+    annotations: str = ""  # coco: captions_*.json; karpathy: dataset_*.json
+    val_images: str = ""  # coco without split files: validation image folder
+    val_annotations: str = ""  # coco without split files: captions_val*.json
+    train_split: str = ""  # coco: a file naming the training photos, one file name per line (of `annotations`)
+    val_split: str = ""  # coco: a file naming the validation photos (of `annotations`)
+    weight: float = 1.0  # sampling weight: each photo is seen this many times per epoch on average (0.5, 1, 3 ...)
+
+
+@dataclass
 class DataConfig:
     dataset: str = "flickr8k"  # one of DATASETS
     root: str = "../shared/data/flickr8k"  # flickr8k: folder with Images/ + captions.txt (or Flickr8k.token.txt)
@@ -57,10 +74,22 @@ class DataConfig:
     cache_dir: str = "cache"  # frozen-encoder feature cache
     num_workers: int = 2
     limit: int = 0  # use only the first N images of each split (0 = all); for smoke tests
+    # a training mix: several caption sets at once (empty: the one set named by dataset/root/images above).
+    # In a file: a list of mappings with SourceConfig's keys; with --set: data.sources='[{"name": ...}]' (JSON)
+    sources: list[SourceConfig] = field(default_factory=list)
 
     def cache_split(self, split: str) -> str:
         """The split's name in cache file names: a limited run ("train8") never shares the full split's cache."""
         return f"{split}{self.limit}" if self.limit else split
+
+    def source_list(self) -> list[SourceConfig]:
+        """The run's caption sets: data.sources, or the single set the dataset keys name (named after
+        data.dataset, so a one-set run keeps the cache names it always had)."""
+        if self.sources:
+            return list(self.sources)
+        return [SourceConfig(name=self.dataset, dataset=self.dataset, root=self.root, images=self.images,
+                             annotations=self.annotations, val_images=self.val_images,
+                             val_annotations=self.val_annotations)]
 
 
 @dataclass
@@ -94,6 +123,9 @@ class TrainConfig:
     max_steps: int = 0  # stop after this many optimizer steps in total (0 = no limit); for tests
     objective: str = "xe"  # OBJECTIVES: xe (cross-entropy, teacher forcing) | scst (self-critical on CIDEr-D)
     init_from: str = ""  # start a new run from this model file's weights and vocabulary (e.g. SCST after xe)
+    init_encoder: bool = False  # with init_from and a frozen encoder: take its encoder too (the cache is built with it)
+    extend_vocab: bool = False  # with init_from: add the training captions' new words (min_word_count) to its
+    # vocabulary; old words keep their ids, embeddings and output rows (training/warm_start.py)
     scst_samples: int = 5  # K sampled captions per image
     scst_baseline: str = "mean"  # SCST_BASELINES: mean (of the image's other samples) | greedy (greedy caption's reward)
     scst_max_len: int = 20  # longest sampled caption (words + <end>)
@@ -116,6 +148,7 @@ class DecodeConfig:
     forbid_unk: bool = True  # never write "<unk>" in a caption
     block_trigrams: bool = False  # never repeat a trigram within a caption ("a red shirt ... a red shirt")
     block_bigrams: bool = False  # never repeat a bigram ending in a content word ("brown and white and white")
+    block_salad: bool = True  # never end on a function word or colour, never a content word 3 times (vocab.is_salad)
     hard_context: str = "expected"  # HARD_CONTEXTS, hard-attention models: expected (paper's test time) | argmax
     # evidence-aware decoding (evidence.py): the encoder's ImageNet head vetoes object words it rules out
     evidence: bool = False  # on: a word naming a COCO category with P(category) < evidence_floor is penalised
@@ -160,6 +193,38 @@ class Config:
             for key, value in values.items():
                 set_value(cfg, f"{section}.{key}", value, source)
         return cfg
+
+
+def _sources(value: Any, source: str) -> list[SourceConfig]:
+    """data.sources from a file's list of mappings or --set's JSON text; every key checked like the others."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{source}: data.sources expects a JSON list of mappings, got '{value}' ({e})") from None
+    if not isinstance(value, list):
+        raise ValueError(f"{source}: data.sources expects a list of mappings, got {type(value).__name__}")
+    out, types = [], {f.name: f.type for f in dataclasses.fields(SourceConfig)}
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise ValueError(f"{source}: data.sources[{i}] must be a mapping, got {type(item).__name__}")
+        src = SourceConfig()
+        for key, v in item.items():
+            if key not in types:
+                raise ValueError(f"{source}: unknown key '{key}' in data.sources[{i}]. Known keys: "
+                                 f"{', '.join(sorted(types))}")
+            typ = _SCALARS[types[key] if isinstance(types[key], str) else types[key].__name__]
+            setattr(src, key, _coerce(v, typ, f"data.sources[{i}].{key}", source))
+        if not src.name:
+            raise ValueError(f"{source}: data.sources[{i}] needs a name (it names the caches and the val scores)")
+        check_choice("data.dataset", src.dataset, f"{source}: data.sources[{i}]")
+        if not src.weight > 0:
+            raise ValueError(f"{source}: data.sources[{i}].weight must be > 0, got {src.weight}")
+        out.append(src)
+    names = [s.name for s in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{source}: data.sources names must be unique, got {names}")
+    return out
 
 
 def _sections() -> list[str]:
@@ -211,6 +276,9 @@ def set_value(cfg: Config, dotted: str, value: Any, source: str) -> None:
         raise ValueError(
             f"{source}: unknown setting '{dotted}'. Known keys in [{parts[0]}]: {', '.join(sorted(types))}"
         )
+    if dotted == "data.sources":
+        setattr(section, parts[1], _sources(value, source))
+        return
     typ = _SCALARS[types[parts[1]] if isinstance(types[parts[1]], str) else types[parts[1]].__name__]
     value = _coerce(value, typ, dotted, source)
     check_choice(dotted, value, source)  # fail when the config is read, not hours into a run

@@ -25,6 +25,20 @@ _TOKEN = re.compile(r"[a-z0-9]+(?:['\-][a-z0-9]+)*")
 # words that carry grammar, not content: a caption ending in one is cut short (metrics, SCST's penalty);
 # repeating a bigram that ends in one is ordinary English ("in a ... in a"), unlike "blue shirt ... blue shirt"
 FUNCTION_WORDS = frozenset("a an the of with in on at to for from by and or is are his her its their".split())
+COLOUR_WORDS = frozenset("white black brown red blue green yellow orange pink purple grey gray tan silver gold".split())
+# word salad (issue 36): a caption that ends on one of these ("a brown and white is standing in front of a",
+# "... with a black and") or names a content word three times ("a brown and brown and white brown dog")
+BAD_LAST_WORDS = FUNCTION_WORDS | COLOUR_WORDS
+SALAD_REPEATS = 3
+
+
+def is_salad(words: Sequence[str]) -> bool:
+    """Whether a caption (its words) is word salad: empty, ending on a function word or a colour, or
+    naming one content word SALAD_REPEATS times. Decoding with decode.block_salad never writes one."""
+    if not words or words[-1] in BAD_LAST_WORDS:
+        return True
+    counts = Counter(w for w in words if w not in FUNCTION_WORDS)
+    return bool(counts) and max(counts.values()) >= SALAD_REPEATS
 
 
 def tokenize(text: str) -> list[str]:
@@ -90,6 +104,12 @@ class Vocab:
         # sorted by frequency then alphabetically: the same captions always give the same ids
         words = sorted((w for w, n in counts.items() if n >= min_count), key=lambda w: (-counts[w], w))
         return cls(list(SPECIALS) + words)
+
+    def extended(self, captions: Iterable[str], min_count: int = 5) -> "Vocab":
+        """This vocabulary plus the words of `captions` seen >= min_count times that it lacks, appended in
+        build()'s order: every old word keeps its id (a warm start keeps its embedding and output rows)."""
+        new = [w for w in Vocab.build(captions, min_count).itos[len(SPECIALS):] if w not in self.stoi]
+        return Vocab(self.itos + new)
 
     def encode(self, caption: str, max_len: int | None = None) -> list[int]:
         """Caption -> [<start>, w1, ..., wn, <end>] ids, truncating to max_len words."""

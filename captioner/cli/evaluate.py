@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=["train", "val", "test"], default="test")
     p.add_argument("--images", help="coco/karpathy: image folder")
     p.add_argument("--annotations", help="coco: captions_*.json (all its images); karpathy: dataset_*.json")
+    p.add_argument("--split-file", default=None,
+                   help="coco: only the photos this file names, one file name per line (e.g. coco-paired's split_val.txt)")
     add_decode_options(p)
     p.add_argument("--limit", type=int, default=None, metavar="N",
                    help="first N images only (N >= 1; leave it out to evaluate every image of the split)")
@@ -66,7 +68,15 @@ def _records(args: argparse.Namespace, p: argparse.ArgumentParser) -> tuple[list
             p.error("--dataset coco needs --images and --annotations")
         data = DataConfig(dataset="coco", images=args.images, annotations=args.annotations)
         split, label = "train", coco_split_label(args.annotations)  # build_records' 'train' = the whole file
+        if args.split_file:  # the photos one split file names: labelled "<captions file>-<split file>"
+            from captioner.config import SourceConfig
+
+            data.sources = [SourceConfig(name="coco", dataset="coco", images=args.images,
+                                         annotations=args.annotations, train_split=args.split_file)]
+            label = f"{label}-{Path(args.split_file).stem}"
     else:
+        if args.split_file:
+            p.error("--split-file is for --dataset coco (flickr8k and karpathy have their own splits)")
         data = DataConfig(dataset="karpathy", images=args.images or "", annotations=args.annotations or "")
         split = label = args.split
     data.limit = args.limit or 0  # DataConfig: 0 = all
@@ -151,7 +161,7 @@ def _write(args: argparse.Namespace, label: str, used, scores: dict, grounding: 
         print(json.dumps({**{k: scores[k] for k in (*METRIC_KEYS, "n_images")},  # exactly these keys
                           **{k: g.to_dict() for k, g in grounding.items()}}))  # + grounding_* with --grounding
         return
-    for k in (*METRIC_KEYS, "SPICE", "bad_ending", "repeated_bigram"):
+    for k in (*METRIC_KEYS, "SPICE", "bad_ending", "repeated_bigram", "salad"):
         if k in scores:
             print(f"{k:16s} {scores[k]:.4f}")
     print(f"images           {scores['n_images']}")

@@ -13,9 +13,9 @@ import time
 def main(argv: list[str] | None = None) -> int:
     from captioner.api import default_device
     from captioner.config import load_config
-    from captioner.data import build_records
+    from captioner.data import build_mix
     from captioner.data.features import build_cache
-    from captioner.model.encoder import build_encoder, build_preprocess
+    from captioner.model.encoder import build_preprocess
     from captioner.vocab import Vocab
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -29,16 +29,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.config, args.set)
-        records = {s: build_records(cfg.data, s) for s in args.splits}
+        mix = {s: build_mix(cfg.data, s) for s in args.splits}
+        encoder = _encoder(cfg)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for split, recs in records.items():
+    records = {(src.name, split): recs for split, sets in mix.items() for src, recs in sets}
+    for (name, split), recs in records.items():
         missing = [r.image_id for r in recs if not r.path.is_file()]
-        print(f"{split}: {len(recs)} images, {sum(len(r.captions) for r in recs)} captions"
+        print(f"{name} {split}: {len(recs)} images, {sum(len(r.captions) for r in recs)} captions"
               + (f"; {len(missing)} image files missing, e.g. {', '.join(missing[:5])}" if missing else ""))
-    if "train" in records:
-        caps = [c for r in records["train"] for c in r.captions]
+    if "train" in mix:
+        caps = [c for _, recs in mix["train"] for r in recs for c in r.captions]
         vocab = Vocab.build(caps, cfg.data.min_word_count)
         print(vocab.stats(caps, cfg.data.max_caption_len))
         if args.vocab_out:
@@ -49,16 +51,30 @@ def main(argv: list[str] | None = None) -> int:
         return _activations(cfg, records, args.device, not args.no_progress)
     if cfg.encoder_in_loop:
         print("note: this recipe fine-tunes the encoder or augments images, so training does not use the feature cache")
-    encoder = build_encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size,
-                            cfg.model.output_stride)
     prep = build_preprocess(cfg.model)
-    for split, recs in records.items():
+    for (source, split), recs in records.items():
         t = time.time()
-        name = prep.cache_name(cfg.data.dataset, cfg.data.cache_split(split))
+        name = prep.cache_name(source, cfg.data.cache_split(split))
         cache = build_cache(cfg.data.cache_dir, name, encoder, prep, recs, args.device,
                             num_workers=cfg.data.num_workers, progress=not args.no_progress)
-        print(f"{split}: features {tuple(cache.features.shape)} float16 at {cache.path} ({time.time() - t:.0f}s)")
+        print(f"{source} {split}: features {tuple(cache.features.shape)} float16 at {cache.path} "
+              f"({time.time() - t:.0f}s)")
     return 0
+
+
+def _encoder(cfg):
+    """The frozen encoder training will cache features with: the pretrained one, or with
+    train.init_encoder the encoder of the train.init_from file."""
+    from captioner.checkpoint import load_checkpoint, load_model_state
+    from captioner.model.captioner import build_model
+    from captioner.model.encoder import build_encoder
+
+    if not (cfg.train.init_from and cfg.train.init_encoder):
+        return build_encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size, cfg.model.output_stride)
+    init = load_checkpoint(cfg.train.init_from)
+    model = build_model(cfg.model, len(init.vocab), pretrained=False)
+    load_model_state(model, init.model_state, cfg.train.init_from)
+    return model.encoder
 
 
 def _activations(cfg, records, device: str, progress: bool) -> int:
@@ -67,10 +83,9 @@ def _activations(cfg, records, device: str, progress: bool) -> int:
 
     encoder = build_encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size, cfg.model.output_stride)
     prep = build_preprocess(cfg.model)
-    for split, recs in records.items():
+    for (source, split), recs in records.items():
         t = time.time()
-        name = cache_name(prep, cfg.data.dataset, cfg.data.cache_split(split),
-                          encoder.split_block)
+        name = cache_name(prep, source, cfg.data.cache_split(split), encoder.split_block)
         flip = cfg.data.flip and split == "train"
         cache = build_activations(cfg.data.cache_dir, name, encoder, prep, recs, flip, device,
                                   num_workers=cfg.data.num_workers, progress=progress)

@@ -57,16 +57,21 @@ def collate(samples: list[tuple]) -> Batch:
 
 
 class FeatureDataset(Dataset):
-    """Cached encoder features (a memory-mapped (N, P, D) float16 array) + encoded captions."""
+    """Cached encoder features (memory-mapped (N, P, D) float16 arrays, one per caption set of the mix) +
+    encoded captions. `rows[i]` = (which array, row in it) of sample i; a plain int means the first array."""
 
-    def __init__(self, features: np.ndarray, rows: Sequence[int], captions: list[list[list[int]]]):
-        self.features, self.rows, self.captions = features, list(rows), captions
+    def __init__(self, features: np.ndarray | Sequence[np.ndarray], rows: Sequence[int | tuple[int, int]],
+                 captions: list[list[list[int]]]):
+        self.parts = [features] if isinstance(features, np.ndarray) else list(features)
+        self.rows = [r if isinstance(r, tuple) else (0, r) for r in rows]
+        self.captions = captions
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, list[list[int]]]:
-        return torch.from_numpy(np.array(self.features[self.rows[i]], dtype=np.float32)), self.captions[i]  # a copy: the memmap is read-only
+        part, row = self.rows[i]
+        return torch.from_numpy(np.array(self.parts[part][row], dtype=np.float32)), self.captions[i]  # a copy: the memmap is read-only
 
 
 class ActivationDataset(Dataset):
@@ -141,18 +146,26 @@ def collate_skip_missing(samples: list) -> Batch | None:
 
 class BucketBatchSampler(Sampler[list[int]]):
     """Batches of images with similar caption lengths, in a random order that depends only on
-    (seed, epoch), so a resumed run replays exactly the same batches."""
+    (seed, epoch), so a resumed run replays exactly the same batches. `weights` (per image, default 1):
+    an image with weight 2.5 is in an epoch 2 or 3 times (3 with probability 0.5): a mix's sampling weights."""
 
-    def __init__(self, lengths: Sequence[float], batch_size: int, seed: int = 0, bucket: bool = True):
+    def __init__(self, lengths: Sequence[float], batch_size: int, seed: int = 0, bucket: bool = True,
+                 weights: Sequence[float] | None = None):
         self.lengths, self.batch_size, self.seed, self.bucket = list(lengths), batch_size, seed, bucket
+        self.weights = None if weights is None or all(w == 1 for w in weights) else list(weights)
         self.epoch = 0
+
+    def _epoch_images(self, rng: random.Random) -> list[int]:
+        if self.weights is None:
+            return list(range(len(self.lengths)))
+        return [i for i, w in enumerate(self.weights) for _ in range(int(w) + (rng.random() < w - int(w)))]
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def batches(self) -> list[list[int]]:
         rng = random.Random(self.seed * 100_003 + self.epoch)
-        order = list(range(len(self.lengths)))
+        order = self._epoch_images(rng)
         rng.shuffle(order)
         if self.bucket:
             # sort within large random windows: batches are length-homogeneous yet vary per epoch
@@ -167,4 +180,6 @@ class BucketBatchSampler(Sampler[list[int]]):
         return iter(self.batches())
 
     def __len__(self) -> int:
+        if self.weights is not None:  # the epoch's draw decides; the same (seed, epoch) draws the same
+            return len(self.batches())
         return (len(self.lengths) + self.batch_size - 1) // self.batch_size

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import DecodeConfig
-from ..vocab import FUNCTION_WORDS
+from ..vocab import BAD_LAST_WORDS, FUNCTION_WORDS, SALAD_REPEATS
 from .evidence import Evidence
 from ..model.decoder import Decoder
 
@@ -32,12 +32,14 @@ class SpecialIds:
     pad: int = 0
     unk: int | None = None
     function_words: tuple[int, ...] = ()  # vocab.FUNCTION_WORDS: bigrams ending in one may repeat
+    bad_last: tuple[int, ...] = ()  # vocab.BAD_LAST_WORDS: a caption never ends on one (decode.block_salad)
 
     @classmethod
     def of(cls, vocab, forbid_unk: bool = True) -> "SpecialIds":
         """From a Vocab; forbid_unk is config.decode.forbid_unk (a caption for people never says "<unk>")."""
         function = tuple(sorted(vocab.stoi[w] for w in FUNCTION_WORDS if w in vocab.stoi))
-        return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None, function)
+        bad_last = tuple(sorted(vocab.stoi[w] for w in BAD_LAST_WORDS if w in vocab.stoi))
+        return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None, function, bad_last)
 
 
 @dataclass
@@ -86,16 +88,32 @@ def _ban_repeated_bigrams(logp: torch.Tensor, tokens: torch.Tensor, function_wor
     return logp
 
 
+def _ban_salad(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds) -> torch.Tensor:
+    """logp (N, V), tokens (N, t) -> -inf for <end> first or after a function word or colour ("... in front
+    of a", "a black and"), and for a content word already written SALAD_REPEATS - 1 times (vocab.is_salad)."""
+    if tokens.shape[1] == 0:  # nor a caption without words
+        logp[:, ids.end] = float("-inf")
+        return logp
+    ids_of = lambda words: torch.tensor(words, dtype=tokens.dtype, device=tokens.device)  # noqa: E731
+    logp[torch.isin(tokens[:, -1], ids_of(ids.bad_last)), ids.end] = float("-inf")
+    if tokens.shape[1] >= SALAD_REPEATS - 1:
+        counts = torch.zeros_like(logp).scatter_add_(1, tokens, torch.ones_like(tokens, dtype=logp.dtype))  # (N, V)
+        counts[:, ids_of(ids.function_words)] = 0
+        logp = logp.masked_fill(counts >= SALAD_REPEATS - 1, float("-inf"))
+    return logp
+
+
 def word_logp(logits: torch.Tensor, ids: SpecialIds, settings: DecodeConfig, tokens: torch.Tensor,
               evidence: Evidence | None = None, images: torch.Tensor | None = None) -> torch.Tensor:
     """logits (N, V) of the next word, tokens (N, t) written so far, the image of each row (N,) with
     its Evidence (evidence.py) or None -> the scores decoding ranks words by: <pad>, <start> (and <unk>)
-    forbidden, repeated trigrams (block_trigrams) and content bigrams (block_bigrams) banned, the evidence's
-    word bias added.
+    forbidden, repeated trigrams (block_trigrams) and content bigrams (block_bigrams) banned, word salad
+    (block_salad) ruled out, the evidence's word bias added.
     Every rule on which words may come next lives here."""
     logp = _forbid(torch.log_softmax(logits.float(), dim=-1), ids.pad, ids.start, ids.unk)  # (N, V)
     logp = logp if evidence is None else logp + evidence.bias(images, tokens)
     logp = _ban_repeated_bigrams(logp, tokens, ids.function_words) if settings.block_bigrams else logp
+    logp = _ban_salad(logp, tokens, ids) if settings.block_salad else logp
     return _ban_repeated_trigrams(logp, tokens) if settings.block_trigrams else logp
 
 

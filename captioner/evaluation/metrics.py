@@ -13,7 +13,7 @@ import shutil
 from typing import Callable, Mapping, Sequence
 
 from ..config import METRICS
-from ..vocab import FUNCTION_WORDS
+from ..vocab import FUNCTION_WORDS, is_salad
 
 METRIC_KEYS = METRICS  # the one list, in config.py (train.val_metric is checked against it)
 
@@ -98,13 +98,14 @@ def _close_meteor(m) -> None:
 
 
 def caption_defects(captions: Sequence[str]) -> dict[str, float]:
-    """Shares of captions that end in a function word and that repeat a bigram ("a red uniform is
-    wearing a red uniform"), over whitespace tokens."""
+    """Shares of captions that end in a function word, that repeat a bigram ("a red uniform is
+    wearing a red uniform") and that are word salad (vocab.is_salad), over whitespace tokens."""
     n = max(len(captions), 1)
-    bad_end = repeat = 0
+    bad_end = repeat = salad = 0
     for c in captions:
         words = c.split()
         bad_end += bool(words) and words[-1] in FUNCTION_WORDS
         bigrams = list(zip(words, words[1:]))
         repeat += len(set(bigrams)) < len(bigrams)
-    return {"bad_ending": bad_end / n, "repeated_bigram": repeat / n}
+        salad += is_salad(words)
+    return {"bad_ending": bad_end / n, "repeated_bigram": repeat / n, "salad": salad / n}

@@ -135,38 +135,53 @@ def save_last(run: Run) -> None:
 # ---------------------------------------------------------------- validation and the epoch's decisions
 
 def validate(run: Run, stats: dict[str, float]) -> float:
-    """Rank 0 decodes the val images with train.val_beam_size and the decode settings, scores them
-    (evaluation.evaluate_model), logs the record; the metric is shared with every rank."""
+    """Rank 0 decodes each val set with train.val_beam_size and the decode settings, scores it
+    (evaluation.evaluate_model) and logs the record; the metric is shared with every rank. In a mix each
+    set's scores are logged as "<set>/<metric>" and the selection metric is their mean over the sets
+    (each caption set counts the same, whatever its size or sampling weight)."""
     cfg, state = run.cfg, run.state
     value = 0.0
     if run.main:
-        feats, records = run.val_feats, run.val_records
-        if feats is None:  # encoder in the loop: encode the val images with the current encoder
-            feats, idx = encode_records(run.model, records, build_preprocess(cfg.model), run.device)
-            records = [records[i] for i in idx]
-        agreement = {}
-        if cfg.from_activations:  # cached activations through the tuned top stages
-            feats = top_features(run.model, feats, run.device)
-            agreement = {"head_top1_agreement": head_agreement(run.model, feats, run.val_teacher_logits)}
         metrics = [k for k in METRIC_KEYS if k != "METEOR"]  # METEOR (a Java process) only when it is val_metric
         metrics += [cfg.train.val_metric] if cfg.train.val_metric not in metrics else []
-        settings = dataclasses.replace(cfg.decode, beam_size=cfg.train.val_beam_size)
-        scores, preds, _ = evaluate_model(run.model, run.vocab, feats, records, settings, metrics, log=run.log)
+        per_set = {vs.name: _validate_set(run, vs, metrics) for vs in run.val_sets}
+        if len(per_set) == 1:
+            (scores, example), = per_set.values()
+        else:
+            scores = {f"{name}/{k}": v for name, (s, _) in per_set.items() for k, v in s.items()}
+            scores[cfg.train.val_metric] = sum(s[cfg.train.val_metric] for s, _ in per_set.values()) / len(per_set)
+            example = " | ".join(f"{name}: {ex}" for name, (_, ex) in per_set.items())
         value = scores[cfg.train.val_metric]
         rec = {"kind": "val", "epoch": state.epoch, "step": state.step,
                **{f"train_{k}": v for k, v in stats.items() if k not in ("seconds", "batches")},
-               "epoch_seconds": stats["seconds"], "lr": run.optimizer.param_groups[0]["lr"], **scores, **agreement}
+               "epoch_seconds": stats["seconds"], "lr": run.optimizer.param_groups[0]["lr"], **scores}
         run.logger.write(rec)
         state.history.append(rec)
         train_txt = " ".join(f"{k} {v:.3f}" for k, v in stats.items() if k not in ("seconds", "batches"))
         run.log(f"epoch {state.epoch}: train {train_txt} ({stats['seconds']:.0f}s) | val "
-                + " ".join(f"{k} {v:.4f}" for k, v in scores.items() if k != "n_images")
-                + f" | e.g. '{next(iter(preds.values()))}'")
+                + " ".join(f"{k} {v:.4f}" for k, v in scores.items() if not k.endswith("n_images"))
+                + f" | e.g. '{example}'")
     if run.world_size > 1:
         box = [value]
         dist.broadcast_object_list(box, src=0)
         value = box[0]
     return value
+
+
+def _validate_set(run: Run, vs: Any, metrics: list[str]) -> tuple[dict[str, float], str]:
+    """One val set's scores (with head_top1_agreement when the top stages are tuned) and a caption."""
+    cfg = run.cfg
+    feats, records = vs.feats, vs.records
+    if feats is None:  # encoder in the loop: encode the val images with the current encoder
+        feats, idx = encode_records(run.model, records, build_preprocess(cfg.model), run.device)
+        records = [records[i] for i in idx]
+    agreement = {}
+    if cfg.from_activations:  # cached activations through the tuned top stages
+        feats = top_features(run.model, feats, run.device)
+        agreement = {"head_top1_agreement": head_agreement(run.model, feats, vs.teacher)}
+    settings = dataclasses.replace(cfg.decode, beam_size=cfg.train.val_beam_size)
+    scores, preds, _ = evaluate_model(run.model, run.vocab, feats, records, settings, metrics, log=run.log)
+    return {**scores, **agreement}, next(iter(preds.values()))
 
 
 @torch.no_grad()

@@ -14,14 +14,15 @@ import torch
 
 from ..checkpoint import load_checkpoint, load_model_state, optimizer_from_tensors
 from ..config import Config
-from ..data import ImageRecord, build_records
+from ..data import ImageRecord, build_mix
 from ..data.dataset import BucketBatchSampler
 from ..data.loader import RankBatches
 from ..logs import JsonlLogger
 from ..model.captioner import CaptionModel, build_model
-from .sources import build_data
+from .sources import ValSet, build_data
 from .objectives import Terms, build_objective
 from .resume import apply_to_optimizer, check_init, check_resume, reopen
+from .warm_start import grow_vocabulary
 from ..vocab import Vocab
 
 Log = Callable[[str], None]
@@ -60,15 +61,13 @@ class Run:
     collate_fn: Callable
     sampler: BucketBatchSampler
     batches: RankBatches
-    val_records: list[ImageRecord]
-    val_feats: Any  # (n_val, P, D) cached features, (n_val, C, h, w) activations (model.tune_stages), or None: encode the val images each time
+    val_sets: list[ValSet]  # one per caption set: cached features/activations, or None (encode the images each time)
     logger: JsonlLogger
     log: Log
     out: Path
     main: bool
     world_size: int
     progress: bool
-    val_teacher_logits: Any = None  # (n_val, K) pretrained ImageNet logits of the val photos (model.tune_stages)
 
     @property
     def last_path(self) -> Path:
@@ -113,12 +112,19 @@ def _restore(cfg: Config, last_path: Path, train_records: Sequence[ImageRecord],
             log(f"resuming from {last_path}: epoch {state.epoch + 1}, batch {state.batch_in_epoch}, step {state.step}")
         return resume, resume.vocab, state, resume.model_state, changed
     state = TrainState(lr=cfg.train.lr)
+    captions = [c for r in train_records for c in r.captions]
     if cfg.train.init_from:  # e.g. SCST starts from a cross-entropy model: its weights AND its vocabulary
         init = load_checkpoint(cfg.train.init_from)
         check_init(init.config, cfg, cfg.train.init_from)  # names the model settings that differ
         log(f"starting from the weights of {cfg.train.init_from}")
-        return None, init.vocab, state, init.model_state, {}
-    captions = [c for r in train_records for c in r.captions]
+        if not cfg.train.extend_vocab:
+            return None, init.vocab, state, init.model_state, {}
+        vocab = init.vocab.extended(captions, cfg.data.min_word_count)
+        log(f"vocabulary extended from {len(init.vocab)} to {len(vocab)} words (old words keep their ids and rows; "
+            f"new: {', '.join(vocab.itos[len(init.vocab):len(init.vocab) + 12])} ...)")
+        if main:
+            log(str(vocab.stats(captions, cfg.data.max_caption_len)))
+        return None, vocab, state, grow_vocabulary(init.model_state, len(vocab), cfg.train.seed), {}
     vocab = Vocab.build(captions, cfg.data.min_word_count)
     if main:
         log(str(vocab.stats(captions, cfg.data.max_caption_len)))
@@ -136,7 +142,8 @@ def _model(cfg: Config, vocab_size: int, weights: dict | None, fresh: bool, log:
         weights = {k: v for k, v in weights.items() if k != BASELINE}
         if cfg.model.attention == "hard":
             weights[BASELINE] = torch.zeros(())
-    if not fresh or cfg.model.fine_tune_encoder or cfg.model.tune_stages:  # a tuned encoder goes on from its weights
+    if not fresh or cfg.model.fine_tune_encoder or cfg.model.tune_stages or cfg.train.init_encoder:
+        # a tuned encoder goes on from its weights; train.init_encoder keeps the file's (frozen) encoder
         model = build_model(cfg.model, vocab_size, pretrained=False)
         load_model_state(model, weights, cfg.train.init_from if fresh else "last.safetensors")
         return model
@@ -184,15 +191,20 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
               rank: int = 0, world_size: int = 1) -> Run:
     device, out, main = torch.device(device), Path(cfg.train.out_dir), rank == 0
     _seed(cfg.train.seed + rank)
-    train_records, val_records = build_records(cfg.data, "train"), build_records(cfg.data, "val")
+    train, val = build_mix(cfg.data, "train"), build_mix(cfg.data, "val")
+    if main and len(train) > 1:
+        log("training mix: " + "; ".join(f"{src.name} {len(t)} train / {len(v)} val photos, weight {src.weight:g}"
+                                         for (src, t), (_, v) in zip(train, val)))
+    train_records = [r for _, recs in train for r in recs]
     resume, vocab, state, weights, changed = _restore(cfg, out / "last.safetensors", train_records, log, main)
     model = _model(cfg, len(vocab), weights, resume is None, log).to(device)
     for p in model.encoder.parameters():
         p.requires_grad_(cfg.model.fine_tune_encoder)
     for p in tuned_parameters(cfg, model):
         p.requires_grad_(True)
-    data = build_data(cfg, model, vocab, train_records, val_records, device, main, world_size, log, progress)
-    sampler = BucketBatchSampler(data.mean_lengths, cfg.train.batch_images, seed=cfg.train.seed)
+    data = build_data(cfg, model, vocab, train, val, device, main, world_size, log, progress)
+    sampler = BucketBatchSampler(data.mean_lengths, cfg.train.batch_images, seed=cfg.train.seed,
+                                 weights=data.weights or None)
     if cfg.train.compile and device.type == "cuda":  # the one place compilation is switched on
         model.decoder.compile_recur()
     module: torch.nn.Module = ObjectiveModule(model, build_objective(cfg, vocab, data.caps))
@@ -206,5 +218,4 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     optimizer = _optimizer(cfg, model, resume, device, changed)
     state.lr = optimizer.param_groups[0]["lr"]
     return Run(cfg, device, model, vocab, state, optimizer, module, data.dataset, data.collate, sampler,
-               RankBatches(sampler, rank, world_size), data.val_records, data.val_feats, logger, log, out, main,
-               world_size, progress, data.val_teacher)
+               RankBatches(sampler, rank, world_size), data.val_sets, logger, log, out, main, world_size, progress)
