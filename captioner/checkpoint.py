@@ -75,7 +75,7 @@ def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state:
 def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str],
                       then: str = "") -> None:
     """Atomically write CPU, contiguous tensors + string metadata (every model file of the project goes
-    through here: the language model's too). Too little disk space is a DiskFullError naming the file
+    through here). Too little disk space is a DiskFullError naming the file
     and the space needed (`then` ends its advice); the previous file at `path` stays as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,7 @@ def test_no_module_level_monkeypatching():
 # ---------------------------------------------------------------- the package by job (docs/architecture.md)
 # Each folder is one job; a job imports only jobs of a lower rank (never its equals or its betters).
 # "base" is the root's basics; api.py, the public face, sits above decoding and below the jobs that use it.
-JOB_RANK = {"base": 0, "model": 1, "data": 2, "concepts": 2, "decoding": 3, "lm": 3, "api": 4,
+JOB_RANK = {"base": 0, "model": 1, "data": 2, "concepts": 2, "decoding": 3, "api": 4,
             "evaluation": 5, "training": 6, "ui": 6, "bench": 7, "cli": 8}
 MAX_TOP_LEVEL_MODULES = 8
 
