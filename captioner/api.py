@@ -27,7 +27,7 @@ from .concepts.detectors import WordDetectors, attach, detect_words, detectors_o
 from .concepts.imagenet import THRESHOLD, Concepts, detect, encoder_head
 from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
 from .config import DTYPES as DTYPE_NAMES
-from .config import Config, DecodeConfig, check_choice
+from .config import Config, DecodeConfig, check_choice, set_value
 from .decoding.explain import NoWordsError
 from .images import ImageError, ImageInput
 from .model.captioner import CaptionModel, build_model
@@ -103,7 +103,11 @@ class Captioner:
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise TypeError(f"unknown decode setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        used = dataclasses.replace(self.config.decode, **{k: v for k, v in overrides.items() if v is not None})
+        cfg = Config(decode=dataclasses.replace(self.config.decode))
+        for key, value in overrides.items():  # typed like a config file: "false" is False, 2.5 beams an error
+            if value is not None:
+                set_value(cfg, f"decode.{key}", value, "decode settings")
+        used = cfg.decode
         if used.beam_size < 1 or used.max_len < 1:
             raise ValueError(f"beam_size and max_len must be at least 1, got {used.beam_size} and {used.max_len}")
         check_choice("decode.hard_context", used.hard_context, "decode settings")

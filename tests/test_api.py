@@ -182,6 +182,15 @@ def test_decode_settings_default_to_the_model_files(tmp_path, monkeypatch):
         loaded.caption(img, beam_sise=2)  # a typo is an error, not a silently ignored keyword
     with pytest.raises(ValueError, match="hard_context must be one of"):
         loaded.decode_settings(hard_context="foo")
+    # typed like a config file: text is read as its type, a wrong type is an error naming key and value
+    assert loaded.decode_settings(block_trigrams="false").block_trigrams is False
+    assert loaded.decode_settings(beam_size="3").beam_size == 3
+    with pytest.raises(ValueError, match=r"decode.beam_size expects int, got 2.5"):
+        loaded.decode_settings(beam_size=2.5)
+    with pytest.raises(ValueError, match=r"decode.block_trigrams expects true/false, got 'ture'"):
+        loaded.decode_settings(block_trigrams="ture")
+    with pytest.raises(ValueError, match=r"decode.evidence expects bool, got 1"):
+        loaded.decode_settings(evidence=1)
 
 
 def test_captioner_never_changes_the_model_it_is_given():

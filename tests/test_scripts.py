@@ -67,6 +67,28 @@ def test_evaluate_json(trained, tmp_path):
     assert len(written["captions"]) == 4
 
 
+def test_evaluate_writes_one_result_per_model_and_data_and_says_when_it_replaces_one(tmp_path):
+    """No --output: evaluations/<model>_<dataset>_<split>.json under the working folder; a COCO result never
+    lands on the Flickr8k one, and replacing an earlier result is said."""
+    bundled_or_skip()
+    coco = need_coco()
+
+    def evaluate(*args):
+        return subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args, "--limit", "2",
+                               "--beam-size", "1", "--json"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                              timeout=600, check=True)
+
+    flickr_args = ("--dataset", "flickr8k", "--data-root", str(need_flickr()), "--split", "val")
+    first = evaluate(*flickr_args)
+    evaluate("--dataset", "coco", "--images", str(coco / "train2017"), "--annotations",
+             str(coco / "annotations" / "captions_train2017.json"))
+    written = sorted(p.name for p in (tmp_path / "evaluations").iterdir())
+    assert written == ["bundled_coco_train2017-first2.json", "bundled_flickr8k_val-first2.json"]
+    assert "replacing" not in first.stderr
+    again = evaluate(*flickr_args)
+    assert "note: replacing the earlier result at evaluations/bundled_flickr8k_val-first2.json" in again.stderr
+
+
 @pytest.mark.parametrize("limit", ["0", "-3"])
 def test_evaluate_limit_must_be_positive(limit):
     """--limit 0 evaluated all 1,000 test images although the help says "first N images only"."""
@@ -289,11 +311,12 @@ def test_caption_cli_folder(tmp_path):
     assert flat.returncode == 1 and "bad.jpg" in flat.stderr and "readme" not in flat.stderr
     rows = [line.split("\t") for line in flat.stdout.splitlines()]
     assert [r[0] for r in rows] == [str(root / "a.jpg"), str(root / "b.png")]
+    assert "has 1 subfolder(s) that were not searched (sub): add --recursive" in flat.stderr  # said, not silent
     deep = run("scripts/caption.py", str(root), "--recursive", "--beam-size", "1", "--batch-size", "2", ok=False)
     rows_deep = [line.split("\t") for line in deep.stdout.splitlines()]
     assert [r[0] for r in rows_deep] == [str(root / "a.jpg"), str(root / "b.png"), str(root / "sub" / "c.jpeg")]
     assert rows_deep[:2] == rows  # batches of 2 (bad file inside one) give the same captions as one batch
-    assert deep.stderr.count("error:") == 1
+    assert deep.stderr.count("error:") == 1 and "not searched" not in deep.stderr
 
 
 def test_caption_cli_folder_json_and_maps(tmp_path):
@@ -373,6 +396,7 @@ def test_caption_cli_explain_matches_the_api_and_refuses_a_sentence_without_word
     assert rec["words"] == expect.words == ["a", "dog", "in", "a", "café"] and rec["unknown_words"] == ["café"]
     assert rec["log_prob"] == pytest.approx(expect.log_prob, abs=1e-3)
     assert "‘café’ is not in the model's vocabulary" in out.stderr
+    assert "decoding with" not in out.stderr and "nothing is decoded" in out.stderr  # it decodes nothing
     bad = run("scripts/caption.py", str(photo), "--explain", "!!! ...", ok=False)
     assert bad.returncode == 2 and "has no words to explain" in bad.stderr and not bad.stdout
 

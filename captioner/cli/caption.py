@@ -164,7 +164,11 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
     except (captioner.CheckpointError, OSError, ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return None
-    print(f"decoding with {describe(used)}", file=sys.stderr)
+    if args.explain is None:
+        print(f"decoding with {describe(used)}", file=sys.stderr)
+    else:  # nothing is decoded: the sentence is scored word by word (teacher forcing)
+        print(f"explaining the sentence (teacher forcing, hard_context {used.hard_context}); nothing is decoded",
+              file=sys.stderr)
     return model, dataclasses.asdict(used)
 
 
@@ -200,11 +204,25 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Path]] | None:
         return None
     for folder in skipped:
         print(f"note: skipping {folder}: a figure folder (--attention-dir), not input", file=sys.stderr)
+    if not args.recursive:
+        for item in args.images:
+            subs = _unsearched_subfolders(Path(item))
+            if subs:
+                print(f"note: {item} has {len(subs)} subfolder(s) that were not searched ({', '.join(subs[:3])}"
+                      f"{' ...' if len(subs) > 3 else ''}): add --recursive to caption their images too",
+                      file=sys.stderr)
     if args.attention_dir and found:
         Path(args.attention_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.attention_dir) / FIGURE_MARK).write_text("attention figures written by captioner's caption.py; "
                                                             "folder searches skip this folder\n")
     return [path for path, _ in found], figures
+
+
+def _unsearched_subfolders(folder: Path) -> list[str]:
+    """The subfolders of a FOLDER argument (not figure folders) that a search without --recursive skips."""
+    if not folder.is_dir():
+        return []
+    return sorted(d.name for d in folder.iterdir() if d.is_dir() and not (d / FIGURE_MARK).is_file())
 
 
 def describe(model: Any, images: list[Any], settings: dict[str, Any], sentence: str | None) -> list[Any]:

@@ -41,7 +41,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="first N images only (N >= 1; leave it out to evaluate every image of the split)")
     p.add_argument("--batch-size", type=int, default=100, help="images decoded together")
     p.add_argument("--cache-dir", default=None, help="reuse/build a feature cache here (frozen encoder)")
-    p.add_argument("--output", default="captions.json", help="where the generated captions are written")
+    p.add_argument("--output", default=None,
+                   help="where the scores, settings and captions are written (default: evaluations/<model>_<dataset>_"
+                        "<split>.json; an existing file is replaced and the command says so)")
     p.add_argument("--spice", action="store_true", help="also SPICE, when its Java models are installed")
     p.add_argument("--device", default=captioner.default_device(), help="default: cuda when available, else cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError, captioner.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    args.output = args.output or default_output(args, label)
     t0 = time.time()
     feats, keep = _features(args, model, records, label, say)
     if len(keep) < len(records):
@@ -153,7 +156,11 @@ def _write(args: argparse.Namespace, label: str, used, scores: dict, grounding: 
     import captioner
     from captioner.evaluation.metrics import METRIC_KEYS
 
-    Path(args.output).write_text(json.dumps(
+    out = Path(args.output)
+    if out.exists():
+        print(f"note: replacing the earlier result at {out}", file=sys.stderr)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(
         {"checkpoint": str(args.checkpoint or captioner.DEFAULT_CHECKPOINT), "dataset": args.dataset, "split": label,
          **dataclasses.asdict(used), "scores": scores, **{k: g.to_dict() for k, g in grounding.items()},
          "captions": [{"image_id": k, "caption": v} for k, v in preds.items()]}, indent=1))
@@ -179,6 +186,14 @@ def hallucination_report(preds: dict, records: list, instances) -> dict:
     boxed = boxed_categories(instances, refs) if instances is not None else None
     return {"hallucination": measure_hallucination(preds, refs, boxed),
             "hallucination_references": measure_references(refs, boxed)}
+
+
+def default_output(args: argparse.Namespace, label: str) -> str:
+    """evaluations/<model file stem>_<dataset>_<split label>[-firstN].json: one file per model and data, so a
+    COCO result never lands on a Flickr8k one."""
+    model = Path(args.checkpoint).stem if args.checkpoint else "bundled"
+    part = f"{label}-first{args.limit}" if args.limit else label
+    return str(Path("evaluations") / f"{model}_{args.dataset}_{part}.json")
 
 
 def coco_split_label(annotations: str | Path) -> str:

@@ -1,0 +1,58 @@
+"""README's commands run as written after its set-up: every command line of its bash blocks names an
+installed entry point of this project (or the venv's python/pip/streamlit), and every --flag it passes is
+one that command accepts (its --help lists it)."""
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from .conftest import ROOT
+
+README = (ROOT / "README.md").read_text()
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+VENV_TOOLS = {"python", "pip", "streamlit"}
+
+
+def _command_lines() -> list[str]:
+    """Each command line of README's ```bash blocks, comments and the set-up/test one-liners left out."""
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+        for line in block.splitlines():
+            line = line.split("  #")[0].strip()
+            if line and not line.startswith(("#", "(command -v", "python3 -m venv")):
+                lines.append(line)
+    return lines
+
+
+def test_readme_has_command_lines():
+    assert len(_command_lines()) >= 10  # the parse found the blocks: this test can fail
+
+
+@pytest.mark.parametrize("line", _command_lines())
+def test_each_readme_command_names_an_installed_program_and_known_flags(line):
+    words = shlex.split(line)
+    assert words[0].startswith(".venv/bin/"), f"'{line}': after the set-up, commands run from .venv/bin/"
+    name = words[0].removeprefix(".venv/bin/")
+    assert name in SCRIPTS or name in VENV_TOOLS, f"'{line}': {name} is not an entry point of pyproject.toml"
+    if name not in SCRIPTS:
+        return
+    module, func = SCRIPTS[name].split(":")
+    help_text = subprocess.run([sys.executable, "-c", f"import sys; from {module} import {func}; sys.exit({func}(['--help']))"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+    assert "usage:" in help_text, f"{name} --help printed no usage"
+    for flag in (w.split("=")[0] for w in words[1:] if w.startswith("--")):
+        assert re.search(rf"(^|[\s\[,]){re.escape(flag)}\b", help_text), f"'{line}': {name} has no option {flag}"
+
+
+def test_the_set_up_installs_every_entry_point_readme_uses():
+    venv = ROOT / ".venv" / "bin"
+    if not venv.is_dir():
+        pytest.skip("no .venv here (the README's set-up was not run in this checkout)")
+    used = {shlex.split(line)[0].removeprefix(".venv/bin/") for line in _command_lines()}
+    missing = sorted(n for n in used if not (venv / n).exists())
+    assert not missing, f"README uses {missing}, which `pip install -e .` did not install into .venv/bin"
