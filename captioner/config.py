@@ -44,29 +44,24 @@ class ModelConfig:
 
 @dataclass
 class SourceConfig:
-    """One caption set of a training mix (data.sources): where its photos and captions are, how its
-    train/val photos are chosen, and how often each of its photos is seen per epoch."""
+    """One caption set: where its photos and captions are, how its train/val photos are chosen, and (in a
+    mix, data.sources) how often each of its photos is seen per epoch."""
 
-    name: str = ""  # unique in the mix: names its caches ("<name>_train_...") and its val scores ("<name>/CIDEr")
     dataset: str = "flickr8k"  # one of DATASETS
-    root: str = ""  # flickr8k: folder with Images/ + captions.txt and the official split files
-    images: str = ""  # coco/karpathy: image folder
+    root: str = ""  # flickr8k: folder with Images/ + captions.txt (or Flickr8k.token.txt) and the split files
+    images: str = ""  # coco/karpathy: image folder (coco: the training images)
     annotations: str = ""  # coco: captions_*.json; karpathy: dataset_*.json
     val_images: str = ""  # coco without split files: validation image folder
     val_annotations: str = ""  # coco without split files: captions_val*.json
-    train_split: str = ""  # coco: a file naming the training photos, one file name per line (of `annotations`)
-    val_split: str = ""  # coco: a file naming the validation photos (of `annotations`)
-    weight: float = 1.0  # sampling weight: each photo is seen this many times per epoch on average (0.5, 1, 3 ...)
+    train_split: str = ""  # coco: a file naming the training photos of `annotations`, one file name per line
+    val_split: str = ""  # coco: a file naming the validation photos of `annotations`
+    name: str = ""  # unique in a mix: names its caches ("<name>-train-...") and val scores ("<name>/CIDEr")
+    weight: float = 1.0  # sampling weight in a mix: each photo is seen this many times per epoch on average
 
 
 @dataclass
-class DataConfig:
-    dataset: str = "flickr8k"  # one of DATASETS
-    root: str = "../shared/data/flickr8k"  # flickr8k: folder with Images/ + captions.txt (or Flickr8k.token.txt)
-    images: str = ""  # coco/karpathy: image folder (coco: the training images)
-    annotations: str = ""  # coco: captions_train*.json; karpathy: dataset_*.json
-    val_images: str = ""  # coco: validation image folder
-    val_annotations: str = ""  # coco: captions_val*.json
+class DataConfig(SourceConfig):  # its own SourceConfig keys name the one caption set of a run without data.sources
+    root: str = "../shared/data/flickr8k"
     min_word_count: int = 5
     max_caption_len: int = 50  # longer training captions are truncated (in tokens, without <start>/<end>)
     augment: bool = False  # random resized crop + flip while training (needs the encoder in the loop)
@@ -74,7 +69,7 @@ class DataConfig:
     cache_dir: str = "cache"  # frozen-encoder feature cache
     num_workers: int = 2
     limit: int = 0  # use only the first N images of each split (0 = all); for smoke tests
-    # a training mix: several caption sets at once (empty: the one set named by dataset/root/images above).
+    # a training mix: several caption sets at once (empty: the one set named by the keys above).
     # In a file: a list of mappings with SourceConfig's keys; with --set: data.sources='[{"name": ...}]' (JSON)
     sources: list[SourceConfig] = field(default_factory=list)
 
@@ -83,13 +78,10 @@ class DataConfig:
         return f"{split}{self.limit}" if self.limit else split
 
     def source_list(self) -> list[SourceConfig]:
-        """The run's caption sets: data.sources, or the single set the dataset keys name (named after
-        data.dataset, so a one-set run keeps the cache names it always had)."""
-        if self.sources:
-            return list(self.sources)
-        return [SourceConfig(name=self.dataset, dataset=self.dataset, root=self.root, images=self.images,
-                             annotations=self.annotations, val_images=self.val_images,
-                             val_annotations=self.val_annotations)]
+        """The run's caption sets: data.sources, or the one set this config's own keys name (called after
+        data.dataset unless named, so a one-set run keeps the cache names it always had)."""
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(SourceConfig)}
+        return list(self.sources) or [SourceConfig(**{**own, "name": self.name or self.dataset})]
 
 
 @dataclass
@@ -197,34 +189,35 @@ class Config:
 
 def _sources(value: Any, source: str) -> list[SourceConfig]:
     """data.sources from a file's list of mappings or --set's JSON text; every key checked like the others."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{source}: data.sources expects a JSON list of mappings, got '{value}' ({e})") from None
-    if not isinstance(value, list):
-        raise ValueError(f"{source}: data.sources expects a list of mappings, got {type(value).__name__}")
-    out, types = [], {f.name: f.type for f in dataclasses.fields(SourceConfig)}
+    try:
+        value = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{source}: data.sources expects a JSON list of mappings, got '{value}' ({e})") from None
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise ValueError(f"{source}: data.sources expects a list of mappings, got {value!r}")
+    out = []
     for i, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise ValueError(f"{source}: data.sources[{i}] must be a mapping, got {type(item).__name__}")
-        src = SourceConfig()
+        src, name = SourceConfig(), f"data.sources[{i}]"
         for key, v in item.items():
-            if key not in types:
-                raise ValueError(f"{source}: unknown key '{key}' in data.sources[{i}]. Known keys: "
-                                 f"{', '.join(sorted(types))}")
-            typ = _SCALARS[types[key] if isinstance(types[key], str) else types[key].__name__]
-            setattr(src, key, _coerce(v, typ, f"data.sources[{i}].{key}", source))
+            _set_typed(src, key, v, f"{name}.{key}", source, f"unknown key '{key}' in {name}")
         if not src.name:
-            raise ValueError(f"{source}: data.sources[{i}] needs a name (it names the caches and the val scores)")
-        check_choice("data.dataset", src.dataset, f"{source}: data.sources[{i}]")
+            raise ValueError(f"{source}: {name} needs a name (it names the caches and the val scores)")
+        check_choice("data.dataset", src.dataset, f"{source}: {name}")
         if not src.weight > 0:
-            raise ValueError(f"{source}: data.sources[{i}].weight must be > 0, got {src.weight}")
+            raise ValueError(f"{source}: {name}.weight must be > 0, got {src.weight}")
         out.append(src)
-    names = [s.name for s in out]
-    if len(set(names)) != len(names):
-        raise ValueError(f"{source}: data.sources names must be unique, got {names}")
+    if len({s.name for s in out}) != len(out):
+        raise ValueError(f"{source}: data.sources names must be unique, got {[s.name for s in out]}")
     return out
+
+
+def _set_typed(obj: Any, key: str, value: Any, name: str, source: str, unknown: str) -> None:
+    """obj.key = value coerced to the field's type; an unknown key is an error listing the known ones."""
+    types = {f.name: f.type for f in dataclasses.fields(obj)}
+    if key not in types:
+        raise ValueError(f"{source}: {unknown}. Known keys: {', '.join(sorted(types))}")
+    typ = _SCALARS[types[key] if isinstance(types[key], str) else types[key].__name__]
+    setattr(obj, key, _coerce(value, typ, name, source))
 
 
 def _sections() -> list[str]:
@@ -252,6 +245,12 @@ def _coerce(value: Any, typ: type, name: str, source: str) -> Any:
     return value
 
 
+def parse_bool(text: str) -> bool:
+    """A command-line boolean read like a config file's: true/false, yes/no, on/off, 1/0; anything else
+    ("ture") is a ValueError, never silently False."""
+    return _coerce(text, bool, "a true/false option", "command line")
+
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.encoder": ENCODERS, "model.attention": ATTENTIONS, "data.dataset": DATASETS,
     "train.val_metric": METRICS, "train.objective": OBJECTIVES, "train.scst_baseline": SCST_BASELINES,
@@ -271,18 +270,11 @@ def set_value(cfg: Config, dotted: str, value: Any, source: str) -> None:
     if len(parts) != 2 or parts[0] not in _sections():
         raise ValueError(f"{source}: '{dotted}' is not a setting; use section.key with section in {_sections()}")
     section = getattr(cfg, parts[0])
-    types = {f.name: f.type for f in dataclasses.fields(section)}
-    if parts[1] not in types:
-        raise ValueError(
-            f"{source}: unknown setting '{dotted}'. Known keys in [{parts[0]}]: {', '.join(sorted(types))}"
-        )
     if dotted == "data.sources":
-        setattr(section, parts[1], _sources(value, source))
+        section.sources = _sources(value, source)
         return
-    typ = _SCALARS[types[parts[1]] if isinstance(types[parts[1]], str) else types[parts[1]].__name__]
-    value = _coerce(value, typ, dotted, source)
-    check_choice(dotted, value, source)  # fail when the config is read, not hours into a run
-    setattr(section, parts[1], value)
+    _set_typed(section, parts[1], value, dotted, source, f"unknown setting '{dotted}' in [{parts[0]}]")
+    check_choice(dotted, getattr(section, parts[1]), source)  # fail when the config is read, not hours into a run
 
 
 def native_grid(model: ModelConfig) -> int:
@@ -311,13 +303,9 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"config file not found: {path}")
-        text = path.read_text()
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
+        import yaml  # YAML or JSON (JSON is YAML)
 
-            data = yaml.safe_load(text) or {}
-        else:
-            data = json.loads(text)
+        data = yaml.safe_load(path.read_text()) or {}
         cfg = Config.from_dict(data, source=str(path))
     for item in overrides:
         if "=" not in item:

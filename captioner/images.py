@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import BinaryIO, Union
@@ -25,10 +26,20 @@ ImageInput = Union[str, os.PathLike, bytes, bytearray, memoryview, BinaryIO, Ima
 MAX_PIXELS = 100_000_000  # decoded pixel count above which we refuse (checked from the header, before decoding)
 MAX_FILE_BYTES = 50 * 1024 * 1024
 WORKING_SIDE = 1024  # images are downscaled so the longer side is at most this
-# Formats we parse. Everything else is refused before any plugin-specific code runs: Pillow also
-# knows EPS (runs Ghostscript), FITS, SPIDER, TGA (no magic number: random bytes can "be" a TGA) ...
-FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "PPM", "AVIF")
-FORMAT_NAMES = "JPEG, PNG, WebP, GIF, BMP, TIFF, PPM"
+# Formats we parse (Pillow's name -> the name people read, the file extensions an uploader accepts): the one
+# list behind the parser, the error messages and the app's uploader (format_names, file_extensions).
+# Everything else is refused before any plugin-specific code runs: Pillow also knows EPS (runs
+# Ghostscript), FITS, SPIDER, TGA (no magic number: random bytes can "be" a TGA) ...
+FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "JPEG": ("JPEG", ("jpg", "jpeg", "jpe", "jfif")),
+    "PNG": ("PNG", ("png",)),
+    "WEBP": ("WebP", ("webp",)),
+    "GIF": ("GIF", ("gif",)),
+    "BMP": ("BMP", ("bmp",)),
+    "TIFF": ("TIFF", ("tif", "tiff")),
+    "PPM": ("PPM", ("ppm", "pgm", "pbm", "pnm")),
+    "AVIF": ("AVIF", ("avif",)),  # only where Pillow was built with it
+}
 _JPEG = ("JPEG", "MPO")  # MPO: multi-picture JPEGs that many phones and cameras write
 _ORIENTATION = 0x0112
 _TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
@@ -43,6 +54,49 @@ class ImageError(ValueError):
 def _formats() -> list[str]:
     Image.init()
     return [f for f in FORMATS if f in Image.OPEN]  # AVIF only where Pillow was built with it
+
+
+def format_names(last: str = ", ") -> str:
+    """The formats load_image reads here, as people name them: "JPEG, PNG, WebP, GIF, BMP, TIFF, PPM, AVIF"
+    (`last` joins the final two, e.g. " or ")."""
+    names = [FORMATS[f][0] for f in _formats()]
+    return ", ".join(names[:-1]) + last + names[-1] if len(names) > 1 else "".join(names)
+
+
+def file_extensions() -> list[str]:
+    """The file extensions of the formats load_image reads here (no dot): what an uploader should accept."""
+    return [ext for f in _formats() for ext in FORMATS[f][1]]
+
+
+def _too_large(name: str, size: tuple[int, int] | None = None, pixels: int | None = None) -> ImageError:
+    """The one message for an image with too many pixels, whoever noticed (our limit or Pillow's bomb check)."""
+    what = f"{size[0]}x{size[1]} pixels" if size else f"{pixels:,} pixels" if pixels else "the image"
+    return ImageError(f"{name}: {what} is too large to decode safely (limit {MAX_PIXELS:,} pixels)")
+
+
+def _declared_size(data: bytes) -> tuple[int, int] | None:
+    """The width and height the file's header declares, read by the plugin that recognises it (the header
+    only, without Pillow's decompression-bomb check); None when no plugin reads it."""
+    for fmt in _formats():
+        factory, accept = Image.OPEN[fmt]
+        try:
+            ok = accept(data[:16]) if accept else True
+            if not ok or isinstance(ok, str):
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                w, h = factory(io.BytesIO(data), "").size
+            return int(w), int(h)
+        except Exception:  # noqa: BLE001 - not this plugin's file, or its own bomb check: try the next
+            continue
+    return None
+
+
+def _bomb_error(name: str, e: Exception, data: bytes | None = None, size: tuple[int, int] | None = None) -> ImageError:
+    """Pillow's DecompressionBombError ("... could be decompression bomb DOS attack") in our words."""
+    size = size or (_declared_size(data) if data is not None else None)
+    found = re.search(r"\((\d+) pixels\)", str(e))
+    return _too_large(name, size, int(found.group(1)) if found else None)
 
 
 def _read_path(path: Path) -> bytes:
@@ -94,9 +148,9 @@ def _open(data: bytes, name: str) -> Image.Image:
             warnings.simplefilter("ignore", UserWarning)  # "Corrupt EXIF data" ...: broken files end as ImageError
             return Image.open(io.BytesIO(data), formats=_formats())
     except UnidentifiedImageError:
-        raise ImageError(f"{name}: not an image file that can be read ({FORMAT_NAMES})") from None
-    except Image.DecompressionBombError as e:
-        raise ImageError(f"{name}: image is too large to decode safely ({e})") from None
+        raise ImageError(f"{name}: not an image file that can be read ({format_names()})") from None
+    except Image.DecompressionBombError as e:  # Pillow's check (from 2 x 89 Mpx) said it first: our words
+        raise _bomb_error(name, e, data=data) from None
     except Exception as e:  # noqa: BLE001 - any parser failure is a bad file, not a crash
         raise ImageError(f"{name}: cannot read image ({type(e).__name__}: {e})") from None
 
@@ -113,15 +167,16 @@ def load_image(src: ImageInput, max_side: int = WORKING_SIDE) -> Image.Image:
         w, h = img.size
         if w < 1 or h < 1:
             raise ImageError(f"{name}: image has no pixels ({w}x{h})")
-        if getattr(img, "is_animated", False):
-            img.seek(0)  # first frame of an animation
-        if img.format in _JPEG:
-            img.draft("RGB", (max_side, max_side))  # decode big JPEGs at 1/2 .. 1/8 scale: fast and small
-        dw, dh = img.size
-        if dw * dh > MAX_PIXELS:
-            raise ImageError(f"{name}: {w}x{h} pixels is too large to decode safely (limit {MAX_PIXELS:,} pixels)")
         with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our limit, MAX_PIXELS, decides
             warnings.simplefilter("ignore", UserWarning)
+            if getattr(img, "is_animated", False):
+                img.seek(0)  # first frame of an animation
+            if img.format in _JPEG:
+                img.draft("RGB", (max_side, max_side))  # decode big JPEGs at 1/2 .. 1/8 scale: fast and small
+            dw, dh = img.size
+            if dw * dh > MAX_PIXELS:
+                raise _too_large(name, (w, h))
             img.load()
         orientation = _orientation(img)
         img = _shrink(img, max_side)
@@ -130,6 +185,8 @@ def load_image(src: ImageInput, max_side: int = WORKING_SIDE) -> Image.Image:
         img = _to_rgb(img)
     except ImageError:
         raise
+    except Image.DecompressionBombError as e:  # a frame or tile Pillow checks itself (GIF, TIFF ...)
+        raise _bomb_error(name, e, size=img.size) from None
     except MemoryError:
         raise ImageError(f"{name}: not enough memory to decode this image; use a smaller one") from None
     except Exception as e:  # noqa: BLE001

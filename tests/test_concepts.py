@@ -1,4 +1,4 @@
-"""COCO concepts from the encoder's ImageNet head (captioner/concepts.py): the table, the probabilities,
+"""COCO concepts from the encoder's ImageNet head (captioner/concepts/imagenet.py): the table, the probabilities,
 and that they say what real photos show."""
 from __future__ import annotations
 

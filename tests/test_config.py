@@ -40,9 +40,9 @@ def _enumerated_fields() -> set[str]:
     found = set()
     for section in ("model", "data", "train", "decode"):
         source = Path(config_module.__file__).read_text()
-        cls = getattr(Config(), section).__class__
-        start = source.index(f"class {cls.__name__}")
-        body = source[start:source.index("\n\n\n", start)]
+        classes = [c for c in type(getattr(Config(), section)).__mro__ if c.__module__ == config_module.__name__]
+        starts = [source.index(f"class {c.__name__}") for c in classes]  # the section's class and its bases
+        body = "".join(source[start:source.index("\n\n\n", start)] for start in starts)
         for line in body.splitlines():
             name = line.strip().split(":")[0]
             if ": str =" in line and any(f" {lst}" in line.split("#", 1)[-1] for lst in lists):
@@ -116,3 +116,20 @@ def test_a_grid_larger_than_the_feature_map_is_refused():
         enc = build_model(cfg, 10, pretrained=False).encoder.eval()
         with torch.no_grad():
             assert enc.feature_map(torch.zeros(1, 3, size, size)).shape[-1] == cfg.grid_size, (size, stride)
+
+
+def test_every_boolean_flag_of_every_command_is_strict():
+    """A boolean option given as text is read by the config system: 'ture' is an error, never False."""
+    import pytest as _pytest
+
+    from captioner.cli.train_detectors import _parser
+    from captioner.config import parse_bool
+
+    assert parse_bool("yes") is True and parse_bool("OFF") is False
+    with _pytest.raises(ValueError, match="expects true/false, got 'ture'"):
+        parse_bool("ture")
+    p = _parser()
+    base = ["--data-root", "x", "--cache-dir", "c", "--out", "o"]
+    assert p.parse_args(base + ["--balanced", "false"]).balanced is False
+    with _pytest.raises(SystemExit):
+        p.parse_args(base + ["--balanced", "ture"])

@@ -1,4 +1,5 @@
-"""Grounding metric (captioner/grounding.py): exact box coverage, word matching, the two modes."""
+"""Grounding metric (captioner/evaluation/grounding.py, boxes.py;
+the word table of captioner/concepts/words.py): exact box coverage, word matching, the two modes."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""Object hallucination (captioner/grounding/hallucination.py): CHAIR-s, CHAIR-i and recall on
+"""Object hallucination (captioner/evaluation/hallucination.py): CHAIR-s, CHAIR-i and recall on
 hand-made cases whose answer is known, the grounding word rule, and the reference captions of
 coco-mini (a human baseline, and a deliberate corruption whose CHAIR-s is known exactly)."""
 from __future__ import annotations

@@ -28,7 +28,7 @@ def photo_files(folder: str | None) -> list[Path]:
 
 
 def _stages(cap, feats: torch.Tensor, settings) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
-    """captions_from_features split in two: decoding.decode (evidence included) and everything else
+    """captions_from_features split in two: decoding.search.decode (evidence included) and everything else
     it does for one photo (concept probabilities, evidence bias, Caption, concept maps)."""
     from ..decoding.captions import attach_concept_maps, to_caption
     from ..concepts.imagenet import concept_probs, imagenet_head_or_none

@@ -6,7 +6,7 @@
 
 --grounding (COCO only) also measures where the model looks when it names an object: the attention
 mass inside the object's instance boxes, for the generated and the teacher-forced reference
-captions (captioner/grounding/). The boxes come from instances_X.json beside captions_X.json, or
+captions (captioner/evaluation/grounding.py). The boxes come from instances_X.json beside captions_X.json, or
 --instances PATH.
 
 Decode settings left out are the model file's own (its config.decode); --decode KEY=VALUE sets any of
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         model = captioner.load(args.checkpoint, device=args.device, dtype=args.dtype)
         used = decode_settings(model, args)
         records, label = _records(args, p)
-        need_boxes = args.grounding or (args.hallucination and args.dataset == "coco")
+        need_boxes = args.grounding or (args.hallucination and args.dataset == "coco" and _has_boxes(args, say))
         instances = load_grounding_instances(args) if need_boxes else None
     except (ValueError, TypeError, FileNotFoundError, captioner.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -186,6 +186,17 @@ def hallucination_report(preds: dict, records: list, instances) -> dict:
     boxed = boxed_categories(instances, refs) if instances is not None else None
     return {"hallucination": measure_hallucination(preds, refs, boxed),
             "hallucination_references": measure_references(refs, boxed)}
+
+
+def _has_boxes(args: argparse.Namespace, say) -> bool:
+    """--hallucination on COCO captions: with instance boxes when there are any (--instances or beside the
+    captions file); without them (e.g. coco-paired) the truth is what the references name, as on Flickr8k."""
+    from captioner.evaluation.boxes import instances_path_for
+
+    if args.instances or instances_path_for(args.annotations).is_file():
+        return True
+    say(f"note: no instance boxes for {args.annotations}: CHAIR and recall use what the references name")
+    return False
 
 
 def default_output(args: argparse.Namespace, label: str) -> str:

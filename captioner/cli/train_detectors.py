@@ -44,10 +44,20 @@ def _parser() -> argparse.ArgumentParser:
     for f in fields(FitSettings):
         flag = "--" + f.name.replace("_", "-")
         if isinstance(f.default, bool):
-            p.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=f.default, metavar="BOOL")
+            p.add_argument(flag, type=_strict_bool, default=f.default, metavar="BOOL")
         else:
             p.add_argument(flag, type=type(f.default), default=f.default)
     return p
+
+
+def _strict_bool(text: str) -> bool:
+    """argparse type for boolean flags: the config system's reading ("ture" is an error naming the value)."""
+    from captioner.config import parse_bool
+
+    try:
+        return parse_bool(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects true/false (or yes/no, on/off, 1/0), got '{text}'") from None
 
 
 def _features(model, cache_dir: str, dataset: str, label: str, records: list, device: str):

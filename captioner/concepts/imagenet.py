@@ -128,7 +128,7 @@ HOMONYMS: dict[str, str | None] = {
 CATEGORIES: tuple[str, ...] = tuple(CATEGORY_CLASSES)  # the order of every (B, C) concept vector
 
 # Person has no ImageNet class, but clothes and outfits are worn by people: their classes' activation
-# maps fall on the people in a photo. Used ONLY for concept maps (concept_maps.py, where a person is),
+# maps fall on the people in a photo. Used ONLY for concept maps (concepts/maps.py, where a person is),
 # never as evidence that nobody is there (person stays UNSEEN for concepts and evidence).
 PERSON_CLASSES: tuple[str, ...] = (
     "scuba diver", "groom", "ballplayer", "jersey", "sweatshirt", "suit", "miniskirt", "jean", "cardigan",

@@ -1,5 +1,5 @@
 """Which caption words name which COCO category: the category -> words table and the matching rule
-(see captioner/grounding/__init__.py for the rule in full)."""
+(the rule in full: "Word rule" in captioner/evaluation/grounding.py's docstring)."""
 from __future__ import annotations
 
 from typing import Iterable, Sequence

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -23,6 +23,16 @@ from ..model.captioner import CaptionModel
 from ..vocab import Vocab
 
 TOP_CONCEPTS = 5  # concepts a Caption carries
+SMALL_PHOTO = 0.5  # a photo whose shorter side is below this share of the model's input side gets a note
+
+
+class Alternative(NamedTuple):
+    """Another finished beam hypothesis: its text, log-probability and the score beam search ranked it by
+    (log_prob / (words + 1) ** decode.length_penalty; the log-probability itself when the penalty is 0)."""
+
+    text: str
+    log_prob: float
+    score: float
 
 
 @dataclass
@@ -31,7 +41,8 @@ class Caption:
     words: list[str]  # no special tokens
     alphas: np.ndarray  # (L, G, G), each map sums to 1, covering the whole image
     log_prob: float  # log p(words, <end> | image) under the model
-    alternatives: list[tuple[str, float]] = field(default_factory=list)  # other beam hypotheses (text, log_prob)
+    # the other finished beam hypotheses, in the order beam search ranked them (by score, not log_prob)
+    alternatives: list[Alternative] = field(default_factory=list)
     # (L,) gate beta of each word in [0, 1]: the share of the attended image context that reached
     # the word (z = beta * sum alpha_i a_i); near 0 = the word barely used the image. Empty when unknown.
     betas: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
@@ -42,33 +53,52 @@ class Caption:
     # so their maps and probabilities are those of <unk>
     unknown: list[int] = field(default_factory=list)
     # the COCO categories the encoder's ImageNet head sees in the photo, most probable first, with P
-    # (concepts.py); empty for encoders without an ImageNet head (ResNet)
+    # (concepts/imagenet.py); empty for encoders without an ImageNet head (ResNet)
     concepts: list[tuple[str, float]] = field(default_factory=list)
     # indices of words naming an object the ImageNet head rules out (P < decode.evidence_floor), whether
     # or not decoding used the evidence: what the app marks as contradicted
     contradicted: list[int] = field(default_factory=list)
     # word index -> (category, P(category), (G, G) concept map summing to 1) for each word naming a category
-    # the ImageNet head sees with P >= concept_maps.MIN_PROB: where the classifier sees what the word names
-    # (concept_maps.py), to set beside where the word looked
+    # the ImageNet head sees with P >= concepts.maps.MIN_PROB: where the classifier sees what the word names
+    # (concepts/maps.py), to set beside where the word looked
     concept_maps: dict[int, tuple[str, float, np.ndarray]] = field(default_factory=dict)
     # what the model file's word detectors (concepts/detectors.py) see: every group -> P, e.g. ("person", 0.97);
     # empty for files without detectors. The shown ones (person, scene words) are also in `concepts`
     detections: list[tuple[str, float]] = field(default_factory=list)
+    # the score beam search ranked this caption by (see Alternative); None for an explained sentence
+    score: float | None = None
+    # (width, height) of the photo as the model received it and the model's input side S (model.image_size),
+    # when the caller knew them (Captioner.caption / explain, the app): a photo whose shorter side is below
+    # SMALL_PHOTO * S is enlarged a lot before the encoder sees it, and `notes` says so
+    photo_size: tuple[int, int] | None = None
+    input_side: int | None = None
+
+    @property
+    def comparable(self) -> bool:
+        """Whether log_prob is the model's probability of these very words, so it can be set against another
+        sentence's (e.g. the model's own caption). False when the sentence holds words the vocabulary lacks:
+        each is scored as <unk>, which stands for every unknown word at once, so such a total is inflated."""
+        return not self.unknown
 
     def to_dict(self, image: str | None = None, settings: dict | None = None, maps: bool = True) -> dict:
         """The one JSON shape of a caption (scripts/caption.py --json lines and the app's download): text,
         words with their log-probs, probabilities and gates (null where the caption carries none), the
-        concepts, contradicted and unknown words, the decode `settings`; the (L, G, G) maps when `maps`."""
+        ranking score and the other hypotheses (each with its log-prob and score), the concepts,
+        contradicted and unknown words, whether log_prob is comparable (false with unknown words), the
+        notes, the decode `settings`; the (L, G, G) maps when `maps`."""
         n = len(self.words)
         lps = [round(float(x), 5) for x in self.word_log_probs] if len(self.word_log_probs) == n else [None] * n
-        rec = {"image": image, "caption": self.text, "log_prob": float(self.log_prob), "words": list(self.words),
+        rec = {"image": image, "caption": self.text, "log_prob": float(self.log_prob),
+               "score": None if self.score is None else float(self.score), "words": list(self.words),
                "word_log_probs": lps, "word_probs": [None if x is None else round(math.exp(x), 5) for x in lps],
                "betas": [round(float(b), 5) for b in self.betas] if len(self.betas) == n else [None] * n,
-               "alternatives": [{"caption": t, "log_prob": float(lp)} for t, lp in self.alternatives],
+               "alternatives": [{"caption": a.text, "log_prob": float(a.log_prob), "score": float(a.score)}
+                                for a in self.alternatives],
                "concepts": [{"category": c, "prob": round(float(q), 5)} for c, q in self.concepts],
                "detections": [{"word": w, "prob": round(float(q), 5)} for w, q in self.detections],
                "contradicted_words": [self.words[i] for i in self.contradicted],
-               "unknown_words": [self.words[i] for i in self.unknown], "notes": self.notes,
+               "unknown_words": [self.words[i] for i in self.unknown], "comparable": self.comparable,
+               "notes": self.notes,
                "settings": dict(settings or {}), "grid": list(self.alphas.shape[1:])}
         if maps:
             rec["alphas"] = np.round(self.alphas, 5).tolist()
@@ -76,8 +106,27 @@ class Caption:
 
     @property
     def notes(self) -> list[str]:
-        """Human-readable remarks on the caption: one per out-of-vocabulary word."""
-        return [f"‘{self.words[i]}’ is not in the model's vocabulary (fed as <unk>)" for i in self.unknown]
+        """Human-readable remarks on the caption: one per out-of-vocabulary word, then why the total is not
+        comparable (when it is not), then a photo far smaller than the model's input."""
+        out = [f"‘{self.words[i]}’ is not in the model's vocabulary (fed as <unk>)" for i in self.unknown]
+        if not self.comparable:
+            names = ", ".join(f"‘{self.words[i]}’" for i in self.unknown)
+            out.append(f"The sentence's log-probability is not comparable with other sentences' (such as the "
+                       f"model's own caption): {names} scored as <unk>, the probability of any unknown word, "
+                       "not of this one.")
+        small = small_photo_note(self.photo_size, self.input_side)
+        if small:
+            out.append(small)
+        return out
+
+
+def small_photo_note(size: tuple[int, int] | None, input_side: int | None) -> str:
+    """A note when the photo's shorter side is below SMALL_PHOTO x the model's input side (else "")."""
+    if not size or not input_side or min(size) >= SMALL_PHOTO * input_side:
+        return ""
+    w, h = size
+    return (f"The photo is only {w}x{h} pixels, far smaller than the model's {input_side}x{input_side} input: it "
+            f"is enlarged {input_side / min(size):.0f}x, so the caption rests on very little detail.")
 
 
 def grid_side(regions: int) -> int:
@@ -98,11 +147,11 @@ def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab, probs: torch.Tensor | N
     alphas = best.alphas.float().cpu().numpy().reshape(len(words), g, g)  # (L, G, G)
     betas = best.betas.float().cpu().numpy() if best.betas is not None else np.zeros(0, np.float32)  # (L,)
     lps = best.word_logps.float().cpu().numpy() if best.word_logps is not None else np.zeros(0, np.float32)  # (L,)
-    alts = [(" ".join(vocab.itos[t] for t in h.tokens), h.log_prob) for h in hyps[1:]]
+    alts = [Alternative(" ".join(vocab.itos[t] for t in h.tokens), float(h.log_prob), float(h.score)) for h in hyps[1:]]
     concepts = [] if probs is None else top_concepts(probs)
     bad = [] if ruled_out is None else [i for i, t in enumerate(best.tokens) if ruled_out[t] > 0]
     return Caption(" ".join(words), words, alphas, float(best.log_prob), alts, betas, word_log_probs=lps,
-                   concepts=concepts, contradicted=bad)
+                   concepts=concepts, contradicted=bad, score=float(best.score))
 
 
 def top_concepts(probs: torch.Tensor, k: int = TOP_CONCEPTS) -> list[tuple[str, float]]:

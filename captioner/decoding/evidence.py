@@ -2,9 +2,9 @@
 
 The decoder was trained on Flickr8k (people and dogs), so on everyday photos it names a dog that is
 not there; yet the encoder's ImageNet classifier, computed from the same annotation vectors (see
-concepts.py: no second forward pass), often knows better. Before decoding, each photo's concept
+concepts/imagenet.py: no second forward pass), often knows better. Before decoding, each photo's concept
 probabilities p (B, C) over the COCO categories ImageNet can see become one additive bias per
-vocabulary word (B, V), applied to the next-word log-probabilities at every step (decoding.word_logp):
+vocabulary word (B, V), applied to the next-word log-probabilities at every step (search.word_logp):
 
     bias[b, w] = -evidence_penalty                  if w names category k and p[b, k] < evidence_floor
                = +evidence_bonus * p[b, k]          if w names category k otherwise, until the caption
@@ -16,7 +16,7 @@ vocabulary word (B, V), applied to the next-word log-probabilities at every step
                                                     a detector, person words get no evidence either way)
 
 A large penalty forbids the word; a moderate one lets a strong language context still win. Words
-are the one-word names of the grounding table (grounding/words.py: "dog", "dogs", "puppy" -> dog);
+are the one-word names of the grounding table (concepts/words.py: "dog", "dogs", "puppy" -> dog);
 two-word names are left alone ("hot dog" keeps its "dog"). Settings: config.DecodeConfig.evidence*.
 
 Legend: B images, C seen categories, V vocabulary.

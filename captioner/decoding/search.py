@@ -4,7 +4,11 @@ Legend: B images, K beam size, N live rows (image x beam), P regions, D feature 
 
 The one entry point is `decode(decoder, feats, ids, settings)`: the special token ids and a DecodeConfig
 (config.decode: beam size, maximum length, length penalty, <unk> and trigram rules, a hard model's
-context). A new decode setting is a DecodeConfig field read here, nowhere else.
+context). This module reads the search settings (beam_size, max_len, length_penalty, block_trigrams,
+block_bigrams, block_salad, hard_context; api.py's explain reads hard_context too); the others are read
+where they act: forbid_unk by the callers of SpecialIds.of (captions.py, training/objectives.py,
+bench/breakdown.py), evidence* and person_floor by captions.py and evidence.py. A new decode setting is a
+DecodeConfig field read where it acts, which may be outside this module.
 
 All call Decoder.step (as does sampling.py), the same function teacher-forced training uses. <pad> and <start> are never
 generated. A hypothesis that has not emitted <end> after max_len words is finished as it is

@@ -211,7 +211,7 @@ def ground_references(model: "Captioner", feats: torch.Tensor | np.ndarray, reco
 @torch.no_grad()
 def ground_concept_maps(model: "Captioner", feats: torch.Tensor | np.ndarray, records: Sequence["ImageRecord"],
                         instances: Instances, min_prob: float = 0.1) -> GroundingSummary:
-    """Grounding of the encoder's own concept maps (concept_maps.py): for every category with boxes in
+    """Grounding of the encoder's own concept maps (concepts/maps.py): for every category with boxes in
     the photo that the ImageNet head sees with P >= min_prob, its class activation map's mass inside
     the boxes. The ceiling of what train.alpha_cam can teach the attention (`word` is the category)."""
     from ..concepts.maps import concept_maps

@@ -1,6 +1,6 @@
 """Object hallucination: does a caption name objects that are not in the photo? CHAIR, after Rohrbach
 et al. 2018, "Object Hallucination in Image Captioning", with the category table and word rule of
-grounding/words.py (plurals, synonyms, two-word names: "hot dog" is a hot dog, not a dog).
+concepts/words.py (plurals, synonyms, two-word names: "hot dog" is a hot dog, not a dog).
 
 Per caption, with truth = the categories TRUE for its photo:
 

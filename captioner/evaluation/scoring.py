@@ -6,7 +6,7 @@ diagnostics of degenerate captions (metrics.caption_defects).
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -61,3 +61,31 @@ class Evaluation(NamedTuple):
     scores: dict[str, float]
     preds: dict[str, str]  # image_id -> caption text
     captions: list[Caption]  # in the order of the records
+
+
+@torch.no_grad()
+def top_features(model: torch.nn.Module, acts: Any, device: torch.device, batch_size: int = 64) -> torch.Tensor:
+    """Cached lower-stage activations (N, C, h, w) -> features (N, P, D) from the model's current top stages."""
+    import numpy as np
+
+    was_training = model.encoder.training
+    model.encoder.eval()
+    out = []
+    for k in range(0, len(acts), batch_size):
+        x = torch.from_numpy(np.asarray(acts[k:k + batch_size], dtype=np.float32)).to(device)
+        out.append(model.encoder.above_split(x.contiguous(memory_format=torch.channels_last)).float().cpu())
+    model.encoder.train(was_training)
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def head_agreement(model: torch.nn.Module, feats: torch.Tensor, teacher_logits: Any) -> float:
+    """Share of photos whose top-1 ImageNet class under the tuned encoder is the pretrained encoder's:
+    how far concepts and evidence (which read the head) have drifted."""
+    import numpy as np
+
+    from ..concepts.imagenet import encoder_head, imagenet_logits
+
+    mine = imagenet_logits(encoder_head(model), feats).argmax(1)  # (N,)
+    theirs = torch.from_numpy(np.asarray(teacher_logits, dtype=np.float32)).argmax(1)  # (N,)
+    return float((mine == theirs).float().mean())

@@ -2,7 +2,7 @@
 
 The objective (objectives.py: cross-entropy or self-critical) is a callable of one shape, so the loop
 never branches on what it optimises. fit() resumes from `last.safetensors` after an interruption,
-keeps `best.safetensors` chosen on the validation metric of DECODED captions (evaluation.py, never
+keeps `best.safetensors` chosen on the validation metric of DECODED captions (evaluation/scoring.py, never
 teacher-forced scores), decays the learning rate and stops early on that metric, and writes
 metrics.jsonl + training.png next to the checkpoints.
 """
@@ -19,7 +19,7 @@ import torch.distributed as dist
 from ..checkpoint import optimizer_to_tensors, save_checkpoint
 from ..config import Config
 from ..data.loader import epoch_loader
-from ..evaluation.scoring import encode_records, evaluate_model
+from ..evaluation.scoring import encode_records, evaluate_model, head_agreement, top_features
 from ..model.encoder import build_preprocess
 from ..logs import plot_history
 from ..evaluation.metrics import METRIC_KEYS
@@ -136,7 +136,7 @@ def save_last(run: Run) -> None:
 
 def validate(run: Run, stats: dict[str, float]) -> float:
     """Rank 0 decodes each val set with train.val_beam_size and the decode settings, scores it
-    (evaluation.evaluate_model) and logs the record; the metric is shared with every rank. In a mix each
+    (evaluation.scoring.evaluate_model) and logs the record; the metric is shared with every rank. In a mix each
     set's scores are logged as "<set>/<metric>" and the selection metric is their mean over the sets
     (each caption set counts the same, whatever its size or sampling weight)."""
     cfg, state = run.cfg, run.state
@@ -182,34 +182,6 @@ def _validate_set(run: Run, vs: Any, metrics: list[str]) -> tuple[dict[str, floa
     settings = dataclasses.replace(cfg.decode, beam_size=cfg.train.val_beam_size)
     scores, preds, _ = evaluate_model(run.model, run.vocab, feats, records, settings, metrics, log=run.log)
     return {**scores, **agreement}, next(iter(preds.values()))
-
-
-@torch.no_grad()
-def top_features(model: torch.nn.Module, acts: Any, device: torch.device, batch_size: int = 64) -> torch.Tensor:
-    """Cached lower-stage activations (N, C, h, w) -> features (N, P, D) from the model's current top stages."""
-    import numpy as np
-
-    was_training = model.encoder.training
-    model.encoder.eval()
-    out = []
-    for k in range(0, len(acts), batch_size):
-        x = torch.from_numpy(np.asarray(acts[k:k + batch_size], dtype=np.float32)).to(device)
-        out.append(model.encoder.above_split(x.contiguous(memory_format=torch.channels_last)).float().cpu())
-    model.encoder.train(was_training)
-    return torch.cat(out)
-
-
-@torch.no_grad()
-def head_agreement(model: torch.nn.Module, feats: torch.Tensor, teacher_logits: Any) -> float:
-    """Share of photos whose top-1 ImageNet class under the tuned encoder is the pretrained encoder's:
-    how far concepts and evidence (which read the head) have drifted."""
-    import numpy as np
-
-    from ..concepts.imagenet import encoder_head, imagenet_logits
-
-    mine = imagenet_logits(encoder_head(model), feats).argmax(1)  # (N,)
-    theirs = torch.from_numpy(np.asarray(teacher_logits, dtype=np.float32)).argmax(1)  # (N,)
-    return float((mine == theirs).float().mean())
 
 
 def end_epoch(run: Run, value: float, hit_max: bool) -> bool:

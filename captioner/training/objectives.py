@@ -46,7 +46,7 @@ def _features(model: CaptionModel, batch: Batch, cfg: Config) -> torch.Tensor:
 
 
 class EncoderTerms:
-    """The terms that read the encoder's ImageNet head (concept_maps.py), shared by both objectives:
+    """The terms that read the encoder's ImageNet head (concepts/maps.py), shared by both objectives:
     train.alpha_cam (a concept word's attention -> its class activation map) and train.alpha_head
     (the tuned head's predictions -> the pretrained ones). Both 0: nothing is computed."""
 

@@ -39,15 +39,16 @@ def concepts_html(concepts: list[tuple[str, float]]) -> str:
 
 
 def prob_line(cap: "Caption") -> str:
-    """The sentence, each word with its probability under the model underneath; words below
-    workbench.LOW_PROB are highlighted, and out-of-vocabulary words are marked "(unk)"."""
+    """The sentence, each word with its probability under the model underneath (workbench.shown_prob);
+    words shown below workbench.LOW_PROB are highlighted, and out-of-vocabulary words are marked "(unk)"
+    (their probability is <unk>'s)."""
     low, boxes = set(workbench.unlikely_words(cap)), []
     for i, (w, p) in enumerate(zip(cap.words, workbench.word_probs(cap))):
         style = "background:#ffd6d6;border-radius:4px;" if i in low else ""
         unk = " (unk)" if i in cap.unknown else ""
         boxes.append(f'<span class="prob-word" title="p={p:.3f}" style="display:inline-block;text-align:center;'
                      f'margin:0 0.3em;padding:0 0.2em;{style}">{html.escape(w)}{unk}<br>'
-                     f'<small style="color:#666">p={p:.2f}</small></span>')
+                     f'<small style="color:#666">p={workbench.shown_prob(p)}</small></span>')
     return f'<div class="prob-line" style="font-size:1.1em;line-height:1.3">{"".join(boxes)}</div>'
 
 

@@ -5,6 +5,11 @@ Legend: L words, G grid side (P = G*G cells).
 
 - word probabilities: p = exp(word_log_prob); a word below LOW_PROB is one the model finds unlikely
   there (it would rarely have written it), which is where a typed sentence and the photo disagree.
+  Probabilities are shown with PROB_DIGITS decimals, and "below LOW_PROB" is decided on the value shown
+  (a word shown as p=0.05 is never highlighted, one shown as p=0.04 always is).
+- beam hypotheses: beam search ranks finished captions by their score (log_prob / (words + 1) **
+  length_penalty), not by log_prob, so a shorter alternative can have a better log_prob and rank lower.
+- "Compare two models" with one model file: the same model at other decode settings (same_model_variants).
 - a region: grid cell (row, col) covers rows [row*H/G, (row+1)*H/G) and columns [col*W/G, ...) of
   the photo (the grid covers the whole uncropped photo, see visualize.py). A word's attention at the
   cell is alpha[row, col]; times P it is the lift over a uniform map (1 = looked there no more than
@@ -13,15 +18,17 @@ Legend: L words, G grid side (P = G*G cells).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 if TYPE_CHECKING:
+    from ..config import DecodeConfig
     from ..decoding.captions import Caption
 
 LOW_PROB = 0.05  # below this a word is marked unlikely
+PROB_DIGITS = 2  # decimals of a probability on the page
 
 
 def word_probs(caption: "Caption") -> np.ndarray:
@@ -29,9 +36,58 @@ def word_probs(caption: "Caption") -> np.ndarray:
     return np.exp(np.asarray(caption.word_log_probs, dtype=np.float64))
 
 
+def shown_prob(p: float) -> str:
+    """A probability as the page writes it ("0.05"): the value highlights are decided on."""
+    return f"{p:.{PROB_DIGITS}f}"
+
+
 def unlikely_words(caption: "Caption", threshold: float = LOW_PROB) -> list[int]:
-    """Indices of the words the model gives probability below `threshold`."""
-    return [i for i, p in enumerate(word_probs(caption)) if p < threshold]
+    """Indices of the words whose probability, as shown (shown_prob), is below `threshold`."""
+    return [i for i, p in enumerate(word_probs(caption)) if float(shown_prob(p)) < threshold]
+
+
+def hypothesis_rows(caption: "Caption") -> list[dict[str, object]]:
+    """The caption and its other beam hypotheses, in the order beam search ranked them, each in full with the
+    score it was ranked by and its log-probability (rounded to 3 decimals), and its word count."""
+    rows = [(caption.text, caption.score, caption.log_prob, "shown above")]
+    rows += [(a.text, a.score, a.log_prob, "") for a in caption.alternatives]
+    return [{"rank": k + 1, "caption": text or "(empty)", "score (ranks)": None if score is None else round(score, 3),
+             "log-prob": round(lp, 3), "words": len(text.split()), "": note}
+            for k, (text, score, lp, note) in enumerate(rows)]
+
+
+def ranking_note(length_penalty: float) -> str:
+    """How the hypotheses were ranked, for the line under their table."""
+    if not length_penalty:
+        return "Ranked by log-probability (this model file's decode.length_penalty is 0)."
+    return (f"Ranked by the length-normalised score, log-prob / (words + 1)^{length_penalty:g} (this model file's "
+            "decode.length_penalty), not by the raw log-prob: a shorter caption can have a higher log-prob "
+            "and still rank lower.")
+
+
+def same_model_variants(page: dict[str, Any], stored: "DecodeConfig", evidence_possible: bool
+                        ) -> dict[str, dict[str, Any]]:
+    """For "Compare two models" when only one model file is available: label -> decode settings that differ
+    from the page's (`page`: the sidebar's settings, name -> value) in one respect: greedy vs beam search
+    (the model file's beam, or 3), and evidence-aware decoding off vs on where the encoder allows it."""
+    out: dict[str, dict[str, Any]] = {}
+    beam = int(page.get("beam_size", stored.beam_size))
+    other = 1 if beam != 1 else (stored.beam_size if stored.beam_size != 1 else 3)
+    out[f"beam {other}" + (" (greedy)" if other == 1 else "") + f" instead of {beam}"] = {**page, "beam_size": other}
+    if evidence_possible:
+        on = bool(page.get("evidence", stored.evidence))
+        out[f"evidence-aware decoding {'off' if on else 'on'}"] = {**page, "evidence": not on}
+    return out
+
+
+def settings_line(settings: dict[str, Any]) -> str:
+    """'beam 5, evidence on, max 30 words' for the decode settings a side of a comparison used."""
+    parts = [f"beam {settings['beam_size']}"] if "beam_size" in settings else []
+    if "evidence" in settings:
+        parts.append(f"evidence {'on' if settings['evidence'] else 'off'}")
+    if "max_len" in settings:
+        parts.append(f"max {settings['max_len']} words")
+    return ", ".join(parts)
 
 
 @dataclass
