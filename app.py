@@ -21,8 +21,8 @@ import streamlit as st
 import captioner
 from captioner.concepts.imagenet import imagenet_head_or_none
 from captioner.ui import html as html_parts
-from captioner.ui import checkpoints, visualize, workbench
-from captioner.images import load_image
+from captioner.ui import checkpoints, texts, visualize, workbench
+from captioner.images import file_extensions, format_names, load_image
 
 try:  # click-to-pick a region; without it the row/column menus still pick one
     from streamlit_image_coordinates import streamlit_image_coordinates
@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - optional component
 
 EXAMPLES_DIR = Path(captioner.__file__).resolve().parent / "assets" / "examples"
 EXAMPLES = {"Cat": "cat.jpg", "Coffee": "coffee.jpg", "Astronaut": "astronaut.jpg"}
-UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "gif", "bmp"]
+UPLOAD_TYPES = file_extensions()  # exactly what load_image reads (images.FORMATS), as its errors list them
 GRID_COLUMNS = 4
 GRID_SIDE = 320  # grid overlays are drawn on a copy of the photo at most this many pixels on a side
 FIGURE_SIDE = 400  # the downloadable figure's panels likewise
@@ -61,7 +61,8 @@ def get_caption(path: str, mtime: float, dtype: str, digest: str, settings: tupl
     """Caption of one decoded photo (keyed by its digest and the decode settings as (name, value) pairs),
     so moving the opacity or word sliders does not decode again."""
     feats = get_features(path, mtime, dtype, digest, _image)
-    return get_model(path, mtime, dtype).caption_features(feats, **dict(settings))[0]
+    model = get_model(path, mtime, dtype)
+    return model.note_photo_sizes(model.caption_features(feats, **dict(settings)), [_image.size])[0]
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -69,7 +70,8 @@ def get_explanation(path: str, mtime: float, dtype: str, digest: str, text: str,
                     _image) -> captioner.Caption:
     """A typed sentence teacher-forced on one photo (Captioner.explain), cached per model, photo and text."""
     feats = get_features(path, mtime, dtype, digest, _image)
-    return get_model(path, mtime, dtype).explain_features(feats, text, hard_context=hard_context)
+    model = get_model(path, mtime, dtype)
+    return model.note_photo_sizes([model.explain_features(feats, text, hard_context=hard_context)], [_image.size])[0]
 
 
 def explain_or_none(path: str, mtime: float, dtype: str, digest: str, text: str, hard_context: str, _image
@@ -153,16 +155,23 @@ def overlay_grid(image, cap: captioner.Caption, labels: list[str], view: tuple[f
 
 
 def explanation_labels(cap: captioner.Caption) -> list[str]:
-    """'“word” p=0.31 (word 1)' for each word of an explained sentence."""
-    return [f"“{w}” p={p:.2f} (word {i + 1})" for i, (w, p) in enumerate(zip(cap.words, workbench.word_probs(cap)))]
+    """'“word” p=0.31 (word 1)' for each word of an explained sentence; an out-of-vocabulary word's label
+    ends '(word 2, as <unk>)': its probability is <unk>'s."""
+    return [f"“{w}” p={workbench.shown_prob(p)} (word {i + 1}{', as <unk>' if i in cap.unknown else ''})"
+            for i, (w, p) in enumerate(zip(cap.words, workbench.word_probs(cap)))]
 
 
 def show_explanation(cap: captioner.Caption, image, view: tuple[float, float, str], columns: int = GRID_COLUMNS) -> None:
-    """An explained sentence: its notes, each word's probability, its log-probability and its maps."""
+    """An explained sentence: its notes, each word's probability, its log-probability (flagged when words
+    the vocabulary lacks make it not comparable) and its maps."""
     for note in cap.notes:
         st.info(note)
     st.markdown(html_parts.prob_line(cap), unsafe_allow_html=True)
-    st.markdown(f"sentence log-probability **{cap.log_prob:.2f}** over {len(cap.words)} words + end")
+    total = f"sentence log-probability **{cap.log_prob:.2f}** over {len(cap.words)} words + end"
+    if not cap.comparable:
+        unknown = ", ".join(f"‘{html.escape(cap.words[i])}’" for i in cap.unknown)
+        total += f" (not comparable: {unknown} scored as <unk>)"
+    st.markdown(total)
     overlay_grid(image, cap, explanation_labels(cap), view, columns)
 
 
@@ -201,12 +210,9 @@ with st.sidebar:
         st.stop()
     label = st.selectbox("Checkpoint", list(choices))
     ckpt_path = choices[label]
-    fast = captioner.preferred_dtype() == "bfloat16"
+    native = captioner.preferred_dtype() == "bfloat16"
     dtype = st.selectbox("Precision", list(captioner.api.DTYPES),
-                         format_func=lambda d: f"{d} (about 3x faster here)" if d == "bfloat16" and fast else d,
-                         help="bfloat16 runs the model about 3x faster on CPUs that compute it natively "
-                              "(AVX512-BF16/AMX) at nearly the same quality (Flickr8k test, beam 5: METEOR 0.204 "
-                              "in both, BLEU-4 0.208 vs 0.213); elsewhere it is emulated and slower.")
+                         format_func=lambda d: texts.precision_label(d, native), help=texts.PRECISION_HELP)
 
 try:
     mtime = Path(ckpt_path).stat().st_mtime
@@ -233,9 +239,7 @@ with st.sidebar:
     # evidence-aware decoding needs the encoder's ImageNet head: offered only for models that keep one
     evidence = has_head(model) and st.toggle(
         "Say only what the encoder sees (evidence-aware decoding)", value=stored.evidence,
-        help="The encoder's own ImageNet classifier vetoes object words it rules out (a dog it sees no sign of) "
-             "and brings in the object it is sure of. Off: the decoder alone, for comparison. Starts at the model "
-             "file's own setting.")
+        help=texts.evidence_help(stored))  # what it does with this file's stored floor, bonus and person floor
     decode_overrides = (("beam_size", beam_size), ("max_len", max_len), ("block_trigrams", block_trigrams),
                         ("block_bigrams", block_bigrams), ("evidence", evidence))
     st.header("Attention maps")
@@ -258,7 +262,7 @@ with st.sidebar:
 # --- input: an upload, or one of the bundled example photos
 col_upload, col_example = st.columns([3, 2])
 with col_upload:
-    uploaded = st.file_uploader("Upload a photo (JPEG, PNG, WebP, GIF or BMP)", type=UPLOAD_TYPES)
+    uploaded = st.file_uploader(f"Upload a photo ({format_names(' or ')})", type=UPLOAD_TYPES)
 with col_example:
     example = st.selectbox("... or pick an example photo", list(EXAMPLES), index=0,
                            disabled=uploaded is not None,
@@ -299,6 +303,8 @@ with col_text:
                    "4.2.1). Faint words (low β) were chosen mostly from the language model, not the photo; their "
                    "heat maps are drawn fainter in proportion.")
     st.markdown(f"log-probability **{cap.log_prob:.2f}** over {len(cap.words)} words + end")
+    for note in cap.notes:  # e.g. a photo far smaller than the model's input
+        st.info(note)
     if cap.concepts:
         st.markdown("What the encoder sees (its ImageNet classifier; person and scene words: the model's word "
                     "detectors)" if cap.detections else "What the encoder's ImageNet classifier sees")
@@ -306,10 +312,10 @@ with col_text:
     if cap.contradicted:
         st.warning("The classifier sees no sign of: " + ", ".join(f"**{cap.words[i]}**" for i in cap.contradicted)
                    + (". Switch on evidence-aware decoding to veto such words." if not evidence else "."))
-    if cap.alternatives:
-        st.markdown("Other beam hypotheses")
-        st.dataframe([{"caption": text or "(empty)", "log-prob": round(lp, 3)} for text, lp in cap.alternatives],
-                     hide_index=True, width="stretch")
+    if cap.alternatives:  # in full (a table, not a grid that cuts long captions), with the score that ranked them
+        st.markdown("Beam hypotheses (rank 1 is the caption above)")
+        st.table(workbench.hypothesis_rows(cap))
+        st.caption(workbench.ranking_note(model.config.decode.length_penalty))
     stem = Path(name).stem or "image"
     st.download_button("Download attention figure (PNG)", icon=":material/download:",
                        data=partial(figure_bytes, shrink(image, FIGURE_SIDE), cap, opacity, smooth, mode),
@@ -402,8 +408,30 @@ with col_rank:
         st.info("The sentence has no words to rank.")
 
 st.header("Compare two models")
-if st.checkbox("Compare with a second checkpoint", value=False, key="compare_on"):
-    others = [lb for lb in choices if lb != label] or [label]
+others = [lb for lb in choices if lb != label]  # never the model on screen: that would compare it with itself
+compare = st.checkbox("Compare with a second checkpoint" if others else "Compare with other decode settings",
+                      value=False, key="compare_on")
+if compare and not others:
+    # one model file: B is the same model at other decode settings, and the page says how to get a second model
+    st.info("Only one model file is available, so B is this model at other decode settings. To compare two "
+            "models, export a second model file (`python scripts/export_model.py RUN/best.safetensors "
+            "DIR/other.safetensors`) and start the app with `streamlit run app.py -- --checkpoints DIR`.")
+    variants = workbench.same_model_variants(dict(decode_overrides), stored, has_head(model))
+    settings_b = variants[st.selectbox("B: the same model with", list(variants), key="compare_variant")]
+    try:
+        cap_b = get_caption(ckpt_path, mtime, dtype, digest, tuple(settings_b.items()), image)
+    except Exception as e:  # noqa: BLE001 - a message, not a crash
+        st.error(f"Captioning failed with these settings: {type(e).__name__}: {e}")
+        st.stop()
+    for side, which, used, generated in zip(st.columns(2), "AB", (dict(decode_overrides), settings_b), (cap, cap_b)):
+        with side:
+            st.markdown(f"**{which}: {html.escape(label)}, {workbench.settings_line(used)}**")
+            st.markdown(f"generated: *{html.escape(generated.text) or '(empty)'}* (log-prob {generated.log_prob:.2f})")
+    if cap_b.text == cap.text:
+        st.info("Both settings give the same caption for this photo.")
+    st.caption("A typed sentence's word probabilities do not depend on decode settings (the model reads it word "
+               "by word), so with one model only the generated captions differ; the per-word table needs two models.")
+elif compare:
     label_b = st.selectbox("Second checkpoint (B)", others, key="compare_ckpt")
     path_b = choices[label_b]
     try:

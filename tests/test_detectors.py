@@ -219,3 +219,33 @@ def test_train_detectors_cli_writes_a_model_with_its_floor(flickr, tmp_path, one
     assert 0 <= r["ap_val"][PERSON] <= 1 and r["person_prior_weight"] in T.PRIOR_WEIGHTS
     cap = got.caption(EXAMPLES / "cat.jpg")
     assert [w for w, _ in cap.detections] == [PERSON, "water"]
+
+
+def test_train_detectors_on_a_mix_with_coco_words_and_noise_negatives(flickr, tmp_path, one_torch_thread):
+    """--config: the recipe's caption sets (Flickr8k + coco-paired) are the training photos, a COCO category
+    is a word group by its COCO words, and noise photos are negatives of every group."""
+    import argparse
+    import json
+
+    from captioner.cli.train_detectors import _split_features, _with_noise
+    from captioner.cli.train_detectors import main as train_detectors
+    from captioner.concepts.detectors import caption_labels, group_members
+
+    from .test_mix import need_paired
+
+    need_paired()
+    model = captioner.load()
+    args = argparse.Namespace(config="configs/mix_cpu.yaml", data_root=None, limit=5, cache_dir=str(tmp_path / "c"),
+                              device="cpu")
+    x, records = _split_features(args, model, "train")
+    assert len(records) == len(x) == 10 and records[5].path.name.startswith("COCO_val2014_")
+    x, records = _with_noise(model, x, records, 3)
+    members = group_members([PERSON, "giraffe"])
+    assert members["giraffe"] == ("giraffe", "giraffes")
+    assert caption_labels([r.captions for r in records[-3:]], members).sum() == 0  # noise: no word at all
+    out, report = tmp_path / "m.safetensors", tmp_path / "r.json"
+    assert train_detectors(["--config", "configs/mix_cpu.yaml", "--cache-dir", str(tmp_path / "c"), "--out", str(out),
+                            "--limit", "5", "--noise", "3", "--groups", "person,giraffe", "--epochs", "1",
+                            "--report", str(report)]) == 0
+    assert detectors_of(captioner.load(out).model).groups == [PERSON, "giraffe"]
+    assert json.loads(report.read_text())["positives_train"][PERSON] >= 1

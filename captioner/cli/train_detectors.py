@@ -29,7 +29,10 @@ def _parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", default=None, help="model file whose encoder to use (default: the bundled one)")
-    p.add_argument("--data-root", required=True, help="Flickr8k folder (captions.txt + official split files)")
+    p.add_argument("--data-root", default=None, help="Flickr8k folder (captions.txt + official split files)")
+    p.add_argument("--config", default=None,
+                   help="instead of --data-root: train on the train sets of this recipe's data (data.sources: e.g. "
+                        "configs/mix_cpu.yaml, Flickr8k + coco-paired), calibrate on its val sets")
     p.add_argument("--coco-images", default=None, help="coco-mini photos (held-out choice of the floor)")
     p.add_argument("--coco-annotations", default=None, help="captions_X.json (instances_X.json beside it)")
     p.add_argument("--cache-dir", required=True, help="feature caches (shared with evaluate.py --cache-dir)")
@@ -38,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--person-floor", type=float, default=None, help="store this floor (default: choose it)")
     p.add_argument("--max-miss", type=float, default=0.06,
                    help="the chosen floor vetoes person words on at most this share of photos WITH a person")
+    p.add_argument("--noise", type=int, default=64,
+                   help="also train on this many random-noise photos as negatives of every word (a detector must not "
+                        "see a person in noise)")
     p.add_argument("--report", default=None, help="also write the measurements as JSON here")
     p.add_argument("--limit", type=int, default=0, help="first N photos of train and of val only (a quick try)")
     p.add_argument("--device", default="cpu")
@@ -68,6 +74,43 @@ def _features(model, cache_dir: str, dataset: str, label: str, records: list, de
                         model.preprocess, records, device, num_workers=1)
     keep = [i for i, r in enumerate(records) if r.image_id not in set(cache.missing)]
     return np.asarray(cache.features[keep]) if len(keep) < len(records) else cache.features, [records[i] for i in keep]
+
+
+def _split_features(args, model, split: str) -> tuple[np.ndarray, list]:
+    """Features and records of `split` over the caption sets: Flickr8k at --data-root, or every set of
+    --config's data (the training run's caches are reused: same names, same encoder)."""
+    from captioner.config import DataConfig, load_config
+    from captioner.data import build_mix
+
+    if args.config:
+        data = load_config(args.config).data
+    elif args.data_root:
+        data = DataConfig(dataset="flickr8k", root=args.data_root)
+    else:
+        raise ValueError("name the training photos: --data-root FLICKR8K or --config RECIPE (its data.sources)")
+    data.limit = args.limit
+    part = f"-first{args.limit}" if args.limit else ""  # the cache of a few photos is not the whole split's
+    got = [_features(model, args.cache_dir, src.name, split + part, recs, args.device)
+           for src, recs in build_mix(data, split)]
+    feats = got[0][0] if len(got) == 1 else np.concatenate([np.asarray(x) for x, _ in got])  # (N, P, D)
+    return feats, [r for _, recs in got for r in recs]
+
+
+def _with_noise(model, feats: np.ndarray, records: list, n: int) -> tuple[np.ndarray, list]:
+    """The training features plus those of n seeded uniform-noise photos, each with no captions (a negative
+    of every word group)."""
+    import torch
+    from PIL import Image
+
+    from captioner.data import ImageRecord
+
+    rng = np.random.default_rng(0)
+    photos = [Image.fromarray(rng.integers(0, 256, (64 * (1 + i % 4), 64 * (1 + i % 4), 3), dtype=np.uint8))
+              for i in range(n)]
+    with torch.no_grad():
+        noise = model.encode(torch.stack([model.preprocess(p) for p in photos])).float().numpy()  # (n, P, D)
+    return (np.concatenate([np.asarray(feats, dtype=np.float32), noise]),
+            records + [ImageRecord(f"noise{i}", Path(f"noise{i}.png"), []) for i in range(n)])
 
 
 def _coco(args, model) -> tuple[np.ndarray, list, np.ndarray] | None:
@@ -113,18 +156,14 @@ def _train(args: argparse.Namespace):
     import captioner
     from captioner.concepts.detectors import PERSON, WordDetectors, attach, caption_labels, group_members
     from captioner.concepts.imagenet import imagenet_head_or_none
-    from captioner.config import DataConfig
-    from captioner.data import build_records
     from captioner.training import detectors as T
 
     model = captioner.load(args.checkpoint, device=args.device)
     members = group_members([g.strip() for g in args.groups.split(",") if g.strip()])
-    data = DataConfig(dataset="flickr8k", root=args.data_root)
-    data.limit = args.limit
-    part = f"-first{args.limit}" if args.limit else ""  # the cache of a few photos is not the whole split's
-    train_x, train_r = _features(model, args.cache_dir, "flickr8k", "train" + part, build_records(data, "train"),
-                                 args.device)
-    val_x, val_r = _features(model, args.cache_dir, "flickr8k", "val" + part, build_records(data, "val"), args.device)
+    train_x, train_r = _split_features(args, model, "train")
+    if args.noise:
+        train_x, train_r = _with_noise(model, train_x, train_r, args.noise)
+    val_x, val_r = _split_features(args, model, "val")
     train_y, val_y = (caption_labels([r.captions for r in rs], members) for rs in (train_r, val_r))
     settings = T.FitSettings(**{f.name: getattr(args, f.name) for f in fields(T.FitSettings)})
     det = T.fit(WordDetectors(list(members), train_x.shape[-1], members), train_x, train_y, settings)

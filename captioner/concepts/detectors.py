@@ -60,8 +60,9 @@ SHOW_AT = 0.3  # a detected word joins a photo's concepts at P >= SHOW_AT (perso
 
 
 def group_members(groups: Sequence[str]) -> dict[str, tuple[str, ...]]:
-    """Group name -> its words (GROUP_WORDS; an unknown group is named by itself and its plural)."""
-    return {g: tuple(GROUP_WORDS.get(g, f"{g} {g}s").split()) for g in groups}
+    """Group name -> its words (GROUP_WORDS, else a COCO category's words (CATEGORY_WORDS), else the name
+    and its plural)."""
+    return {g: tuple(GROUP_WORDS.get(g, CATEGORY_WORDS.get(g, f"{g} {g}s")).split()) for g in groups}
 
 
 def caption_labels(captions: Sequence[Sequence[str]], members: dict[str, Sequence[str]]) -> torch.Tensor:
