@@ -69,9 +69,8 @@ def get_caption(path: str, mtime: float, dtype: str, digest: str, settings: tupl
 def get_explanation(path: str, mtime: float, dtype: str, digest: str, text: str, hard_context: str,
                     _image) -> captioner.Caption:
     """A typed sentence teacher-forced on one photo (Captioner.explain), cached per model, photo and text."""
-    feats = get_features(path, mtime, dtype, digest, _image)
-    model = get_model(path, mtime, dtype)
-    return model.note_photo_sizes([model.explain_features(feats, text, hard_context=hard_context)], [_image.size])[0]
+    feats = get_features(path, mtime, dtype, digest, _image)  # (a small photo's note is shown once, by the caption)
+    return get_model(path, mtime, dtype).explain_features(feats, text, hard_context=hard_context)
 
 
 def explain_or_none(path: str, mtime: float, dtype: str, digest: str, text: str, hard_context: str, _image

@@ -262,3 +262,40 @@ def test_caption_betas_are_the_gates_of_its_words(beam_size):
     assert np.allclose(cap.betas, best.betas.numpy(), atol=1e-6)
     # captions built without gates (older code) still construct, with no betas
     assert captioner.Caption("a", ["a"], np.ones((1, 7, 7)) / 49, -1.0).betas.shape == (0,)
+
+
+def test_a_photo_far_smaller_than_the_input_gets_a_note():
+    """A 10x10 photo got a confident caption and no word that the model enlarged it 22x: a photo whose shorter
+    side is below half the model's input side (images are resized to image_size x image_size) gets a note, in
+    Caption.notes and in the JSON (to_dict), from caption, caption_batch and explain alike."""
+    from captioner.decoding.captions import SMALL_PHOTO
+
+    model = tiny_captioner()
+    side = model.config.model.image_size  # 224
+    tiny = model.caption(photo(10, 10), beam_size=1, max_len=4)
+    note = "The photo is only 10x10 pixels, far smaller than the model's 224x224 input"
+    assert tiny.photo_size == (10, 10) and tiny.input_side == side
+    assert any(n.startswith(note) for n in tiny.notes) and tiny.to_dict(maps=False)["notes"] == tiny.notes
+    limit = int(SMALL_PHOTO * side)  # 112: a shorter side below it gets the note, at or above it does not
+    narrow, enough = model.caption_batch([photo(300, limit - 1), photo(300, limit)], beam_size=1, max_len=4)
+    assert any("300x111 pixels" in n for n in narrow.notes) and enough.notes == []
+    assert model.caption(photo(), beam_size=1, max_len=4).notes == []  # 320x200: no note
+    assert any(n.startswith(note) for n in model.explain(photo(10, 10), "a dog").notes)
+
+
+def test_alternatives_carry_the_score_they_were_ranked_by():
+    """Beam search ranks by log_prob / (words + 1) ** length_penalty; the app listed only log-probs, so a
+    lower-ranked alternative with a better log-prob looked like a mistake."""
+    def length(text: str) -> int:  # words, + <end> unless the caption was cut at max_len
+        n = len(text.split())
+        return n + 1 if n < 8 else n
+
+    model = tiny_captioner()
+    cap = model.caption(photo(), beam_size=4, max_len=8, length_penalty=1.0)
+    assert cap.alternatives and cap.score == pytest.approx(cap.log_prob / length(cap.text), rel=1e-5)
+    scores = [cap.score] + [a.score for a in cap.alternatives]
+    assert scores == sorted(scores, reverse=True)  # the order shown is the ranking
+    for a in cap.alternatives:
+        assert a.score == pytest.approx(a.log_prob / length(a.text), rel=1e-5)
+    rec = cap.to_dict(maps=False)
+    assert rec["score"] == cap.score and [r["score"] for r in rec["alternatives"]] == scores[1:]

@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 import captioner
+from captioner import images
 
 pytest.importorskip("streamlit.testing.v1", reason="streamlit's AppTest is not available")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -116,8 +117,12 @@ def check_captioned(at: AppTest, require_words: bool = True) -> list[str]:
 
 
 def png_bytes(path: Path, fmt: str = "PNG", **kw) -> bytes:
+    return png_bytes_of(Image.open(path), fmt, **kw)
+
+
+def png_bytes_of(img: Image.Image, fmt: str = "PNG", **kw) -> bytes:
     buf = io.BytesIO()
-    Image.open(path).save(buf, fmt, **kw)
+    img.save(buf, fmt, **kw)
     return buf.getvalue()
 
 
@@ -202,8 +207,11 @@ def test_uploads_in_every_format(app):
     at = app.run()
     beam(at).set_value(1).run()
     uploader = at.file_uploader[0]
-    assert set(uploader.allowed_type) >= {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp"} or \
-        set(uploader.allowed_type) >= {"jpg", "jpeg", "png", "webp", "gif", "bmp"}
+    # the uploader accepts exactly the formats load_image reads and its errors list (one list: images.FORMATS);
+    # it refused TIFF and PPM while the error named them
+    assert {t.lstrip(".") for t in uploader.allowed_type} == set(images.file_extensions())
+    assert uploader.label == f"Upload a photo ({images.format_names(' or ')})"
+    assert {"tif", "tiff", "ppm"} <= set(images.file_extensions())
     photo = EXAMPLES / "coffee.jpg"
     for name, data, mime in [
         ("coffee.jpg", photo.read_bytes(), "image/jpeg"),
@@ -211,6 +219,8 @@ def test_uploads_in_every_format(app):
         ("coffee.webp", png_bytes(photo, "WEBP", quality=80), "image/webp"),
         ("coffee.gif", png_bytes(photo, "GIF"), "image/gif"),
         ("coffee.bmp", png_bytes(photo, "BMP"), "image/bmp"),
+        ("coffee.tiff", png_bytes(photo, "TIFF"), "image/tiff"),
+        ("coffee.ppm", png_bytes(photo, "PPM"), "image/x-portable-pixmap"),
     ]:
         at.file_uploader[0].set_value((name, data, mime)).run()
         check_captioned(at)
@@ -238,6 +248,104 @@ def test_bad_upload_shows_an_error_and_the_app_recovers(app, name, data, message
     at.file_uploader[0].clear().run()
     no_problems(at)
     assert "cat.jpg" in photo_caption(at)
+
+
+def test_image_errors_speak_one_voice_and_a_new_upload_replaces_the_last_error(app):
+    """12000x9000 got the project's "too large to decode safely (limit 100,000,000 pixels)" and 40000x40000
+    Pillow's "could be decompression bomb DOS attack": one message now. Each upload's run shows only its
+    own error: the previous file's error does not stay beside the next one's."""
+    at = app.run()
+    beam(at).set_value(1).run()
+    shown = []
+    for name, size in (("big.png", (12000, 9000)), ("huge.png", (40000, 40000)), ("garbage.jpg", None)):
+        data = huge_png_header(*size) if size else b"not a picture" * 20
+        at.file_uploader[0].set_value((name, data, "image/png")).run()
+        assert not at.exception, [e.value for e in at.exception]
+        errors = [e.value for e in at.error]
+        assert len(errors) == 1 and name in errors[0], errors  # this file's error alone
+        shown.append(errors[0])
+    for text, (w, h) in zip(shown, ((12000, 9000), (40000, 40000))):
+        assert f"{w}x{h} pixels is too large to decode safely (limit 100,000,000 pixels)" in text
+        assert "decompression" not in text and "DOS" not in text
+    assert f"({images.format_names()})" in shown[2]  # the formats named are the uploader's
+    at.file_uploader[0].set_value(("cat.jpg", (EXAMPLES / "cat.jpg").read_bytes(), "image/jpeg")).run()
+    check_captioned(at)  # no error left from the files before
+
+
+def test_a_tiny_photo_gets_a_note(app):
+    """A 10x10 photo got a confident caption and no word that the model saw almost nothing."""
+    at = app.run()
+    beam(at).set_value(1).run()
+    tiny = Image.open(EXAMPLES / "cat.jpg").resize((10, 10))
+    at.file_uploader[0].set_value(("tiny.png", png_bytes_of(tiny), "image/png")).run()
+    check_captioned(at, require_words=False)
+    side = workbench_model(at).config.model.image_size
+    notes = [i.value for i in at.info if "10x10 pixels" in i.value]
+    assert notes and f"far smaller than the model's {side}x{side} input" in notes[0], [i.value for i in at.info]
+    at.file_uploader[0].set_value(("cat.jpg", (EXAMPLES / "cat.jpg").read_bytes(), "image/jpeg")).run()
+    assert not [i.value for i in at.info if "far smaller" in i.value]  # a normal photo: no note
+
+
+def test_sidebar_claims_no_unmeasured_speed_and_what_evidence_does(app, monkeypatch):
+    """The precision menu said "bfloat16 (about 3x faster here)" (measured: 1.1-1.4x, and 6 of 20 captions
+    changed); the evidence switch said it "brings in the object it is sure of" with a stored bonus of 0."""
+    monkeypatch.setattr(captioner, "preferred_dtype", lambda device="cpu": "bfloat16")  # a CPU with native bf16
+    at = app.run()
+    box = next(s for s in at.sidebar.selectbox if s.label == "Precision")
+    assert box.options == ["float32", "bfloat16 (native on this machine)"]
+    assert "3x" not in box.help and "faster here" not in box.help
+    assert "may be faster" in box.help and "change captions" in box.help
+    model = workbench_model(at)
+    toggles = [t for t in at.sidebar.toggle if "evidence" in t.label]
+    if toggles:  # the bundled model keeps the ImageNet head
+        help_text = toggles[0].help
+        assert "brings in the object" not in help_text and "vetoes" in help_text
+        if model.config.decode.evidence_bonus == 0:
+            assert "never brings a word in" in help_text and "evidence bonus is 0" in help_text
+
+
+def test_beam_hypotheses_in_full_with_the_score_that_ranked_them(app):
+    """The grid cut captions off and listed alternatives with a better log-prob than the chosen caption
+    without saying that beam search ranks by the length-normalised score."""
+    at = app.run()
+    no_problems(at)
+    model = workbench_model(at)
+    cap = model.caption(EXAMPLES / "cat.jpg")  # the page's settings are the file's
+    assert cap.alternatives
+    table = next(t for t in at.table if "score (ranks)" in t.value.columns).value
+    assert list(table["caption"]) == [cap.text] + [a.text for a in cap.alternatives]  # in full, ranked
+    assert list(table["score (ranks)"]) == pytest.approx([cap.score] + [a.score for a in cap.alternatives], abs=1e-3)
+    assert list(table["log-prob"]) == pytest.approx([cap.log_prob] + [a.log_prob for a in cap.alternatives], abs=1e-3)
+    note = [c.value for c in at.caption if c.value.startswith("Ranked by")]
+    if model.config.decode.length_penalty:
+        assert note and "length-normalised" in note[0] and "not by the raw log-prob" in note[0]
+
+
+def test_compare_with_one_model_file_never_compares_it_with_itself(app, tmp_path, monkeypatch):
+    """On a fresh install (the bundled model only) "Compare two models" offered the bundled model as B and
+    showed a table of "=" rows. Now it says how to get a second model and compares other decode settings."""
+    monkeypatch.setenv("CAPTIONER_CHECKPOINT_DIRS", str(tmp_path))  # the operator's folder holds no model file
+    at = app.run()
+    no_problems(at)
+    assert len(next(s for s in at.sidebar.selectbox if s.label == "Checkpoint").options) == 1
+    box = next(c for c in at.checkbox if c.key == "compare_on")
+    assert box.label == "Compare with other decode settings"
+    box.check().run()
+    no_problems(at)
+    assert any("scripts/export_model.py" in i.value and "-- --checkpoints DIR" in i.value for i in at.info)
+    assert not [s for s in at.selectbox if s.label == "Second checkpoint (B)"]
+    assert not [d for d in at.dataframe if "likelier under" in d.value.columns]  # no table of "=" rows
+    variant = next(s for s in at.selectbox if s.label == "B: the same model with")
+    for option in variant.options:
+        variant = next(s for s in at.selectbox if s.label == "B: the same model with")
+        variant.set_value(option).run()
+        no_problems(at)
+        heads = [m.value for m in at.markdown if m.value.startswith("**A: ") or m.value.startswith("**B: ")]
+        assert len(heads) == 2 and heads[0].split(", ", 1)[1] != heads[1].split(", ", 1)[1], heads  # other settings
+    greedy = next(o for o in variant.options if o.startswith("beam 1"))
+    next(s for s in at.selectbox if s.label == "B: the same model with").set_value(greedy).run()
+    expected = workbench_model(at).caption(EXAMPLES / "cat.jpg", beam_size=1)
+    assert any(f"generated: *{expected.text}*" in m.value for m in at.markdown)
 
 
 def test_operator_folder_is_searched_recursively(app, tmp_path, monkeypatch):
@@ -361,7 +469,9 @@ def test_empty_caption_is_explained_not_crashed(app, monkeypatch):
         assert not at.exception and not at.error
         assert caption_text(at) == "" and not word_overlays(at)
         assert any("no words" in w.value for w in at.warning), [w.value for w in at.warning]
-        assert at.dataframe and len(at.download_button) == 2
+        assert len(at.download_button) == 2
+        (hyps,) = [t.value for t in at.table if "score (ranks)" in t.value.columns]  # the other hypothesis listed
+        assert list(hyps["caption"]) == ["(empty)", "a cat"] and list(hyps["log-prob"]) == [-1.5, -2.0]
     finally:
         st.cache_data.clear()  # do not leave the fake caption for other tests
 
@@ -391,7 +501,7 @@ def test_decoding_widgets_start_at_the_model_files_settings(monkeypatch, tmp_pat
 
 # ----------------------------------------------------------------------------- the attention workbench
 
-EXPLAINED = re.compile(r"^“(.*)” p=(\d\.\d\d) \(word (\d+)\)$")  # explained-sentence overlay captions
+EXPLAINED = re.compile(r"^“(.*)” p=(\d\.\d\d) \(word (\d+)(?:, as <unk>)?\)$")  # explained-sentence overlay captions
 
 
 def explained_overlays(at: AppTest) -> list[tuple[str, float]]:
@@ -427,8 +537,18 @@ def test_explain_a_sentence_follows_the_typed_text(app):
     expected = workbench_model(at).explain(load_image_bytes(at), typed)
     probs = np.exp(expected.word_log_probs)
     assert [p for _, p, _ in shown] == pytest.approx(probs, abs=0.006)
-    assert [hl for _, _, hl in shown] == [p < 0.05 for p in probs]  # unlikely words highlighted
-    assert any(f"**{expected.log_prob:.2f}**" in m.value for m in at.markdown)
+    assert [hl for _, _, hl in shown] == [float(f"{q:.2f}") < 0.05 for q in probs]  # unlikely words highlighted
+    assert [hl for _, _, hl in shown] == [p < 0.05 for _, p, _ in shown]  # highlighted by the p shown
+    # the total scores 'zebraquux' as <unk>: flagged as not comparable (the line, a note, the word's label)
+    total = [m.value for m in at.markdown if f"**{expected.log_prob:.2f}**" in m.value]
+    assert total and "not comparable: ‘zebraquux’ scored as <unk>" in total[0]
+    assert any("not comparable" in i.value and "‘zebraquux’" in i.value for i in at.info)
+    labels = [c for im in at.image for c in im.captions if c.startswith("“zebraquux”")]
+    assert labels and labels[0].endswith("(word 2, as <unk>)")
+    own = workbench_model(at).explain(load_image_bytes(at), " ".join(words))
+    next(t for t in at.text_input if t.label == "Sentence to explain").set_value(" ".join(words)).run()
+    no_problems(at)  # the model's own caption: comparable, no flag
+    assert own.comparable and not [m.value for m in at.markdown if "not comparable" in m.value]
 
 
 def test_a_sentence_without_words_is_a_note_not_a_score(app):

@@ -268,7 +268,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             browser.close()
 
 
-EXPLAINED = re.compile(r"^“(.*)” p=(\d\.\d\d) \(word (\d+)\)$")  # explained-sentence overlay captions
+EXPLAINED = re.compile(r"^“(.*)” p=(\d\.\d\d) \(word (\d+)(?:, as <unk>)?\)$")  # explained-sentence overlay captions
 SENTENCE = "a cat zebraquux sits on a bed"
 
 
@@ -333,7 +333,8 @@ def test_workbench_views_in_chromium(app_url, sync_playwright, tmp_path):
             assert [w for w, _, _ in line] == ["a", "cat", "zebraquux (unk)", "sits", "on", "a", "bed"]
             probs = [float(x) for x in np.exp(expected.word_log_probs)]
             assert [q for _, q, _ in line] == pytest.approx(probs, abs=0.006)
-            assert [hl for _, _, hl in line] == [q < 0.05 for q in probs]
+            assert [hl for _, _, hl in line] == [float(f"{q:.2f}") < 0.05 for q in probs]  # by the p shown
+            assert page.get_by_text("not comparable: ‘zebraquux’ scored as <unk>").count() == 1
             captions = page.locator('[data-testid="stImageCaption"]').all_inner_texts()
             shown = [EXPLAINED.match(c.strip()) for c in captions]
             assert [m.group(1) for m in shown if m] == expected.words

@@ -91,7 +91,8 @@ def test_out_of_vocabulary_word_is_reported(bundled, flickr, one_torch_thread):
     cap = bundled.explain(path, f"A {word} runs on the grass.")
     assert cap.words == ["a", word, "runs", "on", "the", "grass"]
     assert cap.unknown == [1]
-    assert cap.notes == [f"‘{word}’ is not in the model's vocabulary (fed as <unk>)"]
+    assert cap.notes[0] == f"‘{word}’ is not in the model's vocabulary (fed as <unk>)"
+    assert len(cap.notes) == 2 and "not comparable" in cap.notes[1] and not cap.comparable
     assert cap.alphas.shape[0] == 6 and np.all(np.isfinite(cap.word_log_probs))
     as_unk = bundled.explain(path, "a <unk> runs on the grass")  # the tokenizer drops <>: "unk"
     assert as_unk.words[1] == "unk"
@@ -112,7 +113,8 @@ def test_typed_words_are_kept_as_typed_in_any_script(bundled, flickr, one_torch_
     cap = bundled.explain(path, "A dog in a Café, très naïve résumé!")
     assert cap.words == ["a", "dog", "in", "a", "café", "très", "naïve", "résumé"]
     assert cap.unknown == [i for i, w in enumerate(cap.words) if w not in bundled.vocab.stoi] == [4, 5, 6, 7]
-    assert cap.notes[0] == "‘café’ is not in the model's vocabulary (fed as <unk>)" and len(cap.notes) == 4
+    assert cap.notes[0] == "‘café’ is not in the model's vocabulary (fed as <unk>)" and len(cap.notes) == 5
+    assert not cap.comparable and "not comparable" in cap.notes[4]  # the total scores four words as <unk>
     assert cap.alphas.shape[0] == 8 and np.all(np.isfinite(cap.word_log_probs))
     # the <unk> words score as <unk> does in that place: the same as typing an unknown ASCII word there
     ascii_unk = bundled.explain(path, "a dog in a zzzq zzzq zzzq zzzq")
@@ -171,3 +173,22 @@ def test_hard_model_argmax_context_is_explained_as_decoded(one_torch_thread):
     np.testing.assert_allclose(argmax.alphas.reshape(len(words), -1), hyp.alphas.numpy(), atol=1e-5)
     expected = explain_features(dec, feats, vocab, words, context="expected")
     assert not np.allclose(expected.word_log_probs, argmax.word_log_probs)
+
+
+def test_unknown_words_make_the_total_not_comparable(one_torch_thread):
+    """'a giraffe stands under a tree' (giraffe unknown) outscored the model's own caption: an unknown word is
+    scored as <unk>, which stands for every unknown word. The sentence says so: comparable False, a note
+    naming the words, and "comparable": false in the JSON; a sentence of known words stays comparable."""
+    model = tiny_captioner()
+    img = photo()
+    own = model.caption(img, beam_size=1, max_len=6)
+    assert own.comparable and own.to_dict(maps=False)["comparable"] is True
+    known = model.explain(img, "a dog runs on the grass")
+    assert known.comparable and known.notes == []
+    typed = model.explain(img, "a giraffe runs under the zebra")  # giraffe, under, zebra: not in WORDS
+    assert typed.unknown == [1, 3, 5] and typed.comparable is False
+    rec = typed.to_dict(maps=False)
+    assert rec["comparable"] is False and rec["unknown_words"] == ["giraffe", "under", "zebra"]
+    flag = [n for n in typed.notes if "not comparable" in n]
+    assert len(flag) == 1 and all(f"‘{w}’" in flag[0] for w in ("giraffe", "under", "zebra"))
+    assert rec["notes"] == typed.notes

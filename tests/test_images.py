@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import time
+import warnings
 import zlib
 from pathlib import Path
 
@@ -204,6 +205,35 @@ def test_decompression_bomb_png_is_refused_quickly():
     with pytest.raises(ImageError, match="too large"):
         load_image(data)
     assert time.perf_counter() - t0 < 1.0
+
+
+@pytest.mark.parametrize("size", [(12000, 9000), (40000, 40000), (30000, 30000)])
+def test_too_many_pixels_is_one_message_whoever_noticed(size):
+    """12000x9000 (108 Mpx) met our limit and got the project's message; 40000x40000 met Pillow's bomb check
+    first (from 2 x 89 Mpx) and got "could be decompression bomb DOS attack". Both now read the same way."""
+    w, h = size
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no DecompressionBombWarning (or any other) escapes either
+        with pytest.raises(ImageError) as e:
+            load_image(png_bomb(w, h))
+    assert str(e.value) == f"image: {w}x{h} pixels is too large to decode safely (limit 100,000,000 pixels)"
+    assert "bomb" not in str(e.value) and "DOS" not in str(e.value)
+
+
+def test_the_formats_named_are_the_formats_read():
+    """The error listed TIFF and PPM, which the app's uploader refused (and left out AVIF, which it reads):
+    the message, the extensions an uploader accepts and the parser are one list (images.FORMATS)."""
+    read = images_mod._formats()
+    with pytest.raises(ImageError) as e:
+        load_image(b"not a picture at all" * 10)
+    assert str(e.value).endswith(f"({images_mod.format_names()})")
+    assert images_mod.format_names().split(", ") == [images_mod.FORMATS[f][0] for f in read]
+    Image.init()
+    assert {Image.EXTENSION["." + ext] for ext in images_mod.file_extensions()} == set(read)
+    for fmt in read:  # every format named is read
+        kw = {"quality": 80} if fmt in ("AVIF", "WEBP", "JPEG") else {}
+        assert load_image(enc(noise(32, 24), fmt, **kw)).size == (32, 24), fmt
+    assert images_mod.format_names(" or ").endswith(" or " + images_mod.FORMATS[read[-1]][0])
 
 
 @pytest.mark.parametrize("fmt", ["JPEG", "BMP", "GIF"])

@@ -28,11 +28,12 @@ SMALL_PHOTO = 0.5  # a photo whose shorter side is below this share of the model
 
 class Alternative(NamedTuple):
     """Another finished beam hypothesis: its text, log-probability and the score beam search ranked it by
-    (log_prob / (words + 1) ** decode.length_penalty; the log-probability itself when the penalty is 0)."""
+    (log_prob / (words + 1) ** decode.length_penalty; the log-probability itself when the penalty is 0;
+    None when unknown, e.g. a Caption built by hand from (text, log_prob) pairs)."""
 
     text: str
     log_prob: float
-    score: float
+    score: float | None = None
 
 
 @dataclass
@@ -73,6 +74,9 @@ class Caption:
     photo_size: tuple[int, int] | None = None
     input_side: int | None = None
 
+    def __post_init__(self) -> None:
+        self.alternatives = [Alternative(*a) for a in self.alternatives]  # (text, log_prob) pairs still welcome
+
     @property
     def comparable(self) -> bool:
         """Whether log_prob is the model's probability of these very words, so it can be set against another
@@ -92,8 +96,8 @@ class Caption:
                "score": None if self.score is None else float(self.score), "words": list(self.words),
                "word_log_probs": lps, "word_probs": [None if x is None else round(math.exp(x), 5) for x in lps],
                "betas": [round(float(b), 5) for b in self.betas] if len(self.betas) == n else [None] * n,
-               "alternatives": [{"caption": a.text, "log_prob": float(a.log_prob), "score": float(a.score)}
-                                for a in self.alternatives],
+               "alternatives": [{"caption": a.text, "log_prob": float(a.log_prob),
+                                 "score": None if a.score is None else float(a.score)} for a in self.alternatives],
                "concepts": [{"category": c, "prob": round(float(q), 5)} for c, q in self.concepts],
                "detections": [{"word": w, "prob": round(float(q), 5)} for w, q in self.detections],
                "contradicted_words": [self.words[i] for i in self.contradicted],
