@@ -758,42 +758,30 @@ def test_compare_the_bundled_model_with_a_resnet_checkpoint(app, tmp_path, monke
 
 
 def test_concurrent_sessions_stay_isolated(app):
-    """Three sessions at once (threads, as a server runs them), each with its own photo, typed sentence,
-    region and second model: each page shows only its own, equal to what the library computes."""
-    import threading
-    import time
-
+    """Three sessions open at once, each with its own photo, typed sentence and region: each page shows
+    only its own, equal to what the library computes. The sessions' steps are interleaved (A, B, C, A, B,
+    C ...) in one thread, so they share the server's caches (st.cache_*) as a real server's sessions do.
+    They are not driven from threads: AppTest is not thread-safe (its script runs share one runtime
+    context; threads failed 1 run in 5 with KeyError('$$ID-...') inside Streamlit, never in the app)."""
     jobs = {"Cat": "a cat on a wall", "Coffee": "a cup of coffee", "Astronaut": "a man in a white suit"}
     files = {"Cat": "cat.jpg", "Coffee": "coffee.jpg", "Astronaut": "astronaut.jpg"}
-    results: dict[str, object] = {}
-
-    def session(example: str, sentence: str) -> None:
-        try:
-            at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
-            at.run()
-            next(s for s in at.selectbox if s.label.startswith("... or pick an example")).set_value(example).run()
-            next(t for t in at.text_input if t.label == "Sentence to explain").set_value(sentence).run()
-            next(s for s in at.selectbox if s.label == "Row").set_value(0).run()
-            results[example] = (photo_caption(at), [w for w, _ in explained_overlays(at)], caption_text(at),
-                                [e.value for e in at.exception] + [e.value for e in at.error])
-        except Exception as e:  # noqa: BLE001 - reported by the assertion below
-            results[example] = e
-
-    t0 = time.monotonic()
-    threads = [threading.Thread(target=session, args=job) for job in jobs.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.monotonic() - t0
+    sessions = {example: AppTest.from_file(str(APP), default_timeout=TIMEOUT) for example in jobs}
+    steps = [
+        lambda at, example: at.run(),
+        lambda at, example: next(s for s in at.selectbox if s.label.startswith("... or pick an example"))
+        .set_value(example).run(),
+        lambda at, example: next(t for t in at.text_input if t.label == "Sentence to explain")
+        .set_value(jobs[example]).run(),
+        lambda at, example: next(s for s in at.selectbox if s.label == "Row").set_value(0).run(),
+    ]
+    for step in steps:
+        for example, at in sessions.items():
+            step(at, example)
     model = captioner.load(_selected_path())
-    for example, sentence in jobs.items():
-        got = results[example]
-        assert not isinstance(got, Exception), (example, got)
-        shown_photo, explained, caption, problems = got
+    for example, at in sessions.items():
+        problems = [e.value for e in at.exception] + [e.value for e in at.error]
         assert not problems, (example, problems)
-        assert shown_photo.startswith(files[example]), (example, shown_photo)  # its own photo ...
-        assert explained == sentence.split()  # ... its own sentence ...
+        assert photo_caption(at).startswith(files[example]), (example, photo_caption(at))  # its own photo ...
+        assert [w for w, _ in explained_overlays(at)] == jobs[example].split()  # ... its own sentence ...
         image = (EXAMPLES / files[example]).read_bytes()
-        assert caption == model.caption(image).text  # ... and its own caption
-    print(f"3 concurrent sessions: {seconds:.1f} s")
+        assert caption_text(at) == model.caption(image).text  # ... and its own caption

@@ -108,11 +108,39 @@ def app_url(tmp_path, sync_playwright):
     assert "Traceback" not in text, text
 
 
+# Streamlit marks its root with the script's run state (data-test-script-state: running / notRunning ...),
+# set when the server says so, with no delay. The status widget's running icon, which _settle used to wait
+# on after a fixed 300 ms sleep, appears only after a delay of its own: under load a run could still be
+# going when the icon had not shown yet, and the test read a half-drawn page (1 run in 7 failed).
+COUNT_RUNS = """
+window.__runs = 0;
+new MutationObserver(records => {
+  for (const r of records) {
+    if (r.target.getAttribute('data-test-script-state') === 'running') window.__runs += 1;
+  }
+}).observe(document, {subtree: true, attributes: true, attributeFilter: ['data-test-script-state']});
+"""
+IDLE = "() => document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state') === 'notRunning'"
+
+
+def _new_page(browser, **kwargs):
+    page = browser.new_page(**kwargs)
+    page.add_init_script(COUNT_RUNS)  # window.__runs: script runs started since the page loaded
+    return page
+
+
 def _settle(page) -> None:
-    """Wait until the script run triggered by the last interaction has finished."""
-    page.wait_for_timeout(300)
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
-                           timeout=WAIT_MS)
+    """Wait until the script run that drew what the caller just waited for has finished: callers first wait
+    for content of the run they caused, so a run is known to have started."""
+    page.wait_for_function(IDLE, timeout=WAIT_MS)
+
+
+def _rerun(page, action) -> None:
+    """Do `action` (an interaction that reruns the script) and wait until that rerun has started and
+    finished, counted by COUNT_RUNS: no fixed sleep, whatever the machine's load."""
+    before = page.evaluate("window.__runs")
+    action()
+    page.wait_for_function(f"() => window.__runs > {before} && ({IDLE})()", timeout=WAIT_MS)
 
 
 def _caption_shown(page) -> str:
@@ -162,7 +190,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 2600}, accept_downloads=True)
+            page = _new_page(browser, viewport={"width": 1400, "height": 2600}, accept_downloads=True)
             page.goto(app_url)
             page.get_by_text("cat.jpg (451x300)").wait_for(timeout=WAIT_MS)  # the default example photo
             _settle(page)
@@ -170,9 +198,8 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             # greedy decoding (beam 1): sidebar slider driven with the keyboard
             beam = page.get_by_role("slider", name="Beam size")
             beam.focus()
-            beam.press("Home")
+            _rerun(page, lambda: beam.press("Home"))
             page.get_by_test_id("stSliderThumbValue").filter(has_text="1").first.wait_for(timeout=WAIT_MS)
-            _settle(page)
 
             # upload a photo through the real file input
             page.locator('input[type="file"]').set_input_files(
@@ -317,7 +344,7 @@ def test_workbench_views_in_chromium(app_url, sync_playwright, tmp_path):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 7000})
+            page = _new_page(browser, viewport={"width": 1400, "height": 7000})
             page.goto(app_url)
             page.get_by_text("cat.jpg (451x300)").wait_for(timeout=WAIT_MS)
             _settle(page)

@@ -1,6 +1,7 @@
 """Additive attention, Xu et al. 2015: soft (deterministic, section 4.2) and hard (stochastic, 4.1).
 
-Legend: B batch, P regions, D annotation dim, H LSTM hidden dim, A attention dim.
+Legend: B images, G hidden states per image (beams; 1 in training), P regions, D annotation dim,
+H LSTM hidden dim, A attention dim.
 
     e_ti    = w^T tanh(W_a a_i + W_h h_{t-1}) + b       (eq. 4, f_att as an MLP)
     alpha_t = softmax(e_t)                              (eq. 5)
@@ -11,23 +12,16 @@ Legend: B batch, P regions, D annotation dim, H LSTM hidden dim, A attention dim
 Both contexts are `glimpse(feats, weights, beta)` with weights = alpha (soft) or the one-hot of the
 chosen location (hard), and the location is chosen in one place, `locate`.
 
-Eq. 4 is computed through tanh(x) = 2 sigmoid(2x) - 1, i.e. e_ti = 2 w^T sigmoid(2 u_ti) + b - sum(w):
-the same number, but PyTorch's CPU tanh kernel is ~5x slower than its sigmoid, and the (rows, P, A)
-elementwise part of eq. 4 is the largest cost of a beam-search step after the matrix products.
+This is the reference, written as the paper writes it. model/fast.py evaluates the same eq. 4-5
+faster on CPU (SigmoidAttention: tanh through sigmoid, in cache-sized blocks at inference); teacher
+forcing and decoding use it, and tests/test_model.py checks both against the equations.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
-# Without autograd on CPU, eq. 4 is evaluated a few images at a time in one reused buffer of about
-# this many elements (1 MiB fp32), which stays in cache: a beam-search step over 100 images x 3 beams
-# would otherwise write and re-read a 50 MB (rows, P, A) temporary three times (4-10x slower).
-BLOCK_ELEMENTS = 1 << 18
-
-
 from ..config import HARD_CONTEXTS
-from . import rows
 
 CONTEXTS = (*HARD_CONTEXTS, "sample")  # how z_t is formed from alpha_t (see `locate`); "sample" only in training
 
@@ -38,37 +32,27 @@ class AdditiveAttention(nn.Module):
 
     def __init__(self, feat_dim: int, hidden_dim: int, attention_dim: int):
         super().__init__()
-        self.feat_proj = nn.Linear(feat_dim, attention_dim)  # W_a
+        self.feat_proj = nn.Linear(feat_dim, attention_dim)  # W_a (and eq. 4's bias inside the tanh)
         self.hidden_proj = nn.Linear(hidden_dim, attention_dim, bias=False)  # W_h
         self.score = nn.Linear(attention_dim, 1)  # w, b
         self.gate = nn.Linear(hidden_dim, 1)  # f_beta: one scalar per step, as in the paper
 
     def project(self, feats: torch.Tensor) -> torch.Tensor:
-        """2 W_a a_i (doubled for the sigmoid form of eq. 4). It does not depend on t: compute it
-        once per image, not once per step."""
-        return 2 * self.feat_proj(feats)  # (B, P, A)
+        """W_a a_i: feats (B, P, D) -> (B, P, A). It does not depend on t: once per image, not per step."""
+        return self.feat_proj(feats)
 
     def weights(self, feats: torch.Tensor, feat_proj: torch.Tensor, h: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """feats (B, P, D), feat_proj (B, P, A) from `project`, h (B*G, H) -> alpha (B*G, P) (eq. 4-5)
         and the gate beta (B*G,): how much of the attended context reaches the word (0 = the word did
-        not use the image).
-
-        G >= 1 hidden states per image (G = beam size in beam search; 1 in training) share the
-        image's annotations, so beams never copy the (P, D) features of their image.
-        """
+        not use the image). The G rows of an image (consecutive) share its annotations."""
         B, P, _ = feats.shape
         G = h.shape[0] // B
-        hp = 2 * rows.linear(self.hidden_proj, h).reshape(B, G, 1, -1)  # (B, G, 1, A): 2 W_h h
-        w = self.score.weight.t()  # (A, 1)
-        if torch.is_grad_enabled() or feat_proj.device.type != "cpu":
-            s = torch.sigmoid(feat_proj.unsqueeze(1) + hp) @ w  # (B, G, P, 1)
-        else:
-            s = _sigmoid_scores_blocked(feat_proj, hp, w)
-        e = 2 * s.view(B * G, P) + (self.score.bias - w.sum())  # (B*G, P): eq. 4
-        alpha = torch.softmax(e, dim=-1)  # (B*G, P)
-        beta = torch.sigmoid(self.gate(h))  # (B*G, 1)
-        return alpha, beta.squeeze(1)
+        u = feat_proj.unsqueeze(1) + self.hidden_proj(h).view(B, G, 1, -1)  # (B, G, P, A): W_a a_i + W_h h_{t-1}
+        e = self.score(torch.tanh(u)).view(B * G, P)  # (B*G, P): eq. 4
+        alpha = torch.softmax(e, dim=-1)  # (B*G, P): eq. 5
+        beta = torch.sigmoid(self.gate(h)).squeeze(1)  # (B*G,): the gate of 4.2.1
+        return alpha, beta
 
 
 def locate(alpha: torch.Tensor, context: str) -> torch.Tensor | None:
@@ -92,18 +76,3 @@ def glimpse(feats: torch.Tensor, weights: torch.Tensor, beta: torch.Tensor) -> t
     G = weights.shape[0] // B
     context = torch.bmm(weights.view(B, G, P), feats).view(B * G, -1)  # (B*G, D)
     return beta.unsqueeze(1) * context
-
-
-def _sigmoid_scores_blocked(feat_proj: torch.Tensor, hp: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """sigmoid(feat_proj + hp) @ w without autograd, a block of images at a time in one buffer.
-    feat_proj (B, P, A), hp (B, G, 1, A), w (A, 1) -> (B, G, P, 1)."""
-    B, P, A = feat_proj.shape
-    G = hp.shape[1]
-    block = max(1, BLOCK_ELEMENTS // (G * P * A))  # images per block
-    buf = feat_proj.new_empty(min(block, B), G, P, A)
-    out = feat_proj.new_empty(B, G, P, 1)
-    for k in range(0, B, block):
-        n = min(block, B - k)
-        u = torch.add(feat_proj[k:k + n].unsqueeze(1), hp[k:k + n], out=buf[:n])  # (n, G, P, A)
-        torch.matmul(u.sigmoid_(), w, out=out[k:k + n])
-    return out
