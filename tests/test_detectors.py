@@ -249,3 +249,31 @@ def test_train_detectors_on_a_mix_with_coco_words_and_noise_negatives(flickr, tm
                             "--report", str(report)]) == 0
     assert detectors_of(captioner.load(out).model).groups == [PERSON, "giraffe"]
     assert json.loads(report.read_text())["positives_train"][PERSON] >= 1
+
+
+def test_export_carries_detectors_from_a_model_with_the_same_encoder_only(tmp_path):
+    """export --detectors-from: detectors (and the person floor) move to a model whose encoder is the donor's
+    weight for weight (e.g. a decoder retrained on frozen features); another encoder is refused."""
+    from captioner.cli.export import main as export
+
+    from .test_api import tiny_captioner
+
+    bundled = captioner.DEFAULT_CHECKPOINT
+    donor = load_checkpoint(bundled)
+    if donor.detector_info is None:
+        pytest.skip("the bundled model carries no detectors")
+    plain = tmp_path / "plain.safetensors"
+    m = captioner.load()
+    attach(m.model, None)
+    m.config.decode.person_floor = 0.0
+    m.save(plain)
+    assert load_checkpoint(plain).detector_info is None
+    out = tmp_path / "with.safetensors"
+    assert export([str(plain), str(out), "--detectors-from", str(bundled)]) == 0
+    got = load_checkpoint(out)
+    assert got.detector_info == donor.detector_info and got.config.decode.person_floor == donor.config.decode.person_floor
+    assert all(torch.equal(got.detector_tensors[k], v) for k, v in donor.detector_tensors.items())
+    tiny_captioner().save(tmp_path / "tiny.safetensors")
+    assert export([str(tmp_path / "tiny.safetensors"), str(tmp_path / "x.safetensors"), "--detectors-from",
+                   str(bundled)]) == 2
+    assert not (tmp_path / "x.safetensors").exists()

@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--half", action="store_true", help="store floating-point tensors as fp16")
     p.add_argument("--metrics", nargs="*", default=[], help="JSON files (e.g. evaluate.py --output) to record")
     p.add_argument("--set", nargs="*", default=[], metavar="decode.KEY=VALUE", help="change decode settings")
+    p.add_argument("--detectors-from", default=None, metavar="MODEL",
+                   help="carry the word detectors of this model file (captioner-train-detectors) and its "
+                        "decode.person_floor; its encoder must be this checkpoint's, weight for weight")
     args = p.parse_args(argv)
     try:
         ckpt = load_checkpoint(args.checkpoint)
@@ -54,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             name = f"{data.get('dataset', 'eval')}_{data.get('split', '')}_beam{data.get('beam_size', '')}"
             metrics[name] = {"scores": data["scores"], "beam_size": data.get("beam_size"),
                              "length_penalty": data.get("length_penalty")}
+        if args.detectors_from:
+            ckpt = with_detectors_of(ckpt, cfg, load_checkpoint(args.detectors_from), args.detectors_from)
     except (CheckpointError, ValueError, KeyError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -70,6 +75,26 @@ def main(argv: list[str] | None = None) -> int:
     size = Path(args.output).stat().st_size / 2**20
     print(f"wrote {args.output} ({size:.1f} MiB; {stored_dtypes(args.output)}), metrics: {sorted(metrics)}")
     return 0
+
+
+def with_detectors_of(ckpt, cfg, donor, name: str):
+    """`ckpt` carrying `donor`'s word detectors (and cfg its person floor). Detectors read the encoder's
+    annotation vectors, so the two encoders must be identical; a ValueError names the first difference."""
+    import dataclasses
+
+    import torch
+
+    if donor.detector_info is None:
+        raise ValueError(f"--detectors-from {name} carries no word detectors (make them with captioner-train-detectors)")
+    mine = {k: v for k, v in ckpt.model_state.items() if k.startswith("encoder.")}
+    theirs = {k: v for k, v in donor.model_state.items() if k.startswith("encoder.")}
+    differ = sorted(k for k in mine.keys() | theirs.keys()
+                    if k not in mine or k not in theirs or not torch.equal(mine[k].float(), theirs[k].float()))
+    if differ:
+        raise ValueError(f"--detectors-from {name}: its encoder differs from this checkpoint's ({len(differ)} tensors, "
+                         f"e.g. {differ[0]}); train the detectors on this model's encoder instead")
+    cfg.decode.person_floor = donor.config.decode.person_floor
+    return dataclasses.replace(ckpt, detector_tensors=donor.detector_tensors, detector_info=donor.detector_info)
 
 
 def read_metrics(path: str) -> dict:

@@ -15,6 +15,7 @@ import torch
 
 from .search import SpecialIds
 from ..model.decoder import Decoder
+from ..model.fast import inference
 
 
 @dataclass
@@ -38,6 +39,7 @@ def sample(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, n_samples: in
     (B, P, _), K, dev = feats.shape, n_samples, feats.device
     start, end, pad, unk = ids.start, ids.end, ids.pad, ids.unk
     N = B * K
+    decoder = inference(decoder)  # Decoder.step computed faster (model/fast.py); with autograd, as today
     feat_proj = decoder.attention.project(feats)  # (B, P, A)
     h, c = decoder.init_state(feats)  # (B, H)
     state = (h.repeat_interleave(K, 0), c.repeat_interleave(K, 0))  # (N, H)

@@ -10,10 +10,10 @@ where they act: forbid_unk by the callers of SpecialIds.of (captions.py, trainin
 bench/breakdown.py), evidence* and person_floor by captions.py and evidence.py. A new decode setting is a
 DecodeConfig field read where it acts, which may be outside this module.
 
-All call Decoder.step (as does sampling.py), the same function teacher-forced training uses. <pad> and <start> are never
-generated. A hypothesis that has not emitted <end> after max_len words is finished as it is
-(capped), so decoding always terminates and always returns a caption. A hard-attention decoder
-attends as settings.hard_context says (the expected context, or the argmax location).
+All step through model/fast.inference(decoder) (as does sampling.py): Decoder.step, the step teacher-forced
+training uses, computed faster (tests/test_fast_decoding.py). <pad> and <start> are never generated.
+A hypothesis that has not emitted <end> after max_len words is finished as it is (capped), so decoding
+always terminates and always returns a caption. A hard-attention decoder attends as settings.hard_context says (the expected context, or the argmax location).
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from ..config import DecodeConfig
 from ..vocab import BAD_LAST_WORDS, FUNCTION_WORDS, SALAD_REPEATS
 from .evidence import Evidence
 from ..model.decoder import Decoder
+from ..model.fast import Steps, inference
 
 
 @dataclass(frozen=True)
@@ -126,11 +127,12 @@ def _normalise(log_prob: float, length: int, length_penalty: float) -> float:
 
 
 @torch.no_grad()
-def greedy_decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
+def greedy_decode(decoder: Decoder | Steps, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
                   evidence: Evidence | None = None) -> list[Hypothesis]:
     """feats (B, P, D), the images' Evidence or None -> one hypothesis per image (settings.beam_size is
     not read); finished images leave the batch. With evidence, log_prob includes its word bias."""
     B, context = feats.shape[0], settings.hard_context
+    decoder = inference(decoder)  # Decoder.step computed faster (model/fast.py)
     feat_proj = decoder.attention.project(feats)  # (B, P, A)
     state = decoder.init_state(feats)
     rows = torch.arange(B, device=feats.device)  # image of each live row
@@ -205,7 +207,7 @@ def _candidates(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, K: int, p
 
 
 @torch.no_grad()
-def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
+def beam_search(decoder: Decoder | Steps, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
                 evidence: Evidence | None = None) -> list[list[Hypothesis]]:
     """feats (B, P, D), the images' Evidence or None -> for each image, its finished hypotheses best
     first (up to settings.beam_size). Scores include the evidence's word bias.
@@ -220,6 +222,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
     K, max_len, length_penalty, end = settings.beam_size, settings.max_len, settings.length_penalty, ids.end
     (B, P, _), device = feats.shape, feats.device
     rank, G = torch.arange(2 * K, device=device), 1  # (2K,); G rows (image, beam) per image: 1 at t=0, then K
+    decoder = inference(decoder)  # Decoder.step computed faster (model/fast.py)
     feat_proj, ctx_gates = decoder.attention.project(feats), decoder.context_gates(feats)  # (n, P, A), (n, P, 4H)
     h, c = decoder.init_state(feats)  # (N, H)
     cum = feats.new_zeros(B)  # (N,) cumulative log-prob of each row

@@ -32,7 +32,7 @@ class AdditiveAttention(nn.Module):
 
     def __init__(self, feat_dim: int, hidden_dim: int, attention_dim: int):
         super().__init__()
-        self.feat_proj = nn.Linear(feat_dim, attention_dim)  # W_a (and eq. 4's bias inside the tanh)
+        self.feat_proj = nn.Linear(feat_dim, attention_dim)  # W_a (with the MLP hidden layer's bias)
         self.hidden_proj = nn.Linear(hidden_dim, attention_dim, bias=False)  # W_h
         self.score = nn.Linear(attention_dim, 1)  # w, b
         self.gate = nn.Linear(hidden_dim, 1)  # f_beta: one scalar per step, as in the paper

@@ -7,11 +7,17 @@ T steps, V vocabulary.
     [i f o g] = W_e E y_{t-1} + W_z z_t + W_hh h_{t-1} + b                      (eq. 1, input [E y; z])
     p(y_t)  ∝ exp(L_o tanh(E y_{t-1} + L_h h_t + L_z z_t))                      (eq. 7, deep output)
 
-The tanh before L_o follows the authors' released code (arctic-captions). One decoder step is
-`recur` (attention + LSTM) then `output` (deep output), each written once: teacher-forced training
-loops over `recur` and applies `output` to all steps at once; greedy/beam search call `step`,
-which is the two in sequence. The embedding's share of the gates (W_e E y) is an input, so
-training computes it for all T steps in one matrix product.
+The tanh before L_o follows the authors' released code (arctic-captions). This is the reference,
+written as the paper writes it: one decoder step is `recur` (attention + LSTM) then `output` (deep
+output), each written once, with plain products. Teacher-forced training loops over `recur` and
+applies `output` to all steps at once; `step` is the two in sequence. The embedding's share of the
+gates (W_e E y) is an input, so training computes it for all T steps in one matrix product.
+
+Speed without another formula: greedy/beam search and sampling step through model/fast.py's
+FastDecoder (the same step with CPU tricks: word-gate and context-gate tables, few-row products,
+eq. 4 in cache-sized blocks), and teacher forcing evaluates eq. 4 through fast.SigmoidAttention
+(tanh(x) = 2 sigmoid(2x) - 1: CPU tanh costs ~7% of a training step). tests/test_fast_decoding.py
+checks both give this module's numbers.
 
 Hard attention (model.attention=hard, section 4.1) changes only how `recur` forms z_t: its `context`
 argument says expected (soft), sampled or argmax location (attention.locate). Training samples
@@ -28,8 +34,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import ATTENTIONS
-from . import rows
 from .attention import AdditiveAttention, glimpse, locate
+from .fast import SigmoidAttention
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
 
@@ -79,58 +85,30 @@ class Decoder(nn.Module):
         return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))  # (B, H) each
 
     def embed(self, words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """words (...,) -> E y (..., E) and its gate contribution W_e E y (..., 4H). Without autograd
-        each word's W_e E y is computed once and remembered (`_word_gates`)."""
-        emb = self.embedding(words)
-        if torch.is_grad_enabled():
-            return emb, self.gates_embed(emb)
-        return emb, self._word_gates(words)
-
-    def _word_gates(self, words: torch.Tensor) -> torch.Tensor:
-        """W_e E y of `words` (...,) -> (..., 4H) from a (V, 4H) table filled as words first occur: a beam
-        step then looks its K rows up instead of a (K, E) x (E, 4H) product. The table is dropped when
-        either weight changes (training steps bump their versions) or moves; rows are written before
-        they are marked known, and identical values may be written twice (concurrent callers)."""
-        w_emb, w_gate = self.embedding.weight, self.gates_embed.weight
-        key = (w_emb._version, w_gate._version, w_emb.data_ptr(), w_gate.data_ptr(), w_gate.dtype, w_gate.device)
-        cache = getattr(self, "_gate_table", None)
-        if cache is None or cache[0] != key:
-            cache = (key, w_gate.new_empty(self.vocab_size, w_gate.shape[0]),
-                     torch.zeros(self.vocab_size, dtype=torch.bool, device=w_gate.device))
-            self._gate_table = cache
-        _, table, known = cache
-        if not bool(known[words].all()):
-            new = words[~known[words]].unique()  # (n,) words seen for the first time
-            table[new] = self.gates_embed(self.embedding(new))  # (n, 4H)
-            known[new] = True
-        return table[words]  # (..., 4H)
-
-    def context_gates(self, feats: torch.Tensor) -> torch.Tensor:
-        """W_z a_i for every region, feats (B, P, D) -> (B, P, 4H): once per image, for `recur`'s ctx_gates.
-        z_t = beta_t sum_i alpha_ti a_i is linear in the a_i, so W_z z_t = beta_t sum_i alpha_ti (W_z a_i):
-        a step then reads a (P, 4H) table per image instead of multiplying z by W_z, the step's largest
-        product. It pays when a step has few rows per image (decoding: K beams) and many steps share it."""
-        return self.gates_context(feats)  # (B, P, 4H)
+        """words (...,) -> E y (..., E) and its share of the LSTM gates W_e E y (..., 4H) (eq. 1)."""
+        emb = self.embedding(words)  # (..., E)
+        return emb, self.gates_embed(emb)  # (..., 4H)
 
     def recur(self, state: State, emb_gates: torch.Tensor, feats: torch.Tensor, feat_proj: torch.Tensor,
-              context: str = "expected", ctx_gates: torch.Tensor | None = None
+              context: str = "expected", attention: AdditiveAttention | SigmoidAttention | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, State]:
         """Attention and the LSTM cell for one word (eq. 4-6 or 8, eq. 1). state (B*G, H)x2, emb_gates
-        (B*G, 4H), feats (B, P, D), feat_proj (B, P, A) -> context z (B*G, D), alpha (B*G, P),
-        gate beta (B*G,), the attended location s_t (B*G,) or None for the expected context, new
-        state. G rows per image (consecutive) share its features: G = 1 in training, the beam size
+        (B*G, 4H) = W_e E y_{t-1}, feats (B, P, D), feat_proj (B, P, A) -> context z (B*G, D), alpha
+        (B*G, P), gate beta (B*G,), the attended location s_t (B*G,) or None for the expected context,
+        new state. G rows per image (consecutive) share its features: G = 1 in training, the beam size
         in beam search. context: "expected" (soft), "sample" or "argmax" (hard; attention.locate).
-        ctx_gates: context_gates(feats) (B, P, 4H) or None; the same W_z z_t either way (to rounding)."""
-        h, c = state
-        alpha, beta = self.attention.weights(feats, feat_proj, h)  # (B*G, P), (B*G,)
+        attention: what evaluates eq. 4-5, self.attention unless given (teacher forcing gives
+        fast.SigmoidAttention); feat_proj comes from its `project`."""
+        h, c = state  # h_{t-1}, c_{t-1}
+        attention = self.attention if attention is None else attention
+        alpha, beta = attention.weights(feats, feat_proj, h)  # (B*G, P), (B*G,): eq. 4-5, 4.2.1
         where = locate(alpha, context)  # (B*G,) or None
         weights = alpha if where is None else F.one_hot(where, alpha.shape[1]).to(alpha.dtype)  # (B*G, P)
-        z = glimpse(feats, weights, beta)  # (B*G, D)
-        z_gates = rows.linear(self.gates_context, z) if ctx_gates is None else glimpse(ctx_gates, weights, beta)
-        gates = emb_gates + z_gates + rows.linear(self.gates_hidden, h)  # (B*G, 4H)
-        i, f, g, o = gates.chunk(4, dim=1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B*G, H)
-        h = torch.sigmoid(o) * torch.tanh(c)  # (B*G, H)
+        z = glimpse(feats, weights, beta)  # (B*G, D): eq. 6 (or 8)
+        gates = emb_gates + self.gates_context(z) + self.gates_hidden(h)  # (B*G, 4H): eq. 1, W [E y; z; h] + b
+        i, f, g, o = gates.chunk(4, dim=1)  # input, forget, candidate, output: (B*G, H) each
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B*G, H): c_t
+        h = torch.sigmoid(o) * torch.tanh(c)  # (B*G, H): h_t
         return z, alpha, beta, where, (h, c)
 
     def compile_recur(self) -> None:
@@ -139,20 +117,19 @@ class Decoder(nn.Module):
         self.recur = torch.compile(self.recur)  # type: ignore[method-assign]
 
     def output(self, emb: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """Deep output layer (eq. 7): emb (N, E), h (N, H), z (N, D) -> logits (N, V). Nothing
-        feeds back into the recurrence, so training computes it for all steps at once."""
-        out = torch.tanh(emb + rows.linear(self.out_hidden, h) + rows.linear(self.out_context, z))  # (N, E)
-        return rows.linear(self.out_vocab, self.dropout(out))  # (N, V)
+        """Deep output layer (eq. 7): emb (N, E) = E y_{t-1}, h (N, H) = h_t, z (N, D) = z_t -> logits (N, V).
+        Nothing feeds back into the recurrence, so training computes it for all steps at once."""
+        out = torch.tanh(emb + self.out_hidden(h) + self.out_context(z))  # (N, E): E y + L_h h + L_z z
+        return self.out_vocab(self.dropout(out))  # (N, V): L_o
 
     def step(self, state: State, emb: torch.Tensor, emb_gates: torch.Tensor, feats: torch.Tensor,
-             feat_proj: torch.Tensor, context: str = "expected", ctx_gates: torch.Tensor | None = None
+             feat_proj: torch.Tensor, context: str = "expected"
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, State]:
-        """One word: recur then output. emb (B*G, E), emb_gates (B*G, 4H), the rest as in `recur`
-        -> logits (B*G, V), alpha (B*G, P), beta (B*G,), new state. Greedy, beam search and
-        sampling call this. context: how a hard model attends (decode.hard_context, or "sample");
-        a soft model always uses the expected context."""
-        z, alpha, beta, _, state = self.recur(state, emb_gates, feats, feat_proj, context if self.hard else "expected",
-                                              ctx_gates)
+        """One word: recur then output. emb (B*G, E), emb_gates (B*G, 4H) from `embed`, the rest as in
+        `recur` -> logits (B*G, V), alpha (B*G, P), beta (B*G,), new state. context: how a hard model
+        attends (decode.hard_context, or "sample"); a soft model always uses the expected context.
+        Decoding steps through fast.FastDecoder.step, which computes the same."""
+        z, alpha, beta, _, state = self.recur(state, emb_gates, feats, feat_proj, context if self.hard else "expected")
         return self.output(emb, state[0], z), alpha, beta, state
 
     def teacher_force(self, feats: torch.Tensor, inputs: torch.Tensor, lengths: torch.Tensor,
@@ -179,7 +156,8 @@ class Decoder(nn.Module):
             image_index = torch.arange(B, device=feats.device)
         if bool((lengths[1:] > lengths[:-1]).any()):
             raise ValueError("lengths must be sorted in descending order")
-        feat_proj = self.attention.project(feats)[image_index]  # (B, P, A): once per image, shared by its captions
+        attention = SigmoidAttention(self.attention)  # eq. 4-5 as the reference computes them, faster on CPU
+        feat_proj = attention.project(feats)[image_index]  # (B, P, A): once per image, shared by its captions
         feats = feats[image_index]  # (B, P, D)
         h, c = self.init_state(feats)
         emb, emb_gates = self.embed(inputs)  # (B, T, E), (B, T, 4H): all steps in one product
@@ -190,7 +168,7 @@ class Decoder(nn.Module):
             if n == 0:
                 break
             z, alpha, beta, where, (h, c) = self.recur((h[:n], c[:n]), emb_gates[:n, t], feats[:n], feat_proj[:n],
-                                                       context)
+                                                       context, attention)
             hs.append(h)
             zs.append(z)
             alphas_t.append(alpha)
