@@ -6,6 +6,11 @@ Layout and widgets only; loading, captioning and drawing live in the captioner p
 The env var CAPTIONER_CHECKPOINT (optional) names the checkpoint selected when the app opens. The folders
 whose model files the page offers are the operator's: `streamlit run app.py -- --checkpoints DIR [DIR ...]`
 or CAPTIONER_CHECKPOINT_DIRS (default: runs/ under the working directory); a visitor never types a path.
+
+The page is main(): sidebar() (checkpoint, precision, decode settings and map view: a Settings), then
+caption_panel() (the photo, its caption and attention maps), workbench_panel() (explain a typed sentence,
+click a region) and compare_panel() (a second model, or this one at other decode settings). A
+`captioner.Captioner` is called `loaded` here, so `.model` is always the torch module.
 """
 from __future__ import annotations
 
@@ -13,8 +18,10 @@ import hashlib
 import html
 import os
 import sys
-from functools import partial
+from dataclasses import dataclass
+from functools import cached_property, partial
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 import streamlit as st
 
@@ -29,6 +36,9 @@ try:  # click-to-pick a region; without it the row/column menus still pick one
 except ImportError:  # pragma: no cover - optional component
     streamlit_image_coordinates = None
 
+if TYPE_CHECKING:
+    from PIL import Image
+
 EXAMPLES_DIR = Path(captioner.__file__).resolve().parent / "assets" / "examples"
 EXAMPLES = {"Cat": "cat.jpg", "Coffee": "coffee.jpg", "Astronaut": "astronaut.jpg"}
 UPLOAD_TYPES = file_extensions()  # exactly what load_image reads (images.FORMATS), as its errors list them
@@ -36,6 +46,54 @@ GRID_COLUMNS = 4
 GRID_SIDE = 320  # grid overlays are drawn on a copy of the photo at most this many pixels on a side
 FIGURE_SIDE = 400  # the downloadable figure's panels likewise
 DEFAULT_LABEL = "bundled default model"
+
+Decode = tuple[tuple[str, object], ...]  # decode settings as (name, value) pairs: hashable, a cache key
+
+
+class View(NamedTuple):
+    """How attention maps are drawn (the sidebar's "Attention maps")."""
+    opacity: float
+    smooth: float
+    mode: str  # one of visualize.MODES
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the sidebar chose: the checkpoint (menu label and file), its precision, decode settings, view."""
+    choices: dict[str, str]  # label -> path of every checkpoint the menu offers, in menu order
+    label: str
+    path: str
+    mtime: float  # the file's, part of every cache key: a rewritten file is loaded again
+    dtype: str
+    decode: Decode
+    view: View
+
+    @property
+    def model_key(self) -> tuple[str, float, str]:
+        """(path, mtime, dtype): how the cached helpers name this model."""
+        return self.path, self.mtime, self.dtype
+
+    @property
+    def evidence(self) -> bool:
+        return bool(dict(self.decode)["evidence"])
+
+
+@dataclass
+class Photo:
+    """The photo on screen: its name, its file's bytes and the decoded image."""
+    name: str
+    data: bytes
+    image: Image.Image
+
+    @cached_property
+    def digest(self) -> str:
+        """The cache key of this photo's features, captions and explanations."""
+        return hashlib.sha256(self.data).hexdigest()
+
+    @cached_property
+    def thumb(self) -> Image.Image:
+        """The copy the grids and the region view draw on (longer side GRID_SIDE)."""
+        return shrink(self.image, GRID_SIDE)
 
 
 # ----------------------------------------------------------------------------- cached resources
@@ -56,13 +114,12 @@ def get_features(path: str, mtime: float, dtype: str, digest: str, _image):
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def get_caption(path: str, mtime: float, dtype: str, digest: str, settings: tuple[tuple[str, object], ...],
-                _image) -> captioner.Caption:
+def get_caption(path: str, mtime: float, dtype: str, digest: str, decode: Decode, _image) -> captioner.Caption:
     """Caption of one decoded photo (keyed by its digest and the decode settings as (name, value) pairs),
     so moving the opacity or word sliders does not decode again."""
     feats = get_features(path, mtime, dtype, digest, _image)
-    model = get_model(path, mtime, dtype)
-    return model.note_photo_sizes(model.caption_features(feats, **dict(settings)), [_image.size])[0]
+    loaded = get_model(path, mtime, dtype)
+    return loaded.note_photo_sizes(loaded.caption_features(feats, **dict(decode)), [_image.size])[0]
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -123,6 +180,8 @@ def checkpoint_choices(folders: tuple[str, ...]) -> dict[str, str]:
     return choices
 
 
+# ----------------------------------------------------------------------------- drawing and wording helpers
+
 def shrink(image, side: int):
     """A copy of the photo, longer side at most `side`, same aspect ratio."""
     small = image.copy()
@@ -130,9 +189,10 @@ def shrink(image, side: int):
     return small
 
 
-def figure_bytes(image, cap: captioner.Caption, opacity: float, smooth: float, mode: str = "bilinear") -> bytes:
+def figure_bytes(image, cap: captioner.Caption, view: View) -> bytes:
     """The downloadable figure, drawn only when the button is clicked."""
-    return visualize.figure_png(visualize.attention_figure(image, cap, opacity=opacity, smooth=smooth, mode=mode))
+    return visualize.figure_png(visualize.attention_figure(image, cap, opacity=view.opacity, smooth=view.smooth,
+                                                           mode=view.mode))
 
 
 def word_label(cap: captioner.Caption, i: int) -> str:
@@ -141,10 +201,9 @@ def word_label(cap: captioner.Caption, i: int) -> str:
     return cap.words[i] if b is None else f"{cap.words[i]} (β={b:.2f})"
 
 
-def overlay_grid(image, cap: captioner.Caption, labels: list[str], view: tuple[float, float, str],
-                 columns: int = GRID_COLUMNS) -> None:
+def overlay_grid(image, cap: captioner.Caption, labels: list[str], view: View, columns: int = GRID_COLUMNS) -> None:
     """One small overlay per word (the caption's "All words" and an explained sentence's alike), titled
-    by `labels`; view = (opacity, smoothing, rendering mode) from the sidebar."""
+    by `labels`."""
     opacity, smooth, mode = view
     for start in range(0, len(cap.words), columns):
         for col, i in zip(st.columns(columns), range(start, min(start + columns, len(cap.words)))):
@@ -160,7 +219,7 @@ def explanation_labels(cap: captioner.Caption) -> list[str]:
             for i, (w, p) in enumerate(zip(cap.words, workbench.word_probs(cap)))]
 
 
-def show_explanation(cap: captioner.Caption, image, view: tuple[float, float, str], columns: int = GRID_COLUMNS) -> None:
+def show_explanation(cap: captioner.Caption, image, view: View, columns: int = GRID_COLUMNS) -> None:
     """An explained sentence: its notes, each word's probability, its log-probability (flagged when words
     the vocabulary lacks make it not comparable) and its maps."""
     for note in cap.notes:
@@ -174,60 +233,80 @@ def show_explanation(cap: captioner.Caption, image, view: tuple[float, float, st
     overlay_grid(image, cap, explanation_labels(cap), view, columns)
 
 
-def has_head(model: captioner.Captioner) -> bool:
+def has_head(loaded: captioner.Captioner) -> bool:
     """Whether the model's encoder keeps the ImageNet head that evidence-aware decoding reads."""
-    return imagenet_head_or_none(model.model) is not None
+    return imagenet_head_or_none(loaded.model) is not None
 
 
-def settings_for(model: captioner.Captioner, overrides: tuple[tuple[str, object], ...]) -> tuple[tuple[str, object], ...]:
+def decode_for(loaded: captioner.Captioner, decode: Decode) -> Decode:
     """The page's decode settings as one model may use them: evidence off where its encoder has no head
     (a ResNet checkpoint beside the bundled model in a comparison)."""
-    return tuple((k, v and has_head(model) if k == "evidence" else v) for k, v in overrides)
+    return tuple((k, v and has_head(loaded) if k == "evidence" else v) for k, v in decode)
 
 
 def short_error(e: Exception) -> str:
+    """An image error's message without its "image: " prefix, to follow the file's name."""
     return str(e).removeprefix("image: ")
 
 
-# ----------------------------------------------------------------------------- page
+def model_info(loaded: captioner.Captioner) -> str:
+    """'vgg19, 14x14 attention grid, 2,345 words | validation Bleu-4 0.200, CIDEr 0.500' (scores when stored)."""
+    info = f"{loaded.config.model.encoder}, {loaded.grid_size}x{loaded.grid_size} attention grid, " \
+           f"{len(loaded.vocab):,} words"
+    val = loaded.metrics.get("val") if isinstance(loaded.metrics.get("val"), dict) else {}
+    scores = [f"{k.replace('_', '-')} {val[k]:.3f}" for k in ("Bleu_4", "CIDEr") if isinstance(val.get(k), (int, float))]
+    if scores:
+        info += " | validation " + ", ".join(scores)
+    return info
 
-st.set_page_config(page_title="Show, Attend and Tell", page_icon=":frame_with_picture:", layout="wide")
-st.title("Show, Attend and Tell")
-st.caption("Image captioning with soft attention: for every word, the heat map shows where in the photo "
-           "the model was looking when it chose that word.")
 
-# --- sidebar: model and decoding settings
-with st.sidebar:
-    st.header("Model")
-    # the operator, not a visitor, decides which folders the page may load from (README: deploying the app)
-    folders = tuple(checkpoints.operator_folders(sys.argv[1:], os.environ.get("CAPTIONER_CHECKPOINT_DIRS")))
-    choices = checkpoint_choices(folders)
-    if not choices:
-        st.error("No model available: the bundled default model is missing and no *.safetensors file was "
-                 "found in the folders this server allows. Train one (python scripts/train.py --config "
-                 "configs/flickr8k_cpu.yaml), or start the app with `-- --checkpoints FOLDER`.")
+# ----------------------------------------------------------------------------- the sidebar
+
+def sidebar() -> tuple[Settings, captioner.Captioner]:
+    """The sidebar: checkpoint menu and precision, then (the model loaded) its decode settings, the map view
+    and a line about the model. Stops with an error when there is no model or it cannot be loaded."""
+    with st.sidebar:
+        st.header("Model")
+        # the operator, not a visitor, decides which folders the page may load from (README: deploying the app)
+        folders = tuple(checkpoints.operator_folders(sys.argv[1:], os.environ.get("CAPTIONER_CHECKPOINT_DIRS")))
+        choices = checkpoint_choices(folders)
+        if not choices:
+            st.error("No model available: the bundled default model is missing and no *.safetensors file was "
+                     "found in the folders this server allows. Train one (python scripts/train.py --config "
+                     "configs/flickr8k_cpu.yaml), or start the app with `-- --checkpoints FOLDER`.")
+            st.stop()
+        label = st.selectbox("Checkpoint", list(choices))
+        native = captioner.preferred_dtype() == "bfloat16"
+        dtype = st.selectbox("Precision", list(captioner.api.DTYPES),
+                             format_func=lambda d: texts.precision_label(d, native), help=texts.PRECISION_HELP)
+    mtime, loaded = load_or_stop(label, choices[label], dtype)
+    with st.sidebar:
+        decode = decode_settings(loaded)
+        view = view_settings()
+        st.caption(model_info(loaded))
+    return Settings(choices, label, choices[label], mtime, dtype, decode, view), loaded
+
+
+def load_or_stop(label: str, path: str, dtype: str) -> tuple[float, captioner.Captioner]:
+    """(the file's mtime, the loaded Captioner); an error in the page and a stop when it cannot be loaded."""
+    try:
+        mtime = Path(path).stat().st_mtime
+        return mtime, get_model(path, mtime, dtype)
+    except (captioner.CheckpointError, OSError) as e:
+        st.error(f"Cannot load the checkpoint '{label}': {e}")
         st.stop()
-    label = st.selectbox("Checkpoint", list(choices))
-    ckpt_path = choices[label]
-    native = captioner.preferred_dtype() == "bfloat16"
-    dtype = st.selectbox("Precision", list(captioner.api.DTYPES),
-                         format_func=lambda d: texts.precision_label(d, native), help=texts.PRECISION_HELP)
+    except Exception as e:  # noqa: BLE001 - e.g. a checkpoint from an incompatible version: say so, keep the app alive
+        st.error(f"Cannot load the checkpoint '{label}': {type(e).__name__}: {e}")
+        st.stop()
 
-try:
-    mtime = Path(ckpt_path).stat().st_mtime
-    model = get_model(ckpt_path, mtime, dtype)
-except (captioner.CheckpointError, OSError) as e:
-    st.error(f"Cannot load the checkpoint '{label}': {e}")
-    st.stop()
-except Exception as e:  # noqa: BLE001 - e.g. a checkpoint from an incompatible version: say so, keep the app alive
-    st.error(f"Cannot load the checkpoint '{label}': {type(e).__name__}: {e}")
-    st.stop()
-with st.sidebar:
+
+def decode_settings(loaded: captioner.Captioner) -> Decode:
+    """The "Decoding" widgets, each starting at the model file's own setting."""
+    stored = loaded.config.decode
     st.header("Decoding")
-    beam_size = st.slider("Beam size", min_value=1, max_value=10, value=min(max(model.config.decode.beam_size, 1), 10),
+    beam_size = st.slider("Beam size", min_value=1, max_value=10, value=min(max(stored.beam_size, 1), 10),
                           help="1 = greedy decoding; larger beams search more captions. Starts at the model "
                                "file's own setting.")
-    stored = model.config.decode
     max_len = st.slider("Maximum caption length (words)", min_value=5, max_value=max(50, stored.max_len),
                         value=max(5, stored.max_len), help="Starts at the model file's own setting.")
     block_trigrams = st.checkbox("Never repeat a phrase (trigram blocking)", value=stored.block_trigrams,
@@ -236,11 +315,15 @@ with st.sidebar:
                                 help="No bigram ending in a content word twice ('white and white'). Starts at the "
                                      "model file's own setting.")
     # evidence-aware decoding needs the encoder's ImageNet head: offered only for models that keep one
-    evidence = has_head(model) and st.toggle(
+    evidence = has_head(loaded) and st.toggle(
         "Say only what the encoder sees (evidence-aware decoding)", value=stored.evidence,
         help=texts.evidence_help(stored))  # what it does with this file's stored floor, bonus and person floor
-    decode_overrides = (("beam_size", beam_size), ("max_len", max_len), ("block_trigrams", block_trigrams),
-                        ("block_bigrams", block_bigrams), ("evidence", evidence))
+    return (("beam_size", beam_size), ("max_len", max_len), ("block_trigrams", block_trigrams),
+            ("block_bigrams", block_bigrams), ("evidence", evidence))
+
+
+def view_settings() -> View:
+    """The "Attention maps" widgets: opacity, smoothing and rendering of every overlay on the page."""
     st.header("Attention maps")
     opacity = st.slider("Overlay opacity", min_value=0.0, max_value=1.0, value=0.6, step=0.05)
     smooth = st.slider("Smoothing (grid cells)", min_value=0.0, max_value=2.0, value=0.0, step=0.1,
@@ -250,50 +333,70 @@ with st.sidebar:
                         help="How the coarse attention grid is stretched over the photo: bilinear interpolation "
                              "between cell centres, or each cell as a flat block (the grid as computed). Neither "
                              "invents detail finer than one cell.")
-    info = f"{model.config.model.encoder}, {model.grid_size}x{model.grid_size} attention grid, " \
-           f"{len(model.vocab):,} words"
-    val = model.metrics.get("val") if isinstance(model.metrics.get("val"), dict) else {}
-    scores = [f"{k.replace('_', '-')} {val[k]:.3f}" for k in ("Bleu_4", "CIDEr") if isinstance(val.get(k), (int, float))]
-    if scores:
-        info += " | validation " + ", ".join(scores)
-    st.caption(info)
+    return View(opacity, smooth, mode)
 
-# --- input: an upload, or one of the bundled example photos
-col_upload, col_example = st.columns([3, 2])
-with col_upload:
-    uploaded = st.file_uploader(f"Upload a photo ({format_names(' or ')})", type=UPLOAD_TYPES)
-with col_example:
-    example = st.selectbox("... or pick an example photo", list(EXAMPLES), index=0,
-                           disabled=uploaded is not None,
-                           help="Used when no photo is uploaded.")
 
-if uploaded is not None:
-    name, data = uploaded.name, uploaded.getvalue()
-else:
-    name = EXAMPLES[example]
-    data = (EXAMPLES_DIR / name).read_bytes()
+# ----------------------------------------------------------------------------- the photo and its caption
 
-try:
-    image = load_image(data)
-except captioner.ImageError as e:
-    st.error(f"Cannot use **{name}**: {short_error(e)}. Please choose another photo.")
-    st.stop()
-
-with st.spinner("Captioning ..."):
+def photo_input() -> Photo:
+    """An upload, or one of the bundled example photos; a file that is no usable photo is an error and a stop."""
+    col_upload, col_example = st.columns([3, 2])
+    with col_upload:
+        uploaded = st.file_uploader(f"Upload a photo ({format_names(' or ')})", type=UPLOAD_TYPES)
+    with col_example:
+        example = st.selectbox("... or pick an example photo", list(EXAMPLES), index=0,
+                               disabled=uploaded is not None,
+                               help="Used when no photo is uploaded.")
+    if uploaded is not None:
+        name, data = uploaded.name, uploaded.getvalue()
+    else:
+        name = EXAMPLES[example]
+        data = (EXAMPLES_DIR / name).read_bytes()
     try:
-        cap = get_caption(ckpt_path, mtime, dtype, hashlib.sha256(data).hexdigest(), decode_overrides, image)
+        return Photo(name, data, load_image(data))
     except captioner.ImageError as e:
-        st.error(f"Cannot use **{name}**: {short_error(e)}")
-        st.stop()
-    except Exception as e:  # noqa: BLE001 - show the problem in the page, keep the app alive
-        st.error(f"Captioning failed with this checkpoint: {type(e).__name__}: {e}")
+        st.error(f"Cannot use **{name}**: {short_error(e)}. Please choose another photo.")
         st.stop()
 
-# --- caption and the other beam hypotheses
-col_photo, col_text = st.columns([1, 1])
-with col_photo:
-    st.image(image, caption=f"{name} ({image.width}x{image.height})", width="stretch")
-with col_text:
+
+def caption_or_stop(settings: Settings, photo: Photo) -> captioner.Caption:
+    """The photo's caption at the sidebar's settings; an error in the page and a stop when captioning fails."""
+    with st.spinner("Captioning ..."):
+        try:
+            return get_caption(*settings.model_key, photo.digest, settings.decode, photo.image)
+        except captioner.ImageError as e:
+            st.error(f"Cannot use **{photo.name}**: {short_error(e)}")
+            st.stop()
+        except Exception as e:  # noqa: BLE001 - show the problem in the page, keep the app alive
+            st.error(f"Captioning failed with this checkpoint: {type(e).__name__}: {e}")
+            st.stop()
+
+
+def caption_panel(settings: Settings, loaded: captioner.Captioner) -> tuple[Photo, captioner.Caption]:
+    """Photo input; the photo beside its caption, concepts, beam hypotheses and downloads; then where the
+    model looked for one word and for every word. Stops after the downloads when the caption has no words."""
+    photo = photo_input()
+    cap = caption_or_stop(settings, photo)
+    col_photo, col_text = st.columns([1, 1])
+    with col_photo:
+        st.image(photo.image, caption=f"{photo.name} ({photo.image.width}x{photo.image.height})", width="stretch")
+    with col_text:
+        caption_summary(cap, settings.evidence, loaded.config.decode.length_penalty)
+        downloads(photo, cap, settings.view)
+    if not cap.words:
+        st.warning("The model ended the caption straight away, so there are no words to show attention for. "
+                   "Try beam size 1 or another checkpoint.")
+        st.stop()
+    word_view(photo.image, cap, settings.view)
+    st.header("All words")
+    overlay_grid(photo.thumb, cap, [f"{i + 1}. {word_label(cap, i)}" for i in range(len(cap.words))],
+                 settings.view)
+    return photo, cap
+
+
+def caption_summary(cap: captioner.Caption, evidence: bool, length_penalty: float) -> None:
+    """The caption with each word's β, its log-probability, notes, what the encoder sees and the other
+    beam hypotheses."""
     st.subheader(f"“{cap.text}”" if cap.words else "“” (empty caption)")
     line = html_parts.beta_line(cap)
     if line:
@@ -314,142 +417,193 @@ with col_text:
     if cap.alternatives:  # in full (a table, not a grid that cuts long captions), with the score that ranked them
         st.markdown("Beam hypotheses (rank 1 is the caption above)")
         st.table(workbench.hypothesis_rows(cap))
-        st.caption(workbench.ranking_note(model.config.decode.length_penalty))
-    stem = Path(name).stem or "image"
+        st.caption(workbench.ranking_note(length_penalty))
+
+
+def downloads(photo: Photo, cap: captioner.Caption, view: View) -> None:
+    """The attention figure (drawn only when clicked) and the caption with its maps as JSON."""
+    stem = Path(photo.name).stem or "image"
     st.download_button("Download attention figure (PNG)", icon=":material/download:",
-                       data=partial(figure_bytes, shrink(image, FIGURE_SIDE), cap, opacity, smooth, mode),
+                       data=partial(figure_bytes, shrink(photo.image, FIGURE_SIDE), cap, view),
                        file_name=f"{stem}_attention.png", mime="image/png", on_click="ignore")
     st.download_button("Download caption and attention maps (JSON)", icon=":material/download:",
-                       data=visualize.caption_json_bytes(cap, image_name=name),
+                       data=visualize.caption_json_bytes(cap, image_name=photo.name),
                        file_name=f"{stem}_caption.json", mime="application/json", on_click="ignore")
 
-if not cap.words:
-    st.warning("The model ended the caption straight away, so there are no words to show attention for. "
-               "Try beam size 1 or another checkpoint.")
-    st.stop()
 
-# --- one word, large
-st.header("Where the model looked")
-n = len(cap.words)
-if n > 1:
-    k = st.select_slider("Word", options=list(range(n)), value=0,
-                         format_func=lambda i: f"{i + 1}. {cap.words[i]}")
-else:
-    k = 0
-beta_k = visualize.word_beta(cap, k)
-looked = visualize.overlay(image, cap.alphas[k], opacity, smooth, beta=beta_k, mode=mode)
-looked_caption = (f"where “{cap.words[k]}” looked (word {k + 1} of {n}"
-                  + ("" if beta_k is None else f", β={beta_k:.2f}") + ")")
-if k in cap.concept_maps:  # the word names something the ImageNet classifier sees: its map beside the word's
-    category, p, cmap = cap.concept_maps[k]
-    seen, word_col = st.columns(2)
-    what = "the clothes people wear" if category == "person" else f"a {category}"
-    seen.image(visualize.overlay(image, cmap, opacity, smooth, mode=mode),
-               caption=f"where the classifier sees {what} (P={p:.2f})", width="stretch")
-    word_col.image(looked, caption=looked_caption, width="stretch")
-    st.caption("Left: the encoder's ImageNet classifier applied to every region (a class activation map), i.e. "
-               "where the photo's evidence for the category is. Right: where the decoder looked for the word.")
-else:
-    st.image(looked, caption=looked_caption, width=min(900, max(600, image.width)))
+def word_view(image, cap: captioner.Caption, view: View) -> None:
+    """One word's attention map, large; beside it the classifier's map when the word names what it sees."""
+    st.header("Where the model looked")
+    n = len(cap.words)
+    if n > 1:
+        k = st.select_slider("Word", options=list(range(n)), value=0,
+                             format_func=lambda i: f"{i + 1}. {cap.words[i]}")
+    else:
+        k = 0
+    beta_k = visualize.word_beta(cap, k)
+    looked = visualize.overlay(image, cap.alphas[k], view.opacity, view.smooth, beta=beta_k, mode=view.mode)
+    looked_caption = (f"where “{cap.words[k]}” looked (word {k + 1} of {n}"
+                      + ("" if beta_k is None else f", β={beta_k:.2f}") + ")")
+    if k in cap.concept_maps:  # the word names something the ImageNet classifier sees: its map beside the word's
+        category, p, cmap = cap.concept_maps[k]
+        seen, word_col = st.columns(2)
+        what = "the clothes people wear" if category == "person" else f"a {category}"
+        seen.image(visualize.overlay(image, cmap, view.opacity, view.smooth, mode=view.mode),
+                   caption=f"where the classifier sees {what} (P={p:.2f})", width="stretch")
+        word_col.image(looked, caption=looked_caption, width="stretch")
+        st.caption("Left: the encoder's ImageNet classifier applied to every region (a class activation map), "
+                   "i.e. where the photo's evidence for the category is. Right: where the decoder looked for the "
+                   "word.")
+    else:
+        st.image(looked, caption=looked_caption, width=min(900, max(600, image.width)))
 
-# --- every word
-st.header("All words")
-thumb = shrink(image, GRID_SIDE)
-view = (opacity, smooth, mode)
-overlay_grid(thumb, cap, [f"{i + 1}. {word_label(cap, i)}" for i in range(n)], view)
 
 # ----------------------------------------------------------------------------- the attention workbench
-digest = hashlib.sha256(data).hexdigest()
-hard_context = model.config.decode.hard_context
 
-st.header("Explain a sentence")
-st.caption("Type any sentence about the photo: the model reads it word by word (teacher forcing) and shows where "
-           "it looks for each word and how likely it finds it. Words below "
-           f"p={workbench.LOW_PROB} are highlighted.")
-# keyed by photo and caption: a new photo (or new decode settings) starts the box from its own caption
-sentence = st.text_input("Sentence to explain", value=cap.text,
-                         key=f"explain_text-{digest}-{hashlib.sha256(cap.text.encode()).hexdigest()[:12]}")
-explained = explain_or_none(ckpt_path, mtime, dtype, digest, sentence, hard_context, image)  # None: no words
-if explained is not None:
-    show_explanation(explained, thumb, view)
-
-st.header("Click a region")
-G = model.grid_size
-st.caption(f"Click the photo (or pick a row and column) to choose a cell of the {G}x{G} attention grid: the words "
-           "of the sentence above are ranked by how much attention they paid to it (lift: times a uniform map's "
-           "share).")
-click = st.session_state.get("region_click")
-if click and click.get("unix_time") != st.session_state.get("region_click_seen"):  # a new click picks its cell
-    st.session_state["region_click_seen"] = click.get("unix_time")
-    st.session_state["region_row"], st.session_state["region_col"] = workbench.cell_of_point(
-        click["x"], click["y"], click["width"], click["height"], G)
-for key in ("region_row", "region_col"):  # start in the middle; a new grid size starts over
-    if st.session_state.get(key) not in range(G):
-        st.session_state[key] = G // 2
-col_cell, col_rank = st.columns([1, 1])
-with col_cell:
-    pick_row, pick_col = st.columns(2)
-    row = pick_row.selectbox("Row", list(range(G)), key="region_row")
-    column = pick_col.selectbox("Column", list(range(G)), key="region_col")
-    marked = workbench.mark_cell(thumb, G, row, column)
-    if streamlit_image_coordinates is not None:
-        streamlit_image_coordinates(marked, key="region_click", width="stretch", cursor="crosshair")
-        st.caption(f"cell row {row}, column {column}")
-    else:
-        st.image(marked, caption=f"cell row {row}, column {column}", width="stretch")
-with col_rank:
+def workbench_panel(settings: Settings, loaded: captioner.Captioner, photo: Photo, cap: captioner.Caption
+                    ) -> tuple[str, captioner.Caption | None]:
+    """Explain a typed sentence, then rank its words at a picked region. Returns (the sentence, its
+    explanation, or None when it has no words)."""
+    st.header("Explain a sentence")
+    st.caption("Type any sentence about the photo: the model reads it word by word (teacher forcing) and shows "
+               "where it looks for each word and how likely it finds it. Words below "
+               f"p={workbench.LOW_PROB} are highlighted.")
+    # keyed by photo and caption: a new photo (or new decode settings) starts the box from its own caption
+    sentence = st.text_input("Sentence to explain", value=cap.text,
+                             key=f"explain_text-{photo.digest}-{hashlib.sha256(cap.text.encode()).hexdigest()[:12]}")
+    explained = explain_or_none(*settings.model_key, photo.digest, sentence, loaded.config.decode.hard_context,
+                                photo.image)  # None: no words
     if explained is not None:
-        st.markdown(html_parts.cell_strip(explained, row, column), unsafe_allow_html=True)
-        st.dataframe([{"word": r.word, "position": r.index + 1, "attention": round(r.attention, 4),
-                       "lift": round(r.lift, 2)} for r in workbench.rank_words_at(explained, row, column)],
-                     hide_index=True, width="stretch", key="region_ranking")
-    else:
-        st.info("The sentence has no words to rank.")
+        show_explanation(explained, photo.thumb, settings.view)
+    region_view(explained, photo.thumb, loaded.grid_size)
+    return sentence, explained
 
-st.header("Compare two models")
-others = [lb for lb in choices if lb != label]  # never the model on screen: that would compare it with itself
-compare = st.checkbox("Compare with a second checkpoint" if others else "Compare with other decode settings",
-                      value=False, key="compare_on")
-if compare and not others:
-    # one model file: B is the same model at other decode settings, and the page says how to get a second model
+
+def follow_click(grid: int) -> None:
+    """A new click on the photo picks its cell in the row and column menus; they start in the middle, and
+    a new grid size starts them over."""
+    click = st.session_state.get("region_click")
+    if click and click.get("unix_time") != st.session_state.get("region_click_seen"):
+        st.session_state["region_click_seen"] = click.get("unix_time")
+        st.session_state["region_row"], st.session_state["region_col"] = workbench.cell_of_point(
+            click["x"], click["y"], click["width"], click["height"], grid)
+    for key in ("region_row", "region_col"):
+        if st.session_state.get(key) not in range(grid):
+            st.session_state[key] = grid // 2
+
+
+def region_view(explained: captioner.Caption | None, thumb, grid: int) -> None:
+    """Click a region: pick a cell of the attention grid (a click or the menus), and the explained
+    sentence's words ranked by their attention there."""
+    st.header("Click a region")
+    st.caption(f"Click the photo (or pick a row and column) to choose a cell of the {grid}x{grid} attention grid: "
+               "the words of the sentence above are ranked by how much attention they paid to it (lift: times a "
+               "uniform map's share).")
+    follow_click(grid)
+    col_cell, col_rank = st.columns([1, 1])
+    with col_cell:
+        pick_row, pick_col = st.columns(2)
+        row = pick_row.selectbox("Row", list(range(grid)), key="region_row")
+        column = pick_col.selectbox("Column", list(range(grid)), key="region_col")
+        marked = workbench.mark_cell(thumb, grid, row, column)
+        if streamlit_image_coordinates is not None:
+            streamlit_image_coordinates(marked, key="region_click", width="stretch", cursor="crosshair")
+            st.caption(f"cell row {row}, column {column}")
+        else:
+            st.image(marked, caption=f"cell row {row}, column {column}", width="stretch")
+    with col_rank:
+        if explained is not None:
+            st.markdown(html_parts.cell_strip(explained, row, column), unsafe_allow_html=True)
+            st.dataframe([{"word": r.word, "position": r.index + 1, "attention": round(r.attention, 4),
+                           "lift": round(r.lift, 2)} for r in workbench.rank_words_at(explained, row, column)],
+                         hide_index=True, width="stretch", key="region_ranking")
+        else:
+            st.info("The sentence has no words to rank.")
+
+
+# ----------------------------------------------------------------------------- comparisons
+
+def compare_panel(settings: Settings, loaded: captioner.Captioner, photo: Photo, cap: captioner.Caption,
+                  sentence: str, explained: captioner.Caption | None) -> None:
+    """Compare two models: a second checkpoint of the menu, or (one model file) this one at other decode
+    settings. Never the model on screen against itself."""
+    st.header("Compare two models")
+    others = [lb for lb in settings.choices if lb != settings.label]
+    on = st.checkbox("Compare with a second checkpoint" if others else "Compare with other decode settings",
+                     value=False, key="compare_on")
+    if on and not others:
+        compare_decode_settings(settings, loaded, photo, cap)
+    elif on:
+        compare_models(settings, others, photo, cap, sentence, explained)
+
+
+def compare_decode_settings(settings: Settings, loaded: captioner.Captioner, photo: Photo,
+                            cap: captioner.Caption) -> None:
+    """One model file: B is the same model at other decode settings, and the page says how to get a second
+    model."""
     st.info("Only one model file is available, so B is this model at other decode settings. To compare two "
             "models, export a second model file (`python scripts/export_model.py RUN/best.safetensors "
             "DIR/other.safetensors`) and start the app with `streamlit run app.py -- --checkpoints DIR`.")
-    variants = workbench.same_model_variants(dict(decode_overrides), stored, has_head(model))
-    settings_b = variants[st.selectbox("B: the same model with", list(variants), key="compare_variant")]
+    decode_a = dict(settings.decode)
+    variants = workbench.same_model_variants(decode_a, loaded.config.decode, has_head(loaded))
+    decode_b = variants[st.selectbox("B: the same model with", list(variants), key="compare_variant")]
     try:
-        cap_b = get_caption(ckpt_path, mtime, dtype, digest, tuple(settings_b.items()), image)
+        cap_b = get_caption(*settings.model_key, photo.digest, tuple(decode_b.items()), photo.image)
     except Exception as e:  # noqa: BLE001 - a message, not a crash
         st.error(f"Captioning failed with these settings: {type(e).__name__}: {e}")
         st.stop()
-    for side, which, used, generated in zip(st.columns(2), "AB", (dict(decode_overrides), settings_b), (cap, cap_b)):
+    for side, which, used, generated in zip(st.columns(2), "AB", (decode_a, decode_b), (cap, cap_b)):
         with side:
-            st.markdown(f"**{which}: {html.escape(label)}, {workbench.settings_line(used)}**")
+            st.markdown(f"**{which}: {html.escape(settings.label)}, {workbench.settings_line(used)}**")
             st.markdown(f"generated: *{html.escape(generated.text) or '(empty)'}* (log-prob {generated.log_prob:.2f})")
     if cap_b.text == cap.text:
         st.info("Both settings give the same caption for this photo.")
     st.caption("A typed sentence's word probabilities do not depend on decode settings (the model reads it word "
                "by word), so with one model only the generated captions differ; the per-word table needs two models.")
-elif compare:
+
+
+def compare_models(settings: Settings, others: list[str], photo: Photo, cap: captioner.Caption, sentence: str,
+                   explained: captioner.Caption | None) -> None:
+    """A second checkpoint (B) beside the one on screen: both captions, the typed sentence explained under
+    each, and a per-word table. Each side decodes with what its model can use."""
     label_b = st.selectbox("Second checkpoint (B)", others, key="compare_ckpt")
-    path_b = choices[label_b]
+    path_b = settings.choices[label_b]
     try:
         mtime_b = Path(path_b).stat().st_mtime
-        model_b = get_model(path_b, mtime_b, dtype)
-        cap_b = get_caption(path_b, mtime_b, dtype, digest, settings_for(model_b, decode_overrides), image)
+        loaded_b = get_model(path_b, mtime_b, settings.dtype)
+        cap_b = get_caption(path_b, mtime_b, settings.dtype, photo.digest, decode_for(loaded_b, settings.decode),
+                            photo.image)
         explained_b = None if explained is None else get_explanation(  # None: the sentence has no words
-            path_b, mtime_b, dtype, digest, sentence, model_b.config.decode.hard_context, image)
+            path_b, mtime_b, settings.dtype, photo.digest, sentence, loaded_b.config.decode.hard_context, photo.image)
     except Exception as e:  # noqa: BLE001 - a broken second checkpoint is a message, not a crash
         st.error(f"Cannot use the checkpoint '{label_b}': {type(e).__name__}: {e}")
         st.stop()
     st.markdown(f"The sentence “{html.escape(sentence)}” under both models:")
-    for side, which, lb, generated, exp in zip(st.columns(2), "AB", (label, label_b), (cap, cap_b),
+    for side, which, lb, generated, exp in zip(st.columns(2), "AB", (settings.label, label_b), (cap, cap_b),
                                                (explained, explained_b)):
         with side:
             st.markdown(f"**{which}: {html.escape(lb)}**")
             st.markdown(f"generated: *{html.escape(generated.text) or '(empty)'}* ({generated.log_prob:.2f})")
             if exp is not None:
-                show_explanation(exp, thumb, view, columns=2)
+                show_explanation(exp, photo.thumb, settings.view, columns=2)
     if explained is not None:
         st.dataframe(workbench.compare_rows(explained, explained_b), hide_index=True, width="stretch",
                      key="compare_table")
+
+
+# ----------------------------------------------------------------------------- the page
+
+def main() -> None:
+    """The page, top to bottom (Streamlit runs this file again on every interaction)."""
+    st.set_page_config(page_title="Show, Attend and Tell", page_icon=":frame_with_picture:", layout="wide")
+    st.title("Show, Attend and Tell")
+    st.caption("Image captioning with soft attention: for every word, the heat map shows where in the photo "
+               "the model was looking when it chose that word.")
+    settings, loaded = sidebar()
+    photo, cap = caption_panel(settings, loaded)
+    sentence, explained = workbench_panel(settings, loaded, photo, cap)
+    compare_panel(settings, loaded, photo, cap, sentence, explained)
+
+
+if __name__ == "__main__":  # `streamlit run` and AppTest run this file as __main__; an import only defines
+    main()

@@ -1,6 +1,7 @@
-"""The single-photo fast path (issue 31) computes what the straightforward one does: W_z a_i once per
-image instead of W_z z_t per step, the evidence bias as a lookup, the copy-less preprocessing, and
-captioning or explaining from precomputed features."""
+"""The fast path (model/fast.py) computes what the reference (model/decoder.py, model/attention.py: the
+paper's equations) does: eq. 4 through sigmoid in cache-sized blocks, few-row products, W_z a_i once per
+image instead of W_z z_t per step, W_e E y looked up; the evidence bias as a lookup, the copy-less
+preprocessing, and captioning or explaining from precomputed features (issue 31)."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,10 @@ from PIL import Image
 import captioner
 from captioner.config import DecodeConfig
 from captioner.decoding.evidence import Evidence, word_categories
+from captioner.bench.naive import ReferenceSteps
+from captioner.decoding import search
 from captioner.images import load_image, preprocess
+from captioner.model import fast
 from captioner.model.decoder import Decoder
 from tests.test_model import B, D, P, tiny_decoder
 
@@ -30,49 +34,67 @@ def val_photos(root, n: int = VAL_PHOTOS) -> list:
 
 
 @pytest.mark.parametrize("hard", [False, True])
-def test_step_with_context_gates_equals_the_plain_step(hard):
+def test_fast_step_equals_the_reference_step(hard, monkeypatch):
+    """FastDecoder.step (sigmoid form in blocks, few-row products, word-gate lookup, with and without the
+    context-gate table) == Decoder.step (tanh, plain products) for G beams per image."""
+    monkeypatch.setattr(fast, "BLOCK_ELEMENTS", 2 * 4 * P * 7)  # 2 images per block, a partial last block
+    torch.manual_seed(0)
     dec = Decoder(12, D, embed_dim=8, hidden_dim=10, attention_dim=7, dropout=0.0,
                   attention="hard" if hard else "soft").eval()
-    G = 4  # rows per image, as beams
+    steps = fast.inference(dec)
+    assert fast.inference(steps) is steps and isinstance(steps, fast.FastDecoder)
+    G = 4  # rows per image, as beams: 12 rows, within the few-row products' range
     feats = torch.randn(B, P, D)
-    proj, ctx = dec.attention.project(feats), dec.context_gates(feats)
-    assert ctx.shape == (B, P, 40)
     state = (torch.randn(B * G, 10), torch.randn(B * G, 10))
-    emb, eg = dec.embed(torch.randint(4, 12, (B * G,)))
+    words = torch.randint(4, 12, (B * G,))
     with torch.no_grad():
+        ctx = steps.context_gates(feats)
+        assert ctx.shape == (B, P, 40)
         for context in (["expected", "argmax"] if hard else ["expected"]):
-            plain = dec.step(state, emb, eg, feats, proj, context)
-            fast = dec.step(state, emb, eg, feats, proj, context, ctx)
-            for a, b in zip([*plain[:3], *plain[3]], [*fast[:3], *fast[3]]):
-                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+            want = dec.step(state, *dec.embed(words), feats, dec.attention.project(feats), context)
+            proj = steps.attention.project(feats)
+            for table in (ctx, None):
+                got = steps.step(state, *steps.embed(words), feats, proj, context, table)
+                for a, b in zip([*want[:3], *want[3]], [*got[:3], *got[3]]):
+                    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
 
 
 def test_evidence_bias_lookup_equals_the_formula():
+    """Evidence.bias == penalty + bonus of the categories the row has not named yet, written out from the
+    settings: with a bonus (the general path) and without one (the lookup)."""
     vocab = captioner.load().vocab if captioner.DEFAULT_CHECKPOINT.is_file() else pytest.skip("no bundled model")
     words = word_categories(vocab)  # (V, C)
-    probs = torch.rand(2, words.shape[1])
+    torch.manual_seed(0)
+    probs = torch.rand(2, words.shape[1])  # (2, C)
+    named_cat = int(words.sum(0).argmax())  # a category with words, named in the rows' history below
+    probs[:, named_cat] = 0.9
     tokens = torch.randint(4, len(vocab), (6, 3))
+    tokens[:2, 1] = int(words[:, named_cat].nonzero()[0])
     images = torch.tensor([0, 0, 0, 1, 1, 1])
-    ev = Evidence(probs, words, DecodeConfig(evidence_bonus=0.0))
-    assert not ev.has_bonus
-    full = ev.penalty[images] + (ev.bonus[images] * (1 - words[tokens].amax(1))) @ words.t()  # the general formula
-    torch.testing.assert_close(ev.bias(images, tokens), full)
+    for bonus in (0.7, 0.0):
+        s = DecodeConfig(evidence_bonus=bonus, evidence_floor=0.3, evidence_penalty=2.0)
+        ev = Evidence(probs, words, s)
+        assert ev.has_bonus == (bonus > 0)
+        penalty = -s.evidence_penalty * ((probs < s.evidence_floor).float() @ words.t())  # (2, V)
+        earned = bonus * probs * (probs >= s.evidence_floor).float()  # (2, C)
+        named = words[tokens].amax(1)  # (6, C): categories each row has named
+        full = penalty[images] + (earned[images] * (1 - named)) @ words.t()  # (6, V): the general formula
+        got = ev.bias(images, tokens)
+        torch.testing.assert_close(got, full)
+        if bonus:  # the bonus is really there, and withheld from a category a row has named
+            assert float((got - penalty[images]).abs().max()) > 0.1
+            assert float((got[:2] - penalty[images[:2]])[:, words[:, named_cat] > 0].abs().max()) < 1e-6
     assert word_categories(vocab) is not word_categories(vocab)  # built once, but each caller owns its copy
 
 
-def test_beam_search_on_real_photos_equals_the_plain_step(bundled, flickr, one_torch_thread, monkeypatch):
-    """At the stored settings (beam 5, trigram blocking, evidence), the same words and maps as beam
-    search through the plain step (W_z z_t every step)."""
+def test_beam_search_on_real_photos_equals_the_reference_step(bundled, flickr, one_torch_thread, monkeypatch):
+    """At the stored settings (beam 5, trigram blocking, evidence) and greedily, the same words and maps
+    as decoding through the reference step (bench/naive.py: Decoder.step, W_z z_t every step)."""
     feats = torch.cat([bundled.features(p) for p in val_photos(flickr)])
-    fast = bundled.caption_features(feats)
-    plain_step = Decoder.step
-
-    def step_without_context_gates(self, state, emb, emb_gates, feats, feat_proj, context="expected", ctx_gates=None):
-        return plain_step(self, state, emb, emb_gates, feats, feat_proj, context)
-
-    monkeypatch.setattr(Decoder, "step", step_without_context_gates)
-    plain = bundled.caption_features(feats)
-    for a, b in zip(fast, plain):
+    fast_beam, fast_greedy = bundled.caption_features(feats), bundled.caption_features(feats, beam_size=1)
+    monkeypatch.setattr(search, "inference", ReferenceSteps)
+    ref_beam, ref_greedy = bundled.caption_features(feats), bundled.caption_features(feats, beam_size=1)
+    for a, b in zip(fast_beam + fast_greedy, ref_beam + ref_greedy):
         assert a.words == b.words and len(a.words) > 0
         assert abs(a.log_prob - b.log_prob) < 1e-4
         assert float(abs(a.alphas - b.alphas).max()) < 1e-5
@@ -106,34 +128,33 @@ def test_preprocess_equals_the_previous_formula(bundled, flickr, coco_mini):
 
 
 def test_remembered_word_gates_follow_the_weights():
-    """Without autograd embed() looks W_e E y up in a table filled as words occur; a training step
+    """Without autograd the fast path looks W_e E y up in a table filled as words occur; a training step
     (an in-place update of either weight) or another dtype drops it."""
     dec = tiny_decoder(12)
+    steps = fast.inference(dec)
     words = torch.tensor([[4, 5, 4], [7, 4, 11]])
     want = lambda: dec.gates_embed(dec.embedding(words))  # noqa: E731 - the plain product
     with torch.no_grad():
-        torch.testing.assert_close(dec.embed(words)[1], want())
+        torch.testing.assert_close(steps.embed(words)[1], want())
         other = torch.tensor([5, 6])  # a remembered word and a new one
-        torch.testing.assert_close(dec.embed(other)[1], dec.gates_embed(dec.embedding(other)))
+        torch.testing.assert_close(steps.embed(other)[1], dec.gates_embed(dec.embedding(other)))
         for weight in (dec.embedding.weight, dec.gates_embed.weight):
             weight.add_(0.5)  # as an optimiser step does
-            torch.testing.assert_close(dec.embed(words)[1], want())
+            torch.testing.assert_close(steps.embed(words)[1], want())
     opt = torch.optim.SGD(dec.parameters(), lr=1.0)
-    dec.embed(words)[1].sum().backward()  # with autograd: the plain product, so gradients flow
+    steps.embed(words)[1].sum().backward()  # with autograd: the plain product, so gradients flow
     assert dec.gates_embed.weight.grad is not None and dec.embedding.weight.grad.abs().sum() > 0
     opt.step()
     with torch.no_grad():
-        torch.testing.assert_close(dec.embed(words)[1], want())
-        torch.testing.assert_close(dec.double().embed(words)[1], want())
+        torch.testing.assert_close(fast.inference(dec).embed(words)[1], want())
+        torch.testing.assert_close(fast.inference(dec.double()).embed(words)[1], want())
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 16, 17, 81])
 def test_few_rows_linear_equals_nn_linear(n):
-    from captioner.model import rows
-
     for layer in (torch.nn.Linear(64, 300), torch.nn.Linear(64, 300, bias=False)):
         x = torch.randn(n, 64, requires_grad=True)
-        y = rows.linear(layer, x)
+        y = fast.linear(layer, x)
         torch.testing.assert_close(y, layer(x), atol=1e-5, rtol=1e-5)
         y.sum().backward()  # the swapped product has the same gradients
         torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(n, -1), atol=1e-5, rtol=1e-5)

@@ -75,14 +75,11 @@ def _train_step(model, optimizer, batch, cfg, fast: bool, device) -> None:
     train_step(objective, optimizer, batch, cfg, device)
 
 
-def _decoder_model(preset: Preset, compile_step: bool, naive: bool = False):
+def _decoder_model(preset: Preset, compile_step: bool):
     from ..model.captioner import CaptionModel
     from ..model.decoder import Decoder
-    from .naive import make_naive
 
     decoder = Decoder(preset.vocab, preset.feat_dim, preset.embed_dim, preset.hidden_dim, preset.attention_dim, 0.5)
-    if naive:
-        make_naive(decoder)
     model = CaptionModel(nn.Identity(), decoder)  # type: ignore[arg-type]  # features are cached: no encoder
     if compile_step:
         decoder.compile_recur()  # as fit() does
@@ -106,7 +103,7 @@ def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp
             batches = [naive_batch(b) for b in batches]
         batches = [b.to(device) for b in batches]
         torch.manual_seed(0)
-        model = _decoder_model(preset, compile_step, naive=not fast).to(device).train()
+        model = _decoder_model(preset, compile_step).to(device).train()
         optimizer = torch.optim.Adam(model.decoder.parameters(), lr=cfg.train.lr)
         reset_peak(device)
         log(f"train_cached/{mode}: {warmup} warm-up + {n_steps} timed steps of {n_caps} captions")

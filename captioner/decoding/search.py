@@ -13,7 +13,8 @@ DecodeConfig field read where it acts, which may be outside this module.
 All step through model/fast.inference(decoder) (as does sampling.py): Decoder.step, the step teacher-forced
 training uses, computed faster (tests/test_fast_decoding.py). <pad> and <start> are never generated.
 A hypothesis that has not emitted <end> after max_len words is finished as it is (capped), so decoding
-always terminates and always returns a caption. A hard-attention decoder attends as settings.hard_context says (the expected context, or the argmax location).
+always terminates and always returns a caption. A hard-attention decoder attends as settings.hard_context
+says (the expected context, or the argmax location).
 """
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ gates (W_e E y) is an input, so training computes it for all T steps in one matr
 Speed without another formula: greedy/beam search and sampling step through model/fast.py's
 FastDecoder (the same step with CPU tricks: word-gate and context-gate tables, few-row products,
 eq. 4 in cache-sized blocks), and teacher forcing evaluates eq. 4 through fast.SigmoidAttention
-(tanh(x) = 2 sigmoid(2x) - 1: CPU tanh costs ~7% of a training step). tests/test_fast_decoding.py
-checks both give this module's numbers.
+(tanh(x) = 2 sigmoid(2x) - 1: the literal tanh made a CPU training step ~8% slower).
+tests/test_fast_decoding.py and tests/test_model.py check both give this module's numbers.
 
 Hard attention (model.attention=hard, section 4.1) changes only how `recur` forms z_t: its `context`
 argument says expected (soft), sampled or argmax location (attention.locate). Training samples

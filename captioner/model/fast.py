@@ -7,9 +7,9 @@ dim, H hidden dim, V vocabulary.
 
 - Eq. 4 through tanh(x) = 2 sigmoid(2x) - 1 (`SigmoidAttention`): e_ti = 2 w^T sigmoid(2 u_ti) + b - sum(w)
   with u_ti = W_a a_i + W_h h_{t-1}, the factors 2 folded into the projections. PyTorch's CPU tanh
-  kernel is ~3.5x slower than its sigmoid, and the (N, P, A) elementwise part of eq. 4 is the largest
+  kernel is ~3.4x slower than its sigmoid, and the (N, P, A) elementwise part of eq. 4 is the largest
   cost of a step after the matrix products: teacher forcing (training, explain) uses this form too
-  (the literal tanh made a CPU training step ~7% slower).
+  (the literal tanh made a CPU training step ~8% slower).
 - Without autograd on CPU, eq. 4 is evaluated a few images at a time in one reused buffer of about
   BLOCK_ELEMENTS elements (1 MiB fp32) that stays in cache: a beam step over 100 images x 3 beams
   would otherwise write and re-read a 50 MB (N, P, A) temporary three times (4-10x slower).
