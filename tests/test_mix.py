@@ -127,8 +127,8 @@ def test_extended_model_gives_old_words_the_same_scores_before_training():
     load_model_state(model, ckpt.model_state)
     model.eval()
     captions = [a["caption"] for a in json.loads((paired / "captions.json").read_text())["annotations"]]
-    vocab = old.extended(captions, min_count=5)
-    assert vocab.itos[:len(old)] == old.itos and {"giraffe", "zebra", "broccoli"} <= set(vocab.itos[len(old):])
+    vocab = old.extended(captions, min_count=2)  # coco-paired's words the model file lacks
+    assert vocab.itos[:len(old)] == old.itos and len(vocab) > len(old) + 20
     weights = grow_vocabulary(ckpt.model_state, len(vocab))
     grown = build_model(cfg.model, len(vocab), pretrained=False)
     load_model_state(grown, weights)

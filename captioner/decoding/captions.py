@@ -192,6 +192,12 @@ def captions_from_features(model: CaptionModel, feats: np.ndarray | torch.Tensor
         person = None if person_words is None else (det.prob_of(seen, PERSON), person_words)
         evidence = Evidence(probs, words, settings, person) if settings.evidence else None
         hyps = decode(decoder, x, ids, settings, evidence)
+        if evidence is not None:  # a caption reports the model's own log-probs; the bias only ranked them
+            for j, image_hyps in enumerate(hyps):
+                for h in image_hyps:
+                    bias = evidence.word_bias(j, h.tokens).float().cpu()  # (L,)
+                    h.log_prob -= float(bias.sum())
+                    h.word_logps = None if h.word_logps is None else h.word_logps - bias
         ruled_out = None if words is None else ruled_out_words(probs, words, settings.evidence_floor)  # (b, V)
         if ruled_out is not None and person is not None and settings.person_floor > 0:
             ruled_out = (ruled_out + person_ruled_out(person[0], person_words, settings.person_floor)).clamp(max=1)

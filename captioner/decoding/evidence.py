@@ -84,3 +84,11 @@ class Evidence:
             named = self.words[tokens].amax(1)  # (N, C): categories the row has named already
             bonus = bonus * (1 - named)
         return self.penalty[images] + bonus @ self.words.t()  # (N, V)
+
+    def word_bias(self, image: int, tokens: list[int]) -> torch.Tensor:
+        """(L,) the bias each of an image's caption words got when decoding chose it (after the words
+        before it): what separates the decoding score from the model's own log-probability."""
+        t = torch.tensor(tokens, dtype=torch.long, device=self.penalty.device)  # (L,)
+        img = torch.tensor([image], device=self.penalty.device)
+        return torch.stack([self.bias(img, t[None, :k])[0, t[k]] for k in range(len(tokens))]) if tokens \
+            else torch.zeros(0, device=self.penalty.device)  # (L,)

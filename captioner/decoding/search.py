@@ -7,8 +7,7 @@ The one entry point is `decode(decoder, feats, ids, settings)`: the special toke
 context). This module reads the search settings (beam_size, max_len, length_penalty, block_trigrams,
 block_bigrams, block_salad, hard_context; api.py's explain reads hard_context too); the others are read
 where they act: forbid_unk by the callers of SpecialIds.of (captions.py, training/objectives.py,
-bench/breakdown.py), evidence* and person_floor by captions.py and evidence.py. A new decode setting is a
-DecodeConfig field read where it acts, which may be outside this module.
+bench/breakdown.py), evidence* and person_floor by captions.py and evidence.py: each where it acts.
 
 All step through model/fast.inference(decoder) (as does sampling.py): Decoder.step, the step teacher-forced
 training uses, computed faster (tests/test_fast_decoding.py). <pad> and <start> are never generated.
