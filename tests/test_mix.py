@@ -206,3 +206,19 @@ def test_tiny_mixed_run_trains_exports_and_captions(tmp_path):
     photo = str(PAIRED / "images" / (PAIRED / "split_val.txt").read_text().split()[0])
     cap = run("scripts/caption.py", photo, "--checkpoint", str(model), "--json")
     assert json.loads(cap.stdout.splitlines()[0])["caption"]
+
+
+def test_evaluate_a_coco_split_file(tmp_path):
+    """evaluate.py --split-file scores only the photos the file names (labelled by it); it is for COCO only."""
+    paired = need_paired()
+    common = ["scripts/evaluate.py", "--beam-size", "1", "--limit", "2", "--json"]
+    out = tmp_path / "e.json"
+    run(*common, "--dataset", "coco", "--images", str(paired / "images"), "--annotations",
+        str(paired / "captions.json"), "--split-file", str(paired / "split_val.txt"), "--output", str(out))
+    written = json.loads(out.read_text())
+    val = (paired / "split_val.txt").read_text().split()
+    ids = {str(int(n.removesuffix(".jpg").rsplit("_", 1)[1])) for n in val}
+    assert written["split"] == "captions-split_val" and {c["image_id"] for c in written["captions"]} <= ids
+    bad = run(*common, "--dataset", "flickr8k", "--data-root", str(need_flickr()), "--split-file",
+              str(paired / "split_val.txt"), ok=False)
+    assert bad.returncode == 2 and "--split-file is for --dataset coco" in bad.stderr

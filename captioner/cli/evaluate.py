@@ -63,22 +63,20 @@ def _records(args: argparse.Namespace, p: argparse.ArgumentParser) -> tuple[list
     from captioner.config import DataConfig
     from captioner.data import build_records
 
+    if args.split_file and args.dataset != "coco":
+        p.error("--split-file is for --dataset coco (flickr8k and karpathy have their own splits)")
     if args.dataset == "flickr8k":
         data, split, label = DataConfig(dataset="flickr8k", root=args.data_root), args.split, args.split
     elif args.dataset == "coco":
         if not args.images or not args.annotations:
             p.error("--dataset coco needs --images and --annotations")
-        data = DataConfig(dataset="coco", images=args.images, annotations=args.annotations)
-        split, label = "train", coco_split_label(args.annotations)  # build_records' 'train' = the whole file
-        if args.split_file:  # the photos one split file names: labelled "<captions file>-<split file>"
-            from captioner.config import SourceConfig
-
-            data.sources = [SourceConfig(name="coco", dataset="coco", images=args.images,
-                                         annotations=args.annotations, train_split=args.split_file)]
+        # build_records' 'train' = the whole file, or the photos --split-file names (as a train_split)
+        data = DataConfig(dataset="coco", images=args.images, annotations=args.annotations,
+                          train_split=args.split_file or "")
+        split, label = "train", coco_split_label(args.annotations)
+        if args.split_file:  # labelled "<captions file>-<split file>"
             label = f"{label}-{Path(args.split_file).stem}"
     else:
-        if args.split_file:
-            p.error("--split-file is for --dataset coco (flickr8k and karpathy have their own splits)")
         data = DataConfig(dataset="karpathy", images=args.images or "", annotations=args.annotations or "")
         split = label = args.split
     data.limit = args.limit or 0  # DataConfig: 0 = all
