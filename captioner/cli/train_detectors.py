@@ -109,7 +109,8 @@ def _with_noise(model, feats: np.ndarray, records: list, n: int) -> tuple[np.nda
               for i in range(n)]
     with torch.no_grad():
         noise = model.encode(torch.stack([model.preprocess(p) for p in photos])).float().numpy()  # (n, P, D)
-    return (np.concatenate([np.asarray(feats, dtype=np.float32), noise]),
+    feats = np.asarray(feats)  # kept in the cache's dtype (float16): no float32 copy of every photo's features
+    return (np.concatenate([feats, noise.astype(feats.dtype)]),
             records + [ImageRecord(f"noise{i}", Path(f"noise{i}.png"), []) for i in range(n)])
 
 
