@@ -286,6 +286,23 @@ def test_a_tiny_photo_gets_a_note(app):
     assert not [i.value for i in at.info if "far smaller" in i.value]  # a normal photo: no note
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [(1, 1), (6, 6), (1, 300), (300, 1), (8, 8), (9, 9), (5000, 3000)])
+def test_every_photo_size_draws_every_panel(app, size):
+    """A photo narrower or shorter than the attention grid was captioned, then "Click a region" raised
+    "x1 must be >= x0" and the comparison below it was never drawn. Sizes at the edges: 1x1, 1xN, the
+    bundled grid - 1 and the grid (9), a large one; every panel is drawn with no exception."""
+    at = app.run()
+    beam(at).set_value(1).run()
+    photo = Image.open(EXAMPLES / "cat.jpg").convert("RGB").resize(size)
+    at.file_uploader[0].set_value((f"{size[0]}x{size[1]}.png", png_bytes_of(photo), "image/png")).run()
+    no_problems(at)
+    check_captioned(at, require_words=False)
+    headers = [h.value for h in at.header]
+    for panel in ("Click a region", "Compare two models"):
+        assert any(panel in h for h in headers), headers
+
+
 def test_sidebar_claims_no_unmeasured_speed_and_what_evidence_does(app, monkeypatch):
     """The precision menu said "bfloat16 (about 3x faster here)" (measured: 1.1-1.4x, and 6 of 20 captions
     changed); the evidence switch said it "brings in the object it is sure of" with a stored bonus of 0."""

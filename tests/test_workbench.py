@@ -49,6 +49,25 @@ def test_mark_cell_draws_only_near_that_cell():
     assert ys.min() >= 40 and ys.max() < 60 and xs.min() >= 60 and xs.max() < 80
 
 
+@pytest.mark.parametrize("size", [(1, 1), (6, 6), (1, 300), (300, 1), (8, 8), (9, 9), (13, 13), (14, 14), (15, 40),
+                                  (4000, 3000)])
+def test_mark_cell_draws_every_cell_of_any_photo_the_parser_accepts(size):
+    """A photo smaller than the grid (a 6x6 icon, a 1x300 strip) once raised "x1 must be >= x0" here and
+    broke the page; every cell of every size is drawn, and a click on the drawn picture finds that cell."""
+    img = Image.new("RGB", size, (0, 0, 0))
+    grid = 9
+    for row, col in [(0, 0), (4, 4), (8, 8), (0, 8), (8, 0)]:
+        out = mark_cell(img, grid, row, col, colour="#ff0000")
+        w, h = out.size
+        assert w >= size[0] and h >= size[1]  # never shrunk
+        red = np.asarray(out)[..., 0] == 255
+        red &= np.asarray(out)[..., 1] == 0
+        ys, xs = np.nonzero(red)
+        assert len(xs), f"{size}: cell ({row}, {col}) not drawn"
+        # the outline's centre lies in that cell of the drawn picture
+        assert cell_of_point(float(xs.mean()), float(ys.mean()), w, h, grid) == (row, col)
+
+
 def test_compare_rows_needs_the_same_words():
     a = caption(["a", "dog"], np.full((2, 2, 2), 0.25), [-0.1, -2.0])
     b = caption(["a", "dog"], np.full((2, 2, 2), 0.25), [-0.3, -1.0])

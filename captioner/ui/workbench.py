@@ -121,9 +121,23 @@ def cell_of_point(x: float, y: float, width: int, height: int, grid: int) -> tup
     return row, col
 
 
+MIN_CELL_PX = 8  # a marked cell is drawn at least this many pixels wide and tall
+
+
 def mark_cell(image: Image.Image, grid: int, row: int, col: int, colour: str = "#ff2b2b") -> Image.Image:
-    """A copy of the photo with grid cell (row, col) outlined and the other cell borders faint."""
-    out = image.convert("RGB").copy()
+    """A copy of the photo with grid cell (row, col) outlined and the other cell borders faint.
+
+    A photo with fewer than MIN_CELL_PX pixels per cell on a side (a 6x6 icon, a 1x300 strip: any photo
+    the parser accepts) is enlarged on that side first (nearest neighbour, so its pixels stay visible):
+    the cell can always be drawn and clicked. The grid covers the whole photo either way, so a click
+    maps to the same cell (cell_of_point reads the size it was given)."""
+    out = image.convert("RGB")
+    w, h = out.size
+    side = grid * MIN_CELL_PX
+    if w < side or h < side:
+        out = out.resize((max(w, side), max(h, side)), Image.Resampling.NEAREST)
+    else:
+        out = out.copy()
     w, h = out.size
     draw = ImageDraw.Draw(out)
     for k in range(1, grid):  # faint grid
