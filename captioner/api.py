@@ -43,6 +43,27 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def available_devices() -> list[str]:
+    """The devices this machine can compute on: cpu, each CUDA GPU (cuda:0 ...), mps on Apple silicon."""
+    cuda = [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    mps = getattr(torch.backends, "mps", None)
+    return ["cpu", *cuda, *(["mps"] if mps is not None and mps.is_available() else [])]
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """The device named, or a ValueError that says which devices this machine has ("--device cuda" on a
+    machine without a GPU used to end in a CUDA traceback deep inside torch)."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"'{device}' is not a device name; this machine has: {', '.join(available_devices())}") from None
+    usable = {"cpu": True, "cuda": torch.cuda.is_available() and (d.index or 0) < torch.cuda.device_count(),
+              "mps": "mps" in available_devices()}
+    if not usable.get(d.type, False):
+        raise ValueError(f"device '{device}' is not available on this machine; it has: {', '.join(available_devices())}")
+    return d
+
+
 def _ready(model: CaptionModel, device: torch.device, dtype: torch.dtype) -> CaptionModel:
     """The caller's model when it is already in eval mode on `device` in `dtype`; otherwise a converted
     COPY: a Captioner never changes the model it was given (its device, dtype or train mode)."""
@@ -230,6 +251,7 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
                 f"the bundled default model is missing ({checkpoint}). Train one with "
                 "'python scripts/train.py --config configs/flickr8k_cpu.yaml' and pass its best.safetensors "
                 "to captioner.load(path), or reinstall the package.")
+    check_device(device)  # before reading the file: a clear error, not a CUDA traceback
     ckpt = load_checkpoint(checkpoint)
     model = build_model(ckpt.config.model, len(ckpt.vocab), pretrained=False)
     load_model_state(model, ckpt.model_state, str(checkpoint))
@@ -243,4 +265,5 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
 
 
 __all__ = ["Caption", "Captioner", "ImageError", "CheckpointError", "NoWordsError", "load", "preferred_dtype", "default_device",
+           "check_device", "available_devices",
            "Preprocess", "DEFAULT_CHECKPOINT"]

@@ -141,6 +141,8 @@ class DecodeConfig:
     block_trigrams: bool = False  # never repeat a trigram within a caption ("a red shirt ... a red shirt")
     block_bigrams: bool = False  # never repeat a bigram ending in a content word ("brown and white and white")
     block_salad: bool = True  # never end on a function word or colour, never a content word 3 times (vocab.is_salad)
+    block_repeats: bool = True  # never a word twice back to back ("airplane airplane") nor "X and X" (vocab.repeats)
+    block_content_repeats: bool = True  # never a content word twice ("a kitchen that is in the kitchen")
     hard_context: str = "expected"  # HARD_CONTEXTS, hard-attention models: expected (paper's test time) | argmax
     # evidence-aware decoding (evidence.py): the encoder's ImageNet head vetoes object words it rules out
     evidence: bool = False  # on: a word naming a COCO category with P(category) < evidence_floor is penalised

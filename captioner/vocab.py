@@ -32,6 +32,21 @@ BAD_LAST_WORDS = FUNCTION_WORDS | COLOUR_WORDS
 SALAD_REPEATS = 3
 
 
+# "X and X" ("a black and black dog"): a word said again right after one of these is a repeat too
+REPEAT_JOINERS = frozenset({"and", "or"})
+
+
+def repeats(words: Sequence[str]) -> dict[str, bool]:
+    """Which kinds of repeated word a caption (its words) has: `adjacent` a word twice back to back ("an
+    airplane airplane"), `x_and_x` a word again after "and"/"or" ("a black and black dog"), `content` a
+    content word (not in FUNCTION_WORDS) said twice anywhere ("a kitchen that is in the kitchen").
+    Decoding with decode.block_repeats writes none of them (decoding/search.py)."""
+    counts = Counter(w for w in words if w not in FUNCTION_WORDS)
+    return {"adjacent": any(a == b for a, b in zip(words, words[1:])),
+            "x_and_x": any(a == c and b in REPEAT_JOINERS for a, b, c in zip(words, words[1:], words[2:])),
+            "content": bool(counts) and max(counts.values()) >= 2}
+
+
 def is_salad(words: Sequence[str]) -> bool:
     """Whether a caption (its words) is word salad: empty, ending on a function word or a colour, or
     naming one content word SALAD_REPEATS times. Decoding with decode.block_salad never writes one."""

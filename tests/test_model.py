@@ -20,9 +20,10 @@ IDS = SpecialIds(START, END, PAD)
 
 
 def S(**settings) -> DecodeConfig:
-    """Decode settings for a test: the defaults with `settings` changed; the salad rule off unless asked
-    (an untrained decoder over a 12-word vocabulary repeats words, which is what several tests need)."""
-    return DecodeConfig(**{"block_salad": False, **settings})
+    """Decode settings for a test: the defaults with `settings` changed; the salad and repeat rules off
+    unless asked (an untrained decoder over a 12-word vocabulary repeats words, which is what several tests
+    need)."""
+    return DecodeConfig(**{"block_salad": False, "block_repeats": False, "block_content_repeats": False, **settings})
 
 
 def tiny_decoder(V: int = 12, dropout: float = 0.0) -> Decoder:
@@ -328,7 +329,7 @@ def _repeated_content_bigram(tokens: list[int], function: set[int]) -> bool:
 def test_bigram_blocking_spares_function_words():
     """With block_bigrams no caption repeats a bigram that ends in a content word, bigrams ending in a
     function word may repeat, beam 1 still equals greedy, and captions without such repeats are unchanged."""
-    from captioner.decoding.search import _ban_repeated_bigrams
+    from captioner.decoding.rules import _ban_repeated_bigrams
 
     dec = tiny_decoder(7)
     feats = torch.randn(8, P, D) * 3

@@ -45,6 +45,8 @@ of the decoder training step (main matmuls counted analytically, backward = 2x f
 """
 from __future__ import annotations
 
+from captioner.cli import device_refused
+
 import argparse
 import json
 import sys
@@ -112,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--quick", action="store_true", help="tiny counts (seconds; for tests)")
     args = p.parse_args(argv)
+    if device_refused(args.device):
+        return 2
 
     threads_before = torch.get_num_threads()
     threads = args.threads or (1 if args.quick else 0)

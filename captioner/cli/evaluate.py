@@ -169,6 +169,10 @@ def _write(args: argparse.Namespace, label: str, used, scores: dict, grounding: 
     for k in (*METRIC_KEYS, "SPICE", "bad_ending", "repeated_bigram", "salad"):
         if k in scores:
             print(f"{k:16s} {scores[k]:.4f}")
+    for kind in ("adjacent", "x_and_x", "content"):  # repeated words, the captions' share beside the people's
+        if f"repeat_{kind}" in scores:
+            print(f"{'repeat ' + kind:16s} {scores[f'repeat_{kind}']:.4f}  (references "
+                  f"{scores.get(f'references_repeat_{kind}', float('nan')):.4f})")
     print(f"images           {scores['n_images']}")
     for k, g in grounding.items():
         label = k.replace("grounding_", "grounding (") + ")" if k.startswith("grounding_") else k

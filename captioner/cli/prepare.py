@@ -5,6 +5,8 @@ once into the frozen-encoder feature cache (reused by every later run with the s
 """
 from __future__ import annotations
 
+from captioner.cli import device_refused
+
 import argparse
 import sys
 import time
@@ -27,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=default_device(), help="default: cuda when available, else cpu")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    if device_refused(args.device):
+        return 2
     try:
         cfg = load_config(args.config, args.set)
         mix = {s: build_mix(cfg.data, s) for s in args.splits}

@@ -8,6 +8,8 @@ Rerun the same command after an interruption to resume. Multi-GPU / multi-node:
 """
 from __future__ import annotations
 
+from captioner.cli import device_refused
+
 import argparse
 import os
 import sys
@@ -28,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
     args = p.parse_args(argv)
+    if device_refused(args.device):
+        return 2
     try:
         cfg = load_config(args.config, args.set)
     except (ValueError, FileNotFoundError) as e:

@@ -14,6 +14,8 @@ which at most --max-miss of the photos with a person would have their person wor
 """
 from __future__ import annotations
 
+from captioner.cli import device_refused
+
 import argparse
 import json
 import sys
@@ -140,6 +142,8 @@ def _ap_table(det, probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if device_refused(args.device):
+        return 2
     try:
         report, model = _train(args)
     except (ValueError, FileNotFoundError) as e:

@@ -4,13 +4,13 @@ Legend: B images, K beam size, N live rows (image x beam), P regions, D feature 
 
 The one entry point is `decode(decoder, feats, ids, settings)`: the special token ids and a DecodeConfig
 (config.decode: beam size, maximum length, length penalty, <unk> and trigram rules, a hard model's
-context). This module reads the search settings (beam_size, max_len, length_penalty, block_trigrams,
-block_bigrams, block_salad, hard_context; api.py's explain reads hard_context too); the others are read
-where they act: forbid_unk by the callers of SpecialIds.of (captions.py, training/objectives.py,
-bench/breakdown.py), evidence* and person_floor by captions.py and evidence.py: each where it acts.
+context). This module reads the search settings (beam_size, max_len, length_penalty, hard_context;
+api.py's explain reads hard_context too); the rules on which word may come next (block_*, the evidence's
+bias) are rules.word_logp's; forbid_unk is read by the callers of SpecialIds.of (captions.py,
+training/objectives.py, bench/breakdown.py), evidence* and person_floor by captions.py and evidence.py.
 
 All step through model/fast.inference(decoder) (as does sampling.py): Decoder.step, the step teacher-forced
-training uses, computed faster (tests/test_fast_decoding.py). <pad> and <start> are never generated.
+training uses, computed faster (tests/test_fast_decoding.py).
 A hypothesis that has not emitted <end> after max_len words is finished as it is (capped), so decoding
 always terminates and always returns a caption. A hard-attention decoder attends as settings.hard_context
 says (the expected context, or the argmax location).
@@ -22,29 +22,10 @@ from dataclasses import dataclass
 import torch
 
 from ..config import DecodeConfig
-from ..vocab import BAD_LAST_WORDS, FUNCTION_WORDS, SALAD_REPEATS
 from .evidence import Evidence
+from .rules import SpecialIds, word_logp
 from ..model.decoder import Decoder
 from ..model.fast import Steps, inference
-
-
-@dataclass(frozen=True)
-class SpecialIds:
-    """The token ids decoding treats specially: <start> begins, <end> finishes, <pad> and <start> are
-    never generated, and <unk> (when given) is never generated either."""
-    start: int
-    end: int
-    pad: int = 0
-    unk: int | None = None
-    function_words: tuple[int, ...] = ()  # vocab.FUNCTION_WORDS: bigrams ending in one may repeat
-    bad_last: tuple[int, ...] = ()  # vocab.BAD_LAST_WORDS: a caption never ends on one (decode.block_salad)
-
-    @classmethod
-    def of(cls, vocab, forbid_unk: bool = True) -> "SpecialIds":
-        """From a Vocab; forbid_unk is config.decode.forbid_unk (a caption for people never says "<unk>")."""
-        function = tuple(sorted(vocab.stoi[w] for w in FUNCTION_WORDS if w in vocab.stoi))
-        bad_last = tuple(sorted(vocab.stoi[w] for w in BAD_LAST_WORDS if w in vocab.stoi))
-        return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None, function, bad_last)
 
 
 @dataclass
@@ -56,70 +37,6 @@ class Hypothesis:
     betas: torch.Tensor | None = None  # (len(tokens),): gate beta of each word (how much it used the image)
     # (len(tokens),) float32: log-probability of each word when chosen (log_prob minus these = <end>'s); None: unknown
     word_logps: torch.Tensor | None = None
-
-
-def _forbid(logp: torch.Tensor, pad: int, start: int, unk: int | None = None) -> torch.Tensor:
-    logp[:, pad] = float("-inf")
-    logp[:, start] = float("-inf")
-    if unk is not None:  # a caption for people should not say "<unk>"
-        logp[:, unk] = float("-inf")
-    return logp
-
-
-def _ban_repeated_trigrams(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """logp (N, V), tokens (N, t) written so far -> logp with -inf for every word w that would
-    repeat a trigram: (tokens[-2], tokens[-1], w) already occurs in the row ("a man in a red shirt
-    is wearing a red shirt" cannot write its second "shirt")."""
-    if tokens.shape[1] < 3:
-        return logp
-    last = tokens[:, -2:]  # (N, 2): the bigram a new word would extend
-    match = (tokens[:, :-2] == last[:, :1]) & (tokens[:, 1:-1] == last[:, 1:])  # (N, t-2): earlier copies
-    rows, pos = match.nonzero(as_tuple=True)
-    logp[rows, tokens[rows, pos + 2]] = float("-inf")  # the words that followed them
-    return logp
-
-
-def _ban_repeated_bigrams(logp: torch.Tensor, tokens: torch.Tensor, function_words: tuple[int, ...]) -> torch.Tensor:
-    """logp (N, V), tokens (N, t) -> -inf for every content word w that would repeat a bigram:
-    (tokens[-1], w) already occurs in the row ("a brown and white and white", "a blue shirt and blue
-    shirt"). Bigrams ending in a function word ("in a ... in a") stay allowed."""
-    if tokens.shape[1] < 2:
-        return logp
-    match = tokens[:, :-1] == tokens[:, -1:]  # (N, t-1): earlier copies of the last word
-    rows, pos = match.nonzero(as_tuple=True)
-    words = tokens[rows, pos + 1]  # the words that followed them
-    content = ~torch.isin(words, torch.tensor(function_words, dtype=words.dtype, device=words.device))
-    logp[rows[content], words[content]] = float("-inf")
-    return logp
-
-
-def _ban_salad(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds) -> torch.Tensor:
-    """logp (N, V), tokens (N, t) -> -inf for <end> first or after a function word or colour ("... in front
-    of a", "a black and"), and for a content word already written SALAD_REPEATS - 1 times (vocab.is_salad)."""
-    if tokens.shape[1] == 0:  # nor a caption without words
-        logp[:, ids.end] = float("-inf")
-        return logp
-    ids_of = lambda words: torch.tensor(words, dtype=tokens.dtype, device=tokens.device)  # noqa: E731
-    logp[torch.isin(tokens[:, -1], ids_of(ids.bad_last)), ids.end] = float("-inf")
-    if tokens.shape[1] >= SALAD_REPEATS - 1:
-        counts = torch.zeros_like(logp).scatter_add_(1, tokens, torch.ones_like(tokens, dtype=logp.dtype))  # (N, V)
-        counts[:, ids_of(ids.function_words)] = 0
-        logp = logp.masked_fill(counts >= SALAD_REPEATS - 1, float("-inf"))
-    return logp
-
-
-def word_logp(logits: torch.Tensor, ids: SpecialIds, settings: DecodeConfig, tokens: torch.Tensor,
-              evidence: Evidence | None = None, images: torch.Tensor | None = None) -> torch.Tensor:
-    """logits (N, V) of the next word, tokens (N, t) written so far, the image of each row (N,) with
-    its Evidence (evidence.py) or None -> the scores decoding ranks words by: <pad>, <start> (and <unk>)
-    forbidden, repeated trigrams (block_trigrams) and content bigrams (block_bigrams) banned, word salad
-    (block_salad) ruled out, the evidence's word bias added.
-    Every rule on which words may come next lives here."""
-    logp = _forbid(torch.log_softmax(logits.float(), dim=-1), ids.pad, ids.start, ids.unk)  # (N, V)
-    logp = logp if evidence is None else logp + evidence.bias(images, tokens)
-    logp = _ban_repeated_bigrams(logp, tokens, ids.function_words) if settings.block_bigrams else logp
-    logp = _ban_salad(logp, tokens, ids) if settings.block_salad else logp
-    return _ban_repeated_trigrams(logp, tokens) if settings.block_trigrams else logp
 
 
 def _normalise(log_prob: float, length: int, length_penalty: float) -> float:

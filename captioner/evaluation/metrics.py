@@ -13,7 +13,7 @@ import shutil
 from typing import Callable, Mapping, Sequence
 
 from ..config import METRICS
-from ..vocab import FUNCTION_WORDS, is_salad
+from ..vocab import FUNCTION_WORDS, is_salad, repeats, tokenize
 
 METRIC_KEYS = METRICS  # the one list, in config.py (train.val_metric is checked against it)
 
@@ -99,13 +99,25 @@ def _close_meteor(m) -> None:
 
 def caption_defects(captions: Sequence[str]) -> dict[str, float]:
     """Shares of captions that end in a function word, that repeat a bigram ("a red uniform is
-    wearing a red uniform") and that are word salad (vocab.is_salad), over whitespace tokens."""
+    wearing a red uniform"), that are word salad (vocab.is_salad), and that say a word twice back to
+    back, "X and X", or a content word twice (vocab.repeats), over whitespace tokens."""
     n = max(len(captions), 1)
     bad_end = repeat = salad = 0
+    kinds = {"adjacent": 0, "x_and_x": 0, "content": 0}
     for c in captions:
         words = c.split()
         bad_end += bool(words) and words[-1] in FUNCTION_WORDS
         bigrams = list(zip(words, words[1:]))
         repeat += len(set(bigrams)) < len(bigrams)
         salad += is_salad(words)
-    return {"bad_ending": bad_end / n, "repeated_bigram": repeat / n, "salad": salad / n}
+        for kind, found in repeats(words).items():
+            kinds[kind] += found
+    return {"bad_ending": bad_end / n, "repeated_bigram": repeat / n, "salad": salad / n,
+            **{f"repeat_{kind}": k / n for kind, k in kinds.items()}}
+
+
+def reference_repeats(references: Sequence[Sequence[str]]) -> dict[str, float]:
+    """The people's rates of the same repeats, over every reference caption (tokenised like the
+    generated ones): what decoding is compared with."""
+    refs = [" ".join(tokenize(r)) for rs in references for r in rs]
+    return {f"references_{k}": v for k, v in caption_defects(refs).items() if k.startswith("repeat_")}

@@ -16,7 +16,7 @@ from ..decoding.captions import Caption, captions_from_features
 from ..config import DecodeConfig
 from ..data import ImageRecord
 from ..data.dataset import ImageDataset, readable
-from .metrics import METRIC_KEYS, caption_defects, score_captions
+from .metrics import METRIC_KEYS, caption_defects, reference_repeats, score_captions
 from ..model.captioner import CaptionModel
 from ..model.encoder import Preprocess
 from ..vocab import Vocab
@@ -53,6 +53,7 @@ def evaluate_model(model: CaptionModel, vocab: Vocab, feats: np.ndarray | torch.
     preds = {r.image_id: c.text for r, c in zip(records, caps)}
     scores = score_captions(preds, {r.image_id: r.captions for r in records}, metrics, log=log)
     scores.update(caption_defects([c.text for c in caps]))
+    scores.update(reference_repeats([r.captions for r in records]))  # people's rates, to compare with
     scores["n_images"] = len(preds)
     return Evaluation(scores, preds, caps)
 

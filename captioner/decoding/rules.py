@@ -1,0 +1,126 @@
+"""Which words may come next: every rule decoding applies to the next-word scores, in one place
+(word_logp), used by greedy and beam search alike (search.py) and so by every caption.
+
+Legend: N live rows (image x beam), t words written so far, V vocabulary.
+
+<pad> and <start> are never generated (nor <unk> with decode.forbid_unk); the decode.block_* settings ban
+repeated trigrams, repeated content bigrams, word salad and repeated words (vocab.repeats: back to back,
+"X and X", a content word twice); the evidence's word bias (evidence.py) is added before the bans.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import DecodeConfig
+from ..vocab import BAD_LAST_WORDS, FUNCTION_WORDS, REPEAT_JOINERS, SALAD_REPEATS
+from .evidence import Evidence
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """The token ids decoding treats specially: <start> begins, <end> finishes, <pad> and <start> are
+    never generated, and <unk> (when given) is never generated either."""
+    start: int
+    end: int
+    pad: int = 0
+    unk: int | None = None
+    function_words: tuple[int, ...] = ()  # vocab.FUNCTION_WORDS: bigrams ending in one may repeat
+    bad_last: tuple[int, ...] = ()  # vocab.BAD_LAST_WORDS: a caption never ends on one (decode.block_salad)
+    joiners: tuple[int, ...] = ()  # vocab.REPEAT_JOINERS: "X and X" is a repeat (decode.block_repeats)
+
+    @classmethod
+    def of(cls, vocab, forbid_unk: bool = True) -> "SpecialIds":
+        """From a Vocab; forbid_unk is config.decode.forbid_unk (a caption for people never says "<unk>")."""
+        function = tuple(sorted(vocab.stoi[w] for w in FUNCTION_WORDS if w in vocab.stoi))
+        bad_last = tuple(sorted(vocab.stoi[w] for w in BAD_LAST_WORDS if w in vocab.stoi))
+        joiners = tuple(sorted(vocab.stoi[w] for w in REPEAT_JOINERS if w in vocab.stoi))
+        return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None, function, bad_last, joiners)
+
+
+def _forbid(logp: torch.Tensor, pad: int, start: int, unk: int | None = None) -> torch.Tensor:
+    logp[:, pad] = float("-inf")
+    logp[:, start] = float("-inf")
+    if unk is not None:  # a caption for people should not say "<unk>"
+        logp[:, unk] = float("-inf")
+    return logp
+
+
+def _ban_repeated_trigrams(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """logp (N, V), tokens (N, t) written so far -> logp with -inf for every word w that would
+    repeat a trigram: (tokens[-2], tokens[-1], w) already occurs in the row ("a man in a red shirt
+    is wearing a red shirt" cannot write its second "shirt")."""
+    if tokens.shape[1] < 3:
+        return logp
+    last = tokens[:, -2:]  # (N, 2): the bigram a new word would extend
+    match = (tokens[:, :-2] == last[:, :1]) & (tokens[:, 1:-1] == last[:, 1:])  # (N, t-2): earlier copies
+    rows, pos = match.nonzero(as_tuple=True)
+    logp[rows, tokens[rows, pos + 2]] = float("-inf")  # the words that followed them
+    return logp
+
+
+def _ban_repeated_bigrams(logp: torch.Tensor, tokens: torch.Tensor, function_words: tuple[int, ...]) -> torch.Tensor:
+    """logp (N, V), tokens (N, t) -> -inf for every content word w that would repeat a bigram:
+    (tokens[-1], w) already occurs in the row ("a brown and white and white", "a blue shirt and blue
+    shirt"). Bigrams ending in a function word ("in a ... in a") stay allowed."""
+    if tokens.shape[1] < 2:
+        return logp
+    match = tokens[:, :-1] == tokens[:, -1:]  # (N, t-1): earlier copies of the last word
+    rows, pos = match.nonzero(as_tuple=True)
+    words = tokens[rows, pos + 1]  # the words that followed them
+    content = ~torch.isin(words, torch.tensor(function_words, dtype=words.dtype, device=words.device))
+    logp[rows[content], words[content]] = float("-inf")
+    return logp
+
+
+def _ban_salad(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds) -> torch.Tensor:
+    """logp (N, V), tokens (N, t) -> -inf for <end> first or after a function word or colour ("... in front
+    of a", "a black and"), and for a content word already written SALAD_REPEATS - 1 times (vocab.is_salad)."""
+    if tokens.shape[1] == 0:  # nor a caption without words
+        logp[:, ids.end] = float("-inf")
+        return logp
+    ids_of = lambda words: torch.tensor(words, dtype=tokens.dtype, device=tokens.device)  # noqa: E731
+    logp[torch.isin(tokens[:, -1], ids_of(ids.bad_last)), ids.end] = float("-inf")
+    if tokens.shape[1] >= SALAD_REPEATS - 1:
+        counts = torch.zeros_like(logp).scatter_add_(1, tokens, torch.ones_like(tokens, dtype=logp.dtype))  # (N, V)
+        counts[:, ids_of(ids.function_words)] = 0
+        logp = logp.masked_fill(counts >= SALAD_REPEATS - 1, float("-inf"))
+    return logp
+
+
+def _ban_repeats(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds, close: bool, content: bool
+                 ) -> torch.Tensor:
+    """logp (N, V), tokens (N, t) -> with `close`, -inf for the last word again ("an airplane airplane")
+    and for X after "X and" / "X or" ("a black and black dog"); with `content`, for every content word
+    already written ("a kitchen that is in the kitchen"). vocab.repeats names these three kinds."""
+    t = tokens.shape[1]
+    if t == 0:
+        return logp
+    ids_of = lambda words: torch.tensor(words, dtype=tokens.dtype, device=tokens.device)  # noqa: E731
+    if close:  # back to back
+        logp[torch.arange(len(tokens), device=tokens.device), tokens[:, -1]] = float("-inf")
+    if close and t >= 2:
+        joined = torch.isin(tokens[:, -1], ids_of(ids.joiners)).nonzero(as_tuple=True)[0]  # (n,) rows ending "X and"
+        logp[joined, tokens[joined, -2]] = float("-inf")
+    if content:
+        said = torch.zeros_like(logp, dtype=torch.bool).scatter_(1, tokens, True)  # (N, V)
+        said[:, ids_of(ids.function_words)] = False
+        logp = logp.masked_fill(said, float("-inf"))
+    return logp
+
+
+def word_logp(logits: torch.Tensor, ids: SpecialIds, settings: DecodeConfig, tokens: torch.Tensor,
+              evidence: Evidence | None = None, images: torch.Tensor | None = None) -> torch.Tensor:
+    """logits (N, V) of the next word, tokens (N, t) written so far, the image of each row (N,) with
+    its Evidence (evidence.py) or None -> the scores decoding ranks words by: <pad>, <start> (and <unk>)
+    forbidden, repeated trigrams (block_trigrams) and content bigrams (block_bigrams) banned, word salad
+    (block_salad) ruled out, the evidence's word bias added.
+    Every rule on which words may come next lives here."""
+    logp = _forbid(torch.log_softmax(logits.float(), dim=-1), ids.pad, ids.start, ids.unk)  # (N, V)
+    logp = logp if evidence is None else logp + evidence.bias(images, tokens)
+    logp = _ban_repeated_bigrams(logp, tokens, ids.function_words) if settings.block_bigrams else logp
+    logp = _ban_salad(logp, tokens, ids) if settings.block_salad else logp
+    if settings.block_repeats or settings.block_content_repeats:
+        logp = _ban_repeats(logp, tokens, ids, settings.block_repeats, settings.block_content_repeats)
+    return _ban_repeated_trigrams(logp, tokens) if settings.block_trigrams else logp

@@ -1,0 +1,80 @@
+"""Repeated words (issue 45): "an airplane airplane", "a black and black dog", "a kitchen that is in the
+kitchen". The three kinds are counted by vocab.repeats (metrics, evaluate) and ruled out in decoding by
+decode.block_repeats / decode.block_content_repeats (decoding/rules.py). Random decoders, no data."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from captioner.config import DecodeConfig
+from captioner.decoding.rules import SpecialIds, word_logp
+from captioner.decoding.search import decode, greedy_decode
+from captioner.evaluation.metrics import caption_defects, reference_repeats
+from captioner.model.decoder import Decoder
+from captioner.vocab import repeats
+
+START, END, PAD = 1, 2, 0
+AND, A = 4, 5  # token 4 plays "and", 5 plays "a" (function words); 6.. are content words
+IDS = SpecialIds(START, END, PAD, function_words=(AND, A), joiners=(AND,))
+P, D = 9, 16
+
+
+def off(**settings) -> DecodeConfig:
+    """Every repeat-related rule off unless asked: an untrained decoder over a tiny vocabulary repeats."""
+    return DecodeConfig(**{"block_salad": False, "block_repeats": False, "block_content_repeats": False, **settings})
+
+
+def kinds(tokens: list[int]) -> dict[str, bool]:
+    words = ["and" if t == AND else "a" if t == A else f"w{t}" for t in tokens]
+    return repeats(words)
+
+
+def test_repeats_names_the_three_kinds():
+    assert repeats("an airplane airplane is on the runway".split()) == {"adjacent": True, "x_and_x": False,
+                                                                       "content": True}
+    assert repeats("a black and black dog".split())["x_and_x"]
+    assert repeats("a kitchen that is in the kitchen".split()) == {"adjacent": False, "x_and_x": False,
+                                                                   "content": True}
+    assert repeats("a man in a red shirt".split()) == {"adjacent": False, "x_and_x": False, "content": False}
+    assert not repeats([])["content"]
+
+
+def test_defects_report_each_kind_and_the_references_rate():
+    out = caption_defects(["a dog dog runs", "a black and black dog", "a dog runs on the grass", "a cat on a mat"])
+    assert out["repeat_adjacent"] == 0.25 and out["repeat_x_and_x"] == 0.25 and out["repeat_content"] == 0.5
+    refs = reference_repeats([["A dog, a DOG!", "A cat."], ["Two birds"]])
+    assert refs == {"references_repeat_adjacent": 0.0, "references_repeat_x_and_x": 0.0,
+                    "references_repeat_content": pytest.approx(1 / 3)}
+
+
+def test_the_rules_on_hand_made_rows():
+    tokens = torch.tensor([[6, 7], [6, AND], [A, A]])  # "w6 w7", "w6 and", "a a"
+    logp = word_logp(torch.zeros(3, 10), IDS, off(block_repeats=True), tokens)
+    assert logp[0, 7] == float("-inf") and logp[0, 6] > float("-inf")  # back to back only
+    assert logp[1, 6] == float("-inf") and logp[1, AND] == float("-inf")  # "w6 and w6", "and and"
+    assert logp[2, A] == float("-inf")  # even a function word is not said twice back to back
+    logp = word_logp(torch.zeros(3, 10), IDS, off(block_content_repeats=True), tokens)
+    assert logp[0, 6] == float("-inf") and logp[0, 7] == float("-inf")  # each content word once
+    assert logp[2, A] > float("-inf") and logp[1, AND] > float("-inf")  # function words may come again
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_decoding_never_writes_a_repeat(k):
+    """A random decoder over 10 words repeats itself; with the rules on, no caption has any of the three
+    kinds, beam 1 equals greedy, and captions that had no repeat are unchanged."""
+    torch.manual_seed(0)
+    dec = Decoder(10, D, embed_dim=8, hidden_dim=10, attention_dim=7, dropout=0.0).eval()
+    feats = torch.randn(16, P, D) * 3
+    plain = [h[0].tokens for h in decode(dec, feats, IDS, off(beam_size=1, max_len=12))]
+    assert any(any(kinds(t).values()) for t in plain)  # the test exercises something
+    on = off(beam_size=k, max_len=12, block_repeats=True, block_content_repeats=True)
+    for hyps in decode(dec, feats, IDS, on):
+        for h in hyps:
+            assert not any(kinds(h.tokens).values()), h.tokens
+    if k == 1:
+        greedy = [h.tokens for h in greedy_decode(dec, feats, IDS, on)]
+        beam1 = [h[0].tokens for h in decode(dec, feats, IDS, on)]
+        assert greedy == beam1
+        for before, after in zip(plain, beam1):
+            if not any(kinds(before).values()):
+                assert before == after
