@@ -108,11 +108,12 @@ class Captioner:
     vocabulary and stored decode settings (`.config.decode`)."""
 
     def __init__(self, model: CaptionModel, vocab: Vocab, config: Config, metrics: dict[str, Any] | None = None,
-                 device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32"):
+                 device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32", source: str | None = None):
         self.dtype = resolve_dtype(dtype)  # the whole model (encoder and decoder) computes in this type
         self.device = torch.device(device)
         self.model = _ready(model, self.device, self.dtype)
         self.vocab, self.config, self.metrics = vocab, config, metrics or {}
+        self.source = source  # the model file it was loaded from (None: built in memory); each Caption names it
         self.preprocess: Preprocess = build_preprocess(config.model)  # any image input -> (3, S, S); ImageError
 
     @property
@@ -171,7 +172,10 @@ class Captioner:
         """Annotation vectors (B, P, D) from `encode` (or `features`) -> captions: decode again (other
         settings, another beam) without running the encoder again."""
         settings = self.decode_settings(**overrides)
-        return captions_from_features(self.model, feats, self.vocab, settings, batch_size=len(feats))
+        caps = captions_from_features(self.model, feats, self.vocab, settings, batch_size=len(feats))
+        for cap in caps:
+            cap.model_file = self.source
+        return caps
 
     @torch.no_grad()
     def features(self, image: ImageInput) -> torch.Tensor:
@@ -203,9 +207,10 @@ class Captioner:
         from .concepts.imagenet import imagenet_head_or_none
 
         words = sentence_words(text)  # NoWordsError before any work
-        context = self.decode_settings(**overrides).hard_context
+        settings = self.decode_settings(**overrides)
         feats = feats.to(self.device, self.dtype)  # (1, P, D)
-        cap = explain_features(self.model.decoder, feats, self.vocab, words, context)
+        cap = explain_features(self.model.decoder, feats, self.vocab, words, settings.hard_context)
+        cap.settings, cap.model_file = dataclasses.asdict(settings), self.source
         head = imagenet_head_or_none(self.model)
         if head is not None:  # where the classifier sees what a word names (unknown words name nothing)
             ids = [self.vocab.stoi.get(w, self.vocab.unk) for w in cap.words]
@@ -261,7 +266,7 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
         except ValueError as e:
             raise CheckpointError(f"{checkpoint}: {e}") from None
     model = model.eval().to(device=torch.device(device), dtype=resolve_dtype(dtype))  # ours: converted in place
-    return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype)
+    return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype, source=str(checkpoint))
 
 
 __all__ = ["Caption", "Captioner", "ImageError", "CheckpointError", "NoWordsError", "load", "preferred_dtype", "default_device",

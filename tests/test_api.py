@@ -299,3 +299,29 @@ def test_alternatives_carry_the_score_they_were_ranked_by():
         assert a.score == pytest.approx(a.log_prob / length(a.text), rel=1e-5)
     rec = cap.to_dict(maps=False)
     assert rec["score"] == cap.score and [r["score"] for r in rec["alternatives"]] == scores[1:]
+
+
+def test_one_json_everywhere_names_the_settings_and_the_model_file(capsys):
+    """The app's download and Caption.to_dict() wrote "settings": {} while captioner-caption --json wrote the
+    settings: a Caption now knows the settings it was made with and the model file, and every JSON says them."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from captioner.cli.caption import main as caption_main
+    from captioner.ui.visualize import caption_json_bytes
+
+    model = captioner.load()
+    cat = Path(captioner.DEFAULT_CHECKPOINT).parent / "examples" / "cat.jpg"
+    cap = model.caption(cat, beam_size=2)
+    rec = cap.to_dict(str(cat), maps=False)
+    assert rec["settings"] == dataclasses.asdict(model.decode_settings(beam_size=2)) and rec["settings"]["beam_size"] == 2
+    assert rec["model"] == str(captioner.DEFAULT_CHECKPOINT)
+    app_rec = json.loads(caption_json_bytes(cap, str(cat)))
+    assert {k: app_rec[k] for k in ("settings", "model")} == {k: rec[k] for k in ("settings", "model")}
+    assert caption_main([str(cat), "--json", "--beam-size", "2"]) == 0
+    cli_rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(cli_rec) == set(app_rec) - {"alphas"} or set(cli_rec) == set(app_rec)
+    assert cli_rec["settings"] == rec["settings"] and cli_rec["model"] == rec["model"] and cli_rec["caption"] == rec["caption"]
+    explained = model.explain(cat, "a cat on a wall").to_dict(maps=False)
+    assert explained["settings"] == dataclasses.asdict(model.decode_settings()) and explained["model"] == rec["model"]

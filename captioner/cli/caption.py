@@ -179,7 +179,7 @@ def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict
     import numpy as np
 
     if args.json:
-        print(json.dumps(cap.to_dict(path, settings, maps=args.maps)), flush=True)
+        print(json.dumps(cap.to_dict(path, maps=args.maps)), flush=True)  # its own settings and model file
     elif args.explain is not None:
         words = " ".join(f"{w}{'(unk)' if i in cap.unknown else ''}={np.exp(lp):.3f}"
                          for i, (w, lp) in enumerate(zip(cap.words, cap.word_log_probs)))

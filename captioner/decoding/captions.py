@@ -6,6 +6,7 @@ Legend: N images, P = G*G attention cells, D feature dim, L words.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
@@ -73,6 +74,10 @@ class Caption:
     # SMALL_PHOTO * S is enlarged a lot before the encoder sees it, and `notes` says so
     photo_size: tuple[int, int] | None = None
     input_side: int | None = None
+    # the decode settings this caption was made with (config.decode's fields; for an explained sentence
+    # the settings it was scored under) and the model file it came from, when known: every JSON says them
+    settings: dict = field(default_factory=dict)
+    model_file: str | None = None
 
     def __post_init__(self) -> None:
         self.alternatives = [Alternative(*a) for a in self.alternatives]  # (text, log_prob) pairs still welcome
@@ -85,11 +90,12 @@ class Caption:
         return not self.unknown
 
     def to_dict(self, image: str | None = None, settings: dict | None = None, maps: bool = True) -> dict:
-        """The one JSON shape of a caption (scripts/caption.py --json lines and the app's download): text,
-        words with their log-probs, probabilities and gates (null where the caption carries none), the
+        """The one JSON shape of a caption (captioner-caption --json lines, the app's download and the API):
+        text, words with their log-probs, probabilities and gates (null where the caption carries none), the
         ranking score and the other hypotheses (each with its log-prob and score), the concepts,
         contradicted and unknown words, whether log_prob is comparable (false with unknown words), the
-        notes, the decode `settings`; the (L, G, G) maps when `maps`."""
+        notes, the decode settings it was made with (its own unless `settings` is given) and the model
+        file; the (L, G, G) maps when `maps`."""
         n = len(self.words)
         lps = [round(float(x), 5) for x in self.word_log_probs] if len(self.word_log_probs) == n else [None] * n
         rec = {"image": image, "caption": self.text, "log_prob": float(self.log_prob),
@@ -103,7 +109,8 @@ class Caption:
                "contradicted_words": [self.words[i] for i in self.contradicted],
                "unknown_words": [self.words[i] for i in self.unknown], "comparable": self.comparable,
                "notes": self.notes,
-               "settings": dict(settings or {}), "grid": list(self.alphas.shape[1:])}
+               "settings": dict(self.settings if settings is None else settings), "model": self.model_file,
+               "grid": list(self.alphas.shape[1:])}
         if maps:
             rec["alphas"] = np.round(self.alphas, 5).tolist()
         return rec
@@ -208,6 +215,8 @@ def captions_from_features(model: CaptionModel, feats: np.ndarray | torch.Tensor
         if head is not None:
             attach_concept_maps(caps, [h[0].tokens for h in hyps], head, x, vocab)
         out.extend(caps)
+    for cap in out:  # each caption says what made it (its JSON carries them)
+        cap.settings = dataclasses.asdict(settings)
     return out
 
 

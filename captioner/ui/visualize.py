@@ -144,6 +144,7 @@ def figure_png(fig: "Figure", dpi: int = 100) -> bytes:
     return buf.getvalue()
 
 
-def caption_json_bytes(caption: "Caption", image_name: str | None = None, settings: dict | None = None) -> bytes:
-    """The app's download: Caption.to_dict, the shape of scripts/caption.py --json --maps."""
-    return json.dumps(caption.to_dict(image_name, settings, maps=True)).encode()
+def caption_json_bytes(caption: "Caption", image_name: str | None = None) -> bytes:
+    """The app's download: Caption.to_dict (with the caption's own settings and model file), the shape of
+    captioner-caption --json --maps."""
+    return json.dumps(caption.to_dict(image_name, maps=True)).encode()
