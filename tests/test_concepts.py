@@ -125,14 +125,6 @@ def test_an_encoder_without_an_imagenet_head_is_an_error():
         C.encoder_head(model)
 
 
-def test_precision_recall_counts():
-    probs = np.array([[0.9, 0.0], [0.2, 0.5], [0.6, 0.1]])
-    present = np.array([[True, False], [True, False], [False, False]])
-    r = C.precision_recall(probs, present, 0.5)
-    assert r["tp"].tolist() == [1, 0] and r["fp"].tolist() == [1, 1] and r["fn"].tolist() == [1, 0]
-    assert r["precision"][0] == 0.5 and r["recall"][0] == 0.5 and np.isnan(r["recall"][1])
-
-
 # ----------------------------------------------------------------------------- the bundled model, real photos
 
 @torch.no_grad()

@@ -13,7 +13,7 @@ from captioner.config import ModelConfig, load_config
 from captioner.data import build_records, load_coco, load_flickr8k, load_karpathy
 from captioner.data.dataset import BucketBatchSampler, collate, collate_skip_missing, readable
 from captioner.data.features import build_cache, open_cache
-from captioner.model.encoder import build_encoder, build_preprocess
+from captioner.model.encoder import Encoder, build_preprocess
 from captioner.vocab import Vocab, tokenize
 
 from .conftest import ROOT
@@ -126,7 +126,7 @@ def test_feature_cache_reused_and_rebuilt_on_mismatch(flickr, tmp_path):
     from captioner.config import DataConfig
 
     recs = build_records(DataConfig(root=str(flickr), limit=3), "test")
-    enc = build_encoder("efficientnet_lite0", True, 7)
+    enc = Encoder("efficientnet_lite0", True, 7)
     logs = []
     c1 = build_cache(tmp_path, "x", enc, 224, recs, num_workers=0, log=logs.append, progress=False)
     assert c1.features.shape == (3, 49, 1280) and c1.features.dtype == np.float16
@@ -138,7 +138,7 @@ def test_feature_cache_reused_and_rebuilt_on_mismatch(flickr, tmp_path):
     with pytest.raises(ValueError, match="build both from one model config"):
         open_cache(tmp_path, "x", enc, replace(prep, grid_size=5), recs)
     # another grid or another input size under the same name: detected, rebuilt, never silently used
-    enc5 = build_encoder("efficientnet_lite0", True, 5)
+    enc5 = Encoder("efficientnet_lite0", True, 5)
     assert open_cache(tmp_path, "x", enc5, 224, recs) is None
     c2 = build_cache(tmp_path, "x", enc5, 224, recs, num_workers=0, log=logs.append, progress=False)
     assert c2.features.shape == (3, 25, 1280)
@@ -156,7 +156,7 @@ def test_unreadable_images_are_reported_and_skipped(flickr, tmp_path):
     bad.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     recs = good + [ImageRecord("broken.jpg", bad, ["x"]), ImageRecord("gone.jpg", tmp_path / "gone.jpg", ["y"])]
     logs = []
-    cache = build_cache(tmp_path, "y", build_encoder("efficientnet_lite0", True, 7), 224, recs, num_workers=0,
+    cache = build_cache(tmp_path, "y", Encoder("efficientnet_lite0", True, 7), 224, recs, num_workers=0,
                         log=logs.append, progress=False)
     assert sorted(cache.missing) == ["broken.jpg", "gone.jpg"]
     assert any("2 image(s) could not be read" in m and "broken.jpg" in m for m in logs)
@@ -169,7 +169,7 @@ def test_feature_cache_keeps_values_float16_cannot_hold(flickr, tmp_path):
     from captioner.images import load_image, preprocess
 
     recs = build_records(DataConfig(root=str(flickr), limit=3), "test")
-    enc = build_encoder("resnet152", False, 2).eval()
+    enc = Encoder("resnet152", False, 2).eval()
     prep = build_preprocess(ModelConfig(encoder="resnet152", image_size=64, grid_size=2))
     logs = []
     cache = build_cache(tmp_path, "r", enc, prep, recs, batch_size=2, num_workers=0, log=logs.append, progress=False)

@@ -12,13 +12,19 @@ import torch
 import captioner
 from captioner.checkpoint import CheckpointError, load_checkpoint
 from captioner.concepts.detectors import (PERSON, WordDetectors, attach, caption_labels, detectors_of, group_members,
-                                          noisy_or, noisy_or_logit)
+                                          noisy_or_logit)
 from captioner.config import DecodeConfig
 from captioner.decoding.evidence import Evidence, word_categories
 from captioner.training import detectors as T
 from captioner.vocab import Vocab
 
 EXAMPLES = captioner.DEFAULT_CHECKPOINT.parent / "examples"
+
+
+def noisy_or(cell_scores: torch.Tensor) -> torch.Tensor:
+    """q = 1 - prod_i (1 - sigmoid(s_i)) as the formula writes it (B, P, K) -> (B, K): what the stable logit
+    of concepts/detectors.py must give."""
+    return 1 - torch.prod(1 - torch.sigmoid(cell_scores.double()), dim=1).float()
 
 
 def test_noisy_or_is_a_probability_at_least_the_best_cell_and_monotone():

@@ -134,10 +134,10 @@ def test_full_disk_while_building_the_feature_cache(flickr, tmp_path, monkeypatc
     from captioner.config import DataConfig
     from captioner.data import build_records
     from captioner.data import features
-    from captioner.model.encoder import build_encoder
+    from captioner.model.encoder import Encoder
 
     recs = build_records(DataConfig(root=str(flickr), limit=3), "test")
-    enc = build_encoder("efficientnet_lite0", True, 7)
+    enc = Encoder("efficientnet_lite0", True, 7)
     good = features.build_cache(tmp_path, "good", enc, 224, recs[:2], num_workers=0, progress=False)
 
     def full(path, size):
@@ -171,12 +171,12 @@ def test_full_disk_while_building_the_feature_cache(flickr, tmp_path, monkeypatc
 def test_full_disk_while_building_the_activation_cache(flickr, tmp_path, monkeypatch):
     from captioner.config import load_config
     from captioner.data import activations, build_records
-    from captioner.model.encoder import build_encoder, build_preprocess
+    from captioner.model.encoder import build_preprocess
 
     cfg = load_config(ROOT / "configs/tiny.yaml", [f"data.root={flickr}", "data.limit=3", "model.image_size=128", "model.grid_size=4"])
     recs = build_records(cfg.data, "train")
     prep = build_preprocess(cfg.model)
-    enc = build_encoder(cfg.model.encoder, True, cfg.model.grid_size).eval()
+    enc = Encoder(cfg.model.encoder, True, cfg.model.grid_size).eval()
     activations.build_activations(tmp_path, "good", enc, prep, recs[:2], flip=False, num_workers=0, progress=False)
     real = activations.reserve
     calls = []

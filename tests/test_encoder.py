@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from captioner.images import load_image, preprocess
-from captioner.model.encoder import LITE_VARIANTS, build_encoder, build_lite, lite_weights_path, normalization
+from captioner.model.encoder import LITE_VARIANTS, Encoder, build_lite, lite_weights_path, normalization
 
 DOG_CLASSES = range(151, 269)  # ImageNet classes 151..268 are dog breeds
 
@@ -48,14 +48,14 @@ def test_lite_classifies_real_dog_photos_as_dogs(flickr, name):
 @pytest.mark.parametrize("name,size,grid", [("efficientnet_lite0", 224, 7), ("efficientnet_lite2", 260, 9),
                                             ("efficientnet_lite0", 224, 5)])
 def test_encoder_grid(name, size, grid):
-    enc = build_encoder(name, pretrained=False, grid_size=grid).eval()
+    enc = Encoder(name, pretrained=False, grid_size=grid).eval()
     with torch.no_grad():
         out = enc(torch.randn(2, 3, size, size))
     assert out.shape == (2, grid * grid, 1280)
 
 
 def test_resnet_builds_offline_without_weights():
-    enc = build_encoder("resnet101", pretrained=False, grid_size=14).eval()
+    enc = Encoder("resnet101", pretrained=False, grid_size=14).eval()
     with torch.no_grad():
         out = enc(torch.randn(1, 3, 224, 224))
     assert out.shape == (1, 196, 2048)  # 7x7 native grid pooled to the paper's 14x14
@@ -63,13 +63,13 @@ def test_resnet_builds_offline_without_weights():
 
 def test_unknown_encoder_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown encoder 'vgg'"):
-        build_encoder("vgg", False, 7)
+        Encoder("vgg", False, 7)
 
 
 @pytest.mark.parametrize("name,size,native", [("efficientnet_lite2", 260, 17), ("efficientnet_lite0", 224, 14)])
 def test_output_stride_16_doubles_the_native_grid(name, size, native):
-    coarse = build_encoder(name, pretrained=False, grid_size=native).eval()
-    fine = build_encoder(name, pretrained=False, grid_size=native, output_stride=16).eval()
+    coarse = Encoder(name, pretrained=False, grid_size=native).eval()
+    fine = Encoder(name, pretrained=False, grid_size=native, output_stride=16).eval()
     fine.load_state_dict(coarse.state_dict())  # dilation adds no parameters
     with torch.no_grad():
         fmap = fine.feature_map(torch.randn(1, 3, size, size))
@@ -100,7 +100,7 @@ def test_output_stride_is_checked_and_names_its_own_cache():
     from captioner.model.encoder import build_preprocess
 
     with pytest.raises(ValueError, match="output_stride must be 16 or 32"):
-        build_encoder("efficientnet_lite0", False, 7, output_stride=8)
+        Encoder("efficientnet_lite0", False, 7, output_stride=8)
     base = ModelConfig(encoder="efficientnet_lite2", image_size=260, grid_size=9)
     fine = ModelConfig(encoder="efficientnet_lite2", image_size=260, grid_size=17, output_stride=16)
     assert build_preprocess(base).cache_name("flickr8k", "train") == "flickr8k-train-efficientnet_lite2-260px-g9"

@@ -391,12 +391,12 @@ def test_feature_cache_from_another_grid_is_detected_and_rebuilt(shared, tmp_pat
 def test_truncated_feature_cache_is_rebuilt(tmp_path):
     from captioner.data import ImageRecord
     from captioner.data.features import build_cache
-    from captioner.model.encoder import build_encoder
+    from captioner.model.encoder import Encoder
 
     torch.manual_seed(0)
     names = sorted(p.name for p in (FLICKR / "Images").iterdir())[:2]
     records = [ImageRecord(n, FLICKR / "Images" / n, ["a caption"]) for n in names]
-    enc = build_encoder("efficientnet_lite0", False, 7)
+    enc = Encoder("efficientnet_lite0", False, 7)
     first = build_cache(tmp_path, "c", enc, 224, records, num_workers=0, progress=False)
     expected = np.array(first.features)
     npy = first.path

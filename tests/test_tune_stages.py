@@ -15,7 +15,7 @@ from captioner.config import load_config
 from captioner.data import build_records
 from captioner.data.activations import build_activations, cache_name, open_activations
 from captioner.data.dataset import ActivationDataset, collate
-from captioner.model.encoder import build_encoder, build_preprocess
+from captioner.model.encoder import Encoder, build_preprocess
 from captioner.training.run import encoder_train_mode, tuned_parameters
 
 from .conftest import ROOT
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.mark.parametrize("output_stride", [32, 16])
 def test_top_of_stem_is_the_whole_encoder(output_stride):
-    enc = build_encoder("efficientnet_lite0", False, 7 if output_stride == 32 else 14, output_stride).eval()
+    enc = Encoder("efficientnet_lite0", False, 7 if output_stride == 32 else 14, output_stride).eval()
     x = torch.randn(2, 3, 224, 224)
     with torch.no_grad():
         acts = enc.below_split(x)  # (2, C, h, w)
@@ -34,7 +34,7 @@ def test_top_of_stem_is_the_whole_encoder(output_stride):
 
 
 def test_top_modules_are_the_top_stages_and_never_the_classifier():
-    enc = build_encoder("efficientnet_lite0", False, 7)
+    enc = Encoder("efficientnet_lite0", False, 7)
     net = enc.backbone
     one, two = enc.top_modules(1), enc.top_modules(2)
     assert net._fc not in one + two and net._conv_head in one and net._bn1 in one
@@ -46,7 +46,7 @@ def test_top_modules_are_the_top_stages_and_never_the_classifier():
 
 
 def test_resnet_says_to_fine_tune_whole():
-    enc = build_encoder("resnet101", False, 7)
+    enc = Encoder("resnet101", False, 7)
     with pytest.raises(ValueError, match="fine_tune_encoder"):
         enc.below_split(torch.zeros(1, 3, 64, 64))
 
@@ -60,7 +60,7 @@ def test_activation_cache_is_keyed_by_the_lower_weights_only(flickr, tmp_path):
     cfg, recs = _records(flickr)
     cfg.model.image_size = 128
     prep = build_preprocess(cfg.model)
-    enc = build_encoder(cfg.model.encoder, True, cfg.model.grid_size).eval()
+    enc = Encoder(cfg.model.encoder, True, cfg.model.grid_size).eval()
     name = cache_name(prep, "flickr8k", "train3", enc.split_block)
     c = build_activations(tmp_path, name, enc, prep, recs, flip=True, num_workers=0, progress=False)
     x = torch.stack([prep(r.path) for r in recs])
@@ -163,11 +163,11 @@ def test_tuning_trains_the_top_stages_only(flickr, tmp_path, objective):
         "train.alpha_cam=1.0", "train.alpha_head=1.0", "train.val_limit=2", "train.checkpoint_every=0",
         f"train.objective={objective}", "train.scst_xent=0.5", "train.scst_samples=2"])
     fit(cfg, log=lambda _: None, progress=False)
-    ref = build_encoder(cfg.model.encoder, True, cfg.model.grid_size).state_dict()
+    ref = Encoder(cfg.model.encoder, True, cfg.model.grid_size).state_dict()
     got = {k.removeprefix("encoder."): v for k, v in load_checkpoint(out / "last.safetensors").model_state.items()
            if k.startswith("encoder.")}
     changed = {k for k in ref if not torch.equal(ref[k], got[k])}
-    last = f"backbone._blocks.{len(build_encoder(cfg.model.encoder, False, 4).backbone._blocks) - 1}."
+    last = f"backbone._blocks.{len(Encoder(cfg.model.encoder, False, 4).backbone._blocks) - 1}."
     assert any(k.startswith(last) and k.endswith("weight") for k in changed)
     assert "backbone._conv_head.weight" in changed
     assert all(k.startswith((last, "backbone._conv_head", "backbone._bn1")) for k in changed), changed
@@ -221,8 +221,8 @@ def test_cache_built_mid_chain_keeps_the_pretrained_teacher(flickr, tmp_path):
     cfg, recs = _records(flickr)
     cfg.model.image_size = 128
     prep = build_preprocess(cfg.model)
-    pretrained = build_encoder(cfg.model.encoder, True, cfg.model.grid_size).eval()
-    tuned = build_encoder(cfg.model.encoder, True, cfg.model.grid_size).eval()
+    pretrained = Encoder(cfg.model.encoder, True, cfg.model.grid_size).eval()
+    tuned = Encoder(cfg.model.encoder, True, cfg.model.grid_size).eval()
     with torch.no_grad():
         for m in tuned.top_modules(2):
             for p in m.parameters():

@@ -133,7 +133,7 @@ def bench_train_encoder(preset: Preset, counts: Counts, device: torch.device, am
     from ..data.dataset import Batch
     from ..model.captioner import CaptionModel
     from ..model.decoder import Decoder
-    from ..model.encoder import build_encoder
+    from ..model.encoder import Encoder
 
     cfg = _train_config(amp)
     cfg.model.fine_tune_encoder = True  # the encoder runs in the loop (cfg.encoder_in_loop); frozen or not below
@@ -144,7 +144,7 @@ def bench_train_encoder(preset: Preset, counts: Counts, device: torch.device, am
                               "captions_per_batch": n_caps}
     for mode in modes:
         torch.manual_seed(0)
-        enc = build_encoder(encoder, False, grid)
+        enc = Encoder(encoder, False, grid)
         dec = Decoder(preset.vocab, enc.out_dim, preset.embed_dim, preset.hidden_dim, preset.attention_dim, 0.5)
         model = CaptionModel(enc, dec).to(device).to(memory_format=torch.channels_last).train()
         groups = [{"params": list(dec.parameters()), "lr": cfg.train.lr}]

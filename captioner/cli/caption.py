@@ -28,18 +28,26 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp")
 LOAD_THREADS = 2
 
 
 FIGURE_MARK = ".captioner-figures"  # written into an --attention-dir: folder searches never read it as input
 
 
+def image_extensions() -> tuple[str, ...]:
+    """".jpg", ".tif", ".ppm" ...: every format the image parser reads here (images.FORMATS, one list
+    for the parser, the uploader and folder captioning)."""
+    from captioner.images import file_extensions
+
+    return tuple(f".{ext.lower()}" for ext in file_extensions())
+
+
 def _folder_images(folder: Path, recursive: bool, skip: set[Path]) -> tuple[list[Path], list[Path]]:
     """(the folder's image files, the figure folders skipped): a subfolder holding FIGURE_MARK, or one
     of `skip` (this run's --attention-dir), is output, never input."""
+    exts = image_extensions()
     if not recursive:
-        return [f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_EXTENSIONS], []
+        return [f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in exts], []
     found, skipped = [], []
     for dirpath, dirnames, filenames in os.walk(folder):
         d = Path(dirpath)
@@ -47,7 +55,7 @@ def _folder_images(folder: Path, recursive: bool, skip: set[Path]) -> tuple[list
             if (d / name / FIGURE_MARK).is_file() or (d / name).resolve() in skip:
                 dirnames.remove(name)
                 skipped.append(d / name)
-        found += [d / n for n in filenames if Path(n).suffix.lower() in IMAGE_EXTENSIONS]
+        found += [d / n for n in filenames if Path(n).suffix.lower() in exts]
     return found, skipped
 
 
@@ -71,12 +79,6 @@ def find_images(inputs: list[str], recursive: bool = False, out_dir: str | None 
         else:
             out.append((item, p.name))
     return out, skipped
-
-
-def expand_inputs(inputs: list[str], recursive: bool = False, out_dir: str | None = None) -> list[str]:
-    """Files as given; each folder -> its images sorted by path (subfolders too when recursive; figure
-    folders never)."""
-    return [path for path, _ in find_images(inputs, recursive, out_dir)[0]]
 
 
 def figure_paths(found: list[tuple[str, str]], out_dir: str) -> dict[str, Path]:
@@ -269,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             emit(args, path, img, cap, settings, figures.get(path))
     if not paths:
         print("error: no images found (folders are searched for "
-              f"{' '.join(IMAGE_EXTENSIONS)}; --recursive for subfolders)", file=sys.stderr)
+              f"{' '.join(image_extensions())}; --recursive for subfolders)", file=sys.stderr)
         return 1
     return 1 if failed else 0
 

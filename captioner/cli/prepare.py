@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     from captioner.config import load_config
     from captioner.data import build_mix
     from captioner.data.features import build_cache
-    from captioner.model.encoder import build_preprocess
+    from captioner.model.encoder import Encoder, build_preprocess
     from captioner.vocab import Vocab
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -71,10 +71,10 @@ def _encoder(cfg):
     train.init_encoder the encoder of the train.init_from file."""
     from captioner.checkpoint import load_checkpoint, load_model_state
     from captioner.model.captioner import build_model
-    from captioner.model.encoder import build_encoder
+    from captioner.model.encoder import Encoder
 
     if not (cfg.train.init_from and cfg.train.init_encoder):
-        return build_encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size, cfg.model.output_stride)
+        return Encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size, cfg.model.output_stride)
     init = load_checkpoint(cfg.train.init_from)
     model = build_model(cfg.model, len(init.vocab), pretrained=False)
     load_model_state(model, init.model_state, cfg.train.init_from)
@@ -83,9 +83,9 @@ def _encoder(cfg):
 
 def _activations(cfg, records, device: str, progress: bool) -> int:
     from captioner.data.activations import build_activations, cache_name
-    from captioner.model.encoder import build_encoder, build_preprocess
+    from captioner.model.encoder import Encoder, build_preprocess
 
-    encoder = build_encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size, cfg.model.output_stride)
+    encoder = Encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size, cfg.model.output_stride)
     prep = build_preprocess(cfg.model)
     for (source, split), recs in records.items():
         t = time.time()

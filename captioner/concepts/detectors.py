@@ -82,11 +82,6 @@ def noisy_or_logit(cell_scores: torch.Tensor) -> torch.Tensor:
     return total + torch.log(-torch.expm1(-total))  # (B, K)
 
 
-def noisy_or(cell_scores: torch.Tensor) -> torch.Tensor:
-    """Cell scores (B, P, K) -> q (B, K) in [0, 1]: the probability that at least one cell holds the word."""
-    return 1 - torch.exp(-F.softplus(cell_scores.float()).sum(1))
-
-
 class WordDetectors(nn.Module):
     """K word-group detectors over annotation vectors (B, P, D) -> calibrated P(word | photo) (B, K)."""
 

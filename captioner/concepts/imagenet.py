@@ -271,16 +271,3 @@ def detect(head: nn.Linear, feats: torch.Tensor, threshold: float = THRESHOLD, t
         classes = [(names[k], float(v)) for v, k in zip(val[b].tolist(), idx[b].tolist())]
         out.append(Concepts(top, classes, {cat: float(p) for cat, p in zip(CATEGORIES, cp[b])}))
     return out
-
-
-def precision_recall(probs: np.ndarray, present: np.ndarray, threshold: float) -> dict[str, np.ndarray]:
-    """probs (N, C) against present (N, C) bool (e.g. the category is boxed) -> per category
-    "tp", "fp", "fn", "precision", "recall" (NaN where undefined: nothing predicted / nothing present)."""
-    pred = np.asarray(probs) >= threshold
-    present = np.asarray(present, bool)
-    tp = (pred & present).sum(0)
-    fp = (pred & ~present).sum(0)
-    fn = (~pred & present).sum(0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return {"tp": tp, "fp": fp, "fn": fn, "precision": np.where(tp + fp > 0, tp / (tp + fp), np.nan),
-                "recall": np.where(tp + fn > 0, tp / (tp + fn), np.nan)}

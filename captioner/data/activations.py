@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..diskspace import reserve, writing
-from ..model.encoder import Encoder, Preprocess, build_encoder
+from ..model.encoder import Encoder, Preprocess
 from .dataset import ImageDataset, readable
 from .records import ImageRecord
 
@@ -71,7 +71,7 @@ def teacher_encoder(encoder: Encoder) -> Encoder:
     """A freshly built pretrained encoder like `encoder` (same name, grid, stride), in eval mode: the
     source of the cached ImageNet logits, whatever the passed encoder's top holds. A ValueError when the
     passed encoder's lower stages (what the cache stores) are not the pretrained ones."""
-    teacher = build_encoder(encoder.name, True, encoder.grid_size, encoder.output_stride).eval()
+    teacher = Encoder(encoder.name, True, encoder.grid_size, encoder.output_stride).eval()
     if lower_fingerprint(teacher) != lower_fingerprint(encoder):
         raise ValueError(f"the lower stages of this {encoder.name} are not its pretrained ImageNet weights; the "
                          "activation cache (model.tune_stages) freezes them at those: build the model with "
@@ -81,7 +81,7 @@ def teacher_encoder(encoder: Encoder) -> Encoder:
 
 @lru_cache(maxsize=4)
 def _teacher_fingerprint(name: str, grid_size: int, output_stride: int) -> str:
-    teacher = build_encoder(name, True, grid_size, output_stride)
+    teacher = Encoder(name, True, grid_size, output_stride)
     h = hashlib.sha1()
     for key, t in sorted(teacher.backbone.state_dict().items()):
         h.update(key.encode())

@@ -1,7 +1,7 @@
 """Evidence-aware decoding: the encoder's own ImageNet head vetoes object words it rules out.
 
-The decoder was trained on Flickr8k (people and dogs), so on everyday photos it names a dog that is
-not there; yet the encoder's ImageNet classifier, computed from the same annotation vectors (see
+A decoder learns its words from its captions (Flickr8k is people and dogs; the bundled model adds
+coco-paired's COCO photos), so on everyday photos it can name a dog or a person that is not there; yet the encoder's ImageNet classifier, computed from the same annotation vectors (see
 concepts/imagenet.py: no second forward pass), often knows better. Before decoding, each photo's concept
 probabilities p (B, C) over the COCO categories ImageNet can see become one additive bias per
 vocabulary word (B, V), applied to the next-word log-probabilities at every step (search.word_logp):

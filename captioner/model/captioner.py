@@ -6,7 +6,7 @@ import torch.nn as nn
 
 from ..config import ModelConfig, check_grid
 from .decoder import Decoder
-from .encoder import Encoder, build_encoder
+from .encoder import Encoder
 
 
 class CaptionModel(nn.Module):
@@ -23,7 +23,7 @@ def build_model(cfg: ModelConfig, vocab_size: int, pretrained: bool | None = Non
     """pretrained=None follows cfg.pretrained; loading a checkpoint passes False (its weights win)."""
     pretrained = cfg.pretrained if pretrained is None else pretrained
     check_grid(cfg, "model config")  # never average-pool a feature map UP to a larger grid
-    encoder = build_encoder(cfg.encoder, pretrained, cfg.grid_size, cfg.output_stride)
+    encoder = Encoder(cfg.encoder, pretrained, cfg.grid_size, cfg.output_stride)
     decoder = Decoder(vocab_size, encoder.out_dim, cfg.embed_dim, cfg.hidden_dim, cfg.attention_dim, cfg.dropout,
                       cfg.attention)
     return CaptionModel(encoder, decoder)

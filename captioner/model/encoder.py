@@ -285,6 +285,3 @@ class Encoder(nn.Module):
         first = net.stage_starts[len(net.stage_starts) - stages]
         return [*net._blocks[first:], net._conv_head, net._bn1]
 
-
-def build_encoder(name: str, pretrained: bool, grid_size: int, output_stride: int = 32) -> Encoder:
-    return Encoder(name, pretrained, grid_size, output_stride)
