@@ -14,6 +14,7 @@ click a region) and compare_panel() (a second model, or this one at other decode
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import html
 import os
@@ -29,7 +30,7 @@ import captioner
 from captioner.concepts.imagenet import imagenet_head_or_none
 from captioner.ui import html as html_parts
 from captioner.ui import checkpoints, texts, visualize, workbench
-from captioner.images import file_extensions, format_names, load_image
+from captioner.images import file_extensions, format_names, load_image, original_size
 
 try:  # click-to-pick a region; without it the row/column menus still pick one
     from streamlit_image_coordinates import streamlit_image_coordinates
@@ -106,28 +107,27 @@ def get_model(path: str, mtime: float, dtype: str = "float32") -> captioner.Capt
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
-def get_features(path: str, mtime: float, dtype: str, digest: str, _image):
-    """One photo's annotation vectors (1, P, D) under one model (keyed by the photo's digest): the encoder
-    runs once per photo and model, so new decode settings, a typed sentence, another word or region,
-    or a comparison only decode (Captioner.caption_features / explain_features). Never modified."""
-    return get_model(path, mtime, dtype).features(_image)
+def get_reading(path: str, mtime: float, dtype: str, digest: str, _image) -> captioner.Photo:
+    """One photo as one model read it (keyed by the photo's digest): the encoder and its heads run once per
+    photo and model, so new decode settings, a typed sentence, another word or region, or a comparison only
+    decode (captioner.Photo.caption / explain). Never modified."""
+    return get_model(path, mtime, dtype).read(_image)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def get_caption(path: str, mtime: float, dtype: str, digest: str, decode: Decode, _image) -> captioner.Caption:
     """Caption of one decoded photo (keyed by its digest and the decode settings as (name, value) pairs),
     so moving the opacity or word sliders does not decode again."""
-    feats = get_features(path, mtime, dtype, digest, _image)
-    loaded = get_model(path, mtime, dtype)
-    return loaded.note_photo_sizes(loaded.caption_features(feats, **dict(decode)), [_image.size])[0]
+    return get_reading(path, mtime, dtype, digest, _image).caption(**dict(decode))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def get_explanation(path: str, mtime: float, dtype: str, digest: str, text: str, hard_context: str,
                     _image) -> captioner.Caption:
-    """A typed sentence teacher-forced on one photo (Captioner.explain), cached per model, photo and text."""
-    feats = get_features(path, mtime, dtype, digest, _image)  # (a small photo's note is shown once, by the caption)
-    return get_model(path, mtime, dtype).explain_features(feats, text, hard_context=hard_context)
+    """A typed sentence teacher-forced on one photo (Photo.explain), cached per model, photo and text."""
+    cap = get_reading(path, mtime, dtype, digest, _image).explain(text, hard_context=hard_context)
+    cap.photo_size = None  # a small photo's note is shown once, by the caption
+    return cap
 
 
 def explain_or_none(path: str, mtime: float, dtype: str, digest: str, text: str, hard_context: str, _image
@@ -238,10 +238,21 @@ def has_head(loaded: captioner.Captioner) -> bool:
     return imagenet_head_or_none(loaded.model) is not None
 
 
+def stored_decode(loaded: captioner.Captioner) -> Decode:
+    """The decode settings stored in a model's own file, as the page's (name, value) pairs."""
+    return tuple(dataclasses.asdict(loaded.config.decode).items())
+
+
 def decode_for(loaded: captioner.Captioner, decode: Decode) -> Decode:
     """The page's decode settings as one model may use them: evidence off where its encoder has no head
     (a ResNet checkpoint beside the bundled model in a comparison)."""
     return tuple((k, v and has_head(loaded) if k == "evidence" else v) for k, v in decode)
+
+
+def photo_label(photo: Photo) -> str:
+    """'NAME (451x300)'; a photo shrunk for the page says so: 'NAME (12000x12000, shown at 1024x1024)'."""
+    (w, h), shown = original_size(photo.image), photo.image.size
+    return f"{photo.name} ({w}x{h})" if (w, h) == shown else f"{photo.name} ({w}x{h}, shown at {shown[0]}x{shown[1]})"
 
 
 def short_error(e: Exception) -> str:
@@ -379,7 +390,7 @@ def caption_panel(settings: Settings, loaded: captioner.Captioner) -> tuple[Phot
     cap = caption_or_stop(settings, photo)
     col_photo, col_text = st.columns([1, 1])
     with col_photo:
-        st.image(photo.image, caption=f"{photo.name} ({photo.image.width}x{photo.image.height})", width="stretch")
+        st.image(photo.image, caption=photo_label(photo), width="stretch")
     with col_text:
         caption_summary(cap, settings.evidence, loaded.config.decode.length_penalty)
         downloads(photo, cap, settings.view)
@@ -567,22 +578,24 @@ def compare_models(settings: Settings, others: list[str], photo: Photo, cap: cap
     """A second checkpoint (B) beside the one on screen: both captions, the typed sentence explained under
     each, and a per-word table. Each side decodes with what its model can use."""
     label_b = st.selectbox("Second checkpoint (B)", others, key="compare_ckpt")
+    same = st.checkbox("Decode B with the sidebar's settings too", value=False, key="compare_same_settings",
+                       help="Off: each model decodes with the settings stored in its own file (A: the sidebar).")
     path_b = settings.choices[label_b]
     try:
         mtime_b = Path(path_b).stat().st_mtime
         loaded_b = get_model(path_b, mtime_b, settings.dtype)
-        cap_b = get_caption(path_b, mtime_b, settings.dtype, photo.digest, decode_for(loaded_b, settings.decode),
-                            photo.image)
+        decode_b = decode_for(loaded_b, settings.decode) if same else stored_decode(loaded_b)
+        cap_b = get_caption(path_b, mtime_b, settings.dtype, photo.digest, decode_b, photo.image)
         explained_b = None if explained is None else get_explanation(  # None: the sentence has no words
             path_b, mtime_b, settings.dtype, photo.digest, sentence, loaded_b.config.decode.hard_context, photo.image)
     except Exception as e:  # noqa: BLE001 - a broken second checkpoint is a message, not a crash
         st.error(f"Cannot use the checkpoint '{label_b}': {type(e).__name__}: {e}")
         st.stop()
     st.markdown(f"The sentence “{html.escape(sentence)}” under both models:")
-    for side, which, lb, generated, exp in zip(st.columns(2), "AB", (settings.label, label_b), (cap, cap_b),
-                                               (explained, explained_b)):
+    for side, which, lb, used, generated, exp in zip(st.columns(2), "AB", (settings.label, label_b),
+                                                     (settings.decode, decode_b), (cap, cap_b), (explained, explained_b)):
         with side:
-            st.markdown(f"**{which}: {html.escape(lb)}**")
+            st.markdown(f"**{which}: {html.escape(lb)}, {workbench.settings_line(dict(used))}**")
             st.markdown(f"generated: *{html.escape(generated.text) or '(empty)'}* ({generated.log_prob:.2f})")
             if exp is not None:
                 show_explanation(exp, photo.thumb, settings.view, columns=2)

@@ -1,12 +1,12 @@
-"""The public API: load() -> Captioner, Captioner.caption(image) -> Caption.
+"""The public API: load() -> Captioner; Captioner.read(image) -> Photo; Photo.caption() -> Caption.
 
     import captioner
     model = captioner.load()                 # the bundled default model
-    cap = model.caption("photo.jpg")         # PIL image, path or bytes
-    cap.text, cap.words, cap.alphas, cap.betas, cap.log_prob, cap.word_log_probs
+    cap = model.caption("photo.jpg")         # PIL image, path or bytes: read(image).caption()
+    cap.text, cap.words, cap.alphas, cap.betas, cap.log_prob, cap.word_log_probs, cap.concepts
     model.explain("photo.jpg", "a dog runs on the grass")   # any sentence, as a Caption (maps, probabilities)
-    feats = model.features("photo.jpg")      # the encoder once; then decode or explain without it:
-    model.caption_features(feats, beam_size=3)[0], model.explain_features(feats, "a dog")
+    photo = model.read("photo.jpg")          # the encoder and its heads once; then ask the photo:
+    photo.caption(beam_size=3), photo.explain("a dog"), photo.concepts.top, photo.size, photo.notes
 
 Decode settings (every field of config.decode: beam size, maximum length, length penalty, trigram
 blocking ...) default to the ones stored in the model file; keyword overrides change them for one call:
@@ -23,8 +23,10 @@ from typing import Any, Sequence
 import torch
 
 from .decoding.captions import Caption, captions_from_features
-from .concepts.detectors import WordDetectors, attach, detect_words, detectors_of, with_detections
-from .concepts.imagenet import THRESHOLD, Concepts, detect, encoder_head
+from .decoding.photo import Photo, caption_photos
+from .decoding.reading import HeadReading, photo_concepts, read_heads
+from .concepts.detectors import WordDetectors, attach, detectors_of
+from .concepts.imagenet import THRESHOLD, Concepts, encoder_head
 from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
 from .config import DTYPES as DTYPE_NAMES
 from .config import Config, DecodeConfig, check_choice, set_value
@@ -137,40 +139,41 @@ class Captioner:
         check_choice("decode.hard_context", used.hard_context, "decode settings")
         return used
 
-    def caption(self, image: ImageInput, **overrides: Any) -> Caption:
-        """One image -> Caption; decode settings are the model file's unless overridden (decode_settings)."""
-        return self.caption_batch([image], **overrides)[0]
+    def read(self, image: ImageInput, name: str | None = None) -> Photo:
+        """One image (PIL image, path or bytes) -> its Photo: opened, preprocessed and encoded once, the
+        encoder's heads applied once; ask it for captions, explanations and concepts (decoding/photo.py).
+        ImageError for an unusable image."""
+        return self.read_batch([image], [name])[0]
 
     @torch.no_grad()
-    def caption_batch(self, images: Sequence[ImageInput], **overrides: Any) -> list[Caption]:
-        """All images decoded together (batched over images and beams). Raises ImageError naming
-        the first unusable image."""
+    def read_batch(self, images: Sequence[ImageInput], names: Sequence[str | None] | None = None) -> list[Photo]:
+        """Several images read together (one encoder and one head pass for the batch) -> their Photos.
+        Raises ImageError naming the first unusable image."""
         if not images:
             return []
         sizes, inputs = [], []
-        for im in images:  # one photo held at a time: upright RGB as preprocess reads it, its size noted
+        for im in images:  # one decoded photo held at a time: upright RGB as preprocess reads it, its size noted
             img = load_image(im)
             sizes.append(img.size)
             inputs.append(self.preprocess(img))  # (3, S, S)
-        return self.note_photo_sizes(self.caption_tensors(torch.stack(inputs), **overrides), sizes)
+        feats = self.encode(torch.stack(inputs))  # (B, P, D)
+        reading = read_heads(self.model, feats)
+        side, names = int(self.config.model.image_size), list(names or [None] * len(images))
+        return [Photo(self, feats[i:i + 1], reading.rows(i, i + 1), size, side, names[i]) for i, size in enumerate(sizes)]
 
-    def note_photo_sizes(self, caps: Sequence[Caption], sizes: Sequence[tuple[int, int]]) -> list[Caption]:
-        """Record each photo's (width, height) and the model's input side on its Caption (in place; returned):
-        a photo far smaller than the input gets a note (Caption.notes, captions.small_photo_note). For
-        callers that caption from features (caption_features, explain_features), e.g. the app."""
-        for cap, (w, h) in zip(caps, sizes):
-            cap.photo_size, cap.input_side = (int(w), int(h)), int(self.config.model.image_size)
-        return list(caps)
+    def caption(self, image: ImageInput, **overrides: Any) -> Caption:
+        """One image -> Caption (`read(image).caption()`); decode settings are the model file's unless
+        overridden (decode_settings)."""
+        return self.read(image).caption(**overrides)
 
-    @torch.no_grad()
-    def caption_tensors(self, x: torch.Tensor, **overrides: Any) -> list[Caption]:
-        """Preprocessed images (B, 3, S, S) -> captions."""
-        return self.caption_features(self.encode(x), **overrides)
+    def caption_batch(self, images: Sequence[ImageInput], **overrides: Any) -> list[Caption]:
+        """All images read and decoded together (batched over images and beams). Raises ImageError naming
+        the first unusable image."""
+        return caption_photos(self, self.read_batch(images), **overrides)
 
     @torch.no_grad()
     def caption_features(self, feats: torch.Tensor, **overrides: Any) -> list[Caption]:
-        """Annotation vectors (B, P, D) from `encode` (or `features`) -> captions: decode again (other
-        settings, another beam) without running the encoder again."""
+        """Annotation vectors (B, P, D) (e.g. a feature cache) -> captions, the heads read per batch."""
         settings = self.decode_settings(**overrides)
         caps = captions_from_features(self.model, feats, self.vocab, settings, batch_size=len(feats))
         for cap in caps:
@@ -179,58 +182,30 @@ class Captioner:
 
     @torch.no_grad()
     def features(self, image: ImageInput) -> torch.Tensor:
-        """One image -> its annotation vectors (1, P, D): what caption_features and explain_features
-        read. Compute them once per photo and keep them to caption, explain or compare without
-        re-running the encoder (the app caches them per photo)."""
+        """One image -> its annotation vectors (1, P, D) (`read(image).features` with the heads' reading)."""
         return self.encode(self.preprocess(image).unsqueeze(0))  # (1, P, D)
 
-    @torch.no_grad()
     def explain(self, image: ImageInput, text: str, **overrides: Any) -> Caption:
         """Any sentence about one image -> Caption of exactly its words (vocab.tokenize_typed: each kept as
         typed, in any script, lowercased), teacher-forced: where the model looks for each word and how
-        likely it finds each (word_log_probs). Words the vocabulary lacks are fed as <unk> and listed in
-        Caption.unknown (and Caption.notes). A sentence with no words ("", "!!! ...") raises
-        NoWordsError (a ValueError) before the photo is read. `overrides`: decode settings (only
+        likely it finds each (word_log_probs), with the photo's concepts, contradicted words and concept
+        maps like a generated caption (`read(image).explain(text)`). Words the vocabulary lacks are fed as
+        <unk> and listed in Caption.unknown (and Caption.notes). A sentence with no words ("", "!!! ...")
+        raises NoWordsError (a ValueError) before the photo is read. `overrides`: decode settings (only
         hard_context matters, for a hard-attention model)."""
         from .decoding.explain import sentence_words
 
         sentence_words(text)  # NoWordsError before any work
-        img = load_image(image)
-        return self.note_photo_sizes([self.explain_features(self.features(img), text, **overrides)], [img.size])[0]
+        return self.read(image).explain(text, **overrides)
 
-    @torch.no_grad()
-    def explain_features(self, feats: torch.Tensor, text: str, **overrides: Any) -> Caption:
-        """explain() from one photo's annotation vectors (1, P, D) (`features`): no encoder run."""
-        from .decoding.explain import explain_features, sentence_words
-
-        from .decoding.captions import attach_concept_maps
-        from .concepts.imagenet import imagenet_head_or_none
-
-        words = sentence_words(text)  # NoWordsError before any work
-        settings = self.decode_settings(**overrides)
-        feats = feats.to(self.device, self.dtype)  # (1, P, D)
-        cap = explain_features(self.model.decoder, feats, self.vocab, words, settings.hard_context)
-        cap.settings, cap.model_file = dataclasses.asdict(settings), self.source
-        head = imagenet_head_or_none(self.model)
-        if head is not None:  # where the classifier sees what a word names (unknown words name nothing)
-            ids = [self.vocab.stoi.get(w, self.vocab.unk) for w in cap.words]
-            attach_concept_maps([cap], [ids], head, feats, self.vocab)
-        return cap
-
-    @torch.no_grad()
     def concepts(self, images: Sequence[ImageInput], threshold: float = THRESHOLD, top_k: int = 5) -> list[Concepts]:
-        """What the encoder's ImageNet head sees in each image (one encoder pass): COCO categories at or
-        above `threshold` and the `top_k` ImageNet classes; with word detectors in the model file, also
-        person (always) and the detected words at or above `threshold`. A ValueError for encoders without the head."""
-        x = torch.stack([self.preprocess(im) for im in images])  # (B, 3, S, S)
-        feats = self.encode(x)  # (B, P, D)
-        out = detect(encoder_head(self.model), feats, threshold, top_k)
-        det = detectors_of(self.model)
-        if det is not None:  # person (always) and the scene words the detectors see at P >= threshold
-            for c, row in zip(out, detect_words(self.model, feats).float().cpu()):
-                c.top = with_detections(c.top, det, row, threshold)
-                c.probs.update({g: round(float(row[k]), 4) for k, g in enumerate(det.groups) if g not in c.probs})
-        return out
+        """What the encoder's heads see in each image (Photo.concepts; read_batch: one encoder pass): COCO
+        categories at or above `threshold` and the `top_k` ImageNet classes; with word detectors in the model
+        file, also person (always) and the detected words at or above `threshold`. At the default threshold
+        `.top` is the list each Caption of the photo carries. A ValueError for encoders without the head."""
+        encoder_head(self.model)  # ValueError naming the encoder
+        photos = self.read_batch(images)
+        return photo_concepts(HeadReading.cat([p.reading for p in photos]), self.model, threshold, top_k)
 
     @torch.no_grad()
     def encode(self, x: torch.Tensor) -> torch.Tensor:
@@ -269,6 +244,6 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
     return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype, source=str(checkpoint))
 
 
-__all__ = ["Caption", "Captioner", "ImageError", "CheckpointError", "NoWordsError", "load", "preferred_dtype", "default_device",
+__all__ = ["Caption", "Captioner", "Photo", "ImageError", "CheckpointError", "NoWordsError", "load", "preferred_dtype", "default_device",
            "check_device", "available_devices",
            "Preprocess", "DEFAULT_CHECKPOINT"]

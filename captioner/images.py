@@ -45,6 +45,7 @@ _ORIENTATION = 0x0112
 _TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
               5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
               8: Image.Transpose.ROTATE_90}
+_SIDEWAYS = {5, 6, 7, 8}  # orientations that swap width and height
 
 
 class ImageError(ValueError):
@@ -193,8 +194,18 @@ def load_image(src: ImageInput, max_side: int = WORKING_SIDE) -> Image.Image:
         raise ImageError(f"{name}: the image data is corrupt or truncated ({type(e).__name__}: {e})") from None
     if max(img.size) > max_side:
         img.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
-    img.info = {}  # a fresh upright picture: no EXIF orientation left to apply twice (load_image(load_image(x)))
+    upright = (h, w) if orientation in _SIDEWAYS else (w, h)
+    # a fresh upright picture: no EXIF orientation left to apply twice (load_image(load_image(x))); the size
+    # the file had (upright) is kept, so a page can say a 12000x12000 upload was shrunk (original_size)
+    img.info = {"original_size": original_size(src) if isinstance(src, Image.Image) else upright}
     return img
+
+
+def original_size(img: Image.Image) -> tuple[int, int]:
+    """(width, height) of the file a load_image result came from, upright (its own size otherwise): larger
+    than img.size when the photo was shrunk to the working side."""
+    size = img.info.get("original_size") if isinstance(img.info, dict) else None
+    return (int(size[0]), int(size[1])) if size else img.size
 
 
 def _orientation(img: Image.Image) -> int:

@@ -475,11 +475,11 @@ def test_empty_caption_is_explained_not_crashed(app, monkeypatch):
     import numpy as np
     import streamlit as st
 
-    def empty_caption(self, feats, **overrides):
-        g = self.grid_size
-        return [captioner.Caption("", [], np.zeros((0, g, g), np.float32), -1.5, [("a cat", -2.0)])]
+    def empty_caption(self, **overrides):
+        g = self.reader.grid_size
+        return captioner.Caption("", [], np.zeros((0, g, g), np.float32), -1.5, [("a cat", -2.0)])
 
-    monkeypatch.setattr(captioner.Captioner, "caption_features", empty_caption)  # what the app decodes with
+    monkeypatch.setattr(captioner.Photo, "caption", empty_caption)  # what the app decodes with
     st.cache_data.clear()
     try:
         at = app.run()
@@ -700,7 +700,7 @@ def test_a_concept_word_shows_the_classifiers_map_beside_its_attention(app, flic
 
 def test_encoder_runs_once_per_photo(app, monkeypatch):
     """A new beam size, a typed sentence and a region click decode again from the photo's cached
-    features: the encoder runs once per photo and model (app.get_features)."""
+    reading: the encoder runs once per photo and model (app.get_reading)."""
     import streamlit as st
 
     encoded = []
@@ -772,6 +772,43 @@ def test_compare_the_bundled_model_with_a_resnet_checkpoint(app, tmp_path, monke
     next(s for s in at.selectbox if s.label == "Second checkpoint (B)").set_value("resnet.safetensors").run()
     no_problems(at)
     assert any(m.value.startswith("**B: resnet.safetensors") for m in at.markdown)
+
+
+def test_compare_decodes_b_with_its_own_stored_settings(app, tmp_path, monkeypatch):
+    """B was decoded with A's sidebar settings and the page did not say which B used: B now decodes with the
+    settings stored in its own file unless the user asks for the sidebar's, and both sides say theirs."""
+    import dataclasses
+
+    bundled = captioner.load()
+    other = captioner.Captioner(bundled.model, bundled.vocab,
+                                dataclasses.replace(bundled.config, decode=dataclasses.replace(
+                                    bundled.config.decode, beam_size=1, max_len=7)))
+    other.save(tmp_path / "greedy.safetensors", half=True)
+    monkeypatch.setenv("CAPTIONER_CHECKPOINT_DIRS", str(tmp_path))
+    at = app.run()
+    check_captioned(at)
+    next(c for c in at.checkbox if c.label == "Compare with a second checkpoint").check().run()
+    next(s for s in at.selectbox if s.label == "Second checkpoint (B)").set_value("greedy.safetensors").run()
+    no_problems(at)
+    heads = [m.value for m in at.markdown if m.value.startswith(("**A: ", "**B: "))]
+    a_beam = bundled.config.decode.beam_size
+    assert any(h.startswith("**B: greedy.safetensors, beam 1") and "max 7 words" in h for h in heads), heads
+    assert any(h.startswith("**A: ") and f"beam {a_beam}" in h for h in heads), heads
+    next(c for c in at.checkbox if c.label == "Decode B with the sidebar's settings too").check().run()
+    no_problems(at)
+    heads = [m.value for m in at.markdown if m.value.startswith("**B: ")]
+    assert heads and f"beam {a_beam}" in heads[0], heads
+
+
+@pytest.mark.slow
+def test_a_shrunk_upload_says_its_original_size(app):
+    """A 12000x12000 upload was labelled "(1024x1024)" with no word that it was shrunk."""
+    at = app.run()
+    beam(at).set_value(1).run()
+    big = Image.new("RGB", (6000, 4000), (90, 120, 60))
+    at.file_uploader[0].set_value(("big.png", png_bytes_of(big), "image/png")).run()
+    no_problems(at)
+    assert photo_caption(at) == "big.png (6000x4000, shown at 1024x683)", photo_caption(at)
 
 
 def test_concurrent_sessions_stay_isolated(app):

@@ -100,18 +100,41 @@ def test_beam_search_on_real_photos_equals_the_reference_step(bundled, flickr, o
         assert float(abs(a.alphas - b.alphas).max()) < 1e-5
 
 
-def test_features_once_then_caption_and_explain(bundled, flickr, one_torch_thread):
+def test_a_photo_is_read_once_then_asked(bundled, flickr, one_torch_thread, monkeypatch):
+    """Captioner.read runs the encoder once and the ImageNet head once; the Photo's captions (any settings),
+    explanations and concepts then run neither again, and equal what the one-call API gives."""
+    import captioner.decoding.reading as reading_mod
+    from captioner.concepts import detectors as det_mod, maps as maps_mod
+
     photo = val_photos(flickr, 1)[0]
-    feats = bundled.features(photo)
-    assert feats.shape == (1, bundled.grid_size ** 2, bundled.model.encoder.out_dim)
-    cap, again = bundled.caption(photo), bundled.caption_features(feats)[0]
-    assert cap.words == again.words and abs(cap.alphas - again.alphas).max() < 1e-5  # (the encoder's kernels may round
-    # differently with another memory alignment)
+    runs = {"encoder": 0, "head": 0}
+    real_encode, real_logits = type(bundled.model).encode, reading_mod.imagenet_logits
+
+    def encode(self, x):
+        runs["encoder"] += 1
+        return real_encode(self, x)
+
+    def logits(head, feats):
+        runs["head"] += 1
+        return real_logits(head, feats)
+
+    monkeypatch.setattr(type(bundled.model), "encode", encode)
+    for mod in (reading_mod, det_mod, maps_mod):  # every module that could run the head's classifier
+        monkeypatch.setattr(mod, "imagenet_logits", logits)
+    read = bundled.read(photo)
+    assert runs == {"encoder": 1, "head": 1}
+    assert read.features.shape == (1, bundled.grid_size ** 2, bundled.model.encoder.out_dim)
     text = "a dog runs on the grass"
-    a, b = bundled.explain(photo, text), bundled.explain_features(feats, text)
-    assert a.words == b.words and abs(a.alphas - b.alphas).max() < 1e-5
-    assert abs(a.word_log_probs - b.word_log_probs).max() < 1e-4
-    assert bundled.caption_features(feats, beam_size=1)[0].words == bundled.caption(photo, beam_size=1).words
+    cap, greedy, exp, concepts = read.caption(), read.caption(beam_size=1), read.explain(text), read.concepts
+    assert runs == {"encoder": 1, "head": 1}, runs  # asked four times, read once
+    assert bundled.caption(photo).text == cap.text and bundled.caption(photo, beam_size=1).words == greedy.words
+    assert runs == {"encoder": 3, "head": 3}  # each one-call caption reads the photo once (encoder + head)
+    a = bundled.explain(photo, text)
+    assert runs == {"encoder": 4, "head": 4}
+    assert a.words == exp.words and abs(a.alphas - exp.alphas).max() < 1e-5
+    assert abs(a.word_log_probs - exp.word_log_probs).max() < 1e-4
+    # one list: the API's concepts, a caption's, an explained sentence's and the photo's
+    assert bundled.concepts([photo])[0].top == cap.concepts == exp.concepts == concepts.top
 
 
 def test_preprocess_equals_the_previous_formula(bundled, flickr, coco_mini):

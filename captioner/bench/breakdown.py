@@ -30,22 +30,22 @@ def photo_files(folder: str | None) -> list[Path]:
 def _stages(cap, feats: torch.Tensor, settings) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
     """captions_from_features split in two: decoding.search.decode (evidence included) and everything else
     it does for one photo (concept probabilities, evidence bias, Caption, concept maps)."""
-    from ..decoding.captions import attach_concept_maps, to_caption
-    from ..concepts.imagenet import concept_probs, imagenet_head_or_none
+    from ..decoding.captions import to_caption
+    from ..decoding.reading import annotate, read_heads
     from ..decoding.search import SpecialIds, decode
-    from ..decoding.evidence import Evidence, ruled_out_words, word_categories
+    from ..decoding.evidence import Evidence, word_categories
 
-    head, ids = imagenet_head_or_none(cap.model), SpecialIds.of(cap.vocab, settings.forbid_unk)
+    ids = SpecialIds.of(cap.vocab, settings.forbid_unk)
 
     def concepts(hyps=None):
-        if head is None:
-            return None, None
+        reading = read_heads(cap.model, feats)  # the heads' one run for this photo
+        if reading.probs is None:
+            return None
         words = word_categories(cap.vocab).to(feats.device)  # (V, C)
-        probs = concept_probs(head, feats)  # (1, C)
-        evidence = Evidence(probs, words, settings) if settings.evidence else None
+        evidence = Evidence(reading.probs, words, settings) if settings.evidence else None
         if hyps is not None:
-            c = to_caption(hyps[0], cap.vocab, probs[0], ruled_out_words(probs, words, settings.evidence_floor)[0])
-            attach_concept_maps([c], [hyps[0][0].tokens], head, feats, cap.vocab)
+            c = to_caption(hyps[0], cap.vocab)
+            annotate([c], [hyps[0][0].tokens], reading, feats, cap.model, cap.vocab, settings)
         return evidence
 
     evidence = concepts()
@@ -68,9 +68,10 @@ def bench_breakdown(cap, photos: list[Path], counts: Counts, device: torch.devic
         enc, feats = timer.run(cap.encode, x.unsqueeze(0))
         decoding, concepts = _stages(cap, feats, settings)
         dec, hyps = timer.run(decoding)
+        read = cap.read(photo)  # the photo read once: explaining it again runs only the decoder
         times = {"read_preprocess": pre, "encoder": enc, "decoding": dec, "concepts": timer(concepts, hyps),
                  "caption": timer(cap.caption, photo),
-                 "explain_decoder": timer(cap.explain_features, feats, sentence),
+                 "explain_decoder": timer(read.explain, sentence),
                  "explain": timer(cap.explain, photo, sentence)}
         if i >= 2:
             for k, v in times.items():

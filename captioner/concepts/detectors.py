@@ -153,17 +153,25 @@ class WordDetectors(nn.Module):
 
 def clothes_prior(head: nn.Linear, feats: torch.Tensor) -> torch.Tensor:
     """(B, P, D) -> (B,) log of the ImageNet head's probability of the clothes and outfits people wear."""
-    logp = imagenet_logits(head, feats).log_softmax(-1)  # (B, 1000)
+    return clothes_prior_of(imagenet_logits(head, feats))
+
+
+def clothes_prior_of(logits: torch.Tensor) -> torch.Tensor:
+    """The head's ImageNet logits (B, 1000) -> (B,) clothes_prior."""
+    logp = logits.float().log_softmax(-1)  # (B, 1000)
     return logp[:, list(person_classes())].logsumexp(-1)
 
 
-def detect_words(model: nn.Module, feats: torch.Tensor) -> torch.Tensor | None:
-    """A CaptionModel's word detections (B, K) for annotation vectors (B, P, D); None without detectors."""
+def detect_words(model: nn.Module, feats: torch.Tensor, logits: torch.Tensor | None = None) -> torch.Tensor | None:
+    """A CaptionModel's word detections (B, K) for annotation vectors (B, P, D); None without detectors.
+    `logits`: the ImageNet head's logits (B, 1000) of these photos when already computed (not again)."""
     det = detectors_of(model)
     if det is None:
         return None
-    head = imagenet_head_or_none(model)
-    return det(feats, None if head is None else clothes_prior(head, feats))
+    if logits is None:
+        head = imagenet_head_or_none(model)
+        logits = None if head is None else imagenet_logits(head, feats)  # (B, 1000)
+    return det(feats, None if logits is None else clothes_prior_of(logits))
 
 
 def detectors_of(model: nn.Module) -> WordDetectors | None:

@@ -259,15 +259,19 @@ class Concepts:
 def detect(head: nn.Linear, feats: torch.Tensor, threshold: float = THRESHOLD, top_k: int = 5) -> list[Concepts]:
     """Annotation vectors (B, P, D) -> one Concepts per photo: categories at or above `threshold`
     and the `top_k` ImageNet classes by name."""
-    logits = imagenet_logits(head, feats)  # (B, K)
-    cls = logits.softmax(-1)  # (B, K)
+    return concepts_of(imagenet_logits(head, feats), threshold, top_k)
+
+
+def concepts_of(logits: torch.Tensor, threshold: float = THRESHOLD, top_k: int = 5) -> list[Concepts]:
+    """The head's ImageNet logits (B, K) -> one Concepts per photo (see detect)."""
+    cls = logits.float().softmax(-1)  # (B, K)
     cp = (cls @ membership(cls.device).T).cpu().numpy()  # (B, C)
     val, idx = cls.topk(top_k, dim=-1)  # (B, top_k)
     names = imagenet_classes()
     out = []
     for b in range(len(cp)):
         order = np.argsort(-cp[b], kind="stable")
-        top = [(CATEGORIES[c], float(cp[b, c])) for c in order if cp[b, c] >= threshold]
+        top = [(CATEGORIES[c], round(float(cp[b, c]), 4)) for c in order if cp[b, c] >= threshold]
         classes = [(names[k], float(v)) for v, k in zip(val[b].tolist(), idx[b].tolist())]
         out.append(Concepts(top, classes, {cat: float(p) for cat, p in zip(CATEGORIES, cp[b])}))
     return out

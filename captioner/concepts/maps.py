@@ -50,12 +50,14 @@ def concept_maps(head: nn.Linear, feats: torch.Tensor) -> tuple[torch.Tensor, to
     return _normalise(maps), cat_probs  # (B, C, P), (B, C)
 
 
-def category_maps(head: nn.Linear, feats: torch.Tensor, categories: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def category_maps(head: nn.Linear, feats: torch.Tensor, categories: torch.Tensor, logits: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """The maps of one category per row, cheaply (only that category's classes): feats (N, P, D),
     categories (N,) indices into MAP_CATEGORIES -> (maps (N, P), P(category) (N,)). Equal to
-    concept_maps(head, feats)[0][n, categories[n]]."""
+    concept_maps(head, feats)[0][n, categories[n]]. `logits` (N, K): the rows' ImageNet logits when
+    already computed (the head's classifier is then not run again)."""
     feats = feats.float()
-    probs = imagenet_logits(head, feats).softmax(-1)  # (N, K)
+    probs = (imagenet_logits(head, feats) if logits is None else logits.float()).softmax(-1)  # (N, K)
     weights = probs * map_membership(feats.device)[categories]  # (N, K): the row's category's classes
     cat_probs = weights.sum(-1)  # (N,)
     w = (weights / cat_probs.clamp_min(1e-12).unsqueeze(-1)) @ head.weight.float()  # (N, D): the classes' mean weight

@@ -14,16 +14,15 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from ..concepts.detectors import PERSON, WordDetectors, detect_words, detectors_of, with_detections
-from ..concepts.maps import MIN_PROB, category_maps
-from ..concepts.imagenet import CATEGORIES, MAP_CATEGORIES, concept_probs, imagenet_head_or_none
+from ..concepts.detectors import PERSON
+from ..concepts.imagenet import imagenet_head_or_none
 from ..config import DecodeConfig
 from .search import Hypothesis, SpecialIds, decode
-from .evidence import Evidence, person_ruled_out, ruled_out_words, word_categories
+from .evidence import Evidence, word_categories
+from .reading import HeadReading, annotate, checked_detectors, grid_side, person_word_mask, read_heads
 from ..model.captioner import CaptionModel
 from ..vocab import Vocab
 
-TOP_CONCEPTS = 5  # concepts a Caption carries
 SMALL_PHOTO = 0.5  # a photo whose shorter side is below this share of the model's input side gets a note
 
 
@@ -54,8 +53,9 @@ class Caption:
     # indices of words the vocabulary lacks (explained sentences only): fed to the decoder as <unk>,
     # so their maps and probabilities are those of <unk>
     unknown: list[int] = field(default_factory=list)
-    # the COCO categories the encoder's ImageNet head sees in the photo, most probable first, with P
-    # (concepts/imagenet.py); empty for encoders without an ImageNet head (ResNet)
+    # what the photo's heads see, most probable first, with P: the COCO categories the encoder's ImageNet
+    # head sees at P >= concepts.imagenet.THRESHOLD, and with word detectors person (always) and the detected
+    # words; the photo's one list (Captioner.concepts()[i].top, Photo.concepts.top); empty without the head
     concepts: list[tuple[str, float]] = field(default_factory=list)
     # indices of words naming an object the ImageNet head rules out (P < decode.evidence_floor), whether
     # or not decoding used the evidence: what the app marks as contradicted
@@ -140,18 +140,9 @@ def small_photo_note(size: tuple[int, int] | None, input_side: int | None) -> st
             f"is enlarged {input_side / min(size):.0f}x, so the caption rests on very little detail.")
 
 
-def grid_side(regions: int) -> int:
-    """P attention cells -> the side G of the square grid (the encoders' grids are square)."""
-    g = math.isqrt(regions)
-    if g * g != regions:
-        raise ValueError(f"{regions} attention cells do not form a square grid")
-    return g
-
-
-def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab, probs: torch.Tensor | None = None,
-               ruled_out: torch.Tensor | None = None) -> Caption:
-    """One image's hypotheses (best first), its concept probabilities (C,) and ruled_out (V,) (1 for
-    words naming a ruled-out object), or None -> its Caption; the other hypotheses become `alternatives`."""
+def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab) -> Caption:
+    """One image's hypotheses (best first) -> its Caption (words, maps, gates, word log-probs, the ranking
+    score); the other hypotheses become `alternatives`. What the photo's heads say: reading.annotate."""
     best = hyps[0]
     words = [vocab.itos[t] for t in best.tokens]
     g = grid_side(best.alphas.shape[-1])
@@ -159,45 +150,37 @@ def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab, probs: torch.Tensor | N
     betas = best.betas.float().cpu().numpy() if best.betas is not None else np.zeros(0, np.float32)  # (L,)
     lps = best.word_logps.float().cpu().numpy() if best.word_logps is not None else np.zeros(0, np.float32)  # (L,)
     alts = [Alternative(" ".join(vocab.itos[t] for t in h.tokens), float(h.log_prob), float(h.score)) for h in hyps[1:]]
-    concepts = [] if probs is None else top_concepts(probs)
-    bad = [] if ruled_out is None else [i for i, t in enumerate(best.tokens) if ruled_out[t] > 0]
     return Caption(" ".join(words), words, alphas, float(best.log_prob), alts, betas, word_log_probs=lps,
-                   concepts=concepts, contradicted=bad, score=float(best.score))
-
-
-def top_concepts(probs: torch.Tensor, k: int = TOP_CONCEPTS) -> list[tuple[str, float]]:
-    """(C,) concept probabilities -> the k most probable (category, P), most probable first."""
-    p, i = probs.float().cpu().topk(min(k, len(CATEGORIES)))
-    return [(CATEGORIES[j], round(float(q), 4)) for q, j in zip(p.tolist(), i.tolist())]
+                   score=float(best.score))
 
 
 @torch.no_grad()
 def captions_from_features(model: CaptionModel, feats: np.ndarray | torch.Tensor, vocab: Vocab,
-                           settings: DecodeConfig, batch_size: int = 100, progress: bool = False) -> list[Caption]:
+                           settings: DecodeConfig, batch_size: int = 100, progress: bool = False,
+                           reading: HeadReading | None = None) -> list[Caption]:
     """Features (N, P, D) (a tensor, an array or a float16 memory map) -> N Captions, decoded in batches
     of `batch_size` images on the decoder's device and in its dtype. Where the encoder keeps its
-    ImageNet head, each Caption carries the photo's concepts, and settings.evidence biases its words."""
+    ImageNet head, settings.evidence biases the words and each Caption carries its photo's reading
+    (reading.annotate); `reading`: the photos' HeadReading when already made (Photo), else read per batch."""
     from tqdm import tqdm
 
     decoder = model.decoder.eval()
     param = next(decoder.parameters())
     ids = SpecialIds.of(vocab, settings.forbid_unk)
-    head = imagenet_head_or_none(model)
-    if settings.evidence and head is None:
+    if settings.evidence and imagenet_head_or_none(model) is None:
         raise ValueError(f"decode.evidence needs an encoder with an ImageNet head (efficientnet_lite0/2), not "
                          f"{getattr(model.encoder, 'name', type(model.encoder).__name__)}; set decode.evidence=false")
-    words = word_categories(vocab).to(param.device) if head is not None else None  # (V, C)
     det = checked_detectors(model, settings)
+    words = word_categories(vocab).to(param.device) if settings.evidence else None  # (V, C)
     person_words = None if det is None else person_word_mask(vocab, det).to(param.device)  # (V,)
     out: list[Caption] = []
     for k in tqdm(range(0, len(feats), batch_size), desc="decoding", disable=not progress, unit="batch"):
         x = feats[k:k + batch_size]
         x = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x, dtype=np.float32))
         x = x.to(param.device, param.dtype)  # (b, P, D)
-        probs = None if head is None else concept_probs(head, x)  # (b, C)
-        seen = None if det is None else detect_words(model, x).float()  # (b, K) word detections
-        person = None if person_words is None else (det.prob_of(seen, PERSON), person_words)
-        evidence = Evidence(probs, words, settings, person) if settings.evidence else None
+        r = read_heads(model, x) if reading is None else reading.rows(k, k + len(x))
+        person = None if person_words is None else (det.prob_of(r.seen, PERSON), person_words)
+        evidence = Evidence(r.probs, words, settings, person) if settings.evidence else None
         hyps = decode(decoder, x, ids, settings, evidence)
         if evidence is not None:  # a caption reports the model's own log-probs; the bias only ranked them
             for j, image_hyps in enumerate(hyps):
@@ -205,61 +188,9 @@ def captions_from_features(model: CaptionModel, feats: np.ndarray | torch.Tensor
                     bias = evidence.word_bias(j, h.tokens).float().cpu()  # (L,)
                     h.log_prob -= float(bias.sum())
                     h.word_logps = None if h.word_logps is None else h.word_logps - bias
-        ruled_out = None if words is None else ruled_out_words(probs, words, settings.evidence_floor)  # (b, V)
-        if ruled_out is not None and person is not None and settings.person_floor > 0:
-            ruled_out = (ruled_out + person_ruled_out(person[0], person_words, settings.person_floor)).clamp(max=1)
-        caps = [to_caption(h, vocab, None if probs is None else probs[j], None if words is None else ruled_out[j])
-                for j, h in enumerate(hyps)]
-        if det is not None:
-            add_detections(caps, det, seen)
-        if head is not None:
-            attach_concept_maps(caps, [h[0].tokens for h in hyps], head, x, vocab)
+        caps = [to_caption(h, vocab) for h in hyps]
+        annotate(caps, [h[0].tokens for h in hyps], r, x, model, vocab, settings)
         out.extend(caps)
     for cap in out:  # each caption says what made it (its JSON carries them)
         cap.settings = dataclasses.asdict(settings)
     return out
-
-
-def checked_detectors(model: CaptionModel, settings: DecodeConfig) -> WordDetectors | None:
-    """The model's word detectors; a ValueError when decode.person_floor asks for a person detector it lacks."""
-    det = detectors_of(model)
-    if settings.person_floor > 0 and (det is None or PERSON not in det.groups):
-        raise ValueError(f"decode.person_floor={settings.person_floor} needs a model file with a person detector "
-                         "(captioner-train-detectors writes one); set decode.person_floor=0 for this model")
-    return det
-
-
-def person_word_mask(vocab: Vocab, det: WordDetectors) -> torch.Tensor:
-    """(V,) 0/1: the vocabulary's person words (the person detector's group)."""
-    names = set(det.members.get(PERSON, ()))
-    return torch.tensor([float(w in names) for w in vocab.itos])
-
-
-def add_detections(caps: Sequence[Caption], det: WordDetectors, seen: torch.Tensor) -> None:
-    """Each Caption's detections (every group, P) and the shown ones merged into its concepts; seen (n, K)."""
-    for cap, row in zip(caps, seen.cpu()):
-        cap.detections = [(g, round(float(p), 4)) for g, p in zip(det.groups, row)]
-        cap.concepts = with_detections(cap.concepts, det, row)
-
-
-def attach_concept_maps(caps: Sequence[Caption], tokens: Sequence[Sequence[int]], head: torch.nn.Linear,
-                        feats: torch.Tensor, vocab: Vocab) -> None:
-    """Fill each Caption's concept_maps: for every word naming a MAP_CATEGORIES category (person: the
-    clothes people wear), that category's map on the caption's photo when P >= MIN_PROB.
-    tokens[n]: the word ids of caps[n]; feats (n, P, D) their photos."""
-    cats = map_word_categories(vocab)  # (V,) category index or -1
-    where = [(n, i, int(cats[t])) for n, toks in enumerate(tokens) for i, t in enumerate(toks) if cats[t] >= 0]
-    if not where:
-        return
-    rows = torch.tensor([n for n, _, _ in where], device=feats.device)
-    maps, probs = category_maps(head, feats[rows], torch.tensor([c for _, _, c in where], device=feats.device))
-    for (n, i, c), m, p in zip(where, maps.cpu().numpy(), probs.tolist()):
-        if p >= MIN_PROB:
-            g = grid_side(m.shape[0])
-            caps[n].concept_maps[i] = (MAP_CATEGORIES[c], round(p, 4), m.reshape(g, g))
-
-
-def map_word_categories(vocab: Vocab) -> np.ndarray:
-    """(V,) the MAP_CATEGORIES index each vocabulary word names (-1: none)."""
-    m = word_categories(vocab, MAP_CATEGORIES)  # (V, C+1), at most one 1 per row
-    return np.where(m.sum(1).numpy() > 0, m.argmax(1).numpy(), -1)

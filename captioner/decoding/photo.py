@@ -1,0 +1,95 @@
+"""A Photo: one photo read once, and everything about it asked there.
+
+`Captioner.read(image)` opens the image once (its size noted), preprocesses and encodes it once and applies
+the encoder's heads once (reading.read_heads). The Photo keeps the annotation vectors (1, P, D) and that
+reading, so asking it for a caption at other settings, for beam alternatives, for the explanation of any
+typed sentence or for its concepts never runs the encoder or the ImageNet head again; a generated caption
+and an explained sentence are dressed by the same builder (reading.annotate) and list the same concepts.
+
+    photo = model.read("photo.jpg")
+    photo.caption(), photo.caption(beam_size=1), photo.explain("a dog on the grass"), photo.concepts.top
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, Sequence
+
+import torch
+
+from ..concepts.imagenet import Concepts
+from ..config import DecodeConfig
+from ..vocab import Vocab
+from .captions import Caption, captions_from_features, small_photo_note
+from .explain import explain_features, sentence_words
+from .reading import HeadReading, annotate, photo_concepts
+
+
+class Reader(Protocol):
+    """What a Photo needs from the Captioner that read it (api.Captioner)."""
+
+    model: torch.nn.Module
+    vocab: Vocab
+    source: str | None
+
+    def decode_settings(self, **overrides: Any) -> DecodeConfig: ...
+
+
+class Photo:
+    """One photo as a Captioner read it: `size` (width, height) as opened, `notes` (e.g. far smaller than the
+    model's input), `features` (1, P, D), `reading` (the heads' outputs), `concepts`; `caption(**settings)`
+    and `explain(text)` decode from these, never from the image again."""
+
+    def __init__(self, reader: Reader, features: torch.Tensor, reading: HeadReading, size: tuple[int, int],
+                 input_side: int, name: str | None = None):
+        self.reader, self.features, self.reading = reader, features, reading  # (1, P, D)
+        self.size, self.input_side, self.name = (int(size[0]), int(size[1])), int(input_side), name
+        self._concepts: Concepts | None = None
+
+    @property
+    def notes(self) -> list[str]:
+        """Remarks on the photo itself: a photo far smaller than the model's input is enlarged a lot."""
+        note = small_photo_note(self.size, self.input_side)
+        return [note] if note else []
+
+    @property
+    def concepts(self) -> Concepts | None:
+        """What the encoder's heads see (Concepts: categories at P >= THRESHOLD with person and detected
+        words, top ImageNet classes, every P); None for an encoder without the ImageNet head. Every Caption
+        of this photo carries `concepts.top`."""
+        if self._concepts is None and self.reading.logits is not None:
+            self._concepts = photo_concepts(self.reading, self.reader.model)[0]
+        return self._concepts
+
+    def caption(self, **overrides: Any) -> Caption:
+        """The caption at the model file's decode settings, or with `overrides` (any DecodeConfig field)."""
+        return caption_photos(self.reader, [self], **overrides)[0]
+
+    @torch.no_grad()
+    def explain(self, text: str, **overrides: Any) -> Caption:
+        """Any sentence about the photo -> a Caption of exactly its words, teacher-forced (decoding/explain.py):
+        where the model looks for each word and how likely it finds each, with the photo's concepts, the
+        words its heads contradict and concept maps, like a generated caption. NoWordsError without words."""
+        words = sentence_words(text)
+        reader = self.reader
+        settings = reader.decode_settings(**overrides)
+        cap = explain_features(reader.model.decoder, self.features, reader.vocab, words, settings.hard_context)
+        ids = [reader.vocab.stoi.get(w, reader.vocab.unk) for w in cap.words]
+        annotate([cap], [ids], self.reading, self.features, reader.model, reader.vocab, settings)
+        return self._own(cap, settings)
+
+    def _own(self, cap: Caption, settings: DecodeConfig) -> Caption:
+        cap.photo_size, cap.input_side = self.size, self.input_side
+        cap.settings, cap.model_file = dataclasses.asdict(settings), self.reader.source
+        return cap
+
+
+@torch.no_grad()
+def caption_photos(reader: Reader, photos: Sequence[Photo], **overrides: Any) -> list[Caption]:
+    """Photos read by `reader` -> their captions, decoded together (batched over photos and beams)."""
+    if not photos:
+        return []
+    settings = reader.decode_settings(**overrides)
+    feats = torch.cat([p.features for p in photos])  # (B, P, D)
+    reading = HeadReading.cat([p.reading for p in photos])
+    caps = captions_from_features(reader.model, feats, reader.vocab, settings, batch_size=len(photos), reading=reading)
+    return [p._own(c, settings) for p, c in zip(photos, caps)]

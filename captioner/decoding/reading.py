@@ -1,0 +1,158 @@
+"""What the encoder's heads say about photos, computed once per photo, and read by every sentence about it.
+
+`read_heads(model, feats)` runs the ImageNet classifier once over each photo's annotation vectors (its
+logits (B, K)) and, when the model file carries them, the word detectors (whose person evidence takes the
+classifier's clothes probability from those same logits). Everything else derives from that reading:
+the concept probabilities (B, C) evidence-aware decoding biases words with, each photo's Concepts (the one
+list the API, a Caption and the app show), the ruled-out words a Caption marks as contradicted, and the
+concept maps of the words a sentence says. `annotate` is the one builder that dresses a Caption with them,
+for a generated caption and an explained (typed) sentence alike.
+
+Legend: B photos, P = G*G attention cells, D feature dim, K ImageNet classes, C COCO categories,
+V vocabulary, L words.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..concepts.detectors import PERSON, WordDetectors, detect_words, detectors_of, with_detections
+from ..concepts.imagenet import (CATEGORIES, MAP_CATEGORIES, THRESHOLD, Concepts, concepts_of, imagenet_head_or_none,
+                                 imagenet_logits, membership)
+from ..concepts.maps import MIN_PROB, category_maps
+from ..config import DecodeConfig
+from ..vocab import Vocab
+from .evidence import person_ruled_out, ruled_out_words, word_categories
+
+
+@dataclass
+class HeadReading:
+    """The heads' outputs for B photos (None where the model has no such head)."""
+
+    logits: torch.Tensor | None  # (B, K) the ImageNet classifier's logits, float32
+    probs: torch.Tensor | None  # (B, C) P(category) over CATEGORIES
+    seen: torch.Tensor | None  # (B, K') the word detectors' P(word group), float32
+
+    @staticmethod
+    def cat(readings: Sequence["HeadReading"]) -> "HeadReading":
+        """The readings of several photos as one (photos in order)."""
+        join = lambda ts: None if ts[0] is None else torch.cat(ts)  # noqa: E731
+        return HeadReading(*(join([getattr(r, f) for r in readings]) for f in ("logits", "probs", "seen")))
+
+    def rows(self, start: int, stop: int) -> "HeadReading":
+        """The reading of photos start..stop-1."""
+        cut = lambda t: None if t is None else t[start:stop]  # noqa: E731
+        return HeadReading(cut(self.logits), cut(self.probs), cut(self.seen))
+
+
+@torch.no_grad()
+def read_heads(model: torch.nn.Module, feats: torch.Tensor) -> HeadReading:
+    """Annotation vectors (B, P, D) -> the heads' reading: the classifier runs once, the detectors once."""
+    head = imagenet_head_or_none(model)
+    if head is None:
+        return HeadReading(None, None, None)
+    logits = imagenet_logits(head, feats)  # (B, K): the classifier's one run over these photos
+    probs = logits.softmax(-1) @ membership(logits.device).T  # (B, C)
+    seen = detect_words(model, feats, logits)  # (B, K') or None
+    return HeadReading(logits, probs, None if seen is None else seen.float())
+
+
+def photo_concepts(reading: HeadReading, model: torch.nn.Module, threshold: float = THRESHOLD,
+                   top_k: int = 5) -> list[Concepts]:
+    """One Concepts per photo of the reading: COCO categories at P >= threshold, the top_k ImageNet classes
+    and, with word detectors, person (always) and the detected words at P >= threshold. [] per photo for an
+    encoder without the ImageNet head is not possible: callers check the head first."""
+    out = concepts_of(reading.logits, threshold, top_k)
+    det = detectors_of(model)
+    if det is not None and reading.seen is not None:
+        for c, row in zip(out, reading.seen.cpu()):
+            c.top = with_detections(c.top, det, row, threshold)
+            c.probs.update({g: round(float(row[k]), 4) for k, g in enumerate(det.groups) if g not in c.probs})
+    return out
+
+
+def checked_detectors(model: torch.nn.Module, settings: DecodeConfig) -> WordDetectors | None:
+    """The model's word detectors; a ValueError when decode.person_floor asks for a person detector it lacks."""
+    det = detectors_of(model)
+    if settings.person_floor > 0 and (det is None or PERSON not in det.groups):
+        raise ValueError(f"decode.person_floor={settings.person_floor} needs a model file with a person detector "
+                         "(captioner-train-detectors writes one); set decode.person_floor=0 for this model")
+    return det
+
+
+def person_word_mask(vocab: Vocab, det: WordDetectors) -> torch.Tensor:
+    """(V,) 0/1: the vocabulary's person words (the person detector's group)."""
+    names = set(det.members.get(PERSON, ()))
+    return torch.tensor([float(w in names) for w in vocab.itos])
+
+
+def ruled_out(reading: HeadReading, model: torch.nn.Module, vocab: Vocab, settings: DecodeConfig) -> torch.Tensor | None:
+    """(B, V) 1 for the words naming an object the heads rule out in each photo (P(category) below
+    decode.evidence_floor; person words below decode.person_floor with a person detector), or None."""
+    if reading.probs is None:
+        return None
+    words = word_categories(vocab).to(reading.probs.device)  # (V, C)
+    out = ruled_out_words(reading.probs, words, settings.evidence_floor)  # (B, V)
+    det = checked_detectors(model, settings)
+    if det is not None and reading.seen is not None and settings.person_floor > 0:
+        person = person_ruled_out(det.prob_of(reading.seen, PERSON), person_word_mask(vocab, det).to(out.device),
+                                  settings.person_floor)
+        out = (out + person).clamp(max=1)
+    return out
+
+
+def annotate(caps: Sequence[Any], tokens: Sequence[Sequence[int]], reading: HeadReading,
+             feats: torch.Tensor, model: torch.nn.Module, vocab: Vocab, settings: DecodeConfig) -> None:
+    """Dress each Caption (decoding/captions.py; generated or explained) with its photo's reading, in place: concepts (the photo's
+    one list), detections, contradicted words and the concept maps of the words it says. tokens[n]: the word
+    ids of caps[n] (unknown words as <unk>); feats (n, P, D) and the reading's rows are their photos."""
+    if reading.logits is None:
+        return
+    concepts = photo_concepts(reading, model)
+    bad = ruled_out(reading, model, vocab, settings)  # (n, V)
+    det = detectors_of(model)
+    for n, (cap, toks) in enumerate(zip(caps, tokens)):
+        cap.concepts = list(concepts[n].top)
+        cap.contradicted = [i for i, t in enumerate(toks) if bad is not None and bad[n, t] > 0]
+        if det is not None and reading.seen is not None:
+            cap.detections = [(g, round(float(p), 4)) for g, p in zip(det.groups, reading.seen[n].cpu())]
+    attach_concept_maps(caps, tokens, imagenet_head_or_none(model), feats, vocab, reading.logits)
+
+
+def attach_concept_maps(caps: Sequence[Any], tokens: Sequence[Sequence[int]], head: torch.nn.Linear,
+                        feats: torch.Tensor, vocab: Vocab, logits: torch.Tensor | None = None) -> None:
+    """Fill each Caption's concept_maps: for every word naming a MAP_CATEGORIES category (person: the
+    clothes people wear), that category's map on the caption's photo when P >= MIN_PROB.
+    tokens[n]: the word ids of caps[n]; feats (n, P, D) their photos, logits (n, K) their classifier's."""
+    cats = map_word_categories(vocab)  # (V,) category index or -1
+    where = [(n, i, int(cats[t])) for n, toks in enumerate(tokens) for i, t in enumerate(toks) if cats[t] >= 0]
+    if not where:
+        return
+    rows = torch.tensor([n for n, _, _ in where], device=feats.device)
+    maps, probs = category_maps(head, feats[rows], torch.tensor([c for _, _, c in where], device=feats.device),
+                                None if logits is None else logits[rows.to(logits.device)])
+    for (n, i, c), m, p in zip(where, maps.cpu().numpy(), probs.tolist()):
+        if p >= MIN_PROB:
+            g = grid_side(m.shape[0])
+            caps[n].concept_maps[i] = (MAP_CATEGORIES[c], round(p, 4), m.reshape(g, g))
+
+
+def grid_side(regions: int) -> int:
+    """P attention cells -> the side G of the square grid (the encoders' grids are square)."""
+    g = math.isqrt(regions)
+    if g * g != regions:
+        raise ValueError(f"{regions} attention cells do not form a square grid")
+    return g
+
+
+def map_word_categories(vocab: Vocab) -> np.ndarray:
+    """(V,) the MAP_CATEGORIES index each vocabulary word names (-1: none)."""
+    m = word_categories(vocab, MAP_CATEGORIES)  # (V, C+1), at most one 1 per row
+    return np.where(m.sum(1).numpy() > 0, m.argmax(1).numpy(), -1)
+
+
+__all__ = ["HeadReading", "read_heads", "photo_concepts", "annotate", "ruled_out", "CATEGORIES"]
