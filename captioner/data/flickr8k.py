@@ -1,8 +1,10 @@
-"""Flickr8k as users download it.
+"""Flickr8k as users download it, and any folder of photos laid out the same way.
 
 Either the Kaggle layout (`Images/` + `captions.txt`, a CSV `image,caption`) or the original release
 (`Flicker8k_Dataset/` + `Flickr8k.token.txt`, lines `name.jpg#k<TAB>caption`), with the official split
-files `Flickr_8k.{train,dev,test}Images.txt` (in the root or in a `Flickr8k_text/` subfolder).
+files `Flickr_8k.{train,dev,test}Images.txt` (in the root or in a `Flickr8k_text/` subfolder). A folder of
+one's own photos (README "Train on your own photos") may have no split files at all: its captioned photos
+are then split by name, 80% train, 10% val, 10% test (by_name_split).
 """
 from __future__ import annotations
 
@@ -62,9 +64,20 @@ def load_flickr8k(root: str | Path, split: str) -> list[ImageRecord]:
     if split not in SPLIT_FILES:
         raise ValueError(f"split must be one of {list(SPLIT_FILES)}, got '{split}'")
     split_path = _find(root, [SPLIT_FILES[split]])
-    if split_path is None:
-        raise FileNotFoundError(f"{root}: split file {SPLIT_FILES[split]} not found")
-    names = [n.strip() for n in split_path.read_text().splitlines() if n.strip()]
     caps = read_captions(root)
+    if split_path is None and any(_find(root, [f]) for f in SPLIT_FILES.values()):
+        raise FileNotFoundError(f"{root}: split file {SPLIT_FILES[split]} not found (the other split files are there)")
+    names = by_name_split(sorted(caps), split) if split_path is None else \
+        [n.strip() for n in split_path.read_text().splitlines() if n.strip()]
+    if not names:
+        raise ValueError(f"{root}: the {split} split is empty: without split files every 10th photo by name goes to "
+                         f"val and to test, so give at least 10 captioned photos (or write {SPLIT_FILES[split]})")
     images = image_dir(root)
     return [ImageRecord(n, images / n, caps[n]) for n in names if caps.get(n)]
+
+
+def by_name_split(names: list[str], split: str) -> list[str]:
+    """Sorted photo names -> one split without split files: of every 10 by name, the 6th is val, the 10th
+    test, the other 8 train (deterministic; at least one photo in each split from 10 photos on)."""
+    slot = {"val": {5}, "test": {9}, "train": {0, 1, 2, 3, 4, 6, 7, 8}}[split]
+    return [n for i, n in enumerate(names) if i % 10 in slot]
