@@ -27,10 +27,12 @@ from typing import TYPE_CHECKING, NamedTuple
 import streamlit as st
 
 import captioner
+from captioner.concepts.imagenet import THRESHOLD as CONCEPT_THRESHOLD
 from captioner.concepts.imagenet import imagenet_head_or_none
 from captioner.ui import html as html_parts
 from captioner.ui import checkpoints, texts, visualize, workbench
 from captioner.images import file_extensions, format_names, load_image, original_size
+from captioner.vocab import FUNCTION_WORDS
 
 try:  # click-to-pick a region; without it the row/column menus still pick one
     from streamlit_image_coordinates import streamlit_image_coordinates
@@ -230,7 +232,8 @@ def show_explanation(cap: captioner.Caption, image, view: View, columns: int = G
         unknown = ", ".join(f"‘{html.escape(cap.words[i])}’" for i in cap.unknown)
         total += f" (not comparable: {unknown} scored as <unk>)"
     st.markdown(total)
-    overlay_grid(image, cap, explanation_labels(cap), view, columns)
+    with st.expander("Where each word of the sentence looked", expanded=False):  # the page stays short
+        overlay_grid(image, cap, explanation_labels(cap), view, columns)
 
 
 def has_head(loaded: captioner.Captioner) -> bool:
@@ -419,8 +422,9 @@ def caption_summary(cap: captioner.Caption, evidence: bool, length_penalty: floa
     for note in cap.notes:  # e.g. a photo far smaller than the model's input
         st.info(note)
     if cap.concepts:
-        st.markdown("What the encoder sees (its ImageNet classifier; person and scene words: the model's word "
-                    "detectors)" if cap.detections else "What the encoder's ImageNet classifier sees")
+        st.markdown(f"What the encoder sees at P ≥ {CONCEPT_THRESHOLD} (its ImageNet classifier; person and scene "
+                    "words: the model's word detectors)" if cap.detections else
+                    f"What the encoder's ImageNet classifier sees at P ≥ {CONCEPT_THRESHOLD}")
         st.markdown(html_parts.concepts_html(cap.concepts), unsafe_allow_html=True)
     if cap.contradicted:
         st.warning("The classifier sees no sign of: " + ", ".join(f"**{cap.words[i]}**" for i in cap.contradicted)
@@ -442,13 +446,18 @@ def downloads(photo: Photo, cap: captioner.Caption, view: View) -> None:
                        file_name=f"{stem}_caption.json", mime="application/json", on_click="ignore")
 
 
+def first_content_word(words: list[str]) -> int:
+    """The index the big overlay opens on: the first word that names something (not "a", "the" ...)."""
+    return next((i for i, w in enumerate(words) if w not in FUNCTION_WORDS), 0)
+
+
 def word_view(image, cap: captioner.Caption, view: View) -> None:
     """One word's attention map, large; beside it the classifier's map when the word names what it sees."""
     st.header("Where the model looked")
     n = len(cap.words)
     if n > 1:
-        k = st.select_slider("Word", options=list(range(n)), value=0,
-                             format_func=lambda i: f"{i + 1}. {cap.words[i]}")
+        k = st.select_slider("Show where this caption word looked", options=list(range(n)),
+                             value=first_content_word(cap.words), format_func=lambda i: f"{i + 1}. {cap.words[i]}")
     else:
         k = 0
     beta_k = visualize.word_beta(cap, k)

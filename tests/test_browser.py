@@ -26,6 +26,7 @@ import pytest
 from PIL import Image
 
 import captioner
+from captioner.vocab import FUNCTION_WORDS
 
 pytestmark = pytest.mark.browser
 
@@ -257,6 +258,19 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
                 files=[{"name": "huge.jpg", "mimeType": "image/jpeg", "buffer": b"\xff" * (21 * 2**20)}])
             page.get_by_text("20", exact=False).filter(has_text="MB or smaller").first.wait_for(timeout=WAIT_MS)
 
+            # photos smaller than the attention grid (a 6x6 icon, a 1x300 strip): every panel is drawn, down
+            # to the comparison at the bottom ("Click a region" once raised "x1 must be >= x0" and stopped the page)
+            for w, h in ((6, 6), (1, 300)):
+                buf = io.BytesIO()
+                Image.open(EXAMPLES / "cat.jpg").convert("RGB").resize((w, h)).save(buf, "PNG")
+                page.locator('input[type="file"]').set_input_files(
+                    files=[{"name": f"tiny{w}x{h}.png", "mimeType": "image/png", "buffer": buf.getvalue()}])
+                page.get_by_text(f"tiny{w}x{h}.png ({w}x{h})").wait_for(timeout=WAIT_MS)
+                _settle(page)
+                page.get_by_role("heading", name="Compare two models").wait_for(timeout=WAIT_MS)
+                assert page.get_by_role("heading", name="Click a region").count() == 1
+                assert page.get_by_test_id("stException").count() == 0
+
             # and the app still works: a good photo is captioned again
             page.locator('input[type="file"]').set_input_files(str(EXAMPLES / "astronaut.jpg"))
             page.get_by_text("astronaut.jpg (512x512)").wait_for(timeout=WAIT_MS)
@@ -277,10 +291,11 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
                 assert cap.words == words
                 dogs = [i for i, (cat, _, _) in cap.concept_maps.items() if cat == "dog"]
                 assert dogs, f"no dog concept map in {cap.text!r}"
-                slider = page.locator('input[type="range"][aria-label="Word"]')
+                slider = page.locator('input[type="range"][aria-label="Show where this caption word looked"]')
                 slider.focus()
-                for _ in range(dogs[0]):
-                    slider.press("ArrowRight")
+                start = next((i for i, w in enumerate(words) if w not in FUNCTION_WORDS), 0)  # it opens there
+                for _ in range(abs(dogs[0] - start)):
+                    slider.press("ArrowRight" if dogs[0] > start else "ArrowLeft")
                 seen = page.locator('[data-testid="stImageCaption"]', has_text="where the classifier sees a dog")
                 seen.first.wait_for(timeout=WAIT_MS)
                 _settle(page)

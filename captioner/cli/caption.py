@@ -1,11 +1,11 @@
 """Caption images with a trained model (default: the bundled one).
 
-    python scripts/caption.py photo.jpg other.png [--beam-size 3] [--json] [--attention-dir out/]
-    python scripts/caption.py photos/ [--recursive] [--batch-size 16] [--json [--maps]]
-    python scripts/caption.py photo.jpg --explain "a dog runs on the grass" [--json]
+    captioner-caption photo.jpg other.png [--beam-size 3] [--json] [--attention-dir out/] [--animate anim/]
+    captioner-caption photos/ [--recursive] [--batch-size 16] [--json [--maps]]
+    captioner-caption photo.jpg --explain "a dog runs on the grass" [--json]
 
-A FOLDER argument stands for its images (.jpg .jpeg .png .webp .gif .bmp, sorted by path; --recursive
-includes subfolders). Images are loaded by a small thread pool, one batch ahead, while the model
+A FOLDER argument stands for its images (every format the parser reads: images.FORMATS, sorted by path;
+--recursive includes subfolders). Images are loaded by a small thread pool, one batch ahead, while the model
 captions the previous batch (caption_batch, --batch-size images at a time).
 
 Decode settings left out are the model file's own (its config.decode); --decode KEY=VALUE sets any of
@@ -14,8 +14,8 @@ carries image, caption, words, word_log_probs and word_probs (each word's probab
 model), betas (each word's gate), log_prob and every decode setting; --maps adds the attention maps.
 
 Unreadable images get a message on stderr and a non-zero exit code; the others are still captioned.
---attention-dir writes one figure per image, never two to one file (see its help), and marks the folder
-so that a later --recursive search of a folder holding it does not read the figures as photos.
+--attention-dir writes one figure per image and --animate one animation (a frame per word), never two to
+one file (see their help), and marks the folder so that a later --recursive search does not read them as photos.
 """
 from __future__ import annotations
 
@@ -81,13 +81,14 @@ def find_images(inputs: list[str], recursive: bool = False, out_dir: str | None 
     return out, skipped
 
 
-def figure_paths(found: list[tuple[str, str]], out_dir: str) -> dict[str, Path]:
-    """image path -> its figure: out_dir/<relative folder>/<stem>_attention.png, subfolders mirrored. Images
-    whose stems meet (x.jpg and x.png) keep their extension (x.jpg_attention.png); two different images
-    that would still share a figure (same name given from two folders) are an error naming both."""
+def figure_paths(found: list[tuple[str, str]], out_dir: str, suffix: str = "_attention.png") -> dict[str, Path]:
+    """image path -> its figure: out_dir/<relative folder>/<stem><suffix> (_attention.png; --animate:
+    _caption.gif), subfolders mirrored. Images whose stems meet (x.jpg and x.png) keep their extension
+    (x.jpg_attention.png); two different images that would still share a figure (same name given from two
+    folders) are an error naming both."""
     def target(rel: str, full: bool) -> Path:
         r = Path(rel)
-        return Path(out_dir) / r.parent / f"{r.name if full else r.stem}_attention.png"
+        return Path(out_dir) / r.parent / f"{r.name if full else r.stem}{suffix}"
 
     first = {}
     for path, rel in found:
@@ -143,6 +144,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--attention-dir", default=None, help="write an attention overlay figure (PNG) per image here: "
                    "NAME_attention.png, a FOLDER's subfolders mirrored (x.jpg and x.png: x.jpg_attention.png, "
                    "x.png_attention.png); later folder searches skip this folder")
+    p.add_argument("--animate", default=None, metavar="DIR", help="write the caption as it is written per image "
+                   "here: NAME_caption.gif, a frame per word with its attention (folders mirrored as --attention-dir)")
     p.add_argument("--device", default=captioner.default_device(), help="cpu, cuda, cuda:1 ... "
                    "(default: cuda when available, else cpu)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "auto"], default="float32",
@@ -175,7 +178,7 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
 
 
 def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict[str, Any],
-         figure: Path | None = None) -> None:
+         figure: Path | None = None, animation: Path | None = None) -> None:
     """Print one image's line (text or JSON) and write its figure (when asked) to `figure`. An explained
     sentence's text line adds its log-probability and each word's probability (unknown words marked)."""
     import numpy as np
@@ -193,14 +196,20 @@ def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict
 
         figure.parent.mkdir(parents=True, exist_ok=True)
         figure.write_bytes(figure_png(attention_figure(img, cap)))
+    if animation is not None:
+        from captioner.ui.animate import caption_animation
+
+        animation.parent.mkdir(parents=True, exist_ok=True)
+        animation.write_bytes(caption_animation(img, cap))
 
 
-def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Path]] | None:
-    """(the images to caption, image -> figure path), or None after printing why not. The figure folder
-    is marked (FIGURE_MARK) so that a later folder search skips it."""
+def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Path], dict[str, Path]] | None:
+    """(the images to caption, image -> figure path, image -> animation path), or None after printing why
+    not. The figure folders are marked (FIGURE_MARK) so that a later folder search skips them."""
     try:
         found, skipped = find_images(args.images, args.recursive, args.attention_dir)
         figures = figure_paths(found, args.attention_dir) if args.attention_dir else {}
+        animations = figure_paths(found, args.animate, "_caption.gif") if args.animate else {}
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return None
@@ -213,11 +222,12 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Path]] | None:
                 print(f"note: {item} has {len(subs)} subfolder(s) that were not searched ({', '.join(subs[:3])}"
                       f"{' ...' if len(subs) > 3 else ''}): add --recursive to caption their images too",
                       file=sys.stderr)
-    if args.attention_dir and found:
-        Path(args.attention_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.attention_dir) / FIGURE_MARK).write_text("attention figures written by captioner's caption.py; "
-                                                            "folder searches skip this folder\n")
-    return [path for path, _ in found], figures
+    for out in (args.attention_dir, args.animate):
+        if out and found:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / FIGURE_MARK).write_text("figures written by captioner-caption; folder searches skip this "
+                                                 "folder\n")
+    return [path for path, _ in found], figures, animations
 
 
 def _unsearched_subfolders(folder: Path) -> list[str]:
@@ -258,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if planned is None:
         return 2
     model, settings = ready
-    paths, figures = planned
+    paths, figures, animations = planned
     failed = 0
     for batch in loaded_batches(paths, args.batch_size):
         good = [(path, img) for path, img in batch if not isinstance(img, Exception)]
@@ -268,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed += 1
         caps = describe(model, [img for _, img in good], settings, args.explain)
         for (path, img), cap in zip(good, caps):
-            emit(args, path, img, cap, settings, figures.get(path))
+            emit(args, path, img, cap, settings, figures.get(path), animations.get(path))
     if not paths:
         print("error: no images found (folders are searched for "
               f"{' '.join(image_extensions())}; --recursive for subfolders)", file=sys.stderr)
