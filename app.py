@@ -199,7 +199,7 @@ def figure_bytes(image, cap: captioner.Caption, view: View) -> bytes:
 
 def word_label(cap: captioner.Caption, i: int) -> str:
     """'dog (β=0.82)', or just 'dog' when the caption carries no betas."""
-    b = visualize.word_beta(cap, i)
+    b = visualize.shown_beta(cap, i)  # None where the gate is open for every word: nothing varies to show
     return cap.words[i] if b is None else f"{cap.words[i]} (β={b:.2f})"
 
 
@@ -418,6 +418,10 @@ def caption_summary(cap: captioner.Caption, evidence: bool, length_penalty: floa
         st.caption("β: the gate that scales how much of the attended image reaches each word (Xu et al. 2015, "
                    "4.2.1). Faint words (low β) were chosen mostly from the language model, not the photo; their "
                    "heat maps are drawn fainter in proportion.")
+    elif visualize.gate_open(cap):
+        st.caption(f"The gate β (Xu et al. 2015, 4.2.1: how much of the attended image reaches a word) is open for "
+                   f"every word of this caption (β ≥ {visualize.GATE_OPEN}): each word saw the whole attended "
+                   "context, so it is not shown per word (the JSON download lists it).")
     st.markdown(f"log-probability **{cap.log_prob:.2f}** over {len(cap.words)} words + end")
     for note in cap.notes:  # e.g. a photo far smaller than the model's input
         st.info(note)
@@ -463,7 +467,7 @@ def word_view(image, cap: captioner.Caption, view: View) -> None:
     beta_k = visualize.word_beta(cap, k)
     looked = visualize.overlay(image, cap.alphas[k], view.opacity, view.smooth, beta=beta_k, mode=view.mode)
     looked_caption = (f"where “{cap.words[k]}” looked (word {k + 1} of {n}"
-                      + ("" if beta_k is None else f", β={beta_k:.2f}") + ")")
+                      + ("" if visualize.shown_beta(cap, k) is None else f", β={beta_k:.2f}") + ")")
     if k in cap.concept_maps:  # the word names something the ImageNet classifier sees: its map beside the word's
         category, p, cmap = cap.concept_maps[k]
         seen, word_col = st.columns(2)

@@ -105,7 +105,11 @@ def check_captioned(at: AppTest, require_words: bool = True) -> list[str]:
     if require_words:
         assert words, "empty caption"
     assert word_overlays(at) == [f"{i + 1}. {w}" for i, w in enumerate(words)]
-    if words:  # every word shows its gate beta, in the grid and in the caption line
+    if words and any("is open for every word" in c.value for c in at.caption):  # the gate never varies: said once
+        grid = [c for im in at.image for c in im.captions if c.split(". ", 1)[0].isdigit()]
+        assert not any(BETA.search(c) for c in grid), grid  # no "β=1.00" under every word
+        assert not [m.value for m in at.markdown if 'class="beta-line"' in m.value]
+    elif words:  # the gates vary: every word shows its beta, in the grid and in the caption line
         betas = overlay_betas(at)
         assert len(betas) == len(words) and all(0 <= b <= 1 for b in betas)
         assert beta_line(at) == list(zip(words, betas))

@@ -44,7 +44,9 @@ USER_SIDE = frozenset({
     "coco_smoke.safetensors", "xe.safetensors",
     # example names explaining a naming rule (captioner/cli/caption.py, captioner/data/flickr8k.py,
     # the figure-folder test of tests/test_scripts.py)
-    "x.jpg", "x.png", "name.jpg", "photos/a/x.jpg", "a/x.png", "b/x.jpg", "x_attention.png",
+    "x.jpg", "x.png", "name.jpg", "photos/a/x.jpg", "a/x.png", "b/x.jpg", "x_attention.png", "_attention.png",
+    # the reader's own photo folder (README.md "Train on your own photos")
+    "myphotos/Images/beach_01.jpg", "myphotos/Images/beach_02.jpg",
 })
 # Flickr8k photos named by id (docs/results.md's examples): they live in the data set, not here
 DATASET_PHOTO = re.compile(r"\d+_[0-9a-f]{10}\.jpg")

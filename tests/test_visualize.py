@@ -108,3 +108,19 @@ def test_png_pixel_cap_lowers_dpi_only_when_needed():
     assert small.size == (400, 300)  # the requested dpi
     huge = Image.open(__import__("io").BytesIO(visualize.figure_png(Figure(figsize=(10, 900)))))
     assert huge.size[0] * huge.size[1] <= visualize.MAX_FIGURE_PIXELS and huge.size[1] / huge.size[0] == pytest.approx(90, rel=0.02)
+
+
+def test_an_open_gate_is_said_once_not_per_word():
+    """The bundled model's gate is open (beta ~1 for every word): figures and the caption line stop printing
+    "β=1.00" per word as if it varied; a caption whose gates vary keeps them; the JSON always has them."""
+    from captioner.ui import html as H
+
+    open_cap = caption(betas=(0.999, 0.97))
+    assert visualize.gate_open(open_cap) and not visualize.gate_open(caption())
+    assert [visualize.shown_beta(open_cap, i) for i in range(2)] == [None, None]
+    assert visualize.shown_beta(caption(), 1) == pytest.approx(0.1)
+    assert H.beta_line(open_cap) == "" and H.beta_line(caption()) != ""
+    fig = visualize.attention_figure(Image.new("RGB", (64, 48)), open_cap)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles and not any("β" in t for t in titles), titles
+    assert open_cap.to_dict(maps=False)["betas"] == pytest.approx([0.999, 0.97], abs=1e-4)

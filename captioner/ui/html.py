@@ -7,7 +7,7 @@ import html
 from typing import TYPE_CHECKING
 
 from . import workbench
-from .visualize import word_beta
+from .visualize import gate_open, word_beta
 
 if TYPE_CHECKING:
     from ..decoding.captions import Caption
@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 def beta_line(cap: "Caption") -> str:
     """The caption, one word per box with its gate beta underneath; a word's opacity is its beta (never
     below 0.2, to stay readable), so words that barely used the image fade; contradicted words are
-    struck through. Empty when the caption carries no betas."""
+    struck through. Empty when the caption carries no betas or its gate is open for every word (gate_open)."""
+    if gate_open(cap):
+        return ""
     boxes = []
     for i, w in enumerate(cap.words):
         b = word_beta(cap, i)

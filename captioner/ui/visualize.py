@@ -82,6 +82,23 @@ def word_beta(caption: "Caption", i: int) -> float | None:
     return float(betas[i]) if betas is not None and len(betas) == len(caption.words) else None
 
 
+GATE_OPEN = 0.95  # every word's beta at or above this: the gate is open, nothing to show per word
+
+
+def gate_open(caption: "Caption") -> bool:
+    """Whether the caption's gate lets the whole attended context through for every word (beta >= GATE_OPEN).
+    The bundled model's is open: Flickr8k val median beta 0.9997, 97% of words shown as 1.00, minimum 0.90;
+    so the page and the figures say so once instead of printing "β=1.00" under every word."""
+    betas = getattr(caption, "betas", None)
+    return betas is not None and len(betas) == len(caption.words) and bool((np.asarray(betas) >= GATE_OPEN).all())
+
+
+def shown_beta(caption: "Caption", i: int) -> float | None:
+    """The beta to print beside word i: its gate where the caption's gates vary, None where they do not
+    (gate_open) or are unknown. The overlays still scale the heat by every beta (word_beta)."""
+    return None if gate_open(caption) else word_beta(caption, i)
+
+
 def word_title(word: str, beta: float | None) -> str:
     """'dog  β=0.82' (just the word when beta is unknown)."""
     return word if beta is None else f"{word}  β={beta:.2f}"
@@ -129,7 +146,8 @@ def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opac
             beta = word_beta(caption, k - 1)
             ax.imshow(letterbox(overlay(image, caption.alphas[k - 1], opacity, smooth, beta=beta, mode=mode)))
             low = beta is not None and beta < LOW_BETA
-            ax.set_title(word_title(caption.words[k - 1], beta), fontsize=11, color="0.55" if low else "black")
+            ax.set_title(word_title(caption.words[k - 1], shown_beta(caption, k - 1)), fontsize=11,
+                         color="0.55" if low else "black")
     fig.suptitle(caption.text, fontsize=12)
     fig.tight_layout()
     return fig
