@@ -353,7 +353,8 @@ def view_settings() -> View:
 # ----------------------------------------------------------------------------- the photo and its caption
 
 def photo_input() -> Photo:
-    """An upload, or one of the bundled example photos; a file that is no usable photo is an error and a stop."""
+    """A photo from the camera, an upload, or one of the bundled example photos; a file that is no usable photo is
+    an error and a stop."""
     col_upload, col_example = st.columns([3, 2])
     with col_upload:
         uploaded = st.file_uploader(f"Upload a photo ({format_names(' or ')})", type=UPLOAD_TYPES)
@@ -361,7 +362,14 @@ def photo_input() -> Photo:
         example = st.selectbox("... or pick an example photo", list(EXAMPLES), index=0,
                                disabled=uploaded is not None,
                                help="Used when no photo is uploaded.")
-    if uploaded is not None:
+    shot = None
+    if st.toggle("Take a photo with the camera", value=False, key="camera_on",
+                 help="The browser asks for the camera only when this is on; the photo taken is used instead of "
+                      "an upload or an example."):
+        shot = st.camera_input("Camera", key="camera_shot")
+    if shot is not None:
+        name, data = "camera.jpg", shot.getvalue()
+    elif uploaded is not None:
         name, data = uploaded.name, uploaded.getvalue()
     else:
         name = EXAMPLES[example]

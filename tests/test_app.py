@@ -152,7 +152,9 @@ def test_example_photo_is_captioned_then_beam_size_changes(app):
         no_problems(at)
         large = [c for im in at.image for c in im.captions if c.startswith("where “") and " looked (word " in c]
         assert len(large) == 1 and large[0].startswith(f"where “{words[-1]}” looked (word {len(words)} of "
-                                                       f"{len(words)}, β=")
+                                                       f"{len(words)}")
+        gate_open = any("is open for every word" in c.value for c in at.caption)
+        assert ("β=" in large[0]) != gate_open  # its beta only where the gates vary
     # another beam size and another example photo: still fine
     beam(at).set_value(4).run()
     check_captioned(at, require_words=False)
@@ -813,6 +815,23 @@ def test_a_shrunk_upload_says_its_original_size(app):
     at.file_uploader[0].set_value(("big.png", png_bytes_of(big), "image/png")).run()
     no_problems(at)
     assert photo_caption(at) == "big.png (6000x4000, shown at 1024x683)", photo_caption(at)
+
+
+def test_a_camera_photo_is_captioned(app):
+    """A camera source beside upload and the examples: off until asked (the browser asks for the camera only
+    then); a photo taken is captioned like an upload, and equals what the library says of it."""
+    import io
+
+    at = app.run()
+    assert not at.camera_input  # no camera prompt on a plain visit
+    next(t for t in at.toggle if t.label == "Take a photo with the camera").set_value(True).run()
+    assert len(at.camera_input) == 1
+    buf = io.BytesIO()
+    Image.open(EXAMPLES / "coffee.jpg").convert("RGB").save(buf, "JPEG")
+    at.camera_input[0].set_value(("shot.jpg", buf.getvalue(), "image/jpeg")).run()
+    words = check_captioned(at)
+    assert photo_caption(at).startswith("camera.jpg (600x400)")
+    assert words == captioner.load().caption(buf.getvalue()).words
 
 
 def test_concurrent_sessions_stay_isolated(app):
