@@ -30,7 +30,7 @@ import captioner
 from captioner.concepts.imagenet import THRESHOLD as CONCEPT_THRESHOLD
 from captioner.concepts.imagenet import imagenet_head_or_none
 from captioner.ui import html as html_parts
-from captioner.ui import checkpoints, texts, visualize, workbench
+from captioner.ui import checkpoints, gallery, texts, visualize, workbench
 from captioner.images import file_extensions, format_names, load_image, original_size
 from captioner.vocab import FUNCTION_WORDS
 
@@ -48,6 +48,7 @@ UPLOAD_TYPES = file_extensions()  # exactly what load_image reads (images.FORMAT
 GRID_COLUMNS = 4
 GRID_SIDE = 320  # grid overlays are drawn on a copy of the photo at most this many pixels on a side
 FIGURE_SIDE = 400  # the downloadable figure's panels likewise
+GALLERY_COLUMNS = 4  # cards per row when several photos are uploaded
 DEFAULT_LABEL = "bundled default model"
 
 Decode = tuple[tuple[str, object], ...]  # decode settings as (name, value) pairs: hashable, a cache key
@@ -352,15 +353,15 @@ def view_settings() -> View:
 
 # ----------------------------------------------------------------------------- the photo and its caption
 
-def photo_input() -> Photo:
-    """A photo from the camera, an upload, or one of the bundled example photos; a file that is no usable photo is
-    an error and a stop."""
+def photo_input(settings: Settings) -> Photo:
+    """A photo from the camera, the upload (several: a gallery, one of them opened below), or one of the bundled
+    example photos; a file that is no usable photo is an error (a stop when it is the only photo)."""
     col_upload, col_example = st.columns([3, 2])
     with col_upload:
-        uploaded = st.file_uploader(f"Upload a photo ({format_names(' or ')})", type=UPLOAD_TYPES)
+        uploaded = st.file_uploader(f"Upload photos ({format_names(' or ')}; up to {gallery.MAX_PHOTOS} at once)",
+                                    type=UPLOAD_TYPES, accept_multiple_files=True) or []
     with col_example:
-        example = st.selectbox("... or pick an example photo", list(EXAMPLES), index=0,
-                               disabled=uploaded is not None,
+        example = st.selectbox("... or pick an example photo", list(EXAMPLES), index=0, disabled=bool(uploaded),
                                help="Used when no photo is uploaded.")
     shot = None
     if st.toggle("Take a photo with the camera", value=False, key="camera_on",
@@ -368,17 +369,62 @@ def photo_input() -> Photo:
                       "an upload or an example."):
         shot = st.camera_input("Camera", key="camera_shot")
     if shot is not None:
-        name, data = "camera.jpg", shot.getvalue()
-    elif uploaded is not None:
-        name, data = uploaded.name, uploaded.getvalue()
+        files = [("camera.jpg", shot.getvalue())]
+    elif uploaded:
+        if len(uploaded) > gallery.MAX_PHOTOS:
+            st.warning(f"{len(uploaded)} photos chosen: at most {gallery.MAX_PHOTOS} are captioned at once, so the "
+                       f"first {gallery.MAX_PHOTOS} are shown; upload the others in another batch.")
+        files = [(f.name, f.getvalue()) for f in uploaded[:gallery.MAX_PHOTOS]]
     else:
-        name = EXAMPLES[example]
-        data = (EXAMPLES_DIR / name).read_bytes()
-    try:
-        return Photo(name, data, load_image(data))
-    except captioner.ImageError as e:
-        st.error(f"Cannot use **{name}**: {short_error(e)}. Please choose another photo.")
+        files = [(EXAMPLES[example], (EXAMPLES_DIR / EXAMPLES[example]).read_bytes())]
+    photos = []
+    for name, data in files:
+        try:
+            photos.append(Photo(name, data, load_image(data)))
+        except captioner.ImageError as e:
+            st.error(f"Cannot use **{name}**: {short_error(e)}. Please choose another photo.")
+    if not photos:
         st.stop()
+    return photos[0] if len(photos) == 1 else gallery_panel(settings, photos)
+
+
+@st.cache_data(show_spinner="Captioning the photos ...", max_entries=8)
+def get_gallery(path: str, mtime: float, dtype: str, digests: tuple[str, ...], decode: Decode, _images
+                ) -> list[captioner.Caption]:
+    """A batch of photos read and decoded together (Captioner.caption_batch), cached per model, photos and
+    settings."""
+    return get_model(path, mtime, dtype).caption_batch(list(_images), **dict(decode))
+
+
+def gallery_panel(settings: Settings, photos: list[Photo]) -> Photo:
+    """Several photos: captioned together and shown as cards (thumbnail, caption, top concepts, notes), the
+    batch's downloads (CSV, JSON, figures as ZIP); the photo picked opens below with its overlays."""
+    caps = get_gallery(*settings.model_key, tuple(p.digest for p in photos), settings.decode, [p.image for p in photos])
+    st.header(f"{len(photos)} photos")
+    side = gallery.thumbnail_side(len(photos), GALLERY_COLUMNS)
+    columns = st.columns(GALLERY_COLUMNS)
+    for i, (photo, cap) in enumerate(zip(photos, caps)):
+        with columns[i % GALLERY_COLUMNS]:
+            st.image(shrink(photo.image, side), caption=f"{i + 1}. {photo.name}")
+            st.markdown(f"“{html.escape(cap.text)}”" if cap.words else "“” (empty caption)")
+            if cap.concepts:
+                st.caption("sees " + gallery.top_concepts(cap))
+            for note in cap.notes:
+                st.caption(note)
+    items = [(p.name, c) for p, c in zip(photos, caps)]
+    csv_col, json_col, zip_col = st.columns(3)
+    csv_col.download_button("Download all captions (CSV)", data=gallery.batch_csv(items), file_name="captions.csv",
+                            mime="text/csv", on_click="ignore", icon=":material/download:")
+    json_col.download_button("Download all captions (JSON)", data=gallery.batch_json(items),
+                             file_name="captions.json", mime="application/json", on_click="ignore",
+                             icon=":material/download:")
+    figures = [(p.name, c, shrink(p.image, FIGURE_SIDE)) for p, c in zip(photos, caps)]
+    zip_col.download_button("Download the attention figures (ZIP)", file_name="attention_figures.zip",
+                            data=partial(gallery.figures_zip, figures, partial(figure_bytes, view=settings.view)),
+                            mime="application/zip", on_click="ignore", icon=":material/download:")
+    k = st.selectbox("Open a photo: its overlays and workbench below", range(len(photos)),
+                     format_func=lambda i: f"{i + 1}. {photos[i].name}", key="gallery_open")
+    return photos[k]
 
 
 def caption_or_stop(settings: Settings, photo: Photo) -> captioner.Caption:
@@ -397,7 +443,7 @@ def caption_or_stop(settings: Settings, photo: Photo) -> captioner.Caption:
 def caption_panel(settings: Settings, loaded: captioner.Captioner) -> tuple[Photo, captioner.Caption]:
     """Photo input; the photo beside its caption, concepts, beam hypotheses and downloads; then where the
     model looked for one word and for every word. Stops after the downloads when the caption has no words."""
-    photo = photo_input()
+    photo = photo_input(settings)
     cap = caption_or_stop(settings, photo)
     col_photo, col_text = st.columns([1, 1])
     with col_photo:

@@ -1,0 +1,50 @@
+"""Many photos at once (captioner/ui/gallery.py): the batch's CSV, JSON and figure ZIP, and the thumbnails."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import zipfile
+
+import numpy as np
+
+from captioner.decoding.captions import Caption
+from captioner.ui import gallery
+
+
+def cap(text: str, concepts=(), photo_size=None) -> Caption:
+    words = text.split()
+    c = Caption(text, words, np.full((len(words), 2, 2), 0.25, np.float32), -2.5, concepts=list(concepts))
+    c.photo_size, c.input_side = photo_size, 260 if photo_size else None
+    return c
+
+
+ITEMS = [("a.jpg", cap("a cat on a wall", [("cat", 0.87), ("person", 0.19)])),
+         ("b,c.png", cap("a dog, running", [])), ("tiny.png", cap("a blur", [], photo_size=(6, 6)))]
+
+
+def test_csv_has_one_row_per_photo_with_its_caption_concepts_and_notes():
+    rows = list(csv.reader(io.StringIO(gallery.batch_csv(ITEMS).decode("utf-8"))))
+    assert rows[0] == ["image", "caption", "log_prob", "concepts", "notes"]
+    assert [r[0] for r in rows[1:]] == ["a.jpg", "b,c.png", "tiny.png"]  # a comma in a name stays one field
+    assert rows[1][1] == "a cat on a wall" and rows[1][3] == "cat 0.87; person 0.19"
+    assert rows[3][4].startswith("The photo is only 6x6 pixels") and rows[1][4] == ""
+
+
+def test_json_is_the_one_caption_shape_per_photo():
+    out = json.loads(gallery.batch_json(ITEMS))
+    assert [r["image"] for r in out] == ["a.jpg", "b,c.png", "tiny.png"]
+    assert out[0] == ITEMS[0][1].to_dict("a.jpg", maps=False)
+
+
+def test_zip_holds_one_figure_per_photo_with_unique_names():
+    items = [("x.jpg", ITEMS[0][1], None), ("x.jpg", ITEMS[1][1], None), ("y.png", ITEMS[2][1], None)]
+    data = gallery.figures_zip(items, lambda image, c: c.text.encode())
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        assert z.namelist() == ["x_attention.png", "x_2_attention.png", "y_attention.png"]
+        assert z.read("x_2_attention.png") == b"a dog, running"
+
+
+def test_thumbnails_share_the_width_and_stay_small():
+    assert gallery.thumbnail_side(2, 4) == 320 and gallery.thumbnail_side(12, 4) == 240
+    assert 120 <= gallery.thumbnail_side(100, 8) <= gallery.THUMB_MAX
