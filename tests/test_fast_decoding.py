@@ -181,3 +181,20 @@ def test_few_rows_linear_equals_nn_linear(n):
         torch.testing.assert_close(y, layer(x), atol=1e-5, rtol=1e-5)
         y.sum().backward()  # the swapped product has the same gradients
         torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(n, -1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bonus", [0.0, 3.0])
+def test_word_bias_at_once_equals_the_bias_of_each_step(bonus):
+    """Evidence.word_bias (what a caption's log-probs are corrected by) computes every word's bias at once;
+    it equals Evidence.bias asked step by step with the words before it, as decoding asked it."""
+    from captioner.config import DecodeConfig
+    from captioner.decoding.evidence import Evidence
+
+    gen = torch.Generator().manual_seed(0)
+    probs, words = torch.rand(3, 6, generator=gen), (torch.rand(20, 6, generator=gen) > 0.7).float()
+    ev = Evidence(probs, words, DecodeConfig(evidence=True, evidence_bonus=bonus))
+    for image in range(3):
+        t = torch.randint(0, 20, (9,), generator=gen)
+        steps = torch.stack([ev.bias(torch.tensor([image]), t[None, :k])[0, t[k]] for k in range(len(t))])
+        assert torch.allclose(ev.word_bias(image, t.tolist()), steps, atol=1e-6)
+    assert ev.word_bias(0, []).shape == (0,)

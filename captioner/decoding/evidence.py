@@ -89,6 +89,9 @@ class Evidence:
         """(L,) the bias each of an image's caption words got when decoding chose it (after the words
         before it): what separates the decoding score from the model's own log-probability."""
         t = torch.tensor(tokens, dtype=torch.long, device=self.penalty.device)  # (L,)
-        img = torch.tensor([image], device=self.penalty.device)
-        return torch.stack([self.bias(img, t[None, :k])[0, t[k]] for k in range(len(tokens))]) if tokens \
-            else torch.zeros(0, device=self.penalty.device)  # (L,)
+        out = self.penalty[image, t]  # (L,)
+        if not self.has_bonus or not tokens:
+            return out
+        named = self.words[t]  # (L, C): the categories each word names
+        before = torch.cat([torch.zeros_like(named[:1]), named.cummax(0).values[:-1]])  # (L, C): named before word k
+        return out + ((self.bonus[image] * (1 - before)) * named).sum(-1)  # (L,): bias() at each step, at once
