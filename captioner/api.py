@@ -225,7 +225,7 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
         if not checkpoint.is_file():
             raise CheckpointError(
                 f"the bundled default model is missing ({checkpoint}). Train one with "
-                "'python scripts/train.py --config configs/flickr8k_cpu.yaml' and pass its best.safetensors "
+                "'.venv/bin/captioner-train --config configs/flickr8k_cpu.yaml' and pass its best.safetensors "
                 "to captioner.load(path), or reinstall the package.")
     check_device(device)  # before reading the file: a clear error, not a CUDA traceback
     ckpt = load_checkpoint(checkpoint)

@@ -865,6 +865,36 @@ def test_more_photos_than_a_batch_holds_get_a_message(app):
     assert any(h.value == f"{gallery.MAX_PHOTOS} photos" for h in at.header)
 
 
+def test_the_caption_as_it_is_written_is_shown_and_downloadable(app):
+    """The animation (a frame per word, ui/animate.py) is on the page, folded, and offered as a GIF."""
+    import io
+
+    at = app.run()
+    words = check_captioned(at)
+    assert any(b.label == "Download the caption as it is written (GIF)" for b in at.download_button)
+    gif = [im for im in at.image if any("word by word" in c for c in im.captions)]
+    assert len(gif) == 1
+    cap = captioner.load().caption(EXAMPLES / "cat.jpg")
+    assert cap.words == words
+    from captioner.ui.animate import caption_animation
+    assert Image.open(io.BytesIO(caption_animation(Image.open(EXAMPLES / "cat.jpg"), cap))).n_frames == len(words)
+
+
+def test_the_menu_says_which_of_a_runs_files_to_pick(app, tmp_path, monkeypatch):
+    """A training run writes best.safetensors and last.safetensors; the menu listed both without a word."""
+    import shutil
+
+    run = tmp_path / "myrun"
+    run.mkdir()
+    for name in ("best.safetensors", "last.safetensors"):
+        shutil.copy(captioner.DEFAULT_CHECKPOINT, run / name)
+    monkeypatch.setenv("CAPTIONER_CHECKPOINT_DIRS", str(tmp_path))
+    at = app.run()
+    options = next(s for s in at.selectbox if s.label == "Checkpoint").options
+    assert "myrun/best.safetensors (the run's best on val: pick this one)" in options, options
+    assert "myrun/last.safetensors (the run's last epoch, kept to resume training)" in options, options
+
+
 def test_concurrent_sessions_stay_isolated(app):
     """Three sessions open at once, each with its own photo, typed sentence and region: each page shows
     only its own, equal to what the library computes. The sessions' steps are interleaved (A, B, C, A, B,

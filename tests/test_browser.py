@@ -208,7 +208,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             page.get_by_test_id("stSliderThumbValue").filter(has_text="1").first.wait_for(timeout=WAIT_MS)
 
             # upload a photo through the real file input
-            page.locator('input[type="file"]').set_input_files(
+            page.locator('input[type="file"]:not([multiple])').set_input_files(
                 files=[{"name": "coffee.png", "mimeType": "image/png", "buffer": png.getvalue()}])
             page.get_by_text("coffee.png (600x400)").wait_for(timeout=WAIT_MS)
             _settle(page)
@@ -254,7 +254,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             assert Path(dl.value.path()).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
             # garbage: a clear message in the page, no traceback
-            page.locator('input[type="file"]').set_input_files(
+            page.locator('input[type="file"]:not([multiple])').set_input_files(
                 files=[{"name": "garbage.jpg", "mimeType": "image/jpeg", "buffer": b"definitely not a JPEG" * 50}])
             alert = page.get_by_test_id("stAlert").filter(has_text="garbage.jpg")
             alert.wait_for(timeout=WAIT_MS)
@@ -264,7 +264,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             assert not _overlay_captions(page)
 
             # too large for the upload limit (.streamlit/config.toml): refused by the uploader itself
-            page.locator('input[type="file"]').set_input_files(
+            page.locator('input[type="file"]:not([multiple])').set_input_files(
                 files=[{"name": "huge.jpg", "mimeType": "image/jpeg", "buffer": b"\xff" * (21 * 2**20)}])
             page.get_by_text("20", exact=False).filter(has_text="MB or smaller").first.wait_for(timeout=WAIT_MS)
 
@@ -273,7 +273,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             for w, h in ((6, 6), (1, 300)):
                 buf = io.BytesIO()
                 Image.open(EXAMPLES / "cat.jpg").convert("RGB").resize((w, h)).save(buf, "PNG")
-                page.locator('input[type="file"]').set_input_files(
+                page.locator('input[type="file"]:not([multiple])').set_input_files(
                     files=[{"name": f"tiny{w}x{h}.png", "mimeType": "image/png", "buffer": buf.getvalue()}])
                 page.get_by_text(f"tiny{w}x{h}.png ({w}x{h})").wait_for(timeout=WAIT_MS)
                 _settle(page)
@@ -282,7 +282,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
                 assert page.get_by_test_id("stException").count() == 0
 
             # and the app still works: a good photo is captioned again
-            page.locator('input[type="file"]').set_input_files(str(EXAMPLES / "astronaut.jpg"))
+            page.locator('input[type="file"]:not([multiple])').set_input_files(str(EXAMPLES / "astronaut.jpg"))
             page.get_by_text("astronaut.jpg (512x512)").wait_for(timeout=WAIT_MS)
             _settle(page)
             words = _caption_shown(page).split()
@@ -293,7 +293,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
 
             # a word naming what the classifier sees: its concept map beside its attention, both drawn
             if (FLICKR_DOGS).is_file():
-                page.locator('input[type="file"]').set_input_files(str(FLICKR_DOGS))
+                page.locator('input[type="file"]:not([multiple])').set_input_files(str(FLICKR_DOGS))
                 page.get_by_text(f"{FLICKR_DOGS.name} (").first.wait_for(timeout=WAIT_MS)
                 _settle(page)
                 words = _caption_shown(page).split()

@@ -1,8 +1,8 @@
 """Measure training, evaluation and captioning speed on synthetic inputs of real shapes (no dataset).
 
-    python scripts/benchmark.py                      # CPU default: flickr8k preset, ~2-3 minutes
-    python scripts/benchmark.py --quick --json       # tiny counts (tests)
-    python scripts/benchmark.py --device cuda --preset coco --compile --coco-epoch
+    .venv/bin/captioner-benchmark                      # CPU default: flickr8k preset, ~2-3 minutes
+    .venv/bin/captioner-benchmark --quick --json       # tiny counts (tests)
+    .venv/bin/captioner-benchmark --device cuda --preset coco --compile --coco-epoch
 
 Sections (each printed as a table row, or one JSON object with --json):
 

@@ -1,8 +1,8 @@
 """Evaluate a captioner with the standard COCO caption metrics (pycocoevalcap, PTB tokenizer).
 
-    python scripts/evaluate.py --dataset flickr8k --data-root ../shared/data/flickr8k --split test --beam-size 3
-    python scripts/evaluate.py --dataset coco --images DIR --annotations captions_val2017.json --json
-    python scripts/evaluate.py --dataset coco --images DIR --annotations captions_val2017.json --grounding
+    .venv/bin/captioner-evaluate --dataset flickr8k --data-root ../shared/data/flickr8k --split test --beam-size 3
+    .venv/bin/captioner-evaluate --dataset coco --images DIR --annotations captions_val2017.json --json
+    .venv/bin/captioner-evaluate --dataset coco --images DIR --annotations captions_val2017.json --grounding
 
 --grounding (COCO only) also measures where the model looks when it names an object: the attention
 mass inside the object's instance boxes, for the generated and the teacher-forced reference

@@ -1,6 +1,6 @@
 """Export a trained checkpoint as a compact model file (optionally the package's bundled default).
 
-    python scripts/export_model.py runs/flickr8k_cpu/best.safetensors captioner/assets/default.safetensors \
+    .venv/bin/captioner-export runs/flickr8k_cpu/best.safetensors captioner/assets/default.safetensors \
         --half --metrics test_scores.json --set decode.length_penalty=0.5
 
 Keeps only the model tensors (no optimizer state), stores fp16 weights with --half (loaded back as

@@ -1,7 +1,7 @@
 """Prepare a dataset for training: check it, build and report the vocabulary, and encode every image
 once into the frozen-encoder feature cache (reused by every later run with the same encoder/grid).
 
-    python scripts/prepare_data.py --config configs/flickr8k_cpu.yaml
+    .venv/bin/captioner-prepare --config configs/flickr8k_cpu.yaml
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train a captioner.
 
-    python scripts/train.py --config configs/flickr8k_cpu.yaml [--set train.lr=1e-3 ...]
+    .venv/bin/captioner-train --config configs/flickr8k_cpu.yaml [--set train.lr=1e-3 ...]
 
 Rerun the same command after an interruption to resume. Multi-GPU / multi-node:
     torchrun --nproc_per_node=N scripts/train.py --config configs/coco_resnet101.yaml

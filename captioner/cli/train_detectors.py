@@ -2,7 +2,7 @@
 et al. 2015) on a model file's OWN encoder, calibrate them, choose decode.person_floor, and write a copy
 of the model file that carries them:
 
-    python scripts/train_detectors.py --data-root ../shared/data/flickr8k \\
+    .venv/bin/captioner-train-detectors --data-root ../shared/data/flickr8k \\
         --coco-images ../shared/data/coco-mini/train2017 \\
         --coco-annotations ../shared/data/coco-mini/annotations/captions_train2017.json \\
         --cache-dir cache --out runs/detectors/model.safetensors

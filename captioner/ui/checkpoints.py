@@ -1,5 +1,5 @@
 """Which model files the app may offer: the operator names the folders on the server side (app.py reads
-`streamlit run app.py -- --checkpoints DIR ...` or CAPTIONER_CHECKPOINT_DIRS); a visitor only picks from
+`.venv/bin/streamlit run app.py -- --checkpoints DIR ...` or CAPTIONER_CHECKPOINT_DIRS); a visitor only picks from
 the menu. The search is bounded in depth, files and time, never follows a link out of an allowed folder,
 and says when it stopped early."""
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _sorted(found: Found) -> Found:
 
 def operator_folders(argv: Sequence[str], env_value: str | None, default: Sequence[str] = ("runs",)) -> list[str]:
     """The folders the operator allows: `--checkpoints DIR [DIR ...]` in the app's own arguments (after `--`
-    of `streamlit run app.py`), else CAPTIONER_CHECKPOINT_DIRS (os.pathsep-separated), else `default`."""
+    of `.venv/bin/streamlit run app.py`), else CAPTIONER_CHECKPOINT_DIRS (os.pathsep-separated), else `default`."""
     args = list(argv)
     if "--checkpoints" in args:
         out = []

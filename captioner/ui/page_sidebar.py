@@ -22,7 +22,7 @@ def sidebar(folders: tuple[str, ...], selected: str | None = None) -> tuple[Sett
         choices = checkpoint_choices(folders, selected)
         if not choices:
             st.error("No model available: the bundled default model is missing and no *.safetensors file was "
-                     "found in the folders this server allows. Train one (python scripts/train.py --config "
+                     "found in the folders this server allows. Train one (.venv/bin/captioner-train --config "
                      "configs/flickr8k_cpu.yaml), or start the app with `-- --checkpoints FOLDER`.")
             st.stop()
         label = st.selectbox("Checkpoint", list(choices))

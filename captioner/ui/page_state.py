@@ -159,8 +159,13 @@ def checkpoint_choices(folders: tuple[str, ...], selected: str | None = None) ->
                 break
             except ValueError:
                 continue
-        add(label, p)
+        add(label + RUN_FILES.get(Path(p).name, ""), p)
     return choices
+
+
+# a training run writes both; the menu says which to pick
+RUN_FILES = {"best.safetensors": " (the run's best on val: pick this one)",
+             "last.safetensors": " (the run's last epoch, kept to resume training)"}
 
 
 def shrink(image, side: int):

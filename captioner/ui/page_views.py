@@ -2,6 +2,7 @@
 downloads), the large single-word view, the per-word grid and an explained sentence."""
 from __future__ import annotations
 
+import hashlib
 import html
 from functools import partial
 from pathlib import Path
@@ -12,7 +13,7 @@ import captioner
 from ..concepts.imagenet import THRESHOLD as CONCEPT_THRESHOLD
 from ..vocab import FUNCTION_WORDS
 from . import html as html_parts
-from . import visualize, workbench
+from . import animate, visualize, workbench
 from .page_state import FIGURE_SIDE, GRID_COLUMNS, Shown, View, figure_bytes, shrink
 
 
@@ -96,6 +97,19 @@ def downloads(photo: Shown, cap: captioner.Caption, view: View) -> None:
     st.download_button("Download caption and attention maps (JSON)", icon=":material/download:",
                        data=visualize.caption_json_bytes(cap, image_name=photo.name),
                        file_name=f"{stem}_caption.json", mime="application/json", on_click="ignore")
+    if cap.words:
+        maps_key = hashlib.sha256(cap.alphas.tobytes() + cap.text.encode()).hexdigest()  # this caption's words and maps
+        animation = caption_gif(photo.digest, maps_key, cap, view.opacity, _image=photo.image)
+        with st.expander("The caption as it is written (a frame per word)", expanded=False):
+            st.image(animation, caption=f"“{cap.text}”, word by word, with where each word looked")
+        st.download_button("Download the caption as it is written (GIF)", icon=":material/download:",
+                           data=animation, file_name=f"{stem}_caption.gif", mime="image/gif", on_click="ignore")
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def caption_gif(digest: str, maps_key: str, _cap: captioner.Caption, opacity: float, _image) -> bytes:
+    """The caption's animation (ui/animate.py), drawn once per photo, caption and opacity."""
+    return animate.caption_animation(_image, _cap, opacity=opacity)
 
 
 def first_content_word(words: list[str]) -> int:

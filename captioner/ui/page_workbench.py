@@ -102,8 +102,8 @@ def compare_decode_settings(settings: Settings, loaded: captioner.Captioner, pho
     """One model file: B is the same model at other decode settings, and the page says how to get a second
     model."""
     st.info("Only one model file is available, so B is this model at other decode settings. To compare two "
-            "models, export a second model file (`python scripts/export_model.py RUN/best.safetensors "
-            "DIR/other.safetensors`) and start the app with `streamlit run app.py -- --checkpoints DIR`.")
+            "models, export a second model file (`.venv/bin/captioner-export RUN/best.safetensors "
+            "DIR/other.safetensors`) and start the app with `.venv/bin/streamlit run app.py -- --checkpoints DIR`.")
     decode_a = dict(settings.decode)
     variants = workbench.same_model_variants(decode_a, loaded.config.decode, has_head(loaded))
     decode_b = variants[st.selectbox("B: the same model with", list(variants), key="compare_variant")]
