@@ -141,3 +141,31 @@ def test_the_page_opens_offline_in_chromium_and_lists_every_photo_worst_first(re
     preds = {c["image_id"]: c["caption"] for c in result["captions"]}
     assert captions == [preds[i] for i in ids]
     assert [u for u in asked if not u.startswith(("file:", "data:"))] == []  # nothing asked of any network
+
+
+def test_without_boxes_the_references_are_the_truth_and_ties_put_hallucinations_first():
+    """Flickr8k's case (no boxes), on hand-made captions over a real photo: no model, no data set needed."""
+    from captioner.data import ImageRecord
+    from captioner.decoding.captions import Caption
+    from captioner.ui.report import photo_reports, report_html
+
+    cat = ROOT / "captioner" / "assets" / "examples" / "cat.jpg"
+
+    def cap(text: str) -> Caption:
+        words = text.split()
+        return Caption(text, words, np.full((len(words), 3, 3), 1 / 9, np.float32), -3.0)
+
+    refs = ["a cat sits on a sofa next to a dog", "a kitten on a couch"]
+    records = [ImageRecord(k, cat, refs) for k in ("good", "bad", "worst")]
+    caps = [cap("a cat on a couch"), cap("a horse on a couch"), cap("a pizza")]
+    reports = photo_reports(records, caps, {"good": 0.9, "bad": 0.1, "worst": 0.1}, None)
+    assert [p.record.image_id for p in reports] == ["worst", "bad", "good"]  # equal CIDEr: more hallucinated first
+    assert reports[1].judged.hallucinated == {"horse"} and reports[1].missed == ["cat", "dog"]
+    assert reports[2].judged.hallucinated == set() and reports[2].missed == ["dog"]
+    page = report_html(reports, {"CIDEr": 0.37}, "hand-made")
+    assert page.count("missed (named by the references)") == 3 and "missed (boxed)" not in page
+    assert page.count('alt="attention of') == sum(len(p.named) for p in reports) == 5  # pizza; horse, couch; cat, couch
+    with pytest.raises(ValueError, match="no CIDEr"):
+        photo_reports(records, caps, {"good": 0.9}, None)
+    with pytest.raises(ValueError, match="one caption per record"):
+        photo_reports(records, caps[:2], {}, None)
