@@ -29,7 +29,7 @@ from .concepts.detectors import WordDetectors, attach, detectors_of
 from .concepts.imagenet import THRESHOLD, Concepts, encoder_head
 from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
 from .config import DTYPES as DTYPE_NAMES
-from .config import Config, DecodeConfig, check_choice, set_value
+from .config import Config, DecodeConfig, set_value
 from .decoding.explain import NoWordsError
 from .images import ImageError, ImageInput, load_image
 from .model.captioner import CaptionModel, build_model
@@ -133,11 +133,7 @@ class Captioner:
         for key, value in overrides.items():  # typed like a config file: "false" is False, 2.5 beams an error
             if value is not None:
                 set_value(cfg, f"decode.{key}", value, "decode settings")
-        used = cfg.decode
-        if used.beam_size < 1 or used.max_len < 1:
-            raise ValueError(f"beam_size and max_len must be at least 1, got {used.beam_size} and {used.max_len}")
-        check_choice("decode.hard_context", used.hard_context, "decode settings")
-        return used
+        return cfg.decode.checked()  # each setting within config.DecodeConfig.LIMITS
 
     def read(self, image: ImageInput, name: str | None = None) -> Photo:
         """One image (PIL image, path or bytes) -> its Photo: opened, preprocessed and encoded once, the

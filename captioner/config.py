@@ -10,7 +10,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable
 
 # ---------------------------------------------------------------- the ONE list of values per enumerated setting
 # Every module that branches on one of these imports its list from here; load_config checks each value
@@ -153,6 +153,21 @@ class DecodeConfig:
     # are ruled out where the person detector's P(person) < person_floor (0 = off, the default; files with
     # detectors store the floor chosen on Flickr8k val + coco-mini)
     person_floor: float = 0.0
+
+    # the range each numeric setting must lie in, beside the fields: checked() by the API, every command and
+    # decoding itself; the app's widgets take their limits from here
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
+        "beam_size": (1, 16), "max_len": (1, 200), "length_penalty": (0.0, 5.0), "evidence_floor": (0.0, 1.0),
+        "evidence_penalty": (0.0, 1e4), "evidence_bonus": (0.0, 100.0), "person_floor": (0.0, 1.0)}
+
+    def checked(self) -> "DecodeConfig":
+        """These settings, or a ValueError naming the first one outside its LIMITS (or an unknown hard_context)."""
+        for key, (low, high) in self.LIMITS.items():
+            value = getattr(self, key)
+            if not low <= value <= high:
+                raise ValueError(f"decode.{key} must lie in [{low:g}, {high:g}], got {value}")
+        check_choice("decode.hard_context", self.hard_context, "decode settings")
+        return self
 
 
 @dataclass

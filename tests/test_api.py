@@ -176,8 +176,10 @@ def test_decode_settings_default_to_the_model_files(tmp_path, monkeypatch):
     used = loaded.decode_settings(beam_size=2)
     assert (used.beam_size, used.max_len, used.length_penalty, used.forbid_unk) == (2, 7, 0.5, True)
     assert loaded.config.decode.beam_size == 5  # resolving settings never changes the stored ones
-    with pytest.raises(ValueError, match="at least 1"):
+    with pytest.raises(ValueError, match=r"decode.beam_size must lie in \[1, 16\], got 0"):
         loaded.decode_settings(beam_size=0)
+    with pytest.raises(ValueError, match="decode.person_floor must lie in"):  # every limit beside its field
+        loaded.decode_settings(person_floor=1.5)
     with pytest.raises(TypeError, match="unknown decode setting"):
         loaded.caption(img, beam_sise=2)  # a typo is an error, not a silently ignored keyword
     with pytest.raises(ValueError, match="hard_context must be one of"):

@@ -119,3 +119,18 @@ def test_the_package_root_keeps_few_modules():
     assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} top-level modules: {top}; put new code in its job's folder"
     folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert folders <= set(JOB_RANK), f"a folder without a rank in JOB_RANK: {folders - set(JOB_RANK)}"
+
+
+def test_the_app_is_the_pages_layout_only():
+    """app.py lays out the page (<= 300 lines): every panel is in captioner/ui/ and asks the library
+    (Captioner.read -> Photo); the app imports no model, decoding or training code itself."""
+    app = PACKAGE.parent / "app.py"
+    assert len(app.read_text().splitlines()) <= MAX_MODULE_LINES
+    imported = set()
+    for node in ast.walk(ast.parse(app.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+        elif isinstance(node, ast.Import):
+            imported.update(a.name for a in node.names)
+    ours = {m for m in imported if m.split(".")[0] == "captioner"}
+    assert ours and all(m.startswith("captioner.ui") for m in ours), ours

@@ -158,9 +158,8 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
     import captioner
     from captioner.cli.decode_options import decode_settings, describe
 
-    if (args.beam_size is not None and args.beam_size < 1) or (args.max_len is not None and args.max_len < 1) \
-            or args.batch_size < 1:
-        print("error: --beam-size, --max-len and --batch-size must be at least 1", file=sys.stderr)
+    if args.batch_size < 1:  # --beam-size and --max-len: checked with every decode setting (DecodeConfig.checked)
+        print("error: --batch-size must be at least 1", file=sys.stderr)
         return None
     try:
         dtype = captioner.preferred_dtype(args.device) if args.dtype == "auto" else args.dtype

@@ -208,10 +208,7 @@ def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: Dec
     """THE decoding entry: feats (B, P, D) -> for each image its hypotheses, best first. Greedy when
     settings.beam_size == 1 (one hypothesis per image), else beam search. evidence: the images'
     Evidence (evidence-aware decoding: scores added to object words), or None."""
-    if settings.beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {settings.beam_size}")
-    if settings.max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {settings.max_len}")
+    settings.checked()  # config.DecodeConfig.LIMITS: one place for every setting's range
     if settings.beam_size == 1:
         return [[h] for h in greedy_decode(decoder, feats, ids, settings, evidence)]
     return beam_search(decoder, feats, ids, settings, evidence)

@@ -46,8 +46,8 @@ def batch_json(items: Sequence[tuple[str, "Caption"]], maps: bool = False) -> by
 
 def figures_zip(items: Sequence[tuple[str, "Caption", Image.Image]], figure: Callable[[Image.Image, "Caption"], bytes]
                 ) -> bytes:
-    """A ZIP of one attention figure per photo, NAME_attention.png (names made unique: two uploads called
-    photo.jpg give photo_attention.png and photo_2_attention.png)."""
+    """A ZIP of one attention figure per photo, each named after its photo's stem with "_attention" (a number
+    added when two uploads share a stem, so no figure overwrites another)."""
     buf, used = io.BytesIO(), set()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
         for name, cap, image in items:

@@ -1,0 +1,135 @@
+"""The app's photo input (camera, upload of one or several photos, the examples), the gallery of a batch, and
+the panel of the photo on screen with its caption and attention maps."""
+from __future__ import annotations
+
+import html
+from functools import partial
+
+import streamlit as st
+
+import captioner
+from ..images import format_names, load_image
+from . import gallery
+from .page_state import (EXAMPLES, EXAMPLES_DIR, FIGURE_SIDE, GALLERY_COLUMNS, UPLOAD_TYPES, Decode, Settings, Shown,
+                         figure_bytes, get_caption, get_model, photo_label, short_error, shrink)
+from .page_views import caption_summary, downloads, overlay_grid, word_label, word_view
+
+
+
+def photo_input(settings: Settings) -> Shown:
+    """A photo from the camera, an upload (one photo; a new upload replaces it), a batch of photos (a gallery,
+    one of them opened below), or one of the bundled example photos; a file that is no usable photo is an error
+    (a stop when it is the only photo)."""
+    col_upload, col_example = st.columns([3, 2])
+    with col_upload:
+        uploaded = st.file_uploader(f"Upload a photo ({format_names(' or ')})", type=UPLOAD_TYPES)
+    with col_example:
+        example = st.selectbox("... or pick an example photo", list(EXAMPLES), index=0,
+                               disabled=uploaded is not None, help="Used when no photo is uploaded.")
+    batch = st.file_uploader(f"... or several photos at once (up to {gallery.MAX_PHOTOS}): a gallery",
+                             type=UPLOAD_TYPES, accept_multiple_files=True, key="batch_upload") or []
+    shot = None
+    if st.toggle("Take a photo with the camera", value=False, key="camera_on",
+                 help="The browser asks for the camera only when this is on; the photo taken is used instead of "
+                      "an upload or an example."):
+        shot = st.camera_input("Camera", key="camera_shot")
+    return chosen_photo(settings, shot, uploaded, batch, example)
+
+
+def chosen_photo(settings: Settings, shot, uploaded, batch: list, example: str) -> Shown:
+    """The photo on screen from what was given, in this order: a camera shot, a batch (the gallery), an
+    upload, the example."""
+    if shot is not None:
+        files = [("camera.jpg", shot.getvalue())]
+    elif batch:
+        if len(batch) > gallery.MAX_PHOTOS:
+            st.warning(f"{len(batch)} photos chosen: at most {gallery.MAX_PHOTOS} are captioned at once, so the "
+                       f"first {gallery.MAX_PHOTOS} are shown; upload the others in another batch.")
+        files = [(f.name, f.getvalue()) for f in batch[:gallery.MAX_PHOTOS]]
+    elif uploaded is not None:
+        files = [(uploaded.name, uploaded.getvalue())]
+    else:
+        files = [(EXAMPLES[example], (EXAMPLES_DIR / EXAMPLES[example]).read_bytes())]
+    photos = []
+    for name, data in files:
+        try:
+            photos.append(Shown(name, data, load_image(data)))
+        except captioner.ImageError as e:
+            st.error(f"Cannot use **{name}**: {short_error(e)}. Please choose another photo.")
+    if not photos:
+        st.stop()
+    return photos[0] if len(files) == 1 else gallery_panel(settings, photos)
+
+
+@st.cache_data(show_spinner="Captioning the photos ...", max_entries=8)
+def get_gallery(path: str, mtime: float, dtype: str, digests: tuple[str, ...], decode: Decode, _images
+                ) -> list[captioner.Caption]:
+    """A batch of photos read and decoded together (Captioner.caption_batch), cached per model, photos and
+    settings."""
+    return get_model(path, mtime, dtype).caption_batch(list(_images), **dict(decode))
+
+
+def gallery_panel(settings: Settings, photos: list[Shown]) -> Shown:
+    """Several photos: captioned together and shown as cards (thumbnail, caption, top concepts, notes), the
+    batch's downloads (CSV, JSON, figures as ZIP); the photo picked opens below with its overlays."""
+    caps = get_gallery(*settings.model_key, tuple(p.digest for p in photos), settings.decode, [p.image for p in photos])
+    st.header(f"{len(photos)} photos")
+    side = gallery.thumbnail_side(len(photos), GALLERY_COLUMNS)
+    columns = st.columns(GALLERY_COLUMNS)
+    for i, (photo, cap) in enumerate(zip(photos, caps)):
+        with columns[i % GALLERY_COLUMNS]:
+            st.image(shrink(photo.image, side), caption=f"{i + 1}. {photo.name}")
+            st.markdown(f"“{html.escape(cap.text)}”" if cap.words else "“” (empty caption)")
+            if cap.concepts:
+                st.caption("sees " + gallery.top_concepts(cap))
+            for note in cap.notes:
+                st.caption(note)
+    items = [(p.name, c) for p, c in zip(photos, caps)]
+    csv_col, json_col, zip_col = st.columns(3)
+    csv_col.download_button("Download all captions (CSV)", data=gallery.batch_csv(items), file_name="captions.csv",
+                            mime="text/csv", on_click="ignore", icon=":material/download:")
+    json_col.download_button("Download all captions (JSON)", data=gallery.batch_json(items),
+                             file_name="captions.json", mime="application/json", on_click="ignore",
+                             icon=":material/download:")
+    figures = [(p.name, c, shrink(p.image, FIGURE_SIDE)) for p, c in zip(photos, caps)]
+    zip_col.download_button("Download the attention figures (ZIP)", file_name="attention_figures.zip",
+                            data=partial(gallery.figures_zip, figures, partial(figure_bytes, view=settings.view)),
+                            mime="application/zip", on_click="ignore", icon=":material/download:")
+    k = st.selectbox("Open a photo: its overlays and workbench below", range(len(photos)),
+                     format_func=lambda i: f"{i + 1}. {photos[i].name}", key="gallery_open")
+    return photos[k]
+
+
+def caption_or_stop(settings: Settings, photo: Shown) -> captioner.Caption:
+    """The photo's caption at the sidebar's settings; an error in the page and a stop when captioning fails."""
+    with st.spinner("Captioning ..."):
+        try:
+            return get_caption(*settings.model_key, photo.digest, settings.decode, photo.image)
+        except captioner.ImageError as e:
+            st.error(f"Cannot use **{photo.name}**: {short_error(e)}")
+            st.stop()
+        except Exception as e:  # noqa: BLE001 - show the problem in the page, keep the app alive
+            st.error(f"Captioning failed with this checkpoint: {type(e).__name__}: {e}")
+            st.stop()
+
+
+def caption_panel(settings: Settings, loaded: captioner.Captioner) -> tuple[Shown, captioner.Caption]:
+    """Shown input; the photo beside its caption, concepts, beam hypotheses and downloads; then where the
+    model looked for one word and for every word. Stops after the downloads when the caption has no words."""
+    photo = photo_input(settings)
+    cap = caption_or_stop(settings, photo)
+    col_photo, col_text = st.columns([1, 1])
+    with col_photo:
+        st.image(photo.image, caption=photo_label(photo), width="stretch")
+    with col_text:
+        caption_summary(cap, settings.evidence, loaded.config.decode.length_penalty)
+        downloads(photo, cap, settings.view)
+    if not cap.words:
+        st.warning("The model ended the caption straight away, so there are no words to show attention for. "
+                   "Try beam size 1 or another checkpoint.")
+        st.stop()
+    word_view(photo.image, cap, settings.view)
+    st.header("All words")
+    overlay_grid(photo.thumb, cap, [f"{i + 1}. {word_label(cap, i)}" for i in range(len(cap.words))],
+                 settings.view)
+    return photo, cap

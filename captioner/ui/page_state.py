@@ -1,0 +1,214 @@
+"""What the app's page holds: its settings (Settings, View), the photo on screen (Shown) and the cached
+models, readings, captions and explanations every panel asks for (Streamlit caches: one encoder run per photo
+and model). The panels (page_sidebar, page_photo, page_views, page_workbench) draw; app.py lays them out."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import streamlit as st
+
+import captioner
+from ..concepts.imagenet import imagenet_head_or_none
+from ..images import file_extensions, original_size
+from . import checkpoints, visualize
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+
+EXAMPLES_DIR = Path(captioner.__file__).resolve().parent / "assets" / "examples"
+EXAMPLES = {"Cat": "cat.jpg", "Coffee": "coffee.jpg", "Astronaut": "astronaut.jpg"}
+UPLOAD_TYPES = file_extensions()  # exactly what load_image reads (images.FORMATS), as its errors list them
+GRID_COLUMNS = 4
+GRID_SIDE = 320  # grid overlays are drawn on a copy of the photo at most this many pixels on a side
+FIGURE_SIDE = 400  # the downloadable figure's panels likewise
+GALLERY_COLUMNS = 4  # cards per row when several photos are uploaded
+DEFAULT_LABEL = "bundled default model"
+
+
+Decode = tuple[tuple[str, object], ...]  # decode settings as (name, value) pairs: hashable, a cache key
+
+
+class View(NamedTuple):
+    """How attention maps are drawn (the sidebar's "Attention maps")."""
+    opacity: float
+    smooth: float
+    mode: str  # one of visualize.MODES
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the sidebar chose: the checkpoint (menu label and file), its precision, decode settings, view."""
+    choices: dict[str, str]  # label -> path of every checkpoint the menu offers, in menu order
+    label: str
+    path: str
+    mtime: float  # the file's, part of every cache key: a rewritten file is loaded again
+    dtype: str
+    decode: Decode
+    view: View
+
+    @property
+    def model_key(self) -> tuple[str, float, str]:
+        """(path, mtime, dtype): how the cached helpers name this model."""
+        return self.path, self.mtime, self.dtype
+
+    @property
+    def evidence(self) -> bool:
+        return bool(dict(self.decode)["evidence"])
+
+
+@dataclass
+class Shown:
+    """The photo on screen: its name, its file's bytes and the decoded image."""
+    name: str
+    data: bytes
+    image: Image.Image
+
+    @cached_property
+    def digest(self) -> str:
+        """The cache key of this photo's features, captions and explanations."""
+        return hashlib.sha256(self.data).hexdigest()
+
+    @cached_property
+    def thumb(self) -> Image.Image:
+        """The copy the grids and the region view draw on (longer side GRID_SIDE)."""
+        return shrink(self.image, GRID_SIDE)
+
+
+@st.cache_resource(show_spinner="Loading model ...", max_entries=4)
+def get_model(path: str, mtime: float, dtype: str = "float32") -> captioner.Captioner:
+    """One model per checkpoint file and precision per process (mtime in the key: a rewritten file
+    is reloaded)."""
+    return captioner.load(path, dtype=dtype)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def get_reading(path: str, mtime: float, dtype: str, digest: str, _image) -> captioner.Photo:
+    """One photo as one model read it (keyed by the photo's digest): the encoder and its heads run once per
+    photo and model, so new decode settings, a typed sentence, another word or region, or a comparison only
+    decode (captioner.Photo.caption / explain). Never modified."""
+    return get_model(path, mtime, dtype).read(_image)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def get_caption(path: str, mtime: float, dtype: str, digest: str, decode: Decode, _image) -> captioner.Caption:
+    """Caption of one decoded photo (keyed by its digest and the decode settings as (name, value) pairs),
+    so moving the opacity or word sliders does not decode again."""
+    return get_reading(path, mtime, dtype, digest, _image).caption(**dict(decode))
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def get_explanation(path: str, mtime: float, dtype: str, digest: str, text: str, hard_context: str,
+                    _image) -> captioner.Caption:
+    """A typed sentence teacher-forced on one photo (Shown.explain), cached per model, photo and text."""
+    cap = get_reading(path, mtime, dtype, digest, _image).explain(text, hard_context=hard_context)
+    cap.photo_size = None  # a small photo's note is shown once, by the caption
+    return cap
+
+
+def explain_or_none(path: str, mtime: float, dtype: str, digest: str, text: str, hard_context: str, _image
+                    ) -> captioner.Caption | None:
+    """get_explanation, or None after an info line when the sentence has no words (NoWordsError)."""
+    try:
+        return get_explanation(path, mtime, dtype, digest, text, hard_context, _image)
+    except captioner.NoWordsError as e:
+        st.info(f"{str(e)[0].upper()}{str(e)[1:]}.")
+        return None
+
+
+@st.cache_data(show_spinner=False, ttl=10)
+def find_checkpoints(folders: tuple[str, ...]) -> tuple[list[str], str]:
+    """(*.safetensors under the operator's folders, newest first; why the search stopped early or "")."""
+    found = checkpoints.find_model_files(folders)
+    return [str(p) for p in found.files], found.stopped
+
+
+def checkpoint_choices(folders: tuple[str, ...], selected: str | None = None) -> dict[str, str]:
+    """label -> path, in menu order: `selected` (CAPTIONER_CHECKPOINT), the bundled default, then the operator's
+    folders'."""
+    choices: dict[str, str] = {}
+    seen: set[str] = set()
+
+    def add(label: str, path: str | Path) -> None:
+        key = os.path.abspath(path)
+        if key not in seen:
+            seen.add(key)
+            choices[label] = str(path)
+
+    env = selected
+    if env and Path(env).is_file():
+        add(f"{Path(env).name} (CAPTIONER_CHECKPOINT)", env)
+    elif env:
+        st.warning(f"CAPTIONER_CHECKPOINT names a file that does not exist: {env}")
+    if captioner.DEFAULT_CHECKPOINT.is_file():
+        add(DEFAULT_LABEL, captioner.DEFAULT_CHECKPOINT)
+    files, stopped = find_checkpoints(folders)
+    if stopped:
+        st.caption(f"Model files: {stopped}; not every file of the allowed folders is listed.")
+    for p in files:
+        label = p
+        for folder in folders:
+            try:
+                label = str(Path(p).relative_to(Path(folder).expanduser()))
+                break
+            except ValueError:
+                continue
+        add(label, p)
+    return choices
+
+
+def shrink(image, side: int):
+    """A copy of the photo, longer side at most `side`, same aspect ratio."""
+    small = image.copy()
+    small.thumbnail((side, side))
+    return small
+
+
+def figure_bytes(image, cap: captioner.Caption, view: View) -> bytes:
+    """The downloadable figure, drawn only when the button is clicked."""
+    return visualize.figure_png(visualize.attention_figure(image, cap, opacity=view.opacity, smooth=view.smooth,
+                                                           mode=view.mode))
+
+
+def has_head(loaded: captioner.Captioner) -> bool:
+    """Whether the model's encoder keeps the ImageNet head that evidence-aware decoding reads."""
+    return imagenet_head_or_none(loaded.model) is not None
+
+
+def stored_decode(loaded: captioner.Captioner) -> Decode:
+    """The decode settings stored in a model's own file, as the page's (name, value) pairs."""
+    return tuple(dataclasses.asdict(loaded.config.decode).items())
+
+
+def decode_for(loaded: captioner.Captioner, decode: Decode) -> Decode:
+    """The page's decode settings as one model may use them: evidence off where its encoder has no head
+    (a ResNet checkpoint beside the bundled model in a comparison)."""
+    return tuple((k, v and has_head(loaded) if k == "evidence" else v) for k, v in decode)
+
+
+def photo_label(photo: Shown) -> str:
+    """'NAME (451x300)'; a photo shrunk for the page says so: 'NAME (12000x12000, shown at 1024x1024)'."""
+    (w, h), shown = original_size(photo.image), photo.image.size
+    return f"{photo.name} ({w}x{h})" if (w, h) == shown else f"{photo.name} ({w}x{h}, shown at {shown[0]}x{shown[1]})"
+
+
+def short_error(e: Exception) -> str:
+    """An image error's message without its "image: " prefix, to follow the file's name."""
+    return str(e).removeprefix("image: ")
+
+
+def model_info(loaded: captioner.Captioner) -> str:
+    """'vgg19, 14x14 attention grid, 2,345 words | validation Bleu-4 0.200, CIDEr 0.500' (scores when stored)."""
+    info = f"{loaded.config.model.encoder}, {loaded.grid_size}x{loaded.grid_size} attention grid, " \
+           f"{len(loaded.vocab):,} words"
+    val = loaded.metrics.get("val") if isinstance(loaded.metrics.get("val"), dict) else {}
+    scores = [f"{k.replace('_', '-')} {val[k]:.3f}" for k in ("Bleu_4", "CIDEr") if isinstance(val.get(k), (int, float))]
+    if scores:
+        info += " | validation " + ", ".join(scores)
+    return info

@@ -1,0 +1,130 @@
+"""The app's views of one caption: the summary beside the photo (caption, gate, notes, concepts, hypotheses,
+downloads), the large single-word view, the per-word grid and an explained sentence."""
+from __future__ import annotations
+
+import html
+from functools import partial
+from pathlib import Path
+
+import streamlit as st
+
+import captioner
+from ..concepts.imagenet import THRESHOLD as CONCEPT_THRESHOLD
+from ..vocab import FUNCTION_WORDS
+from . import html as html_parts
+from . import visualize, workbench
+from .page_state import FIGURE_SIDE, GRID_COLUMNS, Shown, View, figure_bytes, shrink
+
+
+
+def word_label(cap: captioner.Caption, i: int) -> str:
+    """'dog (β=0.82)', or just 'dog' when the caption carries no betas."""
+    b = visualize.shown_beta(cap, i)  # None where the gate is open for every word: nothing varies to show
+    return cap.words[i] if b is None else f"{cap.words[i]} (β={b:.2f})"
+
+
+def overlay_grid(image, cap: captioner.Caption, labels: list[str], view: View, columns: int = GRID_COLUMNS) -> None:
+    """One small overlay per word (the caption's "All words" and an explained sentence's alike), titled
+    by `labels`."""
+    opacity, smooth, mode = view
+    for start in range(0, len(cap.words), columns):
+        for col, i in zip(st.columns(columns), range(start, min(start + columns, len(cap.words)))):
+            with col:
+                st.image(visualize.overlay(image, cap.alphas[i], opacity, smooth, beta=visualize.word_beta(cap, i),
+                                           mode=mode), caption=labels[i], width="stretch")
+
+
+def explanation_labels(cap: captioner.Caption) -> list[str]:
+    """'“word” p=0.31 (word 1)' for each word of an explained sentence; an out-of-vocabulary word's label
+    ends '(word 2, as <unk>)': its probability is <unk>'s."""
+    return [f"“{w}” p={workbench.shown_prob(p)} (word {i + 1}{', as <unk>' if i in cap.unknown else ''})"
+            for i, (w, p) in enumerate(zip(cap.words, workbench.word_probs(cap)))]
+
+
+def show_explanation(cap: captioner.Caption, image, view: View, columns: int = GRID_COLUMNS) -> None:
+    """An explained sentence: its notes, each word's probability, its log-probability (flagged when words
+    the vocabulary lacks make it not comparable) and its maps."""
+    for note in cap.notes:
+        st.info(note)
+    st.markdown(html_parts.prob_line(cap), unsafe_allow_html=True)
+    total = f"sentence log-probability **{cap.log_prob:.2f}** over {len(cap.words)} words + end"
+    if not cap.comparable:
+        unknown = ", ".join(f"‘{html.escape(cap.words[i])}’" for i in cap.unknown)
+        total += f" (not comparable: {unknown} scored as <unk>)"
+    st.markdown(total)
+    with st.expander("Where each word of the sentence looked", expanded=False):  # the page stays short
+        overlay_grid(image, cap, explanation_labels(cap), view, columns)
+
+
+def caption_summary(cap: captioner.Caption, evidence: bool, length_penalty: float) -> None:
+    """The caption with each word's β, its log-probability, notes, what the encoder sees and the other
+    beam hypotheses."""
+    st.subheader(f"“{cap.text}”" if cap.words else "“” (empty caption)")
+    line = html_parts.beta_line(cap)
+    if line:
+        st.markdown(line, unsafe_allow_html=True)
+        st.caption("β: the gate that scales how much of the attended image reaches each word (Xu et al. 2015, "
+                   "4.2.1). Faint words (low β) were chosen mostly from the language model, not the photo; their "
+                   "heat maps are drawn fainter in proportion.")
+    elif visualize.gate_open(cap):
+        st.caption(f"The gate β (Xu et al. 2015, 4.2.1: how much of the attended image reaches a word) is open for "
+                   f"every word of this caption (β ≥ {visualize.GATE_OPEN}): each word saw the whole attended "
+                   "context, so it is not shown per word (the JSON download lists it).")
+    st.markdown(f"log-probability **{cap.log_prob:.2f}** over {len(cap.words)} words + end")
+    for note in cap.notes:  # e.g. a photo far smaller than the model's input
+        st.info(note)
+    if cap.concepts:
+        st.markdown(f"What the encoder sees at P ≥ {CONCEPT_THRESHOLD} (its ImageNet classifier; person and scene "
+                    "words: the model's word detectors)" if cap.detections else
+                    f"What the encoder's ImageNet classifier sees at P ≥ {CONCEPT_THRESHOLD}")
+        st.markdown(html_parts.concepts_html(cap.concepts), unsafe_allow_html=True)
+    if cap.contradicted:
+        st.warning("The classifier sees no sign of: " + ", ".join(f"**{cap.words[i]}**" for i in cap.contradicted)
+                   + (". Switch on evidence-aware decoding to veto such words." if not evidence else "."))
+    if cap.alternatives:  # in full (a table, not a grid that cuts long captions), with the score that ranked them
+        st.markdown("Beam hypotheses (rank 1 is the caption above)")
+        st.table(workbench.hypothesis_rows(cap))
+        st.caption(workbench.ranking_note(length_penalty))
+
+
+def downloads(photo: Shown, cap: captioner.Caption, view: View) -> None:
+    """The attention figure (drawn only when clicked) and the caption with its maps as JSON."""
+    stem = Path(photo.name).stem or "image"
+    st.download_button("Download attention figure (PNG)", icon=":material/download:",
+                       data=partial(figure_bytes, shrink(photo.image, FIGURE_SIDE), cap, view),
+                       file_name=f"{stem}_attention.png", mime="image/png", on_click="ignore")
+    st.download_button("Download caption and attention maps (JSON)", icon=":material/download:",
+                       data=visualize.caption_json_bytes(cap, image_name=photo.name),
+                       file_name=f"{stem}_caption.json", mime="application/json", on_click="ignore")
+
+
+def first_content_word(words: list[str]) -> int:
+    """The index the big overlay opens on: the first word that names something (not "a", "the" ...)."""
+    return next((i for i, w in enumerate(words) if w not in FUNCTION_WORDS), 0)
+
+
+def word_view(image, cap: captioner.Caption, view: View) -> None:
+    """One word's attention map, large; beside it the classifier's map when the word names what it sees."""
+    st.header("Where the model looked")
+    n = len(cap.words)
+    if n > 1:
+        k = st.select_slider("Show where this caption word looked", options=list(range(n)),
+                             value=first_content_word(cap.words), format_func=lambda i: f"{i + 1}. {cap.words[i]}")
+    else:
+        k = 0
+    beta_k = visualize.word_beta(cap, k)
+    looked = visualize.overlay(image, cap.alphas[k], view.opacity, view.smooth, beta=beta_k, mode=view.mode)
+    looked_caption = (f"where “{cap.words[k]}” looked (word {k + 1} of {n}"
+                      + ("" if visualize.shown_beta(cap, k) is None else f", β={beta_k:.2f}") + ")")
+    if k in cap.concept_maps:  # the word names something the ImageNet classifier sees: its map beside the word's
+        category, p, cmap = cap.concept_maps[k]
+        seen, word_col = st.columns(2)
+        what = "the clothes people wear" if category == "person" else f"a {category}"
+        seen.image(visualize.overlay(image, cmap, view.opacity, view.smooth, mode=view.mode),
+                   caption=f"where the classifier sees {what} (P={p:.2f})", width="stretch")
+        word_col.image(looked, caption=looked_caption, width="stretch")
+        st.caption("Left: the encoder's ImageNet classifier applied to every region (a class activation map), "
+                   "i.e. where the photo's evidence for the category is. Right: where the decoder looked for the "
+                   "word.")
+    else:
+        st.image(looked, caption=looked_caption, width=min(900, max(600, image.width)))
