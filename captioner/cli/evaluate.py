@@ -4,6 +4,10 @@
     .venv/bin/captioner-evaluate --dataset coco --images DIR --annotations captions_val2017.json --json
     .venv/bin/captioner-evaluate --dataset coco --images DIR --annotations captions_val2017.json --grounding
 
+--report PAGE.html writes one self-contained page of where the model fails (captioner/ui/report.py): every
+photo's caption, references, CIDEr, hallucinated and missed objects and the attention of each object word,
+worst first, under the corpus scores; it opens offline (every image embedded).
+
 --grounding (COCO only) also measures where the model looks when it names an object: the attention
 mass inside the object's instance boxes, for the generated and the teacher-forced reference
 captions (captioner/evaluation/grounding.py). The boxes come from instances_X.json beside captions_X.json, or
@@ -53,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="coco: also the attention mass inside the boxes of the objects each word names")
     p.add_argument("--hallucination", action="store_true",
                    help="also CHAIR-s, CHAIR-i and object recall (truth: COCO boxes + references; flickr8k: references)")
+    p.add_argument("--report", default=None, metavar="HTML",
+                   help="also write one self-contained page of where the model fails: each photo's caption, "
+                        "references, CIDEr, hallucinated and missed objects and object words' attention, worst first")
     p.add_argument("--instances", default=None,
                    help="coco: instances_*.json for --grounding/--hallucination (default: beside --annotations)")
     return p
@@ -113,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         model = captioner.load(args.checkpoint, device=args.device, dtype=args.dtype)
         used = decode_settings(model, args)
         records, label = _records(args, p)
-        need_boxes = args.grounding or (args.hallucination and args.dataset == "coco" and _has_boxes(args, say))
+        need_boxes = args.grounding or ((args.hallucination or args.report) and args.dataset == "coco"
+                                        and _has_boxes(args, say))
         instances = load_grounding_instances(args) if need_boxes else None
     except (ValueError, TypeError, FileNotFoundError, captioner.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -146,7 +154,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.hallucination:
         grounding.update(hallucination_report(preds, scored, instances))
     _write(args, label, used, scores, grounding, preds)
+    if args.report:
+        _report(args, label, scored, caps, scores, instances, say)
     return 0
+
+
+def _report(args: argparse.Namespace, label: str, records: list, caps: list, scores: dict, instances, say) -> None:
+    """--report: the failure page (captioner/ui/report.py), with per-photo CIDEr and the boxes when there are any."""
+    from captioner.evaluation.grounding import boxed_categories
+    from captioner.evaluation.metrics import cider_per_image
+    from captioner.ui.report import write_report
+
+    refs = {r.image_id: r.captions for r in records}
+    cider = cider_per_image({r.image_id: c.text for r, c in zip(records, caps)}, refs)
+    boxed = boxed_categories(instances, refs) if instances is not None else None
+    model = Path(args.checkpoint).name if args.checkpoint else "bundled model"
+    out = write_report(args.report, records, caps, scores, cider, boxed, f"{model} on {args.dataset} {label}")
+    say(f"report of {len(records)} photos, worst first -> {out}")
 
 
 def _write(args: argparse.Namespace, label: str, used, scores: dict, grounding: dict, preds: dict) -> None:

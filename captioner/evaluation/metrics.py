@@ -32,22 +32,7 @@ def score_captions(predictions: Mapping[str, str], references: Mapping[str, Sequ
                    log: Callable[[str], None] = print) -> dict[str, float]:
     """predictions {image_id: caption}, references {image_id: [captions]} -> {metric: score}.
     Scores use pycocoevalcap's scale (0..1 for BLEU/METEOR/ROUGE-L, CIDEr around 0..3)."""
-    if not predictions:
-        raise ValueError("no predictions to score")
-    missing = [k for k in predictions if not references.get(k)]
-    if missing:
-        raise ValueError(f"{len(missing)} predicted images have no references, e.g. {missing[:3]}")
-    if shutil.which("java") is None:  # the PTB tokenizer and METEOR are Java programs
-        raise RuntimeError("pycocoevalcap needs Java (the PTB tokenizer and METEOR): install a JRE, e.g. "
-                           "'apt-get install default-jre-headless'")
-    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-
-    ids = sorted(predictions)
-    gts = {i: [{"caption": c} for c in references[i]] for i in ids}
-    res = {i: [{"caption": predictions[i] or "."}] for i in ids}  # empty caption: still scorable
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        tok = PTBTokenizer()
-        gts, res = tok.tokenize(gts), tok.tokenize(res)
+    gts, res = _ptb_tokenized(predictions, references)
     out: dict[str, float] = {}
     if any(m.startswith("Bleu") for m in metrics):
         from pycocoevalcap.bleu.bleu import Bleu
@@ -82,6 +67,36 @@ def score_captions(predictions: Mapping[str, str], references: Mapping[str, Sequ
             log("SPICE skipped: its Stanford CoreNLP models are not installed (pycocoevalcap would download "
                 "them, and this machine may be offline). Other metrics are unaffected.")
     return out
+
+
+def _ptb_tokenized(predictions: Mapping[str, str], references: Mapping[str, Sequence[str]]) -> tuple[dict, dict]:
+    """Checked inputs -> pycocoevalcap's (gts, res), both PTB-tokenised and keyed by sorted image id."""
+    if not predictions:
+        raise ValueError("no predictions to score")
+    missing = [k for k in predictions if not references.get(k)]
+    if missing:
+        raise ValueError(f"{len(missing)} predicted images have no references, e.g. {missing[:3]}")
+    if shutil.which("java") is None:  # the PTB tokenizer and METEOR are Java programs
+        raise RuntimeError("pycocoevalcap needs Java (the PTB tokenizer and METEOR): install a JRE, e.g. "
+                           "'apt-get install default-jre-headless'")
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    ids = sorted(predictions)
+    gts = {i: [{"caption": c} for c in references[i]] for i in ids}
+    res = {i: [{"caption": predictions[i] or "."}] for i in ids}  # empty caption: still scorable
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        tok = PTBTokenizer()
+        return tok.tokenize(gts), tok.tokenize(res)
+
+
+def cider_per_image(predictions: Mapping[str, str], references: Mapping[str, Sequence[str]]) -> dict[str, float]:
+    """{image_id: that caption's CIDEr} (pycocoevalcap's, document frequencies from these images' references):
+    their mean is score_captions' corpus CIDEr for the same captions."""
+    from pycocoevalcap.cider.cider import Cider
+
+    gts, res = _ptb_tokenized(predictions, references)
+    _, per_image = Cider().compute_score(gts, res)
+    return {i: float(s) for i, s in zip(gts, per_image)}
 
 
 def _close_meteor(m) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from PIL import Image, ImageDraw, ImageFont
 
-from .visualize import overlay
+from .visualize import overlay, word_beta
 
 if TYPE_CHECKING:
     from ..decoding.captions import Caption
@@ -50,7 +50,7 @@ def frame(image: Image.Image, caption: "Caption", k: int, opacity: float = 0.6, 
         scale = side / max(photo.size)
         photo = photo.resize((max(1, round(photo.width * scale)), max(1, round(photo.height * scale))),
                              Image.Resampling.NEAREST)
-    shown = overlay(photo, caption.alphas[k], opacity)
+    shown = overlay(photo, caption.alphas[k], opacity, beta=word_beta(caption, k))  # as the figures draw it
     font = _font(max(14, photo.width // 26))
     width = max(photo.width, 240)
     probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))

@@ -87,8 +87,10 @@ GATE_OPEN = 0.95  # every word's beta at or above this: the gate is open, nothin
 
 def gate_open(caption: "Caption") -> bool:
     """Whether the caption's gate lets the whole attended context through for every word (beta >= GATE_OPEN).
-    The bundled model's is open: Flickr8k val median beta 0.9997, 97% of words shown as 1.00, minimum 0.90;
-    so the page and the figures say so once instead of printing "β=1.00" under every word."""
+    The bundled model's is open: Flickr8k val (1,000 photos, 9,995 words, beam 5) median beta 0.9997, p1 0.987,
+    97% of words shown as 1.00, 12 words below 0.95 (minimum 0.77); coco-paired val (200 photos, 1,947 words)
+    median 0.9998, p1 0.984, 6 below 0.95 (minimum 0.81). So the page and the figures say so once instead of
+    printing "β=1.00" under every word, and print betas only for the rare caption where a word's gate closes."""
     betas = getattr(caption, "betas", None)
     return betas is not None and len(betas) == len(caption.words) and bool((np.asarray(betas) >= GATE_OPEN).all())
 
