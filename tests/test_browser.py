@@ -217,7 +217,8 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             assert _all_overlays(page, words) == [f"{i + 1}. {w}" for i, w in enumerate(words)]
             betas = _check_betas(page, words)
             # every overlay is a loaded picture with the photo's aspect ratio (600x400)
-            images = page.locator('[data-testid="stImage"] img')
+            # (the animation, folded in its expander, has its own frame size: not one of these)
+            images = page.locator('[data-testid="stImage"]').filter(has_not_text="word by word").locator("img")
             # the explained sentence's grid is folded away (a shorter page); opened, it streams in after the
             # caption's: wait for its last word's overlay
             page.get_by_text("Where each word of the sentence looked").first.click()
