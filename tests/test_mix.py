@@ -222,3 +222,57 @@ def test_evaluate_a_coco_split_file(tmp_path):
     bad = run(*common, "--dataset", "flickr8k", "--data-root", str(need_flickr()), "--split-file",
               str(paired / "split_val.txt"), ok=False)
     assert bad.returncode == 2 and "--split-file is for --dataset coco" in bad.stderr
+
+
+# ---------------------------------------------------------------- the encoder's top tuned on the mix
+
+def test_tiny_mixed_run_tunes_the_top_from_each_sets_activation_cache(tmp_path):
+    """model.tune_stages on a mix: each set's activation caches (named after it, with mirror images) built
+    by prepare and reused by training, both sets sampled by weight, validated per set; the top stages move,
+    the lower ones do not; the run resumes, exports and captions; a foreign cache under a set's name is rebuilt."""
+    from captioner.checkpoint import load_checkpoint
+    from captioner.model.encoder import build_encoder
+
+    cache, out = tmp_path / "c", tmp_path / "run"
+    sources = json.dumps([{**s, "weight": w} for s, w in zip(_mix_sources(), (1, 2))])
+    common = ["--config", "configs/tiny.yaml", "--set", f"data.sources={sources}", f"data.cache_dir={cache}",
+              "model.image_size=128", "model.grid_size=4", "model.tune_stages=1", "data.flip=true", "data.limit=4",
+              "train.val_limit=2", "train.val_metric=CIDEr", "train.alpha_head=1.0", "train.alpha_cam=1.0"]
+    prep = run("scripts/prepare_data.py", *common, "--no-progress")
+    for name in ("flickr8k", "coco_paired"):
+        assert f"{name} train: activations (4, " in prep.stdout and f"{name} val: activations (4, " in prep.stdout
+        assert (cache / f"{name}-train4-efficientnet_lite0-128px-act{_split_block()}-flip.npy").is_file()
+        assert not (cache / f"{name}-val4-efficientnet_lite0-128px-act{_split_block()}-flip.npy").exists()
+    first = run("scripts/train.py", *common, f"train.out_dir={out}", "train.epochs=1", "--no-progress")
+    assert "does not match" not in first.stdout + first.stderr  # the prepared caches were reused
+    assert "8 images" in first.stdout and "3 batches/epoch" in first.stdout  # 4 + 2 x 4 coco photos, 4 a batch
+    ref = build_encoder("efficientnet_lite0", True, 4).state_dict()
+    got = {k.removeprefix("encoder."): v for k, v in load_checkpoint(out / "last.safetensors").model_state.items()
+           if k.startswith("encoder.")}
+    changed = {k for k in ref if not torch.equal(ref[k], got[k])}
+    assert "backbone._conv_head.weight" in changed
+    assert not any(k.startswith(("backbone._conv_stem", "backbone._blocks.0.", "backbone._fc")) for k in changed)
+    more = run("scripts/train.py", *common, f"train.out_dir={out}", "train.epochs=2", "--no-progress")
+    assert "continuing a finished run: 1 epoch(s) done" in more.stdout and "does not match" not in more.stdout
+    val = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "val"]
+    assert [r["epoch"] for r in val] == [1, 2]
+    for name in ("flickr8k", "coco_paired"):
+        assert 0.0 <= val[-1][f"{name}/head_top1_agreement"] <= 1.0 and f"{name}/CIDEr" in val[-1]
+    model = tmp_path / "model.safetensors"
+    run("scripts/export_model.py", str(out / "best.safetensors"), str(model))
+    photo = str(PAIRED / "images" / (PAIRED / "split_val.txt").read_text().split()[0])
+    assert json.loads(run("scripts/caption.py", photo, "--checkpoint", str(model), "--json").stdout.splitlines()[0])[
+        "caption"]
+    stem = f"-train4-efficientnet_lite0-128px-act{_split_block()}"
+    for suffix in (".json", ".npy", "-flip.npy", "-logits.npy"):  # flickr8k's photos under coco_paired's name
+        (cache / f"coco_paired{stem}{suffix}").write_bytes((cache / f"flickr8k{stem}{suffix}").read_bytes())
+    again = run("scripts/train.py", *common, f"train.out_dir={tmp_path / 'run2'}", "train.epochs=1", "--no-progress")
+    assert f"coco_paired{stem}.json does not match" in again.stdout and f"flickr8k{stem}" not in again.stdout
+    key = json.loads((cache / f"coco_paired{stem}.json").read_text())["key"]
+    assert key["images"] != json.loads((cache / f"flickr8k{stem}.json").read_text())["key"]["images"]
+
+
+def _split_block() -> int:
+    from captioner.model.encoder import build_encoder
+
+    return build_encoder("efficientnet_lite0", False, 4).split_block

@@ -84,7 +84,7 @@ def test_mirror_image_captions_swap_left_and_right():
     flipped = np.ones((1, 2, 3, 3), np.float16)
     logits = np.zeros((1, 2, 4), np.float16)
     logits[0, 1] = 1
-    ds = ActivationDataset(acts, flipped, logits, [0], [[[1, 7, 8, 2]]], swap={7: 8, 8: 7})
+    ds = ActivationDataset([(acts, flipped, logits)], [0], [[[1, 7, 8, 2]]], swap={7: 8, 8: 7})
     seen = {}
     for _ in range(40):
         x, caps, lg = ds[0]

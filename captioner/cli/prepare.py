@@ -1,5 +1,7 @@
 """Prepare a dataset for training: check it, build and report the vocabulary, and encode every image
-once into the frozen-encoder feature cache (reused by every later run with the same encoder/grid).
+once into the frozen-encoder feature cache (reused by every later run with the same encoder/grid), or
+with model.tune_stages into the frozen lower stages' activation cache (+ mirror images with data.flip).
+A mix (data.sources) gets each caption set's caches, named after the set.
 
     .venv/bin/captioner-prepare --config configs/flickr8k_cpu.yaml
 """
@@ -94,7 +96,7 @@ def _activations(cfg, records, device: str, progress: bool) -> int:
         cache = build_activations(cfg.data.cache_dir, name, encoder, prep, recs, flip, device,
                                   num_workers=cfg.data.num_workers, progress=progress)
         size = cache.acts.nbytes * (2 if flip else 1) + cache.logits.nbytes
-        print(f"{split}: activations {tuple(cache.acts.shape)} float16{' + flipped' if flip else ''} at {cache.path} "
+        print(f"{source} {split}: activations {tuple(cache.acts.shape)} float16{' + flipped' if flip else ''} at {cache.path} "
               f"({size / 2**20:.0f} MiB, {cache.bytes_per_photo / 1024:.0f} KiB per view; {time.time() - t:.0f}s)")
     return 0
 

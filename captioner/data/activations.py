@@ -12,7 +12,8 @@ must not make the tuned head its own teacher.
 Keyed like the feature cache (features.py): encoder name, input size, the split block, a fingerprint
 of the FROZEN lower blocks' weights (the top may change: the cache stays valid through a whole chain of
 fine-tuning stages), a fingerprint of the teacher (the whole pretrained backbone that made the logits)
-and the image list. A mismatch is rebuilt, never silently used.
+and the image list. A mismatch is rebuilt, never silently used. A mix (data.sources) has one cache per
+caption set and split, named after the set (cache_name), like its feature caches.
 """
 from __future__ import annotations
 

@@ -75,25 +75,29 @@ class FeatureDataset(Dataset):
 
 
 class ActivationDataset(Dataset):
-    """Cached lower-stage activations (model.tune_stages) + encoded captions + the pretrained logits.
-    With a flipped copy, each read takes the photo or its mirror image at random, and the captions of
-    a mirror image say "right" for "left" and back (`swap`: word id -> word id)."""
+    """Cached lower-stage activations (model.tune_stages) + encoded captions + the pretrained logits, over
+    one caption set or a mix: `parts` holds each set's (acts (N, C, h, w), flipped or None, logits (N, 2, K))
+    memory maps and `rows[i]` = (which part, row in it) of sample i (a plain int: the first part). With a
+    flipped copy, each read takes the photo or its mirror image at random, and the captions of a mirror
+    image say "right" for "left" and back (`swap`: word id -> word id)."""
 
-    def __init__(self, acts: np.ndarray, flipped: np.ndarray | None, logits: np.ndarray, rows: Sequence[int],
-                 captions: list[list[list[int]]], swap: dict[int, int] | None = None):
-        self.acts, self.flipped, self.logits, self.rows, self.captions = acts, flipped, logits, list(rows), captions
-        self.swap = swap or {}
+    def __init__(self, parts: Sequence[tuple[np.ndarray, np.ndarray | None, np.ndarray]],
+                 rows: Sequence[int | tuple[int, int]], captions: list[list[list[int]]],
+                 swap: dict[int, int] | None = None):
+        self.parts, self.captions, self.swap = list(parts), captions, swap or {}
+        self.rows = [r if isinstance(r, tuple) else (0, r) for r in rows]
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, list[list[int]], torch.Tensor]:
-        row, caps = self.rows[i], self.captions[i]
-        mirror = self.flipped is not None and random.random() < 0.5
-        x = np.asarray((self.flipped if mirror else self.acts)[row], dtype=np.float32)  # (C, h, w)
+        (part, row), caps = self.rows[i], self.captions[i]
+        acts, flipped, logits = self.parts[part]
+        mirror = flipped is not None and random.random() < 0.5
+        x = np.asarray((flipped if mirror else acts)[row], dtype=np.float32)  # (C, h, w)
         if mirror:
             caps = [[self.swap.get(w, w) for w in c] for c in caps]
-        return torch.from_numpy(x), caps, torch.from_numpy(np.asarray(self.logits[row, int(mirror)], dtype=np.float32))
+        return torch.from_numpy(x), caps, torch.from_numpy(np.asarray(logits[row, int(mirror)], dtype=np.float32))
 
 
 class ImageDataset(Dataset):

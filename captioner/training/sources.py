@@ -11,8 +11,10 @@ import torch.distributed as dist
 
 from ..config import Config, SourceConfig
 from ..data import ImageRecord
-from ..data.dataset import FeatureDataset, ImageDataset, collate, collate_skip_missing, encode_captions
-from ..data.features import build_cache
+from ..data.activations import ActivationCache, build_activations, cache_name as activation_cache_name
+from ..data.dataset import (ActivationDataset, FeatureDataset, ImageDataset, collate, collate_skip_missing,
+                            encode_captions)
+from ..data.features import FeatureCache, build_cache
 from ..model.captioner import CaptionModel
 from ..model.encoder import build_preprocess
 from ..vocab import Vocab
@@ -87,49 +89,61 @@ def build_data(cfg: Config, model: CaptionModel, vocab: Vocab, train: Mix, val: 
         if world_size > 1:
             raise ValueError("model.tune_stages (the CPU path) runs in one process; on GPUs fine-tune the whole "
                              "encoder with model.fine_tune_encoder=true")
-        if len(train) > 1:
-            raise ValueError("model.tune_stages reads one caption set's activation cache; a mix (data.sources) "
-                             "trains from cached features (model.tune_stages=0) or with the encoder in the loop")
-        (src, train_records), (_, val_records) = train[0], val[0]
-        caps = encode_captions(train_records, vocab, cfg.data.max_caption_len)
-        return _activation_data(cfg, model, vocab, caps, train_records, val_records, device, log, progress, src.name)
-    parts, rows, caps, weights, val_sets = [], [], [], [], []
-    for k, ((src, train_records), (_, val_records)) in enumerate(zip(train, val)):
-        caches = _caches(cfg, model, {"train": train_records, "val": val_records}, device, main, world_size, log,
-                         progress, src.name)
-        keep = _kept(train_records, caches["train"].missing)
-        if len(keep) < len(train_records):
-            log(f"{src.name}: skipping {len(train_records) - len(keep)} unreadable training image(s)")
-        source_caps = encode_captions([train_records[i] for i in keep], vocab, cfg.data.max_caption_len)
-        parts.append(caches["train"].features)
-        rows += [(k, i) for i in keep]
-        caps += source_caps
-        weights += [src.weight] * len(keep)
-        val_keep = _kept(val_records, caches["val"].missing, limit)  # the cache covers all val images
-        val_sets.append(ValSet(src.name, [val_records[i] for i in val_keep], caches["val"].features[val_keep]))
+        caches = _activation_caches(cfg, model, device, log, progress)
+        parts, rows, caps, weights, val_sets = _per_set(cfg, vocab, train, val, caches, log)
+        swap = {vocab.stoi[a]: vocab.stoi[b] for a, b in (("left", "right"), ("right", "left"))
+                if a in vocab.stoi and b in vocab.stoi}  # a mirror image's captions
+        return RunData(ActivationDataset(parts, rows, caps, swap), caps, collate, val_sets, weights)
+
+    def features(src: SourceConfig, splits: dict[str, list[ImageRecord]]) -> dict[str, Any]:
+        return _caches(cfg, model, splits, device, main, world_size, log, progress, src.name)
+
+    parts, rows, caps, weights, val_sets = _per_set(cfg, vocab, train, val, features, log)
     return RunData(FeatureDataset(parts, rows, caps), caps, collate, val_sets, weights)
 
 
-def _activation_data(cfg: Config, model: CaptionModel, vocab: Vocab, caps: list[list[list[int]]],
-                     train_records: list[ImageRecord], val_records: list[ImageRecord], device: torch.device,
-                     log: Log, progress: bool, source: str) -> RunData:
-    """model.tune_stages: the lower stages' activation caches (built once, valid while those weights are
-    the pretrained ones) for train (+ mirror images with data.flip) and val. Single process only."""
-    from ..data.activations import build_activations, cache_name
-    from ..data.dataset import ActivationDataset
+Caches = Callable[[SourceConfig, dict[str, list[ImageRecord]]], dict[str, Any]]
 
+
+def _per_set(cfg: Config, vocab: Vocab, train: Mix, val: Mix, caches_of: Caches, log: Log
+             ) -> tuple[list[Any], list[tuple[int, int]], list[list[list[int]]], list[float], list[ValSet]]:
+    """Each caption set's caches (`caches_of(source, {"train": .., "val": ..})`: FeatureCache or
+    ActivationCache per split) -> (one training part per set, (part, row) of every kept training image,
+    their encoded captions, their sampling weights, one ValSet per set). Unreadable photos are left out."""
+    parts, rows, caps, weights, val_sets = [], [], [], [], []
+    for k, ((src, train_records), (_, val_records)) in enumerate(zip(train, val)):
+        caches = caches_of(src, {"train": train_records, "val": val_records})
+        c, v = caches["train"], caches["val"]
+        keep = _kept(train_records, c.missing)
+        if len(keep) < len(train_records):
+            log(f"{src.name}: skipping {len(train_records) - len(keep)} unreadable training image(s)")
+        caps += encode_captions([train_records[i] for i in keep], vocab, cfg.data.max_caption_len)
+        rows += [(k, i) for i in keep]
+        weights += [src.weight] * len(keep)
+        val_keep = _kept(val_records, v.missing, cfg.train.val_limit)  # the cache covers all val images
+        val_records = [val_records[i] for i in val_keep]
+        if isinstance(c, FeatureCache):
+            parts.append(c.features)
+            val_sets.append(ValSet(src.name, val_records, v.features[val_keep]))
+        else:  # activations: + the mirror images and the pretrained logits (train.alpha_head, head agreement)
+            parts.append((c.acts, c.flipped, c.logits))
+            val_sets.append(ValSet(src.name, val_records, v.acts[val_keep], v.logits[val_keep, 0]))
+    return parts, rows, caps, weights, val_sets
+
+
+def _activation_caches(cfg: Config, model: CaptionModel, device: torch.device, log: Log, progress: bool) -> Caches:
+    """model.tune_stages: a caption set's lower-stage activation caches, named after the set like its
+    feature caches (built once, valid while those weights are the pretrained ones), for train (+ mirror
+    images with data.flip) and val. Single process only."""
     prep, enc = build_preprocess(cfg.model), model.encoder
-    caches = {}
-    for split, recs in {"train": train_records, "val": val_records}.items():
-        name = cache_name(prep, source, cfg.data.cache_split(split), enc.split_block)
-        caches[split] = build_activations(cfg.data.cache_dir, name, enc, prep, recs, cfg.data.flip and split == "train",
-                                          device, num_workers=cfg.data.num_workers, log=log, progress=progress)
-    keep = _kept(train_records, caches["train"].missing)
-    caps = [caps[i] for i in keep]
-    swap = {vocab.stoi[a]: vocab.stoi[b] for a, b in (("left", "right"), ("right", "left"))
-            if a in vocab.stoi and b in vocab.stoi}
-    c = caches["train"]
-    val_keep = _kept(val_records, caches["val"].missing, cfg.train.val_limit)
-    return RunData(ActivationDataset(c.acts, c.flipped, c.logits, keep, caps, swap), caps, collate,
-                   [ValSet(source, [val_records[i] for i in val_keep], caches["val"].acts[val_keep],
-                           caches["val"].logits[val_keep, 0])])
+
+    def caches_of(src: SourceConfig, splits: dict[str, list[ImageRecord]]) -> dict[str, ActivationCache]:
+        out = {}
+        for split, recs in splits.items():
+            name = activation_cache_name(prep, src.name, cfg.data.cache_split(split), enc.split_block)
+            out[split] = build_activations(cfg.data.cache_dir, name, enc, prep, recs,
+                                           cfg.data.flip and split == "train", device,
+                                           num_workers=cfg.data.num_workers, log=log, progress=progress)
+        return out
+
+    return caches_of
