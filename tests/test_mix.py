@@ -231,7 +231,7 @@ def test_tiny_mixed_run_tunes_the_top_from_each_sets_activation_cache(tmp_path):
     by prepare and reused by training, both sets sampled by weight, validated per set; the top stages move,
     the lower ones do not; the run resumes, exports and captions; a foreign cache under a set's name is rebuilt."""
     from captioner.checkpoint import load_checkpoint
-    from captioner.model.encoder import build_encoder
+    from captioner.model.encoder import Encoder
 
     cache, out = tmp_path / "c", tmp_path / "run"
     sources = json.dumps([{**s, "weight": w} for s, w in zip(_mix_sources(), (1, 2))])
@@ -246,7 +246,7 @@ def test_tiny_mixed_run_tunes_the_top_from_each_sets_activation_cache(tmp_path):
     first = run("scripts/train.py", *common, f"train.out_dir={out}", "train.epochs=1", "--no-progress")
     assert "does not match" not in first.stdout + first.stderr  # the prepared caches were reused
     assert "8 images" in first.stdout and "3 batches/epoch" in first.stdout  # 4 + 2 x 4 coco photos, 4 a batch
-    ref = build_encoder("efficientnet_lite0", True, 4).state_dict()
+    ref = Encoder("efficientnet_lite0", True, 4).state_dict()
     got = {k.removeprefix("encoder."): v for k, v in load_checkpoint(out / "last.safetensors").model_state.items()
            if k.startswith("encoder.")}
     changed = {k for k in ref if not torch.equal(ref[k], got[k])}
@@ -273,6 +273,6 @@ def test_tiny_mixed_run_tunes_the_top_from_each_sets_activation_cache(tmp_path):
 
 
 def _split_block() -> int:
-    from captioner.model.encoder import build_encoder
+    from captioner.model.encoder import Encoder
 
-    return build_encoder("efficientnet_lite0", False, 4).split_block
+    return Encoder("efficientnet_lite0", False, 4).split_block
