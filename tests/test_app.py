@@ -356,7 +356,7 @@ def test_compare_with_one_model_file_never_compares_it_with_itself(app, tmp_path
     assert box.label == "Compare with other decode settings"
     box.check().run()
     no_problems(at)
-    assert any("scripts/export_model.py" in i.value and "-- --checkpoints DIR" in i.value for i in at.info)
+    assert any(".venv/bin/captioner-export" in i.value and "-- --checkpoints DIR" in i.value for i in at.info)
     assert not [s for s in at.selectbox if s.label == "Second checkpoint (B)"]
     assert not [d for d in at.dataframe if "likelier under" in d.value.columns]  # no table of "=" rows
     variant = next(s for s in at.selectbox if s.label == "B: the same model with")
