@@ -171,7 +171,7 @@ def test_full_disk_while_building_the_feature_cache(flickr, tmp_path, monkeypatc
 def test_full_disk_while_building_the_activation_cache(flickr, tmp_path, monkeypatch):
     from captioner.config import load_config
     from captioner.data import activations, build_records
-    from captioner.model.encoder import build_preprocess
+    from captioner.model.encoder import Encoder, build_preprocess
 
     cfg = load_config(ROOT / "configs/tiny.yaml", [f"data.root={flickr}", "data.limit=3", "model.image_size=128", "model.grid_size=4"])
     recs = build_records(cfg.data, "train")
