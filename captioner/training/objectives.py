@@ -202,7 +202,8 @@ class SelfCritical:
         was_training = model.decoder.training
         model.decoder.eval()  # the caption the model would write: no dropout
         settings = dataclasses.replace(self.cfg.decode, beam_size=1, max_len=self.cfg.train.scst_max_len,
-                                       block_trigrams=False)
+                                       block_trigrams=False, block_repeats=False, block_content_repeats=False)
+        # the baseline is the policy's own greedy caption: the samples it is compared with obey no repeat rule
         hyps = greedy_decode(model.decoder, feats, SpecialIds.of(self.vocab, self.cfg.decode.forbid_unk), settings)
         model.decoder.train(was_training)
         return self.rewards([h.tokens for h in hyps], refs)
