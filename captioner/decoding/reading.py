@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..concepts.detectors import PERSON, WordDetectors, detect_words, detectors_of, with_detections
-from ..concepts.imagenet import (CATEGORIES, MAP_CATEGORIES, THRESHOLD, Concepts, concepts_of, imagenet_head_or_none,
+from ..concepts.imagenet import (MAP_CATEGORIES, THRESHOLD, Concepts, concepts_of, imagenet_head_or_none,
                                  imagenet_logits, membership)
 from ..concepts.maps import MIN_PROB, category_maps
 from ..config import DecodeConfig
@@ -155,4 +155,4 @@ def map_word_categories(vocab: Vocab) -> np.ndarray:
     return np.where(m.sum(1).numpy() > 0, m.argmax(1).numpy(), -1)
 
 
-__all__ = ["HeadReading", "read_heads", "photo_concepts", "annotate", "ruled_out", "CATEGORIES"]
+__all__ = ["HeadReading", "read_heads", "photo_concepts", "annotate", "ruled_out"]
