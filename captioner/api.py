@@ -197,7 +197,7 @@ class Captioner:
     def concepts(self, images: Sequence[ImageInput], threshold: float = THRESHOLD, top_k: int = 5) -> list[Concepts]:
         """What the encoder's heads see in each image (Photo.concepts; read_batch: one encoder pass): COCO
         categories at or above `threshold` and the `top_k` ImageNet classes; with word detectors in the model
-        file, also person (always) and the detected words at or above `threshold`. At the default threshold
+        file, also the detected words (person among them) at or above `threshold`. At the default threshold
         `.top` is the list each Caption of the photo carries. A ValueError for encoders without the head."""
         encoder_head(self.model)  # ValueError naming the encoder
         photos = self.read_batch(images)

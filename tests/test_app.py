@@ -738,8 +738,14 @@ def test_encoder_runs_once_per_photo(app, monkeypatch):
 
 
 def test_concepts_panel_shows_the_word_detectors_person(app, tmp_path, monkeypatch):
-    """A model file with word detectors: the concepts panel lists person like any concept, and a person
-    the detector rules out is not the caption's subject."""
+    """A model file with word detectors: the concepts panel lists person like any concept at the threshold it
+    states (a person at P ~ 0 is not listed), and a person the detector rules out is not the caption's subject;
+    a detector sure of a person lists it."""
+    import re
+
+    import streamlit as st
+
+    from captioner.concepts.imagenet import THRESHOLD
     from captioner.concepts.detectors import PERSON, WordDetectors, attach
 
     m = captioner.load(_selected_path())
@@ -754,9 +760,20 @@ def test_concepts_panel_shows_the_word_detectors_person(app, tmp_path, monkeypat
     ex = next(s for s in at.selectbox if s.label.startswith("... or pick an example"))
     ex.set_value("Astronaut").run()
     no_problems(at)
+    panel = "".join(x.value for x in at.markdown if 'class="concepts"' in x.value)  # none: nothing seen at P >= .3
+    assert ">person<" not in panel, panel
+    assert all(float(p) >= THRESHOLD for p in re.findall(r"<small>([0-9.]+)</small>", panel)), panel
+    assert not set(det.members[PERSON]) & set(caption_text(at).split())
+    det.bias.data.fill_(30.0)  # P(person) ~ 1: listed
+    m.save(tmp_path / "detectors.safetensors")
+    st.cache_resource.clear()
+    at = app.run()
+    next(s for s in at.sidebar.selectbox if s.label == "Checkpoint").set_value("detectors.safetensors").run()
+    next(s for s in at.selectbox if s.label.startswith("... or pick an example")).set_value("Astronaut").run()
     panel = [x.value for x in at.markdown if 'class="concepts"' in x.value]
     assert panel and ">person<" in panel[0], panel
-    assert not set(det.members[PERSON]) & set(caption_text(at).split())
+    assert any(f"P ≥ {THRESHOLD}" in x.value for x in at.markdown)  # the threshold it states ...
+    assert all(float(p) >= THRESHOLD for p in re.findall(r"<small>([0-9.]+)</small>", panel[0])), panel  # ... is met
 
 
 def test_compare_the_bundled_model_with_a_resnet_checkpoint(app, tmp_path, monkeypatch):
@@ -891,7 +908,25 @@ def test_the_menu_says_which_of_a_runs_files_to_pick(app, tmp_path, monkeypatch)
     monkeypatch.setenv("CAPTIONER_CHECKPOINT_DIRS", str(tmp_path))
     at = app.run()
     options = next(s for s in at.selectbox if s.label == "Checkpoint").options
-    assert "myrun/best.safetensors (the run's best on val: pick this one)" in options, options
+    assert "myrun/best.safetensors (the run's best on val, not exported: captioner-export makes the file to use " \
+        "and share)" in options, options
+    assert not any("last.safetensors" in o for o in options), options  # the resume file is not one to caption with
+    # once exported, the export is the one to pick and best says so
+    from captioner.cli.export import main as export
+
+    from captioner.ui.page_state import find_checkpoints
+
+    assert export([str(run / "best.safetensors"), str(run / "model.safetensors"), "--half"]) == 0
+    find_checkpoints.clear()  # the folder search is cached for 10 s
+    at = app.run()
+    options = next(s for s in at.selectbox if s.label == "Checkpoint").options
+    assert "myrun/model.safetensors (exported: the file to use and share)" in options, options
+    assert "myrun/best.safetensors (the run's best on val, before export: pick the exported file)" in options, options
+    # a run that stopped before its first best still offers its last epoch
+    (run / "best.safetensors").unlink()
+    find_checkpoints.clear()
+    at = app.run()
+    options = next(s for s in at.selectbox if s.label == "Checkpoint").options
     assert "myrun/last.safetensors (the run's last epoch, kept to resume training)" in options, options
 
 

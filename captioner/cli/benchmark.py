@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak-tflops", type=float, default=989.0, help="device peak for MFU (default: H100 bf16 dense)")
     p.add_argument("--coco-epoch", action="store_true", help="extrapolate one COCO epoch (cached features and "
                    "resnet101 fine-tuning), meant for CUDA")
-    p.add_argument("--only", nargs="*", default=None, choices=["train_cached", "train_scst", "train_encoder", "eval", "latency"],
+    p.add_argument("--only", nargs="+", action="extend", default=None, choices=["train_cached", "train_scst", "train_encoder", "eval", "latency"],
                    help="run only these sections")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--quick", action="store_true", help="tiny counts (seconds; for tests)")

@@ -190,6 +190,9 @@ def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict
         print(f"{path}\t{cap.text}\tlog_prob {cap.log_prob:.2f}\t{words}", flush=True)
     else:
         print(f"{path}\t{cap.text}", flush=True)
+    if not args.json:  # the JSON carries them; beside the text line they go to stderr, as the command's other notes
+        for note in cap.notes:  # e.g. a photo far smaller than the model's input, or shrunk on reading
+            print(f"note: {path}: {note}", file=sys.stderr, flush=True)
     if figure is not None:
         from captioner.ui.visualize import attention_figure, figure_png
 

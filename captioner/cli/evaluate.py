@@ -109,13 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     import captioner
     from captioner.cli.decode_options import decode_settings
     from captioner.evaluation.scoring import evaluate_model
-    from captioner.evaluation.metrics import METRIC_KEYS
+    from captioner.evaluation.metrics import METRIC_KEYS, java_available, missing_java
 
     p = _parser()
     args = p.parse_args(argv)
     if args.limit is not None and args.limit < 1:  # 0 used to mean "all", against the help's "first N"
         p.error(f"--limit must be at least 1, got {args.limit} (leave it out to evaluate every image)")
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    if not java_available():  # the reported scores are pycocoevalcap's: refused in one line before any work
+        print(f"error: {missing_java()}", file=sys.stderr)
+        return 2
     try:
         model = captioner.load(args.checkpoint, device=args.device, dtype=args.dtype)
         used = decode_settings(model, args)

@@ -23,11 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
     p.add_argument("output")
-    p.add_argument("--average", nargs="*", default=[], metavar="CKPT",
+    p.add_argument("--average", nargs="+", action="extend", default=[], metavar="CKPT",
                    help="average the weights with these checkpoints of the same run (e.g. the last epochs)")
     p.add_argument("--half", action="store_true", help="store floating-point tensors as fp16")
-    p.add_argument("--metrics", nargs="*", default=[], help="JSON files (e.g. evaluate.py --output) to record")
-    p.add_argument("--set", nargs="*", default=[], metavar="decode.KEY=VALUE", help="change decode settings")
+    p.add_argument("--metrics", nargs="+", action="extend", default=[], help="JSON files (e.g. evaluate.py --output) to record")
+    p.add_argument("--set", nargs="+", action="extend", default=[], metavar="decode.KEY=VALUE", help="change decode settings")
     p.add_argument("--detectors-from", default=None, metavar="MODEL",
                    help="carry the word detectors of this model file (captioner-train-detectors) and its "
                         "decode.person_floor; its encoder must be this checkpoint's, weight for weight")
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             # weights of nearby checkpoints of one run; batch-norm counters are integers and stay as they are
             state = {k: (sum(o.model_state[k].double() for o in others) + v.double()).div(len(others) + 1).to(v.dtype)
                      if v.is_floating_point() else v for k, v in state.items()}
-        metrics = dict(ckpt.metrics)
+        metrics = {**ckpt.metrics, "exported_from": str(args.checkpoint)}  # the app's menu: the file to pick
         if args.average:
             metrics["averaged_with"] = [str(a) for a in args.average]
         for path in args.metrics:

@@ -20,17 +20,19 @@ def main(argv: list[str] | None = None) -> int:
     from captioner.data import build_mix
     from captioner.data.features import build_cache
     from captioner.model.encoder import Encoder, build_preprocess
-    from captioner.vocab import Vocab
+    from captioner.checkpoint import load_checkpoint
+    from captioner.training.run import run_vocabulary
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML/JSON recipe in configs/")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
-    p.add_argument("--splits", nargs="*", default=["train", "val"], help="splits to encode (default: train val)")
+    p.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE")
+    p.add_argument("--splits", nargs="+", action="extend", default=None, help="splits to encode (default: train val)")
     p.add_argument("--no-features", action="store_true", help="only check the data and report the vocabulary")
     p.add_argument("--vocab-out", default=None, help="also save the vocabulary JSON here")
     p.add_argument("--device", default=default_device(), help="default: cuda when available, else cpu")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    args.splits = list(dict.fromkeys(args.splits or ["train", "val"]))  # every --splits counts, each split once
     if device_refused(args.device):
         return 2
     try:
@@ -47,7 +49,14 @@ def main(argv: list[str] | None = None) -> int:
               + (f"; {len(missing)} image files missing, e.g. {', '.join(missing[:5])}" if missing else ""))
     if "train" in mix:
         caps = [c for _, recs in mix["train"] for r in recs for c in r.captions]
-        vocab = Vocab.build(caps, cfg.data.min_word_count)
+        init_vocab = load_checkpoint(cfg.train.init_from).vocab if cfg.train.init_from else None
+        vocab = run_vocabulary(cfg, caps, init_vocab)  # the one captioner-train will use
+        if init_vocab is not None:
+            new = vocab.itos[len(init_vocab):]
+            print(f"vocabulary of {cfg.train.init_from} ({len(init_vocab)} words)"
+                  + (f" + {len(new)} new from your captions: {', '.join(new[:12])}{' ...' if len(new) > 12 else ''}"
+                     if new else (" + no new words (a word needs data.min_word_count="
+                                  f"{cfg.data.min_word_count} captions)" if cfg.train.extend_vocab else "")))
         print(vocab.stats(caps, cfg.data.max_caption_len))
         if args.vocab_out:
             vocab.save(args.vocab_out)

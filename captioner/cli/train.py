@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML/JSON recipe in configs/")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override settings, e.g. train.lr=1e-3")
+    p.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="override settings, e.g. train.lr=1e-3")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")

@@ -56,7 +56,7 @@ GROUP_WORDS: dict[str, str] = {
     "boat": CATEGORY_WORDS["boat"],
     "bird": CATEGORY_WORDS["bird"],
 }
-SHOW_AT = 0.3  # a detected word joins a photo's concepts at P >= SHOW_AT (person always: a low P says "no one")
+SHOW_AT = 0.3  # a detected word joins a photo's concepts at P >= SHOW_AT, person too (every list says its threshold)
 
 
 def group_members(groups: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -202,7 +202,7 @@ def shown_groups(detectors: WordDetectors) -> list[int]:
 def with_detections(concepts: list[tuple[str, float]], detectors: WordDetectors, probs: torch.Tensor,
                     at: float = SHOW_AT) -> list[tuple[str, float]]:
     """One photo's ImageNet concepts [(category, P)] + its shown detections (probs (K,)) -> one list,
-    most probable first: person always, other detected words at P >= `at`."""
-    extra = [(detectors.groups[k], round(float(probs[k]), 4)) for k in shown_groups(detectors)
-             if detectors.groups[k] == PERSON or float(probs[k]) >= at]
+    most probable first: the detected words at P >= `at` (person too: a list said to hold what is seen at P >= `at`
+    holds nothing below it)."""
+    extra = [(detectors.groups[k], round(float(probs[k]), 4)) for k in shown_groups(detectors) if float(probs[k]) >= at]
     return sorted(concepts + extra, key=lambda cp: -cp[1])

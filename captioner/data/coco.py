@@ -14,7 +14,7 @@ def read_split_file(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"split file not found: {path}")
-    return [n.strip() for n in path.read_text().splitlines() if n.strip()]
+    return [n.strip() for n in path.read_text(encoding="utf-8-sig").splitlines() if n.strip()]
 
 
 def load_coco(images: str | Path, annotations: str | Path, only: list[str] | None = None) -> list[ImageRecord]:

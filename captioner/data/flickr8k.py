@@ -30,7 +30,7 @@ def read_captions(root: Path) -> dict[str, list[str]]:
     csv_path = _find(root, ["captions.txt"])
     token_path = _find(root, ["Flickr8k.token.txt"])
     if csv_path is not None:
-        with open(csv_path, newline="", encoding="utf-8") as f:
+        with open(csv_path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's BOM
             reader = csv.reader(f)
             header = next(reader, None)
             if header is None or [h.strip().lower() for h in header[:2]] != ["image", "caption"]:
@@ -39,7 +39,7 @@ def read_captions(root: Path) -> dict[str, list[str]]:
                 if len(row) >= 2:
                     caps[row[0].strip()].append(",".join(row[1:]).strip())
     elif token_path is not None:
-        for line in token_path.read_text(encoding="utf-8").splitlines():
+        for line in token_path.read_text(encoding="utf-8-sig").splitlines():
             if "\t" in line:
                 key, caption = line.split("\t", 1)
                 caps[key.split("#")[0].strip()].append(caption.strip())
@@ -68,7 +68,7 @@ def load_flickr8k(root: str | Path, split: str) -> list[ImageRecord]:
     if split_path is None and any(_find(root, [f]) for f in SPLIT_FILES.values()):
         raise FileNotFoundError(f"{root}: split file {SPLIT_FILES[split]} not found (the other split files are there)")
     names = by_name_split(sorted(caps), split) if split_path is None else \
-        [n.strip() for n in split_path.read_text().splitlines() if n.strip()]
+        [n.strip() for n in split_path.read_text(encoding="utf-8-sig").splitlines() if n.strip()]
     if not names:
         raise ValueError(f"{root}: the {split} split is empty: without split files every 10th photo by name goes to "
                          f"val and to test, so give at least 10 captioned photos (or write {SPLIT_FILES[split]})")

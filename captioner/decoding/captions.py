@@ -54,8 +54,8 @@ class Caption:
     # so their maps and probabilities are those of <unk>
     unknown: list[int] = field(default_factory=list)
     # what the photo's heads see, most probable first, with P: the COCO categories the encoder's ImageNet
-    # head sees at P >= concepts.imagenet.THRESHOLD, and with word detectors person (always) and the detected
-    # words; the photo's one list (Captioner.concepts()[i].top, Photo.concepts.top); empty without the head
+    # head sees at P >= concepts.imagenet.THRESHOLD, and with word detectors the detected words (person too) at the
+    # same P; the photo's one list (Captioner.concepts()[i].top, Photo.concepts.top); empty without the head
     concepts: list[tuple[str, float]] = field(default_factory=list)
     # indices of words naming an object the ImageNet head rules out (P < decode.evidence_floor), whether
     # or not decoding used the evidence: what the app marks as contradicted

@@ -64,7 +64,7 @@ def read_heads(model: torch.nn.Module, feats: torch.Tensor) -> HeadReading:
 def photo_concepts(reading: HeadReading, model: torch.nn.Module, threshold: float = THRESHOLD,
                    top_k: int = 5) -> list[Concepts]:
     """One Concepts per photo of the reading: COCO categories at P >= threshold, the top_k ImageNet classes
-    and, with word detectors, person (always) and the detected words at P >= threshold. [] per photo for an
+    and, with word detectors, the detected words (person too) at P >= threshold. [] per photo for an
     encoder without the ImageNet head is not possible: callers check the head first."""
     out = concepts_of(reading.logits, threshold, top_k)
     det = detectors_of(model)

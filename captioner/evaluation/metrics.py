@@ -3,6 +3,11 @@
 Captions and references go through its PTB tokenizer, then BLEU-1..4, METEOR, ROUGE-L and CIDEr are
 computed against ALL references of each image. SPICE runs only when its Java models are already
 present (it would otherwise download Stanford CoreNLP); else it is skipped with a message.
+
+Two tokenizers: "java" (pycocoevalcap's, Stanford's PTBTokenizer: the reported scores of captioner-evaluate)
+and "python" (evaluation/ptb.py, the same tokens without Java: training's validation, so that a machine
+without Java trains and picks its best epoch). BLEU, ROUGE-L and CIDEr are pycocoevalcap's own Python code
+with either; METEOR always needs Java.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import shutil
 from typing import Callable, Mapping, Sequence
 
 from ..config import METRICS
+from .ptb import ptb_tokenize
 from ..vocab import FUNCTION_WORDS, is_salad, repeats, tokenize
 
 METRIC_KEYS = METRICS  # the one list, in config.py (train.val_metric is checked against it)
@@ -29,10 +35,13 @@ def _spice_available() -> bool:
 
 def score_captions(predictions: Mapping[str, str], references: Mapping[str, Sequence[str]],
                    metrics: Sequence[str] = METRIC_KEYS, spice: bool = False,
-                   log: Callable[[str], None] = print) -> dict[str, float]:
+                   log: Callable[[str], None] = print, tokenizer: str = "java") -> dict[str, float]:
     """predictions {image_id: caption}, references {image_id: [captions]} -> {metric: score}.
-    Scores use pycocoevalcap's scale (0..1 for BLEU/METEOR/ROUGE-L, CIDEr around 0..3)."""
-    gts, res = _ptb_tokenized(predictions, references)
+    Scores use pycocoevalcap's scale (0..1 for BLEU/METEOR/ROUGE-L, CIDEr around 0..3). `tokenizer`: "java"
+    or "python" (module docstring); METEOR and SPICE need Java with either."""
+    if tokenizer == "python" and ("METEOR" in metrics or spice) and not java_available():
+        raise RuntimeError(missing_java("METEOR"))
+    gts, res = _ptb_tokenized(predictions, references, tokenizer)
     out: dict[str, float] = {}
     if any(m.startswith("Bleu") for m in metrics):
         from pycocoevalcap.bleu.bleu import Bleu
@@ -69,19 +78,34 @@ def score_captions(predictions: Mapping[str, str], references: Mapping[str, Sequ
     return out
 
 
-def _ptb_tokenized(predictions: Mapping[str, str], references: Mapping[str, Sequence[str]]) -> tuple[dict, dict]:
+def java_available() -> bool:
+    return shutil.which("java") is not None
+
+
+def missing_java(what: str = "the PTB tokenizer and METEOR") -> str:
+    """The one-line refusal where Java is needed and missing."""
+    return (f"pycocoevalcap needs Java for {what}: install a JRE (e.g. 'apt-get install default-jre-headless'); "
+            "training validates without it (train.val_metric other than METEOR)")
+
+
+def _ptb_tokenized(predictions: Mapping[str, str], references: Mapping[str, Sequence[str]],
+                   tokenizer: str = "java") -> tuple[dict, dict]:
     """Checked inputs -> pycocoevalcap's (gts, res), both PTB-tokenised and keyed by sorted image id."""
     if not predictions:
         raise ValueError("no predictions to score")
     missing = [k for k in predictions if not references.get(k)]
     if missing:
         raise ValueError(f"{len(missing)} predicted images have no references, e.g. {missing[:3]}")
-    if shutil.which("java") is None:  # the PTB tokenizer and METEOR are Java programs
-        raise RuntimeError("pycocoevalcap needs Java (the PTB tokenizer and METEOR): install a JRE, e.g. "
-                           "'apt-get install default-jre-headless'")
+    ids = sorted(predictions)
+    if tokenizer == "python":
+        return ({i: [ptb_tokenize(c) for c in references[i]] for i in ids},
+                {i: [ptb_tokenize(predictions[i])] for i in ids})
+    if tokenizer != "java":
+        raise ValueError(f"tokenizer must be 'java' or 'python', got '{tokenizer}'")
+    if not java_available():  # the PTB tokenizer and METEOR are Java programs
+        raise RuntimeError(missing_java())
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
-    ids = sorted(predictions)
     gts = {i: [{"caption": c} for c in references[i]] for i in ids}
     res = {i: [{"caption": predictions[i] or "."}] for i in ids}  # empty caption: still scorable
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -89,12 +113,13 @@ def _ptb_tokenized(predictions: Mapping[str, str], references: Mapping[str, Sequ
         return tok.tokenize(gts), tok.tokenize(res)
 
 
-def cider_per_image(predictions: Mapping[str, str], references: Mapping[str, Sequence[str]]) -> dict[str, float]:
+def cider_per_image(predictions: Mapping[str, str], references: Mapping[str, Sequence[str]],
+                    tokenizer: str = "java") -> dict[str, float]:
     """{image_id: that caption's CIDEr} (pycocoevalcap's, document frequencies from these images' references):
     their mean is score_captions' corpus CIDEr for the same captions."""
     from pycocoevalcap.cider.cider import Cider
 
-    gts, res = _ptb_tokenized(predictions, references)
+    gts, res = _ptb_tokenized(predictions, references, tokenizer)
     _, per_image = Cider().compute_score(gts, res)
     return {i: float(s) for i, s in zip(gts, per_image)}
 

@@ -45,13 +45,15 @@ def encode_records(model: CaptionModel, records: Sequence[ImageRecord], preproce
 
 def evaluate_model(model: CaptionModel, vocab: Vocab, feats: np.ndarray | torch.Tensor,
                    records: Sequence[ImageRecord], settings: DecodeConfig, metrics: Sequence[str] = METRIC_KEYS,
-                   batch_size: int = 100, progress: bool = False, log: Log = print) -> Evaluation:
+                   batch_size: int = 100, progress: bool = False, log: Log = print, tokenizer: str = "java"
+                   ) -> Evaluation:
     """Decode features (N, P, D) of `records` (same order) with `settings` and score them against the
     records' references -> scores (incl. n_images and the defect shares), {image_id: caption} and the
-    Captions themselves (words, maps, gates: grounding and the hallucination metric read them)."""
+    Captions themselves (words, maps, gates: grounding and the hallucination metric read them). `tokenizer`:
+    metrics.score_captions' ("python": no Java needed but for METEOR)."""
     caps = captions_from_features(model, feats, vocab, settings, batch_size, progress)
     preds = {r.image_id: c.text for r, c in zip(records, caps)}
-    scores = score_captions(preds, {r.image_id: r.captions for r in records}, metrics, log=log)
+    scores = score_captions(preds, {r.image_id: r.captions for r in records}, metrics, log=log, tokenizer=tokenizer)
     scores.update(caption_defects([c.text for c in caps]))
     scores.update(reference_repeats([r.captions for r in records]))  # people's rates, to compare with
     scores["n_images"] = len(preds)

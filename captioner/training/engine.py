@@ -180,7 +180,9 @@ def _validate_set(run: Run, vs: Any, metrics: list[str]) -> tuple[dict[str, floa
         feats = top_features(run.model, feats, run.device)
         agreement = {"head_top1_agreement": head_agreement(run.model, feats, vs.teacher)}
     settings = dataclasses.replace(cfg.decode, beam_size=cfg.train.val_beam_size)
-    scores, preds, _ = evaluate_model(run.model, run.vocab, feats, records, settings, metrics, log=run.log)
+    # the Python PTB tokenizer: validation needs no Java (a GPU machine often has none); METEOR still does
+    scores, preds, _ = evaluate_model(run.model, run.vocab, feats, records, settings, metrics, log=run.log,
+                                      tokenizer="python")
     return {**scores, **agreement}, next(iter(preds.values()))
 
 

@@ -17,6 +17,7 @@ from ..config import Config
 from ..data import ImageRecord, build_mix
 from ..data.dataset import BucketBatchSampler
 from ..data.loader import RankBatches
+from ..evaluation.metrics import java_available, missing_java
 from ..logs import JsonlLogger
 from ..model.captioner import CaptionModel, build_model
 from .sources import ValSet, build_data
@@ -119,16 +120,25 @@ def _restore(cfg: Config, last_path: Path, train_records: Sequence[ImageRecord],
         log(f"starting from the weights of {cfg.train.init_from}")
         if not cfg.train.extend_vocab:
             return None, init.vocab, state, init.model_state, {}
-        vocab = init.vocab.extended(captions, cfg.data.min_word_count)
+        vocab = run_vocabulary(cfg, captions, init.vocab)
         log(f"vocabulary extended from {len(init.vocab)} to {len(vocab)} words (old words keep their ids and rows; "
             f"new: {', '.join(vocab.itos[len(init.vocab):len(init.vocab) + 12])} ...)")
         if main:
             log(str(vocab.stats(captions, cfg.data.max_caption_len)))
         return None, vocab, state, grow_vocabulary(init.model_state, len(vocab), cfg.train.seed), {}
-    vocab = Vocab.build(captions, cfg.data.min_word_count)
+    vocab = run_vocabulary(cfg, captions, None)
     if main:
         log(str(vocab.stats(captions, cfg.data.max_caption_len)))
     return None, vocab, state, None, {}
+
+
+def run_vocabulary(cfg: Config, captions: Sequence[str], init_vocab: Vocab | None) -> Vocab:
+    """The vocabulary a new run trains with (captioner-prepare reports this one): the training captions' words
+    seen >= data.min_word_count times; or, from a model file (train.init_from, its vocabulary `init_vocab`),
+    that file's vocabulary, extended by the captions' new words when train.extend_vocab."""
+    if init_vocab is None:
+        return Vocab.build(captions, cfg.data.min_word_count)
+    return init_vocab.extended(captions, cfg.data.min_word_count) if cfg.train.extend_vocab else init_vocab
 
 
 def _model(cfg: Config, vocab_size: int, weights: dict | None, fresh: bool, log: Log) -> CaptionModel:
@@ -190,6 +200,8 @@ def encoder_train_mode(cfg: Config, model: CaptionModel) -> None:
 def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progress: bool = True,
               rank: int = 0, world_size: int = 1) -> Run:
     device, out, main = torch.device(device), Path(cfg.train.out_dir), rank == 0
+    if cfg.train.val_metric == "METEOR" and not java_available():  # said before any data is read or trained on
+        raise ValueError(f"train.val_metric=METEOR: {missing_java('METEOR')}; or choose train.val_metric=CIDEr")
     _seed(cfg.train.seed + rank)
     train, val = build_mix(cfg.data, "train"), build_mix(cfg.data, "val")
     if main and len(train) > 1:

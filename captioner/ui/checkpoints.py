@@ -86,3 +86,32 @@ def operator_folders(argv: Sequence[str], env_value: str | None, default: Sequen
     if env_value:
         return [p for p in env_value.split(os.pathsep) if p]
     return list(default)
+
+
+def exported(path: str | Path) -> bool:
+    """Whether a model file was written by captioner-export (its metrics name the file it came from); reads
+    only the file's header."""
+    import json
+
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            return "exported_from" in json.loads((f.metadata() or {}).get("metrics", "{}"))
+    except Exception:  # unreadable here: the menu still lists it and loading says what is wrong
+        return False
+
+
+def run_file_note(path: Path, files: Sequence[Path]) -> str | None:
+    """What the menu says beside one of a training run's files, or None to leave it out of the menu. A run
+    writes best.safetensors (chosen on val) and last.safetensors (the optimiser too, to resume); captioner-export
+    writes the file to use and share. last is left out where best is beside it; best says whether it was exported."""
+    here = [f for f in files if f.parent == path.parent]
+    names = {f.name for f in here}
+    if path.name == "last.safetensors":
+        return None if "best.safetensors" in names else " (the run's last epoch, kept to resume training)"
+    if path.name == "best.safetensors":
+        done = any(exported(f) for f in here if f.name not in ("best.safetensors", "last.safetensors"))
+        return (" (the run's best on val, before export: pick the exported file)" if done else
+                " (the run's best on val, not exported: captioner-export makes the file to use and share)")
+    return " (exported: the file to use and share)" if exported(path) else ""

@@ -8,6 +8,7 @@ from functools import partial
 import streamlit as st
 
 import captioner
+from ..concepts.imagenet import THRESHOLD
 from ..images import format_names, load_image
 from . import gallery
 from .page_state import (EXAMPLES, EXAMPLES_DIR, FIGURE_SIDE, GALLERY_COLUMNS, UPLOAD_TYPES, Decode, Settings, Shown,
@@ -81,7 +82,7 @@ def gallery_panel(settings: Settings, photos: list[Shown]) -> Shown:
             st.image(shrink(photo.image, side), caption=f"{i + 1}. {photo.name}")
             st.markdown(f"“{html.escape(cap.text)}”" if cap.words else "“” (empty caption)")
             if cap.concepts:
-                st.caption("sees " + gallery.top_concepts(cap))
+                st.caption(f"sees (P ≥ {THRESHOLD}) " + gallery.top_concepts(cap))
             for note in cap.notes:
                 st.caption(note)
     items = [(p.name, c) for p, c in zip(photos, caps)]

@@ -159,13 +159,10 @@ def checkpoint_choices(folders: tuple[str, ...], selected: str | None = None) ->
                 break
             except ValueError:
                 continue
-        add(label + RUN_FILES.get(Path(p).name, ""), p)
+        note = checkpoints.run_file_note(Path(p), [Path(f) for f in files])  # which of a run's files to pick; None: not one to caption with
+        if note is not None:
+            add(label + note, p)
     return choices
-
-
-# a training run writes both; the menu says which to pick
-RUN_FILES = {"best.safetensors": " (the run's best on val: pick this one)",
-             "last.safetensors": " (the run's last epoch, kept to resume training)"}
 
 
 def shrink(image, side: int):
