@@ -1,0 +1,107 @@
+"""What a new user hits first: every --set counts in every command (a second one used to replace the first), a
+captions.txt saved by a spreadsheet (UTF-8 BOM) is read, captioner-prepare reports the vocabulary that
+captioner-train will use, and captioner-caption's plain output carries a photo's notes."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+import captioner
+from captioner.checkpoint import load_checkpoint
+from captioner.data.flickr8k import load_flickr8k, read_captions
+
+from .conftest import ROOT
+
+CAT = captioner.DEFAULT_CHECKPOINT.parent / "examples" / "cat.jpg"
+
+
+def test_every_list_option_of_every_command_extends():
+    """An option that takes several values (--set, --splits, --metrics ...) must add up when given twice:
+    argparse's default action keeps only the last. Checked on every command's source."""
+    checked = 0
+    for path in sorted((ROOT / "captioner" / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"):
+                continue
+            flag = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else ""
+            kw = {k.arg: k.value for k in node.keywords}
+            if flag.startswith("--") and "nargs" in kw and getattr(kw["nargs"], "value", None) in ("*", "+"):
+                checked += 1
+                assert getattr(kw.get("action"), "value", None) in ("extend", "append"), f"{path.name} {flag}"
+    assert checked >= 5  # --set (prepare, train, export), --splits, --metrics, --average, --only
+
+
+@pytest.mark.parametrize("command", ["train", "prepare"])
+def test_two_set_flags_both_apply(command, tmp_path, monkeypatch, capsys):
+    """Both --set flags reach the config: data.root of the first and train.out_dir of the second."""
+    import importlib
+
+    import captioner.config as config
+
+    seen = []
+
+    def load_config(path, overrides=()):
+        seen.append(list(overrides))
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(config, "load_config", load_config)
+    main = importlib.import_module(f"captioner.cli.{command}").main
+    assert main(["--config", "configs/own_photos.yaml", "--set", "data.root=X", "--set", "train.out_dir=Y",
+                 "--device", "cpu"]) == 2
+    assert seen == [["data.root=X", "train.out_dir=Y"]]
+
+
+def test_two_set_flags_both_apply_at_export(tmp_path):
+    from captioner.cli.export import main
+
+    out = tmp_path / "m.safetensors"
+    assert main([str(captioner.DEFAULT_CHECKPOINT), str(out), "--half", "--set", "decode.beam_size=2",
+                 "--set", "decode.max_len=9"]) == 0
+    decode = load_checkpoint(out).config.decode
+    assert (decode.beam_size, decode.max_len) == (2, 9)
+
+
+def _own_folder(root: Path, bom: bool) -> Path:
+    """10 photos (copies of the example cat), two captions each, one using a new word; no split files."""
+    (root / "Images").mkdir(parents=True)
+    cat = Image.open(CAT).convert("RGB").resize((64, 64))
+    lines = ["image,caption"]
+    for i in range(10):
+        cat.save(root / "Images" / f"p{i:02d}.jpg")
+        lines += [f"p{i:02d}.jpg,a cat sitting on a zorblax", f"p{i:02d}.jpg,a small cat on a wall"]
+    (root / "captions.txt").write_text(("\ufeff" if bom else "") + "\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def test_a_captions_file_with_a_bom_is_read(tmp_path):
+    plain = read_captions(_own_folder(tmp_path / "plain", bom=False))
+    bom = read_captions(_own_folder(tmp_path / "bom", bom=True))
+    assert bom == plain and len(bom) == 10 and "p00.jpg" in bom
+    assert len(load_flickr8k(tmp_path / "bom", "train")) == 8
+
+
+def test_prepare_reports_the_vocabulary_training_uses(tmp_path, capsys):
+    """own_photos.yaml warm-starts from the bundled model: prepare reported the captions' own 10-word vocabulary
+    (a third of the words <unk>), train the bundled one extended; now both say the extended one."""
+    from captioner.cli.prepare import main
+
+    root = _own_folder(tmp_path / "mine", bom=True)
+    assert main(["--config", "configs/own_photos.yaml", "--set", f"data.root={root}", "--no-features",
+                 "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    bundled = len(captioner.load().vocab)
+    assert f"({bundled} words) + 1 new from your captions: zorblax" in out, out
+    assert f"vocabulary: {bundled + 1} words" in out and "UNK rate 0.00%" in out, out
+
+
+def test_caption_prints_a_tiny_photos_note_beside_the_plain_caption(tmp_path, capsys):
+    from captioner.cli.caption import main
+
+    Image.new("RGB", (1, 1), (200, 30, 30)).save(tmp_path / "dot.png")
+    assert main([str(tmp_path / "dot.png"), "--beam-size", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(str(tmp_path / "dot.png") + "\t")  # the caption line is unchanged ...
+    assert "note: " in err and "dot.png" in err and "1x1" in err, err  # ... and the note says what was done
