@@ -132,13 +132,15 @@ def install_length_counter(decoder, feats: torch.Tensor, spread_words: float, st
     tanh(50 h_k), which flips from -1 to +1 when c_k crosses 0; the <end> logit is 8 * out_j. The
     start c_k(0) = tanh(f_init,c(mean a_i))_k depends on the image, so lengths spread over images
     (about `spread_words` std); its mean is set by `set_length_offset`. Every tensor keeps its shape,
-    so decoding costs exactly what it costs for a trained model of the same size."""
+    so decoding costs exactly what it costs for a trained model of the same size. Every tensor it makes is
+    on the decoder's device and nothing is read back to the host (tests/test_device_placement.py)."""
     H = decoder.hidden_dim
     k, j = 0, 0
     rows = [k, H + k, 2 * H + k, 3 * H + k]  # i, f, g, o of unit k
     for lin in (decoder.gates_embed, decoder.gates_context, decoder.gates_hidden):
         lin.weight[rows] = 0
-    decoder.gates_hidden.bias[rows] = torch.tensor([12.0, 12.0, math.atanh(step), 12.0])
+    bias = decoder.gates_hidden.bias
+    bias[rows] = torch.tensor([12.0, 12.0, math.atanh(step), 12.0], dtype=bias.dtype, device=bias.device)
     decoder.out_hidden.weight[j] = 0
     decoder.out_hidden.weight[j, k] = 50.0
     decoder.out_hidden.bias[j] = 0
@@ -150,11 +152,13 @@ def install_length_counter(decoder, feats: torch.Tensor, spread_words: float, st
     decoder.out_vocab.weight[END, j] = 8.0
     decoder.out_vocab.bias[END] = 0
     # c_k(0) spread: a random direction of f_init,c scaled so it varies by spread_words * step over images
-    m = feats.float().mean(1)  # (n, D)
-    v = torch.randn(m.shape[1], generator=torch.Generator().manual_seed(6)).to(m)
-    sd = float((m @ v).std()) if len(m) > 1 else 0.0
-    decoder.init_c.weight[k] = v * (spread_words * step / sd) if spread_words > 0 and sd > 1e-6 else 0.0
-    decoder.init_c.bias[k] = -float((m @ decoder.init_c.weight[k]).mean())
+    init_c = decoder.init_c
+    m = feats.to(init_c.weight).mean(1)  # (n, D)
+    v = torch.randn(m.shape[1], generator=torch.Generator().manual_seed(6)).to(m)  # (D,) the same on every device
+    sd = (m @ v).std() if len(m) > 1 else m.new_zeros(())  # () kept on the device: no host sync
+    scale = torch.where(sd > 1e-6, spread_words * step / sd.clamp(min=1e-6), sd.new_zeros(()))
+    init_c.weight[k] = v * scale if spread_words > 0 else 0.0
+    init_c.bias[k] = -(m @ init_c.weight[k]).mean()
     decoder._length_step = step  # type: ignore[attr-defined]
 
 

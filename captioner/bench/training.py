@@ -48,13 +48,16 @@ def decoder_train_flops(preset: Preset, batch, fast: bool) -> float:
     return 3 * 2 * float(macs)
 
 
-def _train_config(amp: bool):
-    """Default training settings with bf16 autocast on or off, decided by the engine's rule
-    (training_autocast) as in real training."""
+def _train_config(amp: bool, device: torch.device, objective: str = "xent"):
+    """Default training settings with bf16 autocast on or off on `device`, as a real run on it sets them:
+    train.amp on a GPU, train.cpu_amp on a CPU, which SCST refuses (its backward through sampled captions is
+    ~20x slower in CPU bf16), so an SCST benchmark on a CPU runs float32 as SCST training does."""
     from ..config import Config
 
     cfg = Config()
-    cfg.train.amp = cfg.train.cpu_amp = amp
+    cfg.train.objective = objective
+    cfg.train.amp = amp and device.type != "cpu"
+    cfg.train.cpu_amp = amp and device.type == "cpu" and objective != "scst"
     return cfg
 
 
@@ -88,7 +91,7 @@ def _decoder_model(preset: Preset, compile_step: bool):
 
 def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp: bool, compile_step: bool,
                        peak_tflops: float, log: Callable[[str], None]) -> dict[str, Any]:
-    cfg = _train_config(amp)
+    cfg = _train_config(amp, device)
     timer = Timer(device)
     n_caps = counts.batch_images * CAPTIONS_PER_IMAGE
     result: dict[str, Any] = {"preset": preset.name, "batch_images": counts.batch_images,
@@ -135,7 +138,7 @@ def bench_train_encoder(preset: Preset, counts: Counts, device: torch.device, am
     from ..model.decoder import Decoder
     from ..model.encoder import Encoder
 
-    cfg = _train_config(amp)
+    cfg = _train_config(amp, device)
     cfg.model.fine_tune_encoder = True  # the encoder runs in the loop (cfg.encoder_in_loop); frozen or not below
     timer = Timer(device)
     bi = counts.encoder_batch
@@ -219,8 +222,8 @@ def bench_train_scst(preset: Preset, counts: Counts, device: torch.device, amp: 
     from ..training.objectives import SelfCritical, batch_references
     from ..vocab import Vocab
 
-    cfg = _train_config(amp)
-    cfg.train.objective, cfg.train.scst_samples, cfg.train.scst_max_len = "scst", samples, max_len
+    cfg = _train_config(amp, device, "scst")
+    cfg.train.scst_samples, cfg.train.scst_max_len = samples, max_len
     batches = [b.to(device) for b in make_batches(preset, counts.steps + counts.warmup, counts.batch_images, True, 2)]
     refs = [r for b in batches for r in batch_references(b, END)]
     vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(preset.vocab - 4)])
