@@ -124,3 +124,29 @@ def test_an_open_gate_is_said_once_not_per_word():
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert titles and not any("β" in t for t in titles), titles
     assert open_cap.to_dict(maps=False)["betas"] == pytest.approx([0.999, 0.97], abs=1e-4)
+
+
+@pytest.mark.parametrize("size", [(640, 480), (480, 640), (1000, 300)])
+def test_word_titles_never_overlap_the_row_above(size):
+    """A 9-word caption is two rows of panels: each second-row word title sits below the first row's photos
+    (tight_layout let them run into the photos of the figure ZIP), and the caption on top clears the first row."""
+    words = "a man in a red shirt rides a bike".split()
+    rng = np.random.default_rng(0)
+    a = rng.random((len(words), 3, 3)).astype(np.float32)
+    cap = Caption(" ".join(words), words, a / a.sum(axis=(1, 2), keepdims=True), -1.0)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = visualize.attention_figure(photo(*size), cap)
+    canvas = FigureCanvasAgg(fig)  # as figure_png draws it
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    image_axes = [ax for ax in fig.axes if ax.images]
+    rows = sorted({round(ax.get_position().y0, 3) for ax in image_axes}, reverse=True)
+    assert len(rows) == 2
+    top = [ax for ax in image_axes if round(ax.get_position().y0, 3) == rows[0]]
+    second = [ax for ax in image_axes if round(ax.get_position().y0, 3) == rows[1]]
+    top_bottom = min(ax.get_window_extent(renderer).y0 for ax in top)
+    for ax in second:
+        assert ax.title.get_window_extent(renderer).y1 <= top_bottom, ax.get_title()
+    suptitle = fig._suptitle.get_window_extent(renderer)
+    assert all(ax.title.get_window_extent(renderer).y1 <= suptitle.y0 for ax in top)

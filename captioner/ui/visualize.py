@@ -137,7 +137,9 @@ def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opac
     image.thumbnail((PANEL_PIXELS, PANEL_PIXELS))  # a copy by convert; overlays are computed at this size
     w, h = letterbox(image).size
     panel_h = panel_width * h / w
-    fig = Figure(figsize=(cols * panel_width, rows * (panel_h + 0.35)))
+    # constrained layout keeps each row's word titles clear of the row above (tight_layout let the second row's
+    # titles run into the first row's photos) and leaves room for the caption on top
+    fig = Figure(figsize=(cols * panel_width, rows * (panel_h + 0.45) + 0.4), layout="constrained")
     for k in range(rows * cols):
         ax = fig.add_subplot(rows, cols, k + 1)
         ax.axis("off")
@@ -151,7 +153,6 @@ def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opac
             ax.set_title(word_title(caption.words[k - 1], shown_beta(caption, k - 1)), fontsize=11,
                          color="0.55" if low else "black")
     fig.suptitle(caption.text, fontsize=12)
-    fig.tight_layout()
     return fig
 
 
