@@ -6,6 +6,7 @@ the bundled vocabulary lacks), plus as many photos with no horse in them, in the
 test split, never in the first) checks what the trained model says on photos it never saw.
 
     python scripts/make_new_word_folder.py myphotos --photos 30 --held-out heldout --held-out-photos 20
+    python scripts/make_new_word_folder.py --check runs/own_photos/model.safetensors heldout   # what it says there
 """
 from __future__ import annotations
 
@@ -69,15 +70,36 @@ def build(out: Path, photos: int = 30, held_out: Path | None = None, held_out_ph
     return got
 
 
+def new_word_use(model_file: Path | str | None, folder: Path) -> dict[str, tuple[int, int]]:
+    """A model file's captions (its stored settings) of a folder built here -> {"thing": (photos whose caption
+    says a new word, photos), "other": (...)}; photos of the thing are those whose references say one."""
+    import captioner
+
+    caps, model = read_captions(folder), captioner.load(model_file)
+    names = sorted(caps)
+    said = [bool(set(c.words) & set(NEW.values())) for k in range(0, len(names), 8)
+            for c in model.caption_batch([folder / "Images" / n for n in names[k:k + 8]])]
+    thing = [any(w in NEW.values() for c in caps[n] for w in tokenize(c)) for n in names]
+    return {"thing": (sum(s and t for s, t in zip(said, thing)), sum(thing)),
+            "other": (sum(s and not t for s, t in zip(said, thing)), len(names) - sum(thing))}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out", type=Path, help="the folder to write (Images/ + captions.txt)")
+    p.add_argument("out", type=Path, help="the folder to write (Images/ + captions.txt), or to check (--check)")
+    p.add_argument("--check", metavar="MODEL", default=None,
+                   help="write nothing: count the photos of folder OUT whose caption by MODEL says a new word")
     p.add_argument("--photos", type=int, default=30, help="photos of horses, and as many others (default 30)")
     p.add_argument("--held-out", type=Path, default=None, help="also write held-out photos (Flickr8k test) here")
     p.add_argument("--held-out-photos", type=int, default=20, help="held-out photos of each kind (default 20)")
     p.add_argument("--flickr", type=Path, default=FLICKR, help=f"the Flickr8k folder (default {FLICKR})")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
+    if a.check:
+        use = new_word_use(a.check, a.out)
+        print(f"{a.check} on {a.out}: says {' or '.join(NEW.values())} on {use['thing'][0]} of {use['thing'][1]} "
+              f"photos of horses and on {use['other'][0]} of {use['other'][1]} others")
+        return 0
     names = build(a.out, a.photos, a.held_out, a.held_out_photos, a.flickr, a.seed)
     print(f"{a.out}: {len(names['thing'])} photos saying {', '.join(NEW.values())} + {len(names['other'])} others"
           + (f"; {a.held_out}: {len(names['held_out_thing'])} + {len(names['held_out_other'])} held out" if a.held_out else ""))

@@ -18,10 +18,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..vocab import SPECIALS, Vocab, tokenize
+from ..vocab import COLOUR_WORDS, FUNCTION_WORDS, SPECIALS, Vocab, tokenize
 
 NEW_WORDS_METRIC = "CIDEr+new_words"  # a train.val_metric: CIDEr + mean F1 of the new words' use on val
 GROWN_ROWS = ("embedding.weight", "out_vocab.weight", "out_vocab.bias")  # the decoder's (V, ...) tensors
+MIN_VOTES = 5  # a new word takes an old word's rows only from this many positions on, where that word wins most
 
 
 @torch.no_grad()
@@ -46,15 +47,23 @@ def substitutes(decoder: torch.nn.Module, dataset: Any, collate: Callable, featu
 
 @torch.no_grad()
 def init_from_substitutes(decoder: torch.nn.Module, votes: dict[int, Counter], vocab: Vocab) -> list[str]:
-    """Copy each new word's most voted old word's rows onto its own -> one line per new word for the log
-    (a new word with no vote keeps warm_start.py's average row)."""
+    """Copy each new word's most voted old word's rows onto its own -> one line per new word for the log.
+    Only with evidence: at least MIN_VOTES positions, the old word more than half of them, and a content word
+    (a new word copied from "in" or "red" would be said for it everywhere); otherwise the new word keeps
+    warm_start.py's average start (never more likely than the rarest old word) and learns from there."""
     rows = dict(decoder.named_parameters())
-    lines = []
+    lines, kept = [], []
     for new, counts in sorted(votes.items()):
         old, n = counts.most_common(1)[0]
+        total = sum(counts.values())
+        if total < MIN_VOTES or 2 * n <= total or vocab.itos[old] in FUNCTION_WORDS | COLOUR_WORDS:
+            kept.append(vocab.itos[new])
+            continue
         for name in GROWN_ROWS:
             rows[name][new] = rows[name][old]
-        lines.append(f"{vocab.itos[new]} <- {vocab.itos[old]} ({n} of {sum(counts.values())} positions)")
+        lines.append(f"{vocab.itos[new]} <- {vocab.itos[old]} ({n} of {total} positions)")
+    if kept:
+        lines.append(f"the average start (too few or mixed positions): {', '.join(kept)}")
     return lines
 
 
