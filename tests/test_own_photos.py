@@ -82,3 +82,16 @@ def test_readme_teaches_the_bundled_model_a_new_word(tmp_path, monkeypatch, caps
     assert use["thing"][1] == use["other"][1] == 10
     print("held-out photos saying the new word:", use)
     assert use["thing"][0] >= 6 and use["other"][0] <= 1, use  # most horses, (almost) nothing else
+
+
+def test_a_small_set_is_passed_over_until_an_epoch_has_min_batches():
+    from captioner.data.dataset import BucketBatchSampler
+
+    plain = BucketBatchSampler([5.0] * 40, 16, seed=3)
+    small = BucketBatchSampler([5.0] * 40, 16, seed=3, min_batches=20)
+    assert len(plain) == len(plain.batches()) == 3
+    batches = small.batches()
+    assert len(small) == len(batches) == 21  # 7 passes of 3 batches
+    assert all(len(set(b)) == len(b) for b in batches)  # no batch holds a photo twice
+    assert sorted(i for b in batches for i in b) == sorted(list(range(40)) * 7)
+    assert BucketBatchSampler([5.0] * 40, 16, seed=3, min_batches=20).batches() == batches  # (seed, epoch) decide
