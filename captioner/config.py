@@ -20,7 +20,7 @@ ATTENTIONS = ("soft", "hard")  # model.attention
 DATASETS = ("flickr8k", "coco", "karpathy")  # data.dataset
 METRICS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")  # train.val_metric
 # ... or CIDEr + the mean F1 of an extended vocabulary's new words' use on val (training/new_words.py)
-VAL_METRICS = METRICS + ("CIDEr+new_words",)
+VAL_METRICS = METRICS + ("CIDEr_new_words",)
 OBJECTIVES = ("xe", "scst")  # train.objective
 SCST_BASELINES = ("mean", "greedy")  # train.scst_baseline
 HARD_CONTEXTS = ("expected", "argmax")  # decode.hard_context

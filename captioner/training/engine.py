@@ -187,7 +187,7 @@ def _validate_set(run: Run, vs: Any, metrics: list[str]) -> tuple[dict[str, floa
 
 def _new_word_scores(run: Run, scores: dict[str, float], preds: dict[str, str], records: Any) -> dict[str, float]:
     """train.extend_vocab: the new words' use on this val set (logged per word; new_words.py), and the
-    selection metric CIDEr+new_words."""
+    selection metric CIDEr_new_words."""
     if not run.new_words:
         return {}
     new, line = new_word_scores(run.new_words, preds, records)

@@ -9,7 +9,7 @@ how validation sees them.
   factor, the rest of the model keeps train.lr (what it knew stays).
 - Validation (new_word_scores): on the val photos, how often the decoded captions use each new word where
   the references use it (recall) and where they do not (false uses); the selection metric
-  "CIDEr+new_words" is CIDEr plus the mean F1 of those uses.
+  "CIDEr_new_words" is CIDEr plus the mean F1 of those uses.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 
 from ..vocab import COLOUR_WORDS, FUNCTION_WORDS, SPECIALS, Vocab, tokenize
 
-NEW_WORDS_METRIC = "CIDEr+new_words"  # a train.val_metric: CIDEr + mean F1 of the new words' use on val
+NEW_WORDS_METRIC = "CIDEr_new_words"  # a train.val_metric: CIDEr + mean F1 of the new words' use on val
 GROWN_ROWS = ("embedding.weight", "out_vocab.weight", "out_vocab.bias")  # the decoder's (V, ...) tensors
 MIN_VOTES = 5  # a new word takes an old word's rows only from this many positions on, where that word wins most
 
