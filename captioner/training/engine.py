@@ -187,9 +187,9 @@ def _validate_set(run: Run, vs: Any, metrics: list[str]) -> tuple[dict[str, floa
 
 def _new_word_scores(run: Run, scores: dict[str, float], preds: dict[str, str], records: Any) -> dict[str, float]:
     """train.extend_vocab: the new words' use on this val set (logged per word; new_words.py), and the
-    selection metric CIDEr_new_words."""
+    selection metric CIDEr_new_words (plain CIDEr when the vocabulary has no new word)."""
     if not run.new_words:
-        return {}
+        return {NEW_WORDS_METRIC: scores["CIDEr"]} if run.cfg.train.val_metric == NEW_WORDS_METRIC else {}
     new, line = new_word_scores(run.new_words, preds, records)
     run.log(f"  {line}")
     return {**new, NEW_WORDS_METRIC: scores["CIDEr"] + new["new_words_F1"]}
