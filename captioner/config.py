@@ -19,6 +19,8 @@ ENCODERS = ("efficientnet_lite0", "efficientnet_lite2", "resnet101", "resnet152"
 ATTENTIONS = ("soft", "hard")  # model.attention
 DATASETS = ("flickr8k", "coco", "karpathy")  # data.dataset
 METRICS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")  # train.val_metric
+# ... or CIDEr + the mean F1 of an extended vocabulary's new words' use on val (training/new_words.py)
+VAL_METRICS = METRICS + ("CIDEr_new_words",)
 OBJECTIVES = ("xe", "scst")  # train.objective
 SCST_BASELINES = ("mean", "greedy")  # train.scst_baseline
 HARD_CONTEXTS = ("expected", "argmax")  # decode.hard_context
@@ -103,7 +105,7 @@ class TrainConfig:
     lr_decay: float = 0.8  # multiply lr by this when val metric does not improve ...
     lr_patience: int = 1  # ... for this many epochs
     early_stop_patience: int = 4  # stop after this many epochs without improvement
-    val_metric: str = "Bleu_4"  # one of METRICS, computed on decoded captions
+    val_metric: str = "Bleu_4"  # one of VAL_METRICS, computed on decoded captions
     val_beam_size: int = 1  # 1 = greedy during validation (fast); the metric is still a real decoding metric
     val_limit: int = 0  # validate on the first N val images (0 = all)
     amp: bool = True  # bf16 autocast where the device supports it (CUDA)
@@ -117,7 +119,10 @@ class TrainConfig:
     init_from: str = ""  # start a new run from this model file's weights and vocabulary (e.g. SCST after xe)
     init_encoder: bool = False  # with init_from and a frozen encoder: take its encoder too (the cache is built with it)
     extend_vocab: bool = False  # with init_from: add the training captions' new words (min_word_count) to its
-    # vocabulary; old words keep their ids, embeddings and output rows (training/warm_start.py)
+    # vocabulary; old words keep their ids, embeddings and output rows (training/warm_start.py), a new word
+    # starts as the old word the model says in its place (training/new_words.py)
+    new_words_lr_factor: float = 1.0  # with extend_vocab: Adam's steps on the new words' rows x this
+    min_epoch_batches: int = 0  # a small training set is passed over again until an epoch has this many batches
     scst_samples: int = 5  # K sampled captions per image
     scst_baseline: str = "mean"  # SCST_BASELINES: mean (of the image's other samples) | greedy (greedy caption's reward)
     scst_max_len: int = 20  # longest sampled caption (words + <end>)
@@ -270,7 +275,7 @@ def parse_bool(text: str) -> bool:
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.encoder": ENCODERS, "model.attention": ATTENTIONS, "data.dataset": DATASETS,
-    "train.val_metric": METRICS, "train.objective": OBJECTIVES, "train.scst_baseline": SCST_BASELINES,
+    "train.val_metric": VAL_METRICS, "train.objective": OBJECTIVES, "train.scst_baseline": SCST_BASELINES,
     "decode.hard_context": HARD_CONTEXTS, "train.encoder_bn": BN_MODES,
 }
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}

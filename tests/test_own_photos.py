@@ -1,19 +1,23 @@
 """README "Train on your own photos", run as written: a folder of real photos with a captions.txt and no
 split files -> prepare -> train (from the bundled model) -> export -> a model file the app's menu offers and
-captioner.load captions with. Only the folder, the run folder, the cache and the epochs are changed."""
+captioner.load captions with. Only the folder, the run folder, the cache and the epochs are changed.
+
+The folder (scripts/make_new_word_folder.py): Flickr8k photos of horses whose captions say "stallion", a word
+the bundled model lacks, and as many photos without one. The exported model must say the new word on most
+held-out photos of horses and on (almost) none of the others, and the log must say how often it did on val."""
 from __future__ import annotations
 
-import csv
 import importlib
 import re
 import shlex
-import shutil
 from pathlib import Path
 
 import pytest
 
 import captioner
-from captioner.data.flickr8k import by_name_split, load_flickr8k, read_captions
+from captioner.data.flickr8k import by_name_split
+from captioner.training.new_words import new_word_scores
+from scripts.make_new_word_folder import build, new_word_use
 
 ROOT = Path(__file__).resolve().parents[1]
 FLICKR = ROOT.parent / "shared" / "data" / "flickr8k"
@@ -33,22 +37,25 @@ def test_split_by_name_without_split_files():
     assert len(parts["val"]) == len(parts["test"]) == 2 and len(parts["train"]) == 21
 
 
+def test_new_word_scores_count_uses_where_the_references_use_it():
+    from captioner.data import ImageRecord
+
+    recs = [ImageRecord("a", "a.jpg", ["a stallion runs"]), ImageRecord("b", "b.jpg", ["a stallion jumps"]),
+            ImageRecord("c", "c.jpg", ["a dog runs"])]
+    scores, line = new_word_scores(["stallion", "foal"], {"a": "a stallion", "b": "a horse", "c": "a stallion"}, recs)
+    assert line.startswith("new words on val: stallion used in 1 of 2 captions whose references use it, and in 1 "
+                           "of the 1 others") and "1 other new word(s)" in line  # foal: no val photo tells
+    assert scores == {"new_words_recall": 0.5, "new_words_precision": 0.5, "new_words_F1": 0.5}
+
+
 @pytest.mark.slow
-def test_readme_trains_a_model_on_your_own_photos(tmp_path, monkeypatch):
+def test_readme_teaches_the_bundled_model_a_new_word(tmp_path, monkeypatch, capsys):
     if not (FLICKR / "captions.txt").is_file():
         pytest.skip(f"Flickr8k is not at {FLICKR} (../shared/data): no real photos to train on")
-    own = tmp_path / "myphotos"
-    (own / "Images").mkdir(parents=True)
-    caps = read_captions(FLICKR)
-    names = sorted(r.image_id for r in load_flickr8k(FLICKR, "val"))[:20]
-    with open(own / "captions.txt", "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["image", "caption"])
-        for n in names:
-            shutil.copy(FLICKR / "Images" / n, own / "Images" / n)
-            w.writerows([n, c] for c in caps[n])
+    own, held_out = tmp_path / "myphotos", tmp_path / "heldout"
+    build(own, photos=25, held_out=held_out, held_out_photos=10, flickr=FLICKR)  # 50 photos: 40 train, 5 val (4 horses)
     runs = tmp_path / "runs"
-    extra = [f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={runs}", "train.epochs=1"]
+    extra = [f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={runs}", "train.epochs=2"]
     monkeypatch.chdir(ROOT)
     commands = readme_commands()
     assert [c[0] for c in commands] == [".venv/bin/captioner-prepare", ".venv/bin/captioner-train",
@@ -60,11 +67,31 @@ def test_readme_trains_a_model_on_your_own_photos(tmp_path, monkeypatch):
             args[at:at] = extra
         module = cmd[0].removeprefix(".venv/bin/captioner-").replace("-", "_")
         assert importlib.import_module(f"captioner.cli.{module}").main(args) == 0, cmd
+    log = capsys.readouterr().out
+    assert "new: stallion" in log and "stallion <- horse" in log  # named, and started as the word said in its place
+    val_lines = re.findall(r"new words on val: stallion used in (\d+) of (\d+) .*?and in (\d+) of", log)
+    print("\n".join(line for line in log.splitlines() if "new words on val" in line))
+    assert len(val_lines) == 3  # epoch 0 (the warm start), 1 and 2
     model_file = runs / "model.safetensors"
     assert model_file.is_file() and model_file.stat().st_size < 60 * 2**20  # fp16, the size the README says
     from captioner.ui.checkpoints import find_model_files
 
     found = find_model_files([runs])
     assert model_file in found.files  # the app's menu offers it (runs/ is searched by default)
-    model = captioner.load(model_file)
-    assert model.caption(own / "Images" / names[0]).words  # a caption, at the stored settings
+    use = new_word_use(model_file, held_out)  # photos it never saw
+    assert use["thing"][1] == use["other"][1] == 10
+    print("held-out photos saying the new word:", use)
+    assert use["thing"][0] >= 6 and use["other"][0] <= 1, use  # most horses, (almost) nothing else
+
+
+def test_a_small_set_is_passed_over_until_an_epoch_has_min_batches():
+    from captioner.data.dataset import BucketBatchSampler
+
+    plain = BucketBatchSampler([5.0] * 40, 16, seed=3)
+    small = BucketBatchSampler([5.0] * 40, 16, seed=3, min_batches=20)
+    assert len(plain) == len(plain.batches()) == 3
+    batches = small.batches()
+    assert len(small) == len(batches) == 21  # 7 passes of 3 batches
+    assert all(len(set(b)) == len(b) for b in batches)  # no batch holds a photo twice
+    assert sorted(i for b in batches for i in b) == sorted(list(range(40)) * 7)
+    assert BucketBatchSampler([5.0] * 40, 16, seed=3, min_batches=20).batches() == batches  # (seed, epoch) decide

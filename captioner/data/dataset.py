@@ -151,13 +151,15 @@ def collate_skip_missing(samples: list) -> Batch | None:
 class BucketBatchSampler(Sampler[list[int]]):
     """Batches of images with similar caption lengths, in a random order that depends only on
     (seed, epoch), so a resumed run replays exactly the same batches. `weights` (per image, default 1):
-    an image with weight 2.5 is in an epoch 2 or 3 times (3 with probability 0.5): a mix's sampling weights."""
+    an image with weight 2.5 is in an epoch 2 or 3 times (3 with probability 0.5): a mix's sampling weights.
+    `min_batches` (train.min_epoch_batches): a small set is passed over several times per epoch (each pass
+    shuffled and batched on its own, so no batch holds a photo twice) until the epoch has that many batches."""
 
     def __init__(self, lengths: Sequence[float], batch_size: int, seed: int = 0, bucket: bool = True,
-                 weights: Sequence[float] | None = None):
+                 weights: Sequence[float] | None = None, min_batches: int = 0):
         self.lengths, self.batch_size, self.seed, self.bucket = list(lengths), batch_size, seed, bucket
         self.weights = None if weights is None or all(w == 1 for w in weights) else list(weights)
-        self.epoch = 0
+        self.min_batches, self.epoch = min_batches, 0
 
     def _epoch_images(self, rng: random.Random) -> list[int]:
         if self.weights is None:
@@ -169,6 +171,15 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     def batches(self) -> list[list[int]]:
         rng = random.Random(self.seed * 100_003 + self.epoch)
+        batches = self._pass(rng)
+        per_pass = len(batches)
+        while self.min_batches and len(batches) < self.min_batches and per_pass:
+            batches += self._pass(rng)
+        rng.shuffle(batches)
+        return batches
+
+    def _pass(self, rng: random.Random) -> list[list[int]]:
+        """One pass over the epoch's images, in batches."""
         order = self._epoch_images(rng)
         rng.shuffle(order)
         if self.bucket:
@@ -176,9 +187,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             window = self.batch_size * 50
             order = [i for k in range(0, len(order), window)
                      for i in sorted(order[k:k + window], key=lambda j: self.lengths[j])]
-        batches = [order[k:k + self.batch_size] for k in range(0, len(order), self.batch_size)]
-        rng.shuffle(batches)
-        return batches
+        return [order[k:k + self.batch_size] for k in range(0, len(order), self.batch_size)]
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.batches())
@@ -186,4 +195,5 @@ class BucketBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         if self.weights is not None:  # the epoch's draw decides; the same (seed, epoch) draws the same
             return len(self.batches())
-        return (len(self.lengths) + self.batch_size - 1) // self.batch_size
+        per_pass = (len(self.lengths) + self.batch_size - 1) // self.batch_size
+        return per_pass * max(1, -(-self.min_batches // per_pass)) if per_pass else 0

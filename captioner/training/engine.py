@@ -23,6 +23,7 @@ from ..evaluation.scoring import encode_records, evaluate_model, head_agreement,
 from ..model.encoder import build_preprocess
 from ..logs import plot_history
 from ..evaluation.metrics import METRIC_KEYS
+from .new_words import NEW_WORDS_METRIC, new_word_scores
 from .objectives import Terms
 from .run import Log, Run, TrainingError, TrainState, build_run, encoder_train_mode
 
@@ -143,7 +144,7 @@ def validate(run: Run, stats: dict[str, float]) -> float:
     value = 0.0
     if run.main:
         metrics = [k for k in METRIC_KEYS if k != "METEOR"]  # METEOR (a Java process) only when it is val_metric
-        metrics += [cfg.train.val_metric] if cfg.train.val_metric not in metrics else []
+        metrics += [cfg.train.val_metric] if cfg.train.val_metric not in metrics + [NEW_WORDS_METRIC] else []
         per_set = {vs.name: _validate_set(run, vs, metrics) for vs in run.val_sets}
         if len(per_set) == 1:
             (scores, example), = per_set.values()
@@ -183,7 +184,17 @@ def _validate_set(run: Run, vs: Any, metrics: list[str]) -> tuple[dict[str, floa
     # the Python PTB tokenizer: validation needs no Java (a GPU machine often has none); METEOR still does
     scores, preds, _ = evaluate_model(run.model, run.vocab, feats, records, settings, metrics, log=run.log,
                                       tokenizer="python")
-    return {**scores, **agreement}, next(iter(preds.values()))
+    return {**scores, **agreement, **_new_word_scores(run, scores, preds, records)}, next(iter(preds.values()))
+
+
+def _new_word_scores(run: Run, scores: dict[str, float], preds: dict[str, str], records: Any) -> dict[str, float]:
+    """train.extend_vocab: the new words' use on this val set (logged per word; new_words.py), and the
+    selection metric CIDEr_new_words (plain CIDEr when the vocabulary has no new word)."""
+    if not run.new_words:
+        return {NEW_WORDS_METRIC: scores["CIDEr"]} if run.cfg.train.val_metric == NEW_WORDS_METRIC else {}
+    new, line = new_word_scores(run.new_words, preds, records)
+    run.log(f"  {line}")
+    return {**new, NEW_WORDS_METRIC: scores["CIDEr"] + new["new_words_F1"]}
 
 
 def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
@@ -227,6 +238,8 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
     run.log(f"training on {run.device}: {len(run.dataset)} images, objective {cfg.train.objective}, "
             f"{len(run.batches)} batches/epoch/rank, {_source(cfg)}, "
             f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
+    if run.new_words and state.step == 0 and not state.history:
+        validate_warm_start(run)
     while state.epoch < cfg.train.epochs:
         run.sampler.set_epoch(state.epoch)
         skip = run.batches.start = state.batch_in_epoch
@@ -245,6 +258,12 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
             break
     run.log(f"done: best {cfg.train.val_metric} {state.best_metric:.4f} at epoch {state.best_epoch} -> {run.best_path}")
     return state.__dict__
+
+
+def validate_warm_start(run: Run) -> None:
+    """train.extend_vocab: epoch 0 is the warm start before any step, validated like an epoch (how often it
+    says the new words on val before training) and the first best."""
+    end_epoch(run, validate(run, {"seconds": 0.0, "batches": 0}), False)
 
 
 def _why_finished(state: TrainState, cfg: Config) -> str:

@@ -21,8 +21,9 @@ from ..evaluation.metrics import java_available, missing_java
 from ..logs import JsonlLogger
 from ..model.captioner import CaptionModel, build_model
 from .sources import ValSet, build_data
-from .objectives import Terms, build_objective
+from .objectives import Terms, _features, build_objective
 from .resume import apply_to_optimizer, check_init, check_resume, reopen
+from .new_words import NewWordRows, init_from_substitutes, substitutes
 from .warm_start import grow_vocabulary
 from ..vocab import Vocab
 
@@ -69,6 +70,7 @@ class Run:
     main: bool
     world_size: int
     progress: bool
+    new_words: list[str] = field(default_factory=list)  # train.extend_vocab: the words the starting file lacked
 
     @property
     def last_path(self) -> Path:
@@ -216,7 +218,7 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
         p.requires_grad_(True)
     data = build_data(cfg, model, vocab, train, val, device, main, world_size, log, progress)
     sampler = BucketBatchSampler(data.mean_lengths, cfg.train.batch_images, seed=cfg.train.seed,
-                                 weights=data.weights or None)
+                                 weights=data.weights or None, min_batches=cfg.train.min_epoch_batches)
     if cfg.train.compile and device.type == "cuda":  # the one place compilation is switched on
         model.decoder.compile_recur()
     module: torch.nn.Module = ObjectiveModule(model, build_objective(cfg, vocab, data.caps))
@@ -229,5 +231,24 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
         logger.rewind(state.step, state.epoch)
     optimizer = _optimizer(cfg, model, resume, device, changed)
     state.lr = optimizer.param_groups[0]["lr"]
+    new_words = _new_words(cfg, model, vocab, data, optimizer, resume is None, device, log)
     return Run(cfg, device, model, vocab, state, optimizer, module, data.dataset, data.collate, sampler,
-               RankBatches(sampler, rank, world_size), data.val_sets, logger, log, out, main, world_size, progress)
+               RankBatches(sampler, rank, world_size), data.val_sets, logger, log, out, main, world_size, progress,
+               new_words)
+
+
+def _new_words(cfg: Config, model: CaptionModel, vocab: Vocab, data: Any, optimizer: torch.optim.Optimizer,
+               fresh: bool, device: torch.device, log: Log) -> list[str]:
+    """train.extend_vocab: the words the starting file lacks. A fresh run starts each as the old word the
+    starting model says in its place (new_words.py); train.new_words_lr_factor speeds up their rows."""
+    if not (cfg.train.init_from and cfg.train.extend_vocab):
+        return []
+    old_size = len(load_checkpoint(cfg.train.init_from).vocab)
+    if fresh and len(vocab) > old_size:
+        votes = substitutes(model.decoder, data.dataset, data.collate, lambda b: _features(model, b, cfg), old_size,
+                            device, cfg.train.batch_images)
+        log("new words start as the old word the starting model says in their place: "
+            + "; ".join(init_from_substitutes(model.decoder, votes, vocab)))
+    if cfg.train.new_words_lr_factor != 1 and len(vocab) > old_size:
+        NewWordRows(optimizer, model.decoder, old_size, cfg.train.new_words_lr_factor)
+    return vocab.itos[old_size:]

@@ -1,0 +1,115 @@
+"""The new words of an extended vocabulary (train.extend_vocab): where they start, how fast they move, and
+how validation sees them.
+
+- Start (init_from_substitutes): warm_start.py grows the vocabulary with average rows; then each new word
+  takes the rows (embedding, output row and bias) of the old word the starting model predicts where the
+  training captions have the new word, teacher-forced ("stallion" starts as "horse"). Before any step the
+  model already places the new word where it belongs; training only has to make it win over the old one.
+- Speed (NewWordRows, train.new_words_lr_factor): Adam's step on the new words' rows is multiplied by a
+  factor, the rest of the model keeps train.lr (what it knew stays).
+- Validation (new_word_scores): on the val photos, how often the decoded captions use each new word where
+  the references use it (recall) and where they do not (false uses); the selection metric
+  "CIDEr_new_words" is CIDEr plus the mean F1 of those uses.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..vocab import COLOUR_WORDS, FUNCTION_WORDS, SPECIALS, Vocab, tokenize
+
+NEW_WORDS_METRIC = "CIDEr_new_words"  # a train.val_metric: CIDEr + mean F1 of the new words' use on val
+GROWN_ROWS = ("embedding.weight", "out_vocab.weight", "out_vocab.bias")  # the decoder's (V, ...) tensors
+MIN_VOTES = 5  # a new word takes an old word's rows only from this many positions on, where that word wins most
+
+
+@torch.no_grad()
+def substitutes(decoder: torch.nn.Module, dataset: Any, collate: Callable, features: Callable, old_size: int,
+                device: torch.device, batch_images: int = 16) -> dict[int, Counter]:
+    """new word id -> Counter of the old word ids the decoder predicts (teacher-forced, its argmax over the
+    old words) at the training captions' positions whose target is that new word."""
+    votes: dict[int, Counter] = {}
+    was_training = decoder.training
+    decoder.eval()
+    for k in range(0, len(dataset), batch_images):
+        batch = collate([dataset[i] for i in range(k, min(k + batch_images, len(dataset)))]).to(device)
+        logits = decoder.teacher_force(features(batch), batch.inputs, batch.lengths, batch.image_index)[0]  # (B, T, V)
+        is_new = batch.targets >= old_size  # (B, T)
+        if is_new.any():
+            guess = logits[..., len(SPECIALS):old_size].argmax(-1) + len(SPECIALS)  # (B, T) best old word
+            for t, g in zip(batch.targets[is_new].tolist(), guess[is_new].tolist()):
+                votes.setdefault(t, Counter())[g] += 1
+    decoder.train(was_training)
+    return votes
+
+
+@torch.no_grad()
+def init_from_substitutes(decoder: torch.nn.Module, votes: dict[int, Counter], vocab: Vocab) -> list[str]:
+    """Copy each new word's most voted old word's rows onto its own -> one line per new word for the log.
+    Only with evidence: at least MIN_VOTES positions, the old word more than half of them, and a content word
+    (a new word copied from "in" or "red" would be said for it everywhere); otherwise the new word keeps
+    warm_start.py's average start (never more likely than the rarest old word) and learns from there."""
+    rows = dict(decoder.named_parameters())
+    lines, kept = [], []
+    for new, counts in sorted(votes.items()):
+        old, n = counts.most_common(1)[0]
+        total = sum(counts.values())
+        if total < MIN_VOTES or 2 * n <= total or vocab.itos[old] in FUNCTION_WORDS | COLOUR_WORDS:
+            kept.append(vocab.itos[new])
+            continue
+        for name in GROWN_ROWS:
+            rows[name][new] = rows[name][old]
+        lines.append(f"{vocab.itos[new]} <- {vocab.itos[old]} ({n} of {total} positions)")
+    if kept:
+        lines.append(f"the average start (too few or mixed positions): {', '.join(kept)}")
+    return lines
+
+
+class NewWordRows:
+    """Optimizer hooks that multiply Adam's update of the new words' rows (ids >= old_size) by `factor`:
+    the rows are read before each step and moved `factor` times as far after it."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, decoder: torch.nn.Module, old_size: int, factor: float):
+        self.params = [p for name, p in decoder.named_parameters() if name in GROWN_ROWS]
+        self.old_size, self.factor = old_size, factor
+        self.before: list[torch.Tensor] = []
+        optimizer.register_step_pre_hook(self._pre)
+        optimizer.register_step_post_hook(self._post)
+
+    @torch.no_grad()
+    def _pre(self, *_):
+        self.before = [p[self.old_size:].clone() for p in self.params]
+
+    @torch.no_grad()
+    def _post(self, *_):
+        for p, b in zip(self.params, self.before):
+            p[self.old_size:] = b + self.factor * (p[self.old_size:] - b)
+
+
+def new_word_scores(new_words: Sequence[str], preds: dict[str, str], records: Sequence[Any]
+                    ) -> tuple[dict[str, float], str]:
+    """Decoded val captions (image_id -> text) against their records' references -> (scores: new_words_recall,
+    new_words_precision, new_words_F1, means over the new words some val reference uses; the log line:
+    "<word> used in k of n captions whose references use it, and in m of the o others" per word)."""
+    said = {r.image_id: set(tokenize(preds[r.image_id])) for r in records if r.image_id in preds}
+    recalls, precisions, f1s, parts, unseen = [], [], [], [], 0
+    for w in new_words:
+        use = [r.image_id in said and any(w in tokenize(c) for c in r.captions) for r in records]
+        hits = [w in said.get(r.image_id, ()) for r in records]
+        n, k = sum(use), sum(h and u for h, u in zip(hits, use))
+        m, o = sum(h and not u for h, u in zip(hits, use)), len(said) - sum(use)
+        if not (n or m):  # no val photo to tell: counted, not listed
+            unseen += 1
+            continue
+        parts.append(f"{w} used in {k} of {n} captions whose references use it, and in {m} of the {o} others")
+        if n:
+            r, p = k / n, k / (k + m) if k + m else 0.0
+            recalls.append(r)
+            precisions.append(p)
+            f1s.append(2 * p * r / (p + r) if p + r else 0.0)
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+    scores = {"new_words_recall": mean(recalls), "new_words_precision": mean(precisions), "new_words_F1": mean(f1s)}
+    rest = f"{unseen} other new word(s) neither in a val reference nor said" if unseen else ""
+    return scores, "new words on val: " + "; ".join(parts + [rest] * bool(rest))
