@@ -70,3 +70,38 @@ def test_batched_evidence_equals_one_by_one(model):
         batch = model.caption_batch(photos, **{**s, "beam_size": beam})
         for p, c in zip(photos, batch):
             assert model.caption(p, **{**s, "beam_size": beam}).words == c.words
+
+
+def test_evidence_is_built_once_per_decode_batch(model, monkeypatch):
+    """One photo's ruled-out words are computed once per decode (decoding's bias and the contradicted words
+    read the same mask), for one photo and for a batch alike."""
+    from captioner.decoding import evidence as ev_module
+
+    builds = []
+    real = ev_module.ruled_out_words
+    monkeypatch.setattr(ev_module, "ruled_out_words", lambda *a: builds.append(1) or real(*a))
+    photos = [EXAMPLES / n for n in ("cat.jpg", "coffee.jpg", "astronaut.jpg")]
+    for evidence in (True, False):  # contradicted words are marked with or without evidence-aware decoding
+        read = model.read_batch(photos)
+        builds.clear()
+        model.read(photos[0]).caption(evidence=evidence)
+        assert len(builds) == 1
+        builds.clear()
+        from captioner.decoding.photo import caption_photos
+        caption_photos(model, read, evidence=evidence)
+        assert len(builds) == 1
+
+
+def test_the_latency_benchmark_times_the_products_caption(model):
+    """bench/breakdown.py's two halves make the very caption Captioner.caption() returns (person floor included)."""
+    from captioner.bench.breakdown import caption_stages
+
+    settings = model.decode_settings()
+    assert settings.person_floor > 0 and settings.evidence  # the stored settings the benchmark times
+    for name in ("cat.jpg", "coffee.jpg", "astronaut.jpg"):
+        feats = model.read(EXAMPLES / name).features  # (1, P, D)
+        decoding, concepts = caption_stages(model, feats, settings)
+        timed = concepts(decoding())[0]
+        product = model.caption(EXAMPLES / name)
+        assert (timed.text, timed.contradicted, timed.concepts) == (product.text, product.contradicted, product.concepts)
+        assert timed.log_prob == pytest.approx(product.log_prob, abs=1e-5)

@@ -1,6 +1,7 @@
 """Where one photo's time goes at the model file's stored settings (what a user waiting on a photo gets):
-read + preprocess (file -> (3, S, S) tensor), encoder, decoding (beam search with the evidence), concepts
-(ImageNet-head probabilities, evidence bias, concept maps, Caption assembly), and explain() of a 12-word
+read + preprocess (file -> (3, S, S) tensor), encoder, decoding (the photo's evidence and beam search: the
+product's decode_photos), concepts (the heads' reading, Caption assembly with concepts, contradicted words and
+concept maps: the product's dress), caption() and explain() end to end, and explain() of a 12-word
 sentence, on real JPEG files (default: the bundled example photos; `--photos DIR` for others, e.g. unseen
 COCO photos). Medians over the runs, cycling through the photos; each photo is timed end to end too.
 """
@@ -27,29 +28,21 @@ def photo_files(folder: str | None) -> list[Path]:
     return photos
 
 
-def _stages(cap, feats: torch.Tensor, settings) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
-    """captions_from_features split in two: decoding.search.decode (evidence included) and everything else
-    it does for one photo (concept probabilities, evidence bias, Caption, concept maps)."""
-    from ..decoding.captions import to_caption
-    from ..decoding.reading import annotate, read_heads
-    from ..decoding.search import SpecialIds, decode
-    from ..decoding.evidence import Evidence, word_categories
+def caption_stages(cap, feats: torch.Tensor, settings) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+    """The product's caption path after the encoder (captions_from_features: decode, then dress), in two
+    timed halves: `decoding()` -> (hypotheses, evidence): the photo's evidence built once (person floor
+    included) and decoding.decode; `concepts(decoded)` -> the Captions: the heads' reading (read once per
+    photo in the product: Captioner.read), to_caption and annotate's concepts, contradicted words and maps."""
+    from ..decoding.captions import decode_photos, dress
+    from ..decoding.reading import read_heads
 
-    ids = SpecialIds.of(cap.vocab, settings.forbid_unk)
+    reading = read_heads(cap.model, feats)  # the heads' one run for this photo
 
-    def concepts(hyps=None):
-        reading = read_heads(cap.model, feats)  # the heads' one run for this photo
-        if reading.probs is None:
-            return None
-        words = word_categories(cap.vocab).to(feats.device)  # (V, C)
-        evidence = Evidence(reading.probs, words, settings) if settings.evidence else None
-        if hyps is not None:
-            c = to_caption(hyps[0], cap.vocab)
-            annotate([c], [hyps[0][0].tokens], reading, feats, cap.model, cap.vocab, settings)
-        return evidence
+    def concepts(decoded):
+        hyps, evidence = decoded
+        return dress(hyps, evidence, read_heads(cap.model, feats), feats, cap.model, cap.vocab, settings)
 
-    evidence = concepts()
-    return (lambda: decode(cap.model.decoder, feats, ids, settings, evidence)), concepts
+    return (lambda: decode_photos(cap.model, feats, reading, cap.vocab, settings)), concepts
 
 
 @torch.no_grad()
@@ -66,10 +59,10 @@ def bench_breakdown(cap, photos: list[Path], counts: Counts, device: torch.devic
         photo = photos[i % len(photos)]
         pre, x = timer.run(cap.preprocess, photo)
         enc, feats = timer.run(cap.encode, x.unsqueeze(0))
-        decoding, concepts = _stages(cap, feats, settings)
-        dec, hyps = timer.run(decoding)
+        decoding, concepts = caption_stages(cap, feats, settings)
+        dec, decoded = timer.run(decoding)
         read = cap.read(photo)  # the photo read once: explaining it again runs only the decoder
-        times = {"read_preprocess": pre, "encoder": enc, "decoding": dec, "concepts": timer(concepts, hyps),
+        times = {"read_preprocess": pre, "encoder": enc, "decoding": dec, "concepts": timer(concepts, decoded),
                  "caption": timer(cap.caption, photo),
                  "explain_decoder": timer(read.explain, sentence),
                  "explain": timer(cap.explain, photo, sentence)}

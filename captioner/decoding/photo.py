@@ -20,6 +20,7 @@ from ..concepts.imagenet import Concepts
 from ..config import DecodeConfig
 from ..vocab import Vocab
 from .captions import Caption, captions_from_features, small_photo_note
+from .evidence import photo_evidence
 from .explain import explain_features, sentence_words
 from .reading import HeadReading, annotate, photo_concepts
 
@@ -74,7 +75,9 @@ class Photo:
         settings = reader.decode_settings(**overrides)
         cap = explain_features(reader.model.decoder, self.features, reader.vocab, words, settings.hard_context)
         ids = [reader.vocab.stoi.get(w, reader.vocab.unk) for w in cap.words]
-        annotate([cap], [ids], self.reading, self.features, reader.model, reader.vocab, settings)
+        evidence = photo_evidence(self.reading, reader.model, reader.vocab, settings)  # its ruled-out words
+        annotate([cap], [ids], self.reading, self.features, reader.model, reader.vocab,
+                 None if evidence is None else evidence.ruled_out)
         return self._own(cap, settings)
 
     def _own(self, cap: Caption, settings: DecodeConfig) -> Caption:

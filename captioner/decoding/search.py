@@ -207,8 +207,22 @@ def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: Dec
            evidence: Evidence | None = None) -> list[list[Hypothesis]]:
     """THE decoding entry: feats (B, P, D) -> for each image its hypotheses, best first. Greedy when
     settings.beam_size == 1 (one hypothesis per image), else beam search. evidence: the images'
-    Evidence (evidence-aware decoding: scores added to object words), or None."""
+    Evidence (evidence-aware decoding: scores added to object words), or None. The bias ranks the
+    hypotheses (their score keeps it) and is taken off again here: log_prob and word_logps are the model's own."""
     settings.checked()  # config.DecodeConfig.LIMITS: one place for every setting's range
     if settings.beam_size == 1:
-        return [[h] for h in greedy_decode(decoder, feats, ids, settings, evidence)]
-    return beam_search(decoder, feats, ids, settings, evidence)
+        hyps = [[h] for h in greedy_decode(decoder, feats, ids, settings, evidence)]
+    else:
+        hyps = beam_search(decoder, feats, ids, settings, evidence)
+    if evidence is not None:
+        _remove_bias(hyps, evidence)
+    return hyps
+
+
+def _remove_bias(hyps: list[list[Hypothesis]], evidence: Evidence) -> None:
+    """In place: each hypothesis's log_prob and word_logps without the bias the evidence added to its words."""
+    for image, image_hyps in enumerate(hyps):
+        for h in image_hyps:
+            bias = evidence.word_bias(image, h.tokens).float().cpu()  # (L,)
+            h.log_prob -= float(bias.sum())
+            h.word_logps = None if h.word_logps is None else h.word_logps - bias

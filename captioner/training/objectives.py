@@ -21,7 +21,7 @@ import torch
 from .cider import CiderD
 from ..concepts.maps import cam_loss, concept_maps, head_kl
 from ..concepts.imagenet import MAP_CATEGORIES, encoder_head
-from ..decoding.evidence import word_categories
+from ..concepts.words import word_categories
 from ..config import Config, check_choice
 from ..data.dataset import Batch
 from ..decoding.search import SpecialIds, greedy_decode
