@@ -26,7 +26,7 @@ from .decoding.captions import Caption, captions_from_features
 from .decoding.photo import Photo, caption_photos
 from .decoding.reading import HeadReading, photo_concepts, read_heads
 from .concepts.detectors import WordDetectors, attach, detectors_of
-from .concepts.imagenet import THRESHOLD, Concepts, encoder_head
+from .concepts.imagenet import THRESHOLD, Concepts
 from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
 from .config import DTYPES as DTYPE_NAMES
 from .config import Config, DecodeConfig, set_value
@@ -198,8 +198,8 @@ class Captioner:
         """What the encoder's heads see in each image (Photo.concepts; read_batch: one encoder pass): COCO
         categories at or above `threshold` and the `top_k` ImageNet classes; with word detectors in the model
         file, also person (always) and the detected words at or above `threshold`. At the default threshold
-        `.top` is the list each Caption of the photo carries. A ValueError for encoders without the head."""
-        encoder_head(self.model)  # ValueError naming the encoder
+        `.top` is the list each Caption of the photo carries. An encoder without the ImageNet head sees nothing:
+        Concepts.unseen() per image, as Photo.concepts (and empty Caption.concepts)."""
         photos = self.read_batch(images)
         return photo_concepts(HeadReading.cat([p.reading for p in photos]), self.model, threshold, top_k)
 

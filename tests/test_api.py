@@ -327,3 +327,17 @@ def test_one_json_everywhere_names_the_settings_and_the_model_file(capsys):
     assert cli_rec["settings"] == rec["settings"] and cli_rec["model"] == rec["model"] and cli_rec["caption"] == rec["caption"]
     explained = model.explain(cat, "a cat on a wall").to_dict(maps=False)
     assert explained["settings"] == dataclasses.asdict(model.decode_settings()) and explained["model"] == rec["model"]
+
+
+def test_one_answer_for_concepts_without_an_imagenet_head():
+    """Asked of the Photo, of the Captioner or read off a Caption, an encoder without the ImageNet head
+    sees nothing, the same way: no error, no None, an empty list."""
+    cap = tiny_captioner()
+    assert cap.read(photo()).concepts.classes  # precondition: the Lite encoder's head reads the photo
+    cap.model.encoder.backbone._fc = torch.nn.Identity()  # as ResNet: the classifier dropped
+    read = cap.read(photo())
+    assert read.concepts.top == [] and read.concepts.classes == []
+    assert [c.top for c in cap.concepts([photo(), photo(64, 64)])] == [[], []]
+    assert read.caption(max_len=5).concepts == [] and read.explain("a dog").concepts == []
+    with pytest.raises(KeyError, match="no ImageNet head"):
+        read.concepts.prob("dog")

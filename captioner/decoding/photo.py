@@ -53,11 +53,11 @@ class Photo:
         return [note] if note else []
 
     @property
-    def concepts(self) -> Concepts | None:
+    def concepts(self) -> Concepts:
         """What the encoder's heads see (Concepts: categories at P >= THRESHOLD with person and detected
-        words, top ImageNet classes, every P); None for an encoder without the ImageNet head. Every Caption
-        of this photo carries `concepts.top`."""
-        if self._concepts is None and self.reading.logits is not None:
+        words, top ImageNet classes, every P); Concepts.unseen() (nothing) for an encoder without the ImageNet
+        head. Every Caption of this photo carries `concepts.top`."""
+        if self._concepts is None:
             self._concepts = photo_concepts(self.reading, self.reader.model)[0]
         return self._concepts
 

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from ..concepts.detectors import detect_words, detectors_of, with_detections
-from ..concepts.imagenet import (MAP_CATEGORIES, THRESHOLD, Concepts, concepts_of, imagenet_head_or_none,
-                                 imagenet_logits, membership)
+from ..concepts.imagenet import (MAP_CATEGORIES, THRESHOLD, Concepts, category_probs, concepts_of,
+                                 imagenet_head_or_none, imagenet_logits)
 from ..concepts.maps import MIN_PROB, category_maps
 from ..concepts.words import word_categories
 from ..vocab import Vocab
@@ -30,22 +30,24 @@ from ..vocab import Vocab
 
 @dataclass
 class HeadReading:
-    """The heads' outputs for B photos (None where the model has no such head)."""
+    """The heads' outputs for `photos` photos B (None where the model has no such head)."""
 
     logits: torch.Tensor | None  # (B, K) the ImageNet classifier's logits, float32
-    probs: torch.Tensor | None  # (B, C) P(category) over CATEGORIES
+    probs: torch.Tensor | None  # (B, C) P(category) over CATEGORIES (imagenet.category_probs)
     seen: torch.Tensor | None  # (B, K') the word detectors' P(word group), float32
+    photos: int  # B, known with or without the heads
 
     @staticmethod
     def cat(readings: Sequence["HeadReading"]) -> "HeadReading":
         """The readings of several photos as one (photos in order)."""
         join = lambda ts: None if ts[0] is None else torch.cat(ts)  # noqa: E731
-        return HeadReading(*(join([getattr(r, f) for r in readings]) for f in ("logits", "probs", "seen")))
+        return HeadReading(*(join([getattr(r, f) for r in readings]) for f in ("logits", "probs", "seen")),
+                           photos=sum(r.photos for r in readings))
 
     def rows(self, start: int, stop: int) -> "HeadReading":
         """The reading of photos start..stop-1."""
         cut = lambda t: None if t is None else t[start:stop]  # noqa: E731
-        return HeadReading(cut(self.logits), cut(self.probs), cut(self.seen))
+        return HeadReading(cut(self.logits), cut(self.probs), cut(self.seen), len(range(self.photos)[start:stop]))
 
 
 @torch.no_grad()
@@ -53,18 +55,20 @@ def read_heads(model: torch.nn.Module, feats: torch.Tensor) -> HeadReading:
     """Annotation vectors (B, P, D) -> the heads' reading: the classifier runs once, the detectors once."""
     head = imagenet_head_or_none(model)
     if head is None:
-        return HeadReading(None, None, None)
+        return HeadReading(None, None, None, len(feats))
     logits = imagenet_logits(head, feats)  # (B, K): the classifier's one run over these photos
-    probs = logits.softmax(-1) @ membership(logits.device).T  # (B, C)
+    probs = category_probs(logits)  # (B, C)
     seen = detect_words(model, feats, logits)  # (B, K') or None
-    return HeadReading(logits, probs, None if seen is None else seen.float())
+    return HeadReading(logits, probs, None if seen is None else seen.float(), len(feats))
 
 
 def photo_concepts(reading: HeadReading, model: torch.nn.Module, threshold: float = THRESHOLD,
                    top_k: int = 5) -> list[Concepts]:
     """One Concepts per photo of the reading: COCO categories at P >= threshold, the top_k ImageNet classes
-    and, with word detectors, person (always) and the detected words at P >= threshold. [] per photo for an
-    encoder without the ImageNet head is not possible: callers check the head first."""
+    and, with word detectors, person (always) and the detected words at P >= threshold. An encoder without
+    the ImageNet head sees nothing: Concepts.unseen() per photo (its Captions' concepts are empty too)."""
+    if reading.logits is None:
+        return [Concepts.unseen() for _ in range(reading.photos)]
     out = concepts_of(reading.logits, threshold, top_k)
     det = detectors_of(model)
     if det is not None and reading.seen is not None:
