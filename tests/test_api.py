@@ -341,3 +341,28 @@ def test_one_answer_for_concepts_without_an_imagenet_head():
     assert read.caption(max_len=5).concepts == [] and read.explain("a dog").concepts == []
     with pytest.raises(KeyError, match="no ImageNet head"):
         read.concepts.prob("dog")
+
+
+def test_decode_rules_are_stored_with_the_model(tmp_path):
+    """What decodes is what the model file says: a saved file stores every rule; a recipe that leaves a rule
+    out decodes without it; a file written before a rule was stored decodes as it always has."""
+    import json
+
+    from captioner.checkpoint import read_safetensors
+    from captioner.config import DecodeConfig
+
+    assert not DecodeConfig().block_repeats and not DecodeConfig().block_content_repeats  # a recipe turns them on
+    model = tiny_captioner()
+    for on in (False, True):
+        model.config.decode.block_repeats = model.config.decode.block_content_repeats = on
+        path = tmp_path / f"rules_{on}.safetensors"
+        model.save(path)
+        stored = json.loads(read_safetensors(path)[1]["config"])["decode"]
+        assert stored["block_repeats"] is on and stored["block_content_repeats"] is on
+        loaded = captioner.load(path)
+        assert (loaded.config.decode.block_repeats, loaded.config.decode.block_content_repeats) == (on, on)
+    if captioner.DEFAULT_CHECKPOINT.is_file():  # the bundled file predates them: it keeps decoding with them
+        stored = json.loads(read_safetensors(captioner.DEFAULT_CHECKPOINT)[1]["config"])["decode"]
+        assert not set(DecodeConfig.UNSTORED) & set(stored)
+        bundled = captioner.load().config.decode
+        assert all(getattr(bundled, k) == v for k, v in DecodeConfig.UNSTORED.items())

@@ -9,6 +9,7 @@ import torch
 
 from captioner.bench.naive import naive_decoder
 from captioner.config import DecodeConfig
+from captioner.decoding.rules import unruled
 from captioner.decoding.search import SpecialIds, beam_search, decode, greedy_decode
 from captioner.training.loss import caption_loss
 from captioner.model.attention import AdditiveAttention, glimpse
@@ -23,7 +24,7 @@ def S(**settings) -> DecodeConfig:
     """Decode settings for a test: the defaults with `settings` changed; the salad and repeat rules off
     unless asked (an untrained decoder over a 12-word vocabulary repeats words, which is what several tests
     need)."""
-    return DecodeConfig(**{"block_salad": False, "block_repeats": False, "block_content_repeats": False, **settings})
+    return unruled(**settings)
 
 
 def tiny_decoder(V: int = 12, dropout: float = 0.0) -> Decoder:

@@ -3,19 +3,39 @@
 
 Legend: N live rows (image x beam), t words written so far, V vocabulary.
 
-<pad> and <start> are never generated (nor <unk> with decode.forbid_unk); the decode.block_* settings ban
-repeated trigrams, repeated content bigrams, word salad and repeated words (vocab.repeats: back to back,
+<pad> and <start> are never generated (nor <unk> with decode.forbid_unk); the decode.block_* settings (RULES)
+ban repeated trigrams, repeated content bigrams, word salad and repeated words (vocab.repeats: back to back,
 "X and X", a content word twice); the evidence's word bias (evidence.py) is added before the bans.
+
+Which rules each decode uses, said here once:
+- a caption (the API, the CLI, the app, evaluation, training's validation, the benchmark): config.decode as the
+  model file or the recipe says it (a rule a recipe leaves out is off; a model file written before a rule was
+  stored decodes as it always has: config.DecodeConfig.UNSTORED, filled in by checkpoint.load_checkpoint);
+- SCST's samples (sampling.sample) and its greedy baseline: no rule (`unruled`), the policy's own words, so that
+  the baseline is compared with samples drawn under the same (no) rules;
+- the search tests and a test of what a model has learned (test_overfit): `unruled` too.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..config import DecodeConfig
 from ..vocab import BAD_LAST_WORDS, FUNCTION_WORDS, REPEAT_JOINERS, SALAD_REPEATS
 from .evidence import Evidence
+
+
+RULES: tuple[str, ...] = ("block_trigrams", "block_bigrams", "block_salad", "block_repeats", "block_content_repeats")
+
+
+def unruled(settings: DecodeConfig | None = None, **changes: Any) -> DecodeConfig:
+    """`settings` (default: DecodeConfig()) with no rule on which word may come next (every RULES setting off),
+    then `changes`: the model's own words, as SCST samples them. <pad>, <start> (and <unk> with forbid_unk)
+    stay forbidden; the evidence is the caller's (greedy_decode and beam_search take it separately)."""
+    return dataclasses.replace(settings or DecodeConfig(), **{**{r: False for r in RULES}, **changes})
 
 
 @dataclass(frozen=True)
