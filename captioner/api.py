@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .decoding.captions import Caption, captions_from_features
+from .decoding.captions import Caption
 from .decoding.photo import Photo, caption_photos
 from .decoding.reading import HeadReading, photo_concepts, read_heads
 from .concepts.detectors import WordDetectors, attach, detectors_of
@@ -166,20 +166,6 @@ class Captioner:
         """All images read and decoded together (batched over images and beams). Raises ImageError naming
         the first unusable image."""
         return caption_photos(self, self.read_batch(images), **overrides)
-
-    @torch.no_grad()
-    def caption_features(self, feats: torch.Tensor, **overrides: Any) -> list[Caption]:
-        """Annotation vectors (B, P, D) (e.g. a feature cache) -> captions, the heads read per batch."""
-        settings = self.decode_settings(**overrides)
-        caps = captions_from_features(self.model, feats, self.vocab, settings, batch_size=len(feats))
-        for cap in caps:
-            cap.model_file = self.source
-        return caps
-
-    @torch.no_grad()
-    def features(self, image: ImageInput) -> torch.Tensor:
-        """One image -> its annotation vectors (1, P, D) (`read(image).features` with the heads' reading)."""
-        return self.encode(self.preprocess(image).unsqueeze(0))  # (1, P, D)
 
     def explain(self, image: ImageInput, text: str, **overrides: Any) -> Caption:
         """Any sentence about one image -> Caption of exactly its words (vocab.tokenize_typed: each kept as

@@ -249,7 +249,8 @@ def test_default_device():
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_caption_betas_are_the_gates_of_its_words(beam_size):
     """Caption.betas: one gate value per word, in [0, 1], the ones decoding computed for those words."""
-    from captioner.decoding.search import SpecialIds, decode
+    from captioner.decoding.search import decode
+    from captioner.vocab import SpecialIds
 
     model = tiny_captioner()
     with torch.no_grad():

@@ -707,7 +707,7 @@ def test_a_concept_word_shows_the_classifiers_map_beside_its_attention(app, flic
 
 def test_encoder_runs_once_per_photo(app, monkeypatch):
     """A new beam size, a typed sentence and a region click decode again from the photo's cached
-    reading: the encoder runs once per photo and model (app.get_reading)."""
+    reading: the encoder runs once per photo and model (app.get_photo)."""
     import streamlit as st
 
     encoded = []

@@ -10,7 +10,8 @@ import torch
 from captioner.bench.naive import naive_decoder
 from captioner.config import DecodeConfig
 from captioner.decoding.rules import unruled
-from captioner.decoding.search import SpecialIds, beam_search, decode, greedy_decode
+from captioner.decoding.search import beam_search, decode, greedy_decode
+from captioner.vocab import SpecialIds
 from captioner.training.loss import caption_loss
 from captioner.model.attention import AdditiveAttention, glimpse
 from captioner.model.decoder import Decoder

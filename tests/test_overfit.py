@@ -10,7 +10,8 @@ from captioner.config import Config, DataConfig, DecodeConfig
 from captioner.data import build_records
 from captioner.data.dataset import collate, encode_captions
 from captioner.decoding.rules import unruled
-from captioner.decoding.search import SpecialIds, greedy_decode
+from captioner.decoding.search import greedy_decode
+from captioner.vocab import SpecialIds
 from captioner.training.engine import train_step
 from captioner.training.objectives import CrossEntropy
 from captioner.images import load_image, preprocess

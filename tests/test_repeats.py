@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from captioner.config import DecodeConfig
-from captioner.decoding.rules import SpecialIds, unruled, word_logp
+from captioner.decoding.rules import unruled, word_logp
+from captioner.vocab import SpecialIds
 from captioner.decoding.search import decode, greedy_decode
 from captioner.evaluation.metrics import caption_defects, reference_repeats
 from captioner.model.decoder import Decoder

@@ -28,7 +28,7 @@ def photo_files(folder: str | None) -> list[Path]:
     return photos
 
 
-def caption_stages(cap, feats: torch.Tensor, settings) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+def caption_stages(loaded, feats: torch.Tensor, settings) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
     """The product's caption path after the encoder (captions_from_features: decode, then dress), in two
     timed halves: `decoding()` -> (hypotheses, evidence): the photo's evidence built once (person floor
     included) and decoding.decode; `concepts(decoded)` -> the Captions: the heads' reading (read once per
@@ -36,36 +36,36 @@ def caption_stages(cap, feats: torch.Tensor, settings) -> tuple[Callable[[], Any
     from ..decoding.captions import decode_photos, dress
     from ..decoding.reading import read_heads
 
-    reading = read_heads(cap.model, feats)  # the heads' one run for this photo
+    reading = read_heads(loaded.model, feats)  # the heads' one run for this photo
 
     def concepts(decoded):
         hyps, evidence = decoded
-        return dress(hyps, evidence, read_heads(cap.model, feats), feats, cap.model, cap.vocab, settings)
+        return dress(hyps, evidence, read_heads(loaded.model, feats), feats, loaded.model, loaded.vocab, settings)
 
-    return (lambda: decode_photos(cap.model, feats, reading, cap.vocab, settings)), concepts
+    return (lambda: decode_photos(loaded.model, feats, reading, loaded.vocab, settings)), concepts
 
 
 @torch.no_grad()
-def bench_breakdown(cap, photos: list[Path], counts: Counts, device: torch.device, sentence: str,
+def bench_breakdown(loaded, photos: list[Path], counts: Counts, device: torch.device, sentence: str,
                     log: Callable[[str], None] = print) -> dict[str, Any]:
     """Per-photo stage times (ms, medians) at the stored settings, and the two ratios the latency work
     aims at: caption / (preprocess + encoder) and explain / (preprocess + encoder)."""
-    timer, settings = Timer(device), cap.decode_settings()
+    timer, settings = Timer(device), loaded.decode_settings()
     runs = max(counts.latency_runs, 1)
     log(f"latency breakdown: {runs} runs over {len(photos)} photos at the stored settings (beam {settings.beam_size})")
     t: dict[str, list[float]] = {k: [] for k in ("read_preprocess", "encoder", "decoding", "concepts", "caption",
                                                  "explain_decoder", "explain")}
     for i in range(runs + 2):  # the first two warm up
         photo = photos[i % len(photos)]
-        pre, x = timer.run(cap.preprocess, photo)
-        enc, feats = timer.run(cap.encode, x.unsqueeze(0))
-        decoding, concepts = caption_stages(cap, feats, settings)
+        pre, x = timer.run(loaded.preprocess, photo)
+        enc, feats = timer.run(loaded.encode, x.unsqueeze(0))
+        decoding, concepts = caption_stages(loaded, feats, settings)
         dec, decoded = timer.run(decoding)
-        read = cap.read(photo)  # the photo read once: explaining it again runs only the decoder
+        read = loaded.read(photo)  # the photo read once: explaining it again runs only the decoder
         times = {"read_preprocess": pre, "encoder": enc, "decoding": dec, "concepts": timer(concepts, decoded),
-                 "caption": timer(cap.caption, photo),
+                 "caption": timer(loaded.caption, photo),
                  "explain_decoder": timer(read.explain, sentence),
-                 "explain": timer(cap.explain, photo, sentence)}
+                 "explain": timer(loaded.explain, photo, sentence)}
         if i >= 2:
             for k, v in times.items():
                 t[k].append(v)

@@ -17,7 +17,7 @@ import torch
 
 from ..concepts.imagenet import imagenet_head_or_none
 from ..config import DecodeConfig
-from .rules import SpecialIds
+from ..vocab import SpecialIds
 from .search import Hypothesis, decode
 from .evidence import Evidence, photo_evidence
 from .reading import HeadReading, annotate, grid_side, read_heads
@@ -90,13 +90,12 @@ class Caption:
         each is scored as <unk>, which stands for every unknown word at once, so such a total is inflated."""
         return not self.unknown
 
-    def to_dict(self, image: str | None = None, settings: dict | None = None, maps: bool = True) -> dict:
+    def to_dict(self, image: str | None = None, maps: bool = True) -> dict:
         """The one JSON shape of a caption (captioner-caption --json lines, the app's download and the API):
         text, words with their log-probs, probabilities and gates (null where the caption carries none), the
         ranking score and the other hypotheses (each with its log-prob and score), the concepts,
         contradicted and unknown words, whether log_prob is comparable (false with unknown words), the
-        notes, the decode settings it was made with (its own unless `settings` is given) and the model
-        file; the (L, G, G) maps when `maps`."""
+        notes, the decode settings it was made with and the model file; the (L, G, G) maps when `maps`."""
         n = len(self.words)
         lps = [round(float(x), 5) for x in self.word_log_probs] if len(self.word_log_probs) == n else [None] * n
         rec = {"image": image, "caption": self.text, "log_prob": float(self.log_prob),
@@ -110,7 +109,7 @@ class Caption:
                "contradicted_words": [self.words[i] for i in self.contradicted],
                "unknown_words": [self.words[i] for i in self.unknown], "comparable": self.comparable,
                "notes": self.notes,
-               "settings": dict(self.settings if settings is None else settings), "model": self.model_file,
+               "settings": dict(self.settings), "model": self.model_file,
                "grid": list(self.alphas.shape[1:])}
         if maps:
             rec["alphas"] = np.round(self.alphas, 5).tolist()

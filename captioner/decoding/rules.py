@@ -18,13 +18,12 @@ Which rules each decode uses, said here once:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..config import DecodeConfig
-from ..vocab import BAD_LAST_WORDS, FUNCTION_WORDS, REPEAT_JOINERS, SALAD_REPEATS
+from ..vocab import SALAD_REPEATS, SpecialIds
 from .evidence import Evidence
 
 
@@ -36,27 +35,6 @@ def unruled(settings: DecodeConfig | None = None, **changes: Any) -> DecodeConfi
     then `changes`: the model's own words, as SCST samples them. <pad>, <start> (and <unk> with forbid_unk)
     stay forbidden; the evidence is the caller's (greedy_decode and beam_search take it separately)."""
     return dataclasses.replace(settings or DecodeConfig(), **{**{r: False for r in RULES}, **changes})
-
-
-@dataclass(frozen=True)
-class SpecialIds:
-    """The token ids decoding treats specially: <start> begins, <end> finishes, <pad> and <start> are
-    never generated, and <unk> (when given) is never generated either."""
-    start: int
-    end: int
-    pad: int = 0
-    unk: int | None = None
-    function_words: tuple[int, ...] = ()  # vocab.FUNCTION_WORDS: bigrams ending in one may repeat
-    bad_last: tuple[int, ...] = ()  # vocab.BAD_LAST_WORDS: a caption never ends on one (decode.block_salad)
-    joiners: tuple[int, ...] = ()  # vocab.REPEAT_JOINERS: "X and X" is a repeat (decode.block_repeats)
-
-    @classmethod
-    def of(cls, vocab, forbid_unk: bool = True) -> "SpecialIds":
-        """From a Vocab; forbid_unk is config.decode.forbid_unk (a caption for people never says "<unk>")."""
-        function = tuple(sorted(vocab.stoi[w] for w in FUNCTION_WORDS if w in vocab.stoi))
-        bad_last = tuple(sorted(vocab.stoi[w] for w in BAD_LAST_WORDS if w in vocab.stoi))
-        joiners = tuple(sorted(vocab.stoi[w] for w in REPEAT_JOINERS if w in vocab.stoi))
-        return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None, function, bad_last, joiners)
 
 
 def _forbid(logp: torch.Tensor, pad: int, start: int, unk: int | None = None) -> torch.Tensor:

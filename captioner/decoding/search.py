@@ -5,9 +5,9 @@ Legend: B images, K beam size, N live rows (image x beam), P regions, D feature 
 The one entry point is `decode(decoder, feats, ids, settings)`: the special token ids and a DecodeConfig
 (config.decode: beam size, maximum length, length penalty, <unk> and trigram rules, a hard model's
 context). This module reads the search settings (beam_size, max_len, length_penalty, hard_context;
-api.py's explain reads hard_context too); the rules on which word may come next (block_*, the evidence's
-bias) are rules.word_logp's; forbid_unk is read by the callers of SpecialIds.of (captions.py,
-training/objectives.py, bench/breakdown.py), evidence* and person_floor by captions.py and evidence.py.
+photo.py's explain reads hard_context too); the rules on which word may come next (block_*, the evidence's
+bias) are rules.word_logp's; forbid_unk is read by the callers of vocab.SpecialIds.of (captions.py,
+training/objectives.py, bench/inference.py), evidence* and person_floor by evidence.py.
 
 All step through model/fast.inference(decoder) (as does sampling.py): Decoder.step, the step teacher-forced
 training uses, computed faster (tests/test_fast_decoding.py).
@@ -23,7 +23,8 @@ import torch
 
 from ..config import DecodeConfig
 from .evidence import Evidence
-from .rules import SpecialIds, word_logp
+from .rules import word_logp
+from ..vocab import SpecialIds
 from ..model.decoder import Decoder
 from ..model.fast import Steps, inference
 

@@ -24,13 +24,13 @@ from ..concepts.imagenet import MAP_CATEGORIES, encoder_head
 from ..concepts.words import word_categories
 from ..config import Config, check_choice
 from ..data.dataset import Batch
-from ..decoding.rules import SpecialIds, unruled
+from ..decoding.rules import unruled
 from ..decoding.search import greedy_decode
 from ..decoding.sampling import sample
 from .loss import (attention_entropy, attention_penalty, caption_log_likelihood, caption_loss, hard_attention_terms,
                    update_baseline)
 from ..model.captioner import CaptionModel
-from ..vocab import FUNCTION_WORDS, Vocab
+from ..vocab import FUNCTION_WORDS, SpecialIds, Vocab
 
 
 @dataclass
