@@ -106,7 +106,7 @@ def get_caption(path: str, mtime: float, dtype: str, digest: str, decode: Decode
 @st.cache_data(show_spinner=False, max_entries=64)
 def get_explanation(path: str, mtime: float, dtype: str, digest: str, text: str, hard_context: str,
                     _image) -> captioner.Caption:
-    """A typed sentence teacher-forced on one photo (Shown.explain), cached per model, photo and text."""
+    """A typed sentence teacher-forced on one photo (Photo.explain), cached per model, photo and text."""
     cap = get_photo(path, mtime, dtype, digest, _image).explain(text, hard_context=hard_context)
     cap.photo_size = None  # a small photo's note is shown once, by the caption
     return cap
