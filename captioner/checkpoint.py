@@ -174,15 +174,6 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
     return tensors, meta
 
 
-def with_unstored_settings(config: dict) -> dict:
-    """A file's config with the decode settings it predates (config.DecodeConfig.UNSTORED) filled in as such a
-    file has always decoded, so that an old model file's captions do not change; stored ones are kept."""
-    decode = config.get("decode", {})
-    if not isinstance(decode, dict):
-        return config  # Config.from_dict names the problem
-    return {**config, "decode": {**DecodeConfig.UNSTORED, **decode}}
-
-
 def load_checkpoint(path: str | Path) -> Checkpoint:
     """Read a checkpoint written by save_checkpoint. Never unpickles; every problem is a CheckpointError."""
     tensors, meta = read_safetensors(path)
@@ -193,7 +184,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         config_dict = json.loads(meta["config"])
         if not isinstance(config_dict, dict):
             raise ValueError(f"config must be a JSON object, got {type(config_dict).__name__}")
-        config = Config.from_dict(with_unstored_settings(config_dict), source=f"{path} (config)")
+        decode = config_dict.get("decode", {})  # settings a file predates: as it has always decoded (the bundled one)
+        if isinstance(decode, dict):
+            config_dict = {**config_dict, "decode": {**DecodeConfig.UNSTORED, **decode}}
+        config = Config.from_dict(config_dict, source=f"{path} (config)")
         vocab = Vocab.from_json(meta["vocab"])
         metrics = json.loads(meta.get("metrics", "{}"))
         if not isinstance(metrics, dict):
