@@ -483,7 +483,7 @@ def test_empty_caption_is_explained_not_crashed(app, monkeypatch):
     import streamlit as st
 
     def empty_caption(self, **overrides):
-        g = self.reader.grid_size
+        g = self.loaded.grid_size
         return captioner.Caption("", [], np.zeros((0, g, g), np.float32), -1.5, [("a cat", -2.0)])
 
     monkeypatch.setattr(captioner.Photo, "caption", empty_caption)  # what the app decodes with
