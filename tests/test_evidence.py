@@ -73,23 +73,34 @@ def test_batched_evidence_equals_one_by_one(model):
 
 
 def test_evidence_is_built_once_per_decode_batch(model, monkeypatch):
-    """One photo's ruled-out words are computed once per decode (decoding's bias and the contradicted words
-    read the same mask), for one photo and for a batch alike."""
-    from captioner.decoding import evidence as ev_module
+    """One photo's evidence is computed once per decode: one Evidence and one word -> category table over
+    CATEGORIES (the ruled-out mask's), which decoding's bias and the contradicted words both read; for one
+    photo, a batch and an explained sentence alike. Patched where they are defined, so that a second copy
+    imported elsewhere is counted too."""
+    from captioner.concepts import words as words_module
+    from captioner.decoding.photo import caption_photos
 
-    builds = []
-    real = ev_module.ruled_out_words
-    monkeypatch.setattr(ev_module, "ruled_out_words", lambda *a: builds.append(1) or real(*a))
+    builds = {"evidence": 0, "table": 0}
+    real_init, real_table = Evidence.__init__, words_module._word_categories
+
+    def init(self, *args, **kwargs):
+        builds["evidence"] += 1
+        real_init(self, *args, **kwargs)
+
+    def table(itos, categories):
+        builds["table"] += categories == tuple(CATEGORIES)
+        return real_table(itos, categories)
+
+    monkeypatch.setattr(Evidence, "__init__", init)
+    monkeypatch.setattr(words_module, "_word_categories", table)
     photos = [EXAMPLES / n for n in ("cat.jpg", "coffee.jpg", "astronaut.jpg")]
+    read = model.read_batch(photos)
     for evidence in (True, False):  # contradicted words are marked with or without evidence-aware decoding
-        read = model.read_batch(photos)
-        builds.clear()
-        model.read(photos[0]).caption(evidence=evidence)
-        assert len(builds) == 1
-        builds.clear()
-        from captioner.decoding.photo import caption_photos
-        caption_photos(model, read, evidence=evidence)
-        assert len(builds) == 1
+        for ask in (lambda: read[0].caption(evidence=evidence), lambda: caption_photos(model, read, evidence=evidence),
+                    lambda: read[1].explain("a dog and a cat", evidence=evidence)):
+            builds.update(evidence=0, table=0)
+            ask()
+            assert builds == {"evidence": 1, "table": 1}, builds
 
 
 def test_the_latency_benchmark_times_the_products_caption(model):
