@@ -22,11 +22,11 @@ from typing import Any, Sequence
 
 import torch
 
-from .decoding.captions import Caption, captions_from_features
+from .decoding.captions import Caption
 from .decoding.photo import Photo, caption_photos
 from .decoding.reading import HeadReading, photo_concepts, read_heads
 from .concepts.detectors import WordDetectors, attach, detectors_of
-from .concepts.imagenet import THRESHOLD, Concepts, encoder_head
+from .concepts.imagenet import THRESHOLD, Concepts
 from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
 from .config import DTYPES as DTYPE_NAMES
 from .config import Config, DecodeConfig, set_value
@@ -167,20 +167,6 @@ class Captioner:
         the first unusable image."""
         return caption_photos(self, self.read_batch(images), **overrides)
 
-    @torch.no_grad()
-    def caption_features(self, feats: torch.Tensor, **overrides: Any) -> list[Caption]:
-        """Annotation vectors (B, P, D) (e.g. a feature cache) -> captions, the heads read per batch."""
-        settings = self.decode_settings(**overrides)
-        caps = captions_from_features(self.model, feats, self.vocab, settings, batch_size=len(feats))
-        for cap in caps:
-            cap.model_file = self.source
-        return caps
-
-    @torch.no_grad()
-    def features(self, image: ImageInput) -> torch.Tensor:
-        """One image -> its annotation vectors (1, P, D) (`read(image).features` with the heads' reading)."""
-        return self.encode(self.preprocess(image).unsqueeze(0))  # (1, P, D)
-
     def explain(self, image: ImageInput, text: str, **overrides: Any) -> Caption:
         """Any sentence about one image -> Caption of exactly its words (vocab.tokenize_typed: each kept as
         typed, in any script, lowercased), teacher-forced: where the model looks for each word and how
@@ -198,8 +184,8 @@ class Captioner:
         """What the encoder's heads see in each image (Photo.concepts; read_batch: one encoder pass): COCO
         categories at or above `threshold` and the `top_k` ImageNet classes; with word detectors in the model
         file, also the detected words (person among them) at or above `threshold`. At the default threshold
-        `.top` is the list each Caption of the photo carries. A ValueError for encoders without the head."""
-        encoder_head(self.model)  # ValueError naming the encoder
+        `.top` is the list each Caption of the photo carries. An encoder without the ImageNet head sees nothing:
+        Concepts.unseen() per image, as Photo.concepts (and empty Caption.concepts)."""
         photos = self.read_batch(images)
         return photo_concepts(HeadReading.cat([p.reading for p in photos]), self.model, threshold, top_k)
 

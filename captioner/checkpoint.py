@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .config import Config
+from .config import Config, DecodeConfig
 from .diskspace import FULL, writing
 from .vocab import Vocab
 
@@ -184,6 +184,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         config_dict = json.loads(meta["config"])
         if not isinstance(config_dict, dict):
             raise ValueError(f"config must be a JSON object, got {type(config_dict).__name__}")
+        decode = config_dict.get("decode", {})  # settings a file predates: as it has always decoded (the bundled one)
+        if isinstance(decode, dict):
+            config_dict = {**config_dict, "decode": {**DecodeConfig.UNSTORED, **decode}}
         config = Config.from_dict(config_dict, source=f"{path} (config)")
         vocab = Vocab.from_json(meta["vocab"])
         metrics = json.loads(meta.get("metrics", "{}"))

@@ -146,8 +146,8 @@ class DecodeConfig:
     block_trigrams: bool = False  # never repeat a trigram within a caption ("a red shirt ... a red shirt")
     block_bigrams: bool = False  # never repeat a bigram ending in a content word ("brown and white and white")
     block_salad: bool = True  # never end on a function word or colour, never a content word 3 times (vocab.is_salad)
-    block_repeats: bool = True  # never a word twice back to back ("airplane airplane") nor "X and X" (vocab.repeats)
-    block_content_repeats: bool = True  # never a content word twice ("a kitchen that is in the kitchen")
+    block_repeats: bool = False  # never a word twice back to back ("airplane airplane") nor "X and X" (vocab.repeats)
+    block_content_repeats: bool = False  # never a content word twice ("a kitchen that is in the kitchen")
     hard_context: str = "expected"  # HARD_CONTEXTS, hard-attention models: expected (paper's test time) | argmax
     # evidence-aware decoding (evidence.py): the encoder's ImageNet head vetoes object words it rules out
     evidence: bool = False  # on: a word naming a COCO category with P(category) < evidence_floor is penalised
@@ -164,6 +164,10 @@ class DecodeConfig:
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "beam_size": (1, 16), "max_len": (1, 200), "length_penalty": (0.0, 5.0), "evidence_floor": (0.0, 1.0),
         "evidence_penalty": (0.0, 1e4), "evidence_bonus": (0.0, 100.0), "person_floor": (0.0, 1.0)}
+
+    # what a model file written before these settings were stored decodes with (checkpoint.load_checkpoint fills
+    # them in): the repeat rules were then product defaults, on for every file, the bundled one included
+    UNSTORED: ClassVar[dict[str, Any]] = {"block_repeats": True, "block_content_repeats": True}
 
     def checked(self) -> "DecodeConfig":
         """These settings, or a ValueError naming the first one outside its LIMITS (or an unknown hard_context)."""

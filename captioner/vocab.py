@@ -40,7 +40,7 @@ def repeats(words: Sequence[str]) -> dict[str, bool]:
     """Which kinds of repeated word a caption (its words) has: `adjacent` a word twice back to back ("an
     airplane airplane"), `x_and_x` a word again after "and"/"or" ("a black and black dog"), `content` a
     content word (not in FUNCTION_WORDS) said twice anywhere ("a kitchen that is in the kitchen").
-    Decoding with decode.block_repeats writes none of them (decoding/search.py)."""
+    Decoding with decode.block_repeats writes none of them (decoding/rules.py)."""
     counts = Counter(w for w in words if w not in FUNCTION_WORDS)
     return {"adjacent": any(a == b for a, b in zip(words, words[1:])),
             "x_and_x": any(a == c and b in REPEAT_JOINERS for a, b, c in zip(words, words[1:], words[2:])),
@@ -182,3 +182,24 @@ class Vocab:
     @classmethod
     def load(cls, path: str | Path) -> "Vocab":
         return cls.from_json(Path(path).read_text())
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """The token ids decoding (decoding/search.py, rules.py, sampling.py) treats specially: <start> begins,
+    <end> finishes, <pad> and <start> are never generated, and <unk> (when given) is never generated either."""
+    start: int
+    end: int
+    pad: int = 0
+    unk: int | None = None
+    function_words: tuple[int, ...] = ()  # vocab.FUNCTION_WORDS: bigrams ending in one may repeat
+    bad_last: tuple[int, ...] = ()  # vocab.BAD_LAST_WORDS: a caption never ends on one (decode.block_salad)
+    joiners: tuple[int, ...] = ()  # vocab.REPEAT_JOINERS: "X and X" is a repeat (decode.block_repeats)
+
+    @classmethod
+    def of(cls, vocab: "Vocab", forbid_unk: bool = True) -> "SpecialIds":
+        """From a Vocab; forbid_unk is config.decode.forbid_unk (a caption for people never says "<unk>")."""
+        function = tuple(sorted(vocab.stoi[w] for w in FUNCTION_WORDS if w in vocab.stoi))
+        bad_last = tuple(sorted(vocab.stoi[w] for w in BAD_LAST_WORDS if w in vocab.stoi))
+        joiners = tuple(sorted(vocab.stoi[w] for w in REPEAT_JOINERS if w in vocab.stoi))
+        return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None, function, bad_last, joiners)

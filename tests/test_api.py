@@ -249,7 +249,8 @@ def test_default_device():
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_caption_betas_are_the_gates_of_its_words(beam_size):
     """Caption.betas: one gate value per word, in [0, 1], the ones decoding computed for those words."""
-    from captioner.decoding.search import SpecialIds, decode
+    from captioner.decoding.search import decode
+    from captioner.vocab import SpecialIds
 
     model = tiny_captioner()
     with torch.no_grad():
@@ -327,3 +328,42 @@ def test_one_json_everywhere_names_the_settings_and_the_model_file(capsys):
     assert cli_rec["settings"] == rec["settings"] and cli_rec["model"] == rec["model"] and cli_rec["caption"] == rec["caption"]
     explained = model.explain(cat, "a cat on a wall").to_dict(maps=False)
     assert explained["settings"] == dataclasses.asdict(model.decode_settings()) and explained["model"] == rec["model"]
+
+
+def test_one_answer_for_concepts_without_an_imagenet_head():
+    """Asked of the Photo, of the Captioner or read off a Caption, an encoder without the ImageNet head
+    sees nothing, the same way: no error, no None, an empty list."""
+    cap = tiny_captioner()
+    assert cap.read(photo()).concepts.classes  # precondition: the Lite encoder's head reads the photo
+    cap.model.encoder.backbone._fc = torch.nn.Identity()  # as ResNet: the classifier dropped
+    read = cap.read(photo())
+    assert read.concepts.top == [] and read.concepts.classes == []
+    assert [c.top for c in cap.concepts([photo(), photo(64, 64)])] == [[], []]
+    assert read.caption(max_len=5).concepts == [] and read.explain("a dog").concepts == []
+    with pytest.raises(KeyError, match="no ImageNet head"):
+        read.concepts.prob("dog")
+
+
+def test_decode_rules_are_stored_with_the_model(tmp_path):
+    """What decodes is what the model file says: a saved file stores every rule; a recipe that leaves a rule
+    out decodes without it; a file written before a rule was stored decodes as it always has."""
+    import json
+
+    from captioner.checkpoint import read_safetensors
+    from captioner.config import DecodeConfig
+
+    assert not DecodeConfig().block_repeats and not DecodeConfig().block_content_repeats  # a recipe turns them on
+    model = tiny_captioner()
+    for on in (False, True):
+        model.config.decode.block_repeats = model.config.decode.block_content_repeats = on
+        path = tmp_path / f"rules_{on}.safetensors"
+        model.save(path)
+        stored = json.loads(read_safetensors(path)[1]["config"])["decode"]
+        assert stored["block_repeats"] is on and stored["block_content_repeats"] is on
+        loaded = captioner.load(path)
+        assert (loaded.config.decode.block_repeats, loaded.config.decode.block_content_repeats) == (on, on)
+    if captioner.DEFAULT_CHECKPOINT.is_file():  # the bundled file predates them: it keeps decoding with them
+        stored = json.loads(read_safetensors(captioner.DEFAULT_CHECKPOINT)[1]["config"])["decode"]
+        assert not set(DecodeConfig.UNSTORED) & set(stored)
+        bundled = captioner.load().config.decode
+        assert all(getattr(bundled, k) == v for k, v in DecodeConfig.UNSTORED.items())

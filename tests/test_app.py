@@ -483,7 +483,7 @@ def test_empty_caption_is_explained_not_crashed(app, monkeypatch):
     import streamlit as st
 
     def empty_caption(self, **overrides):
-        g = self.reader.grid_size
+        g = self.loaded.grid_size
         return captioner.Caption("", [], np.zeros((0, g, g), np.float32), -1.5, [("a cat", -2.0)])
 
     monkeypatch.setattr(captioner.Photo, "caption", empty_caption)  # what the app decodes with
@@ -707,7 +707,7 @@ def test_a_concept_word_shows_the_classifiers_map_beside_its_attention(app, flic
 
 def test_encoder_runs_once_per_photo(app, monkeypatch):
     """A new beam size, a typed sentence and a region click decode again from the photo's cached
-    reading: the encoder runs once per photo and model (app.get_reading)."""
+    reading: the encoder runs once per photo and model (app.get_photo)."""
     import streamlit as st
 
     encoded = []

@@ -12,7 +12,8 @@ from captioner.bench.synthetic import (PRESETS, install_length_counter, make_bat
 from captioner.bench.training import decoder_train_flops
 from captioner.cli.benchmark import main
 from captioner.config import DecodeConfig
-from captioner.decoding.search import SpecialIds, decode
+from captioner.decoding.search import decode
+from captioner.vocab import SpecialIds
 from captioner.model.decoder import Decoder
 
 

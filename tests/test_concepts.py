@@ -87,7 +87,7 @@ def test_runs_cover_the_breeds_and_birds():
 def test_probabilities_are_sums_of_class_probabilities_and_at_most_one():
     head = nn.Linear(16, 1000)
     feats = 10 * torch.randn(4, 9, 16)  # (B, P, D), large: peaked softmax
-    probs = C.concept_probs(head, feats)  # (B, C)
+    probs = C.category_probs(C.imagenet_logits(head, feats))  # (B, C)
     assert probs.shape == (4, len(C.CATEGORIES))
     assert (probs >= 0).all() and (probs <= 1).all() and (probs.sum(1) <= 1 + 1e-6).all()
     cls = head(feats.mean(1)).softmax(-1)  # (B, K)
@@ -100,17 +100,18 @@ def test_a_class_logit_far_above_the_rest_gives_its_category():
     nn.init.eye_(head.weight)
     feats = torch.zeros(1, 4, 1000)
     feats[..., 207] = 50.0  # golden retriever
-    found = C.detect(head, feats)[0]
+    found = C.concepts_of(C.imagenet_logits(head, feats))[0]
     assert found.top[0][0] == "dog" and found.top[0][1] > 0.99
     assert found.classes[0][0] == "golden retriever"
     with pytest.raises(KeyError, match="UNSEEN"):
         found.prob("person")
 
 
-def test_detect_keeps_what_reaches_the_threshold_most_probable_first():
+def test_concepts_keep_what_reaches_the_threshold_most_probable_first():
     head, feats = nn.Linear(8, 1000), 5 * torch.randn(3, 4, 8)
-    full = C.concept_probs(head, feats).detach()
-    for b, found in enumerate(C.detect(head, feats, threshold=0.02, top_k=3)):
+    logits = C.imagenet_logits(head, feats).detach()  # (B, K)
+    full = C.category_probs(logits)
+    for b, found in enumerate(C.concepts_of(logits, threshold=0.02, top_k=3)):
         expect = {cat for c, cat in enumerate(C.CATEGORIES) if full[b, c] >= 0.02}
         assert {cat for cat, _ in found.top} == expect
         assert [p for _, p in found.top] == sorted((p for _, p in found.top), reverse=True)

@@ -156,3 +156,157 @@ def test_the_scan_reads_the_docs_and_catches_stale_names():
     assert got == ["captioner/lm/fusion.py (docs/x.md:3)", "concept_maps.py (docs/x.md:3)",
                    "notes.md (docs/x.md:3)", "captioner/lm/ (docs/x.md:3)",
                    "grounding/words.py (captioner/x.py:7)", "configs/gone.yaml (captioner/x.py:7)"], got
+
+
+# ----------------------------------------------------------------------------- code names in docs/*.md
+# A backticked dotted name (`decoding.search.decode`, `Captioner.read(image)`, `decode.beam_size`) or a backticked
+# call with empty parentheses (`caption()`) names code, and that code must exist. A dotted name is checked when its
+# first part is a module or package (any tail of its path: `search`, `decoding.search`), a class of the project
+# or a config section (`decode.*`); each further part must be defined THERE (a module's own definitions, not what
+# it imports; a package's names; a class's methods, fields and attributes, its project bases' too). Once a part
+# is a function or an attribute the rest is not followed (`Captioner.config.decode`). Other first parts are
+# instances in examples (`cap.text`, `torch.compile`): not checked.
+
+FILE_EXTENSIONS = frozenset({"py", "yaml", "yml", "md", "json", "jsonl", "txt", "png", "jpg", "safetensors", "html"})
+CODE_NAME = re.compile(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+|[A-Za-z_]\w*(?=\(\)))[^`]*`")
+
+
+class _Module:
+    def __init__(self, path: Path, tree: ast.Module, package: bool):
+        self.path, self.package = path, package
+        self.classes: dict[str, list[ast.ClassDef]] = {}
+        self.names: set[str] = set()
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                self.classes.setdefault(node.name, []).append(node)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    self.names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+            elif package and isinstance(node, (ast.Import, ast.ImportFrom)):  # a package hands names on
+                self.names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        self.submodules: dict[str, "_Module"] = {}
+
+
+def _class_members(cls: ast.ClassDef) -> set[str]:
+    out = set()
+    for node in ast.walk(cls):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            out |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self" \
+                and isinstance(node.ctx, ast.Store):
+            out.add(node.attr)
+    return out
+
+
+def code_index() -> tuple[dict[str, list[_Module]], dict[str, list[ast.ClassDef]], set[str]]:
+    """(dotted path tail -> modules, class name -> class definitions, every def and class name)."""
+    modules: dict[str, list[_Module]] = {}
+    by_parts: dict[tuple[str, ...], _Module] = {}
+    classes: dict[str, list[ast.ClassDef]] = {}
+    defined: set[str] = set()
+    for p in [ROOT / "app.py", *sorted((ROOT / "captioner").rglob("*.py"))]:
+        if "__pycache__" in p.parts:
+            continue
+        tree = ast.parse(p.read_text())
+        parts = p.relative_to(ROOT).with_suffix("").parts
+        package = parts[-1] == "__init__"
+        parts = parts[:-1] if package else parts
+        mod = _Module(p, tree, package)
+        by_parts[parts] = mod
+        for i in range(len(parts)):
+            modules.setdefault(".".join(parts[i:]), []).append(mod)
+        for name, defs in mod.classes.items():
+            classes.setdefault(name, []).extend(defs)
+        defined |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    for parts, mod in by_parts.items():  # a package's submodules are its names too
+        if len(parts) > 1 and parts[:-1] in by_parts:
+            by_parts[parts[:-1]].submodules[parts[-1]] = mod
+    return modules, classes, defined
+
+
+def _config_sections() -> dict[str, set[str]]:
+    import dataclasses as dc
+
+    from captioner.config import Config
+
+    cfg = Config()
+    return {f.name: {g.name for g in dc.fields(getattr(cfg, f.name))} | set(vars(type(getattr(cfg, f.name))))
+            for f in dc.fields(Config) if dc.is_dataclass(getattr(cfg, f.name))}
+
+
+def code_name_exists(name: str, index, sections: dict[str, set[str]]) -> bool | None:
+    """True / False for a checked name, None when its first part is not the project's (not checked)."""
+    modules, classes, defined = index
+    parts = name.split(".")
+    if parts[-1] in FILE_EXTENSIONS:  # a file name (test_every_named_project_file_exists checks those)
+        return None
+    if len(parts) == 1:
+        return name in defined
+
+    def in_class(defs: list[ast.ClassDef], rest: list[str]) -> bool:
+        if not rest:
+            return True
+        for cls in defs:
+            members = _class_members(cls)
+            for base in cls.bases:  # the project's base classes
+                if isinstance(base, ast.Name) and base.id in classes:
+                    members |= set().union(*(_class_members(b) for b in classes[base.id]))
+            if rest[0] in members:
+                nested = [n for n in cls.body if isinstance(n, ast.ClassDef) and n.name == rest[0]]
+                return in_class(nested, rest[1:]) if nested else True
+        return False
+
+    def in_module(mod: _Module, rest: list[str]) -> bool:
+        if not rest:
+            return True
+        if rest[0] in mod.submodules:
+            return in_module(mod.submodules[rest[0]], rest[1:])
+        if rest[0] in mod.classes:
+            return in_class(mod.classes[rest[0]], rest[1:])
+        return rest[0] in mod.names
+
+    known = any(".".join(parts[:i]) in modules for i in range(1, len(parts) + 1))
+    known = known or parts[0] in classes or parts[0] in sections
+    if not known:
+        return None
+    for i in range(len(parts), 0, -1):
+        if any(in_module(m, parts[i:]) for m in modules.get(".".join(parts[:i]), [])):
+            return True
+    if parts[0] in classes and in_class(classes[parts[0]], parts[1:]):
+        return True
+    return parts[0] in sections and parts[1] in sections[parts[0]]
+
+
+def missing_code_names(lines: list[tuple[str, int, str]]) -> list[str]:
+    """'name (file:line)' for every code name in `lines` (backticked, see CODE_NAME) that does not exist."""
+    index, sections = code_index(), _config_sections()
+    return [f"{m.group(1)} ({where}:{i})" for where, i, text in lines for m in CODE_NAME.finditer(text)
+            if code_name_exists(m.group(1), index, sections) is False]
+
+
+def _docs_lines() -> list[tuple[str, int, str]]:
+    return [(p.relative_to(ROOT).as_posix(), i, line) for p in sorted((ROOT / "docs").glob("*.md"))
+            for i, line in enumerate(p.read_text().splitlines(), 1)]
+
+
+def test_every_code_name_in_the_docs_exists():
+    missing = missing_code_names(_docs_lines())
+    assert not missing, ("code names in docs/*.md that the code does not define (name the module that now "
+                         "holds the thing, or reword):\n  " + "\n  ".join(missing))
+
+
+def test_the_code_name_scan_is_not_vacuous_and_catches_stale_names():
+    lines = [("docs/x.md", 1, "`decoding.search.decode`, `rules.word_logp`, `Captioner.read(image) -> Photo`, "
+                              "`decode.beam_size`, `caption()`, `captioner.load().metrics`, `Caption.to_dict()`"),
+             ("docs/x.md", 2, "`cap.text`, `torch.compile`, `photo.jpg`, `head(mean_i a_i)` are not the project's"),
+             ("docs/x.md", 3, "`search.word_logp` (imported there, defined in rules.py), `Captioner.features(image)`, "
+                              "`decode.beam_sise`, `get_features()`, `imagenet.detect`")]
+    assert missing_code_names(lines) == ["search.word_logp (docs/x.md:3)", "Captioner.features (docs/x.md:3)",
+                                         "decode.beam_sise (docs/x.md:3)", "get_features (docs/x.md:3)",
+                                         "imagenet.detect (docs/x.md:3)"]

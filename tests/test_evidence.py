@@ -70,3 +70,49 @@ def test_batched_evidence_equals_one_by_one(model):
         batch = model.caption_batch(photos, **{**s, "beam_size": beam})
         for p, c in zip(photos, batch):
             assert model.caption(p, **{**s, "beam_size": beam}).words == c.words
+
+
+def test_evidence_is_built_once_per_decode_batch(model, monkeypatch):
+    """One photo's evidence is computed once per decode: one Evidence and one word -> category table over
+    CATEGORIES (the ruled-out mask's), which decoding's bias and the contradicted words both read; for one
+    photo, a batch and an explained sentence alike. Patched where they are defined, so that a second copy
+    imported elsewhere is counted too."""
+    from captioner.concepts import words as words_module
+    from captioner.decoding.photo import caption_photos
+
+    builds = {"evidence": 0, "table": 0}
+    real_init, real_table = Evidence.__init__, words_module._word_categories
+
+    def init(self, *args, **kwargs):
+        builds["evidence"] += 1
+        real_init(self, *args, **kwargs)
+
+    def table(itos, categories):
+        builds["table"] += categories == tuple(CATEGORIES)
+        return real_table(itos, categories)
+
+    monkeypatch.setattr(Evidence, "__init__", init)
+    monkeypatch.setattr(words_module, "_word_categories", table)
+    photos = [EXAMPLES / n for n in ("cat.jpg", "coffee.jpg", "astronaut.jpg")]
+    read = model.read_batch(photos)
+    for evidence in (True, False):  # contradicted words are marked with or without evidence-aware decoding
+        for ask in (lambda: read[0].caption(evidence=evidence), lambda: caption_photos(model, read, evidence=evidence),
+                    lambda: read[1].explain("a dog and a cat", evidence=evidence)):
+            builds.update(evidence=0, table=0)
+            ask()
+            assert builds == {"evidence": 1, "table": 1}, builds
+
+
+def test_the_latency_benchmark_times_the_products_caption(model):
+    """bench/breakdown.py's two halves make the very caption Captioner.caption() returns (person floor included)."""
+    from captioner.bench.breakdown import caption_stages
+
+    settings = model.decode_settings()
+    assert settings.person_floor > 0 and settings.evidence  # the stored settings the benchmark times
+    for name in ("cat.jpg", "coffee.jpg", "astronaut.jpg"):
+        feats = model.read(EXAMPLES / name).features  # (1, P, D)
+        decoding, concepts = caption_stages(model, feats, settings)
+        timed = concepts(decoding())[0]
+        product = model.caption(EXAMPLES / name)
+        assert (timed.text, timed.contradicted, timed.concepts) == (product.text, product.contradicted, product.concepts)
+        assert timed.log_prob == pytest.approx(product.log_prob, abs=1e-5)

@@ -157,7 +157,8 @@ def test_hard_model_argmax_context_is_explained_as_decoded(one_torch_thread):
     import torch
 
     from captioner.config import DecodeConfig
-    from captioner.decoding.search import SpecialIds, greedy_decode
+    from captioner.decoding.search import greedy_decode
+    from captioner.vocab import SpecialIds
     from captioner.decoding.explain import explain_features
     from captioner.vocab import Vocab
     from tests.test_hard_attention import tiny

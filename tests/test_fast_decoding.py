@@ -11,6 +11,7 @@ from PIL import Image
 import captioner
 from captioner.config import DecodeConfig
 from captioner.decoding.evidence import Evidence, word_categories
+from captioner.decoding.photo import caption_photos
 from captioner.bench.naive import ReferenceSteps
 from captioner.decoding import search
 from captioner.images import load_image, preprocess
@@ -90,10 +91,10 @@ def test_evidence_bias_lookup_equals_the_formula():
 def test_beam_search_on_real_photos_equals_the_reference_step(bundled, flickr, one_torch_thread, monkeypatch):
     """At the stored settings (beam 5, trigram blocking, evidence) and greedily, the same words and maps
     as decoding through the reference step (bench/naive.py: Decoder.step, W_z z_t every step)."""
-    feats = torch.cat([bundled.features(p) for p in val_photos(flickr)])
-    fast_beam, fast_greedy = bundled.caption_features(feats), bundled.caption_features(feats, beam_size=1)
+    photos = bundled.read_batch(val_photos(flickr))  # read once, captioned four times (decoding/photo.py)
+    fast_beam, fast_greedy = caption_photos(bundled, photos), caption_photos(bundled, photos, beam_size=1)
     monkeypatch.setattr(search, "inference", ReferenceSteps)
-    ref_beam, ref_greedy = bundled.caption_features(feats), bundled.caption_features(feats, beam_size=1)
+    ref_beam, ref_greedy = caption_photos(bundled, photos), caption_photos(bundled, photos, beam_size=1)
     for a, b in zip(fast_beam + fast_greedy, ref_beam + ref_greedy):
         assert a.words == b.words and len(a.words) > 0
         assert abs(a.log_prob - b.log_prob) < 1e-4

@@ -11,7 +11,8 @@ import torch
 import captioner
 from captioner.data.coco import load_coco
 from captioner.config import DecodeConfig
-from captioner.decoding.search import SpecialIds, greedy_decode
+from captioner.decoding.search import greedy_decode
+from captioner.vocab import SpecialIds
 from captioner.evaluation.grounding import (CATEGORY_WORDS, GroundingSummary, box_coverage, ground_generated, ground_references,
                                  ground_words, instances_path_for, load_instances, match_words, reference_alphas,
                                  word_table)

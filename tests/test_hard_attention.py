@@ -11,7 +11,8 @@ from captioner.checkpoint import load_checkpoint, load_model_state, save_checkpo
 from captioner.config import Config, load_config
 from captioner.data.dataset import collate
 from captioner.config import DecodeConfig
-from captioner.decoding.search import SpecialIds, beam_search, greedy_decode
+from captioner.decoding.search import beam_search, greedy_decode
+from captioner.vocab import SpecialIds
 from captioner.training.loss import caption_log_likelihood, caption_loss, hard_attention_terms, update_baseline
 from captioner.model.attention import locate
 from captioner.model.captioner import CaptionModel

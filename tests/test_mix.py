@@ -163,7 +163,8 @@ def test_the_salad_rule_on_hand_made_captions(caption, salad):
 
 
 def test_decoding_never_writes_salad_with_the_rule_on():
-    from captioner.decoding.search import SpecialIds, decode
+    from captioner.decoding.search import decode
+    from captioner.vocab import SpecialIds
     from captioner.model.decoder import Decoder
 
     words = ["a", "and", "white", "dog", "cat", "runs"]

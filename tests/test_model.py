@@ -9,7 +9,9 @@ import torch
 
 from captioner.bench.naive import naive_decoder
 from captioner.config import DecodeConfig
-from captioner.decoding.search import SpecialIds, beam_search, decode, greedy_decode
+from captioner.decoding.rules import unruled
+from captioner.decoding.search import beam_search, decode, greedy_decode
+from captioner.vocab import SpecialIds
 from captioner.training.loss import caption_loss
 from captioner.model.attention import AdditiveAttention, glimpse
 from captioner.model.decoder import Decoder
@@ -23,7 +25,7 @@ def S(**settings) -> DecodeConfig:
     """Decode settings for a test: the defaults with `settings` changed; the salad and repeat rules off
     unless asked (an untrained decoder over a 12-word vocabulary repeats words, which is what several tests
     need)."""
-    return DecodeConfig(**{"block_salad": False, "block_repeats": False, "block_content_repeats": False, **settings})
+    return unruled(**settings)
 
 
 def tiny_decoder(V: int = 12, dropout: float = 0.0) -> Decoder:

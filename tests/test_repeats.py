@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from captioner.config import DecodeConfig
-from captioner.decoding.rules import SpecialIds, word_logp
+from captioner.decoding.rules import unruled, word_logp
+from captioner.vocab import SpecialIds
 from captioner.decoding.search import decode, greedy_decode
 from captioner.evaluation.metrics import caption_defects, reference_repeats
 from captioner.model.decoder import Decoder
@@ -21,7 +22,7 @@ P, D = 9, 16
 
 def off(**settings) -> DecodeConfig:
     """Every repeat-related rule off unless asked: an untrained decoder over a tiny vocabulary repeats."""
-    return DecodeConfig(**{"block_salad": False, "block_repeats": False, "block_content_repeats": False, **settings})
+    return unruled(**settings)
 
 
 def kinds(tokens: list[int]) -> dict[str, bool]:

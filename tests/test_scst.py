@@ -9,7 +9,7 @@ import torch
 from captioner.training.cider import CiderD
 from captioner.config import Config
 from captioner.data.dataset import collate
-from captioner.decoding.search import SpecialIds
+from captioner.vocab import SpecialIds
 from captioner.decoding.sampling import sample
 from captioner.model.captioner import CaptionModel
 from captioner.model.decoder import Decoder

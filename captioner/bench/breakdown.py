@@ -1,6 +1,7 @@
 """Where one photo's time goes at the model file's stored settings (what a user waiting on a photo gets):
-read + preprocess (file -> (3, S, S) tensor), encoder, decoding (beam search with the evidence), concepts
-(ImageNet-head probabilities, evidence bias, concept maps, Caption assembly), and explain() of a 12-word
+read + preprocess (file -> (3, S, S) tensor), encoder, decoding (the photo's evidence and beam search: the
+product's decode_photos), concepts (the heads' reading, Caption assembly with concepts, contradicted words and
+concept maps: the product's dress), caption() and explain() end to end, and explain() of a 12-word
 sentence, on real JPEG files (default: the bundled example photos; `--photos DIR` for others, e.g. unseen
 COCO photos). Medians over the runs, cycling through the photos; each photo is timed end to end too.
 """
@@ -27,52 +28,44 @@ def photo_files(folder: str | None) -> list[Path]:
     return photos
 
 
-def _stages(cap, feats: torch.Tensor, settings) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
-    """captions_from_features split in two: decoding.search.decode (evidence included) and everything else
-    it does for one photo (concept probabilities, evidence bias, Caption, concept maps)."""
-    from ..decoding.captions import to_caption
-    from ..decoding.reading import annotate, read_heads
-    from ..decoding.search import SpecialIds, decode
-    from ..decoding.evidence import Evidence, word_categories
+def caption_stages(loaded, feats: torch.Tensor, settings) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+    """The product's caption path after the encoder (captions_from_features: decode, then dress), in two
+    timed halves: `decoding()` -> (hypotheses, evidence): the photo's evidence built once (person floor
+    included) and decoding.decode; `concepts(decoded)` -> the Captions: the heads' reading (read once per
+    photo in the product: Captioner.read), to_caption and annotate's concepts, contradicted words and maps."""
+    from ..decoding.captions import decode_photos, dress
+    from ..decoding.reading import read_heads
 
-    ids = SpecialIds.of(cap.vocab, settings.forbid_unk)
+    reading = read_heads(loaded.model, feats)  # the heads' one run for this photo
 
-    def concepts(hyps=None):
-        reading = read_heads(cap.model, feats)  # the heads' one run for this photo
-        if reading.probs is None:
-            return None
-        words = word_categories(cap.vocab).to(feats.device)  # (V, C)
-        evidence = Evidence(reading.probs, words, settings) if settings.evidence else None
-        if hyps is not None:
-            c = to_caption(hyps[0], cap.vocab)
-            annotate([c], [hyps[0][0].tokens], reading, feats, cap.model, cap.vocab, settings)
-        return evidence
+    def concepts(decoded):
+        hyps, evidence = decoded
+        return dress(hyps, evidence, read_heads(loaded.model, feats), feats, loaded.model, loaded.vocab, settings)
 
-    evidence = concepts()
-    return (lambda: decode(cap.model.decoder, feats, ids, settings, evidence)), concepts
+    return (lambda: decode_photos(loaded.model, feats, reading, loaded.vocab, settings)), concepts
 
 
 @torch.no_grad()
-def bench_breakdown(cap, photos: list[Path], counts: Counts, device: torch.device, sentence: str,
+def bench_breakdown(loaded, photos: list[Path], counts: Counts, device: torch.device, sentence: str,
                     log: Callable[[str], None] = print) -> dict[str, Any]:
     """Per-photo stage times (ms, medians) at the stored settings, and the two ratios the latency work
     aims at: caption / (preprocess + encoder) and explain / (preprocess + encoder)."""
-    timer, settings = Timer(device), cap.decode_settings()
+    timer, settings = Timer(device), loaded.decode_settings()
     runs = max(counts.latency_runs, 1)
     log(f"latency breakdown: {runs} runs over {len(photos)} photos at the stored settings (beam {settings.beam_size})")
     t: dict[str, list[float]] = {k: [] for k in ("read_preprocess", "encoder", "decoding", "concepts", "caption",
                                                  "explain_decoder", "explain")}
     for i in range(runs + 2):  # the first two warm up
         photo = photos[i % len(photos)]
-        pre, x = timer.run(cap.preprocess, photo)
-        enc, feats = timer.run(cap.encode, x.unsqueeze(0))
-        decoding, concepts = _stages(cap, feats, settings)
-        dec, hyps = timer.run(decoding)
-        read = cap.read(photo)  # the photo read once: explaining it again runs only the decoder
-        times = {"read_preprocess": pre, "encoder": enc, "decoding": dec, "concepts": timer(concepts, hyps),
-                 "caption": timer(cap.caption, photo),
+        pre, x = timer.run(loaded.preprocess, photo)
+        enc, feats = timer.run(loaded.encode, x.unsqueeze(0))
+        decoding, concepts = caption_stages(loaded, feats, settings)
+        dec, decoded = timer.run(decoding)
+        read = loaded.read(photo)  # the photo read once: explaining it again runs only the decoder
+        times = {"read_preprocess": pre, "encoder": enc, "decoding": dec, "concepts": timer(concepts, decoded),
+                 "caption": timer(loaded.caption, photo),
                  "explain_decoder": timer(read.explain, sentence),
-                 "explain": timer(cap.explain, photo, sentence)}
+                 "explain": timer(loaded.explain, photo, sentence)}
         if i >= 2:
             for k, v in times.items():
                 t[k].append(v)

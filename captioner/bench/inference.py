@@ -39,10 +39,10 @@ def eval_decoder(preset: Preset, counts: Counts, checkpoint: str | None, device:
     if checkpoint:
         from ..api import load
 
-        cap = load(checkpoint, device="cpu")
-        dec = cap.model.decoder
-        shape = (cap.config.model.grid_size ** 2, cap.model.encoder.out_dim)
-        return dec.to(device).eval(), shape, cap.config.decode.max_len, {"model": f"checkpoint {checkpoint}"}
+        loaded = load(checkpoint, device="cpu")
+        dec = loaded.model.decoder
+        shape = (loaded.config.model.grid_size ** 2, loaded.model.encoder.out_dim)
+        return dec.to(device).eval(), shape, loaded.config.decode.max_len, {"model": f"checkpoint {checkpoint}"}
     from ..model.decoder import Decoder
 
     torch.manual_seed(0)
@@ -66,7 +66,8 @@ def bench_eval(decoder, shape: tuple[int, int], max_len: int, counts: Counts, de
     step (bench/naive.py: Decoder.step, no CPU tricks), which also recomputes W_a a_i at every step
     as textbook loops do. Both ratios are reported."""
     from ..config import DecodeConfig
-    from ..decoding.search import SpecialIds, beam_search
+    from ..decoding.search import beam_search
+    from ..vocab import SpecialIds
 
     timer = Timer(device)
     n = counts.eval_images
@@ -119,18 +120,18 @@ def latency_captioner(checkpoint: str | None, counts: Counts, device: torch.devi
     cfg.model.embed_dim, cfg.model.hidden_dim, cfg.model.attention_dim = p.embed_dim, p.hidden_dim, p.attention_dim
     cfg.decode.max_len = p.max_decode_len
     torch.manual_seed(0)
-    cap = Captioner(build_model(cfg.model, p.vocab, pretrained=False), make_vocab(p.vocab), cfg, device=device)
+    loaded = Captioner(build_model(cfg.model, p.vocab, pretrained=False), make_vocab(p.vocab), cfg, device=device)
     with torch.no_grad():
-        x = cap.preprocess(latency_image()).unsqueeze(0).to(device)
-        feats = cap.model.encode(x.contiguous(memory_format=torch.channels_last))
+        x = loaded.preprocess(latency_image()).unsqueeze(0).to(device)
+        feats = loaded.model.encode(x.contiguous(memory_format=torch.channels_last))
     log("calibrating the untrained latency model's length counter")
-    words = calibrate_lengths(cap.model.decoder, feats, p.len_mean, 0.0, p.max_decode_len, 6, log)
+    words = calibrate_lengths(loaded.model.decoder, feats, p.len_mean, 0.0, p.max_decode_len, 6, log)
     words = words["calibrated_mean_words"]
-    return cap, (f"no bundled model: randomly initialised {p.encoder} {p.image_size}px {p.grid}x{p.grid} "
+    return loaded, (f"no bundled model: randomly initialised {p.encoder} {p.image_size}px {p.grid}x{p.grid} "
                  f"(configs/flickr8k_cpu.yaml shapes), decoder with a step counter driving <end> ({words:.0f} words)")
 
 
-def bench_latency(cap, counts: Counts, device: torch.device, beam: int | None = 3,
+def bench_latency(loaded, counts: Counts, device: torch.device, beam: int | None = 3,
                   log: Callable[[str], None] = print) -> dict[str, Any]:
     """Single-image caption latency at `beam`, or with beam None at the model file's stored decode
     settings (beam, evidence, trigram blocking: what users get)."""
@@ -138,11 +139,11 @@ def bench_latency(cap, counts: Counts, device: torch.device, beam: int | None = 
     img = latency_image()
     words: list[int] = []
     overrides = {} if beam is None else {"beam_size": beam}
-    caption_fn = partial(cap.caption, **overrides)
+    caption_fn = partial(loaded.caption, **overrides)
     for _ in range(max(2, counts.warmup + 1)):
         caption_fn(img)
     reset_peak(device)
-    settings = cap.decode_settings(**overrides)
+    settings = loaded.decode_settings(**overrides)
     log(f"latency: {counts.latency_runs} single-image captions at beam {settings.beam_size}"
         + (" (the file's stored settings)" if beam is None else ""))
     times = []
@@ -161,14 +162,14 @@ def bench_latency(cap, counts: Counts, device: torch.device, beam: int | None = 
 EXPLAIN_SENTENCE = "a brown and white dog is running on the green grass outside"  # 12 words
 
 
-def bench_explain(cap, counts: Counts, device: torch.device, log: Callable[[str], None] = print) -> dict[str, Any]:
+def bench_explain(loaded, counts: Counts, device: torch.device, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Captioner.explain latency: one photo and a 12-word sentence, preprocessing and encoder included."""
     timer = Timer(device)
     img = latency_image()
     for _ in range(max(2, counts.warmup + 1)):
-        cap.explain(img, EXPLAIN_SENTENCE)
+        loaded.explain(img, EXPLAIN_SENTENCE)
     log(f"latency: {counts.latency_runs} explain() calls of a {len(EXPLAIN_SENTENCE.split())}-word sentence")
-    ms = np.array([timer.run(cap.explain, img, EXPLAIN_SENTENCE)[0] for _ in range(counts.latency_runs)]) * 1e3
+    ms = np.array([timer.run(loaded.explain, img, EXPLAIN_SENTENCE)[0] for _ in range(counts.latency_runs)]) * 1e3
     return {"words": len(EXPLAIN_SENTENCE.split()), "runs": len(ms), "p50_ms": float(np.percentile(ms, 50)),
             "p95_ms": float(np.percentile(ms, 95)), "min_ms": float(ms.min()), "mean_words": 12.0,
             "image": "500x375 PIL RGB"}

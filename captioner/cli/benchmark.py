@@ -160,13 +160,13 @@ def _run(args: argparse.Namespace) -> int:
         if "length_offset" in info:
             res["eval"]["length_counter_offset"] = info["length_offset"]
     if "latency" in sections:
-        cap, desc = latency_captioner(checkpoint, counts, device, log)
-        res["latency"] = {"model": desc, **bench_latency(cap, counts, device, log=log)}
-        res["latency_stored"] = bench_latency(cap, counts, device, beam=None, log=log)
-        res["latency_explain"] = bench_explain(cap, counts, device, log=log)
-        res["latency_breakdown"] = bench_breakdown(cap, photo_files(args.photos), counts, device, EXPLAIN_SENTENCE, log)
+        loaded, desc = latency_captioner(checkpoint, counts, device, log)
+        res["latency"] = {"model": desc, **bench_latency(loaded, counts, device, log=log)}
+        res["latency_stored"] = bench_latency(loaded, counts, device, beam=None, log=log)
+        res["latency_explain"] = bench_explain(loaded, counts, device, log=log)
+        res["latency_breakdown"] = bench_breakdown(loaded, photo_files(args.photos), counts, device, EXPLAIN_SENTENCE, log)
         if preferred_dtype(device) == "bfloat16":  # the faster precision the app offers on this hardware
-            bf16 = Captioner(cap.model, cap.vocab, cap.config, cap.metrics, device, "bfloat16")  # converts a copy
+            bf16 = Captioner(loaded.model, loaded.vocab, loaded.config, loaded.metrics, device, "bfloat16")  # converts a copy
             res["latency_bf16"] = bench_latency(bf16, counts, device, log=log)
     if args.coco_epoch:
         if not cuda:

@@ -163,8 +163,8 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
         return None
     try:
         dtype = captioner.preferred_dtype(args.device) if args.dtype == "auto" else args.dtype
-        model = captioner.load(args.checkpoint, device=args.device, dtype=dtype)
-        used = decode_settings(model, args)
+        loaded = captioner.load(args.checkpoint, device=args.device, dtype=dtype)
+        used = decode_settings(loaded, args)
     except (captioner.CheckpointError, OSError, ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return None
@@ -173,7 +173,7 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
     else:  # nothing is decoded: the sentence is scored word by word (teacher forcing)
         print(f"explaining the sentence (teacher forcing, hard_context {used.hard_context}); nothing is decoded",
               file=sys.stderr)
-    return model, dataclasses.asdict(used)
+    return loaded, dataclasses.asdict(used)
 
 
 def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict[str, Any],
@@ -239,14 +239,14 @@ def _unsearched_subfolders(folder: Path) -> list[str]:
     return sorted(d.name for d in folder.iterdir() if d.is_dir() and not (d / FIGURE_MARK).is_file())
 
 
-def describe(model: Any, images: list[Any], settings: dict[str, Any], sentence: str | None) -> list[Any]:
+def describe(loaded: Any, images: list[Any], settings: dict[str, Any], sentence: str | None) -> list[Any]:
     """Captions of the images, or (--explain) the sentence explained on each."""
     if sentence is None:
-        return model.caption_batch(images, **settings) if images else []
-    return [model.explain(img, sentence, hard_context=settings["hard_context"]) for img in images]
+        return loaded.caption_batch(images, **settings) if images else []
+    return [loaded.explain(img, sentence, hard_context=settings["hard_context"]) for img in images]
 
 
-def check_sentence(model: Any, sentence: str | None) -> bool:
+def check_sentence(loaded: Any, sentence: str | None) -> bool:
     """--explain: False after printing why a sentence cannot be explained; notes its unknown words."""
     if sentence is None:
         return True
@@ -258,7 +258,7 @@ def check_sentence(model: Any, sentence: str | None) -> bool:
         print(f"error: --explain: {e}", file=sys.stderr)
         return False
     for w in words:
-        if w not in model.vocab.stoi:
+        if w not in loaded.vocab.stoi:
             print(f"note: ‘{w}’ is not in the model's vocabulary (fed as <unk>)", file=sys.stderr)
     return True
 
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     planned = plan(args) if ready is not None and check_sentence(ready[0], args.explain) else None
     if planned is None:
         return 2
-    model, settings = ready
+    loaded, settings = ready
     paths, figures, animations = planned
     failed = 0
     for batch in loaded_batches(paths, args.batch_size):
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(err, Exception):
                 print(f"error: {err}", file=sys.stderr)
                 failed += 1
-        caps = describe(model, [img for _, img in good], settings, args.explain)
+        caps = describe(loaded, [img for _, img in good], settings, args.explain)
         for (path, img), cap in zip(good, caps):
             emit(args, path, img, cap, settings, figures.get(path), animations.get(path))
     if not paths:

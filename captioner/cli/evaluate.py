@@ -90,16 +90,16 @@ def _records(args: argparse.Namespace, p: argparse.ArgumentParser) -> tuple[list
     return build_records(data, split), label
 
 
-def _features(args: argparse.Namespace, model, records: list, label: str, say) -> tuple:
+def _features(args: argparse.Namespace, loaded, records: list, label: str, say) -> tuple:
     """(features (N', P, D) of the readable images, their indices in records)."""
     from captioner.data.features import build_cache
     from captioner.evaluation.scoring import encode_records
 
     if not args.cache_dir:
-        return encode_records(model.model, records, model.preprocess, args.device, num_workers=2)
+        return encode_records(loaded.model, records, loaded.preprocess, args.device, num_workers=2)
     part = f"{label}-first{args.limit}" if args.limit else label  # "val2017-first2", not "val20172"
-    name = model.preprocess.cache_name(args.dataset, part, args.dtype)
-    cache = build_cache(args.cache_dir, name, model.model.encoder, model.preprocess, records, args.device,
+    name = loaded.preprocess.cache_name(args.dataset, part, args.dtype)
+    cache = build_cache(args.cache_dir, name, loaded.model.encoder, loaded.preprocess, records, args.device,
                         log=say, progress=not args.json)
     keep = [i for i, r in enumerate(records) if r.image_id not in set(cache.missing)]
     return (cache.features[keep] if len(keep) < len(records) else cache.features), keep
@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {missing_java()}", file=sys.stderr)
         return 2
     try:
-        model = captioner.load(args.checkpoint, device=args.device, dtype=args.dtype)
-        used = decode_settings(model, args)
+        loaded = captioner.load(args.checkpoint, device=args.device, dtype=args.dtype)
+        used = decode_settings(loaded, args)
         records, label = _records(args, p)
         need_boxes = args.grounding or ((args.hallucination or args.report) and args.dataset == "coco"
                                         and _has_boxes(args, say))
@@ -131,12 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.output = args.output or default_output(args, label)
     t0 = time.time()
-    feats, keep = _features(args, model, records, label, say)
+    feats, keep = _features(args, loaded, records, label, say)
     if len(keep) < len(records):
         bad = [records[i].image_id for i in sorted(set(range(len(records))) - set(keep))]
         say(f"WARNING: {len(bad)} image(s) could not be read and are not scored: {', '.join(bad[:10])}")
     scored, t1 = [records[i] for i in keep], time.time()
-    scores, preds, caps = evaluate_model(model.model, model.vocab, feats, scored, used, METRIC_KEYS, args.batch_size,
+    scores, preds, caps = evaluate_model(loaded.model, loaded.vocab, feats, scored, used, METRIC_KEYS, args.batch_size,
                                          progress=not args.json, log=say)
     say(f"encoded {len(keep)} images in {t1 - t0:.1f}s, decoded (beam {used.beam_size}) and scored in "
         f"{time.time() - t1:.1f}s; captions -> {args.output}")
@@ -151,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.grounding:
             grounding = {"grounding_generated": ground_captions(caps, scored, instances),
-                         "grounding_teacher_forced": ground_references(model, feats, scored, instances)}
-            if imagenet_head_or_none(model.model) is not None:  # the ceiling of train.alpha_cam: the classifier's own maps
-                grounding["grounding_concept_maps"] = ground_concept_maps(model, feats, scored, instances)
+                         "grounding_teacher_forced": ground_references(loaded, feats, scored, instances)}
+            if imagenet_head_or_none(loaded.model) is not None:  # the ceiling of train.alpha_cam: the classifier's own maps
+                grounding["grounding_concept_maps"] = ground_concept_maps(loaded, feats, scored, instances)
     if args.hallucination:
         grounding.update(hallucination_report(preds, scored, instances))
     _write(args, label, used, scores, grounding, preds)

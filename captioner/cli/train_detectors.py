@@ -68,17 +68,17 @@ def _strict_bool(text: str) -> bool:
         raise argparse.ArgumentTypeError(f"expects true/false (or yes/no, on/off, 1/0), got '{text}'") from None
 
 
-def _features(model, cache_dir: str, dataset: str, label: str, records: list, device: str):
+def _features(loaded, cache_dir: str, dataset: str, label: str, records: list, device: str):
     """Cached annotation vectors (N, P, D) of records (evaluate.py's cache names) and the kept records."""
     from captioner.data.features import build_cache
 
-    cache = build_cache(cache_dir, model.preprocess.cache_name(dataset, label), model.model.encoder,
-                        model.preprocess, records, device, num_workers=1)
+    cache = build_cache(cache_dir, loaded.preprocess.cache_name(dataset, label), loaded.model.encoder,
+                        loaded.preprocess, records, device, num_workers=1)
     keep = [i for i, r in enumerate(records) if r.image_id not in set(cache.missing)]
     return np.asarray(cache.features[keep]) if len(keep) < len(records) else cache.features, [records[i] for i in keep]
 
 
-def _split_features(args, model, split: str) -> tuple[np.ndarray, list]:
+def _split_features(args, loaded, split: str) -> tuple[np.ndarray, list]:
     """Features and records of `split` over the caption sets: Flickr8k at --data-root, or every set of
     --config's data (the training run's caches are reused: same names, same encoder)."""
     from captioner.config import DataConfig, load_config
@@ -92,13 +92,13 @@ def _split_features(args, model, split: str) -> tuple[np.ndarray, list]:
         raise ValueError("name the training photos: --data-root FLICKR8K or --config RECIPE (its data.sources)")
     data.limit = args.limit
     part = f"-first{args.limit}" if args.limit else ""  # the cache of a few photos is not the whole split's
-    got = [_features(model, args.cache_dir, src.name, split + part, recs, args.device)
+    got = [_features(loaded, args.cache_dir, src.name, split + part, recs, args.device)
            for src, recs in build_mix(data, split)]
     feats = got[0][0] if len(got) == 1 else np.concatenate([np.asarray(x) for x, _ in got])  # (N, P, D)
     return feats, [r for _, recs in got for r in recs]
 
 
-def _with_noise(model, feats: np.ndarray, records: list, n: int) -> tuple[np.ndarray, list]:
+def _with_noise(loaded, feats: np.ndarray, records: list, n: int) -> tuple[np.ndarray, list]:
     """The training features plus those of n seeded uniform-noise photos, each with no captions (a negative
     of every word group)."""
     import torch
@@ -110,13 +110,13 @@ def _with_noise(model, feats: np.ndarray, records: list, n: int) -> tuple[np.nda
     photos = [Image.fromarray(rng.integers(0, 256, (64 * (1 + i % 4), 64 * (1 + i % 4), 3), dtype=np.uint8))
               for i in range(n)]
     with torch.no_grad():
-        noise = model.encode(torch.stack([model.preprocess(p) for p in photos])).float().numpy()  # (n, P, D)
+        noise = loaded.encode(torch.stack([loaded.preprocess(p) for p in photos])).float().numpy()  # (n, P, D)
     feats = np.asarray(feats)  # kept in the cache's dtype (float16): no float32 copy of every photo's features
     return (np.concatenate([feats, noise.astype(feats.dtype)]),
             records + [ImageRecord(f"noise{i}", Path(f"noise{i}.png"), []) for i in range(n)])
 
 
-def _coco(args, model) -> tuple[np.ndarray, list, np.ndarray] | None:
+def _coco(args, loaded) -> tuple[np.ndarray, list, np.ndarray] | None:
     """coco-mini features, records and person presence from its instance boxes (None without --coco-*)."""
     from captioner.cli.evaluate import coco_split_label
     from captioner.config import DataConfig
@@ -127,7 +127,7 @@ def _coco(args, model) -> tuple[np.ndarray, list, np.ndarray] | None:
         return None
     records = build_records(DataConfig(dataset="coco", images=args.coco_images, annotations=args.coco_annotations),
                             "train")
-    feats, records = _features(model, args.cache_dir, "coco", coco_split_label(args.coco_annotations), records,
+    feats, records = _features(loaded, args.cache_dir, "coco", coco_split_label(args.coco_annotations), records,
                                args.device)
     inst = load_instances(instances_path_for(args.coco_annotations))
     person = np.array([len(inst.boxes.get(r.image_id, {}).get("person", [])) > 0 for r in records])
@@ -145,12 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     if device_refused(args.device):
         return 2
     try:
-        report, model = _train(args)
+        report, loaded = _train(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    model.save(args.out)
-    print(f"wrote {args.out} (decode.person_floor {model.config.decode.person_floor})")
+    loaded.save(args.out)
+    print(f"wrote {args.out} (decode.person_floor {loaded.config.decode.person_floor})")
     if args.report:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         Path(args.report).write_text(json.dumps(report, indent=2))
@@ -163,18 +163,18 @@ def _train(args: argparse.Namespace):
     from captioner.concepts.imagenet import imagenet_head_or_none
     from captioner.training import detectors as T
 
-    model = captioner.load(args.checkpoint, device=args.device)
+    loaded = captioner.load(args.checkpoint, device=args.device)
     members = group_members([g.strip() for g in args.groups.split(",") if g.strip()])
-    train_x, train_r = _split_features(args, model, "train")
+    train_x, train_r = _split_features(args, loaded, "train")
     if args.noise:
-        train_x, train_r = _with_noise(model, train_x, train_r, args.noise)
-    val_x, val_r = _split_features(args, model, "val")
+        train_x, train_r = _with_noise(loaded, train_x, train_r, args.noise)
+    val_x, val_r = _split_features(args, loaded, "val")
     train_y, val_y = (caption_labels([r.captions for r in rs], members) for rs in (train_r, val_r))
     settings = T.FitSettings(**{f.name: getattr(args, f.name) for f in fields(T.FitSettings)})
     det = T.fit(WordDetectors(list(members), train_x.shape[-1], members), train_x, train_y, settings)
-    head = imagenet_head_or_none(model.model)
+    head = imagenet_head_or_none(loaded.model)
     sets = {"val": (val_x, val_y[:, det.groups.index(PERSON)].numpy() if PERSON in det.groups else None)}
-    coco = _coco(args, model)
+    coco = _coco(args, loaded)
     if coco is not None:
         sets["coco"] = (coco[0], coco[2])
     priors = {name: None if head is None else T.clothes_priors(head, x) for name, (x, _) in sets.items()}
@@ -191,9 +191,9 @@ def _train(args: argparse.Namespace):
     floor = args.person_floor if args.person_floor is not None else T.choose_floor(held, args.max_miss)
     report["person_floor"] = floor
     print(json.dumps({k: v for k, v in report.items() if not k.endswith("floors") and k != "settings"}, indent=1))
-    model.config.decode.person_floor = floor if PERSON in det.groups else 0.0
-    attach(model.model, det)
-    return report, model
+    loaded.config.decode.person_floor = floor if PERSON in det.groups else 0.0
+    attach(loaded.model, det)
+    return report, loaded
 
 
 def _measure(det, sets: dict, priors: dict, val_y, coco, report: dict) -> None:

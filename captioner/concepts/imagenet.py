@@ -232,11 +232,12 @@ def imagenet_logits(head: nn.Linear, feats: torch.Tensor) -> torch.Tensor:
     return F.linear(pooled, head.weight.float(), None if head.bias is None else head.bias.float())  # (B, K)
 
 
-def concept_probs(head: nn.Linear, feats: torch.Tensor) -> torch.Tensor:
-    """(B, P, D) -> (B, C): P(category) = sum of the K-way softmax probabilities of its classes.
-    Each row lies in [0, 1] and sums to at most 1 (the classes of no category take the rest)."""
-    probs = imagenet_logits(head, feats).softmax(-1)  # (B, K)
-    return probs @ membership(probs.device).T  # (B, C)
+def category_probs(logits: torch.Tensor) -> torch.Tensor:
+    """The classifier's ImageNet logits (B, K) -> P(category) (B, C): the sum of the K-way softmax probabilities
+    of its classes. Each row lies in [0, 1] and sums to at most 1 (the classes of no category take the rest).
+    The one formula: the photo's reading (decoding/reading.py) and its Concepts both come from here."""
+    cls = logits.float().softmax(-1)  # (B, K)
+    return cls @ membership(cls.device).T  # (B, C)
 
 
 @dataclass
@@ -247,26 +248,26 @@ class Concepts:
     classes: list[tuple[str, float]]  # the most probable ImageNet classes, e.g. ("tabby", 0.62)
     probs: dict[str, float] = field(default_factory=dict)  # every category in CATEGORIES -> P
 
+    @classmethod
+    def unseen(cls) -> "Concepts":
+        """What an encoder without the ImageNet head sees: nothing (the same empty list as its Captions')."""
+        return cls([], [], {})
+
     def prob(self, category: str) -> float:
         """P(category); an error for categories ImageNet cannot see (UNSEEN) or that are not COCO's."""
         if category not in self.probs:
-            why = "ImageNet-1k has no class for it (UNSEEN)" if category in UNSEEN else "not a COCO category"
+            why = ("ImageNet-1k has no class for it (UNSEEN)" if category in UNSEEN else
+                   "the model's encoder keeps no ImageNet head" if not self.probs else "not a COCO category")
             raise KeyError(f"no concept probability for {category!r}: {why}")
         return self.probs[category]
 
 
 @torch.no_grad()
-def detect(head: nn.Linear, feats: torch.Tensor, threshold: float = THRESHOLD, top_k: int = 5) -> list[Concepts]:
-    """Annotation vectors (B, P, D) -> one Concepts per photo: categories at or above `threshold`
-    and the `top_k` ImageNet classes by name."""
-    return concepts_of(imagenet_logits(head, feats), threshold, top_k)
-
-
 def concepts_of(logits: torch.Tensor, threshold: float = THRESHOLD, top_k: int = 5) -> list[Concepts]:
-    """The head's ImageNet logits (B, K) -> one Concepts per photo (see detect)."""
-    cls = logits.float().softmax(-1)  # (B, K)
-    cp = (cls @ membership(cls.device).T).cpu().numpy()  # (B, C)
-    val, idx = cls.topk(top_k, dim=-1)  # (B, top_k)
+    """The head's ImageNet logits (B, K) -> one Concepts per photo: the categories at or above `threshold`
+    (category_probs), most probable first, and the `top_k` ImageNet classes by name."""
+    cp = category_probs(logits).cpu().numpy()  # (B, C)
+    val, idx = logits.float().softmax(-1).topk(top_k, dim=-1)  # (B, top_k)
     names = imagenet_classes()
     out = []
     for b in range(len(cp)):

@@ -2,9 +2,13 @@
 (the rule in full: "Word rule" in captioner/evaluation/grounding.py's docstring)."""
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Iterable, Sequence
 
-from ..vocab import tokenize
+import torch
+
+from ..vocab import Vocab, tokenize
+from .imagenet import CATEGORIES
 
 # COCO category -> the caption words naming it (one or two words each, singular and plural).
 # Ambiguous words are left out on purpose: "glasses" (eyewear), "ski" (mostly "ski slope"),
@@ -141,3 +145,21 @@ def match_words(words: Sequence[str], table: dict[Phrase, str]) -> list[tuple[in
         else:
             i += 1
     return out
+
+
+def word_categories(vocab: Vocab, categories: tuple[str, ...] = CATEGORIES) -> torch.Tensor:
+    """(V, C) 0/1: vocabulary word w is a one-word name of category k (two-word names are left alone:
+    "hot dog" keeps its "dog"). Built once per vocabulary (a Python loop over the table that every caption
+    call needed); each call gets its own copy."""
+    return _word_categories(tuple(vocab.itos), tuple(categories)).clone()
+
+
+@lru_cache(maxsize=8)
+def _word_categories(itos: tuple[str, ...], categories: tuple[str, ...]) -> torch.Tensor:
+    stoi = {w: i for i, w in enumerate(itos)}
+    m = torch.zeros(len(itos), len(categories))
+    for k, cat in enumerate(categories):
+        for name in CATEGORY_WORDS[cat].split():
+            if "_" not in name and name in stoi:
+                m[stoi[name], k] = 1.0
+    return m

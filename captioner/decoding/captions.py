@@ -1,6 +1,7 @@
 """Features -> Captions, written once. `captions_from_features` is what the public API (Captioner),
-evaluation, training's validation, grounding and the benchmark all call: decode (decoding.decode, with a
-DecodeConfig) and turn each image's best hypothesis into a Caption (words, attention maps, gates).
+evaluation, training's validation and grounding call, and the latency benchmark times its two halves:
+decode_photos (the photos' evidence built once, decoding.decode with a DecodeConfig), then dress (each
+image's best hypothesis as a Caption: words, attention maps, gates, with its photo's reading).
 
 Legend: N images, P = G*G attention cells, D feature dim, L words.
 """
@@ -14,12 +15,12 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from ..concepts.detectors import PERSON
 from ..concepts.imagenet import imagenet_head_or_none
 from ..config import DecodeConfig
-from .search import Hypothesis, SpecialIds, decode
-from .evidence import Evidence, word_categories
-from .reading import HeadReading, annotate, checked_detectors, grid_side, person_word_mask, read_heads
+from ..vocab import SpecialIds
+from .search import Hypothesis, decode
+from .evidence import Evidence, photo_evidence
+from .reading import HeadReading, annotate, grid_side, read_heads
 from ..model.captioner import CaptionModel
 from ..vocab import Vocab
 
@@ -89,13 +90,12 @@ class Caption:
         each is scored as <unk>, which stands for every unknown word at once, so such a total is inflated."""
         return not self.unknown
 
-    def to_dict(self, image: str | None = None, settings: dict | None = None, maps: bool = True) -> dict:
+    def to_dict(self, image: str | None = None, maps: bool = True) -> dict:
         """The one JSON shape of a caption (captioner-caption --json lines, the app's download and the API):
         text, words with their log-probs, probabilities and gates (null where the caption carries none), the
         ranking score and the other hypotheses (each with its log-prob and score), the concepts,
         contradicted and unknown words, whether log_prob is comparable (false with unknown words), the
-        notes, the decode settings it was made with (its own unless `settings` is given) and the model
-        file; the (L, G, G) maps when `maps`."""
+        notes, the decode settings it was made with and the model file; the (L, G, G) maps when `maps`."""
         n = len(self.words)
         lps = [round(float(x), 5) for x in self.word_log_probs] if len(self.word_log_probs) == n else [None] * n
         rec = {"image": image, "caption": self.text, "log_prob": float(self.log_prob),
@@ -109,7 +109,7 @@ class Caption:
                "contradicted_words": [self.words[i] for i in self.contradicted],
                "unknown_words": [self.words[i] for i in self.unknown], "comparable": self.comparable,
                "notes": self.notes,
-               "settings": dict(self.settings if settings is None else settings), "model": self.model_file,
+               "settings": dict(self.settings), "model": self.model_file,
                "grid": list(self.alphas.shape[1:])}
         if maps:
             rec["alphas"] = np.round(self.alphas, 5).tolist()
@@ -155,42 +155,50 @@ def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab) -> Caption:
 
 
 @torch.no_grad()
+def decode_photos(model: CaptionModel, feats: torch.Tensor, reading: HeadReading, vocab: Vocab,
+                  settings: DecodeConfig) -> tuple[list[list[Hypothesis]], Evidence | None]:
+    """Photos' features (B, P, D) on the decoder's device and their reading -> their hypotheses (best first,
+    the model's own log-probs) and their evidence (evidence.photo_evidence: built once here, biasing the
+    words only with settings.evidence)."""
+    evidence = photo_evidence(reading, model, vocab, settings)  # (B, V) ruled-out words, the bonus table
+    hyps = decode(model.decoder, feats, SpecialIds.of(vocab, settings.forbid_unk), settings,
+                  evidence if settings.evidence else None)
+    return hyps, evidence
+
+
+@torch.no_grad()
+def dress(hyps: Sequence[Sequence[Hypothesis]], evidence: Evidence | None, reading: HeadReading,
+          feats: torch.Tensor, model: CaptionModel, vocab: Vocab, settings: DecodeConfig) -> list[Caption]:
+    """Each photo's hypotheses -> its Caption, dressed with its reading (reading.annotate: concepts,
+    detections, the contradicted words of the evidence's mask, concept maps) and the settings that made it."""
+    caps = [to_caption(h, vocab) for h in hyps]
+    annotate(caps, [h[0].tokens for h in hyps], reading, feats, model, vocab,
+             None if evidence is None else evidence.ruled_out)
+    for cap in caps:  # each caption says what made it (its JSON carries them)
+        cap.settings = dataclasses.asdict(settings)
+    return caps
+
+
+@torch.no_grad()
 def captions_from_features(model: CaptionModel, feats: np.ndarray | torch.Tensor, vocab: Vocab,
                            settings: DecodeConfig, batch_size: int = 100, progress: bool = False,
                            reading: HeadReading | None = None) -> list[Caption]:
     """Features (N, P, D) (a tensor, an array or a float16 memory map) -> N Captions, decoded in batches
-    of `batch_size` images on the decoder's device and in its dtype. Where the encoder keeps its
-    ImageNet head, settings.evidence biases the words and each Caption carries its photo's reading
+    of `batch_size` images on the decoder's device and in its dtype: decode, then dress. Where the encoder
+    keeps its ImageNet head, settings.evidence biases the words and each Caption carries its photo's reading
     (reading.annotate); `reading`: the photos' HeadReading when already made (Photo), else read per batch."""
     from tqdm import tqdm
 
-    decoder = model.decoder.eval()
-    param = next(decoder.parameters())
-    ids = SpecialIds.of(vocab, settings.forbid_unk)
+    param = next(model.decoder.eval().parameters())
     if settings.evidence and imagenet_head_or_none(model) is None:
         raise ValueError(f"decode.evidence needs an encoder with an ImageNet head (efficientnet_lite0/2), not "
                          f"{getattr(model.encoder, 'name', type(model.encoder).__name__)}; set decode.evidence=false")
-    det = checked_detectors(model, settings)
-    words = word_categories(vocab).to(param.device) if settings.evidence else None  # (V, C)
-    person_words = None if det is None else person_word_mask(vocab, det).to(param.device)  # (V,)
     out: list[Caption] = []
     for k in tqdm(range(0, len(feats), batch_size), desc="decoding", disable=not progress, unit="batch"):
         x = feats[k:k + batch_size]
         x = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x, dtype=np.float32))
         x = x.to(param.device, param.dtype)  # (b, P, D)
         r = read_heads(model, x) if reading is None else reading.rows(k, k + len(x))
-        person = None if person_words is None else (det.prob_of(r.seen, PERSON), person_words)
-        evidence = Evidence(r.probs, words, settings, person) if settings.evidence else None
-        hyps = decode(decoder, x, ids, settings, evidence)
-        if evidence is not None:  # a caption reports the model's own log-probs; the bias only ranked them
-            for j, image_hyps in enumerate(hyps):
-                for h in image_hyps:
-                    bias = evidence.word_bias(j, h.tokens).float().cpu()  # (L,)
-                    h.log_prob -= float(bias.sum())
-                    h.word_logps = None if h.word_logps is None else h.word_logps - bias
-        caps = [to_caption(h, vocab) for h in hyps]
-        annotate(caps, [h[0].tokens for h in hyps], r, x, model, vocab, settings)
-        out.extend(caps)
-    for cap in out:  # each caption says what made it (its JSON carries them)
-        cap.settings = dataclasses.asdict(settings)
+        hyps, evidence = decode_photos(model, x, r, vocab, settings)
+        out.extend(dress(hyps, evidence, r, x, model, vocab, settings))
     return out

@@ -4,7 +4,7 @@ A decoder learns its words from its captions (Flickr8k is people and dogs; the b
 coco-paired's COCO photos), so on everyday photos it can name a dog or a person that is not there; yet the encoder's ImageNet classifier, computed from the same annotation vectors (see
 concepts/imagenet.py: no second forward pass), often knows better. Before decoding, each photo's concept
 probabilities p (B, C) over the COCO categories ImageNet can see become one additive bias per
-vocabulary word (B, V), applied to the next-word log-probabilities at every step (search.word_logp):
+vocabulary word (B, V), applied to the next-word log-probabilities at every step (rules.word_logp):
 
     bias[b, w] = -evidence_penalty                  if w names category k and p[b, k] < evidence_floor
                = +evidence_bonus * p[b, k]          if w names category k otherwise, until the caption
@@ -19,35 +19,22 @@ A large penalty forbids the word; a moderate one lets a strong language context 
 are the one-word names of the grounding table (concepts/words.py: "dog", "dogs", "puppy" -> dog);
 two-word names are left alone ("hot dog" keeps its "dog"). Settings: config.DecodeConfig.evidence*.
 
+`photo_evidence(reading, model, vocab, settings)` is the one place a photo's evidence is computed, once per
+decode from its reading (reading.py): the ruled-out mask (B, V), the person words and the bonus table.
+Decoding adds its bias (search.decode, which takes it off the reported log-probabilities again), and
+reading.annotate marks a caption's contradicted words from the same mask.
+
 Legend: B images, C seen categories, V vocabulary.
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 
-from ..concepts.imagenet import CATEGORIES
+from ..concepts.detectors import PERSON, WordDetectors, detectors_of
+from ..concepts.words import word_categories
 from ..config import DecodeConfig
-from ..concepts.words import CATEGORY_WORDS
 from ..vocab import Vocab
-
-
-def word_categories(vocab: Vocab, categories: tuple[str, ...] = CATEGORIES) -> torch.Tensor:
-    """(V, C) 0/1: vocabulary word w is a one-word name of category k. Built once per vocabulary (a
-    Python loop over the table that every caption call needed); each call gets its own copy."""
-    return _word_categories(tuple(vocab.itos), tuple(categories)).clone()
-
-
-@lru_cache(maxsize=8)
-def _word_categories(itos: tuple[str, ...], categories: tuple[str, ...]) -> torch.Tensor:
-    stoi = {w: i for i, w in enumerate(itos)}
-    m = torch.zeros(len(itos), len(categories))
-    for k, cat in enumerate(categories):
-        for name in CATEGORY_WORDS[cat].split():
-            if "_" not in name and name in stoi:
-                m[stoi[name], k] = 1.0
-    return m
+from .reading import HeadReading
 
 
 def ruled_out_words(probs: torch.Tensor, words: torch.Tensor, floor: float) -> torch.Tensor:
@@ -60,10 +47,26 @@ def person_ruled_out(person: torch.Tensor, person_words: torch.Tensor, floor: fl
     return (person < floor).float()[:, None] * person_words.to(person)[None, :]
 
 
+def checked_detectors(model: torch.nn.Module, settings: DecodeConfig) -> WordDetectors | None:
+    """The model's word detectors; a ValueError when decode.person_floor asks for a person detector it lacks."""
+    det = detectors_of(model)
+    if settings.person_floor > 0 and (det is None or PERSON not in det.groups):
+        raise ValueError(f"decode.person_floor={settings.person_floor} needs a model file with a person detector "
+                         "(captioner-train-detectors writes one); set decode.person_floor=0 for this model")
+    return det
+
+
+def person_word_mask(vocab: Vocab, det: WordDetectors) -> torch.Tensor:
+    """(V,) 0/1: the vocabulary's person words (the person detector's group)."""
+    names = set(det.members.get(PERSON, ()))
+    return torch.tensor([float(w in names) for w in vocab.itos])
+
+
 class Evidence:
     """Per-image word scores for decoding: probs (B, C) concept probabilities, words (V, C) from
-    word_categories, settings.evidence_* -> `bias(images, tokens)` for the live rows. `person`:
-    (P(person) (B,), person words (V,)) from the word detectors, or None when the model has none."""
+    word_categories, settings.evidence_* -> `ruled_out` (B, V) and `bias(images, tokens)` for the live rows.
+    `person`: (P(person) (B,), person words (V,)) from the word detectors, or None when the model has none.
+    Built by photo_evidence (one per decode); tests build it from hand-made probabilities."""
 
     def __init__(self, probs: torch.Tensor, words: torch.Tensor, settings: DecodeConfig,
                  person: tuple[torch.Tensor, torch.Tensor] | None = None):
@@ -71,13 +74,14 @@ class Evidence:
         out = ruled_out_words(probs, self.words, settings.evidence_floor)  # (B, V)
         if person is not None and settings.person_floor > 0:
             out = (out + person_ruled_out(person[0].to(probs), person[1], settings.person_floor)).clamp(max=1)
+        self.ruled_out = out  # (B, V) 1: the word names an object the heads rule out (a Caption's contradicted)
         self.penalty = -settings.evidence_penalty * out  # (B, V)
         self.bonus = settings.evidence_bonus * probs * (probs >= settings.evidence_floor).float()  # (B, C)
         self.has_bonus = bool(settings.evidence_bonus) and bool((self.bonus > 0).any())  # else bias = penalty
 
     def bias(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """images (N,) the image of each live row, tokens (N, t) its words so far -> (N, V)."""
-        if not self.has_bonus:  # no word earns a bonus (evidence_bonus 0, the stored setting): a lookup per step
+        if not self.has_bonus:  # no word earns a bonus (evidence_bonus 0): a lookup per step
             return self.penalty[images]  # (N, V)
         bonus = self.bonus[images]  # (N, C)
         if tokens.shape[1]:
@@ -95,3 +99,23 @@ class Evidence:
         named = self.words[t]  # (L, C): the categories each word names
         before = torch.cat([torch.zeros_like(named[:1]), named.cummax(0).values[:-1]])  # (L, C): named before word k
         return out + ((self.bonus[image] * (1 - before)) * named).sum(-1)  # (L,): bias() at each step, at once
+
+
+def photo_evidence(reading: HeadReading, model: torch.nn.Module, vocab: Vocab, settings: DecodeConfig
+                   ) -> Evidence | None:
+    """The photos' evidence from their reading, computed once per decode: the ruled-out words (category
+    words below decode.evidence_floor; person words below decode.person_floor with a person detector), the
+    bonus table. None without the ImageNet head. Decoding uses it only with decode.evidence; the contradicted
+    words of every Caption come from its `ruled_out` either way. A ValueError when decode.person_floor asks
+    for a person detector the model lacks."""
+    det = checked_detectors(model, settings)
+    if reading.probs is None:
+        return None
+    words = word_categories(vocab).to(reading.probs.device)  # (V, C)
+    person = None
+    if det is not None and reading.seen is not None:
+        person = (det.prob_of(reading.seen, PERSON), person_word_mask(vocab, det).to(reading.probs.device))
+    return Evidence(reading.probs, words, settings, person)
+
+
+__all__ = ["Evidence", "photo_evidence", "word_categories", "checked_detectors", "person_word_mask"]

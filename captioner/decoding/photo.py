@@ -20,12 +20,13 @@ from ..concepts.imagenet import Concepts
 from ..config import DecodeConfig
 from ..vocab import Vocab
 from .captions import Caption, captions_from_features, small_photo_note
+from .evidence import photo_evidence
 from .explain import explain_features, sentence_words
 from .reading import HeadReading, annotate, photo_concepts
 
 
-class Reader(Protocol):
-    """What a Photo needs from the Captioner that read it (api.Captioner)."""
+class Loaded(Protocol):
+    """What a Photo needs from the Captioner that read it (api.Captioner; `loaded` wherever the code holds one)."""
 
     model: torch.nn.Module
     vocab: Vocab
@@ -39,9 +40,9 @@ class Photo:
     model's input), `features` (1, P, D), `reading` (the heads' outputs), `concepts`; `caption(**settings)`
     and `explain(text)` decode from these, never from the image again."""
 
-    def __init__(self, reader: Reader, features: torch.Tensor, reading: HeadReading, size: tuple[int, int],
+    def __init__(self, loaded: Loaded, features: torch.Tensor, reading: HeadReading, size: tuple[int, int],
                  input_side: int, name: str | None = None):
-        self.reader, self.features, self.reading = reader, features, reading  # (1, P, D)
+        self.loaded, self.features, self.reading = loaded, features, reading  # (1, P, D)
         self.size, self.input_side, self.name = (int(size[0]), int(size[1])), int(input_side), name
         self._concepts: Concepts | None = None
 
@@ -52,17 +53,17 @@ class Photo:
         return [note] if note else []
 
     @property
-    def concepts(self) -> Concepts | None:
+    def concepts(self) -> Concepts:
         """What the encoder's heads see (Concepts: categories at P >= THRESHOLD with person and detected
-        words, top ImageNet classes, every P); None for an encoder without the ImageNet head. Every Caption
-        of this photo carries `concepts.top`."""
-        if self._concepts is None and self.reading.logits is not None:
-            self._concepts = photo_concepts(self.reading, self.reader.model)[0]
+        words, top ImageNet classes, every P); Concepts.unseen() (nothing) for an encoder without the ImageNet
+        head. Every Caption of this photo carries `concepts.top`."""
+        if self._concepts is None:
+            self._concepts = photo_concepts(self.reading, self.loaded.model)[0]
         return self._concepts
 
     def caption(self, **overrides: Any) -> Caption:
         """The caption at the model file's decode settings, or with `overrides` (any DecodeConfig field)."""
-        return caption_photos(self.reader, [self], **overrides)[0]
+        return caption_photos(self.loaded, [self], **overrides)[0]
 
     @torch.no_grad()
     def explain(self, text: str, **overrides: Any) -> Caption:
@@ -70,26 +71,28 @@ class Photo:
         where the model looks for each word and how likely it finds each, with the photo's concepts, the
         words its heads contradict and concept maps, like a generated caption. NoWordsError without words."""
         words = sentence_words(text)
-        reader = self.reader
-        settings = reader.decode_settings(**overrides)
-        cap = explain_features(reader.model.decoder, self.features, reader.vocab, words, settings.hard_context)
-        ids = [reader.vocab.stoi.get(w, reader.vocab.unk) for w in cap.words]
-        annotate([cap], [ids], self.reading, self.features, reader.model, reader.vocab, settings)
+        loaded = self.loaded
+        settings = loaded.decode_settings(**overrides)
+        cap = explain_features(loaded.model.decoder, self.features, loaded.vocab, words, settings.hard_context)
+        ids = [loaded.vocab.stoi.get(w, loaded.vocab.unk) for w in cap.words]
+        evidence = photo_evidence(self.reading, loaded.model, loaded.vocab, settings)  # its ruled-out words
+        annotate([cap], [ids], self.reading, self.features, loaded.model, loaded.vocab,
+                 None if evidence is None else evidence.ruled_out)
         return self._own(cap, settings)
 
     def _own(self, cap: Caption, settings: DecodeConfig) -> Caption:
         cap.photo_size, cap.input_side = self.size, self.input_side
-        cap.settings, cap.model_file = dataclasses.asdict(settings), self.reader.source
+        cap.settings, cap.model_file = dataclasses.asdict(settings), self.loaded.source
         return cap
 
 
 @torch.no_grad()
-def caption_photos(reader: Reader, photos: Sequence[Photo], **overrides: Any) -> list[Caption]:
-    """Photos read by `reader` -> their captions, decoded together (batched over photos and beams)."""
+def caption_photos(loaded: Loaded, photos: Sequence[Photo], **overrides: Any) -> list[Caption]:
+    """Photos read by `loaded` (a Captioner) -> their captions, decoded together (batched over photos and beams)."""
     if not photos:
         return []
-    settings = reader.decode_settings(**overrides)
+    settings = loaded.decode_settings(**overrides)
     feats = torch.cat([p.features for p in photos])  # (B, P, D)
     reading = HeadReading.cat([p.reading for p in photos])
-    caps = captions_from_features(reader.model, feats, reader.vocab, settings, batch_size=len(photos), reading=reading)
+    caps = captions_from_features(loaded.model, feats, loaded.vocab, settings, batch_size=len(photos), reading=reading)
     return [p._own(c, settings) for p, c in zip(photos, caps)]

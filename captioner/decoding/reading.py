@@ -3,9 +3,9 @@
 `read_heads(model, feats)` runs the ImageNet classifier once over each photo's annotation vectors (its
 logits (B, K)) and, when the model file carries them, the word detectors (whose person evidence takes the
 classifier's clothes probability from those same logits). Everything else derives from that reading:
-the concept probabilities (B, C) evidence-aware decoding biases words with, each photo's Concepts (the one
-list the API, a Caption and the app show), the ruled-out words a Caption marks as contradicted, and the
-concept maps of the words a sentence says. `annotate` is the one builder that dresses a Caption with them,
+the concept probabilities (B, C) evidence-aware decoding biases words with (and the ruled-out words a Caption
+marks as contradicted: evidence.photo_evidence), each photo's Concepts (the one list the API, a Caption and
+the app show), and the concept maps of the words a sentence says. `annotate` is the one builder that dresses a Caption with them,
 for a generated caption and an explained (typed) sentence alike.
 
 Legend: B photos, P = G*G attention cells, D feature dim, K ImageNet classes, C COCO categories,
@@ -20,33 +20,34 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..concepts.detectors import PERSON, WordDetectors, detect_words, detectors_of, with_detections
-from ..concepts.imagenet import (MAP_CATEGORIES, THRESHOLD, Concepts, concepts_of, imagenet_head_or_none,
-                                 imagenet_logits, membership)
+from ..concepts.detectors import detect_words, detectors_of, with_detections
+from ..concepts.imagenet import (MAP_CATEGORIES, THRESHOLD, Concepts, category_probs, concepts_of,
+                                 imagenet_head_or_none, imagenet_logits)
 from ..concepts.maps import MIN_PROB, category_maps
-from ..config import DecodeConfig
+from ..concepts.words import word_categories
 from ..vocab import Vocab
-from .evidence import person_ruled_out, ruled_out_words, word_categories
 
 
 @dataclass
 class HeadReading:
-    """The heads' outputs for B photos (None where the model has no such head)."""
+    """The heads' outputs for `photos` photos B (None where the model has no such head)."""
 
     logits: torch.Tensor | None  # (B, K) the ImageNet classifier's logits, float32
-    probs: torch.Tensor | None  # (B, C) P(category) over CATEGORIES
+    probs: torch.Tensor | None  # (B, C) P(category) over CATEGORIES (imagenet.category_probs)
     seen: torch.Tensor | None  # (B, K') the word detectors' P(word group), float32
+    photos: int  # B, known with or without the heads
 
     @staticmethod
     def cat(readings: Sequence["HeadReading"]) -> "HeadReading":
         """The readings of several photos as one (photos in order)."""
         join = lambda ts: None if ts[0] is None else torch.cat(ts)  # noqa: E731
-        return HeadReading(*(join([getattr(r, f) for r in readings]) for f in ("logits", "probs", "seen")))
+        return HeadReading(*(join([getattr(r, f) for r in readings]) for f in ("logits", "probs", "seen")),
+                           photos=sum(r.photos for r in readings))
 
     def rows(self, start: int, stop: int) -> "HeadReading":
         """The reading of photos start..stop-1."""
         cut = lambda t: None if t is None else t[start:stop]  # noqa: E731
-        return HeadReading(cut(self.logits), cut(self.probs), cut(self.seen))
+        return HeadReading(cut(self.logits), cut(self.probs), cut(self.seen), len(range(self.photos)[start:stop]))
 
 
 @torch.no_grad()
@@ -54,18 +55,20 @@ def read_heads(model: torch.nn.Module, feats: torch.Tensor) -> HeadReading:
     """Annotation vectors (B, P, D) -> the heads' reading: the classifier runs once, the detectors once."""
     head = imagenet_head_or_none(model)
     if head is None:
-        return HeadReading(None, None, None)
+        return HeadReading(None, None, None, len(feats))
     logits = imagenet_logits(head, feats)  # (B, K): the classifier's one run over these photos
-    probs = logits.softmax(-1) @ membership(logits.device).T  # (B, C)
+    probs = category_probs(logits)  # (B, C)
     seen = detect_words(model, feats, logits)  # (B, K') or None
-    return HeadReading(logits, probs, None if seen is None else seen.float())
+    return HeadReading(logits, probs, None if seen is None else seen.float(), len(feats))
 
 
 def photo_concepts(reading: HeadReading, model: torch.nn.Module, threshold: float = THRESHOLD,
                    top_k: int = 5) -> list[Concepts]:
     """One Concepts per photo of the reading: COCO categories at P >= threshold, the top_k ImageNet classes
-    and, with word detectors, the detected words (person too) at P >= threshold. [] per photo for an
-    encoder without the ImageNet head is not possible: callers check the head first."""
+    and, with word detectors, the detected words (person too) at P >= threshold. An encoder without
+    the ImageNet head sees nothing: Concepts.unseen() per photo (its Captions' concepts are empty too)."""
+    if reading.logits is None:
+        return [Concepts.unseen() for _ in range(reading.photos)]
     out = concepts_of(reading.logits, threshold, top_k)
     det = detectors_of(model)
     if det is not None and reading.seen is not None:
@@ -75,45 +78,16 @@ def photo_concepts(reading: HeadReading, model: torch.nn.Module, threshold: floa
     return out
 
 
-def checked_detectors(model: torch.nn.Module, settings: DecodeConfig) -> WordDetectors | None:
-    """The model's word detectors; a ValueError when decode.person_floor asks for a person detector it lacks."""
-    det = detectors_of(model)
-    if settings.person_floor > 0 and (det is None or PERSON not in det.groups):
-        raise ValueError(f"decode.person_floor={settings.person_floor} needs a model file with a person detector "
-                         "(captioner-train-detectors writes one); set decode.person_floor=0 for this model")
-    return det
-
-
-def person_word_mask(vocab: Vocab, det: WordDetectors) -> torch.Tensor:
-    """(V,) 0/1: the vocabulary's person words (the person detector's group)."""
-    names = set(det.members.get(PERSON, ()))
-    return torch.tensor([float(w in names) for w in vocab.itos])
-
-
-def ruled_out(reading: HeadReading, model: torch.nn.Module, vocab: Vocab, settings: DecodeConfig) -> torch.Tensor | None:
-    """(B, V) 1 for the words naming an object the heads rule out in each photo (P(category) below
-    decode.evidence_floor; person words below decode.person_floor with a person detector), or None."""
-    if reading.probs is None:
-        return None
-    words = word_categories(vocab).to(reading.probs.device)  # (V, C)
-    out = ruled_out_words(reading.probs, words, settings.evidence_floor)  # (B, V)
-    det = checked_detectors(model, settings)
-    if det is not None and reading.seen is not None and settings.person_floor > 0:
-        person = person_ruled_out(det.prob_of(reading.seen, PERSON), person_word_mask(vocab, det).to(out.device),
-                                  settings.person_floor)
-        out = (out + person).clamp(max=1)
-    return out
-
-
 def annotate(caps: Sequence[Any], tokens: Sequence[Sequence[int]], reading: HeadReading,
-             feats: torch.Tensor, model: torch.nn.Module, vocab: Vocab, settings: DecodeConfig) -> None:
+             feats: torch.Tensor, model: torch.nn.Module, vocab: Vocab, ruled_out: torch.Tensor | None) -> None:
     """Dress each Caption (decoding/captions.py; generated or explained) with its photo's reading, in place: concepts (the photo's
     one list), detections, contradicted words and the concept maps of the words it says. tokens[n]: the word
-    ids of caps[n] (unknown words as <unk>); feats (n, P, D) and the reading's rows are their photos."""
+    ids of caps[n] (unknown words as <unk>); feats (n, P, D) and the reading's rows are their photos;
+    ruled_out (n, V): the photos' ruled-out words, the mask decoding's evidence holds (evidence.photo_evidence)."""
     if reading.logits is None:
         return
     concepts = photo_concepts(reading, model)
-    bad = ruled_out(reading, model, vocab, settings)  # (n, V)
+    bad = ruled_out  # (n, V)
     det = detectors_of(model)
     for n, (cap, toks) in enumerate(zip(caps, tokens)):
         cap.concepts = list(concepts[n].top)
@@ -155,4 +129,4 @@ def map_word_categories(vocab: Vocab) -> np.ndarray:
     return np.where(m.sum(1).numpy() > 0, m.argmax(1).numpy(), -1)
 
 
-__all__ = ["HeadReading", "read_heads", "photo_concepts", "annotate", "ruled_out"]
+__all__ = ["HeadReading", "read_heads", "photo_concepts", "annotate"]

@@ -3,40 +3,38 @@
 
 Legend: N live rows (image x beam), t words written so far, V vocabulary.
 
-<pad> and <start> are never generated (nor <unk> with decode.forbid_unk); the decode.block_* settings ban
-repeated trigrams, repeated content bigrams, word salad and repeated words (vocab.repeats: back to back,
+<pad> and <start> are never generated (nor <unk> with decode.forbid_unk); the decode.block_* settings (RULES)
+ban repeated trigrams, repeated content bigrams, word salad and repeated words (vocab.repeats: back to back,
 "X and X", a content word twice); the evidence's word bias (evidence.py) is added before the bans.
+
+Which rules each decode uses, said here once:
+- a caption (the API, the CLI, the app, evaluation, training's validation, the benchmark): config.decode as the
+  model file or the recipe says it (a rule a recipe leaves out is off; a model file written before a rule was
+  stored decodes as it always has: config.DecodeConfig.UNSTORED, filled in by checkpoint.load_checkpoint);
+- SCST's samples (sampling.sample) and its greedy baseline: no rule (`unruled`), the policy's own words, so that
+  the baseline is compared with samples drawn under the same (no) rules;
+- the search tests and a test of what a model has learned (test_overfit): `unruled` too.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from typing import Any
 
 import torch
 
 from ..config import DecodeConfig
-from ..vocab import BAD_LAST_WORDS, FUNCTION_WORDS, REPEAT_JOINERS, SALAD_REPEATS
+from ..vocab import SALAD_REPEATS, SpecialIds
 from .evidence import Evidence
 
 
-@dataclass(frozen=True)
-class SpecialIds:
-    """The token ids decoding treats specially: <start> begins, <end> finishes, <pad> and <start> are
-    never generated, and <unk> (when given) is never generated either."""
-    start: int
-    end: int
-    pad: int = 0
-    unk: int | None = None
-    function_words: tuple[int, ...] = ()  # vocab.FUNCTION_WORDS: bigrams ending in one may repeat
-    bad_last: tuple[int, ...] = ()  # vocab.BAD_LAST_WORDS: a caption never ends on one (decode.block_salad)
-    joiners: tuple[int, ...] = ()  # vocab.REPEAT_JOINERS: "X and X" is a repeat (decode.block_repeats)
+RULES: tuple[str, ...] = ("block_trigrams", "block_bigrams", "block_salad", "block_repeats", "block_content_repeats")
 
-    @classmethod
-    def of(cls, vocab, forbid_unk: bool = True) -> "SpecialIds":
-        """From a Vocab; forbid_unk is config.decode.forbid_unk (a caption for people never says "<unk>")."""
-        function = tuple(sorted(vocab.stoi[w] for w in FUNCTION_WORDS if w in vocab.stoi))
-        bad_last = tuple(sorted(vocab.stoi[w] for w in BAD_LAST_WORDS if w in vocab.stoi))
-        joiners = tuple(sorted(vocab.stoi[w] for w in REPEAT_JOINERS if w in vocab.stoi))
-        return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None, function, bad_last, joiners)
+
+def unruled(settings: DecodeConfig | None = None, **changes: Any) -> DecodeConfig:
+    """`settings` (default: DecodeConfig()) with no rule on which word may come next (every RULES setting off),
+    then `changes`: the model's own words, as SCST samples them. <pad>, <start> (and <unk> with forbid_unk)
+    stay forbidden; the evidence is the caller's (greedy_decode and beam_search take it separately)."""
+    return dataclasses.replace(settings or DecodeConfig(), **{**{r: False for r in RULES}, **changes})
 
 
 def _forbid(logp: torch.Tensor, pad: int, start: int, unk: int | None = None) -> torch.Tensor:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .search import SpecialIds
+from ..vocab import SpecialIds
 from ..model.decoder import Decoder
 from ..model.fast import inference
 

@@ -5,9 +5,9 @@ Legend: B images, K beam size, N live rows (image x beam), P regions, D feature 
 The one entry point is `decode(decoder, feats, ids, settings)`: the special token ids and a DecodeConfig
 (config.decode: beam size, maximum length, length penalty, <unk> and trigram rules, a hard model's
 context). This module reads the search settings (beam_size, max_len, length_penalty, hard_context;
-api.py's explain reads hard_context too); the rules on which word may come next (block_*, the evidence's
-bias) are rules.word_logp's; forbid_unk is read by the callers of SpecialIds.of (captions.py,
-training/objectives.py, bench/breakdown.py), evidence* and person_floor by captions.py and evidence.py.
+photo.py's explain reads hard_context too); the rules on which word may come next (block_*, the evidence's
+bias) are rules.word_logp's; forbid_unk is read by the callers of vocab.SpecialIds.of (captions.py,
+training/objectives.py, bench/inference.py), evidence* and person_floor by evidence.py.
 
 All step through model/fast.inference(decoder) (as does sampling.py): Decoder.step, the step teacher-forced
 training uses, computed faster (tests/test_fast_decoding.py).
@@ -23,7 +23,8 @@ import torch
 
 from ..config import DecodeConfig
 from .evidence import Evidence
-from .rules import SpecialIds, word_logp
+from .rules import word_logp
+from ..vocab import SpecialIds
 from ..model.decoder import Decoder
 from ..model.fast import Steps, inference
 
@@ -207,8 +208,22 @@ def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: Dec
            evidence: Evidence | None = None) -> list[list[Hypothesis]]:
     """THE decoding entry: feats (B, P, D) -> for each image its hypotheses, best first. Greedy when
     settings.beam_size == 1 (one hypothesis per image), else beam search. evidence: the images'
-    Evidence (evidence-aware decoding: scores added to object words), or None."""
+    Evidence (evidence-aware decoding: scores added to object words), or None. The bias ranks the
+    hypotheses (their score keeps it) and is taken off again here: log_prob and word_logps are the model's own."""
     settings.checked()  # config.DecodeConfig.LIMITS: one place for every setting's range
     if settings.beam_size == 1:
-        return [[h] for h in greedy_decode(decoder, feats, ids, settings, evidence)]
-    return beam_search(decoder, feats, ids, settings, evidence)
+        hyps = [[h] for h in greedy_decode(decoder, feats, ids, settings, evidence)]
+    else:
+        hyps = beam_search(decoder, feats, ids, settings, evidence)
+    if evidence is not None:
+        _remove_bias(hyps, evidence)
+    return hyps
+
+
+def _remove_bias(hyps: list[list[Hypothesis]], evidence: Evidence) -> None:
+    """In place: each hypothesis's log_prob and word_logps without the bias the evidence added to its words."""
+    for image, image_hyps in enumerate(hyps):
+        for h in image_hyps:
+            bias = evidence.word_bias(image, h.tokens).float().cpu()  # (L,)
+            h.log_prob -= float(bias.sum())
+            h.word_logps = None if h.word_logps is None else h.word_logps - bias

@@ -167,49 +167,49 @@ def ground_captions(captions: Sequence["Caption"], records: Sequence["ImageRecor
     return GroundingSummary.of(scored, len(keep))
 
 
-def ground_generated(model: "Captioner", feats: torch.Tensor | np.ndarray, records: Sequence["ImageRecord"],
+def ground_generated(loaded: "Captioner", feats: torch.Tensor | np.ndarray, records: Sequence["ImageRecord"],
                      instances: Instances, settings: "DecodeConfig | None" = None) -> GroundingSummary:
     """Grounding of the model's own captions: feats (N, P, D) of records (N,), decoded exactly as
     evaluation decodes them (captions_from_features) with `settings` (None: the model file's own)."""
     from ..decoding.captions import captions_from_features
 
     keep = _usable(records, instances)
-    caps = captions_from_features(model.model, feats[keep], model.vocab, settings or model.decode_settings())
+    caps = captions_from_features(loaded.model, feats[keep], loaded.vocab, settings or loaded.decode_settings())
     return ground_captions(caps, [records[i] for i in keep], instances)
 
 
-def reference_alphas(model: "Captioner", feats: torch.Tensor, captions: Sequence[Sequence[str]],
+def reference_alphas(loaded: "Captioner", feats: torch.Tensor, captions: Sequence[Sequence[str]],
                      max_len: int = 50) -> list[np.ndarray]:
     """Teacher forcing on tokenised captions of ONE image: feats (1, P, D), captions (C,) of words ->
     for each caption (min(len, max_len), P) attention, row t being the map with which word t is
     predicted (the same step at which decoding would emit it). explain's force_sentences does the work."""
     from ..decoding.explain import force_sentences
 
-    x = torch.as_tensor(feats).to(model.device)
-    forced = force_sentences(model.model.decoder, x, model.vocab, [list(c)[:max_len] for c in captions])
+    x = torch.as_tensor(feats).to(loaded.device)
+    forced = force_sentences(loaded.model.decoder, x, loaded.vocab, [list(c)[:max_len] for c in captions])
     return [f.alphas for f in forced]
 
 
 @torch.no_grad()
-def ground_references(model: "Captioner", feats: torch.Tensor | np.ndarray, records: Sequence["ImageRecord"],
+def ground_references(loaded: "Captioner", feats: torch.Tensor | np.ndarray, records: Sequence["ImageRecord"],
                       instances: Instances, max_len: int = 50) -> GroundingSummary:
     """Grounding of the reference captions under teacher forcing (no caption errors): every word of
     every reference that names a category in the photo."""
     keep = _usable(records, instances)
-    table, g = word_table(instances.categories), model.grid_size
+    table, g = word_table(instances.categories), loaded.grid_size
     scored: list[WordGrounding] = []
     for i in keep:
         caps = [tokenize(c) for c in records[i].captions]
         x = torch.as_tensor(np.asarray(feats[i:i + 1], dtype=np.float32))  # (1, P, D)
         cov = instances.coverage(records[i].image_id, g, g)
-        for words, a in zip(caps, reference_alphas(model, x, caps, max_len)):
+        for words, a in zip(caps, reference_alphas(loaded, x, caps, max_len)):
             words = words[:len(a)]
             scored += ground_words(words, a.reshape(len(words), g, g), cov, table, records[i].image_id)
     return GroundingSummary.of(scored, len(keep))
 
 
 @torch.no_grad()
-def ground_concept_maps(model: "Captioner", feats: torch.Tensor | np.ndarray, records: Sequence["ImageRecord"],
+def ground_concept_maps(loaded: "Captioner", feats: torch.Tensor | np.ndarray, records: Sequence["ImageRecord"],
                         instances: Instances, min_prob: float = 0.1) -> GroundingSummary:
     """Grounding of the encoder's own concept maps (concepts/maps.py): for every category with boxes in
     the photo that the ImageNet head sees with P >= min_prob, its class activation map's mass inside
@@ -218,10 +218,10 @@ def ground_concept_maps(model: "Captioner", feats: torch.Tensor | np.ndarray, re
     from ..concepts.imagenet import MAP_CATEGORIES, encoder_head
 
     keep = _usable(records, instances)
-    head, g = encoder_head(model.model), model.grid_size
+    head, g = encoder_head(loaded.model), loaded.grid_size
     scored: list[WordGrounding] = []
     for i in keep:
-        x = torch.as_tensor(np.asarray(feats[i:i + 1], dtype=np.float32)).to(model.device)  # (1, P, D)
+        x = torch.as_tensor(np.asarray(feats[i:i + 1], dtype=np.float32)).to(loaded.device)  # (1, P, D)
         maps, probs = concept_maps(head, x)  # (1, C, P), (1, C)
         for cat, cov in instances.coverage(records[i].image_id, g, g).items():
             if cat in MAP_CATEGORIES and float(probs[0, MAP_CATEGORIES.index(cat)]) >= min_prob:

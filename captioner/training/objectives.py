@@ -21,15 +21,16 @@ import torch
 from .cider import CiderD
 from ..concepts.maps import cam_loss, concept_maps, head_kl
 from ..concepts.imagenet import MAP_CATEGORIES, encoder_head
-from ..decoding.evidence import word_categories
+from ..concepts.words import word_categories
 from ..config import Config, check_choice
 from ..data.dataset import Batch
-from ..decoding.search import SpecialIds, greedy_decode
+from ..decoding.rules import unruled
+from ..decoding.search import greedy_decode
 from ..decoding.sampling import sample
 from .loss import (attention_entropy, attention_penalty, caption_log_likelihood, caption_loss, hard_attention_terms,
                    update_baseline)
 from ..model.captioner import CaptionModel
-from ..vocab import FUNCTION_WORDS, Vocab
+from ..vocab import FUNCTION_WORDS, SpecialIds, Vocab
 
 
 @dataclass
@@ -201,9 +202,8 @@ class SelfCritical:
     def _greedy_reward(self, model: CaptionModel, feats: torch.Tensor, refs: list[list[list[int]]]) -> torch.Tensor:
         was_training = model.decoder.training
         model.decoder.eval()  # the caption the model would write: no dropout
-        settings = dataclasses.replace(self.cfg.decode, beam_size=1, max_len=self.cfg.train.scst_max_len,
-                                       block_trigrams=False, block_repeats=False, block_content_repeats=False)
-        # the baseline is the policy's own greedy caption: the samples it is compared with obey no repeat rule
+        # the baseline is the policy's own greedy caption, under the samples' rules (none: rules.py says which)
+        settings = unruled(self.cfg.decode, beam_size=1, max_len=self.cfg.train.scst_max_len)
         hyps = greedy_decode(model.decoder, feats, SpecialIds.of(self.vocab, self.cfg.decode.forbid_unk), settings)
         model.decoder.train(was_training)
         return self.rewards([h.tokens for h in hyps], refs)

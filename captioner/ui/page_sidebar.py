@@ -1,5 +1,5 @@
 """The app's sidebar: the checkpoint menu and precision, the decode widgets (starting at the model file's
-stored settings, limits from config.DECODE_LIMITS) and the map view."""
+stored settings, limits from config.DecodeConfig.LIMITS) and the map view."""
 from __future__ import annotations
 
 from pathlib import Path

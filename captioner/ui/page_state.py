@@ -89,7 +89,7 @@ def get_model(path: str, mtime: float, dtype: str = "float32") -> captioner.Capt
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
-def get_reading(path: str, mtime: float, dtype: str, digest: str, _image) -> captioner.Photo:
+def get_photo(path: str, mtime: float, dtype: str, digest: str, _image) -> captioner.Photo:
     """One photo as one model read it (keyed by the photo's digest): the encoder and its heads run once per
     photo and model, so new decode settings, a typed sentence, another word or region, or a comparison only
     decode (captioner.Photo.caption / explain). Never modified."""
@@ -100,14 +100,14 @@ def get_reading(path: str, mtime: float, dtype: str, digest: str, _image) -> cap
 def get_caption(path: str, mtime: float, dtype: str, digest: str, decode: Decode, _image) -> captioner.Caption:
     """Caption of one decoded photo (keyed by its digest and the decode settings as (name, value) pairs),
     so moving the opacity or word sliders does not decode again."""
-    return get_reading(path, mtime, dtype, digest, _image).caption(**dict(decode))
+    return get_photo(path, mtime, dtype, digest, _image).caption(**dict(decode))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def get_explanation(path: str, mtime: float, dtype: str, digest: str, text: str, hard_context: str,
                     _image) -> captioner.Caption:
-    """A typed sentence teacher-forced on one photo (Shown.explain), cached per model, photo and text."""
-    cap = get_reading(path, mtime, dtype, digest, _image).explain(text, hard_context=hard_context)
+    """A typed sentence teacher-forced on one photo (Photo.explain), cached per model, photo and text."""
+    cap = get_photo(path, mtime, dtype, digest, _image).explain(text, hard_context=hard_context)
     cap.photo_size = None  # a small photo's note is shown once, by the caption
     return cap
 
