@@ -310,3 +310,10 @@ def test_the_code_name_scan_is_not_vacuous_and_catches_stale_names():
     assert missing_code_names(lines) == ["search.word_logp (docs/x.md:3)", "Captioner.features (docs/x.md:3)",
                                          "decode.beam_sise (docs/x.md:3)", "get_features (docs/x.md:3)",
                                          "imagenet.detect (docs/x.md:3)"]
+
+
+def test_the_readme_stays_short():
+    """README is the front door (set-up, first use, results, where to read on); studies live in docs/. Its bar:
+    12 KB (it had grown to 16.5 KB)."""
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= 12_000, f"README.md is {size:,} bytes: move a study or a long section to docs/"
