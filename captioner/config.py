@@ -18,9 +18,8 @@ from typing import Any, ClassVar, Iterable
 ENCODERS = ("efficientnet_lite0", "efficientnet_lite2", "resnet101", "resnet152")  # model.encoder
 ATTENTIONS = ("soft", "hard")  # model.attention
 DATASETS = ("flickr8k", "coco", "karpathy")  # data.dataset
-METRICS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")  # train.val_metric
-# ... or CIDEr + the mean F1 of an extended vocabulary's new words' use on val (training/new_words.py)
-VAL_METRICS = METRICS + ("CIDEr_new_words",)
+METRICS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")  # train.val_metric, or:
+VAL_METRICS = METRICS + ("CIDEr_new_words",)  # CIDEr + mean F1 of new words' use on val (training/new_words.py)
 OBJECTIVES = ("xe", "scst")  # train.objective
 SCST_BASELINES = ("mean", "greedy")  # train.scst_baseline
 HARD_CONTEXTS = ("expected", "argmax")  # decode.hard_context
@@ -118,9 +117,8 @@ class TrainConfig:
     objective: str = "xe"  # OBJECTIVES: xe (cross-entropy, teacher forcing) | scst (self-critical on CIDEr-D)
     init_from: str = ""  # start a new run from this model file's weights and vocabulary (e.g. SCST after xe)
     init_encoder: bool = False  # with init_from and a frozen encoder: take its encoder too (the cache is built with it)
-    extend_vocab: bool = False  # with init_from: add the training captions' new words (min_word_count) to its
-    # vocabulary; old words keep their ids, embeddings and output rows (training/warm_start.py), a new word
-    # starts as the old word the model says in its place (training/new_words.py)
+    extend_vocab: bool = False  # with init_from: + the captions' new words (min_word_count); old words keep their
+    # ids and rows (training/warm_start.py), a new word starts as the old word said in its place (new_words.py)
     new_words_lr_factor: float = 1.0  # with extend_vocab: Adam's steps on the new words' rows x this
     min_epoch_batches: int = 0  # a small training set is passed over again until an epoch has this many batches
     scst_samples: int = 5  # K sampled captions per image

@@ -20,8 +20,6 @@ def main(argv: list[str] | None = None) -> int:
     from captioner.data import build_mix
     from captioner.data.features import build_cache
     from captioner.model.encoder import Encoder, build_preprocess
-    from captioner.checkpoint import load_checkpoint
-    from captioner.training.run import run_vocabulary
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML/JSON recipe in configs/")
@@ -48,18 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name} {split}: {len(recs)} images, {sum(len(r.captions) for r in recs)} captions"
               + (f"; {len(missing)} image files missing, e.g. {', '.join(missing[:5])}" if missing else ""))
     if "train" in mix:
-        caps = [c for _, recs in mix["train"] for r in recs for c in r.captions]
-        init_vocab = load_checkpoint(cfg.train.init_from).vocab if cfg.train.init_from else None
-        vocab = run_vocabulary(cfg, caps, init_vocab)  # the one captioner-train will use
-        if init_vocab is not None:
-            new = vocab.itos[len(init_vocab):]
-            print(f"vocabulary of {cfg.train.init_from} ({len(init_vocab)} words)"
-                  + (f" + {len(new)} new from your captions: {', '.join(new[:12])}{' ...' if len(new) > 12 else ''}"
-                     if new else (" + no new words (a word needs data.min_word_count="
-                                  f"{cfg.data.min_word_count} captions)" if cfg.train.extend_vocab else "")))
-        print(vocab.stats(caps, cfg.data.max_caption_len))
-        if args.vocab_out:
-            vocab.save(args.vocab_out)
+        _report_vocabulary(cfg, [c for _, recs in mix["train"] for r in recs for c in r.captions], args.vocab_out)
     if args.no_features:
         return 0
     if cfg.from_activations:  # model.tune_stages: the frozen lower stages' activations instead of features
@@ -75,6 +62,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{source} {split}: features {tuple(cache.features.shape)} float16 at {cache.path} "
               f"({time.time() - t:.0f}s)")
     return 0
+
+
+def _report_vocabulary(cfg, caps: list[str], vocab_out: str | None) -> None:
+    """Print the vocabulary captioner-train will use (with train.init_from: the start file's, extended by the
+    captions' new words) and its statistics on the training captions; save it to `vocab_out` when given."""
+    from captioner.checkpoint import load_checkpoint
+    from captioner.training.run import run_vocabulary
+
+    init_vocab = load_checkpoint(cfg.train.init_from).vocab if cfg.train.init_from else None
+    vocab = run_vocabulary(cfg, caps, init_vocab)
+    if init_vocab is not None:
+        new = vocab.itos[len(init_vocab):]
+        print(f"vocabulary of {cfg.train.init_from} ({len(init_vocab)} words)"
+              + (f" + {len(new)} new from your captions: {', '.join(new[:12])}{' ...' if len(new) > 12 else ''}"
+                 if new else (" + no new words (a word needs data.min_word_count="
+                              f"{cfg.data.min_word_count} captions)" if cfg.train.extend_vocab else "")))
+    print(vocab.stats(caps, cfg.data.max_caption_len))
+    if vocab_out:
+        vocab.save(vocab_out)
 
 
 def _encoder(cfg):
