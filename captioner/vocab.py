@@ -97,13 +97,24 @@ class VocabStats:
 
 
 class Vocab:
-    def __init__(self, words: Sequence[str]):
+    def __init__(self, words: Sequence[str], aliases: dict[str, str] | None = None):
+        """`aliases`: a word taught from an old one (training/new_words.py: "stallion" started as "horse") ->
+        that old word. The two name one thing: saying both is a repeat (decode.block_content_repeats)."""
         if tuple(words[:4]) != SPECIALS:
             raise ValueError(f"vocabulary must start with {SPECIALS}, got {list(words[:4])}")
         self.itos: list[str] = list(words)
         self.stoi: dict[str, int] = {w: i for i, w in enumerate(self.itos)}
         if len(self.stoi) != len(self.itos):
             raise ValueError("vocabulary has duplicate words")
+        self.aliases: dict[str, str] = {}
+        for new, old in (aliases or {}).items():
+            self.alias(new, old)
+
+    def alias(self, new: str, old: str) -> None:
+        """Record that `new` stands for `old` (both vocabulary words; saved with the vocabulary)."""
+        if new not in self.stoi or old not in self.stoi:
+            raise ValueError(f"vocabulary alias {new!r} -> {old!r}: both must be vocabulary words")
+        self.aliases[new] = old
 
     pad = property(lambda self: 0)
     start = property(lambda self: 1)
@@ -124,7 +135,7 @@ class Vocab:
         """This vocabulary plus the words of `captions` seen >= min_count times that it lacks, appended in
         build()'s order: every old word keeps its id (a warm start keeps its embedding and output rows)."""
         new = [w for w in Vocab.build(captions, min_count).itos[len(SPECIALS):] if w not in self.stoi]
-        return Vocab(self.itos + new)
+        return Vocab(self.itos + new, self.aliases)
 
     def encode(self, caption: str, max_len: int | None = None) -> list[int]:
         """Caption -> [<start>, w1, ..., wn, <end>] ids, truncating to max_len words."""
@@ -165,7 +176,7 @@ class Vocab:
         )
 
     def to_json(self) -> str:
-        return json.dumps({"itos": self.itos})
+        return json.dumps({"itos": self.itos, **({"aliases": self.aliases} if self.aliases else {})})
 
     @classmethod
     def from_json(cls, text: str) -> "Vocab":
@@ -174,7 +185,10 @@ class Vocab:
             raise ValueError("vocabulary JSON must be an object with an 'itos' list of words")
         if not all(isinstance(w, str) for w in data["itos"]):
             raise ValueError("vocabulary JSON: every entry of 'itos' must be a string")
-        return cls(data["itos"])
+        aliases = data.get("aliases", {})
+        if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()):
+            raise ValueError("vocabulary JSON: 'aliases' must map words to words")
+        return cls(data["itos"], aliases)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
@@ -195,6 +209,7 @@ class SpecialIds:
     function_words: tuple[int, ...] = ()  # vocab.FUNCTION_WORDS: bigrams ending in one may repeat
     bad_last: tuple[int, ...] = ()  # vocab.BAD_LAST_WORDS: a caption never ends on one (decode.block_salad)
     joiners: tuple[int, ...] = ()  # vocab.REPEAT_JOINERS: "X and X" is a repeat (decode.block_repeats)
+    twins: tuple[tuple[int, int], ...] = ()  # Vocab.aliases as (new, old) ids: saying both is a content repeat
 
     @classmethod
     def of(cls, vocab: "Vocab", forbid_unk: bool = True) -> "SpecialIds":
@@ -202,4 +217,6 @@ class SpecialIds:
         function = tuple(sorted(vocab.stoi[w] for w in FUNCTION_WORDS if w in vocab.stoi))
         bad_last = tuple(sorted(vocab.stoi[w] for w in BAD_LAST_WORDS if w in vocab.stoi))
         joiners = tuple(sorted(vocab.stoi[w] for w in REPEAT_JOINERS if w in vocab.stoi))
-        return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None, function, bad_last, joiners)
+        twins = tuple(sorted((vocab.stoi[new], vocab.stoi[old]) for new, old in vocab.aliases.items()))
+        return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None, function, bad_last, joiners,
+                   twins)

@@ -79,3 +79,24 @@ def test_decoding_never_writes_a_repeat(k):
         for before, after in zip(plain, beam1):
             if not any(kinds(before).values()):
                 assert before == after
+
+
+def test_a_taught_word_and_its_old_twin_are_one_content_word():
+    """Own photos: "stallion" taught from "horse" (Vocab.aliases, saved with the model). Saying one, a caption
+    does not say the other ("a man is riding a horse on a stallion" was an exported own-photos model's)."""
+    from captioner.vocab import Vocab
+
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", "a", "horse", "man", "stallion", "dog"])
+    plain = SpecialIds.of(vocab)
+    vocab.alias("stallion", "horse")
+    ids = SpecialIds.of(vocab)
+    assert ids.twins == ((7, 5),) and plain.twins == ()
+    tokens = torch.tensor([[4, 7], [4, 5], [4, 8]])  # "a stallion", "a horse", "a dog"
+    logp = word_logp(torch.zeros(3, 9), ids, off(block_content_repeats=True), tokens)
+    assert logp[0, 5] == float("-inf") and logp[1, 7] == float("-inf")  # the twin is banned either way round
+    assert logp[2, 5] > float("-inf") and logp[2, 7] > float("-inf")  # a row that said neither may say either
+    assert word_logp(torch.zeros(3, 9), plain, off(block_content_repeats=True), tokens)[0, 5] > float("-inf")
+    back = Vocab.from_json(vocab.to_json())
+    assert back.aliases == {"stallion": "horse"} and Vocab.from_json(Vocab(vocab.itos).to_json()).aliases == {}
+    with pytest.raises(ValueError, match="both must be vocabulary words"):
+        vocab.alias("unicorn", "horse")

@@ -5,6 +5,8 @@ how validation sees them.
   takes the rows (embedding, output row and bias) of the old word the starting model predicts where the
   training captions have the new word, teacher-forced ("stallion" starts as "horse"). Before any step the
   model already places the new word where it belongs; training only has to make it win over the old one.
+  The vocabulary records the pair (Vocab.aliases, saved with the model): a caption that says one of them does
+  not say the other too ("a man riding a horse on a stallion": decode.block_content_repeats).
 - Speed (NewWordRows, train.new_words_lr_factor): Adam's step on the new words' rows is multiplied by a
   factor, the rest of the model keeps train.lr (what it knew stays).
 - Validation (new_word_scores): on the val photos, how often the decoded captions use each new word where
@@ -61,6 +63,7 @@ def init_from_substitutes(decoder: torch.nn.Module, votes: dict[int, Counter], v
             continue
         for name in GROWN_ROWS:
             rows[name][new] = rows[name][old]
+        vocab.alias(vocab.itos[new], vocab.itos[old])  # saved with the model: the two are one thing (rules.py)
         lines.append(f"{vocab.itos[new]} <- {vocab.itos[old]} ({n} of {total} positions)")
     if kept:
         lines.append(f"the average start (too few or mixed positions): {', '.join(kept)}")
