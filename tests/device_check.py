@@ -105,3 +105,21 @@ class HostTensors(TorchFunctionMode):
                                      f"{shapes['device']}")
             self._mark(out, "device" if "device" in sides else "host" if "host" in sides else None)
         return out
+
+
+class HostSync(AssertionError):
+    pass
+
+
+SYNCS = {"nonzero", "item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "argwhere"}
+
+
+class NoHostSync(TorchFunctionMode):
+    """Raises at any call that makes a GPU wait for its queue before the host can go on (reading a value back:
+    .item(), .tolist(), bool(t), nonzero(), .cpu() ...): code run under it can be queued step after step."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in SYNCS:
+            raise HostSync(f"{name}: reads a tensor back to the host")
+        return func(*args, **(kwargs or {}))

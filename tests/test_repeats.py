@@ -100,3 +100,19 @@ def test_a_taught_word_and_its_old_twin_are_one_content_word():
     assert back.aliases == {"stallion": "horse"} and Vocab.from_json(Vocab(vocab.itos).to_json()).aliases == {}
     with pytest.raises(ValueError, match="both must be vocabulary words"):
         vocab.alias("unicorn", "horse")
+
+
+def test_the_rules_never_wait_for_the_device():
+    """Every rule is a mask computed on the device: no nonzero(), item() or bool(tensor) (each a host sync per
+    step on a GPU). tests/device_check.NoHostSync raises at any of them."""
+    from .device_check import HostSync, NoHostSync
+
+    ids = SpecialIds(START, END, PAD, 3, function_words=(AND, A), bad_last=(AND, A), joiners=(AND,), twins=((9, 7),))
+    every = DecodeConfig(block_trigrams=True, block_bigrams=True, block_salad=True, block_repeats=True,
+                         block_content_repeats=True)
+    tokens = torch.tensor([[6, 7, 6, 7, AND], [A, 6, AND, 6, 6], [7, 8, 9, 7, 8]])
+    with NoHostSync():
+        logp = word_logp(torch.zeros(3, 10), ids, every, tokens)
+    assert logp[0, END] == logp[0, 6] == logp[1, 6] == logp[2, 9] == float("-inf") and logp[1, 8] > float("-inf")
+    with pytest.raises(HostSync), NoHostSync():
+        torch.tensor([1, 0]).nonzero()  # the check itself sees a sync

@@ -53,9 +53,7 @@ def _ban_repeated_trigrams(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Te
         return logp
     last = tokens[:, -2:]  # (N, 2): the bigram a new word would extend
     match = (tokens[:, :-2] == last[:, :1]) & (tokens[:, 1:-1] == last[:, 1:])  # (N, t-2): earlier copies
-    rows, pos = match.nonzero(as_tuple=True)
-    logp[rows, tokens[rows, pos + 2]] = float("-inf")  # the words that followed them
-    return logp
+    return logp.masked_fill(_marked(logp, tokens[:, 2:], match), float("-inf"))  # the words that followed them
 
 
 def _ban_repeated_bigrams(logp: torch.Tensor, tokens: torch.Tensor, function_words: tuple[int, ...]) -> torch.Tensor:
@@ -65,11 +63,15 @@ def _ban_repeated_bigrams(logp: torch.Tensor, tokens: torch.Tensor, function_wor
     if tokens.shape[1] < 2:
         return logp
     match = tokens[:, :-1] == tokens[:, -1:]  # (N, t-1): earlier copies of the last word
-    rows, pos = match.nonzero(as_tuple=True)
-    words = tokens[rows, pos + 1]  # the words that followed them
+    words = tokens[:, 1:]  # (N, t-1): the words that followed them
     content = ~torch.isin(words, torch.tensor(function_words, dtype=words.dtype, device=words.device))
-    logp[rows[content], words[content]] = float("-inf")
-    return logp
+    return logp.masked_fill(_marked(logp, words, match & content), float("-inf"))
+
+
+def _marked(logp: torch.Tensor, words: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """(N, V) True at each row's words (N, m) where `where` (N, m) holds. Masks, not indices: no nonzero(),
+    which would wait for the device at every step on a GPU."""
+    return torch.zeros_like(logp).scatter_add_(1, words, where.to(logp.dtype)) > 0
 
 
 def _ban_salad(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds) -> torch.Tensor:
@@ -79,7 +81,8 @@ def _ban_salad(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds) -> tor
         logp[:, ids.end] = float("-inf")
         return logp
     ids_of = lambda words: torch.tensor(words, dtype=tokens.dtype, device=tokens.device)  # noqa: E731
-    logp[torch.isin(tokens[:, -1], ids_of(ids.bad_last)), ids.end] = float("-inf")
+    bad = torch.isin(tokens[:, -1], ids_of(ids.bad_last))  # (N,) rows ending on a word a caption cannot end on
+    logp[:, ids.end] = logp[:, ids.end].masked_fill(bad, float("-inf"))
     if tokens.shape[1] >= SALAD_REPEATS - 1:
         counts = torch.zeros_like(logp).scatter_add_(1, tokens, torch.ones_like(tokens, dtype=logp.dtype))  # (N, V)
         counts[:, ids_of(ids.function_words)] = 0
@@ -100,8 +103,8 @@ def _ban_repeats(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds, clos
     if close:  # back to back
         logp[torch.arange(len(tokens), device=tokens.device), tokens[:, -1]] = float("-inf")
     if close and t >= 2:
-        joined = torch.isin(tokens[:, -1], ids_of(ids.joiners)).nonzero(as_tuple=True)[0]  # (n,) rows ending "X and"
-        logp[joined, tokens[joined, -2]] = float("-inf")
+        joined = torch.isin(tokens[:, -1], ids_of(ids.joiners))  # (N,) rows ending "X and"
+        logp = logp.masked_fill(_marked(logp, tokens[:, -2:-1], joined.unsqueeze(1)), float("-inf"))
     if content:
         said = torch.zeros_like(logp, dtype=torch.bool).scatter_(1, tokens, True)  # (N, V)
         if ids.twins:  # a word and its twin name one thing: either said bans both

@@ -17,31 +17,16 @@ says (the expected context, or the argmax location).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ..config import DecodeConfig
 from .evidence import Evidence
+from .device_beam import beam_search_on_device
+from .hypotheses import History, Hypothesis, alive, candidates, normalise
 from .rules import word_logp
 from ..vocab import SpecialIds
 from ..model.decoder import Decoder
 from ..model.fast import Steps, inference
-
-
-@dataclass
-class Hypothesis:
-    tokens: list[int]  # word ids, without <start>/<end>
-    alphas: torch.Tensor  # (len(tokens), P): attention of each word
-    log_prob: float  # sum of log-probabilities of the words (and of <end> when it was emitted)
-    score: float  # log_prob after length normalisation (what the ranking uses)
-    betas: torch.Tensor | None = None  # (len(tokens),): gate beta of each word (how much it used the image)
-    # (len(tokens),) float32: log-probability of each word when chosen (log_prob minus these = <end>'s); None: unknown
-    word_logps: torch.Tensor | None = None
-
-
-def _normalise(log_prob: float, length: int, length_penalty: float) -> float:
-    return log_prob / (max(length, 1) ** length_penalty) if length_penalty else log_prob
 
 
 @torch.no_grad()
@@ -89,41 +74,6 @@ def greedy_decode(decoder: Decoder | Steps, feats: torch.Tensor, ids: SpecialIds
                        torch.tensor(word_lps[i], dtype=torch.float32)) for i in range(B)]
 
 
-@dataclass
-class _History:
-    """Words, attention maps, gates and word log-probs of every live beam row so far: (N, t), (N, t, P),
-    (N, t), (N, t)."""
-    tokens: torch.Tensor
-    alphas: torch.Tensor
-    betas: torch.Tensor
-    logps: torch.Tensor
-
-    def extend(self, rows: torch.Tensor, words: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
-               logp: torch.Tensor) -> "_History":
-        """rows (M,) source rows, words (M,) and their log-probs logp (M,); alpha, beta indexed by rows."""
-        return _History(torch.cat([self.tokens[rows], words.unsqueeze(1)], 1),
-                        torch.cat([self.alphas[rows], alpha[rows].unsqueeze(1)], 1),
-                        torch.cat([self.betas[rows], beta[rows].unsqueeze(1)], 1),
-                        torch.cat([self.logps[rows], logp.float().unsqueeze(1)], 1))
-
-    def hypothesis(self, r: int, log_prob: float, score: float) -> Hypothesis:
-        return Hypothesis(self.tokens[r].tolist(), self.alphas[r], log_prob, score, self.betas[r], self.logps[r].cpu())
-
-
-def _candidates(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, K: int, pad: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The best 2K continuations of each image's G rows: scores (n, 2K), source rows (n, 2K),
-    words (n, 2K) and the words' own log-probs (n, 2K), best first."""
-    V = logp.shape[1]
-    cand = (cum.unsqueeze(1) + logp).view(n, G * V)  # (n, G*V)
-    if G * V < 2 * K:  # a vocabulary smaller than 2K words: pad with impossible candidates
-        cand = torch.nn.functional.pad(cand, (0, 2 * K - G * V), value=float("-inf"))
-    top_s, top_i = cand.topk(2 * K, dim=1)  # (n, 2K)
-    src = torch.arange(n, device=cum.device).unsqueeze(1) * G + (top_i // V).clamp(max=G - 1)  # (n, 2K)
-    word = torch.where(top_i < G * V, top_i % V, pad)  # (n, 2K)
-    return top_s, src, word, logp[src, word]
-
-
 @torch.no_grad()
 def beam_search(decoder: Decoder | Steps, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
                 evidence: Evidence | None = None) -> list[list[Hypothesis]]:
@@ -145,7 +95,7 @@ def beam_search(decoder: Decoder | Steps, feats: torch.Tensor, ids: SpecialIds, 
     h, c = decoder.init_state(feats)  # (N, H)
     cum = feats.new_zeros(B)  # (N,) cumulative log-prob of each row
     words = torch.full((B,), ids.start, dtype=torch.long, device=device)
-    hist = _History(torch.zeros(B, 0, dtype=torch.long, device=device), feats.new_zeros(B, 0, P), feats.new_zeros(B, 0),
+    hist = History(torch.zeros(B, 0, dtype=torch.long, device=device), feats.new_zeros(B, 0, P), feats.new_zeros(B, 0),
                     torch.zeros(B, 0, device=device))
     image_ids = torch.arange(B, device=device)  # (n,) original id of each live image
     best_finished = torch.full((B, K), float("-inf"), device=device)
@@ -154,17 +104,17 @@ def beam_search(decoder: Decoder | Steps, feats: torch.Tensor, ids: SpecialIds, 
         n = len(image_ids)
         emb, emb_gates = decoder.embed(words)
         logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context, ctx_gates)
-        top_s, src, word, step_lp = _candidates(
+        top_s, src, word, step_lp = candidates(
             cum, word_logp(logits, ids, settings, hist.tokens, evidence, image_ids.repeat_interleave(G, 0)), n, G, K, ids.pad)
         is_end = word == end
         best_finished = _record_finished(finished, best_finished[:n], hist, image_ids, top_s, src,
                                          is_end & (rank < K) & (top_s > float("-inf")), t, length_penalty)
-        alive_s, alive_src, alive_word, alive_lp = _alive(top_s, src, word, step_lp, is_end, rank, K)  # (n, K) each
+        alive_s, alive_src, alive_word, alive_lp = alive(top_s, src, word, step_lp, is_end, rank, K)  # (n, K) each
         if t == max_len - 1:  # cap: live hypotheses end here with the word they just chose
             capped = hist.extend(alive_src.reshape(-1), alive_word.reshape(-1), alpha, beta, alive_lp.reshape(-1))
             for g, k in (alive_s > float("-inf")).nonzero().tolist():
                 s_ = float(alive_s[g, k])
-                finished[int(image_ids[g])].append(capped.hypothesis(g * K + k, s_, _normalise(s_, t + 1, length_penalty)))
+                finished[int(image_ids[g])].append(capped.hypothesis(g * K + k, s_, normalise(s_, t + 1, length_penalty)))
             break
         best_alive = alive_s[:, 0]
         done = best_finished[:, K - 1] > float("-inf") if length_penalty else best_finished[:, K - 1] >= best_alive
@@ -181,7 +131,7 @@ def beam_search(decoder: Decoder | Steps, feats: torch.Tensor, ids: SpecialIds, 
     return [sorted(f, key=lambda hyp: -hyp.score)[:K] for f in finished]
 
 
-def _record_finished(finished: list[list[Hypothesis]], best_finished: torch.Tensor, hist: "_History",
+def _record_finished(finished: list[list[Hypothesis]], best_finished: torch.Tensor, hist: "History",
                      image_ids: torch.Tensor, top_s: torch.Tensor, src: torch.Tensor, fin: torch.Tensor, t: int,
                      length_penalty: float) -> torch.Tensor:
     """Hypotheses ending now (fin (n, 2K): <end> among the top K) join their image's finished list;
@@ -195,15 +145,6 @@ def _record_finished(finished: list[list[Hypothesis]], best_finished: torch.Tens
     return merged.topk(best_finished.shape[1], dim=1).values  # (n, K)
 
 
-def _alive(top_s: torch.Tensor, src: torch.Tensor, word: torch.Tensor, step_lp: torch.Tensor, is_end: torch.Tensor,
-           rank: torch.Tensor, K: int) -> tuple[torch.Tensor, ...]:
-    """The K best continuations that do not end (>= K among the 2K: each of the G <= K rows has one
-    <end>), in rank order: their scores, source rows, words and word log-probs, each (n, K)."""
-    keep_score = (~is_end).float() * (2 * K - rank)  # prefer non-end, then better rank
-    alive = keep_score.topk(K, dim=1).indices.sort(dim=1).values  # (n, K) positions in rank order
-    return top_s.gather(1, alive), src.gather(1, alive), word.gather(1, alive), step_lp.gather(1, alive)
-
-
 def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
            evidence: Evidence | None = None) -> list[list[Hypothesis]]:
     """THE decoding entry: feats (B, P, D) -> for each image its hypotheses, best first. Greedy when
@@ -213,8 +154,10 @@ def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: Dec
     settings.checked()  # config.DecodeConfig.LIMITS: one place for every setting's range
     if settings.beam_size == 1:
         hyps = [[h] for h in greedy_decode(decoder, feats, ids, settings, evidence)]
-    else:
+    elif feats.device.type == "cpu":  # finished images leave the batch: the least work
         hyps = beam_search(decoder, feats, ids, settings, evidence)
+    else:  # a GPU: fixed shapes, no host sync per step (device_beam.py; the same hypotheses, tested on the CPU)
+        hyps = beam_search_on_device(decoder, feats, ids, settings, evidence)
     if evidence is not None:
         _remove_bias(hyps, evidence)
     return hyps

@@ -96,6 +96,12 @@ def _sigmoid_scores_blocked(feat_proj: torch.Tensor, hp: torch.Tensor, w: torch.
 _WORD_GATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def whole_table(device: torch.device) -> bool:
+    """A GPU fills the word-gate table in one product the first time (reading back which words are known would
+    wait for the device at every step); a CPU fills it as words occur (a few rows per step are cheaper)."""
+    return device.type != "cpu"
+
+
 def word_gates(decoder: nn.Module, words: torch.Tensor) -> torch.Tensor:
     """W_e E y of `words` (...,) -> (..., 4H) from the decoder's (V, 4H) table, filled as words first
     occur: a beam step looks its K rows up instead of a (K, E) x (E, 4H) product. The table is dropped
@@ -104,11 +110,14 @@ def word_gates(decoder: nn.Module, words: torch.Tensor) -> torch.Tensor:
     w_emb, w_gate = decoder.embedding.weight, decoder.gates_embed.weight
     key = (w_emb._version, w_gate._version, w_emb.data_ptr(), w_gate.data_ptr(), w_gate.dtype, w_gate.device)
     cache = _WORD_GATES.get(decoder)
+    whole = whole_table(w_gate.device)
     if cache is None or cache[0] != key:
-        cache = (key, w_gate.new_empty(decoder.vocab_size, w_gate.shape[0]),
-                 torch.zeros(decoder.vocab_size, dtype=torch.bool, device=w_gate.device))
+        cache = (key, decoder.gates_embed(w_emb) if whole else w_gate.new_empty(decoder.vocab_size, w_gate.shape[0]),
+                 torch.full((decoder.vocab_size,), whole, dtype=torch.bool, device=w_gate.device))  # (V, 4H), (V,)
         _WORD_GATES[decoder] = cache
     _, table, known = cache
+    if whole:  # every row made at once: no read of `known` (a host sync per step on a GPU)
+        return table[words]  # (..., 4H)
     if not bool(known[words].all()):
         new = words[~known[words]].unique()  # (n,) words seen for the first time
         table[new] = decoder.gates_embed(decoder.embedding(new))  # (n, 4H)

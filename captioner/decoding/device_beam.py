@@ -1,0 +1,127 @@
+"""Beam search with fixed shapes, for a GPU: the same search as search.beam_search, written so that the host
+never waits for the device inside the loop.
+
+search.beam_search drops finished images from the batch and keeps finished hypotheses in Python lists: every
+step reads values back (which images are done, which rows just ended). On a CPU that costs nothing; on a GPU
+each read waits for the queue, and one photo's caption was slower on an H100 than on a 2-core CPU (issue 50).
+Here every image keeps its K rows to the end, an image that is done only stops adding hypotheses, and each
+image's K best finished hypotheses live in device tensors (its ranking: search's, by normalised score). The
+host reads `active.any()` once every `check_every` steps (to stop early) and the results once at the end.
+With decoding/rules.py's masks (no nonzero()) a step is queued without a sync.
+
+Legend: B images, K beams, N = B*K rows, T = max_len, P regions, V vocabulary.
+tests/test_device_beam.py: the same hypotheses as search.beam_search (random decoders, and the bundled model
+on real photos with its stored settings), and no host sync between checks.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import DecodeConfig
+from ..model.decoder import Decoder
+from ..model.fast import Steps, inference
+from ..vocab import SpecialIds
+from .evidence import Evidence
+from .rules import word_logp
+from .hypotheses import History, Hypothesis, alive, candidates
+
+NEG = float("-inf")
+
+
+class _Finished:
+    """Each image's K best finished hypotheses by normalised score, on the device: scores (B, K), raw log-probs
+    (B, K), lengths (B, K), words (B, K, T), maps (B, K, T, P), gates (B, K, T), word log-probs (B, K, T)."""
+
+    def __init__(self, B: int, K: int, T: int, P: int, like: torch.Tensor):
+        self.norm = like.new_full((B, K), NEG)
+        self.raw = like.new_full((B, K), NEG)
+        self.length = torch.zeros(B, K, dtype=torch.long, device=like.device)
+        self.tokens = torch.zeros(B, K, T, dtype=torch.long, device=like.device)
+        self.alphas, self.betas, self.logps = like.new_zeros(B, K, T, P), like.new_zeros(B, K, T), like.new_zeros(B, K, T)
+
+    def merge(self, hist: History, rows: torch.Tensor, raw: torch.Tensor, norm: torch.Tensor, ok: torch.Tensor) -> None:
+        """Candidates: hist's rows `rows` (B, M) as they are, scores raw / norm (B, M) where ok (B, M)."""
+        B, K, T = self.tokens.shape
+        M, t = rows.shape[1], hist.tokens.shape[1]
+        norm = norm.masked_fill(~ok, NEG)
+        top = torch.cat([self.norm, norm], 1).topk(K, dim=1).indices  # (B, K): search keeps the K best by score
+        pad = T - t
+        cand = {"tokens": torch.nn.functional.pad(hist.tokens[rows], (0, pad)),  # (B, M, T)
+                "alphas": torch.nn.functional.pad(hist.alphas[rows], (0, 0, 0, pad)),  # (B, M, T, P)
+                "betas": torch.nn.functional.pad(hist.betas[rows], (0, pad)),
+                "logps": torch.nn.functional.pad(hist.logps[rows].to(self.logps.dtype), (0, pad))}
+        length = torch.full((B, M), t, dtype=torch.long, device=rows.device)
+        for name, new in (("norm", norm), ("raw", raw.to(self.raw.dtype)), ("length", length), *cand.items()):
+            both = torch.cat([getattr(self, name), new.to(getattr(self, name).dtype)], 1)  # (B, K + M, ...)
+            index = top.view(B, K, *([1] * (both.dim() - 2))).expand(B, K, *both.shape[2:])
+            setattr(self, name, both.gather(1, index))
+
+    def hypotheses(self) -> list[list[Hypothesis]]:
+        """Read back once: each image's finished hypotheses, best first."""
+        norm, raw, length = self.norm.cpu(), self.raw.cpu(), self.length.cpu()
+        tokens, alphas, betas, logps = self.tokens.cpu(), self.alphas.cpu(), self.betas.cpu(), self.logps.cpu()
+        out: list[list[Hypothesis]] = []
+        for b in range(norm.shape[0]):
+            out.append([Hypothesis(tokens[b, k, :n].tolist(), alphas[b, k, :n], float(raw[b, k]), float(norm[b, k]),
+                                   betas[b, k, :n], logps[b, k, :n].float())
+                        for k in range(norm.shape[1]) if norm[b, k] > NEG for n in [int(length[b, k])]])
+        return out
+
+
+def beam_search_on_device(decoder: Decoder | Steps, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
+                          evidence: Evidence | None = None, check_every: int = 4) -> list[list[Hypothesis]]:
+    """search.beam_search's hypotheses, with fixed shapes (module docstring): the search, then one read."""
+    return search_on_device(decoder, feats, ids, settings, evidence, check_every).hypotheses()
+
+
+@torch.no_grad()
+def search_on_device(decoder: Decoder | Steps, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
+                     evidence: Evidence | None = None, check_every: int = 4) -> _Finished:
+    """The search itself: each image's finished hypotheses, still on the device."""
+    K, T, length_penalty = settings.beam_size, settings.max_len, settings.length_penalty
+    (B, P, _), device = feats.shape, feats.device
+    rank = torch.arange(2 * K, device=device)  # (2K,)
+    images = torch.arange(B, device=device).repeat_interleave(K)  # (N,) the image of each row
+    decoder = inference(decoder)
+    feat_proj, ctx_gates = decoder.attention.project(feats), decoder.context_gates(feats)  # (B, P, A), (B, P, 4H)
+    h, c = (s[images] for s in decoder.init_state(feats))  # (N, H): K rows per image from the start ...
+    cum = feats.new_full((B, K), NEG)
+    cum[:, 0] = 0  # ... of which only the first is live at t = 0 (search's one row per image)
+    cum = cum.view(-1)  # (N,)
+    words = torch.full((B * K,), ids.start, dtype=torch.long, device=device)
+    hist = History(torch.zeros(B * K, 0, dtype=torch.long, device=device), feats.new_zeros(B * K, 0, P),
+                    feats.new_zeros(B * K, 0), torch.zeros(B * K, 0, device=device))
+    finished = _Finished(B, K, T, P, feats.new_zeros(()))
+    active = torch.ones(B, dtype=torch.bool, device=device)  # images still searching (search: still in the batch)
+    for t in range(T):
+        emb, emb_gates = decoder.embed(words)
+        logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context,
+                                                   ctx_gates)
+        logp = word_logp(logits, ids, settings, hist.tokens, evidence, images)  # (N, V)
+        top_s, src, word, step_lp = candidates(cum, logp, B, K, K, ids.pad)  # (B, 2K) each
+        is_end = word == ids.end
+        ends = is_end & (rank < K) & (top_s > NEG) & active.unsqueeze(1)  # (B, 2K)
+        finished.merge(hist, src, top_s, _normalised(top_s, t + 1, length_penalty), ends)
+        alive_s, alive_src, alive_word, alive_lp = alive(top_s, src, word, step_lp, is_end, rank, K)  # (B, K)
+        if t == T - 1:  # cap: live hypotheses end here with the word they just chose
+            capped = hist.extend(alive_src.reshape(-1), alive_word.reshape(-1), alpha, beta, alive_lp.reshape(-1))
+            rows = torch.arange(B * K, device=device).view(B, K)
+            finished.merge(capped, rows, alive_s, _normalised(alive_s, t + 1, length_penalty),
+                           (alive_s > NEG) & active.unsqueeze(1))
+            break
+        best_alive = alive_s[:, 0]  # (B,)
+        best_k = finished.norm[:, K - 1]
+        done = best_k > NEG if length_penalty else best_k >= best_alive
+        active = active & ~(done | (best_alive == NEG))
+        rows = alive_src.reshape(-1)  # (N,)
+        words, cum = alive_word.reshape(-1), alive_s.reshape(-1).masked_fill(~active.repeat_interleave(K), NEG)
+        hist = hist.extend(rows, words, alpha, beta, alive_lp.reshape(-1))
+        h, c = h[rows], c[rows]
+        if (t + 1) % check_every == 0 and not bool(active.any()):  # the one read inside the loop
+            break
+    return finished
+
+
+def _normalised(scores: torch.Tensor, length: int, length_penalty: float) -> torch.Tensor:
+    """hypotheses.normalise on a tensor: log-prob / length ** length_penalty (t words + <end>)."""
+    return scores / float(length) ** length_penalty if length_penalty else scores

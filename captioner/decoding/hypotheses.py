@@ -1,0 +1,70 @@
+"""What beam searches are made of, shared by search.beam_search (CPU: finished images leave the batch) and
+device_beam.beam_search_on_device (GPU: fixed shapes): a finished Hypothesis, the live rows' History, the best
+2K continuations of each image's rows and the K that stay alive.
+
+Legend: n images, G rows per image (1 at t = 0, then K), N = n*G rows, t words so far, V vocabulary, P regions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # word ids, without <start>/<end>
+    alphas: torch.Tensor  # (len(tokens), P): attention of each word
+    log_prob: float  # sum of log-probabilities of the words (and of <end> when it was emitted)
+    score: float  # log_prob after length normalisation (what the ranking uses)
+    betas: torch.Tensor | None = None  # (len(tokens),): gate beta of each word (how much it used the image)
+    # (len(tokens),) float32: log-probability of each word when chosen (log_prob minus these = <end>'s); None: unknown
+    word_logps: torch.Tensor | None = None
+
+
+def normalise(log_prob: float, length: int, length_penalty: float) -> float:
+    return log_prob / (max(length, 1) ** length_penalty) if length_penalty else log_prob
+
+
+@dataclass
+class History:
+    """Words, attention maps, gates and word log-probs of every live beam row so far: (N, t), (N, t, P),
+    (N, t), (N, t)."""
+    tokens: torch.Tensor
+    alphas: torch.Tensor
+    betas: torch.Tensor
+    logps: torch.Tensor
+
+    def extend(self, rows: torch.Tensor, words: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
+               logp: torch.Tensor) -> "History":
+        """rows (M,) source rows, words (M,) and their log-probs logp (M,); alpha, beta indexed by rows."""
+        return History(torch.cat([self.tokens[rows], words.unsqueeze(1)], 1),
+                        torch.cat([self.alphas[rows], alpha[rows].unsqueeze(1)], 1),
+                        torch.cat([self.betas[rows], beta[rows].unsqueeze(1)], 1),
+                        torch.cat([self.logps[rows], logp.float().unsqueeze(1)], 1))
+
+    def hypothesis(self, r: int, log_prob: float, score: float) -> Hypothesis:
+        return Hypothesis(self.tokens[r].tolist(), self.alphas[r], log_prob, score, self.betas[r], self.logps[r].cpu())
+
+
+def candidates(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, K: int, pad: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The best 2K continuations of each image's G rows: scores (n, 2K), source rows (n, 2K),
+    words (n, 2K) and the words' own log-probs (n, 2K), best first."""
+    V = logp.shape[1]
+    cand = (cum.unsqueeze(1) + logp).view(n, G * V)  # (n, G*V)
+    if G * V < 2 * K:  # a vocabulary smaller than 2K words: pad with impossible candidates
+        cand = torch.nn.functional.pad(cand, (0, 2 * K - G * V), value=float("-inf"))
+    top_s, top_i = cand.topk(2 * K, dim=1)  # (n, 2K)
+    src = torch.arange(n, device=cum.device).unsqueeze(1) * G + (top_i // V).clamp(max=G - 1)  # (n, 2K)
+    word = torch.where(top_i < G * V, top_i % V, pad)  # (n, 2K)
+    return top_s, src, word, logp[src, word]
+
+
+def alive(top_s: torch.Tensor, src: torch.Tensor, word: torch.Tensor, step_lp: torch.Tensor, is_end: torch.Tensor,
+           rank: torch.Tensor, K: int) -> tuple[torch.Tensor, ...]:
+    """The K best continuations that do not end (>= K among the 2K: each of the G <= K rows has one
+    <end>), in rank order: their scores, source rows, words and word log-probs, each (n, K)."""
+    keep_score = (~is_end).float() * (2 * K - rank)  # prefer non-end, then better rank
+    pos = keep_score.topk(K, dim=1).indices.sort(dim=1).values  # (n, K) positions in rank order
+    return top_s.gather(1, pos), src.gather(1, pos), word.gather(1, pos), step_lp.gather(1, pos)

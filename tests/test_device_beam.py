@@ -1,0 +1,79 @@
+"""decoding/device_beam.py: beam search with fixed shapes (for a GPU: no host sync inside the loop) finds the
+hypotheses search.beam_search finds: random decoders over many settings, and the bundled model on real photos
+at its stored settings (evidence, person floor, every rule)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import captioner
+from captioner.config import DecodeConfig
+from captioner.decoding.device_beam import beam_search_on_device, search_on_device
+from captioner.decoding.rules import unruled
+from captioner.decoding.search import beam_search
+from captioner.model.decoder import Decoder
+from captioner.vocab import SpecialIds
+
+from .device_check import HostTensors, NoHostSync
+
+START, END, PAD = 1, 2, 0
+
+
+def same(a, b) -> None:
+    """Two searches' outputs: per image the same hypotheses in the same order (words, scores, maps)."""
+    assert len(a) == len(b)
+    for ha, hb in zip(a, b):
+        assert [h.tokens for h in ha] == [h.tokens for h in hb]
+        for x, y in zip(ha, hb):
+            assert x.log_prob == pytest.approx(y.log_prob, abs=1e-4) and x.score == pytest.approx(y.score, abs=1e-4)
+            assert torch.allclose(x.alphas.cpu(), y.alphas.cpu(), atol=1e-5)
+            assert torch.allclose(x.word_logps.cpu(), y.word_logps.cpu(), atol=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("beam, max_len, length_penalty", [(2, 6, 0.0), (3, 9, 1.0), (5, 12, 0.7), (4, 3, 0.0)])
+def test_random_decoders_find_the_same_hypotheses(seed, beam, max_len, length_penalty):
+    torch.manual_seed(seed)
+    V = 40
+    dec = Decoder(V, 16, 12, 20, 10, 0.0).eval()
+    with torch.no_grad():
+        dec.out_vocab.bias[END] += 2.0 * (seed % 3)  # some searches end early, some run to max_len
+    feats = torch.rand(3, 9, 16)
+    ids = SpecialIds(START, END, PAD, 3, function_words=(4, 5), bad_last=(4, 5), joiners=(4,))
+    for settings in (unruled(beam_size=beam, max_len=max_len, length_penalty=length_penalty),
+                     DecodeConfig(beam_size=beam, max_len=max_len, length_penalty=length_penalty, block_trigrams=True,
+                                  block_bigrams=True, block_repeats=True, block_content_repeats=True)):
+        same(beam_search(dec, feats, ids, settings), beam_search_on_device(dec, feats, ids, settings, check_every=1))
+
+
+def test_the_bundled_model_on_real_photos_at_its_stored_settings():
+    from captioner.decoding.evidence import photo_evidence
+    from captioner.decoding.reading import read_heads
+
+    loaded = captioner.load()
+    photos = sorted((captioner.DEFAULT_CHECKPOINT.parent / "examples").glob("*.jpg"))
+    feats = loaded.encode(torch.stack([loaded.preprocess(p) for p in photos]))  # (B, P, D)
+    settings = loaded.decode_settings()
+    ids = SpecialIds.of(loaded.vocab, settings.forbid_unk)
+    evidence = photo_evidence(read_heads(loaded.model, feats), loaded.model, loaded.vocab, settings)
+    want = beam_search(loaded.model.decoder, feats, ids, settings, evidence)
+    with HostTensors(loaded.model, feats):  # every tensor it makes on the model's device (tests/device_check.py)
+        got = beam_search_on_device(loaded.model.decoder, feats, ids, settings, evidence)
+    same(want, got)
+    assert all(len(h) == settings.beam_size for h in want)
+
+
+def test_no_host_sync_between_checks(monkeypatch):
+    """On a GPU the step's word-gate table is made whole once (model/fast.whole_table): emulated here."""
+    import captioner.model.fast as fast
+
+    monkeypatch.setattr(fast, "whole_table", lambda device: True)
+    torch.manual_seed(0)
+    dec = Decoder(40, 16, 12, 20, 10, 0.0).eval()
+    feats = torch.rand(2, 9, 16)
+    ids = SpecialIds(START, END, PAD, 3, function_words=(4, 5), bad_last=(4, 5), joiners=(4,))
+    settings = DecodeConfig(beam_size=3, max_len=8, block_trigrams=True, block_bigrams=True, block_repeats=True,
+                            block_content_repeats=True)
+    with NoHostSync():  # the whole search queued: the check every 100 steps never comes within max_len
+        found = search_on_device(dec, feats, ids, settings, check_every=100)
+    same(beam_search(dec, feats, ids, settings), found.hypotheses())
