@@ -46,7 +46,8 @@ def test_random_decoders_find_the_same_hypotheses(seed, beam, max_len, length_pe
         same(beam_search(dec, feats, ids, settings), beam_search_on_device(dec, feats, ids, settings, check_every=1))
 
 
-def test_the_bundled_model_on_real_photos_at_its_stored_settings():
+def test_the_bundled_model_on_real_photos_at_its_stored_settings(monkeypatch):
+    import captioner.model.fast as fast
     from captioner.decoding.evidence import photo_evidence
     from captioner.decoding.reading import read_heads
 
@@ -61,6 +62,10 @@ def test_the_bundled_model_on_real_photos_at_its_stored_settings():
         got = beam_search_on_device(loaded.model.decoder, feats, ids, settings, evidence)
     same(want, got)
     assert all(len(h) == settings.beam_size for h in want)
+    monkeypatch.setattr(fast, "whole_table", lambda device: True)  # as on a GPU
+    with NoHostSync():  # the product's step (evidence, person floor, every rule) queued without a read
+        found = search_on_device(loaded.model.decoder, feats, ids, settings, evidence, check_every=1000)
+    same(want, found.hypotheses())
 
 
 def test_no_host_sync_between_checks(monkeypatch):
