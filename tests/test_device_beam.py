@@ -82,3 +82,22 @@ def test_no_host_sync_between_checks(monkeypatch):
     with NoHostSync():  # the whole search queued: the check every 100 steps never comes within max_len
         found = search_on_device(dec, feats, ids, settings, check_every=100)
     same(beam_search(dec, feats, ids, settings), found.hypotheses())
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0])
+def test_one_beam_on_the_device_is_greedy(seed, length_penalty):
+    """decode() on a GPU takes the fixed-shape search for beam 1 too (greedy_decode reads back every step):
+    the same words, log-probabilities and maps as greedy_decode, and its score is the log-probability."""
+    from captioner.decoding.search import greedy_decode
+
+    torch.manual_seed(seed)
+    dec = Decoder(40, 16, 12, 20, 10, 0.0).eval()
+    with torch.no_grad():
+        dec.out_vocab.bias[END] += 1.5 * (seed % 2)
+    feats = torch.rand(4, 9, 16)
+    ids = SpecialIds(START, END, PAD, 3, function_words=(4, 5), bad_last=(4, 5), joiners=(4,))
+    settings = DecodeConfig(beam_size=1, max_len=10, length_penalty=length_penalty, block_trigrams=True,
+                            block_repeats=True)
+    same([[h] for h in greedy_decode(dec, feats, ids, settings)],
+         beam_search_on_device(dec, feats, ids, settings, check_every=1, greedy_scores=True))

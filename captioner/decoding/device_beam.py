@@ -69,9 +69,17 @@ class _Finished:
 
 
 def beam_search_on_device(decoder: Decoder | Steps, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-                          evidence: Evidence | None = None, check_every: int = 4) -> list[list[Hypothesis]]:
-    """search.beam_search's hypotheses, with fixed shapes (module docstring): the search, then one read."""
-    return search_on_device(decoder, feats, ids, settings, evidence, check_every).hypotheses()
+                          evidence: Evidence | None = None, check_every: int = 4, greedy_scores: bool = False
+                          ) -> list[list[Hypothesis]]:
+    """search.beam_search's hypotheses, with fixed shapes (module docstring): the search, then one read. With
+    beam_size 1 these are greedy_decode's words; `greedy_scores` gives them its score too (the log-probability,
+    not length-normalised)."""
+    found = search_on_device(decoder, feats, ids, settings, evidence, check_every).hypotheses()
+    if greedy_scores:
+        for hyps in found:
+            for h in hyps:
+                h.score = h.log_prob
+    return found
 
 
 @torch.no_grad()

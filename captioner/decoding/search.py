@@ -152,12 +152,12 @@ def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: Dec
     Evidence (evidence-aware decoding: scores added to object words), or None. The bias ranks the
     hypotheses (their score keeps it) and is taken off again here: log_prob and word_logps are the model's own."""
     settings.checked()  # config.DecodeConfig.LIMITS: one place for every setting's range
-    if settings.beam_size == 1:
+    if feats.device.type != "cpu":  # a GPU: fixed shapes, no host sync per step (device_beam.py; beam 1 = greedy)
+        hyps = beam_search_on_device(decoder, feats, ids, settings, evidence, greedy_scores=settings.beam_size == 1)
+    elif settings.beam_size == 1:  # on a CPU finished images leave the batch: the least work
         hyps = [[h] for h in greedy_decode(decoder, feats, ids, settings, evidence)]
-    elif feats.device.type == "cpu":  # finished images leave the batch: the least work
+    else:
         hyps = beam_search(decoder, feats, ids, settings, evidence)
-    else:  # a GPU: fixed shapes, no host sync per step (device_beam.py; the same hypotheses, tested on the CPU)
-        hyps = beam_search_on_device(decoder, feats, ids, settings, evidence)
     if evidence is not None:
         _remove_bias(hyps, evidence)
     return hyps
