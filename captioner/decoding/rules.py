@@ -53,7 +53,7 @@ def _ban_repeated_trigrams(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Te
         return logp
     last = tokens[:, -2:]  # (N, 2): the bigram a new word would extend
     match = (tokens[:, :-2] == last[:, :1]) & (tokens[:, 1:-1] == last[:, 1:])  # (N, t-2): earlier copies
-    return logp.masked_fill(_marked(logp, tokens[:, 2:], match), float("-inf"))  # the words that followed them
+    return _ban(logp, tokens[:, 2:], match)  # the words that followed them
 
 
 def _ban_repeated_bigrams(logp: torch.Tensor, tokens: torch.Tensor, function_words: tuple[int, ...]) -> torch.Tensor:
@@ -65,13 +65,14 @@ def _ban_repeated_bigrams(logp: torch.Tensor, tokens: torch.Tensor, function_wor
     match = tokens[:, :-1] == tokens[:, -1:]  # (N, t-1): earlier copies of the last word
     words = tokens[:, 1:]  # (N, t-1): the words that followed them
     content = ~torch.isin(words, torch.tensor(function_words, dtype=words.dtype, device=words.device))
-    return logp.masked_fill(_marked(logp, words, match & content), float("-inf"))
+    return _ban(logp, words, match & content)
 
 
-def _marked(logp: torch.Tensor, words: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-    """(N, V) True at each row's words (N, m) where `where` (N, m) holds. Masks, not indices: no nonzero(),
-    which would wait for the device at every step on a GPU."""
-    return torch.zeros_like(logp).scatter_add_(1, words, where.to(logp.dtype)) > 0
+def _ban(logp: torch.Tensor, words: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """logp (N, V) with -inf at each row's words (N, m) where `where` (N, m) holds, in place: a minimum with -inf
+    there and +inf elsewhere, one op and no nonzero() (which would wait for the device at every step on a GPU)."""
+    inf = torch.full_like(words, float("inf"), dtype=logp.dtype)  # (N, m)
+    return logp.scatter_reduce_(1, words, torch.where(where, -inf, inf), reduce="amin")
 
 
 def _ban_salad(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds) -> torch.Tensor:
@@ -104,7 +105,7 @@ def _ban_repeats(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds, clos
         logp[torch.arange(len(tokens), device=tokens.device), tokens[:, -1]] = float("-inf")
     if close and t >= 2:
         joined = torch.isin(tokens[:, -1], ids_of(ids.joiners))  # (N,) rows ending "X and"
-        logp = logp.masked_fill(_marked(logp, tokens[:, -2:-1], joined.unsqueeze(1)), float("-inf"))
+        logp = _ban(logp, tokens[:, -2:-1], joined.unsqueeze(1))
     if content:
         said = torch.zeros_like(logp, dtype=torch.bool).scatter_(1, tokens, True)  # (N, V)
         if ids.twins:  # a word and its twin name one thing: either said bans both
