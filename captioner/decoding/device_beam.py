@@ -23,7 +23,7 @@ from ..model.fast import Steps, inference
 from ..vocab import SpecialIds
 from .evidence import Evidence
 from .rules import word_logp
-from .hypotheses import History, Hypothesis, alive, candidates
+from .hypotheses import History, Hypothesis, alive, candidates, normalise
 
 NEG = float("-inf")
 
@@ -109,12 +109,12 @@ def search_on_device(decoder: Decoder | Steps, feats: torch.Tensor, ids: Special
         top_s, src, word, step_lp = candidates(cum, logp, B, K, K, ids.pad)  # (B, 2K) each
         is_end = word == ids.end
         ends = is_end & (rank < K) & (top_s > NEG) & active.unsqueeze(1)  # (B, 2K)
-        finished.merge(hist, src, top_s, _normalised(top_s, t + 1, length_penalty), ends)
+        finished.merge(hist, src, top_s, normalise(top_s, t + 1, length_penalty), ends)
         alive_s, alive_src, alive_word, alive_lp = alive(top_s, src, word, step_lp, is_end, rank, K)  # (B, K)
         if t == T - 1:  # cap: live hypotheses end here with the word they just chose
             capped = hist.extend(alive_src.reshape(-1), alive_word.reshape(-1), alpha, beta, alive_lp.reshape(-1))
             rows = torch.arange(B * K, device=device).view(B, K)
-            finished.merge(capped, rows, alive_s, _normalised(alive_s, t + 1, length_penalty),
+            finished.merge(capped, rows, alive_s, normalise(alive_s, t + 1, length_penalty),
                            (alive_s > NEG) & active.unsqueeze(1))
             break
         best_alive = alive_s[:, 0]  # (B,)
@@ -128,8 +128,3 @@ def search_on_device(decoder: Decoder | Steps, feats: torch.Tensor, ids: Special
         if (t + 1) % check_every == 0 and not bool(active.any()):  # the one read inside the loop
             break
     return finished
-
-
-def _normalised(scores: torch.Tensor, length: int, length_penalty: float) -> torch.Tensor:
-    """hypotheses.normalise on a tensor: log-prob / length ** length_penalty (t words + <end>)."""
-    return scores / float(length) ** length_penalty if length_penalty else scores

@@ -22,7 +22,8 @@ class Hypothesis:
     word_logps: torch.Tensor | None = None
 
 
-def normalise(log_prob: float, length: int, length_penalty: float) -> float:
+def normalise(log_prob: float | torch.Tensor, length: int, length_penalty: float) -> float | torch.Tensor:
+    """The ranking score: log_prob / length ** length_penalty (a number, or a tensor of them: the device beam)."""
     return log_prob / (max(length, 1) ** length_penalty) if length_penalty else log_prob
 
 

@@ -138,7 +138,7 @@ def _record_finished(finished: list[list[Hypothesis]], best_finished: torch.Tens
     returns the K best finished normalised scores per live image (n, K)."""
     if not bool(fin.any()):
         return best_finished
-    norm = top_s / float(t + 1) ** length_penalty if length_penalty else top_s  # t words + <end>
+    norm = normalise(top_s, t + 1, length_penalty)  # t words + <end>
     for g, j in fin.nonzero().tolist():
         finished[int(image_ids[g])].append(hist.hypothesis(int(src[g, j]), float(top_s[g, j]), float(norm[g, j])))
     merged = torch.cat([best_finished, norm.masked_fill(~fin, float("-inf"))], dim=1)  # (n, 3K)
