@@ -40,7 +40,7 @@ class Terms:
     logs: dict[str, float] = field(default_factory=dict)  # per-batch scalars for metrics.jsonl
 
 
-def _features(model: CaptionModel, batch: Batch, cfg: Config) -> torch.Tensor:
+def batch_features(model: CaptionModel, batch: Batch, cfg: Config) -> torch.Tensor:
     if cfg.from_activations:  # model.tune_stages: cached lower-stage activations through the tuned top stages
         return model.encoder.above_split(batch.visual.contiguous(memory_format=torch.channels_last))  # (Bi, P, D)
     return model.encode(batch.visual) if cfg.encoder_in_loop else batch.visual  # (Bi, P, D)
@@ -99,7 +99,7 @@ class CrossEntropy:
 
     def __call__(self, model: CaptionModel, batch: Batch) -> Terms:
         t, dec = self.cfg.train, model.decoder
-        feats = _features(model, batch, self.cfg)
+        feats = batch_features(model, batch, self.cfg)
         # hard attention: sampled locations, except on a random share of batches (the authors' semi_sampling_p)
         sampled = dec.hard and float(torch.rand(())) >= t.hard_expected_prob
         logits, alphas, _, loc_logp = dec.teacher_force(feats, batch.inputs, batch.lengths, batch.image_index,
@@ -170,7 +170,7 @@ class SelfCritical:
     def __call__(self, model: CaptionModel, batch: Batch) -> Terms:
         t, v = self.cfg.train, self.vocab
         K = t.scst_samples
-        feats = _features(model, batch, self.cfg)  # (Bi, P, D)
+        feats = batch_features(model, batch, self.cfg)  # (Bi, P, D)
         refs = batch_references(batch, v.end)
         was_training = model.decoder.training
         model.decoder.train(t.scst_dropout)  # without dropout the samples come from the policy decoding uses

@@ -21,7 +21,7 @@ from ..evaluation.metrics import java_available, missing_java
 from ..logs import JsonlLogger
 from ..model.captioner import CaptionModel, build_model
 from .sources import ValSet, build_data
-from .objectives import Terms, _features, build_objective
+from .objectives import Terms, batch_features, build_objective
 from .resume import apply_to_optimizer, check_init, check_resume, reopen
 from .new_words import NewWordRows, init_from_substitutes, substitutes
 from .warm_start import grow_vocabulary
@@ -245,8 +245,8 @@ def _new_words(cfg: Config, model: CaptionModel, vocab: Vocab, data: Any, optimi
         return []
     old_size = len(load_checkpoint(cfg.train.init_from).vocab)
     if fresh and len(vocab) > old_size:
-        votes = substitutes(model.decoder, data.dataset, data.collate, lambda b: _features(model, b, cfg), old_size,
-                            device, cfg.train.batch_images)
+        votes = substitutes(model.decoder, data.dataset, data.collate, lambda b: batch_features(model, b, cfg),
+                            old_size, device, cfg.train.batch_images)
         log("new words start as the old word the starting model says in their place: "
             + "; ".join(init_from_substitutes(model.decoder, votes, vocab)))
     if cfg.train.new_words_lr_factor != 1 and len(vocab) > old_size:
