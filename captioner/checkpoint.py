@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from .config import Config, DecodeConfig
-from .diskspace import FULL, writing
+from .diskspace import FULL, remove_stale_temps, writing
 from .vocab import Vocab
 
 FORMAT = "captioner-checkpoint/1"
@@ -117,26 +118,7 @@ def _check_tensors_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
 
 def _remove_stale_temps(path: Path) -> None:
     """Temp files of writers that were killed mid-write (.NAME.tmpPID whose process is gone)."""
-    prefix = f".{path.name}.tmp"
-    try:
-        candidates = [p for p in path.parent.iterdir() if p.name.startswith(prefix)]
-    except OSError:
-        return
-    for p in candidates:
-        pid = p.name[len(prefix):]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # still running: not ours to delete
-        except ProcessLookupError:
-            pass
-        except (PermissionError, OverflowError, OSError):
-            continue
-        try:
-            p.unlink()
-        except OSError:
-            pass
+    remove_stale_temps(path.parent, re.compile(re.escape(f".{path.name}.tmp") + r"(?P<pid>\d+)"))
 
 
 def _fsync_dir(folder: Path) -> None:

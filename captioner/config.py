@@ -111,14 +111,15 @@ class TrainConfig:
     cpu_amp: bool = False  # bf16 autocast on CPU too (opt-in; ~1.4x faster where the CPU has AVX512-BF16/AMX)
     compile: bool = False  # torch.compile the decoder (CUDA)
     seed: int = 0
-    log_every: int = 50
+    log_every: int = 50  # a log line (loss, lr, grad norm, captions/s, ETA) and a metrics.jsonl record every N steps
     checkpoint_every: int = 200  # also save a resumable checkpoint every N steps inside an epoch
+    keep_epochs: int = 0  # keep the last k epochs' weights (epoch_E.safetensors: captioner-export --average)
+    tensorboard: bool = True  # TensorBoard events in <out_dir>/tensorboard (needs the tensorboard package)
     max_steps: int = 0  # stop after this many optimizer steps in total (0 = no limit); for tests
     objective: str = "xe"  # OBJECTIVES: xe (cross-entropy, teacher forcing) | scst (self-critical on CIDEr-D)
     init_from: str = ""  # start a new run from this model file's weights and vocabulary (e.g. SCST after xe)
     init_encoder: bool = False  # with init_from and a frozen encoder: take its encoder too (the cache is built with it)
-    extend_vocab: bool = False  # with init_from: + the captions' new words (min_word_count); old words keep their
-    # ids and rows (training/warm_start.py), a new word starts as the old word said in its place (new_words.py)
+    extend_vocab: bool = False  # with init_from: + the captions' new words (old words keep ids, rows: new_words.py)
     new_words_lr_factor: float = 1.0  # with extend_vocab: Adam's steps on the new words' rows x this
     min_epoch_batches: int = 0  # a small training set is passed over again until an epoch has this many batches
     scst_samples: int = 5  # K sampled captions per image
@@ -152,9 +153,8 @@ class DecodeConfig:
     evidence_floor: float = 0.05  # P(category) from the ImageNet head below which its words are ruled out
     evidence_penalty: float = 10.0  # subtracted from a ruled-out word's log-probability (large = forbidden)
     evidence_bonus: float = 0.0  # + bonus * P(category) for the words of categories not ruled out
-    # with decode.evidence and a model file that carries word detectors (concepts/detectors.py): person words
-    # are ruled out where the person detector's P(person) < person_floor (0 = off, the default; files with
-    # detectors store the floor chosen on Flickr8k val + coco-mini)
+    # with decode.evidence and word detectors in the file (concepts/detectors.py): person words are ruled out where
+    # P(person) < person_floor (0 = off; files with detectors store the floor chosen on Flickr8k val + coco-mini)
     person_floor: float = 0.0
 
     # the range each numeric setting must lie in, beside the fields: checked() by the API, every command and

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -81,3 +82,37 @@ def reserve(path: str | Path, size: int) -> None:
             if e.errno in FULL:
                 raise
             # the file system cannot preallocate (EOPNOTSUPP, EINVAL): the free-space check must do
+
+
+CACHE_TEMP = re.compile(r".*\.tmp(?P<pid>\d+)(\.f32)?\.npy$")  # a cache being written: NAME.tmpPID[.f32].npy
+
+
+def remove_stale_temps(folder: str | Path, pattern: re.Pattern) -> list[Path]:
+    """Delete the temporary files of writers that were killed mid-write (kill -9 leaves them: no handler runs)
+    in `folder`: names matching `pattern` whose `pid` group names a process that no longer runs. A live
+    writer's file, this process's, and a name without a pid are left alone. Returns what was removed."""
+    try:
+        candidates = [(p, m) for p in Path(folder).iterdir() if (m := pattern.fullmatch(p.name))]
+    except OSError:
+        return []
+    removed = []
+    for p, m in candidates:
+        pid = int(m.group("pid"))
+        if pid == os.getpid() or _running(pid):
+            continue
+        try:
+            p.unlink()
+            removed.append(p)
+        except OSError:
+            pass
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # someone else's process, or unknown: not ours to delete
+    return True

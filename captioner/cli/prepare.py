@@ -15,6 +15,18 @@ import time
 
 
 def main(argv: list[str] | None = None) -> int:
+    from captioner.training.stopping import Interrupted, StopSignal
+
+    try:
+        with StopSignal().catch():  # Ctrl-C / SIGTERM: the cache being written is removed, finished ones stay
+            return _main(argv)
+    except Interrupted as e:
+        print(f"\n{e.name}: stopped; the cache being built was removed (the finished ones are kept). Rerun the same "
+              "command to go on.", file=sys.stderr, flush=True)
+        return e.code
+
+
+def _main(argv: list[str] | None) -> int:
     from captioner.api import default_device
     from captioner.config import load_config
     from captioner.data import build_mix
@@ -54,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.encoder_in_loop:
         print("note: this recipe fine-tunes the encoder or augments images, so training does not use the feature cache")
     prep = build_preprocess(cfg.model)
+    if not _plan(cfg, records, encoder, prep):
+        return 1
     for (source, split), recs in records.items():
         t = time.time()
         name = prep.cache_name(source, cfg.data.cache_split(split))
@@ -62,6 +76,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{source} {split}: features {tuple(cache.features.shape)} float16 at {cache.path} "
               f"({time.time() - t:.0f}s)")
     return 0
+
+
+def _plan(cfg, records, encoder, prep) -> bool:
+    """Print the disk the caches still to build need (float16 (P, D) per photo) against the free space, and
+    refuse (False) when it is short, before anything is encoded."""
+    from captioner.data.features import open_cache
+    from captioner.diskspace import free_bytes, mib
+
+    per_photo = encoder.grid_size ** 2 * encoder.out_dim * 2
+    todo = {name: len(recs) for (source, split), recs in records.items()
+            if open_cache(cfg.data.cache_dir, name := prep.cache_name(source, cfg.data.cache_split(split)), encoder,
+                          prep, recs) is None}
+    if not todo:
+        return True
+    need, free = per_photo * sum(todo.values()), free_bytes(cfg.data.cache_dir)
+    print(f"to encode: {sum(todo.values()):,} photos into {len(todo)} cache(s) in {cfg.data.cache_dir}: "
+          f"{per_photo / 1024:.0f} KiB each ({encoder.grid_size}x{encoder.grid_size}x{encoder.out_dim} float16), "
+          f"{need / 2**30:.2f} GiB in all; {mib(free)} free there. The time per photo is printed after the first batches.")
+    if free is not None and free < need + (1 << 26):
+        print(f"error: not enough disk space for the caches: {need / 2**30:.2f} GiB needed, {free / 2**30:.2f} GiB "
+              "free. Free some space or set data.cache_dir to a larger disk, then rerun.", file=sys.stderr)
+        return False
+    return True
 
 
 def _report_vocabulary(cfg, caps: list[str], vocab_out: str | None) -> None:
@@ -84,18 +121,9 @@ def _report_vocabulary(cfg, caps: list[str], vocab_out: str | None) -> None:
 
 
 def _encoder(cfg):
-    """The frozen encoder training will cache features with: the pretrained one, or with
-    train.init_encoder the encoder of the train.init_from file."""
-    from captioner.checkpoint import load_checkpoint, load_model_state
-    from captioner.model.captioner import build_model
-    from captioner.model.encoder import Encoder
+    from captioner.training.sources import cache_encoder
 
-    if not (cfg.train.init_from and cfg.train.init_encoder):
-        return Encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size, cfg.model.output_stride)
-    init = load_checkpoint(cfg.train.init_from)
-    model = build_model(cfg.model, len(init.vocab), pretrained=False)
-    load_model_state(model, init.model_state, cfg.train.init_from)
-    return model.encoder
+    return cache_encoder(cfg)
 
 
 def _activations(cfg, records, device: str, progress: bool) -> int:
@@ -104,6 +132,8 @@ def _activations(cfg, records, device: str, progress: bool) -> int:
 
     encoder = Encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size, cfg.model.output_stride)
     prep = build_preprocess(cfg.model)
+    if not _plan(cfg, records, encoder, prep):
+        return 1
     for (source, split), recs in records.items():
         t = time.time()
         name = cache_name(prep, source, cfg.data.cache_split(split), encoder.split_block)

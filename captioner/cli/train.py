@@ -18,10 +18,10 @@ import torch
 
 
 def main(argv: list[str] | None = None) -> int:
-    from captioner.api import default_device
     from captioner.config import load_config
     from captioner.diskspace import FULL, DiskFullError
-    from captioner.training.engine import TrainingError, fit
+    from captioner.training.engine import Interrupted, TrainingError, fit
+    from captioner.training.stopping import StopSignal
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML/JSON recipe in configs/")
@@ -40,23 +40,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    # torchrun sets these; the library takes rank/world size as arguments, never from the environment
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = args.device or default_device()
-    if world > 1:
-        import torch.distributed as dist
-
-        backend = "nccl" if device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend)
-        if device.startswith("cuda"):
-            device = f"cuda:{local_rank}"
-            torch.cuda.set_device(device)
+    started = _processes(cfg, args)
+    if started is None:
+        return 2
+    device, rank, world = started
     log = print if rank == 0 else (lambda *_: None)
     try:
-        fit(cfg, device=device, log=lambda m: log(m, flush=True), progress=not args.no_progress,
-            rank=rank, world_size=world)
+        with StopSignal().catch() as stop:
+            fit(cfg, device=device, log=lambda m: log(m, flush=True), progress=not args.no_progress,
+                rank=rank, world_size=world, stop=stop)
+    except Interrupted as e:  # Ctrl-C or SIGTERM: the step is saved (engine.train_one_epoch)
+        if rank == 0:
+            print(f"\n{e.name}: {e.where}. Rerun the same command to resume.", file=sys.stderr, flush=True)
+        return e.code
     except TrainingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -76,6 +72,32 @@ def main(argv: list[str] | None = None) -> int:
 
             dist.destroy_process_group()
     return 0
+
+
+def _processes(cfg, args) -> tuple[str, int, int] | None:
+    """(device, rank, world size): torchrun sets them in the environment (the library takes them as arguments).
+    A multi-process run needs its feature caches built first: without them every rank refuses (None) before
+    the process group starts, so no rank waits on a barrier while another builds them."""
+    from captioner.api import default_device
+    from captioner.training.sources import missing_caches
+
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    device = args.device or default_device()
+    if world == 1:
+        return device, rank, world
+    if missing := missing_caches(cfg):
+        sets = " ".join(f"--set {s}" for s in args.set)
+        print(f"error: torchrun needs the feature caches first ({', '.join(missing)} missing in {cfg.data.cache_dir}). "
+              f"Build them in one process: captioner-prepare --config {args.config} {sets}; then rerun torchrun.",
+              file=sys.stderr)
+        return None
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    if device.startswith("cuda"):
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+        torch.cuda.set_device(device)
+    return device, rank, world
 
 
 if __name__ == "__main__":

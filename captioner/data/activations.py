@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..diskspace import reserve, writing
+from ..diskspace import CACHE_TEMP, remove_stale_temps, reserve, writing
 from ..model.encoder import Encoder, Preprocess
 from .dataset import ImageDataset, readable
 from .records import ImageRecord
@@ -142,6 +142,7 @@ def build_activations(cache_dir: str | Path, name: str, encoder: Encoder, prep: 
         return cache
     paths = _paths(cache_dir, name)
     paths["meta"].parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(paths["meta"].parent, CACHE_TEMP)  # what a killed (kill -9) build left behind
     if paths["meta"].exists():
         log(f"activation cache {paths['meta']} does not match this encoder/image list/flip setting: rebuilding")
         paths["meta"].unlink()

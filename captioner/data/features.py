@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -24,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..config import ModelConfig
-from ..diskspace import reserve, writing
+from ..diskspace import CACHE_TEMP, remove_stale_temps, reserve, writing
 from ..model.encoder import Encoder, Preprocess, build_preprocess
 from .dataset import ImageDataset, readable
 from .records import ImageRecord
@@ -106,6 +107,7 @@ def build_cache(cache_dir: str | Path, name: str, encoder: Encoder, preprocess: 
         return cache
     base = Path(cache_dir) / name
     base.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(base.parent, CACHE_TEMP)  # what a killed (kill -9) build left behind
     meta_path, npy_path = base.with_suffix(".json"), base.with_suffix(".npy")
     if meta_path.exists():
         log(f"feature cache {meta_path} does not match this encoder/grid/image list: rebuilding")
@@ -151,9 +153,15 @@ def _encode_into(tmp: Path, shape: tuple[int, int, int], encoder: Encoder, loade
     out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=shape)  # (N, P, D)
     reserve(tmp, out.offset + out.nbytes)
     seen = np.zeros(shape[0], dtype=bool)
-    for batch in tqdm(loader, desc=desc, disable=not progress, unit="batch"):
+    t0, done = time.time(), 0
+    for k, batch in enumerate(tqdm(loader, desc=desc, disable=not progress, unit="batch")):
+        if k == 3 and done:  # the first batches' pace (after warm-up) -> how long the whole cache takes
+            rate = done / (time.time() - t0)
+            log(f"{desc}: {rate:.1f} photos/s here, about {(shape[0] - done) / rate / 60:.1f} min for the rest "
+                f"of its {shape[0]:,} photos")
         if not batch:  # no image of this batch could be read
             continue
+        done += len(batch)
         x = torch.stack([s[0] for s in batch]).to(device, next(encoder.parameters()).dtype)
         idx = [s[1] for s in batch]
         feats = encoder(x.contiguous(memory_format=torch.channels_last))  # (b, P, D); channels_last is faster on CPU

@@ -3,8 +3,10 @@ feature memory map (a slice per batch, no worker processes) or from images (a Da
 """
 from __future__ import annotations
 
+import signal
 from typing import Any, Callable, Iterator
 
+import torch
 from torch.utils.data import DataLoader
 
 from .dataset import BucketBatchSampler, FeatureDataset
@@ -43,9 +45,18 @@ class FeatureBatches:
 
 
 def epoch_loader(dataset: Any, batches: RankBatches, collate_fn: Callable, from_features: bool,
-                 num_workers: int, pin_memory: bool) -> Any:
-    """The iterable of one epoch's batches (starting at batches.start)."""
+                 num_workers: int, pin_memory: bool, seed: int = 0) -> Any:
+    """The iterable of one epoch's batches (starting at batches.start). An image loader takes its workers'
+    seeds from a generator of its own (`seed`): the global one stays the training's alone."""
     if from_features:
         return FeatureBatches(dataset, batches, collate_fn)
     return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn, num_workers=num_workers,
-                      pin_memory=pin_memory)
+                      pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed),
+                      worker_init_fn=ignore_stop_signals if num_workers else None)
+
+
+def ignore_stop_signals(_worker: int) -> None:
+    """A loader worker leaves Ctrl-C / SIGTERM to the main process, which saves the step and shuts it down
+    (a worker killed by the terminal's Ctrl-C would otherwise fail the batch being read)."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)

@@ -2,13 +2,14 @@
 
 The objective (objectives.py: cross-entropy or self-critical) is a callable of one shape, so the loop
 never branches on what it optimises. fit() resumes from `last.safetensors` after an interruption,
-keeps `best.safetensors` chosen on the validation metric of DECODED captions (evaluation/scoring.py, never
+keeps `best.safetensors` chosen on the validation metric of DECODED captions (validation.py, never
 teacher-forced scores), decays the learning rate and stops early on that metric, and writes
-metrics.jsonl + training.png next to the checkpoints.
+metrics.jsonl, TensorBoard events (watch.py) and training.png next to the checkpoints. A stop request
+(stopping.py: Ctrl-C, SIGTERM) saves the exact step; every random state is saved with it (rng.py), so a
+resumed run logs the same losses as one that never stopped.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from typing import Any, Callable, Sequence
@@ -19,16 +20,15 @@ import torch.distributed as dist
 from ..checkpoint import optimizer_to_tensors, save_checkpoint
 from ..config import Config
 from ..data.loader import epoch_loader
-from ..evaluation.scoring import encode_records, evaluate_model, head_agreement, top_features
-from ..model.encoder import build_preprocess
 from ..logs import plot_history
-from ..evaluation.metrics import METRIC_KEYS
-from .new_words import NEW_WORDS_METRIC, new_word_scores
+from . import rng
 from .objectives import Terms
-from .run import Log, Run, TrainingError, TrainState, build_run, encoder_train_mode
+from .run import Log, Run, TrainingError, TrainState, build_run, check_ranks_in_sync, encoder_train_mode
+from .stopping import NEVER, Interrupted, StopSignal
+from .validation import validate
 
-__all__ = ["TrainingError", "TrainState", "fit", "train_one_epoch", "train_step", "validate", "end_epoch",
-           "training_autocast"]
+__all__ = ["TrainingError", "TrainState", "Interrupted", "fit", "train_one_epoch", "train_step", "validate",
+           "end_epoch", "training_autocast"]
 
 
 def training_autocast(device: torch.device, cfg: Config):
@@ -45,37 +45,55 @@ def training_autocast(device: torch.device, cfg: Config):
 
 def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str, float]:
     """One pass over `loader` (already starting at batch `skip` when resuming) -> epoch averages of
-    the objective's logged terms (weighted by tokens), seconds and batches."""
+    the objective's logged terms (weighted by tokens), seconds and batches. The sums live in the train state,
+    so an epoch stopped and resumed averages exactly what an uninterrupted one does. A stop request is
+    honoured after the step it arrives in: that step is saved, then Interrupted is raised."""
     from tqdm import tqdm
 
     cfg, state, model = run.cfg, run.state, run.model
     model.train()
     encoder_train_mode(cfg, model)  # frozen (or BN-frozen tuned) encoder: batch-norm statistics stay ImageNet's
-    sums: dict[str, float] = {}
-    weight, batches, t0 = 0, 0, time.time()
-    bar = tqdm(total=len(loader) + skip, initial=skip, desc=f"epoch {state.epoch + 1}",
-               disable=not (run.progress and run.main), unit="batch")
-    for i, batch in enumerate(loader, start=skip):
-        bar.update(1)
-        if batch is None:  # every image of this batch was unreadable
-            continue
-        terms = train_step(run.train_module, run.optimizer, batch.to(run.device, non_blocking=True), cfg, run.device,
-                           f" at step {state.step} (epoch {state.epoch + 1})")
-        state.step, state.batch_in_epoch, batches = state.step + 1, i + 1, batches + 1
-        weight += terms.weight
-        for k, v in terms.logs.items():
-            sums[k] = sums.get(k, 0.0) + v * terms.weight
-        if state.step % cfg.train.log_every == 0:
-            run.logger.write({"kind": "train", "epoch": state.epoch + 1, "step": state.step, **terms.logs,
-                              "lr": run.optimizer.param_groups[0]["lr"], "time": time.time()})
-            bar.set_postfix({k: f"{v:.3f}" for k, v in terms.logs.items()})
-        if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
-            _check_weights_finite(model, state.step)
-            save_last(run)
-        if cfg.train.max_steps and state.step >= cfg.train.max_steps:
-            break
+    t0, n = time.time(), len(loader) + skip
+    bar = tqdm(total=n, initial=skip, desc=f"epoch {state.epoch + 1}", disable=not (run.progress and run.main),
+               unit="batch")
+    run.watch.restart_clock()
+    with run.stop.deferred():
+        for i, batch in enumerate(loader, start=skip):
+            bar.update(1)
+            state.batch_in_epoch = i + 1
+            if batch is not None:  # None: every image of this batch was unreadable
+                _one_step(run, batch, n - i - 1, n)
+            if cfg.train.max_steps and state.step >= cfg.train.max_steps:
+                break
+            if signum := run.stop.pending(run.world_size, run.device):
+                state.epoch_seconds += time.time() - t0
+                save_last(run)
+                raise Interrupted(signum, f"stopped at epoch {state.epoch + 1}, step {state.step}")
     bar.close()
-    return {**{k: v / max(weight, 1) for k, v in sums.items()}, "seconds": time.time() - t0, "batches": batches}
+    state.epoch_seconds += time.time() - t0
+    weight = max(state.epoch_weight, 1)
+    return {**{k: v / weight for k, v in state.epoch_sums.items()}, "seconds": state.epoch_seconds,
+            "batches": state.epoch_batches}
+
+
+def _one_step(run: Run, batch: Any, steps_left: int, per_epoch: int) -> None:
+    """A training step and its bookkeeping: the epoch's sums, the watcher's line, the periodic checkpoint."""
+    cfg, state = run.cfg, run.state
+    terms = train_step(run.train_module, run.optimizer, batch.to(run.device, non_blocking=True), cfg, run.device,
+                       f" at step {state.step} (epoch {state.epoch + 1})")
+    state.step, state.epoch_batches = state.step + 1, state.epoch_batches + 1
+    state.epoch_weight += terms.weight
+    for k, v in terms.logs.items():
+        state.epoch_sums[k] = state.epoch_sums.get(k, 0.0) + v * terms.weight
+    run.watch.count(len(batch.visual), len(batch.inputs))
+    if state.step % cfg.train.log_every == 0:
+        lr = run.optimizer.param_groups[0]["lr"]
+        rec = {"kind": "train", "epoch": state.epoch + 1, "step": state.step, **terms.logs, "lr": lr,
+               "grad_norm": float(terms.grad_norm), "time": time.time()}
+        run.logger.write(run.watch.report(rec, steps_left, steps_left + per_epoch * (cfg.train.epochs - state.epoch - 1)))
+    if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
+        _check_weights_finite(run.model, state.step)
+        save_last(run)
 
 
 def train_step(objective: Callable[[Any], Terms], optimizer: torch.optim.Optimizer, batch: Any, cfg: Config,
@@ -90,8 +108,9 @@ def train_step(objective: Callable[[Any], Terms], optimizer: torch.optim.Optimiz
                             + _nonfinite_hint(batch, cfg))
     optimizer.zero_grad(set_to_none=True)
     terms.total.backward()
-    if cfg.train.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], cfg.train.grad_clip)
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    # the norm before clipping (logged); max_norm inf when clipping is off: measured, not clipped
+    terms.grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf)
     try:
         optimizer.step()
     except RuntimeError as e:  # e.g. overflow with an absurd learning rate
@@ -124,78 +143,33 @@ RESUMES = ": the last good checkpoint is kept, and the run resumes from it."
 
 
 def save_last(run: Run) -> None:
-    """The resumable checkpoint (weights, optimiser, state), written atomically by rank 0."""
+    """The resumable checkpoint (weights, optimiser, state and every rank's random states), written atomically
+    by rank 0. Every rank calls it at the same points: the random states are gathered first."""
+    states = [rng.capture()]
+    if run.world_size > 1:
+        states = [None] * run.world_size
+        dist.all_gather_object(states, rng.capture())
     if not run.main:
         return
     opt_tensors, opt_info = optimizer_to_tensors(run.optimizer)
     save_checkpoint(run.last_path, run.cfg, run.vocab, run.model.state_dict(),
-                    train_state={"state": run.state.__dict__, "optimizer": opt_info}, optimizer_tensors=opt_tensors,
-                    then=RESUMES)
+                    train_state={"state": run.state.__dict__, "optimizer": opt_info, "rng": states},
+                    optimizer_tensors=opt_tensors, then=RESUMES)
+
+
+def keep_epoch(run: Run) -> None:
+    """train.keep_epochs: the weights after each epoch as epoch_E.safetensors, the last k kept (for
+    captioner-export --average); older ones are deleted."""
+    k = run.cfg.train.keep_epochs
+    if not (k and run.main):
+        return
+    save_checkpoint(run.out / f"epoch_{run.state.epoch}.safetensors", run.cfg, run.vocab, run.model.state_dict(),
+                    metrics={"val": run.state.history[-1], "epoch": run.state.epoch}, then=RESUMES)
+    for old in sorted(run.out.glob("epoch_*.safetensors"), key=lambda p: int(p.stem.split("_")[1]))[:-k]:
+        old.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- validation and the epoch's decisions
-
-def validate(run: Run, stats: dict[str, float]) -> float:
-    """Rank 0 decodes each val set with train.val_beam_size and the decode settings, scores it
-    (evaluation.scoring.evaluate_model) and logs the record; the metric is shared with every rank. In a mix each
-    set's scores are logged as "<set>/<metric>" and the selection metric is their mean over the sets
-    (each caption set counts the same, whatever its size or sampling weight)."""
-    cfg, state = run.cfg, run.state
-    value = 0.0
-    if run.main:
-        metrics = [k for k in METRIC_KEYS if k != "METEOR"]  # METEOR (a Java process) only when it is val_metric
-        metrics += [cfg.train.val_metric] if cfg.train.val_metric not in metrics + [NEW_WORDS_METRIC] else []
-        per_set = {vs.name: _validate_set(run, vs, metrics) for vs in run.val_sets}
-        if len(per_set) == 1:
-            (scores, example), = per_set.values()
-        else:
-            scores = {f"{name}/{k}": v for name, (s, _) in per_set.items() for k, v in s.items()}
-            scores[cfg.train.val_metric] = sum(s[cfg.train.val_metric] for s, _ in per_set.values()) / len(per_set)
-            example = " | ".join(f"{name}: {ex}" for name, (_, ex) in per_set.items())
-        value = scores[cfg.train.val_metric]
-        rec = {"kind": "val", "epoch": state.epoch, "step": state.step,
-               **{f"train_{k}": v for k, v in stats.items() if k not in ("seconds", "batches")},
-               "epoch_seconds": stats["seconds"], "lr": run.optimizer.param_groups[0]["lr"], **scores}
-        run.logger.write(rec)
-        state.history.append(rec)
-        train_txt = " ".join(f"{k} {v:.3f}" for k, v in stats.items() if k not in ("seconds", "batches"))
-        run.log(f"epoch {state.epoch}: train {train_txt} ({stats['seconds']:.0f}s) | val "
-                + " ".join(f"{k} {v:.4f}" for k, v in scores.items() if not k.endswith("n_images"))
-                + f" | e.g. '{example}'")
-    if run.world_size > 1:
-        box = [value]
-        dist.broadcast_object_list(box, src=0)
-        value = box[0]
-    return value
-
-
-def _validate_set(run: Run, vs: Any, metrics: list[str]) -> tuple[dict[str, float], str]:
-    """One val set's scores (with head_top1_agreement when the top stages are tuned) and a caption."""
-    cfg = run.cfg
-    feats, records = vs.feats, vs.records
-    if feats is None:  # encoder in the loop: encode the val images with the current encoder
-        feats, idx = encode_records(run.model, records, build_preprocess(cfg.model), run.device)
-        records = [records[i] for i in idx]
-    agreement = {}
-    if cfg.from_activations:  # cached activations through the tuned top stages
-        feats = top_features(run.model, feats, run.device)
-        agreement = {"head_top1_agreement": head_agreement(run.model, feats, vs.teacher)}
-    settings = dataclasses.replace(cfg.decode, beam_size=cfg.train.val_beam_size)
-    # the Python PTB tokenizer: validation needs no Java (a GPU machine often has none); METEOR still does
-    scores, preds, _ = evaluate_model(run.model, run.vocab, feats, records, settings, metrics, log=run.log,
-                                      tokenizer="python")
-    return {**scores, **agreement, **_new_word_scores(run, scores, preds, records)}, next(iter(preds.values()))
-
-
-def _new_word_scores(run: Run, scores: dict[str, float], preds: dict[str, str], records: Any) -> dict[str, float]:
-    """train.extend_vocab: the new words' use on this val set (logged per word; new_words.py), and the
-    selection metric CIDEr_new_words (plain CIDEr when the vocabulary has no new word)."""
-    if not run.new_words:
-        return {NEW_WORDS_METRIC: scores["CIDEr"]} if run.cfg.train.val_metric == NEW_WORDS_METRIC else {}
-    new, line = new_word_scores(run.new_words, preds, records)
-    run.log(f"  {line}")
-    return {**new, NEW_WORDS_METRIC: scores["CIDEr"] + new["new_words_F1"]}
-
 
 def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
     """Keep the best checkpoint, decay the learning rate, decide on early stopping -> stop?"""
@@ -226,38 +200,69 @@ def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
 # ---------------------------------------------------------------- the whole run
 
 def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progress: bool = True,
-        rank: int = 0, world_size: int = 1) -> dict[str, Any]:
+        rank: int = 0, world_size: int = 1, stop: StopSignal = NEVER) -> dict[str, Any]:
     """Train according to `cfg`; returns the final train state as a dict. Rerunning the same
-    command after an interruption resumes from out_dir/last.safetensors."""
-    run = build_run(cfg, device, log if rank == 0 else (lambda _: None), progress, rank, world_size)
-    state = run.state
+    command after an interruption resumes from out_dir/last.safetensors. `stop` (StopSignal.catch() in the
+    command) turns Ctrl-C / SIGTERM into a saved step and Interrupted."""
+    state = None
+    try:
+        run = build_run(cfg, device, log if rank == 0 else (lambda _: None), progress, rank, world_size, stop)
+        state = run.state
+        return _train(run)
+    except Interrupted as e:
+        e.where = e.where or (f"stopped at epoch {state.epoch}, step {state.step}, while validating (its steps are "
+                              "saved)" if state and state.validating else
+                              f"stopped at step {state.step}" if state else "stopped before training began")
+        raise
+    finally:
+        if state is not None:
+            run.watch.close()
+
+
+def _train(run: Run) -> dict[str, Any]:
+    cfg, state = run.cfg, run.state
     if state.finished:
         run.log(f"{run.last_path}: this run already finished (best {cfg.train.val_metric} "
                 f"{state.best_metric:.4f} at epoch {state.best_epoch}; {_why_finished(state, cfg)}); nothing to do")
         return state.__dict__
     run.log(f"training on {run.device}: {len(run.dataset)} images, objective {cfg.train.objective}, "
-            f"{len(run.batches)} batches/epoch/rank, {_source(cfg)}, "
+            f"{len(run.sampler) // run.world_size} batches/epoch/rank, {_source(cfg)}, "
             f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
+    run.log(f"(attention penalty = train.alpha_c {cfg.train.alpha_c:g} x sum over the {cfg.model.grid_size ** 2} regions "
+            "of (1 - attention the caption gave it)^2, per caption: the paper's doubly stochastic term, eq. 14)")
     if run.new_words and state.step == 0 and not state.history:
         validate_warm_start(run)
-    while state.epoch < cfg.train.epochs:
+    while True:
+        if state.validating and _close_epoch(run):
+            break
+        if state.epoch >= cfg.train.epochs:
+            break
         run.sampler.set_epoch(state.epoch)
         skip = run.batches.start = state.batch_in_epoch
         stats = train_one_epoch(run, _loader(run), skip=skip)
-        hit_max = bool(cfg.train.max_steps and state.step >= cfg.train.max_steps)
         _check_weights_finite(run.model, state.step)
-        if world_size > 1:
-            check_ranks_in_sync(run.model, world_size)
-            run.log(f"parameters identical across {world_size} ranks after step {state.step}")
-        state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-        stop = end_epoch(run, validate(run, stats), hit_max)
-        save_last(run)
-        if run.main:
-            plot_history(run.out / "metrics.jsonl", run.out / "training.png")
-        if stop:
-            break
+        if run.world_size > 1:
+            check_ranks_in_sync(run.model, run.world_size)
+            run.log(f"parameters identical across {run.world_size} ranks after step {state.step}")
+        state.epoch, state.batch_in_epoch, state.validating, state.epoch_stats = state.epoch + 1, 0, True, stats
+        save_last(run)  # the epoch's steps are on disk before its validation (which a stop may cut short)
     run.log(f"done: best {cfg.train.val_metric} {state.best_metric:.4f} at epoch {state.best_epoch} -> {run.best_path}")
     return state.__dict__
+
+
+def _close_epoch(run: Run) -> bool:
+    """Validate the epoch just trained, keep/decay/stop, save -> stop?"""
+    cfg, state = run.cfg, run.state
+    hit_max = bool(cfg.train.max_steps and state.step >= cfg.train.max_steps)
+    stop = end_epoch(run, validate(run, state.epoch_stats), hit_max)
+    state.validating, state.epoch_stats, state.epoch_sums = False, {}, {}
+    state.epoch_weight = state.epoch_batches = 0
+    state.epoch_seconds = 0.0
+    keep_epoch(run)
+    save_last(run)
+    if run.main:
+        plot_history(run.out / "metrics.jsonl", run.out / "training.png")
+    return stop
 
 
 def validate_warm_start(run: Run) -> None:
@@ -283,15 +288,8 @@ def _source(cfg: Config) -> str:
 
 
 def _loader(run: Run) -> Any:
+    # the images' loader draws its workers' seeds from its own generator, never the global one (which would
+    # make a resumed epoch's dropout differ from an uninterrupted one's)
+    seed = run.cfg.train.seed * 100_003 + run.state.epoch
     return epoch_loader(run.dataset, run.batches, run.collate_fn, not run.cfg.encoder_in_loop,
-                        run.cfg.data.num_workers, run.device.type == "cuda")
-
-
-def check_ranks_in_sync(model: torch.nn.Module, world_size: int) -> None:
-    """DistributedDataParallel must keep every rank's parameters identical; verify it (cheaply)."""
-    local = torch.stack([p.detach().double().sum() for p in model.parameters() if p.requires_grad]).cpu()
-    gathered = [torch.zeros_like(local) for _ in range(world_size)]
-    dist.all_gather_object(gathered, local)
-    for r, other in enumerate(gathered[1:], start=1):
-        if not torch.equal(other, gathered[0]):
-            raise TrainingError(f"rank {r}'s parameters differ from rank 0's: distributed training is out of sync")
+                        run.cfg.data.num_workers, run.device.type == "cuda", seed)

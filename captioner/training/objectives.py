@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -38,6 +39,7 @@ class Terms:
     total: torch.Tensor  # what backward() sees
     weight: int  # how much this batch counts in the epoch's averages (tokens)
     logs: dict[str, float] = field(default_factory=dict)  # per-batch scalars for metrics.jsonl
+    grad_norm: Any = 0.0  # the gradients' norm before clipping (engine.train_step sets it; a tensor, read when logged)
 
 
 def batch_features(model: CaptionModel, batch: Batch, cfg: Config) -> torch.Tensor:

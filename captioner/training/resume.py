@@ -24,7 +24,7 @@ SAFE_TO_CHANGE = frozenset(
         "early_stop_patience", "val_beam_size", "val_limit", "amp", "cpu_amp", "compile", "log_every",
         "checkpoint_every", "max_steps", "scst_samples", "scst_baseline", "scst_max_len", "scst_bad_ending_penalty",
         "scst_dropout", "scst_xent", "scst_reward_end", "hard_expected_prob", "hard_reinforce", "hard_entropy",
-        "hard_baseline_decay", "new_words_lr_factor")]
+        "hard_baseline_decay", "new_words_lr_factor", "keep_epochs", "tensorboard")]
     + [f"data.{k}" for k in ("cache_dir", "num_workers", "max_caption_len")]
     + ["decode.*"])
 PATH_KEYS = ("data.root", "data.images", "data.annotations", "data.val_images", "data.val_annotations")

@@ -4,13 +4,12 @@ vocabulary, data (cached features or images), optimiser, objective and state. en
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
+import torch.distributed as dist
 
 from ..checkpoint import load_checkpoint, load_model_state, optimizer_from_tensors
 from ..config import Config
@@ -23,6 +22,9 @@ from ..model.captioner import CaptionModel, build_model
 from .sources import ValSet, build_data
 from .objectives import Terms, batch_features, build_objective
 from .resume import apply_to_optimizer, check_init, check_resume, reopen
+from .rng import restore as restore_rng, seed_everything
+from .stopping import NEVER, StopSignal
+from .watch import Watch
 from .new_words import NewWordRows, init_from_substitutes, substitutes
 from .warm_start import grow_vocabulary
 from ..vocab import Vocab
@@ -47,6 +49,13 @@ class TrainState:
     since_decay: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     finished: bool = False
+    validating: bool = False  # the epoch's steps are done and saved, its validation is not (a stop came)
+    # the current epoch's running sums (saved mid-epoch: a resumed epoch averages what an uninterrupted one does)
+    epoch_sums: dict[str, float] = field(default_factory=dict)
+    epoch_weight: int = 0
+    epoch_batches: int = 0
+    epoch_seconds: float = 0.0
+    epoch_stats: dict[str, float] = field(default_factory=dict)  # the finished epoch's averages, for validation
 
 
 @dataclass
@@ -70,6 +79,8 @@ class Run:
     main: bool
     world_size: int
     progress: bool
+    stop: StopSignal
+    watch: Watch
     new_words: list[str] = field(default_factory=list)  # train.extend_vocab: the words the starting file lacked
 
     @property
@@ -90,12 +101,6 @@ class ObjectiveModule(torch.nn.Module):
 
     def forward(self, batch) -> Terms:
         return self.objective(self.model, batch)
-
-
-def _seed(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def _restore(cfg: Config, last_path: Path, train_records: Sequence[ImageRecord], log: Log, main: bool
@@ -200,11 +205,11 @@ def encoder_train_mode(cfg: Config, model: CaptionModel) -> None:
 
 
 def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progress: bool = True,
-              rank: int = 0, world_size: int = 1) -> Run:
+              rank: int = 0, world_size: int = 1, stop: StopSignal = NEVER) -> Run:
     device, out, main = torch.device(device), Path(cfg.train.out_dir), rank == 0
     if cfg.train.val_metric == "METEOR" and not java_available():  # said before any data is read or trained on
         raise ValueError(f"train.val_metric=METEOR: {missing_java('METEOR')}; or choose train.val_metric=CIDEr")
-    _seed(cfg.train.seed + rank)
+    seed_everything(cfg.train.seed + rank)  # the model's initial weights
     train, val = build_mix(cfg.data, "train"), build_mix(cfg.data, "val")
     if main and len(train) > 1:
         log("training mix: " + "; ".join(f"{src.name} {len(t)} train / {len(v)} val photos, weight {src.weight:g}"
@@ -228,13 +233,28 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
         module = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
     logger = JsonlLogger(out / "metrics.jsonl", enabled=main)
     if resume is not None:
-        logger.rewind(state.step, state.epoch)
+        logger.rewind(state.step, state.epoch - state.validating)
     optimizer = _optimizer(cfg, model, resume, device, changed)
     state.lr = optimizer.param_groups[0]["lr"]
     new_words = _new_words(cfg, model, vocab, data, optimizer, resume is None, device, log)
+    _random_states(cfg, resume, rank, world_size, log)
+    watch = Watch(out, main, cfg.train.tensorboard, state.step, log)
     return Run(cfg, device, model, vocab, state, optimizer, module, data.dataset, data.collate, sampler,
                RankBatches(sampler, rank, world_size), data.val_sets, logger, log, out, main, world_size, progress,
-               new_words)
+               stop, watch, new_words)
+
+
+def _random_states(cfg: Config, resume: Any, rank: int, world_size: int, log: Log) -> None:
+    """A resumed run continues every generator where the stopped one left it; a new run starts them from the
+    seed here, after its caches are built, so a run that built them draws what one that read them draws."""
+    saved = (resume.train_state or {}).get("rng") if resume is not None else None
+    if saved and len(saved) == world_size:
+        restore_rng(saved[rank])
+        return
+    if resume is not None:
+        log(f"note: {'this checkpoint holds no random states' if not saved else f'it was saved by {len(saved)} process(es)'}:"
+            " the resumed run's dropout and samples differ from an uninterrupted run's")
+    seed_everything(cfg.train.seed + rank + 7919 * (resume is not None))
 
 
 def _new_words(cfg: Config, model: CaptionModel, vocab: Vocab, data: Any, optimizer: torch.optim.Optimizer,
@@ -252,3 +272,13 @@ def _new_words(cfg: Config, model: CaptionModel, vocab: Vocab, data: Any, optimi
     if cfg.train.new_words_lr_factor != 1 and len(vocab) > old_size:
         NewWordRows(optimizer, model.decoder, old_size, cfg.train.new_words_lr_factor)
     return vocab.itos[old_size:]
+
+
+def check_ranks_in_sync(model: torch.nn.Module, world_size: int) -> None:
+    """DistributedDataParallel must keep every rank's parameters identical; verify it (cheaply)."""
+    local = torch.stack([p.detach().double().sum() for p in model.parameters() if p.requires_grad]).cpu()
+    gathered = [torch.zeros_like(local) for _ in range(world_size)]
+    dist.all_gather_object(gathered, local)
+    for r, other in enumerate(gathered[1:], start=1):
+        if not torch.equal(other, gathered[0]):
+            raise TrainingError(f"rank {r}'s parameters differ from rank 0's: distributed training is out of sync")

@@ -14,7 +14,8 @@ from ..data import ImageRecord
 from ..data.activations import ActivationCache, build_activations, cache_name as activation_cache_name
 from ..data.dataset import (ActivationDataset, FeatureDataset, ImageDataset, collate, collate_skip_missing,
                             encode_captions)
-from ..data.features import FeatureCache, build_cache
+from ..data import build_mix
+from ..data.features import FeatureCache, build_cache, open_cache
 from ..model.captioner import CaptionModel
 from ..model.encoder import build_preprocess
 from ..vocab import Vocab
@@ -147,3 +148,33 @@ def _activation_caches(cfg: Config, model: CaptionModel, device: torch.device, l
         return out
 
     return caches_of
+
+
+def cache_encoder(cfg: Config) -> Any:
+    """The frozen encoder a run caches features with: the pretrained one, or with train.init_encoder the
+    encoder of the train.init_from file."""
+    from ..checkpoint import load_checkpoint, load_model_state
+    from ..model.captioner import build_model
+    from ..model.encoder import Encoder
+
+    if not (cfg.train.init_from and cfg.train.init_encoder):
+        return Encoder(cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size, cfg.model.output_stride)
+    init = load_checkpoint(cfg.train.init_from)
+    model = build_model(cfg.model, len(init.vocab), pretrained=False)
+    load_model_state(model, init.model_state, cfg.train.init_from)
+    return model.encoder
+
+
+def missing_caches(cfg: Config) -> list[str]:
+    """The frozen-encoder feature caches this run would read and nobody has built (names). A multi-process run
+    asks before its process group starts: it is refused rather than left waiting while one rank builds."""
+    if cfg.encoder_in_loop or cfg.from_activations:
+        return []
+    encoder, prep = cache_encoder(cfg), build_preprocess(cfg.model)
+    missing = []
+    for (src, train), (_, val) in zip(build_mix(cfg.data, "train"), build_mix(cfg.data, "val")):
+        for split, recs in (("train", train), ("val", val)):
+            name = prep.cache_name(src.name, cfg.data.cache_split(split))
+            if open_cache(cfg.data.cache_dir, name, encoder, prep, recs) is None:
+                missing.append(name)
+    return missing

@@ -1,0 +1,130 @@
+"""Watching a run while it trains: every train.log_every steps one line (step, loss terms, learning rate,
+gradient norm, captions/s, ETA) that prints with or without progress bars, the same numbers in metrics.jsonl,
+and TensorBoard event files in <out_dir>/tensorboard (`tensorboard --logdir runs/`): the loss and its parts,
+learning rate, gradient norm, throughput, and per epoch the val loss, val metrics, a few val captions and one
+val photo's attention maps. A resumed run purges the events logged after its checkpoint, like metrics.jsonl.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+NAMES = {"xent": "cross-entropy/token", "penalty": "attention penalty",
+         "reward": "reward (CIDEr-D)", "head_kl": "head KL", "cam": "attention-to-CAM"}
+
+
+def readable(key: str) -> str:
+    """A logged term's name for people: 'penalty' is the doubly stochastic attention penalty, not a mystery."""
+    return NAMES.get(key, key)
+
+
+def duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class Watch:
+    """Throughput, ETA and the TensorBoard writer of one rank-0 process (other ranks: an idle Watch)."""
+
+    def __init__(self, out: Path, enabled: bool, tensorboard: bool, start_step: int, log: Callable[[str], None]):
+        self.enabled, self.log = enabled, log
+        self.writer = _writer(out / "tensorboard", start_step, log) if enabled and tensorboard else None
+        self._t, self._captions, self._images, self._steps = time.time(), 0, 0, 0
+
+    def restart_clock(self) -> None:
+        """Start timing afresh (an epoch begins: validation time is not training throughput)."""
+        self._t, self._captions, self._images, self._steps = time.time(), 0, 0, 0
+
+    def count(self, images: int, captions: int) -> None:
+        self._images, self._captions, self._steps = self._images + images, self._captions + captions, self._steps + 1
+
+    def report(self, record: dict[str, Any], steps_left_epoch: int, steps_left_run: int) -> dict[str, Any]:
+        """The log_every line: `record` (kind train: epoch, step, the objective's terms, lr, grad_norm) plus
+        throughput and ETA since the last report; returns the record with them added (for metrics.jsonl)."""
+        seconds = max(time.time() - self._t, 1e-9)
+        per_step = seconds / max(self._steps, 1)
+        record = {**record, "captions_per_s": self._captions / seconds, "images_per_s": self._images / seconds}
+        self.restart_clock()
+        if not self.enabled:
+            return record
+        terms = " ".join(f"{readable(k)} {v:.4g}" for k, v in record.items() if k in term_keys(record))
+        self.log(f"epoch {record['epoch']} step {record['step']}: {terms} | lr {record['lr']:.2e} | grad norm "
+                 f"{record['grad_norm']:.3g} | {record['captions_per_s']:.0f} captions/s | epoch ETA "
+                 f"{duration(per_step * steps_left_epoch)}, run ETA {duration(per_step * steps_left_run)} "
+                 "(training steps only; validation adds to it)")
+        if self.writer is not None:
+            step = record["step"]
+            for k in term_keys(record):
+                self.writer.add_scalar(f"train/{k}", record[k], step)
+            for k in ("lr", "grad_norm", "captions_per_s", "images_per_s"):
+                self.writer.add_scalar(f"train/{k}", record[k], step)
+        return record
+
+    def epoch(self, record: dict[str, Any], examples: Sequence[tuple[str, str, Sequence[str]]],
+              figure: Any = None) -> None:
+        """After validation: the val record's numbers, captions (id, caption, references) and a figure."""
+        if self.writer is None:
+            return
+        step = record["step"]
+        for k, v in record.items():
+            if k not in ("kind", "epoch", "step") and isinstance(v, (int, float)) and math.isfinite(v):
+                self.writer.add_scalar(f"val/{k}" if not k.startswith("train_") else f"epoch/{k}", v, step)
+        if examples:
+            rows = "\n".join(f"| {i} | {c} | {refs[0] if refs else ''} |" for i, c, refs in examples)
+            self.writer.add_text("val/captions", "| photo | caption | a reference |\n|---|---|---|\n" + rows, step)
+        if figure is not None:
+            self.writer.add_figure("val/attention", figure, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def term_keys(record: dict[str, Any]) -> list[str]:
+    """The objective's terms in a train record (what is not bookkeeping)."""
+    return [k for k in record if k not in BOOKKEEPING and isinstance(record[k], (int, float))]
+
+
+BOOKKEEPING = {"kind", "epoch", "step", "lr", "grad_norm", "time", "captions_per_s", "images_per_s"}
+
+
+def _writer(folder: Path, start_step: int, log: Callable[[str], None]) -> Any:
+    """A TensorBoard SummaryWriter that drops the events a stopped run logged after its checkpoint."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # torch's writer needs the tensorboard package
+        log("note: the tensorboard package is not installed: no TensorBoard events (pip install tensorboard)")
+        return None
+    return SummaryWriter(str(folder), purge_step=start_step if start_step else None)
+
+
+def attention_figure(image_path: str | Path, words: Sequence[str], alphas: Any, grid: int, columns: int = 5):
+    """One val photo's caption, a panel per word with where it looked (alphas (T, P), P = grid x grid)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    photo = np.asarray(Image.open(image_path).convert("RGB").resize((224, 224)))
+    n = len(words)
+    rows = max(1, -(-n // columns))
+    fig, axes = plt.subplots(rows, columns, figsize=(2 * columns, 2.1 * rows), squeeze=False)
+    for k, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if k >= n:
+            continue
+        heat = np.asarray(alphas[k], dtype=np.float32).reshape(grid, grid)
+        heat = np.asarray(Image.fromarray(heat / max(float(heat.max()), 1e-9)).resize((224, 224), Image.BILINEAR))
+        ax.imshow(photo)
+        ax.imshow(heat, cmap="jet", alpha=0.45, vmin=0, vmax=1)
+        ax.set_title(words[k], fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,195 @@
+"""Stopping and resuming a run exactly (issue 56): Ctrl-C / SIGTERM mid-epoch save the exact step, print one line
+and exit 130 / 143 without a traceback; the rerun's logged losses equal an uninterrupted run's (dropout 0.5:
+every random state is saved); a run that built its feature cache trains on what a later run reads; prepare
+leaves no temporary file after SIGTERM, and a start sweeps what a kill -9 left. Real subprocesses
+(scripts/train.py, scripts/prepare_data.py) on a few Flickr8k photos."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from captioner.checkpoint import load_checkpoint
+from captioner.logs import read_jsonl
+
+from .conftest import ROOT, need_flickr
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+SETTINGS = ["model.dropout=0.5", "data.limit=24", "train.batch_images=2", "train.epochs=2", "train.val_limit=4",
+            "train.log_every=1", "train.checkpoint_every=5"]
+STEPS = 2 * 12
+
+
+def train_cmd(tmp: Path, out: str, cache: str = "cache", *extra: str) -> list[str]:
+    return [sys.executable, "scripts/train.py", "--config", "configs/tiny.yaml", "--no-progress", "--threads", "1",
+            "--set", f"data.root={need_flickr()}", f"data.cache_dir={tmp / cache}", f"train.out_dir={tmp / out}",
+            *SETTINGS, *extra]
+
+
+def losses(run_dir: Path) -> list[tuple]:
+    """Every logged training step's terms, and every epoch's val loss and scores (no timings)."""
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    train = [(r["step"], r["xent"], r["penalty"], r["grad_norm"]) for r in rows if r["kind"] == "train"]
+    val = [(r["epoch"], r["train_xent"], r["val_loss"], r["Bleu_4"], r["CIDEr"]) for r in rows if r["kind"] == "val"]
+    return train + val
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """An uninterrupted run that builds its own cache."""
+    tmp = tmp_path_factory.mktemp("stop")
+    r = subprocess.run(train_cmd(tmp, "reference"), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert len([x for x in losses(tmp / "reference") if len(x) == 4]) == STEPS
+    return tmp
+
+
+def _stop_mid_epoch(cmd: list[str], out: Path, signum: int) -> tuple[subprocess.CompletedProcess, float, int]:
+    """Start the run, send `signum` once it has logged 3 steps of its first epoch -> (result, seconds from the
+    signal to the exit, the last step logged before the signal)."""
+    p = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not ((out / "metrics.jsonl").is_file() and len(read_jsonl(out / "metrics.jsonl")) >= 3):
+        assert p.poll() is None and time.time() < deadline, "the run ended or stalled before it could be stopped"
+        time.sleep(0.005)
+    p.send_signal(signum)
+    t = time.time()
+    stdout, stderr = p.communicate(timeout=60)
+    return subprocess.CompletedProcess(cmd, p.returncode, stdout, stderr), time.time() - t, 3
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stopped_run_saves_its_step_and_resumes_to_the_same_numbers(reference, signum, code):
+    tmp, out = reference, reference / f"stopped_{signum}"
+    r, seconds, _ = _stop_mid_epoch(train_cmd(tmp, out.name), out, signum)
+    assert r.returncode == code, r.stdout[-2000:] + r.stderr[-2000:]
+    assert seconds < 30 and "Traceback" not in r.stderr
+    assert "Rerun the same command to resume" in r.stderr and signal.Signals(signum).name in r.stderr
+    state = load_checkpoint(out / "last.safetensors").train_state["state"]
+    logged = [x[0] for x in losses(out) if len(x) == 4]
+    assert state["step"] == logged[-1] and f"step {state['step']}" in r.stderr  # the exact step, nothing lost
+    assert state["epoch"] == 0 and 0 < state["batch_in_epoch"] < 12  # mid-epoch
+    again = subprocess.run(train_cmd(tmp, out.name), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "note:" not in again.stdout  # the random states were restored, not reseeded
+    assert losses(out) == losses(tmp / "reference")  # every step's loss, grad norm and every epoch's val numbers
+
+
+def test_the_run_that_built_the_cache_equals_one_that_read_it(reference):
+    tmp = reference
+    r = subprocess.run(train_cmd(tmp, "reader"), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "encoding" not in r.stdout  # it read the reference's cache
+    assert losses(tmp / "reader") == losses(tmp / "reference")
+
+
+STOP_IN_VALIDATION = """
+import os, signal, sys
+import captioner.training.engine as engine
+validate = engine.validate
+def stopped_validation(run, stats):  # Ctrl-C arrives while epoch 2 is being validated
+    if run.state.epoch == 2:
+        os.kill(os.getpid(), signal.SIGINT)
+    return validate(run, stats)
+engine.validate = stopped_validation
+from captioner.cli.train import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_stop_during_validation_resumes_with_that_validation(reference):
+    """The epoch's steps are saved before its validation: a stop there loses nothing, and the rerun validates
+    that epoch first; the numbers are the uninterrupted run's."""
+    tmp, out = reference, reference / "in_validation"
+    cmd = train_cmd(tmp, out.name)
+    r = subprocess.run([sys.executable, "-c", STOP_IN_VALIDATION, *cmd[2:]], cwd=ROOT, env=ENV, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 130 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"stopped at epoch 2, step {STEPS}, while validating" in r.stderr
+    state = load_checkpoint(out / "last.safetensors").train_state["state"]
+    assert state["validating"] and state["step"] == STEPS and not state["finished"]
+    again = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "epoch 2:" in again.stdout and "epoch 2 step" not in again.stdout
+    assert losses(out) == losses(tmp / "reference")
+
+
+def test_training_logs_eta_lines_and_tensorboard_scalars_without_progress_bars(reference):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    r = subprocess.run(train_cmd(reference, "watched", "cache", "train.epochs=1", "train.log_every=4"), cwd=ROOT,
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    lines = [x for x in r.stdout.splitlines() if x.startswith("epoch 1 step")]
+    assert [x.split(":")[0] for x in lines] == ["epoch 1 step 4", "epoch 1 step 8", "epoch 1 step 12"]
+    assert all("captions/s" in x and "epoch ETA" in x and "run ETA" in x and "attention penalty" in x for x in lines)
+    assert "attention penalty = " in r.stdout  # said once what it is
+    rows = read_jsonl(reference / "reference" / "metrics.jsonl")
+    assert all({"captions_per_s", "grad_norm", "lr"} <= set(r) for r in rows if r["kind"] == "train")
+    events = EventAccumulator(str(reference / "reference" / "tensorboard")).Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/xent", "train/penalty", "train/lr", "train/grad_norm", "train/captions_per_s", "val/val_loss",
+            "val/Bleu_4", "val/CIDEr"} <= tags
+    assert [e.step for e in events.Scalars("train/xent")] == list(range(1, STEPS + 1))
+    assert events.Tags()["tensors"] == ["val/captions/text_summary"]
+    assert events.Tags()["images"] == ["val/attention"] and len(events.Images("val/attention")) == 2
+
+
+def _prepare(tmp: Path, limit: int) -> list[str]:
+    return [sys.executable, "scripts/prepare_data.py", "--config", "configs/tiny.yaml", "--no-progress", "--set",
+            f"data.root={need_flickr()}", f"data.cache_dir={tmp / 'cache'}", f"data.limit={limit}",
+            "data.num_workers=0", "--splits", "train"]
+
+
+def _temps(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.tmp*")) if folder.is_dir() else []
+
+
+def _start_and_wait_for_a_temp(cmd: list[str], folder: Path) -> subprocess.Popen:
+    p = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not _temps(folder):
+        assert p.poll() is None and time.time() < deadline, "prepare ended before it wrote its cache"
+        time.sleep(0.01)
+    return p
+
+
+def test_prepare_stopped_leaves_no_temporary_file_and_a_killed_ones_is_swept(tmp_path):
+    cache = tmp_path / "cache"
+    p = _start_and_wait_for_a_temp(_prepare(tmp_path, 400), cache)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143 and "Traceback" not in err and "SIGTERM" in err, err[-2000:]
+    assert _temps(cache) == [] and not list(cache.glob("*.json"))  # nothing half-written, nothing passed off as done
+    p = _start_and_wait_for_a_temp(_prepare(tmp_path, 400), cache)
+    p.kill()  # kill -9: no handler runs, the temporary file stays ...
+    p.communicate(timeout=60)
+    assert _temps(cache)
+    r = subprocess.run(_prepare(tmp_path, 8), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert _temps(cache) == []  # ... until the next start sweeps it (its writer is gone)
+    assert "to encode: 8 photos into 1 cache(s)" in r.stdout and "GiB" in r.stdout
+
+
+def test_prepare_refuses_before_encoding_when_the_disk_is_short(tmp_path, monkeypatch, capsys):
+    from captioner.cli import prepare
+    import captioner.diskspace
+
+    monkeypatch.setattr(captioner.diskspace, "free_bytes", lambda _path: 10 << 20)  # 10 MiB free
+    code = prepare.main(_prepare(tmp_path, 400)[2:])
+    out = capsys.readouterr()
+    assert code == 1 and "not enough disk space for the caches" in out.err and "data.cache_dir" in out.err
+    assert _temps(tmp_path / "cache") == [] and not list((tmp_path / "cache").glob("*.npy"))
+
+
+def test_keep_epochs_keeps_the_last_k_epochs_weights(reference):
+    out = reference / "kept"
+    r = subprocess.run(train_cmd(reference, out.name, "cache", "train.epochs=3", "train.keep_epochs=2",
+                                 "train.early_stop_patience=5"), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    kept = sorted(p.name for p in out.glob("epoch_*.safetensors"))
+    assert kept == ["epoch_2.safetensors", "epoch_3.safetensors"]
+    assert load_checkpoint(out / "epoch_3.safetensors").metrics["epoch"] == 3
