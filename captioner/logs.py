@@ -42,6 +42,16 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+def loss_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The training-loss points to draw: the logged steps, or for a short run that logged fewer than two (fewer
+    steps than train.log_every) each epoch's averages, at the epoch's last step."""
+    train = [r for r in rows if r.get("kind") == "train"]
+    if len(train) >= 2:
+        return train
+    return [{"step": r["step"], **{k[len("train_"):]: v for k, v in r.items() if k.startswith("train_")}}
+            for r in rows if r.get("kind") == "val" and ("train_xent" in r or "train_reward" in r)]
+
+
 def plot_history(jsonl: str | Path, png: str | Path) -> None:
     """Training loss terms per step (left) and validation metrics per epoch (right)."""
     import matplotlib
@@ -50,8 +60,7 @@ def plot_history(jsonl: str | Path, png: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = read_jsonl(jsonl)
-    train = [r for r in rows if r.get("kind") == "train"]
-    val = [r for r in rows if r.get("kind") == "val"]
+    train, val = loss_points(rows), [r for r in rows if r.get("kind") == "val"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     if train:
         steps = [r["step"] for r in train]
@@ -61,7 +70,7 @@ def plot_history(jsonl: str | Path, png: str | Path) -> None:
         colors = {"xent": "tab:blue", "reward": "tab:green", "baseline": "tab:purple"}
         main_keys = [k for k in colors if k in train[-1] and not (k == "baseline" and same)]
         for k in main_keys:
-            ax1.plot(steps, [r.get(k, float("nan")) for r in train], label=k, color=colors[k])
+            ax1.plot(steps, [r.get(k, float("nan")) for r in train], label=k, color=colors[k], marker=".")
         ax1.set_ylabel(" | ".join({"xent": "cross-entropy / token", "reward": "CIDEr-D of samples"}.get(k, k)
                                   for k in main_keys if k != "baseline"))
         ax1.legend(loc="upper left")

@@ -41,7 +41,10 @@ USER_SIDE = frozenset({
     # what a training run or an export writes, named without its folder (train.out_dir, export target)
     "best.safetensors", "last.safetensors", "out_dir/last.safetensors", "model.safetensors", "training.png",
     # names the reader picks in a recipe (docs/training.md, docs/scst.md)
-    "coco_smoke.safetensors", "xe.safetensors",
+    "coco_smoke.safetensors", "xe.safetensors", "coco.safetensors",
+    # what train.keep_epochs writes (captioner/config.py, docs/training.md) and the COCO layout docs/training.md shows
+    "epoch_E.safetensors", "data/coco/train2014/COCO_train2014_000000000009.jpg",
+    "data/coco/val2014/COCO_val2014_000000000042.jpg",
     # example names explaining a naming rule (captioner/cli/caption.py, captioner/data/flickr8k.py,
     # the figure-folder test of tests/test_scripts.py)
     "x.jpg", "x.png", "name.jpg", "photos/a/x.jpg", "a/x.png", "b/x.jpg", "x_attention.png", "_attention.png",

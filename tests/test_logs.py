@@ -23,3 +23,19 @@ def test_rewind_drops_what_the_interrupted_run_logged_after_its_checkpoint(tmp_p
     assert all(json.loads(line) for line in log.path.read_text().splitlines())  # the cut line is gone too
     assert log.rewind(step=5, epochs_done=1) == 0  # idempotent
     assert JsonlLogger(tmp_path / "absent.jsonl").rewind(3, 0) == 0
+
+
+def test_a_short_run_draws_its_epoch_losses(tmp_path):
+    """Fewer steps than train.log_every: no train record, yet training.png's loss panel has each epoch's loss."""
+    from captioner.logs import loss_points, plot_history
+
+    log = JsonlLogger(tmp_path / "metrics.jsonl")
+    for epoch in (1, 2, 3):
+        log.write({"kind": "val", "epoch": epoch, "step": 7 * epoch, "train_xent": 5.0 - epoch, "train_penalty": 0.5,
+                   "CIDEr": 0.1 * epoch})
+    points = loss_points(read_jsonl(log.path))
+    assert [(p["step"], p["xent"]) for p in points] == [(7, 4.0), (14, 3.0), (21, 2.0)]
+    steps = [{"kind": "train", "step": s, "xent": 1.0} for s in (50, 100)]
+    assert loss_points(steps) == steps  # logged steps win when there are enough
+    plot_history(log.path, tmp_path / "training.png")
+    assert (tmp_path / "training.png").stat().st_size > 0
