@@ -3,6 +3,7 @@
     captioner-caption photo.jpg other.png [--beam-size 3] [--json] [--attention-dir out/] [--animate anim/]
     captioner-caption photos/ [--recursive] [--batch-size 16] [--json [--maps]]
     captioner-caption photo.jpg --explain "a dog runs on the grass" [--json]
+    captioner-caption photo.jpg --sample 5 [--temperature 0.8] [--top-k 0] [--top-p 0.9] [--seed 0] [--json]
 
 A FOLDER argument stands for its images (every format the parser reads: images.FORMATS, sorted by path;
 --recursive includes subfolders). Images are loaded by a small thread pool, one batch ahead, while the model
@@ -12,6 +13,13 @@ Decode settings left out are the model file's own (its config.decode); --decode 
 them. Every setting in use is printed on stderr (with --json: recorded in every line). A --json line
 carries image, caption, words, word_log_probs and word_probs (each word's probability under the
 model), betas (each word's gate), log_prob and every decode setting; --maps adds the attention maps.
+
+--sample N draws N captions per image instead of decoding one (Photo.sample: each word from the model's
+distribution under the same decode rules, with --temperature, --top-k and --top-p); one line per caption
+("PATH<TAB>sample I<TAB>CAPTION", or a --json line whose settings.sample says n, temperature, top_k, top_p,
+seed and index). --seed S gives the same captions again (each photo is sampled on its own, so its captions do not
+depend on the other photos of the run); without it every photo gets a fresh seed, recorded in its --json lines.
+Figures and animations are then NAME_sample<I>_attention.png and NAME_sample<I>_caption.gif.
 
 Unreadable images get a message on stderr and a non-zero exit code; the others are still captioned.
 --attention-dir writes one figure per image and --animate one animation (a frame per word), never two to
@@ -31,6 +39,8 @@ from typing import Any, Iterator
 LOAD_THREADS = 2
 
 
+# SampleSettings' argument -> its option here
+SAMPLE_OPTIONS = {"n": "--sample", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
 FIGURE_MARK = ".captioner-figures"  # written into an --attention-dir: folder searches never read it as input
 
 
@@ -141,6 +151,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--explain", default=None, metavar="SENTENCE",
                    help="instead of captioning, explain this sentence on each image (Captioner.explain): each word's "
                    "probability and attention; a sentence with no words is an error")
+    p.add_argument("--sample", type=int, default=None, metavar="N",
+                   help="draw N captions per image from the model instead of decoding one (see --temperature, "
+                   "--top-k, --top-p, --seed)")
+    p.add_argument("--temperature", type=float, default=1.0, help="with --sample: > 0; below 1 sharper (towards "
+                   "greedy), above 1 more varied (default 1: the model's own distribution)")
+    p.add_argument("--top-k", type=int, default=0, help="with --sample: draw each word among the K most likely "
+                   "only (default 0: no cut; 1 = greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --sample: nucleus, draw each word among the "
+                   "fewest most likely words holding probability P, in (0, 1] (default 1: no cut)")
+    p.add_argument("--seed", type=int, default=None, help="with --sample: the same seed gives the same captions "
+                   "(default: a fresh seed per photo, recorded in --json)")
     p.add_argument("--attention-dir", default=None, help="write an attention overlay figure (PNG) per image here: "
                    "NAME_attention.png, a FOLDER's subfolders mirrored (x.jpg and x.png: x.jpg_attention.png, "
                    "x.png_attention.png); later folder searches skip this folder")
@@ -161,19 +182,49 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
     if args.batch_size < 1:  # --beam-size and --max-len: checked with every decode setting (DecodeConfig.checked)
         print("error: --batch-size must be at least 1", file=sys.stderr)
         return None
+    if args.sample is not None and args.explain is not None:
+        print("error: --sample draws captions and --explain scores a given sentence: use one of them", file=sys.stderr)
+        return None
     try:
+        request = sample_request(args)
         dtype = captioner.preferred_dtype(args.device) if args.dtype == "auto" else args.dtype
         loaded = captioner.load(args.checkpoint, device=args.device, dtype=dtype)
         used = decode_settings(loaded, args)
     except (captioner.CheckpointError, OSError, ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return None
-    if args.explain is None:
+    if request is not None:
+        d = request.draw
+        print(f"sampling {request.n} caption(s) per image (temperature {d.temperature:g}, top_k {d.top_k}, top_p "
+              f"{d.top_p:g}, seed {'fresh per photo' if request.seed is None else request.seed}) under the rules of "
+              f"{describe(used)}", file=sys.stderr)
+    elif args.explain is None:
         print(f"decoding with {describe(used)}", file=sys.stderr)
     else:  # nothing is decoded: the sentence is scored word by word (teacher forcing)
         print(f"explaining the sentence (teacher forcing, hard_context {used.hard_context}); nothing is decoded",
               file=sys.stderr)
     return loaded, dataclasses.asdict(used)
+
+
+def sample_request(args: argparse.Namespace) -> Any:
+    """--sample's SampleSettings (checked: a ValueError names the option out of range), or None without --sample."""
+    from captioner.decoding.sampling import Draw, SampleSettings
+
+    if args.sample is None:
+        return None
+    try:
+        return SampleSettings(args.sample, Draw(args.temperature, args.top_k, args.top_p), args.seed).checked()
+    except ValueError as e:  # the API's message ("top_k must be ..."), in the command's option names
+        name, _, rest = str(e).partition(" ")
+        raise ValueError(f"{SAMPLE_OPTIONS.get(name, name)} {rest}") from None
+
+
+def numbered(path: Path | None, index: int) -> Path | None:
+    """A figure or animation path for sample `index` (1, 2 ...): x_attention.png -> x_sample1_attention.png."""
+    if path is None:
+        return None
+    stem, _, tail = path.name.rpartition("_")
+    return path.with_name(f"{stem}_sample{index}_{tail}")
 
 
 def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict[str, Any],
@@ -188,6 +239,8 @@ def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict
         words = " ".join(f"{w}{'(unk)' if i in cap.unknown else ''}={np.exp(lp):.3f}"
                          for i, (w, lp) in enumerate(zip(cap.words, cap.word_log_probs)))
         print(f"{path}\t{cap.text}\tlog_prob {cap.log_prob:.2f}\t{words}", flush=True)
+    elif "sample" in cap.settings:
+        print(f"{path}\tsample {cap.settings['sample']['index'] + 1}\t{cap.text}", flush=True)
     else:
         print(f"{path}\t{cap.text}", flush=True)
     if not args.json:  # the JSON carries them; beside the text line they go to stderr, as the command's other notes
@@ -239,11 +292,17 @@ def _unsearched_subfolders(folder: Path) -> list[str]:
     return sorted(d.name for d in folder.iterdir() if d.is_dir() and not (d / FIGURE_MARK).is_file())
 
 
-def describe(loaded: Any, images: list[Any], settings: dict[str, Any], sentence: str | None) -> list[Any]:
-    """Captions of the images, or (--explain) the sentence explained on each."""
+def describe(loaded: Any, images: list[Any], settings: dict[str, Any], sentence: str | None,
+             request: Any = None) -> list[list[Any]]:
+    """Each image's captions: one decoded, --sample's drawn ones (each photo on its own), or (--explain) the
+    sentence explained on it."""
+    if request is not None:
+        d = request.draw
+        return [p.sample(request.n, d.temperature, d.top_k, d.top_p, request.seed, **settings)
+                for p in loaded.read_batch(images)]
     if sentence is None:
-        return loaded.caption_batch(images, **settings) if images else []
-    return [loaded.explain(img, sentence, hard_context=settings["hard_context"]) for img in images]
+        return [[c] for c in loaded.caption_batch(images, **settings)] if images else []
+    return [[loaded.explain(img, sentence, hard_context=settings["hard_context"])] for img in images]
 
 
 def check_sentence(loaded: Any, sentence: str | None) -> bool:
@@ -270,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     if planned is None:
         return 2
     loaded, settings = ready
+    request = sample_request(args)  # checked by setup
     paths, figures, animations = planned
     failed = 0
     for batch in loaded_batches(paths, args.batch_size):
@@ -278,9 +338,13 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(err, Exception):
                 print(f"error: {err}", file=sys.stderr)
                 failed += 1
-        caps = describe(loaded, [img for _, img in good], settings, args.explain)
-        for (path, img), cap in zip(good, caps):
-            emit(args, path, img, cap, settings, figures.get(path), animations.get(path))
+        caps = describe(loaded, [img for _, img in good], settings, args.explain, request)
+        for (path, img), image_caps in zip(good, caps):
+            for i, cap in enumerate(image_caps, 1):
+                figure, animation = figures.get(path), animations.get(path)
+                if request is not None:
+                    figure, animation = numbered(figure, i), numbered(animation, i)
+                emit(args, path, img, cap, settings, figure, animation)
     if not paths:
         print("error: no images found (folders are searched for "
               f"{' '.join(image_extensions())}; --recursive for subfolders)", file=sys.stderr)

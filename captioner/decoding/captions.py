@@ -223,7 +223,7 @@ def sampled_captions(model: CaptionModel, feats: torch.Tensor, reading: HeadRead
     greedy decoding; switch a rule off for one call like any decode setting (Photo.sample(block_salad=False)).
     Each Caption carries words, (L, G, G) maps, gates and the model's own word log-probs and log_prob (the
     evidence's bias taken off, as decode does; score None), dressed like a caption (reading.annotate); its
-    settings record `settings` and request.to_dict under "sample", with the seed used. One generator draws for
+    settings record `settings` and, under "sample", request.to_dict with the seed used and the caption's index. One generator draws for
     the whole batch: a photo sampled alone (Photo.sample) gets the same captions whatever else is read with it."""
     _check_evidence(model, settings)
     request.checked()
@@ -244,9 +244,9 @@ def sampled_captions(model: CaptionModel, feats: torch.Tensor, reading: HeadRead
     of = torch.arange(len(feats), device=feats.device).repeat_interleave(request.n)  # (B*n,) photo of each sample
     annotate(caps, [h.tokens for h in hyps], HeadReading.cat([reading.rows(b, b + 1) for b in of.tolist()]),
              feats[of], model, vocab, None if evidence is None else evidence.ruled_out[of.to(evidence.ruled_out.device)])
-    for cap in caps:
+    for i, cap in enumerate(caps):
         cap.score = None  # drawn, not ranked
-        cap.settings = {**dataclasses.asdict(settings), "sample": request.to_dict(seed)}
+        cap.settings = {**dataclasses.asdict(settings), "sample": {**request.to_dict(seed), "index": i % request.n}}
     return [caps[b * request.n:(b + 1) * request.n] for b in range(len(feats))]
 
 

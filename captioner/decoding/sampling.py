@@ -83,7 +83,7 @@ class SampleSettings:
     def checked(self) -> "SampleSettings":
         """These settings, or a ValueError that says which one is wrong and what it may be."""
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n (the number of captions to sample) must be a whole number >= 1, got {self.n!r}")
+            raise ValueError(f"n must be a whole number >= 1 (how many captions to sample), got {self.n!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed must be a whole number >= 0 (or None for a fresh one), got {self.seed!r}")
         self.draw.checked()
