@@ -14,13 +14,6 @@ them. Every setting in use is printed on stderr (with --json: recorded in every 
 carries image, caption, words, word_log_probs and word_probs (each word's probability under the
 model), betas (each word's gate), log_prob and every decode setting; --maps adds the attention maps.
 
---sample N draws N captions per image instead of decoding one (Photo.sample: each word from the model's
-distribution under the same decode rules, with --temperature, --top-k and --top-p); one line per caption
-("PATH<TAB>sample I<TAB>CAPTION", or a --json line whose settings.sample says n, temperature, top_k, top_p,
-seed and index). --seed S gives the same captions again (each photo is sampled on its own, so its captions do not
-depend on the other photos of the run); without it every photo gets a fresh seed, recorded in its --json lines.
-Figures and animations are then NAME_sample<I>_attention.png and NAME_sample<I>_caption.gif.
-
 Unreadable images get a message on stderr and a non-zero exit code; the others are still captioned.
 --attention-dir writes one figure per image and --animate one animation (a frame per word), never two to
 one file (see their help), and marks the folder so that a later --recursive search does not read them as photos.
@@ -30,110 +23,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-LOAD_THREADS = 2
-
-
-# SampleSettings' argument -> its option here
-SAMPLE_OPTIONS = {"n": "--sample", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
-FIGURE_MARK = ".captioner-figures"  # written into an --attention-dir: folder searches never read it as input
-
-
-def image_extensions() -> tuple[str, ...]:
-    """".jpg", ".tif", ".ppm" ...: every format the image parser reads here (images.FORMATS, one list
-    for the parser, the uploader and folder captioning)."""
-    from captioner.images import file_extensions
-
-    return tuple(f".{ext.lower()}" for ext in file_extensions())
-
-
-def _folder_images(folder: Path, recursive: bool, skip: set[Path]) -> tuple[list[Path], list[Path]]:
-    """(the folder's image files, the figure folders skipped): a subfolder holding FIGURE_MARK, or one
-    of `skip` (this run's --attention-dir), is output, never input."""
-    exts = image_extensions()
-    if not recursive:
-        return [f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in exts], []
-    found, skipped = [], []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        d = Path(dirpath)
-        for name in list(dirnames):
-            if (d / name / FIGURE_MARK).is_file() or (d / name).resolve() in skip:
-                dirnames.remove(name)
-                skipped.append(d / name)
-        found += [d / n for n in filenames if Path(n).suffix.lower() in exts]
-    return found, skipped
-
-
-def find_images(inputs: list[str], recursive: bool = False, out_dir: str | None = None
-                ) -> tuple[list[tuple[str, str]], list[Path]]:
-    """([(path, name relative to its FOLDER argument; a file's own name)], skipped figure folders).
-    Each folder's images are sorted by path; a folder argument that IS out_dir is an error (its figures
-    would be read as photos by the next run)."""
-    skip = {Path(out_dir).resolve()} if out_dir else set()
-    out: list[tuple[str, str]] = []
-    skipped: list[Path] = []
-    for item in inputs:
-        p = Path(item)
-        if p.is_dir():
-            if p.resolve() in skip:
-                raise ValueError(f"--attention-dir {out_dir} is the input folder {item}: its figures would be "
-                                 f"read as photos by the next run; choose another folder (e.g. {p / 'attention'})")
-            files, gone = _folder_images(p, recursive, skip)
-            out += sorted((str(f), str(f.relative_to(p))) for f in files)
-            skipped += gone
-        else:
-            out.append((item, p.name))
-    return out, skipped
-
-
-def figure_paths(found: list[tuple[str, str]], out_dir: str, suffix: str = "_attention.png") -> dict[str, Path]:
-    """image path -> its figure: out_dir/<relative folder>/<stem><suffix> (_attention.png; --animate:
-    _caption.gif), subfolders mirrored. Images whose stems meet (x.jpg and x.png) keep their extension
-    (x.jpg_attention.png); two different images that would still share a figure (same name given from two
-    folders) are an error naming both."""
-    def target(rel: str, full: bool) -> Path:
-        r = Path(rel)
-        return Path(out_dir) / r.parent / f"{r.name if full else r.stem}{suffix}"
-
-    first = {}
-    for path, rel in found:
-        first.setdefault(target(rel, False), set()).add(os.path.realpath(path))
-    out: dict[str, Path] = {}
-    owner: dict[Path, str] = {}
-    for path, rel in found:
-        fig = target(rel, len(first[target(rel, False)]) > 1)
-        if fig in owner and os.path.realpath(owner[fig]) != os.path.realpath(path):
-            raise ValueError(f"{owner[fig]} and {path} would both write {fig}; caption them in separate runs or "
-                             "give their folder instead (figures mirror the folder's subfolders)")
-        owner[fig], out[path] = path, fig
-    return out
-
-
-def _load(path: str) -> tuple[str, Any]:
-    """(path, PIL image) or (path, ImageError): a bad file is reported, never raised, from a worker."""
-    from captioner.images import ImageError, load_image
-
-    try:
-        return path, load_image(path)
-    except ImageError as e:
-        return path, e
-
-
-def loaded_batches(paths: list[str], batch_size: int, threads: int = LOAD_THREADS) -> Iterator[list[tuple[str, Any]]]:
-    """Batches of (path, image or ImageError), in order; the next batch loads while the caller
-    works on this one, and at most two batches of images are held at a time."""
-    with ThreadPoolExecutor(threads) as pool:
-        pending = [pool.submit(_load, p) for p in paths[:batch_size]]
-        for k in range(0, len(paths), batch_size):
-            following = [pool.submit(_load, p) for p in paths[k + batch_size:k + 2 * batch_size]]
-            yield [f.result() for f in pending]
-            pending = following
-
+from captioner.cli.inputs import (FIGURE_MARK, figure_paths, find_images, image_extensions, loaded_batches,
+                                  unsearched_subfolders)
+from captioner.cli.sample_options import add_sample_options, numbered, request_samples, sample_request, sampling_line
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     import captioner
@@ -151,17 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--explain", default=None, metavar="SENTENCE",
                    help="instead of captioning, explain this sentence on each image (Captioner.explain): each word's "
                    "probability and attention; a sentence with no words is an error")
-    p.add_argument("--sample", type=int, default=None, metavar="N",
-                   help="draw N captions per image from the model instead of decoding one (see --temperature, "
-                   "--top-k, --top-p, --seed)")
-    p.add_argument("--temperature", type=float, default=1.0, help="with --sample: > 0; below 1 sharper (towards "
-                   "greedy), above 1 more varied (default 1: the model's own distribution)")
-    p.add_argument("--top-k", type=int, default=0, help="with --sample: draw each word among the K most likely "
-                   "only (default 0: no cut; 1 = greedy)")
-    p.add_argument("--top-p", type=float, default=1.0, help="with --sample: nucleus, draw each word among the "
-                   "fewest most likely words holding probability P, in (0, 1] (default 1: no cut)")
-    p.add_argument("--seed", type=int, default=None, help="with --sample: the same seed gives the same captions "
-                   "(default: a fresh seed per photo, recorded in --json)")
+    add_sample_options(p)
     p.add_argument("--attention-dir", default=None, help="write an attention overlay figure (PNG) per image here: "
                    "NAME_attention.png, a FOLDER's subfolders mirrored (x.jpg and x.png: x.jpg_attention.png, "
                    "x.png_attention.png); later folder searches skip this folder")
@@ -182,9 +68,6 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
     if args.batch_size < 1:  # --beam-size and --max-len: checked with every decode setting (DecodeConfig.checked)
         print("error: --batch-size must be at least 1", file=sys.stderr)
         return None
-    if args.sample is not None and args.explain is not None:
-        print("error: --sample draws captions and --explain scores a given sentence: use one of them", file=sys.stderr)
-        return None
     try:
         request = sample_request(args)
         dtype = captioner.preferred_dtype(args.device) if args.dtype == "auto" else args.dtype
@@ -194,37 +77,13 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
         print(f"error: {e}", file=sys.stderr)
         return None
     if request is not None:
-        d = request.draw
-        print(f"sampling {request.n} caption(s) per image (temperature {d.temperature:g}, top_k {d.top_k}, top_p "
-              f"{d.top_p:g}, seed {'fresh per photo' if request.seed is None else request.seed}) under the rules of "
-              f"{describe(used)}", file=sys.stderr)
+        print(sampling_line(request, describe(used)), file=sys.stderr)
     elif args.explain is None:
         print(f"decoding with {describe(used)}", file=sys.stderr)
     else:  # nothing is decoded: the sentence is scored word by word (teacher forcing)
         print(f"explaining the sentence (teacher forcing, hard_context {used.hard_context}); nothing is decoded",
               file=sys.stderr)
     return loaded, dataclasses.asdict(used)
-
-
-def sample_request(args: argparse.Namespace) -> Any:
-    """--sample's SampleSettings (checked: a ValueError names the option out of range), or None without --sample."""
-    from captioner.decoding.sampling import Draw, SampleSettings
-
-    if args.sample is None:
-        return None
-    try:
-        return SampleSettings(args.sample, Draw(args.temperature, args.top_k, args.top_p), args.seed).checked()
-    except ValueError as e:  # the API's message ("top_k must be ..."), in the command's option names
-        name, _, rest = str(e).partition(" ")
-        raise ValueError(f"{SAMPLE_OPTIONS.get(name, name)} {rest}") from None
-
-
-def numbered(path: Path | None, index: int) -> Path | None:
-    """A figure or animation path for sample `index` (1, 2 ...): x_attention.png -> x_sample1_attention.png."""
-    if path is None:
-        return None
-    stem, _, tail = path.name.rpartition("_")
-    return path.with_name(f"{stem}_sample{index}_{tail}")
 
 
 def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict[str, Any],
@@ -272,7 +131,7 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Path], dict[str
         print(f"note: skipping {folder}: a figure folder (--attention-dir), not input", file=sys.stderr)
     if not args.recursive:
         for item in args.images:
-            subs = _unsearched_subfolders(Path(item))
+            subs = unsearched_subfolders(Path(item))
             if subs:
                 print(f"note: {item} has {len(subs)} subfolder(s) that were not searched ({', '.join(subs[:3])}"
                       f"{' ...' if len(subs) > 3 else ''}): add --recursive to caption their images too",
@@ -285,21 +144,11 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Path], dict[str
     return [path for path, _ in found], figures, animations
 
 
-def _unsearched_subfolders(folder: Path) -> list[str]:
-    """The subfolders of a FOLDER argument (not figure folders) that a search without --recursive skips."""
-    if not folder.is_dir():
-        return []
-    return sorted(d.name for d in folder.iterdir() if d.is_dir() and not (d / FIGURE_MARK).is_file())
-
-
 def describe(loaded: Any, images: list[Any], settings: dict[str, Any], sentence: str | None,
              request: Any = None) -> list[list[Any]]:
-    """Each image's captions: one decoded, --sample's drawn ones (each photo on its own), or (--explain) the
-    sentence explained on it."""
+    """Each image's captions: one decoded, --sample's drawn ones, or (--explain) the sentence explained on it."""
     if request is not None:
-        d = request.draw
-        return [p.sample(request.n, d.temperature, d.top_k, d.top_p, request.seed, **settings)
-                for p in loaded.read_batch(images)]
+        return [request_samples(p, request, settings) for p in loaded.read_batch(images)]
     if sentence is None:
         return [[c] for c in loaded.caption_batch(images, **settings)] if images else []
     return [[loaded.explain(img, sentence, hard_context=settings["hard_context"])] for img in images]
@@ -341,10 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         caps = describe(loaded, [img for _, img in good], settings, args.explain, request)
         for (path, img), image_caps in zip(good, caps):
             for i, cap in enumerate(image_caps, 1):
-                figure, animation = figures.get(path), animations.get(path)
-                if request is not None:
-                    figure, animation = numbered(figure, i), numbered(animation, i)
-                emit(args, path, img, cap, settings, figure, animation)
+                emit(args, path, img, cap, settings, *numbered([figures.get(path), animations.get(path)], i, request))
     if not paths:
         print("error: no images found (folders are searched for "
               f"{' '.join(image_extensions())}; --recursive for subfolders)", file=sys.stderr)
