@@ -59,6 +59,9 @@ def drawn_ids(model, cap) -> list[int]:
 
 
 def test_same_seed_same_captions_and_the_global_random_state_is_untouched(model, photos):
+    numpy_args = photos[0].sample(n=np.int64(2), temperature=np.float64(0.9), top_k=np.int64(5), seed=np.int64(4))
+    assert [c.words for c in numpy_args] == [c.words for c in photos[0].sample(2, 0.9, 5, seed=4)]
+    json.dumps(numpy_args[0].to_dict())  # numpy's numbers recorded as plain ones
     before = torch.get_rng_state()
     for photo in photos:
         a, b = photo.sample(n=4, seed=7), photo.sample(n=4, seed=7)
@@ -155,9 +158,11 @@ def test_draw_keeps_exactly_the_top_k_and_the_smallest_nucleus():
 
 @pytest.mark.parametrize("bad, says", [
     (dict(temperature=0), "temperature must be a number above 0"), (dict(temperature=-1.0), "temperature"),
+    (dict(temperature=float("inf")), "temperature"), (dict(temperature=float("nan")), "temperature"),
     (dict(top_p=0), r"top_p must lie in \(0, 1\]"), (dict(top_p=1.5), "top_p"),
     (dict(top_k=-1), "top_k must be a whole number >= 0"), (dict(top_k=2.5), "top_k"),
-    (dict(n=0), "n must be a whole number >= 1"), (dict(seed=-3), "seed must be a whole number >= 0")])
+    (dict(n=0), "n must be a whole number >= 1"), (dict(n=True), "n must"),
+    (dict(seed=-3), "seed must be a whole number >= 0"), (dict(seed=1.5), "seed must")])
 def test_invalid_arguments_are_value_errors_that_say_what_is_allowed(model, photos, bad, says):
     with pytest.raises(ValueError, match=says):
         photos[0].sample(**bad)

@@ -31,6 +31,7 @@ from captioner.cli.inputs import (FIGURE_MARK, figure_paths, find_images, image_
                                   unsearched_subfolders)
 from captioner.cli.sample_options import add_sample_options, numbered, request_samples, sample_request, sampling_line
 
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     import captioner
     from captioner.cli.decode_options import add_decode_options

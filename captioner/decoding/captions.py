@@ -246,7 +246,7 @@ def sampled_captions(model: CaptionModel, feats: torch.Tensor, reading: HeadRead
              feats[of], model, vocab, None if evidence is None else evidence.ruled_out[of.to(evidence.ruled_out.device)])
     for i, cap in enumerate(caps):
         cap.score = None  # drawn, not ranked
-        cap.settings = {**dataclasses.asdict(settings), "sample": {**request.to_dict(seed), "index": i % request.n}}
+        cap.settings = {**dataclasses.asdict(settings), "sample": {**request.to_dict(seed), "index": i % int(request.n)}}
     return [caps[b * request.n:(b + 1) * request.n] for b in range(len(feats))]
 
 

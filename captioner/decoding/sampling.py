@@ -18,6 +18,8 @@ torch's global random state; without one they come from the global state (SCST: 
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,6 +31,16 @@ from ..model.fast import inference
 
 # (logits (N, V), the live rows' tokens so far (N, t), the image of each row (N,)) -> log-scores (N, V)
 Scores = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _real(x: object) -> bool:
+    """A real number (numpy's too), not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _whole(x: object) -> bool:
+    """A whole number (numpy's too), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -43,12 +55,12 @@ class Draw:
 
     def checked(self) -> "Draw":
         """These settings, or a ValueError that says which one is wrong and what it may be."""
-        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
+        if not (_real(self.temperature) and 0 < self.temperature < math.inf):
             raise ValueError(f"temperature must be a number above 0 (1 = the model's own distribution, small values "
                              f"approach greedy decoding), got {self.temperature!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+        if not (_whole(self.top_k) and self.top_k >= 0):
             raise ValueError(f"top_k must be a whole number >= 0 (0 = no top-k cut, 1 = greedy), got {self.top_k!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+        if not (_real(self.top_p) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must lie in (0, 1] (1 = no nucleus cut, tiny = greedy), got {self.top_p!r}")
         return self
 
@@ -82,9 +94,9 @@ class SampleSettings:
 
     def checked(self) -> "SampleSettings":
         """These settings, or a ValueError that says which one is wrong and what it may be."""
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+        if not (_whole(self.n) and self.n >= 1):
             raise ValueError(f"n must be a whole number >= 1 (how many captions to sample), got {self.n!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+        if self.seed is not None and not (_whole(self.seed) and self.seed >= 0):
             raise ValueError(f"seed must be a whole number >= 0 (or None for a fresh one), got {self.seed!r}")
         self.draw.checked()
         return self
@@ -95,12 +107,13 @@ class SampleSettings:
         gen = torch.Generator(device=device)
         if self.seed is None:
             return gen, gen.seed()
-        return gen.manual_seed(self.seed), self.seed
+        return gen.manual_seed(int(self.seed)), int(self.seed)
 
     def to_dict(self, seed: int) -> dict:
         """What a sampled Caption's settings record (its `sample` entry), with the seed actually used."""
         d = self.draw
-        return {"n": self.n, "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "seed": seed}
+        return {"n": int(self.n), "temperature": float(d.temperature), "top_k": int(d.top_k), "top_p": float(d.top_p),
+                "seed": seed}
 
 
 @dataclass
