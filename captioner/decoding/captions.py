@@ -223,8 +223,9 @@ def sampled_captions(model: CaptionModel, feats: torch.Tensor, reading: HeadRead
     greedy decoding; switch a rule off for one call like any decode setting (Photo.sample(block_salad=False)).
     Each Caption carries words, (L, G, G) maps, gates and the model's own word log-probs and log_prob (the
     evidence's bias taken off, as decode does; score None), dressed like a caption (reading.annotate); its
-    settings record `settings` and, under "sample", request.to_dict with the seed used and the caption's index. One generator draws for
-    the whole batch: a photo sampled alone (Photo.sample) gets the same captions whatever else is read with it."""
+    settings record `settings` and, under "sample", request.to_dict with the seed used and the caption's index.
+    One generator draws for the whole batch: a photo sampled alone (Photo.sample) gets the same captions whatever
+    else is read with it."""
     _check_evidence(model, settings)
     request.checked()
     settings.checked()
@@ -237,17 +238,19 @@ def sampled_captions(model: CaptionModel, feats: torch.Tensor, reading: HeadRead
     def scores(logits: torch.Tensor, tokens: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
         return word_logp(logits, ids, settings, tokens, bias, images)  # (N, V)
 
-    s = sample(model.decoder, feats, ids, request.n, settings.max_len, draw=request.draw, scores=scores,
+    n = int(request.n)  # a plain int (numpy's are welcome in the request)
+    s = sample(model.decoder, feats, ids, n, settings.max_len, draw=request.draw, scores=scores,
                generator=generator, context=settings.hard_context)
-    hyps = _sample_hypotheses(s, ids.end, request.n, bias)
+    hyps = _sample_hypotheses(s, ids.end, n, bias)
     caps = [to_caption([h], vocab) for h in hyps]
-    of = torch.arange(len(feats), device=feats.device).repeat_interleave(request.n)  # (B*n,) photo of each sample
+    of = torch.arange(len(feats), device=feats.device).repeat_interleave(n)  # (B*n,) photo of each sample
+    ruled_out = None if evidence is None else evidence.ruled_out[of.to(evidence.ruled_out.device)]  # (B*n, V)
     annotate(caps, [h.tokens for h in hyps], HeadReading.cat([reading.rows(b, b + 1) for b in of.tolist()]),
-             feats[of], model, vocab, None if evidence is None else evidence.ruled_out[of.to(evidence.ruled_out.device)])
+             feats[of], model, vocab, ruled_out)
     for i, cap in enumerate(caps):
         cap.score = None  # drawn, not ranked
-        cap.settings = {**dataclasses.asdict(settings), "sample": {**request.to_dict(seed), "index": i % int(request.n)}}
-    return [caps[b * request.n:(b + 1) * request.n] for b in range(len(feats))]
+        cap.settings = {**dataclasses.asdict(settings), "sample": {**request.to_dict(seed), "index": i % n}}
+    return [caps[b * n:(b + 1) * n] for b in range(len(feats))]
 
 
 def _sample_hypotheses(s: Samples, end: int, n: int, evidence: Evidence | None) -> list[Hypothesis]:

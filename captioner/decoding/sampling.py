@@ -144,9 +144,9 @@ def renormalised(ids: SpecialIds, device: torch.device) -> Scores:
 def sample(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, n_samples: int = 5, max_len: int = 20, *,
            draw: Draw = Draw(), scores: Scores | None = None, generator: torch.Generator | None = None,
            context: str = "expected") -> Samples:
-    """feats (B, P, D) -> n_samples captions per image, each word drawn from `scores` (default: renormalised(ids, feats.device))
-    as `draw` says, with `generator` (None: torch's global random state). Runs until every sample has emitted
-    <end> or max_len tokens; a capped sample has no <end>. context: a hard-attention model's context (SCST
+    """feats (B, P, D) -> n_samples captions per image, each word drawn from `scores` (default: renormalised(ids,
+    feats.device)) as `draw` says, with `generator` (None: torch's global random state). Runs until every sample
+    has emitted <end> or max_len tokens; a capped sample has no <end>. context: a hard-attention model's context (SCST
     samples words with the expected context, as decoding writes them: word sampling is its only randomness)."""
     (B, P, _), K, dev = feats.shape, n_samples, feats.device
     end, pad = ids.end, ids.pad
