@@ -7,6 +7,7 @@
     model.explain("photo.jpg", "a dog runs on the grass")   # any sentence, as a Caption (maps, probabilities)
     photo = model.read("photo.jpg")          # the encoder and its heads once; then ask the photo:
     photo.caption(beam_size=3), photo.explain("a dog"), photo.concepts.top, photo.size, photo.notes
+    photo.sample(n=5, temperature=0.8, top_k=0, top_p=0.9, seed=0)   # drawn captions (list[Caption]), seeded
 
 Decode settings (every field of config.decode: beam size, maximum length, length penalty, trigram
 blocking ...) default to the ones stored in the model file; keyword overrides change them for one call:
@@ -25,6 +26,7 @@ import torch
 from .decoding.captions import Caption
 from .decoding.photo import Photo, caption_photos
 from .decoding.reading import HeadReading, photo_concepts, read_heads
+from .decoding.sampling import Draw, SampleSettings
 from .concepts.detectors import WordDetectors, attach, detectors_of
 from .concepts.imagenet import THRESHOLD, Concepts
 from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
@@ -166,6 +168,14 @@ class Captioner:
         """All images read and decoded together (batched over images and beams). Raises ImageError naming
         the first unusable image."""
         return caption_photos(self, self.read_batch(images), **overrides)
+
+    def sample(self, image: ImageInput, n: int = 5, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+               seed: int | None = None, **overrides: Any) -> list[Caption]:
+        """One image -> n captions drawn from the model (`read(image).sample(...)`, see Photo.sample: temperature,
+        top_k, top_p, seed; decode settings as for caption). Arguments out of range raise a ValueError before the
+        image is read."""
+        SampleSettings(n, Draw(temperature, top_k, top_p), seed).checked()
+        return self.read(image).sample(n, temperature, top_k, top_p, seed, **overrides)
 
     def explain(self, image: ImageInput, text: str, **overrides: Any) -> Caption:
         """Any sentence about one image -> Caption of exactly its words (vocab.tokenize_typed: each kept as

@@ -3,6 +3,7 @@
     captioner-caption photo.jpg other.png [--beam-size 3] [--json] [--attention-dir out/] [--animate anim/]
     captioner-caption photos/ [--recursive] [--batch-size 16] [--json [--maps]]
     captioner-caption photo.jpg --explain "a dog runs on the grass" [--json]
+    captioner-caption photo.jpg --sample 5 [--temperature 0.8] [--top-k 0] [--top-p 0.9] [--seed 0] [--json]
 
 A FOLDER argument stands for its images (every format the parser reads: images.FORMATS, sorted by path;
 --recursive includes subfolders). Images are loaded by a small thread pool, one batch ahead, while the model
@@ -22,107 +23,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-LOAD_THREADS = 2
-
-
-FIGURE_MARK = ".captioner-figures"  # written into an --attention-dir: folder searches never read it as input
-
-
-def image_extensions() -> tuple[str, ...]:
-    """".jpg", ".tif", ".ppm" ...: every format the image parser reads here (images.FORMATS, one list
-    for the parser, the uploader and folder captioning)."""
-    from captioner.images import file_extensions
-
-    return tuple(f".{ext.lower()}" for ext in file_extensions())
-
-
-def _folder_images(folder: Path, recursive: bool, skip: set[Path]) -> tuple[list[Path], list[Path]]:
-    """(the folder's image files, the figure folders skipped): a subfolder holding FIGURE_MARK, or one
-    of `skip` (this run's --attention-dir), is output, never input."""
-    exts = image_extensions()
-    if not recursive:
-        return [f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in exts], []
-    found, skipped = [], []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        d = Path(dirpath)
-        for name in list(dirnames):
-            if (d / name / FIGURE_MARK).is_file() or (d / name).resolve() in skip:
-                dirnames.remove(name)
-                skipped.append(d / name)
-        found += [d / n for n in filenames if Path(n).suffix.lower() in exts]
-    return found, skipped
-
-
-def find_images(inputs: list[str], recursive: bool = False, out_dir: str | None = None
-                ) -> tuple[list[tuple[str, str]], list[Path]]:
-    """([(path, name relative to its FOLDER argument; a file's own name)], skipped figure folders).
-    Each folder's images are sorted by path; a folder argument that IS out_dir is an error (its figures
-    would be read as photos by the next run)."""
-    skip = {Path(out_dir).resolve()} if out_dir else set()
-    out: list[tuple[str, str]] = []
-    skipped: list[Path] = []
-    for item in inputs:
-        p = Path(item)
-        if p.is_dir():
-            if p.resolve() in skip:
-                raise ValueError(f"--attention-dir {out_dir} is the input folder {item}: its figures would be "
-                                 f"read as photos by the next run; choose another folder (e.g. {p / 'attention'})")
-            files, gone = _folder_images(p, recursive, skip)
-            out += sorted((str(f), str(f.relative_to(p))) for f in files)
-            skipped += gone
-        else:
-            out.append((item, p.name))
-    return out, skipped
-
-
-def figure_paths(found: list[tuple[str, str]], out_dir: str, suffix: str = "_attention.png") -> dict[str, Path]:
-    """image path -> its figure: out_dir/<relative folder>/<stem><suffix> (_attention.png; --animate:
-    _caption.gif), subfolders mirrored. Images whose stems meet (x.jpg and x.png) keep their extension
-    (x.jpg_attention.png); two different images that would still share a figure (same name given from two
-    folders) are an error naming both."""
-    def target(rel: str, full: bool) -> Path:
-        r = Path(rel)
-        return Path(out_dir) / r.parent / f"{r.name if full else r.stem}{suffix}"
-
-    first = {}
-    for path, rel in found:
-        first.setdefault(target(rel, False), set()).add(os.path.realpath(path))
-    out: dict[str, Path] = {}
-    owner: dict[Path, str] = {}
-    for path, rel in found:
-        fig = target(rel, len(first[target(rel, False)]) > 1)
-        if fig in owner and os.path.realpath(owner[fig]) != os.path.realpath(path):
-            raise ValueError(f"{owner[fig]} and {path} would both write {fig}; caption them in separate runs or "
-                             "give their folder instead (figures mirror the folder's subfolders)")
-        owner[fig], out[path] = path, fig
-    return out
-
-
-def _load(path: str) -> tuple[str, Any]:
-    """(path, PIL image) or (path, ImageError): a bad file is reported, never raised, from a worker."""
-    from captioner.images import ImageError, load_image
-
-    try:
-        return path, load_image(path)
-    except ImageError as e:
-        return path, e
-
-
-def loaded_batches(paths: list[str], batch_size: int, threads: int = LOAD_THREADS) -> Iterator[list[tuple[str, Any]]]:
-    """Batches of (path, image or ImageError), in order; the next batch loads while the caller
-    works on this one, and at most two batches of images are held at a time."""
-    with ThreadPoolExecutor(threads) as pool:
-        pending = [pool.submit(_load, p) for p in paths[:batch_size]]
-        for k in range(0, len(paths), batch_size):
-            following = [pool.submit(_load, p) for p in paths[k + batch_size:k + 2 * batch_size]]
-            yield [f.result() for f in pending]
-            pending = following
+from captioner.cli.inputs import (FIGURE_MARK, figure_paths, find_images, image_extensions, loaded_batches,
+                                  unsearched_subfolders)
+from captioner.cli.sample_options import add_sample_options, numbered, request_samples, sample_request, sampling_line
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -141,6 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--explain", default=None, metavar="SENTENCE",
                    help="instead of captioning, explain this sentence on each image (Captioner.explain): each word's "
                    "probability and attention; a sentence with no words is an error")
+    add_sample_options(p)
     p.add_argument("--attention-dir", default=None, help="write an attention overlay figure (PNG) per image here: "
                    "NAME_attention.png, a FOLDER's subfolders mirrored (x.jpg and x.png: x.jpg_attention.png, "
                    "x.png_attention.png); later folder searches skip this folder")
@@ -162,13 +70,16 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
         print("error: --batch-size must be at least 1", file=sys.stderr)
         return None
     try:
+        request = sample_request(args)
         dtype = captioner.preferred_dtype(args.device) if args.dtype == "auto" else args.dtype
         loaded = captioner.load(args.checkpoint, device=args.device, dtype=dtype)
         used = decode_settings(loaded, args)
     except (captioner.CheckpointError, OSError, ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return None
-    if args.explain is None:
+    if request is not None:
+        print(sampling_line(request, describe(used)), file=sys.stderr)
+    elif args.explain is None:
         print(f"decoding with {describe(used)}", file=sys.stderr)
     else:  # nothing is decoded: the sentence is scored word by word (teacher forcing)
         print(f"explaining the sentence (teacher forcing, hard_context {used.hard_context}); nothing is decoded",
@@ -188,6 +99,8 @@ def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict
         words = " ".join(f"{w}{'(unk)' if i in cap.unknown else ''}={np.exp(lp):.3f}"
                          for i, (w, lp) in enumerate(zip(cap.words, cap.word_log_probs)))
         print(f"{path}\t{cap.text}\tlog_prob {cap.log_prob:.2f}\t{words}", flush=True)
+    elif "sample" in cap.settings:
+        print(f"{path}\tsample {cap.settings['sample']['index'] + 1}\t{cap.text}", flush=True)
     else:
         print(f"{path}\t{cap.text}", flush=True)
     if not args.json:  # the JSON carries them; beside the text line they go to stderr, as the command's other notes
@@ -219,7 +132,7 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Path], dict[str
         print(f"note: skipping {folder}: a figure folder (--attention-dir), not input", file=sys.stderr)
     if not args.recursive:
         for item in args.images:
-            subs = _unsearched_subfolders(Path(item))
+            subs = unsearched_subfolders(Path(item))
             if subs:
                 print(f"note: {item} has {len(subs)} subfolder(s) that were not searched ({', '.join(subs[:3])}"
                       f"{' ...' if len(subs) > 3 else ''}): add --recursive to caption their images too",
@@ -232,18 +145,14 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Path], dict[str
     return [path for path, _ in found], figures, animations
 
 
-def _unsearched_subfolders(folder: Path) -> list[str]:
-    """The subfolders of a FOLDER argument (not figure folders) that a search without --recursive skips."""
-    if not folder.is_dir():
-        return []
-    return sorted(d.name for d in folder.iterdir() if d.is_dir() and not (d / FIGURE_MARK).is_file())
-
-
-def describe(loaded: Any, images: list[Any], settings: dict[str, Any], sentence: str | None) -> list[Any]:
-    """Captions of the images, or (--explain) the sentence explained on each."""
+def describe(loaded: Any, images: list[Any], settings: dict[str, Any], sentence: str | None,
+             request: Any = None) -> list[list[Any]]:
+    """Each image's captions: one decoded, --sample's drawn ones, or (--explain) the sentence explained on it."""
+    if request is not None:
+        return [request_samples(p, request, settings) for p in loaded.read_batch(images)]
     if sentence is None:
-        return loaded.caption_batch(images, **settings) if images else []
-    return [loaded.explain(img, sentence, hard_context=settings["hard_context"]) for img in images]
+        return [[c] for c in loaded.caption_batch(images, **settings)] if images else []
+    return [[loaded.explain(img, sentence, hard_context=settings["hard_context"])] for img in images]
 
 
 def check_sentence(loaded: Any, sentence: str | None) -> bool:
@@ -270,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     if planned is None:
         return 2
     loaded, settings = ready
+    request = sample_request(args)  # checked by setup
     paths, figures, animations = planned
     failed = 0
     for batch in loaded_batches(paths, args.batch_size):
@@ -278,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(err, Exception):
                 print(f"error: {err}", file=sys.stderr)
                 failed += 1
-        caps = describe(loaded, [img for _, img in good], settings, args.explain)
-        for (path, img), cap in zip(good, caps):
-            emit(args, path, img, cap, settings, figures.get(path), animations.get(path))
+        caps = describe(loaded, [img for _, img in good], settings, args.explain, request)
+        for (path, img), image_caps in zip(good, caps):
+            for i, cap in enumerate(image_caps, 1):
+                emit(args, path, img, cap, settings, *numbered([figures.get(path), animations.get(path)], i, request))
     if not paths:
         print("error: no images found (folders are searched for "
               f"{' '.join(image_extensions())}; --recursive for subfolders)", file=sys.stderr)

@@ -46,8 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=100, help="images decoded together")
     p.add_argument("--cache-dir", default=None, help="reuse/build a feature cache here (frozen encoder)")
     p.add_argument("--output", default=None,
-                   help="where the scores, settings and captions are written (default: evaluations/<model>_<dataset>_"
-                        "<split>.json; an existing file is replaced and the command says so)")
+                   help="where the scores, settings and captions are written (default: evaluations/<run>-<model>_"
+                        "<dataset>_<split>.json, e.g. a-best_flickr8k_test.json for runs/a/best.safetensors, "
+                        "bundled_flickr8k_test.json for the bundled model; an existing file is replaced and the "
+                        "command says so)")
     p.add_argument("--spice", action="store_true", help="also SPICE, when its Java models are installed")
     p.add_argument("--device", default=captioner.default_device(), help="default: cuda when available, else cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
@@ -229,11 +231,21 @@ def _has_boxes(args: argparse.Namespace, say) -> bool:
 
 
 def default_output(args: argparse.Namespace, label: str) -> str:
-    """evaluations/<model file stem>_<dataset>_<split label>[-firstN].json: one file per model and data, so a
-    COCO result never lands on a Flickr8k one."""
-    model = Path(args.checkpoint).stem if args.checkpoint else "bundled"
+    """evaluations/<run>-<model file stem>_<dataset>_<split label>[-firstN].json: one file per model and data,
+    so a COCO result never lands on a Flickr8k one, and two runs' best.safetensors (runs/a/, runs/b/) never
+    land on each other's (a-best_..., b-best_...); <run> is the model file's folder, the bundled model is
+    "bundled"."""
     part = f"{label}-first{args.limit}" if args.limit else label
-    return str(Path("evaluations") / f"{model}_{args.dataset}_{part}.json")
+    return str(Path("evaluations") / f"{model_label(args.checkpoint)}_{args.dataset}_{part}.json")
+
+
+def model_label(checkpoint: str | None) -> str:
+    """A model file's readable name for its results: "<folder>-<stem>" (runs/a/best.safetensors -> a-best,
+    the folder as resolved, so ./best.safetensors inside runs/a is a-best too); "bundled" for None."""
+    if not checkpoint:
+        return "bundled"
+    path = Path(checkpoint).resolve()
+    return f"{path.parent.name}-{path.stem}" if path.parent.name else path.stem
 
 
 def coco_split_label(annotations: str | Path) -> str:

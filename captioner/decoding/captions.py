@@ -2,6 +2,7 @@
 evaluation, training's validation and grounding call, and the latency benchmark times its two halves:
 decode_photos (the photos' evidence built once, decoding.decode with a DecodeConfig), then dress (each
 image's best hypothesis as a Caption: words, attention maps, gates, with its photo's reading).
+`sampled_captions` draws captions instead (sampling.sample, under the same rules), dressed the same way.
 
 Legend: N images, P = G*G attention cells, D feature dim, L words.
 """
@@ -20,6 +21,8 @@ from ..config import DecodeConfig
 from ..vocab import SpecialIds
 from .search import Hypothesis, decode
 from .evidence import Evidence, photo_evidence
+from .rules import word_logp
+from .sampling import SampleSettings, Samples, sample
 from .reading import HeadReading, annotate, grid_side, read_heads
 from ..model.captioner import CaptionModel
 from ..vocab import Vocab
@@ -68,7 +71,7 @@ class Caption:
     # what the model file's word detectors (concepts/detectors.py) see: every group -> P, e.g. ("person", 0.97);
     # empty for files without detectors. The shown ones (person, scene words) are also in `concepts`
     detections: list[tuple[str, float]] = field(default_factory=list)
-    # the score beam search ranked this caption by (see Alternative); None for an explained sentence
+    # the score beam search ranked this caption by (see Alternative); None for an explained sentence or a sample
     score: float | None = None
     # (width, height) of the photo as the model received it and the model's input side S (model.image_size),
     # when the caller knew them (Captioner.caption / explain, the app): a photo whose shorter side is below
@@ -190,9 +193,7 @@ def captions_from_features(model: CaptionModel, feats: np.ndarray | torch.Tensor
     from tqdm import tqdm
 
     param = next(model.decoder.eval().parameters())
-    if settings.evidence and imagenet_head_or_none(model) is None:
-        raise ValueError(f"decode.evidence needs an encoder with an ImageNet head (efficientnet_lite0/2), not "
-                         f"{getattr(model.encoder, 'name', type(model.encoder).__name__)}; set decode.evidence=false")
+    _check_evidence(model, settings)
     out: list[Caption] = []
     for k in tqdm(range(0, len(feats), batch_size), desc="decoding", disable=not progress, unit="batch"):
         x = feats[k:k + batch_size]
@@ -201,4 +202,68 @@ def captions_from_features(model: CaptionModel, feats: np.ndarray | torch.Tensor
         r = read_heads(model, x) if reading is None else reading.rows(k, k + len(x))
         hyps, evidence = decode_photos(model, x, r, vocab, settings)
         out.extend(dress(hyps, evidence, r, x, model, vocab, settings))
+    return out
+
+
+def _check_evidence(model: CaptionModel, settings: DecodeConfig) -> None:
+    """A ValueError when decode.evidence is asked of a model without the ImageNet head it needs."""
+    if settings.evidence and imagenet_head_or_none(model) is None:
+        raise ValueError(f"decode.evidence needs an encoder with an ImageNet head (efficientnet_lite0/2), not "
+                         f"{getattr(model.encoder, 'name', type(model.encoder).__name__)}; set decode.evidence=false")
+
+
+@torch.no_grad()
+def sampled_captions(model: CaptionModel, feats: torch.Tensor, reading: HeadReading, vocab: Vocab,
+                     settings: DecodeConfig, request: SampleSettings) -> list[list[Caption]]:
+    """Photos' features (B, P, D) on the decoder's device and their reading -> request.n Captions per photo, drawn
+    in that order (sampling.sample), each word as request.draw says, from request's own seeded generator.
+
+    The rules are a caption's (rules.word_logp with `settings`: <unk> with forbid_unk, the block_* rules, the
+    evidence's veto and bonus with decode.evidence), applied before temperature and truncation, so top_k=1 is
+    greedy decoding; switch a rule off for one call like any decode setting (Photo.sample(block_salad=False)).
+    Each Caption carries words, (L, G, G) maps, gates and the model's own word log-probs and log_prob (the
+    evidence's bias taken off, as decode does; score None), dressed like a caption (reading.annotate); its
+    settings record `settings` and, under "sample", request.to_dict with the seed used and the caption's index.
+    One generator draws for the whole batch: a photo sampled alone (Photo.sample) gets the same captions whatever
+    else is read with it."""
+    _check_evidence(model, settings)
+    request.checked()
+    settings.checked()
+    model.decoder.eval()
+    ids = SpecialIds.of(vocab, settings.forbid_unk)
+    evidence = photo_evidence(reading, model, vocab, settings)  # (B, V) ruled-out words, the bonus table
+    bias = evidence if settings.evidence else None
+    generator, seed = request.generator(feats.device)
+
+    def scores(logits: torch.Tensor, tokens: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        return word_logp(logits, ids, settings, tokens, bias, images)  # (N, V)
+
+    n = int(request.n)  # a plain int (numpy's are welcome in the request)
+    s = sample(model.decoder, feats, ids, n, settings.max_len, draw=request.draw, scores=scores,
+               generator=generator, context=settings.hard_context)
+    hyps = _sample_hypotheses(s, ids.end, n, bias)
+    caps = [to_caption([h], vocab) for h in hyps]
+    of = torch.arange(len(feats), device=feats.device).repeat_interleave(n)  # (B*n,) photo of each sample
+    ruled_out = None if evidence is None else evidence.ruled_out[of.to(evidence.ruled_out.device)]  # (B*n, V)
+    annotate(caps, [h.tokens for h in hyps], HeadReading.cat([reading.rows(b, b + 1) for b in of.tolist()]),
+             feats[of], model, vocab, ruled_out)
+    for i, cap in enumerate(caps):
+        cap.score = None  # drawn, not ranked
+        cap.settings = {**dataclasses.asdict(settings), "sample": {**request.to_dict(seed), "index": i % n}}
+    return [caps[b * n:(b + 1) * n] for b in range(len(feats))]
+
+
+def _sample_hypotheses(s: Samples, end: int, n: int, evidence: Evidence | None) -> list[Hypothesis]:
+    """Each sampled row (B*n, T) -> a Hypothesis: its words (no <end>), maps, gates and word log-probs, log_prob
+    with <end>'s when it was drawn; the evidence's bias (when decoding added one) taken off the words' scores."""
+    out = []
+    for r, (toks, lps, mask) in enumerate(zip(s.tokens.tolist(), s.log_probs.float().cpu(), s.mask.tolist())):
+        length = sum(mask)
+        ended = length > 0 and toks[length - 1] == end
+        L = length - int(ended)  # words
+        words, word_lps = toks[:L], lps[:L].clone()  # (L,)
+        if evidence is not None:
+            word_lps -= evidence.word_bias(r // n, words).float().cpu()
+        log_prob = float(word_lps.sum()) + (float(lps[L]) if ended else 0.0)
+        out.append(Hypothesis(words, s.alphas[r, :L], log_prob, log_prob, s.betas[r, :L], word_lps))
     return out

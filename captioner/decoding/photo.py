@@ -8,6 +8,7 @@ and an explained sentence are dressed by the same builder (reading.annotate) and
 
     photo = model.read("photo.jpg")
     photo.caption(), photo.caption(beam_size=1), photo.explain("a dog on the grass"), photo.concepts.top
+    photo.sample(n=5, temperature=0.8, top_p=0.9, seed=0)   # 5 drawn captions, the same ones for the same seed
 """
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ import torch
 from ..concepts.imagenet import Concepts
 from ..config import DecodeConfig
 from ..vocab import Vocab
-from .captions import Caption, captions_from_features, small_photo_note
+from .captions import Caption, captions_from_features, sampled_captions, small_photo_note
 from .evidence import photo_evidence
 from .explain import explain_features, sentence_words
 from .reading import HeadReading, annotate, photo_concepts
+from .sampling import Draw, SampleSettings
 
 
 class Loaded(Protocol):
@@ -65,6 +67,21 @@ class Photo:
         """The caption at the model file's decode settings, or with `overrides` (any DecodeConfig field)."""
         return caption_photos(self.loaded, [self], **overrides)[0]
 
+    def sample(self, n: int = 5, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+               seed: int | None = None, **overrides: Any) -> list[Caption]:
+        """n captions drawn from the model (decoding/sampling.py), in the order drawn: each word from the next-word
+        distribution under the caption's rules (decode settings: the model file's, or `overrides`), divided by
+        `temperature` (> 0; small approaches greedy decoding), cut to the `top_k` best words (0: no cut; 1: greedy)
+        and to the nucleus holding `top_p` of the probability ((0, 1]; 1: no cut). `seed` (>= 0) makes the draws
+        reproducible (the same seed, settings and device: the same captions) with a generator of its own, never
+        torch's global random state; None draws a fresh seed, recorded in each Caption's settings["sample"].
+        Each Caption has its words' attention maps, gates and log-probs like a caption (score None); a ValueError
+        names an argument out of range."""
+        request = SampleSettings(n, Draw(temperature, top_k, top_p), seed).checked()
+        settings = self.loaded.decode_settings(**overrides)
+        caps = sampled_captions(self.loaded.model, self.features, self.reading, self.loaded.vocab, settings, request)[0]
+        return [self._own(cap, settings) for cap in caps]
+
     @torch.no_grad()
     def explain(self, text: str, **overrides: Any) -> Caption:
         """Any sentence about the photo -> a Caption of exactly its words, teacher-forced (decoding/explain.py):
@@ -82,7 +99,8 @@ class Photo:
 
     def _own(self, cap: Caption, settings: DecodeConfig) -> Caption:
         cap.photo_size, cap.input_side = self.size, self.input_side
-        cap.settings, cap.model_file = dataclasses.asdict(settings), self.loaded.source
+        cap.settings = {**cap.settings, **dataclasses.asdict(settings)}  # a sample's "sample" entry kept
+        cap.model_file = self.loaded.source
         return cap
 
 

@@ -11,6 +11,7 @@ Which rules each decode uses, said here once:
 - a caption (the API, the CLI, the app, evaluation, training's validation, the benchmark): config.decode as the
   model file or the recipe says it (a rule a recipe leaves out is off; a model file written before a rule was
   stored decodes as it always has: config.DecodeConfig.UNSTORED, filled in by checkpoint.load_checkpoint);
+- a sampled caption (Photo.sample, captions.sampled_captions): a caption's, drawn from these scores;
 - SCST's samples (sampling.sample) and its greedy baseline: no rule (`unruled`), the policy's own words, so that
   the baseline is compared with samples drawn under the same (no) rules;
 - the search tests and a test of what a model has learned (test_overfit): `unruled` too.

@@ -1,4 +1,5 @@
-"""Multinomial sampling of captions WITH gradients, for self-critical training (objectives.py).
+"""Captions drawn from the model's distribution: K per image, for self-critical training (WITH gradients,
+objectives.py) and for people (Photo.sample: temperature, top-k, nucleus, seeded; decoding/captions.py).
 
 Legend: B images, K samples per image, n live images, P regions, V vocabulary, T steps.
 
@@ -6,10 +7,21 @@ The K samples of an image are K consecutive rows sharing its features and W_a a_
 (Decoder.step with G = K rows per image, as beams do). An image leaves the batch once all its
 samples have ended, so late steps run on the few images still writing; results are scattered back
 to fixed (B*K, T) tensors.
+
+What a word is drawn from, in order: the step's scores (`scores`: SCST's default is the model's
+log-probabilities renormalised without <pad>, <start> and <unk>; a caption's are rules.word_logp's, every
+decode rule applied), divided by the temperature, cut to the top_k best words, then to the nucleus (the
+fewest most probable words whose probability reaches top_p, on the tempered distribution), renormalised
+(Draw.probs). Each token's log_prob is the SCORE of the word drawn, before temperature and truncation: the
+model's own, whatever way it was drawn. A `generator` makes the draws reproducible without touching
+torch's global random state; without one they come from the global state (SCST: the run's seed).
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -17,14 +29,101 @@ from ..vocab import SpecialIds
 from ..model.decoder import Decoder
 from ..model.fast import inference
 
+# (logits (N, V), the live rows' tokens so far (N, t), the image of each row (N,)) -> log-scores (N, V)
+Scores = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _real(x: object) -> bool:
+    """A real number (numpy's too), not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _whole(x: object) -> bool:
+    """A whole number (numpy's too), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class Draw:
+    """How each next word is drawn from the step's scores: temperature (> 0; below 1 sharper, towards greedy
+    decoding; above 1 flatter), top_k (only the k best words; 0 = every word), top_p (nucleus: the fewest best
+    words holding probability top_p, in (0, 1]; 1 = every word). The defaults draw from the scores as they are."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def checked(self) -> "Draw":
+        """These settings, or a ValueError that says which one is wrong and what it may be."""
+        if not (_real(self.temperature) and 0 < self.temperature < math.inf):
+            raise ValueError(f"temperature must be a number above 0 (1 = the model's own distribution, small values "
+                             f"approach greedy decoding), got {self.temperature!r}")
+        if not (_whole(self.top_k) and self.top_k >= 0):
+            raise ValueError(f"top_k must be a whole number >= 0 (0 = no top-k cut, 1 = greedy), got {self.top_k!r}")
+        if not (_real(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must lie in (0, 1] (1 = no nucleus cut, tiny = greedy), got {self.top_p!r}")
+        return self
+
+    @property
+    def plain(self) -> bool:
+        """Whether words are drawn from the scores as they are (no temperature, no cut)."""
+        return self.temperature == 1 and self.top_k == 0 and self.top_p >= 1
+
+    def probs(self, logp: torch.Tensor) -> torch.Tensor:
+        """Log-scores (N, V) -> the probabilities (N, V) a word is drawn with (see the module's docstring)."""
+        logp = logp.detach().float() / self.temperature  # (N, V); -inf stays -inf
+        if 0 < self.top_k < logp.shape[1]:
+            kth = logp.topk(self.top_k, dim=1).values[:, -1:]  # (N, 1): the k-th best score
+            logp = logp.masked_fill(logp < kth, float("-inf"))
+        if self.top_p < 1:
+            p, order = torch.softmax(logp, dim=1).sort(dim=1, descending=True)  # (N, V) best first
+            outside = (p.cumsum(1) - p) >= self.top_p  # (N, V): the words before it already hold top_p
+            logp = logp.masked_fill(outside.scatter(1, order, outside), float("-inf"))  # back to word order
+        return torch.softmax(logp, dim=1)  # (N, V)
+
+
+@dataclass(frozen=True)
+class SampleSettings:
+    """What a person asks for (Photo.sample, captioner-caption --sample): n captions of a photo, each word drawn
+    as `draw` says, from a torch.Generator seeded with `seed` (None: a fresh seed, reported by `generator`, so
+    that any result can be drawn again). The same seed on the same device gives the same captions."""
+
+    n: int = 5
+    draw: Draw = Draw()
+    seed: int | None = None
+
+    def checked(self) -> "SampleSettings":
+        """These settings, or a ValueError that says which one is wrong and what it may be."""
+        if not (_whole(self.n) and self.n >= 1):
+            raise ValueError(f"n must be a whole number >= 1 (how many captions to sample), got {self.n!r}")
+        if self.seed is not None and not (_whole(self.seed) and self.seed >= 0):
+            raise ValueError(f"seed must be a whole number >= 0 (or None for a fresh one), got {self.seed!r}")
+        self.draw.checked()
+        return self
+
+    def generator(self, device: torch.device) -> tuple[torch.Generator, int]:
+        """A generator of its own on `device` (torch's global random state is never read nor changed), seeded with
+        `seed` or a fresh seed, and the seed it got."""
+        gen = torch.Generator(device=device)
+        if self.seed is None:
+            return gen, gen.seed()
+        return gen.manual_seed(int(self.seed)), int(self.seed)
+
+    def to_dict(self, seed: int) -> dict:
+        """What a sampled Caption's settings record (its `sample` entry), with the seed actually used."""
+        d = self.draw
+        return {"n": int(self.n), "temperature": float(d.temperature), "top_k": int(d.top_k), "top_p": float(d.top_p),
+                "seed": seed}
+
 
 @dataclass
 class Samples:
     """K captions sampled per image, rows image-major (image b's samples are rows b*K .. b*K+K-1)."""
     tokens: torch.Tensor  # (B*K, T) sampled ids, <end> included where emitted, <pad> after it
-    log_probs: torch.Tensor  # (B*K, T) log p of each sampled token (differentiable), 0 past the end
+    log_probs: torch.Tensor  # (B*K, T) score of each sampled token (differentiable), 0 past the end
     mask: torch.Tensor  # (B*K, T) bool: real tokens (words and the <end> that closed the caption)
     alphas: torch.Tensor  # (B*K, T, P) attention of each token, 0 past the end
+    betas: torch.Tensor  # (B*K, T) gate beta of each token, 0 past the end
 
     def captions(self, end: int) -> list[list[int]]:
         """Word ids of each sample, without <end>."""
@@ -32,36 +131,50 @@ class Samples:
                 for row, keep in zip(self.tokens.tolist(), self.mask.tolist())]
 
 
-def sample(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, n_samples: int = 5, max_len: int = 20) -> Samples:
-    """feats (B, P, D) -> n_samples captions per image, drawn from the model's distribution
-    renormalised without <pad>, <start> (and <unk> when given). Runs until every sample has
-    emitted <end> or max_len tokens; a capped sample has no <end>."""
+def renormalised(ids: SpecialIds, device: torch.device) -> Scores:
+    """SCST's scores: the model's log-probabilities renormalised without <pad>, <start> (and <unk> when given)."""
+    banned = torch.tensor([ids.pad, ids.start] + ([ids.unk] if ids.unk is not None else []), device=device)
+
+    def scores(logits: torch.Tensor, tokens: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        # out of place (autograd needs log_softmax's output)
+        return torch.log_softmax(logits.float().index_fill(1, banned, float("-inf")), dim=-1)  # (N, V)
+    return scores
+
+
+def sample(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, n_samples: int = 5, max_len: int = 20, *,
+           draw: Draw = Draw(), scores: Scores | None = None, generator: torch.Generator | None = None,
+           context: str = "expected") -> Samples:
+    """feats (B, P, D) -> n_samples captions per image, each word drawn from `scores` (default: renormalised(ids,
+    feats.device)) as `draw` says, with `generator` (None: torch's global random state). Runs until every sample
+    has emitted <end> or max_len tokens; a capped sample has no <end>. context: a hard-attention model's context (SCST
+    samples words with the expected context, as decoding writes them: word sampling is its only randomness)."""
     (B, P, _), K, dev = feats.shape, n_samples, feats.device
-    start, end, pad, unk = ids.start, ids.end, ids.pad, ids.unk
+    end, pad = ids.end, ids.pad
+    scores = scores or renormalised(ids, dev)
     N = B * K
     decoder = inference(decoder)  # Decoder.step computed faster (model/fast.py); with autograd, as today
     feat_proj = decoder.attention.project(feats)  # (B, P, A)
     h, c = decoder.init_state(feats)  # (B, H)
     state = (h.repeat_interleave(K, 0), c.repeat_interleave(K, 0))  # (N, H)
-    words = torch.full((N,), start, dtype=torch.long, device=dev)
+    words = torch.full((N,), ids.start, dtype=torch.long, device=dev)
     alive = torch.ones(N, dtype=torch.bool, device=dev)  # over the live images' rows (n*K,)
     rows = torch.arange(N, device=dev)  # (n*K,) original row of each live row
-    banned = torch.tensor([pad, start] + ([unk] if unk is not None else []), device=dev)
-    toks, logps, masks, alphas = [], [], [], []
+    hist = torch.zeros(N, 0, dtype=torch.long, device=dev)  # (n*K, t) the live rows' tokens so far
+    toks, logps, masks, alphas, betas = [], [], [], [], []
     for _ in range(max_len):
         emb, emb_gates = decoder.embed(words)
-        # a hard-attention model samples its words with the expected context, as it is decoded at test
-        # time: SCST optimises the captions decoding writes, and word sampling is the only randomness
-        logits, alpha, _, state = decoder.step(state, emb, emb_gates, feats, feat_proj, "expected")  # (n*K, V), (n*K, P)
-        # out of place (autograd needs log_softmax's output); renormalised over the allowed words
-        logp = torch.log_softmax(logits.float().index_fill(1, banned, float("-inf")), dim=-1)  # (n*K, V)
-        words = torch.where(alive, torch.multinomial(logp.detach().exp(), 1).squeeze(1), pad)  # (n*K,)
+        logits, alpha, beta, state = decoder.step(state, emb, emb_gates, feats, feat_proj, context)  # (n*K, V), (n*K, P)
+        logp = scores(logits, hist, rows // K)  # (n*K, V)
+        probs = logp.detach().exp() if draw.plain else draw.probs(logp)  # (n*K, V)
+        words = torch.where(alive, torch.multinomial(probs, 1, generator=generator).squeeze(1), pad)  # (n*K,)
         picked = logp.gather(1, words.unsqueeze(1)).squeeze(1)  # (n*K,): -inf for <pad> on ended rows
         picked = torch.where(alive, picked, torch.zeros_like(picked))
         toks.append(words.new_full((N,), pad).index_copy(0, rows, words))  # back to all B*K rows
         logps.append(picked.new_zeros(N).index_put((rows,), picked))
         masks.append(alive.new_zeros(N).index_copy(0, rows, alive))
         alphas.append(alpha.new_zeros(N, P).index_put((rows,), alpha * alive.unsqueeze(1)))
+        betas.append(beta.new_zeros(N).index_put((rows,), beta * alive))
+        hist = torch.cat([hist, words.unsqueeze(1)], 1)
         alive = alive & (words != end)
         live_images = alive.view(-1, K).any(1)  # (n,)
         if not bool(live_images.any()):
@@ -70,5 +183,6 @@ def sample(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, n_samples: in
             keep = live_images.nonzero().squeeze(1)  # (n',)
             r = (keep.unsqueeze(1) * K + torch.arange(K, device=dev)).reshape(-1)  # (n'*K,)
             feats, feat_proj = feats[keep], feat_proj[keep]
-            state, words, alive, rows = (state[0][r], state[1][r]), words[r], alive[r], rows[r]
-    return Samples(torch.stack(toks, 1), torch.stack(logps, 1), torch.stack(masks, 1), torch.stack(alphas, 1))
+            state, words, alive, rows, hist = (state[0][r], state[1][r]), words[r], alive[r], rows[r], hist[r]
+    return Samples(torch.stack(toks, 1), torch.stack(logps, 1), torch.stack(masks, 1), torch.stack(alphas, 1),
+                   torch.stack(betas, 1))

@@ -1,0 +1,33 @@
+"""captioner-evaluate's default output names: one file per run, model file and data, so that two runs'
+best.safetensors never overwrite each other's results (they were both evaluations/best_<dataset>_<split>.json)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from captioner.cli.evaluate import default_output
+
+
+def named(checkpoint: str | None, dataset: str = "flickr8k", label: str = "test", limit: int | None = None) -> Path:
+    return Path(default_output(argparse.Namespace(checkpoint=checkpoint, dataset=dataset, limit=limit), label))
+
+
+def test_two_runs_best_files_get_different_names(tmp_path):
+    a, b = (tmp_path / "runs" / r / "best.safetensors" for r in ("a", "b"))
+    assert named(str(a)) != named(str(b))
+    assert named(str(a)).name == "a-best_flickr8k_test.json"  # readable: the run folder, then the file
+    assert named(str(a)) != named(str(a.with_name("last.safetensors")))  # one run's files differ too
+    assert all(p.parent == Path("evaluations") for p in (named(str(a)), named(str(b)), named(None)))
+
+
+def test_the_same_file_named_from_inside_its_run_folder_gets_the_same_name(tmp_path, monkeypatch):
+    run = tmp_path / "runs" / "a"
+    run.mkdir(parents=True)
+    monkeypatch.chdir(run)
+    assert named("best.safetensors") == named(str(run / "best.safetensors"))
+
+
+def test_bundled_model_and_data_stay_in_the_name():
+    assert named(None).name == "bundled_flickr8k_test.json"
+    assert named(None, "coco", "val2017", limit=2).name == "bundled_coco_val2017-first2.json"
+    assert named("runs/a/best.safetensors", "coco", "val2017") != named("runs/a/best.safetensors")
