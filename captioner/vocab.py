@@ -116,6 +116,15 @@ class Vocab:
             raise ValueError(f"vocabulary alias {new!r} -> {old!r}: both must be vocabulary words")
         self.aliases[new] = old
 
+    def source(self, word: str) -> str:
+        """The old word a taught word stands for, following aliases to the end ("stallion" -> "horse"); any
+        other word is its own source. Evidence-aware decoding gives a taught word its source's evidence."""
+        seen = {word}
+        while word in self.aliases and self.aliases[word] not in seen:
+            word = self.aliases[word]
+            seen.add(word)
+        return word
+
     pad = property(lambda self: 0)
     start = property(lambda self: 1)
     end = property(lambda self: 2)

@@ -46,6 +46,31 @@ def test_bias_penalises_ruled_out_words_and_boosts_seen_ones_once():
     assert after[0, v.stoi["dogs"]] == 0 and after[0, v.stoi["cat"]] == -7.0
 
 
+def test_a_taught_word_inherits_its_source_words_evidence():
+    v = Vocab(_vocab().itos + ["zoober", "zoobers", "dude"], {"zoober": "dog", "zoobers": "zoober", "dude": "man"})
+    assert v.source("zoobers") == "dog" and v.source("dog") == "dog"  # aliases followed to the end
+    m = word_categories(v)
+    assert torch.equal(m[v.stoi["zoober"]], m[v.stoi["dog"]]) and torch.equal(m[v.stoi["zoobers"]], m[v.stoi["dog"]])
+    assert m[v.stoi["zoober"]].sum() == 1 and m[v.stoi["dude"]].sum() == 0
+    assert word_categories(_vocab()).shape[0] == len(_vocab())  # the cache tells vocabularies apart
+    probs = torch.zeros(2, len(CATEGORIES))
+    probs[0, CATEGORIES.index("dog")] = 0.9  # image 0: a dog; image 1: no dog
+    ev = Evidence(probs, m, DecodeConfig(evidence=True, evidence_floor=0.05, evidence_penalty=7.0, evidence_bonus=2.0))
+    b = ev.bias(torch.tensor([0, 1]), torch.zeros(2, 0, dtype=torch.long))  # (2, V)
+    for w in ("zoober", "zoobers"):  # what supports "dog" supports its twin; what rules "dog" out rules it out
+        assert torch.equal(b[:, v.stoi[w]], b[:, v.stoi["dog"]]) and b[0, v.stoi[w]] > 0 and b[1, v.stoi[w]] == -7.0
+    after = ev.bias(torch.tensor([0]), torch.tensor([[v.stoi["a"], v.stoi["zoober"]]]))
+    assert after[0, v.stoi["dog"]] == 0  # saying the twin names the category: no bonus for "dog" after it
+
+
+def test_a_word_taught_from_a_person_word_is_a_person_word():
+    from captioner.concepts.detectors import WordDetectors
+    from captioner.decoding.evidence import person_word_mask
+    v = Vocab(_vocab().itos + ["dude"], {"dude": "man"})
+    mask = person_word_mask(v, WordDetectors(["person", "dog"], 4))
+    assert mask[v.stoi["dude"]] == 1 and mask[v.stoi["man"]] == 1 and mask[v.stoi["dog"]] == 0
+
+
 @pytest.fixture(scope="module")
 def model():
     return captioner.load()

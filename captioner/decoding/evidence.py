@@ -17,7 +17,9 @@ vocabulary word (B, V), applied to the next-word log-probabilities at every step
 
 A large penalty forbids the word; a moderate one lets a strong language context still win. Words
 are the one-word names of the grounding table (concepts/words.py: "dog", "dogs", "puppy" -> dog);
-two-word names are left alone ("hot dog" keeps its "dog"). Settings: config.DecodeConfig.evidence*.
+two-word names are left alone ("hot dog" keeps its "dog"). A word taught on your photos (Vocab.aliases,
+training/new_words.py: "zoober" started as "train") inherits its source word's evidence entirely: the same
+category (bonus, veto, having named it) and, for a person word, the person floor. Settings: config.DecodeConfig.evidence*.
 
 `photo_evidence(reading, model, vocab, settings)` is the one place a photo's evidence is computed, once per
 decode from its reading (reading.py): the ruled-out mask (B, V), the person words and the bonus table.
@@ -57,9 +59,9 @@ def checked_detectors(model: torch.nn.Module, settings: DecodeConfig) -> WordDet
 
 
 def person_word_mask(vocab: Vocab, det: WordDetectors) -> torch.Tensor:
-    """(V,) 0/1: the vocabulary's person words (the person detector's group)."""
+    """(V,) 0/1: the vocabulary's person words (the person detector's group), a word taught from one included."""
     names = set(det.members.get(PERSON, ()))
-    return torch.tensor([float(w in names) for w in vocab.itos])
+    return torch.tensor([float(w in names or vocab.source(w) in names) for w in vocab.itos])
 
 
 class Evidence:
