@@ -8,7 +8,6 @@ metrics.jsonl + training.png next to the checkpoints.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from typing import Any, Callable, Sequence
@@ -23,6 +22,7 @@ from ..evaluation.scoring import encode_records, evaluate_model, head_agreement,
 from ..model.encoder import build_preprocess
 from ..logs import plot_history
 from ..evaluation.metrics import METRIC_KEYS
+from .as_exported import decoding_as_exported
 from .new_words import NEW_WORDS_METRIC, new_word_scores
 from .objectives import Terms
 from .run import Log, Run, TrainingError, TrainState, build_run, encoder_train_mode
@@ -180,10 +180,11 @@ def _validate_set(run: Run, vs: Any, metrics: list[str]) -> tuple[dict[str, floa
     if cfg.from_activations:  # cached activations through the tuned top stages
         feats = top_features(run.model, feats, run.device)
         agreement = {"head_top1_agreement": head_agreement(run.model, feats, vs.teacher)}
-    settings = dataclasses.replace(cfg.decode, beam_size=cfg.train.val_beam_size)
-    # the Python PTB tokenizer: validation needs no Java (a GPU machine often has none); METEOR still does
-    scores, preds, _ = evaluate_model(run.model, run.vocab, feats, records, settings, metrics, log=run.log,
-                                      tokenizer="python")
+    # decoded as the exported file will (as_exported.py); the Python PTB tokenizer: validation needs no Java
+    # (a GPU machine often has none); METEOR still does
+    with decoding_as_exported(run.model, cfg) as settings:
+        scores, preds, _ = evaluate_model(run.model, run.vocab, feats, records, settings, metrics, log=run.log,
+                                          tokenizer="python")
     return {**scores, **agreement, **_new_word_scores(run, scores, preds, records)}, next(iter(preds.values()))
 
 
