@@ -15,7 +15,7 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Container, Iterable, Sequence
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)
@@ -36,12 +36,32 @@ SALAD_REPEATS = 3
 REPEAT_JOINERS = frozenset({"and", "or"})
 
 
+# a word and its plural are one content word ("a train traveling down a track tracks"): the irregular plurals,
+# and plural-looking words that name another thing than their singular ("shorts" are not several "short")
+IRREGULAR_PLURALS = {"men": "man", "women": "woman", "children": "child", "people": "person", "feet": "foot",
+                     "teeth": "tooth", "geese": "goose", "mice": "mouse", "knives": "knife", "leaves": "leaf",
+                     "wolves": "wolf", "shelves": "shelf", "calves": "calf", "oxen": "ox"}
+NOT_PLURALS = frozenset("shorts glasses sunglasses woods news goods clothes".split())
+
+
+def singular(word: str, known: Container[str]) -> str:
+    """The singular of a plural whose singular is in `known` (a vocabulary, a caption's words): "tracks" ->
+    "track", "buses" -> "bus", "puppies" -> "puppy", "men" -> "man"; any other word is itself."""
+    if word in NOT_PLURALS or word in FUNCTION_WORDS:
+        return word
+    es = word.endswith(("ses", "xes", "zes", "ches", "shes", "oes"))  # "buses", "boxes", "watches" (not "capes")
+    cands = [IRREGULAR_PLURALS.get(word, ""), word[:-3] + "y" if word.endswith("ies") else "",
+             word[:-1] if word.endswith("s") else "", word[:-2] if es else ""]
+    return next((c for c in cands if len(c) >= 3 and c in known and c not in FUNCTION_WORDS), word)
+
+
 def repeats(words: Sequence[str]) -> dict[str, bool]:
     """Which kinds of repeated word a caption (its words) has: `adjacent` a word twice back to back ("an
     airplane airplane"), `x_and_x` a word again after "and"/"or" ("a black and black dog"), `content` a
-    content word (not in FUNCTION_WORDS) said twice anywhere ("a kitchen that is in the kitchen").
-    Decoding with decode.block_repeats writes none of them (decoding/rules.py)."""
-    counts = Counter(w for w in words if w not in FUNCTION_WORDS)
+    content word (not in FUNCTION_WORDS) said twice anywhere, its plural included ("a kitchen that is in the
+    kitchen", "a track tracks"). Decoding with decode.block_repeats writes none of them (decoding/rules.py)."""
+    said = set(words)
+    counts = Counter(singular(w, said) for w in words if w not in FUNCTION_WORDS)
     return {"adjacent": any(a == b for a, b in zip(words, words[1:])),
             "x_and_x": any(a == c and b in REPEAT_JOINERS for a, b, c in zip(words, words[1:], words[2:])),
             "content": bool(counts) and max(counts.values()) >= 2}
@@ -218,7 +238,9 @@ class SpecialIds:
     function_words: tuple[int, ...] = ()  # vocab.FUNCTION_WORDS: bigrams ending in one may repeat
     bad_last: tuple[int, ...] = ()  # vocab.BAD_LAST_WORDS: a caption never ends on one (decode.block_salad)
     joiners: tuple[int, ...] = ()  # vocab.REPEAT_JOINERS: "X and X" is a repeat (decode.block_repeats)
-    twins: tuple[tuple[int, int], ...] = ()  # Vocab.aliases as (new, old) ids: saying both is a content repeat
+    # (word, family) ids: a word and its plural (vocab.singular), a taught word and its source (Vocab.aliases)
+    # are one family, named by its smallest id; saying one member is saying them all (block_content_repeats)
+    twins: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(cls, vocab: "Vocab", forbid_unk: bool = True) -> "SpecialIds":
@@ -226,6 +248,25 @@ class SpecialIds:
         function = tuple(sorted(vocab.stoi[w] for w in FUNCTION_WORDS if w in vocab.stoi))
         bad_last = tuple(sorted(vocab.stoi[w] for w in BAD_LAST_WORDS if w in vocab.stoi))
         joiners = tuple(sorted(vocab.stoi[w] for w in REPEAT_JOINERS if w in vocab.stoi))
-        twins = tuple(sorted((vocab.stoi[new], vocab.stoi[old]) for new, old in vocab.aliases.items()))
+        twins = word_families(vocab)
         return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None, function, bad_last, joiners,
                    twins)
+
+
+def word_families(vocab: Vocab) -> tuple[tuple[int, int], ...]:
+    """(word id, family id) for every vocabulary word in a family of several: plurals with their singular
+    ("tracks", "track"), taught words with their source ("stallion", "horse"); a family is named by its
+    smallest id, and chains join ("stallions" -> "stallion" -> "horse")."""
+    family = list(range(len(vocab)))
+
+    def root(i: int) -> int:
+        while family[i] != i:
+            i = family[i]
+        return i
+
+    pairs = [(vocab.stoi[new], vocab.stoi[old]) for new, old in vocab.aliases.items()]
+    pairs += [(i, vocab.stoi[one]) for i, w in enumerate(vocab.itos) if (one := singular(w, vocab.stoi)) != w]
+    for a, b in pairs:
+        ra, rb = root(a), root(b)
+        family[max(ra, rb)] = min(ra, rb)
+    return tuple((i, root(i)) for i in range(len(vocab)) if root(i) != i)

@@ -102,6 +102,29 @@ def test_a_taught_word_and_its_old_twin_are_one_content_word():
         vocab.alias("unicorn", "horse")
 
 
+def test_a_word_and_its_plural_are_one_content_word():
+    """"a train traveling down a track tracks": a plural is its singular for the repeat rules and the count."""
+    from captioner.vocab import Vocab, singular
+
+    assert repeats("a train traveling down a track tracks".split())["content"]
+    assert not repeats("a man in shorts with short hair".split())["content"]  # "shorts" are not several "short"
+    assert [singular(w, {"track", "bus", "puppy", "man", "cape"}) for w in ("tracks", "buses", "puppies", "men", "capes")] \
+        == ["track", "bus", "puppy", "man", "cape"]
+    assert singular("tracks", {"dog"}) == "tracks" and singular("is", {"i"}) == "is"  # no singular known: itself
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", "a", "track", "train", "tracks", "trains", "zoober",
+                   "zoobers", "dog"], {"zoober": "train", "zoobers": "trains"})
+    ids = SpecialIds.of(vocab)
+    family = dict(ids.twins)
+    assert {w for w in vocab.itos if family.get(vocab.stoi[w]) == vocab.stoi["train"]} == {"trains", "zoober", "zoobers"}
+    assert family[vocab.stoi["tracks"]] == vocab.stoi["track"] and vocab.stoi["dog"] not in family
+    s = vocab.stoi
+    tokens = torch.tensor([[s["a"], s["track"]], [s["a"], s["zoobers"]], [s["a"], s["dog"]]])
+    logp = word_logp(torch.zeros(3, len(vocab)), ids, off(block_content_repeats=True), tokens)
+    assert logp[0, s["tracks"]] == float("-inf") and logp[0, s["train"]] > float("-inf")
+    assert all(logp[1, s[w]] == float("-inf") for w in ("train", "trains", "zoober")) and logp[1, s["track"]] > float("-inf")
+    assert (logp[2, 5:11] > float("-inf")).all()  # a row that said none of them may say any
+
+
 def test_the_rules_never_wait_for_the_device():
     """Every rule is a mask computed on the device: no nonzero(), item() or bool(tensor) (each a host sync per
     step on a GPU). tests/device_check.NoHostSync raises at any of them."""

@@ -95,8 +95,8 @@ def _ban_repeats(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds, clos
                  ) -> torch.Tensor:
     """logp (N, V), tokens (N, t) -> with `close`, -inf for the last word again ("an airplane airplane")
     and for X after "X and" / "X or" ("a black and black dog"); with `content`, for every content word
-    already written ("a kitchen that is in the kitchen"), a taught word's twin included (ids.twins: no "horse"
-    after "stallion"). vocab.repeats names these three kinds."""
+    already written ("a kitchen that is in the kitchen"), its family included (ids.twins: no "horse" after
+    "stallion", no "tracks" after "track"). vocab.repeats names these three kinds."""
     t = tokens.shape[1]
     if t == 0:
         return logp
@@ -108,10 +108,10 @@ def _ban_repeats(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds, clos
         logp = _ban(logp, tokens[:, -2:-1], joined.unsqueeze(1))
     if content:
         said = torch.zeros_like(logp, dtype=torch.bool).scatter_(1, tokens, True)  # (N, V)
-        if ids.twins:  # a word and its twin name one thing: either said bans both
-            new, old = ids_of([a for a, _ in ids.twins]), ids_of([b for _, b in ids.twins])
-            either = said[:, new] | said[:, old]  # (N, n)
-            said[:, new], said[:, old] = either, either
+        if ids.twins:  # a word, its plural, its taught twin name one thing: one said bans the whole family
+            member, family = ids_of([a for a, _ in ids.twins]), ids_of([b for _, b in ids.twins])
+            said = said.float().index_add_(1, family, said[:, member].float()) > 0  # (N, V): families said
+            said[:, member] = said[:, family]
         said[:, ids_of(ids.function_words)] = False
         logp = logp.masked_fill(said, float("-inf"))
     return logp
