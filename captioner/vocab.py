@@ -30,6 +30,12 @@ COLOUR_WORDS = frozenset("white black brown red blue green yellow orange pink pu
 # "... with a black and") or names a content word three times ("a brown and brown and white brown dog")
 BAD_LAST_WORDS = FUNCTION_WORDS | COLOUR_WORDS
 SALAD_REPEATS = 3
+# "a white sitting on a toilet": a colour right after an article names a thing next ("a white dog", "a white and
+# black dog"), never a verb or a preposition (an adjective with no noun: salad too)
+ARTICLES = frozenset({"a", "an", "the"})
+NOT_AFTER_COLOUR = (FUNCTION_WORDS - {"and", "or"}) | frozenset(
+    "sitting standing laying lying running walking riding playing jumping holding looking eating flying swimming "
+    "sits stands lays lies runs walks rides plays jumps holds looks eats flies swims".split())
 
 
 # "X and X" ("a black and black dog"): a word said again right after one of these is a repeat too
@@ -68,12 +74,18 @@ def repeats(words: Sequence[str]) -> dict[str, bool]:
 
 
 def is_salad(words: Sequence[str]) -> bool:
-    """Whether a caption (its words) is word salad: empty, ending on a function word or a colour, or
-    naming one content word SALAD_REPEATS times. Decoding with decode.block_salad never writes one."""
-    if not words or words[-1] in BAD_LAST_WORDS:
+    """Whether a caption (its words) is word salad: empty, ending on a function word or a colour, a colour
+    after an article with no noun ("a white sitting", NOT_AFTER_COLOUR), or naming one content word
+    SALAD_REPEATS times. Decoding with decode.block_salad never writes one."""
+    if not words or words[-1] in BAD_LAST_WORDS or any(bare_colour(words[k - 2:k + 1]) for k in range(2, len(words))):
         return True
     counts = Counter(w for w in words if w not in FUNCTION_WORDS)
     return bool(counts) and max(counts.values()) >= SALAD_REPEATS
+
+
+def bare_colour(three: Sequence[str]) -> bool:
+    """An article, a colour and then no noun: ("a", "white", "sitting") but not ("a", "white", "dog")."""
+    return len(three) == 3 and three[0] in ARTICLES and three[1] in COLOUR_WORDS and three[2] in NOT_AFTER_COLOUR
 
 
 def tokenize(text: str) -> list[str]:
@@ -238,6 +250,10 @@ class SpecialIds:
     function_words: tuple[int, ...] = ()  # vocab.FUNCTION_WORDS: bigrams ending in one may repeat
     bad_last: tuple[int, ...] = ()  # vocab.BAD_LAST_WORDS: a caption never ends on one (decode.block_salad)
     joiners: tuple[int, ...] = ()  # vocab.REPEAT_JOINERS: "X and X" is a repeat (decode.block_repeats)
+    # vocab.bare_colour: after an article and a colour, none of not_after_colour (decode.block_salad)
+    articles: tuple[int, ...] = ()
+    colours: tuple[int, ...] = ()
+    not_after_colour: tuple[int, ...] = ()
     # (word, family) ids: a word and its plural (vocab.singular), a taught word and its source (Vocab.aliases)
     # are one family, named by its smallest id; saying one member is saying them all (block_content_repeats)
     twins: tuple[tuple[int, int], ...] = ()
@@ -248,9 +264,10 @@ class SpecialIds:
         function = tuple(sorted(vocab.stoi[w] for w in FUNCTION_WORDS if w in vocab.stoi))
         bad_last = tuple(sorted(vocab.stoi[w] for w in BAD_LAST_WORDS if w in vocab.stoi))
         joiners = tuple(sorted(vocab.stoi[w] for w in REPEAT_JOINERS if w in vocab.stoi))
-        twins = word_families(vocab)
+        known = lambda words: tuple(sorted(vocab.stoi[w] for w in words if w in vocab.stoi))  # noqa: E731
         return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None, function, bad_last, joiners,
-                   twins)
+                   articles=known(ARTICLES), colours=known(COLOUR_WORDS), not_after_colour=known(NOT_AFTER_COLOUR),
+                   twins=word_families(vocab))
 
 
 def word_families(vocab: Vocab) -> tuple[tuple[int, int], ...]:

@@ -77,13 +77,18 @@ def _ban(logp: torch.Tensor, words: torch.Tensor, where: torch.Tensor) -> torch.
 
 def _ban_salad(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds) -> torch.Tensor:
     """logp (N, V), tokens (N, t) -> -inf for <end> first or after a function word or colour ("... in front
-    of a", "a black and"), and for a content word already written SALAD_REPEATS - 1 times (vocab.is_salad)."""
+    of a", "a black and"), for a verb or preposition right after an article and a colour ("a white sitting",
+    vocab.bare_colour), and for a content word already written SALAD_REPEATS - 1 times (vocab.is_salad)."""
     if tokens.shape[1] == 0:  # nor a caption without words
         logp[:, ids.end] = float("-inf")
         return logp
     ids_of = lambda words: torch.tensor(words, dtype=tokens.dtype, device=tokens.device)  # noqa: E731
     bad = torch.isin(tokens[:, -1], ids_of(ids.bad_last))  # (N,) rows ending on a word a caption cannot end on
     logp[:, ids.end] = logp[:, ids.end].masked_fill(bad, float("-inf"))
+    if tokens.shape[1] >= 2 and ids.not_after_colour:  # "a white" is followed by a noun, not "sitting"
+        bare = torch.isin(tokens[:, -2], ids_of(ids.articles)) & torch.isin(tokens[:, -1], ids_of(ids.colours))  # (N,)
+        words = ids_of(ids.not_after_colour).expand(len(tokens), -1)  # (N, m)
+        logp = _ban(logp, words, bare.unsqueeze(1).expand_as(words))
     if tokens.shape[1] >= SALAD_REPEATS - 1:
         counts = torch.zeros_like(logp).scatter_add_(1, tokens, torch.ones_like(tokens, dtype=logp.dtype))  # (N, V)
         counts[:, ids_of(ids.function_words)] = 0
