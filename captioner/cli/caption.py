@@ -264,7 +264,11 @@ def check_sentence(loaded: Any, sentence: str | None) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from captioner.cli import torchvision_refused
+
     args = parse_args(argv)
+    if torchvision_refused():
+        return 2
     ready = setup(args)
     planned = plan(args) if ready is not None and check_sentence(ready[0], args.explain) else None
     if planned is None:
