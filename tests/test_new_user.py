@@ -121,3 +121,13 @@ def test_caption_prints_a_tiny_photos_note_beside_the_plain_caption(tmp_path, ca
     out, err = capsys.readouterr()
     assert out.startswith(str(tmp_path / "dot.png") + "\t")  # the caption line is unchanged ...
     assert "note: " in err and "dot.png" in err and "1x1" in err, err  # ... and the note says what was done
+
+
+def test_explain_notes_an_unknown_word_once(capsys):
+    """captioner-caption --explain with a word the model lacks: one note per photo, not two."""
+    from captioner.cli.caption import main
+
+    photo = sorted((ROOT / "captioner" / "assets" / "examples").glob("*.jpg"))[0]
+    assert main([str(photo), "--explain", "a zorblax sits on the grass"]) == 0
+    out, err = capsys.readouterr()
+    assert err.count("not in the model's vocabulary") == 1 and "zorblax" in err and "zorblax(unk)" in out, (out, err)
