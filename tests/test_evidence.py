@@ -63,6 +63,25 @@ def test_a_taught_word_inherits_its_source_words_evidence():
     assert after[0, v.stoi["dog"]] == 0  # saying the twin names the category: no bonus for "dog" after it
 
 
+def test_the_veto_reads_the_detector_named_after_a_category_too():
+    """A horse the ImageNet head misses (P .001) but the horse detector sees (.9) is not ruled out; a category
+    neither sees stays ruled out; categories without a detector of their name keep the head's P."""
+    from captioner.concepts.detectors import WordDetectors
+    from captioner.decoding.evidence import detected_probs
+
+    det = WordDetectors(["person", "horse"], 4)
+    probs = torch.full((2, len(CATEGORIES)), 0.001)
+    detections = torch.tensor([[0.5, 0.9], [0.5, 0.002]])  # (B, K): photo 0 shows a horse, photo 1 none
+    seen = detected_probs(probs, det, detections)
+    horse = CATEGORIES.index("horse")
+    assert seen[0, horse] == pytest.approx(0.9) and seen[1, horse] == pytest.approx(0.002)  # the larger of the two
+    assert torch.equal(seen[:, :horse], probs[:, :horse]) and detected_probs(probs, None, None) is probs
+    v = Vocab(_vocab().itos + ["horse", "stallion"], {"stallion": "horse"})
+    ev = Evidence(probs, word_categories(v), DecodeConfig(evidence=True, evidence_floor=0.05), seen=seen)
+    assert ev.ruled_out[0, v.stoi["stallion"]] == 0 and ev.ruled_out[1, v.stoi["stallion"]] == 1
+    assert ev.ruled_out[0, v.stoi["dog"]] == 1  # no dog detector here: the head's P rules it out
+
+
 def test_a_word_taught_from_a_person_word_is_a_person_word():
     from captioner.concepts.detectors import WordDetectors
     from captioner.decoding.evidence import person_word_mask
@@ -112,9 +131,9 @@ def test_evidence_is_built_once_per_decode_batch(model, monkeypatch):
         builds["evidence"] += 1
         real_init(self, *args, **kwargs)
 
-    def table(itos, categories):
+    def table(itos, categories, *taught):
         builds["table"] += categories == tuple(CATEGORIES)
-        return real_table(itos, categories)
+        return real_table(itos, categories, *taught)
 
     monkeypatch.setattr(Evidence, "__init__", init)
     monkeypatch.setattr(words_module, "_word_categories", table)
