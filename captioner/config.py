@@ -156,16 +156,16 @@ class DecodeConfig:
     # with decode.evidence and word detectors in the file (concepts/detectors.py): person words are ruled out where
     # P(person) < person_floor (0 = off; files with detectors store the floor chosen on Flickr8k val + coco-mini)
     person_floor: float = 0.0
-
-    # the range each numeric setting must lie in, beside the fields: checked() by the API, every command and
-    # decoding itself; the app's widgets take their limits from here
+    evidence_detectors: bool = True  # the veto also asks the file's word detector of a category (evidence.detected_probs)
+    # each numeric setting's range: checked() by the API, every command and decoding; the app's widgets read it
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "beam_size": (1, 16), "max_len": (1, 200), "length_penalty": (0.0, 5.0), "evidence_floor": (0.0, 1.0),
         "evidence_penalty": (0.0, 1e4), "evidence_bonus": (0.0, 100.0), "person_floor": (0.0, 1.0)}
 
     # what a model file written before these settings were stored decodes with (checkpoint.load_checkpoint fills
     # them in): the repeat rules were then product defaults, on for every file, the bundled one included
-    UNSTORED: ClassVar[dict[str, Any]] = {"block_repeats": True, "block_content_repeats": True}
+    UNSTORED: ClassVar[dict[str, Any]] = {"block_repeats": True, "block_content_repeats": True,
+                                          "evidence_detectors": False}
 
     def checked(self) -> "DecodeConfig":
         """These settings, or a ValueError naming the first one outside its LIMITS (or an unknown hard_context)."""

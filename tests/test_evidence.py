@@ -82,6 +82,29 @@ def test_the_veto_reads_the_detector_named_after_a_category_too():
     assert ev.ruled_out[0, v.stoi["dog"]] == 1  # no dog detector here: the head's P rules it out
 
 
+def test_the_detectors_veto_is_stored_with_the_model_and_off_for_files_that_predate_it(tmp_path, monkeypatch):
+    """decode.evidence_detectors: on for files written now (the own-photos recipe's exports), off for files that
+    predate the setting (the bundled model decodes as it always has); it decides whether the veto asks them."""
+    import dataclasses
+
+    import captioner
+    from captioner.checkpoint import load_checkpoint
+    from captioner.decoding.evidence import photo_evidence
+
+    bundled = captioner.load()
+    assert bundled.config.decode.evidence_detectors is False and DecodeConfig().evidence_detectors is True
+    photo = bundled.read("captioner/assets/examples/cat.jpg")
+    reading, vocab, model = photo.reading, bundled.vocab, bundled.model
+    # detectors that see every category: with the setting on nothing but person words can be ruled out
+    monkeypatch.setattr("captioner.decoding.evidence.detected_probs", lambda probs, det, seen: torch.ones_like(probs))
+    on = photo_evidence(reading, model, vocab, dataclasses.replace(bundled.config.decode, evidence_detectors=True))
+    off = photo_evidence(reading, model, vocab, bundled.config.decode)
+    assert (on.ruled_out <= off.ruled_out).all() and (on.ruled_out < off.ruled_out).any()  # detectors lift vetoes
+    out = tmp_path / "m.safetensors"
+    bundled.save(out)
+    assert load_checkpoint(out).config.decode.evidence_detectors is False  # stored as it was loaded
+
+
 def test_a_word_taught_from_a_person_word_is_a_person_word():
     from captioner.concepts.detectors import WordDetectors
     from captioner.decoding.evidence import person_word_mask

@@ -10,8 +10,9 @@ vocabulary word (B, V), applied to the next-word log-probabilities at every step
                = +evidence_bonus * p[b, k]          if w names category k otherwise, until the caption
                                                     has named k once (then 0: say it, do not repeat it)
                = 0                                  for every other word
-    (the veto's p[b, k] is the larger of the head's and the model file's word detector named k, where it has
-    one: detected_probs; the bonus reads the head's)
+    (with decode.evidence_detectors, the veto's p[b, k] is the larger of the head's and the model file's word
+    detector named k, where it has one: detected_probs; the bonus reads the head's. Files written before the
+    setting existed, the bundled one among them, decode without it: DecodeConfig.UNSTORED)
     bias[b, w] = -evidence_penalty                  if w is a person word and the model file's person
                                                     detector (concepts/detectors.py) gives P(person) <
                                                     person_floor (ImageNet has no person class: without
@@ -136,7 +137,8 @@ def photo_evidence(reading: HeadReading, model: torch.nn.Module, vocab: Vocab, s
     person = None
     if det is not None and reading.seen is not None:
         person = (det.prob_of(reading.seen, PERSON), person_word_mask(vocab, det).to(reading.probs.device))
-    return Evidence(reading.probs, words, settings, person, detected_probs(reading.probs, det, reading.seen))
+    seen = detected_probs(reading.probs, det, reading.seen) if settings.evidence_detectors else None
+    return Evidence(reading.probs, words, settings, person, seen)
 
 
 __all__ = ["Evidence", "photo_evidence", "word_categories", "checked_detectors", "person_word_mask"]
