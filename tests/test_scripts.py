@@ -396,7 +396,8 @@ def test_caption_cli_explain_matches_the_api_and_refuses_a_sentence_without_word
     expect = captioner.load().explain(load_image(photo), "A dog in a café!")
     assert rec["words"] == expect.words == ["a", "dog", "in", "a", "café"] and rec["unknown_words"] == ["café"]
     assert rec["log_prob"] == pytest.approx(expect.log_prob, abs=1e-3)
-    assert "‘café’ is not in the model's vocabulary" in out.stderr
+    assert "‘café’ is not in the model's vocabulary (fed as <unk>)" in rec["notes"]  # the JSON carries its notes
+    assert "café" not in out.stderr  # ... once: not on stderr too (a text line's notes go there: test_new_user)
     assert "decoding with" not in out.stderr and "nothing is decoded" in out.stderr  # it decodes nothing
     bad = run("scripts/caption.py", str(photo), "--explain", "!!! ...", ok=False)
     assert bad.returncode == 2 and "has no words to explain" in bad.stderr and not bad.stdout
