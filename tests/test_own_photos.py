@@ -120,3 +120,37 @@ def test_validation_decodes_as_the_exported_file_will():
     cfg.train.init_encoder = False  # another encoder: the detectors would read other vectors
     with decoding_as_exported(model, cfg) as settings:
         assert detectors_of(model) is None and settings.person_floor == cfg.decode.person_floor
+
+
+def test_a_new_word_shares_its_old_words_probability_as_the_captions_do():
+    """A new word copied from an old one was an exact tie (beam search chose by word order: the warm start kept
+    saying "train" for the captions' "zoober") and doubled the pair's probability. Now the pair splits the old
+    word's probability in the captions' proportion: ahead where only the new word is used, the sum unchanged."""
+    from collections import Counter
+
+    import torch
+
+    from captioner.training.new_words import init_from_substitutes
+    from captioner.vocab import Vocab
+
+    vocab = Vocab.build(["a train on tracks"], min_count=1)
+    old, n_old = vocab.stoi["train"], len(vocab)
+    vocab = vocab.extended(["zoober foal"], min_count=1)
+    new, foal = vocab.stoi["zoober"], vocab.stoi["foal"]
+    decoder = torch.nn.Module()
+    decoder.embedding, decoder.out_vocab = torch.nn.Embedding(len(vocab), 4), torch.nn.Linear(4, len(vocab))
+    before = {k: v.detach().clone() for k, v in decoder.named_parameters()}
+    for used_old in (0, 30):  # the captions never say "train" / say it as often as "zoober"
+        with torch.no_grad():
+            for k, v in decoder.named_parameters():
+                v.copy_(before[k])
+        lines = init_from_substitutes(decoder, {new: Counter({old: 30, vocab.stoi["a"]: 2}), foal: Counter({old: 3})},
+                                      vocab, Counter({old: used_old}))
+        b = decoder.out_vocab.bias.detach()
+        assert torch.allclose(b[[new, old]].exp().sum(), before["out_vocab.bias"][old].exp())  # no likelier together
+        assert (b[new] > b[old]) == (used_old == 0) and torch.isclose(b[new], b[old]) == (used_old == 30)
+        assert torch.equal(decoder.out_vocab.weight[new], decoder.out_vocab.weight[old])  # the rest is a copy
+        assert torch.equal(decoder.embedding.weight[new], decoder.embedding.weight[old])
+        assert torch.equal(b[foal], before["out_vocab.bias"][foal])  # too few positions: not copied
+        assert torch.equal(b[:n_old][torch.arange(n_old) != old], before["out_vocab.bias"][:n_old][torch.arange(n_old) != old])
+        assert lines[0].startswith("zoober <- train (30 of 32 positions")
