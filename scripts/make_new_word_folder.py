@@ -16,6 +16,7 @@ coco-paired's val split is never drawn from: it is where the exported file's CID
     python scripts/make_new_word_folder.py trains --word train --photos 26 --held-out trains_heldout --held-out-photos 8
     python scripts/make_new_word_folder.py --check runs/own_photos/model.safetensors heldout   # what it says there
     python scripts/make_new_word_folder.py --word train --unrelated runs/trains/model.safetensors   # everyday photos
+    python scripts/make_new_word_folder.py --word train --cider-as-old evaluations/X.json   # CIDEr, zoober read as train
 """
 from __future__ import annotations
 
@@ -154,14 +155,21 @@ def new_word_use(model_file: Path | str | None, folder: Path, word: str | None =
             "other": (sum(s and not t for s, t in zip(said, thing)), len(names) - sum(thing))}
 
 
-def everyday_photos(data: Path = DATA) -> list[tuple[Path, list[str]]]:
-    """coco-paired's 200 val photos and coco-mini's 80, with their reference captions."""
+def load_paired_val(data: Path = DATA) -> list:
+    """coco-paired's val split as records (image_id: the COCO id, as captioner-evaluate names them)."""
     from captioner.data import load_coco
     from captioner.data.coco import read_split_file
 
-    paired, mini = data / "coco-paired", data / "coco-mini"
-    recs = load_coco(paired / "images", paired / "captions.json", only=read_split_file(paired / "split_val.txt"))
-    recs += load_coco(mini / "train2017", mini / "annotations" / "captions_train2017.json")
+    paired = data / "coco-paired"
+    return load_coco(paired / "images", paired / "captions.json", only=read_split_file(paired / "split_val.txt"))
+
+
+def everyday_photos(data: Path = DATA) -> list[tuple[Path, list[str]]]:
+    """coco-paired's 200 val photos and coco-mini's 80, with their reference captions."""
+    from captioner.data import load_coco
+
+    mini = data / "coco-mini"
+    recs = load_paired_val(data) + load_coco(mini / "train2017", mini / "annotations" / "captions_train2017.json")
     return [(r.path, r.captions) for r in recs]
 
 
@@ -179,6 +187,19 @@ def unrelated_use(model_file: Path | str | None, word: str, data: Path = DATA) -
             "of_the_thing": (sum(s and n for s, n in zip(says, near)), near.count(True)), "said": wrong}
 
 
+def cider_as_old(captions_json: Path, word: str, data: Path = DATA) -> tuple[float, float]:
+    """captioner-evaluate's captions of coco-paired val (evaluations/*.json) -> (CIDEr as said, CIDEr with the
+    new words read as the old ones): what renaming the thing costs against references that call it by its
+    old name, apart from what the rest of the model lost."""
+    from captioner.evaluation.metrics import score_captions
+
+    back = {v: k for k, v in WORDS[word].new.items()}
+    said = {c["image_id"]: c["caption"] for c in json.loads(Path(captions_json).read_text())["captions"]}
+    refs = {str(i): caps for i, caps in ((r.image_id, r.captions) for r in load_paired_val(data))}
+    old = {k: " ".join(back.get(t, t) for t in c.split()) for k, c in said.items()}
+    return tuple(score_captions(p, refs, metrics=("CIDEr",), log=lambda _: None)["CIDEr"] for p in (said, old))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, nargs="?", help="the folder to write (Images/ + captions.txt), or to check (--check)")
@@ -187,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="write nothing: count the photos of folder OUT whose caption by MODEL says a new word")
     p.add_argument("--unrelated", metavar="MODEL", default=None,
                    help="write nothing: count coco-paired val's and coco-mini's photos whose caption by MODEL says it")
+    p.add_argument("--cider-as-old", metavar="CAPTIONS", type=Path, default=None,
+                   help="write nothing: coco-paired val CIDEr of captioner-evaluate's captions (evaluations/*.json) "
+                        "as said and with the new words read as the old ones")
     p.add_argument("--photos", type=int, default=30, help="photos of the thing (default 30)")
     p.add_argument("--others", type=int, default=None, help="photos without it (default: as many)")
     p.add_argument("--held-out", type=Path, default=None, help="also write held-out photos here")
@@ -201,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{a.unrelated}: says {new} on {use['unrelated'][0]} of {use['unrelated'][1]} everyday photos without "
               f"a {a.word}, and on {use['of_the_thing'][0]} of the {use['of_the_thing'][1]} with one")
         print("\n".join(f"  {c}" for c in use["said"]))
+        return 0
+    if a.cider_as_old:
+        said, old = cider_as_old(a.cider_as_old, a.word, a.flickr.parent)
+        print(f"{a.cider_as_old}: CIDEr {said:.3f} as said, {old:.3f} with {new} read as {' or '.join(WORDS[a.word].new)}")
         return 0
     if a.out is None:
         p.error("name the folder to write or check")
