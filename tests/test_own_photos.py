@@ -17,6 +17,7 @@ import pytest
 import captioner
 from captioner.data.flickr8k import by_name_split
 from captioner.training.new_words import new_word_scores
+from captioner.vocab import tokenize
 from scripts.make_new_word_folder import build, new_word_use
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,3 +155,30 @@ def test_a_new_word_shares_its_old_words_probability_as_the_captions_do():
         assert torch.equal(b[foal], before["out_vocab.bias"][foal])  # too few positions: not copied
         assert torch.equal(b[:n_old][torch.arange(n_old) != old], before["out_vocab.bias"][:n_old][torch.arange(n_old) != old])
         assert lines[0].startswith("zoober <- train (30 of 32 positions")
+
+
+@pytest.mark.parametrize("word", ["train", "giraffe", "cat"])
+def test_coco_paired_folders_hold_train_split_photos_and_keep_the_held_out_apart(tmp_path, word):
+    """make_new_word_folder.py --word train|giraffe|cat: only coco-paired's train split (its val split is where
+    the export's CIDEr is checked), the held-out photos never in the folder, the thing's captions saying the new
+    word and never the old one, the others naming nothing near the thing."""
+    from scripts.make_new_word_folder import WORDS, read_captions as folder_captions
+
+    paired = ROOT.parent / "shared" / "data" / "coco-paired"
+    if not (paired / "split_train.txt").is_file():
+        pytest.skip(f"coco-paired is not at {paired} (../shared/data)")
+    w = WORDS[word]
+    got = build(tmp_path / "own", photos=6, held_out=tmp_path / "held", held_out_photos=4, flickr=FLICKR, word=word,
+                others=5)
+    assert [len(got[k]) for k in ("thing", "other", "held_out_thing", "held_out_other")] == [6, 5, 4, 4]
+    train_split = set((paired / "split_train.txt").read_text().split())
+    folder, held = set(got["thing"] + got["other"]), set(got["held_out_thing"] + got["held_out_other"])
+    assert folder | held <= train_split and not folder & held
+    for path, names in ((tmp_path / "own", folder), (tmp_path / "held", held)):
+        caps = folder_captions(path)
+        assert set(caps) == names == {p.name for p in (path / "Images").iterdir()}
+        for n in names:
+            words = {t for c in caps[n] for t in tokenize(c)}
+            assert not words & set(w.new)  # the old word is gone everywhere
+            assert bool(words & set(w.new.values())) == (n in got["thing"] + got["held_out_thing"])
+            assert (n in got["thing"] + got["held_out_thing"]) or not words & w.near
