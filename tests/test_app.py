@@ -958,3 +958,26 @@ def test_concurrent_sessions_stay_isolated(app):
         assert [w for w, _ in explained_overlays(at)] == jobs[example].split()  # ... its own sentence ...
         image = (EXAMPLES / files[example]).read_bytes()
         assert caption_text(at) == model.caption(image).text  # ... and its own caption
+
+
+def test_a_too_large_photo_is_refused_by_the_page_in_place_of_the_last_one(app):
+    """The uploader's own limit refused a 27 MB photo in the browser: the page never heard of it, so the box
+    showed two files and the page the last photo's error. The page refuses it now, as the one photo on screen."""
+    import tomllib
+
+    from captioner.ui.page_state import MAX_PHOTO_MB
+
+    config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    assert config["server"]["maxUploadSize"] > MAX_PHOTO_MB  # the uploader passes what the page refuses
+    at = app.run()
+    beam(at).set_value(1).run()
+    at.file_uploader[0].set_value(("garbage.jpg", b"not a picture" * 20, "image/jpeg")).run()
+    assert [e.value for e in at.error if "garbage.jpg" in e.value]
+    big = (EXAMPLES / "cat.jpg").read_bytes() + b"\0" * (MAX_PHOTO_MB * 2**20)  # a real JPEG, padded past the limit
+    at.file_uploader[0].set_value(("big.jpg", big, "image/jpeg")).run()
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "big.jpg" in errors[0] and f"{MAX_PHOTO_MB} MB" in errors[0], errors
+    assert not word_overlays(at)
+    at.file_uploader[0].set_value(("cat.jpg", (EXAMPLES / "cat.jpg").read_bytes(), "image/jpeg")).run()
+    check_captioned(at)  # and the next photo is captioned, no error left

@@ -264,10 +264,14 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             assert page.get_by_test_id("stException").count() == 0
             assert not _overlay_captions(page)
 
-            # too large for the upload limit (.streamlit/config.toml): refused by the uploader itself
+            # too large (page_state.MAX_PHOTO_MB): refused by the page, the box holding that file alone
             page.locator('input[type="file"]:not([multiple])').set_input_files(
                 files=[{"name": "huge.jpg", "mimeType": "image/jpeg", "buffer": b"\xff" * (21 * 2**20)}])
-            page.get_by_text("20", exact=False).filter(has_text="MB or smaller").first.wait_for(timeout=WAIT_MS)
+            alert = page.get_by_test_id("stAlert").filter(has_text="huge.jpg")
+            alert.wait_for(timeout=WAIT_MS)
+            assert "20 MB" in alert.inner_text()
+            _settle(page)
+            assert page.get_by_test_id("stAlert").filter(has_text="garbage.jpg").count() == 0
 
             # photos smaller than the attention grid (a 6x6 icon, a 1x300 strip): every panel is drawn, down
             # to the comparison at the bottom ("Click a region" once raised "x1 must be >= x0" and stopped the page)

@@ -17,6 +17,7 @@ import pytest
 import captioner
 from captioner.data.flickr8k import by_name_split
 from captioner.training.new_words import new_word_scores
+from captioner.vocab import tokenize
 from scripts.make_new_word_folder import build, new_word_use
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,3 +121,64 @@ def test_validation_decodes_as_the_exported_file_will():
     cfg.train.init_encoder = False  # another encoder: the detectors would read other vectors
     with decoding_as_exported(model, cfg) as settings:
         assert detectors_of(model) is None and settings.person_floor == cfg.decode.person_floor
+
+
+def test_a_new_word_shares_its_old_words_probability_as_the_captions_do():
+    """A new word copied from an old one was an exact tie (beam search chose by word order: the warm start kept
+    saying "train" for the captions' "zoober") and doubled the pair's probability. Now the pair splits the old
+    word's probability in the captions' proportion: ahead where only the new word is used, the sum unchanged."""
+    from collections import Counter
+
+    import torch
+
+    from captioner.training.new_words import init_from_substitutes
+    from captioner.vocab import Vocab
+
+    vocab = Vocab.build(["a train on tracks"], min_count=1)
+    old, n_old = vocab.stoi["train"], len(vocab)
+    vocab = vocab.extended(["zoober foal"], min_count=1)
+    new, foal = vocab.stoi["zoober"], vocab.stoi["foal"]
+    decoder = torch.nn.Module()
+    decoder.embedding, decoder.out_vocab = torch.nn.Embedding(len(vocab), 4), torch.nn.Linear(4, len(vocab))
+    before = {k: v.detach().clone() for k, v in decoder.named_parameters()}
+    for used_old in (0, 30):  # the captions never say "train" / say it as often as "zoober"
+        with torch.no_grad():
+            for k, v in decoder.named_parameters():
+                v.copy_(before[k])
+        lines = init_from_substitutes(decoder, {new: Counter({old: 30, vocab.stoi["a"]: 2}), foal: Counter({old: 3})},
+                                      vocab, Counter({old: used_old}))
+        b = decoder.out_vocab.bias.detach()
+        assert torch.allclose(b[[new, old]].exp().sum(), before["out_vocab.bias"][old].exp())  # no likelier together
+        assert (b[new] > b[old]) == (used_old == 0) and torch.isclose(b[new], b[old]) == (used_old == 30)
+        assert torch.equal(decoder.out_vocab.weight[new], decoder.out_vocab.weight[old])  # the rest is a copy
+        assert torch.equal(decoder.embedding.weight[new], decoder.embedding.weight[old])
+        assert torch.equal(b[foal], before["out_vocab.bias"][foal])  # too few positions: not copied
+        assert torch.equal(b[:n_old][torch.arange(n_old) != old], before["out_vocab.bias"][:n_old][torch.arange(n_old) != old])
+        assert lines[0].startswith("zoober <- train (30 of 32 positions")
+
+
+@pytest.mark.parametrize("word", ["train", "giraffe", "cat"])
+def test_coco_paired_folders_hold_train_split_photos_and_keep_the_held_out_apart(tmp_path, word):
+    """make_new_word_folder.py --word train|giraffe|cat: only coco-paired's train split (its val split is where
+    the export's CIDEr is checked), the held-out photos never in the folder, the thing's captions saying the new
+    word and never the old one, the others naming nothing near the thing."""
+    from scripts.make_new_word_folder import WORDS, read_captions as folder_captions
+
+    paired = ROOT.parent / "shared" / "data" / "coco-paired"
+    if not (paired / "split_train.txt").is_file():
+        pytest.skip(f"coco-paired is not at {paired} (../shared/data)")
+    w = WORDS[word]
+    got = build(tmp_path / "own", photos=6, held_out=tmp_path / "held", held_out_photos=4, flickr=FLICKR, word=word,
+                others=5)
+    assert [len(got[k]) for k in ("thing", "other", "held_out_thing", "held_out_other")] == [6, 5, 4, 4]
+    train_split = set((paired / "split_train.txt").read_text().split())
+    folder, held = set(got["thing"] + got["other"]), set(got["held_out_thing"] + got["held_out_other"])
+    assert folder | held <= train_split and not folder & held
+    for path, names in ((tmp_path / "own", folder), (tmp_path / "held", held)):
+        caps = folder_captions(path)
+        assert set(caps) == names == {p.name for p in (path / "Images").iterdir()}
+        for n in names:
+            words = {t for c in caps[n] for t in tokenize(c)}
+            assert not words & set(w.new)  # the old word is gone everywhere
+            assert bool(words & set(w.new.values())) == (n in got["thing"] + got["held_out_thing"])
+            assert (n in got["thing"] + got["held_out_thing"]) or not words & w.near

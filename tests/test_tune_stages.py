@@ -243,3 +243,31 @@ def test_cache_built_mid_chain_keeps_the_pretrained_teacher(flickr, tmp_path):
         tuned.backbone._blocks[0]._depthwise_conv.weight.add_(0.1)  # lower stages not the pretrained ones
     with pytest.raises(ValueError, match="not its pretrained ImageNet weights"):
         build_activations(tmp_path, "other", tuned, prep, recs, flip=False, num_workers=0, progress=False)
+
+
+def test_two_folders_under_one_name_keep_two_activation_caches(flickr, tmp_path):
+    """Like the feature caches: two folders prepared one after the other under one name (the same photo names,
+    other photos) keep two activation caches, and neither is read for the other."""
+    import shutil
+
+    from captioner.data.records import ImageRecord
+
+    cfg, _ = _records(flickr, 1)
+    cfg.model.image_size = 128
+    prep, enc = build_preprocess(cfg.model), Encoder(cfg.model.encoder, True, cfg.model.grid_size).eval()
+    photos, folders = sorted((flickr / "Images").iterdir())[:4], {}
+    for name, pair in (("a", photos[:2]), ("b", photos[2:])):
+        (tmp_path / name / "Images").mkdir(parents=True)
+        for k, src in enumerate(pair):
+            shutil.copy(src, tmp_path / name / "Images" / f"p{k}.jpg")
+        folders[name] = [ImageRecord(f"p{k}.jpg", tmp_path / name / "Images" / f"p{k}.jpg", ["x"]) for k in range(2)]
+    cache, name = tmp_path / "cache", cache_name(prep, "own_photos", "train", enc.split_block)
+    a = build_activations(cache, name, enc, prep, folders["a"], flip=False, num_workers=0, progress=False)
+    a_acts = np.array(a.acts)
+    b = build_activations(cache, name, enc, prep, folders["b"], flip=False, num_workers=0, progress=False)
+    assert a.path != b.path and a.path.is_file() and b.path.is_file()
+    assert len(list(cache.glob("*.json"))) == 2 and len(list(cache.glob("*-logits.npy"))) == 2
+    assert not np.array_equal(np.asarray(b.acts), a_acts)  # b's photos, not a's under the same names
+    again = open_activations(cache, name, enc, prep, folders["a"], flip=False)
+    assert again is not None and again.path == a.path and np.array_equal(np.asarray(again.acts), a_acts)
+    assert open_activations(cache, name, enc, prep, folders["b"], flip=False).path == b.path  # found, not rebuilt

@@ -13,7 +13,8 @@ Keyed like the feature cache (features.py): encoder name, input size, the split 
 of the FROZEN lower blocks' weights (the top may change: the cache stays valid through a whole chain of
 fine-tuning stages), a fingerprint of the teacher (the whole pretrained backbone that made the logits)
 and the image list. A mismatch is rebuilt, never silently used. A mix (data.sources) has one cache per
-caption set and split, named after the set (cache_name), like its feature caches.
+caption set and split, named after the set (cache_name), like its feature caches, and like them named by the
+folders it holds (features.cache_base): two folders prepared under one name keep two caches.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from torch.utils.data import DataLoader
 from ..diskspace import CACHE_TEMP, remove_stale_temps, reserve, writing
 from ..model.encoder import Encoder, Preprocess
 from .dataset import ImageDataset, readable
+from .features import cache_base, photo_folders
 from .records import ImageRecord
 
 VERSION = 2  # 2: teacher logits from a fresh pretrained encoder, keyed by its weights
@@ -98,8 +100,11 @@ def _key(encoder: Encoder, prep: Preprocess, records: Sequence[ImageRecord], fli
             "teacher": _teacher_fingerprint(encoder.name, encoder.grid_size, encoder.output_stride)}
 
 
-def _paths(cache_dir: str | Path, name: str) -> dict[str, Path]:
-    base = Path(cache_dir) / name
+def _paths(cache_dir: str | Path, name: str, records: Sequence[ImageRecord]) -> dict[str, Path]:
+    """The cache's files, named by what they hold like the feature caches (features.cache_base): `name`, or
+    `name` + a hash of the photos' folders when the cache of that name holds another folder's photos."""
+    base = cache_base(cache_dir, name, records)
+    name = base.name
     return {"meta": base.with_suffix(".json"), "acts": base.with_suffix(".npy"),
             "flipped": base.parent / f"{name}-flip.npy", "logits": base.parent / f"{name}-logits.npy"}
 
@@ -108,7 +113,7 @@ def open_activations(cache_dir: str | Path, name: str, encoder: Encoder, prep: P
                      records: Sequence[ImageRecord], flip: bool) -> ActivationCache | None:
     """The cache for exactly these images, lower weights and flip setting, or None. A cache built with
     flips serves a run without them too."""
-    paths = _paths(cache_dir, name)
+    paths = _paths(cache_dir, name, records)
     if not paths["meta"].is_file():
         return None
     try:
@@ -140,7 +145,7 @@ def build_activations(cache_dir: str | Path, name: str, encoder: Encoder, prep: 
     cache = open_activations(cache_dir, name, encoder, prep, records, flip)
     if cache is not None:
         return cache
-    paths = _paths(cache_dir, name)
+    paths = _paths(cache_dir, name, records)
     paths["meta"].parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(paths["meta"].parent, CACHE_TEMP)  # what a killed (kill -9) build left behind
     if paths["meta"].exists():
@@ -175,7 +180,8 @@ def build_activations(cache_dir: str | Path, name: str, encoder: Encoder, prep: 
         log(f"WARNING: {len(missing)} image(s) could not be read and are skipped: {', '.join(missing[:20])}")
     tmp_meta = paths["meta"].with_suffix(".json.tmp")
     with writing(paths["meta"], 4096, REBUILT):
-        tmp_meta.write_text(json.dumps({"key": _key(encoder, prep, records, flip), "missing": missing}))
+        tmp_meta.write_text(json.dumps({"key": _key(encoder, prep, records, flip), "missing": missing,
+                                        "folders": photo_folders(records)}))
         os.replace(tmp_meta, paths["meta"])
     cache = open_activations(cache_dir, name, encoder, prep, records, flip)
     assert cache is not None

@@ -4,7 +4,8 @@ how validation sees them.
 - Start (init_from_substitutes): warm_start.py grows the vocabulary with average rows; then each new word
   takes the rows (embedding, output row and bias) of the old word the starting model predicts where the
   training captions have the new word, teacher-forced ("stallion" starts as "horse"). Before any step the
-  model already places the new word where it belongs; training only has to make it win over the old one.
+  model already places the new word where it belongs, ahead of the old one as far as the captions use it in
+  the old one's place, the pair no likelier than the old word was (share_bias).
   The vocabulary records the pair (Vocab.aliases, saved with the model): a caption that says one of them does
   not say the other too ("a man riding a horse on a stallion": decode.block_content_repeats).
 - Speed (NewWordRows, train.new_words_lr_factor): Adam's step on the new words' rows is multiplied by a
@@ -15,6 +16,7 @@ how validation sees them.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any, Callable, Sequence
 
@@ -29,31 +31,38 @@ MIN_VOTES = 5  # a new word takes an old word's rows only from this many positio
 
 @torch.no_grad()
 def substitutes(decoder: torch.nn.Module, dataset: Any, collate: Callable, features: Callable, old_size: int,
-                device: torch.device, batch_images: int = 16) -> dict[int, Counter]:
-    """new word id -> Counter of the old word ids the decoder predicts (teacher-forced, its argmax over the
-    old words) at the training captions' positions whose target is that new word."""
+                device: torch.device, batch_images: int = 16) -> tuple[dict[int, Counter], Counter]:
+    """(new word id -> Counter of the old word ids the decoder predicts (teacher-forced, its argmax over the
+    old words) at the training captions' positions whose target is that new word, Counter of the old word ids
+    the training captions themselves say)."""
     votes: dict[int, Counter] = {}
+    said: Counter = Counter()
     was_training = decoder.training
     decoder.eval()
     for k in range(0, len(dataset), batch_images):
         batch = collate([dataset[i] for i in range(k, min(k + batch_images, len(dataset)))]).to(device)
         logits = decoder.teacher_force(features(batch), batch.inputs, batch.lengths, batch.image_index)[0]  # (B, T, V)
         is_new = batch.targets >= old_size  # (B, T)
+        said.update(batch.targets[(batch.targets >= len(SPECIALS)) & ~is_new].tolist())
         if is_new.any():
             guess = logits[..., len(SPECIALS):old_size].argmax(-1) + len(SPECIALS)  # (B, T) best old word
             for t, g in zip(batch.targets[is_new].tolist(), guess[is_new].tolist()):
                 votes.setdefault(t, Counter())[g] += 1
     decoder.train(was_training)
-    return votes
+    return votes, said
 
 
 @torch.no_grad()
-def init_from_substitutes(decoder: torch.nn.Module, votes: dict[int, Counter], vocab: Vocab) -> list[str]:
+def init_from_substitutes(decoder: torch.nn.Module, votes: dict[int, Counter], vocab: Vocab,
+                          said: Counter | None = None) -> list[str]:
     """Copy each new word's most voted old word's rows onto its own -> one line per new word for the log.
     Only with evidence: at least MIN_VOTES positions, the old word more than half of them, and a content word
     (a new word copied from "in" or "red" would be said for it everywhere); otherwise the new word keeps
-    warm_start.py's average start (never more likely than the rarest old word) and learns from there."""
-    rows = dict(decoder.named_parameters())
+    warm_start.py's average start (never more likely than the rarest old word) and learns from there.
+    The pair then shares the old word's probability as the captions do (share_bias): the new word is ahead
+    where the captions say it in the old word's place, and the two together are no likelier than the old word."""
+    rows, said = dict(decoder.named_parameters()), said or Counter()
+    bias = rows["out_vocab.bias"].detach().clone()  # (V,) before any pair shares it
     lines, kept = [], []
     for new, counts in sorted(votes.items()):
         old, n = counts.most_common(1)[0]
@@ -63,11 +72,25 @@ def init_from_substitutes(decoder: torch.nn.Module, votes: dict[int, Counter], v
             continue
         for name in GROWN_ROWS:
             rows[name][new] = rows[name][old]
+        share = share_bias(rows["out_vocab.bias"], new, old, bias[old], n, said[old])
         vocab.alias(vocab.itos[new], vocab.itos[old])  # saved with the model: the two are one thing (rules.py)
-        lines.append(f"{vocab.itos[new]} <- {vocab.itos[old]} ({n} of {total} positions)")
+        lines.append(f"{vocab.itos[new]} <- {vocab.itos[old]} ({n} of {total} positions; your captions say "
+                     f"{vocab.itos[old]} {said[old]} times: {vocab.itos[new]} takes {share:.0%} of its probability)")
     if kept:
         lines.append(f"the average start (too few or mixed positions): {', '.join(kept)}")
     return lines
+
+
+@torch.no_grad()
+def share_bias(out_bias: torch.Tensor, new: int, old: int, old_bias: torch.Tensor, n_new: int, n_old: int) -> float:
+    """Split the old word's probability between it and its new twin (same rows otherwise) in the proportion
+    (n_new + 1) : (n_old + 1) of the captions' uses: exp(b_new) + exp(b_old) = exp(old_bias). An exact copy
+    was a tie that beam search broke by word order (the warm start said the old word on most photos) and
+    doubled the pair's probability (the thing said where it is not) -> the new word's share."""
+    share = (n_new + 1) / (n_new + n_old + 2)
+    out_bias[new] = old_bias + math.log(share)
+    out_bias[old] = old_bias + math.log(1 - share)
+    return share
 
 
 class NewWordRows:

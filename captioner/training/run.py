@@ -265,10 +265,10 @@ def _new_words(cfg: Config, model: CaptionModel, vocab: Vocab, data: Any, optimi
         return []
     old_size = len(load_checkpoint(cfg.train.init_from).vocab)
     if fresh and len(vocab) > old_size:
-        votes = substitutes(model.decoder, data.dataset, data.collate, lambda b: batch_features(model, b, cfg),
+        votes, said = substitutes(model.decoder, data.dataset, data.collate, lambda b: batch_features(model, b, cfg),
                             old_size, device, cfg.train.batch_images)
         log("new words start as the old word the starting model says in their place: "
-            + "; ".join(init_from_substitutes(model.decoder, votes, vocab)))
+            + "; ".join(init_from_substitutes(model.decoder, votes, vocab, said)))
     if cfg.train.new_words_lr_factor != 1 and len(vocab) > old_size:
         NewWordRows(optimizer, model.decoder, old_size, cfg.train.new_words_lr_factor)
     return vocab.itos[old_size:]

@@ -11,16 +11,16 @@ import captioner
 from ..concepts.imagenet import THRESHOLD
 from ..images import format_names, load_image
 from . import gallery
-from .page_state import (EXAMPLES, EXAMPLES_DIR, FIGURE_SIDE, GALLERY_COLUMNS, UPLOAD_TYPES, Decode, Settings, Shown,
-                         figure_bytes, get_caption, get_model, photo_label, short_error, shrink)
+from .page_state import (EXAMPLES, EXAMPLES_DIR, FIGURE_SIDE, GALLERY_COLUMNS, MAX_PHOTO_MB, UPLOAD_TYPES, Decode,
+                         Settings, Shown, figure_bytes, get_caption, get_model, photo_label, short_error, shrink)
 from .page_views import caption_summary, downloads, overlay_grid, word_label, word_view
 
 
 
 def photo_input(settings: Settings) -> Shown:
     """A photo from the camera, an upload (one photo; a new upload replaces it), a batch of photos (a gallery,
-    one of them opened below), or one of the bundled example photos; a file that is no usable photo is an error
-    (a stop when it is the only photo)."""
+    one of them opened below), or one of the bundled example photos; a file that is no usable photo, or one over
+    MAX_PHOTO_MB, is an error (a stop when it is the only photo)."""
     col_upload, col_example = st.columns([3, 2])
     with col_upload:
         uploaded = st.file_uploader(f"Upload a photo ({format_names(' or ')})", type=UPLOAD_TYPES)
@@ -53,6 +53,10 @@ def chosen_photo(settings: Settings, shot, uploaded, batch: list, example: str) 
         files = [(EXAMPLES[example], (EXAMPLES_DIR / EXAMPLES[example]).read_bytes())]
     photos = []
     for name, data in files:
+        if len(data) > MAX_PHOTO_MB * 2**20:
+            st.error(f"Cannot use **{name}**: it is {len(data) / 2**20:.0f} MB, more than the {MAX_PHOTO_MB} MB a "
+                     "photo may have here. Please choose a smaller photo (a JPEG of it, or fewer pixels).")
+            continue
         try:
             photos.append(Shown(name, data, load_image(data)))
         except captioner.ImageError as e:

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 EXAMPLES_DIR = Path(captioner.__file__).resolve().parent / "assets" / "examples"
 EXAMPLES = {"Cat": "cat.jpg", "Coffee": "coffee.jpg", "Astronaut": "astronaut.jpg"}
+# A larger photo is refused by the page, with a message, in place of the last one. The uploader's own limit
+# (.streamlit/config.toml server.maxUploadSize) stays above it: a file the uploader refuses never reaches the
+# page, so the box showed the refused file beside the last one and the page the last photo's error.
+MAX_PHOTO_MB = 20
 UPLOAD_TYPES = file_extensions()  # exactly what load_image reads (images.FORMATS), as its errors list them
 GRID_COLUMNS = 4
 GRID_SIDE = 320  # grid overlays are drawn on a copy of the photo at most this many pixels on a side
