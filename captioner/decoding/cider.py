@@ -1,5 +1,6 @@
-"""CIDEr-D (Vedantam et al. 2015) as a training reward: fast, on token ids, document frequencies
-from the training references.
+"""CIDEr-D (Vedantam et al. 2015) on token ids, document frequencies from the training references: SCST's
+reward (training/objectives.py) and the consensus rerank's agreement with the nearest training photos'
+captions (consensus.py).
 
 For each n = 1..4 a caption is a TF-IDF vector over its n-grams,
 

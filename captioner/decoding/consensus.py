@@ -1,0 +1,154 @@
+"""Consensus reranking from the nearest training photos (Devlin et al. 2015, "Exploring Nearest Neighbor
+Approaches for Image Captioning"; Mao et al. 2015's reranking of a beam by its agreement with retrieved captions).
+
+Beam search returns several finished captions per photo, and its own order is a weak judge of them (on the COCO
+val photos its second caption scores as well as its first). The photos of the training set that look most like
+this one (cosine of the mean annotation vector, the decoder's own summary of a photo) come with captions people
+wrote; a candidate that agrees with them (CIDEr-D, cider.py) says what people say about such photos. Each photo's
+candidates are ranked by
+
+    (1 - w) * (score - best score) + w * CIDEr-D(candidate, captions of the k nearest training photos)
+
+with score the beam's own (log-prob / (words + 1) ** length_penalty, the evidence's bias included), w =
+decode.consensus_weight and k = decode.consensus_k (chosen on the val sets: docs/results.md, "Round five").
+
+The memory (ConsensusMemory) is what the rerank needs of the training set: every training photo's unit-length
+pooled features in float16 and its captions as the model's word ids. It lives beside the model file
+(<model>.consensus.safetensors, captioner-build-consensus writes it); captioner.load attaches it to the model
+(attach_memory) and decoding reads it there (memory_of), so a model file without one decodes as before.
+
+Legend: B photos, P regions, D feature dim, M memory photos, C memory captions, T their words in all.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..checkpoint import CheckpointError, read_safetensors, write_safetensors
+from .cider import CiderD
+from .hypotheses import Hypothesis
+
+FORMAT = "captioner-consensus/1"
+SUFFIX = ".consensus.safetensors"
+
+
+def memory_path(model_file: str | Path) -> Path:
+    """Where a model file's consensus memory lives: default.safetensors -> default.consensus.safetensors."""
+    p = Path(model_file)
+    return p.with_name(p.name.removesuffix(".safetensors") + SUFFIX)
+
+
+@dataclass
+class ConsensusMemory:
+    features: torch.Tensor  # (M, D) float16, each row a training photo's mean annotation vector at unit length
+    tokens: torch.Tensor  # (T,) int32: every caption's word ids (no <start> / <end>), one after another
+    caption_ends: torch.Tensor  # (C,) int64: where each caption ends in `tokens`
+    photo_ends: torch.Tensor  # (M,) int64: where each photo's captions end in the caption list
+    vocab_size: int  # the vocabulary the ids belong to: the model's
+    _cider: CiderD | None = field(default=None, repr=False)
+    _unit: torch.Tensor | None = field(default=None, repr=False)  # (M, D) float32 copy, made on first use
+
+    @classmethod
+    def build(cls, pooled: torch.Tensor, captions: Sequence[Sequence[Sequence[int]]], vocab_size: int) -> "ConsensusMemory":
+        """pooled (M, D): each photo's mean annotation vector; captions: each photo's captions as word ids."""
+        if len(pooled) != len(captions) or not len(captions):
+            raise ValueError(f"a consensus memory needs one caption list per photo: {len(pooled)} photos, "
+                             f"{len(captions)} caption lists")
+        if any(not caps for caps in captions):
+            raise ValueError("every photo of a consensus memory needs at least one caption")
+        unit = torch.nn.functional.normalize(pooled.float(), dim=1).half()  # (M, D)
+        flat = [list(c) for caps in captions for c in caps]
+        lengths = torch.tensor([len(c) for c in flat], dtype=torch.int64)  # (C,)
+        per_photo = torch.tensor([len(caps) for caps in captions], dtype=torch.int64)  # (M,)
+        tokens = torch.tensor([t for c in flat for t in c], dtype=torch.int32)  # (T,)
+        return cls(unit, tokens, lengths.cumsum(0), per_photo.cumsum(0), int(vocab_size))
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+    def captions_of(self, photo: int) -> list[list[int]]:
+        """The captions (word ids) of memory photo `photo`."""
+        first = int(self.photo_ends[photo - 1]) if photo else 0
+        out = []
+        for c in range(first, int(self.photo_ends[photo])):
+            start = int(self.caption_ends[c - 1]) if c else 0
+            out.append(self.tokens[start:int(self.caption_ends[c])].tolist())
+        return out
+
+    def nearest(self, feats: torch.Tensor, k: int) -> torch.Tensor:
+        """feats (B, P, D) -> (B, k) indices of the k memory photos nearest in pooled features (cosine), nearest first."""
+        if feats.shape[-1] != self.features.shape[1]:
+            raise ValueError(f"the consensus memory holds {self.features.shape[1]}-dim features but the encoder gives "
+                             f"{feats.shape[-1]}: rebuild it with captioner-build-consensus for this model")
+        if self._unit is None:
+            self._unit = self.features.float()
+        query = torch.nn.functional.normalize(feats.detach().float().mean(1).cpu(), dim=1)  # (B, D)
+        return (query @ self._unit.T).topk(min(k, len(self)), dim=1).indices  # (B, k)
+
+    @property
+    def cider(self) -> CiderD:
+        """CIDEr-D with the memory's captions as the document frequencies (built on first use)."""
+        if self._cider is None:
+            self._cider = CiderD([self.captions_of(j) for j in range(len(self))])
+        return self._cider
+
+    def save(self, path: str | Path) -> None:
+        tensors = {"features": self.features.half().contiguous(), "tokens": self.tokens.contiguous(),
+                   "caption_ends": self.caption_ends.contiguous(), "photo_ends": self.photo_ends.contiguous()}
+        write_safetensors(path, tensors, {"format": FORMAT, "info": json.dumps({"vocab_size": self.vocab_size})})
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ConsensusMemory":
+        """A memory written by save; a CheckpointError says what is wrong with the file."""
+        tensors, meta = read_safetensors(path)
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(f"{path}: not a consensus memory (format {meta.get('format')!r}, expected {FORMAT}); "
+                                  "rebuild it with captioner-build-consensus or remove it")
+        try:
+            info = json.loads(meta["info"])
+            memory = cls(tensors["features"], tensors["tokens"], tensors["caption_ends"], tensors["photo_ends"],
+                         int(info["vocab_size"]))
+        except (KeyError, ValueError, TypeError) as e:
+            raise CheckpointError(f"{path}: corrupt consensus memory ({e}); rebuild it with captioner-build-consensus") from None
+        if len(memory.photo_ends) != len(memory.features) or int(memory.photo_ends[-1]) != len(memory.caption_ends):
+            raise CheckpointError(f"{path}: its photos, captions and features do not line up; rebuild it")
+        return memory
+
+
+def memory_of(model: nn.Module) -> ConsensusMemory | None:
+    """The consensus memory a CaptionModel carries (set by captioner.load), or None."""
+    memory = getattr(model, "consensus_memory", None)
+    return memory if isinstance(memory, ConsensusMemory) else None
+
+
+def attach_memory(model: nn.Module, memory: ConsensusMemory | None) -> None:
+    """Give a CaptionModel its consensus memory (a plain attribute: not part of its state); None removes it."""
+    if memory is None:
+        model.__dict__.pop("consensus_memory", None)
+    else:
+        model.__dict__["consensus_memory"] = memory
+
+
+def rerank(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, memory: ConsensusMemory | None, k: int,
+           weight: float) -> list[list[Hypothesis]]:
+    """Each photo's finished hypotheses (best first by beam score) reordered by (1 - weight) * (score - best score)
+    + weight * CIDEr-D with the captions of its k nearest memory photos; feats (B, P, D). Unchanged when weight
+    is 0, without a memory, or for a photo with one hypothesis (greedy decoding)."""
+    if memory is None or weight <= 0:
+        return [list(h) for h in hyps]
+    nearest = memory.nearest(feats, k).tolist()  # (B, k)
+    out = []
+    for image, cands in enumerate(hyps):
+        if len(cands) < 2:
+            out.append(list(cands))
+            continue
+        refs = [c for j in nearest[image] for c in memory.captions_of(j)]
+        best = max(h.score for h in cands)
+        ranked = [(1 - weight) * (h.score - best) + weight * memory.cider.score_one(h.tokens, refs) for h in cands]
+        out.append([cands[i] for i in sorted(range(len(cands)), key=lambda i: -ranked[i])])  # stable on ties
+    return out
