@@ -1,4 +1,4 @@
-"""Build a model file's consensus memory (captioner/decoding/consensus.py): the pooled features (fp16) and captions
+"""Build a model file's consensus memory (captioner/decoding/consensus.py): the pooled features (int8) and captions
 (word ids) of the training photos of a recipe's caption sets, written beside the model file, where captioner.load
 finds it (<model>.consensus.safetensors). The bundled model's memory (Flickr8k train + coco-paired train):
 
