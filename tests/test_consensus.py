@@ -72,7 +72,8 @@ def test_memory_round_trips_through_save_and_load(tmp_path):
     assert back.vocab_size == memory.vocab_size and len(back) == len(memory)
     assert torch.equal(back.features, memory.features) and back.features.dtype == torch.int8
     assert [back.captions_of(j) for j in range(3)] == [memory.captions_of(j) for j in range(3)]
-    assert [[4, 5, 6, 7]] == back.captions_of(0) and [[8, 9, 10], [8, 9, 11]] == back.captions_of(1)
+    assert back.captions_of(0) == ((4, 5, 6, 7),) and back.captions_of(1) == ((8, 9, 10), (8, 9, 11))
+    assert back.captions_of(2) == ((12, 13, 14, 15, 16),)
     query = _near(torch.randn(16))
     assert torch.equal(back.nearest(query, 3), memory.nearest(query, 3))
 

@@ -52,7 +52,9 @@ class ConsensusMemory:
     photo_ends: torch.Tensor  # (M,) int64: where each photo's captions end in the caption list
     vocab_size: int  # the vocabulary the ids belong to: the model's
     _cider: CiderD | None = field(default=None, repr=False)
-    _unit: torch.Tensor | None = field(default=None, repr=False)  # (M, D) float32 rows at unit length, on first use
+    _unit: torch.Tensor | None = field(default=None, repr=False)  # (D, M) float32 columns at unit length, on first use
+    _captions: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict, repr=False)  # captions_of, cached
+    _flat: tuple[list[int], list[int], list[int]] = field(default=([], [0], [0]), repr=False)  # tokens, caption/photo starts
 
     @classmethod
     def build(cls, pooled: torch.Tensor, captions: Sequence[Sequence[Sequence[int]]], vocab_size: int) -> "ConsensusMemory":
@@ -73,14 +75,15 @@ class ConsensusMemory:
     def __len__(self) -> int:
         return len(self.features)
 
-    def captions_of(self, photo: int) -> list[list[int]]:
-        """The captions (word ids) of memory photo `photo`."""
-        first = int(self.photo_ends[photo - 1]) if photo else 0
-        out = []
-        for c in range(first, int(self.photo_ends[photo])):
-            start = int(self.caption_ends[c - 1]) if c else 0
-            out.append(self.tokens[start:int(self.caption_ends[c])].tolist())
-        return out
+    def captions_of(self, photo: int) -> tuple[tuple[int, ...], ...]:
+        """The captions (word ids) of memory photo `photo` (read once, then cached)."""
+        if photo not in self._captions:
+            if not self._captions:  # the first call: the flat lists once, not a tensor slice per caption
+                self._flat = (self.tokens.tolist(), [0] + self.caption_ends.tolist(), [0] + self.photo_ends.tolist())
+            words, caption_at, photo_at = self._flat
+            spans = range(photo_at[photo], photo_at[photo + 1])
+            self._captions[photo] = tuple(tuple(words[caption_at[c]:caption_at[c + 1]]) for c in spans)
+        return self._captions[photo]
 
     def nearest(self, feats: torch.Tensor, k: int) -> torch.Tensor:
         """feats (B, P, D) -> (B, k) indices of the k memory photos nearest in pooled features (cosine), nearest first."""
@@ -88,9 +91,9 @@ class ConsensusMemory:
             raise ValueError(f"the consensus memory holds {self.features.shape[1]}-dim features but the encoder gives "
                              f"{feats.shape[-1]}: rebuild it with captioner-build-consensus for this model")
         if self._unit is None:
-            self._unit = torch.nn.functional.normalize(self.features.float(), dim=1)
+            self._unit = torch.nn.functional.normalize(self.features.float(), dim=1).T.contiguous()  # (D, M): faster
         query = torch.nn.functional.normalize(feats.detach().float().mean(1).cpu(), dim=1)  # (B, D)
-        return (query @ self._unit.T).topk(min(k, len(self)), dim=1).indices  # (B, k)
+        return (query @ self._unit).topk(min(k, len(self)), dim=1).indices  # (B, M) cosines -> (B, k)
 
     @property
     def cider(self) -> CiderD:
@@ -149,8 +152,8 @@ def rerank(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, memory: Co
         if len(cands) < 2:
             out.append(list(cands))
             continue
-        refs = [c for j in nearest[image] for c in memory.captions_of(j)]
+        refs = [memory.captions_of(j) for j in nearest[image]]  # each photo's captions: CIDEr-D caches their vectors
         best = max(h.score for h in cands)
-        ranked = [(1 - weight) * (h.score - best) + weight * memory.cider.score_one(h.tokens, refs) for h in cands]
+        ranked = [(1 - weight) * (h.score - best) + weight * memory.cider.agreement(h.tokens, refs) for h in cands]
         out.append([cands[i] for i in sorted(range(len(cands)), key=lambda i: -ranked[i])])  # stable on ties
     return out
