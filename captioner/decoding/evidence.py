@@ -48,8 +48,9 @@ def ruled_out_words(probs: torch.Tensor, words: torch.Tensor, floor: float | tor
 def category_floors(settings: DecodeConfig, n_categories: int) -> torch.Tensor:
     """(C,) the P below which each category's words are ruled out: decode.evidence_floor, dog's raised to
     decode.dog_floor (Flickr8k's dog prior: the wrong dogs of everyday photos have P(dog) .05-.5)."""
-    floors = torch.full((n_categories,), float(settings.evidence_floor))  # (C,) over CATEGORIES
-    floors[CATEGORIES.index("dog")] = max(settings.evidence_floor, settings.dog_floor)
+    floors = torch.full((n_categories,), float(settings.evidence_floor))  # (C,)
+    if n_categories == len(CATEGORIES):  # a table over CATEGORIES (a hand-made one of another width: one floor)
+        floors[CATEGORIES.index("dog")] = max(settings.evidence_floor, settings.dog_floor)
     return floors
 
 
