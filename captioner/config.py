@@ -155,17 +155,17 @@ class DecodeConfig:
     evidence_bonus: float = 0.0  # + bonus * P(category) for the words of categories not ruled out
     person_floor: float = 0.0  # with evidence + word detectors: person words ruled out where P(person) < this (0 = off)
     dog_floor: float = 0.2  # with evidence: dog words ruled out where P(dog) < max(this, evidence_floor)
-    # consensus reranking (decoding/consensus.py) where a memory lies beside the model file: the beam's captions by
-    consensus_k: int = 5  # (1 - w) * (score - best) + w * CIDEr-D with the captions of the k nearest training photos
-    consensus_weight: float = 0.3  # w (0: the beam's own order); k, w chosen on the val sets (docs/results.md)
-
-    # each numeric setting's range: checked() by the API, every command and decoding; the app's widgets use them
+    evidence_detectors: bool = True  # the veto also asks the file's word detector of a category (evidence.detected_probs)
+    consensus_k: int = 5  # consensus rerank (decoding/consensus.py; a memory beside the file): k nearest train photos
+    consensus_weight: float = 0.3  # w: (1 - w) * (score - best) + w * CIDEr-D with their captions; 0: the beam's order
+    # each numeric setting's range: checked() by the API, every command and decoding; the app's widgets read it
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "beam_size": (1, 16), "max_len": (1, 200), "length_penalty": (0.0, 5.0), "evidence_floor": (0.0, 1.0),
         "evidence_penalty": (0.0, 1e4), "evidence_bonus": (0.0, 100.0), "person_floor": (0.0, 1.0),
         "dog_floor": (0.0, 1.0), "consensus_k": (1, 100), "consensus_weight": (0.0, 1.0)}
     # what a file written before these were stored decodes with, as it always did (checkpoint.load_checkpoint)
-    UNSTORED: ClassVar[dict[str, Any]] = {"block_repeats": True, "block_content_repeats": True}
+    UNSTORED: ClassVar[dict[str, Any]] = {"block_repeats": True, "block_content_repeats": True,
+                                          "evidence_detectors": False}
 
     def checked(self) -> "DecodeConfig":
         """These settings, or a ValueError naming the first one outside its LIMITS (or an unknown hard_context)."""

@@ -15,7 +15,7 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Container, Iterable, Sequence
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)
@@ -30,30 +30,62 @@ COLOUR_WORDS = frozenset("white black brown red blue green yellow orange pink pu
 # "... with a black and") or names a content word three times ("a brown and brown and white brown dog")
 BAD_LAST_WORDS = FUNCTION_WORDS | COLOUR_WORDS
 SALAD_REPEATS = 3
+# "a white sitting on a toilet": a colour right after an article names a thing next ("a white dog", "a white and
+# black dog"), never a verb or a preposition (an adjective with no noun: salad too)
+ARTICLES = frozenset({"a", "an", "the"})
+NOT_AFTER_COLOUR = (FUNCTION_WORDS - {"and", "or"}) | frozenset(
+    "sitting standing laying lying running walking riding playing jumping holding looking eating flying swimming "
+    "sits stands lays lies runs walks rides plays jumps holds looks eats flies swims".split())
 
 
 # "X and X" ("a black and black dog"): a word said again right after one of these is a repeat too
 REPEAT_JOINERS = frozenset({"and", "or"})
 
 
+# a word and its plural are one content word ("a train traveling down a track tracks"): the irregular plurals,
+# and plural-looking words that name another thing than their singular ("shorts" are not several "short")
+IRREGULAR_PLURALS = {"men": "man", "women": "woman", "children": "child", "people": "person", "feet": "foot",
+                     "teeth": "tooth", "geese": "goose", "mice": "mouse", "knives": "knife", "leaves": "leaf",
+                     "wolves": "wolf", "shelves": "shelf", "calves": "calf", "oxen": "ox"}
+NOT_PLURALS = frozenset("shorts glasses sunglasses woods news goods clothes".split())
+
+
+def singular(word: str, known: Container[str]) -> str:
+    """The singular of a plural whose singular is in `known` (a vocabulary, a caption's words): "tracks" ->
+    "track", "buses" -> "bus", "puppies" -> "puppy", "men" -> "man"; any other word is itself."""
+    if word in NOT_PLURALS or word in FUNCTION_WORDS:
+        return word
+    es = word.endswith(("ses", "xes", "zes", "ches", "shes", "oes"))  # "buses", "boxes", "watches" (not "capes")
+    cands = [IRREGULAR_PLURALS.get(word, ""), word[:-3] + "y" if word.endswith("ies") else "",
+             word[:-1] if word.endswith("s") else "", word[:-2] if es else ""]
+    return next((c for c in cands if len(c) >= 3 and c in known and c not in FUNCTION_WORDS), word)
+
+
 def repeats(words: Sequence[str]) -> dict[str, bool]:
     """Which kinds of repeated word a caption (its words) has: `adjacent` a word twice back to back ("an
     airplane airplane"), `x_and_x` a word again after "and"/"or" ("a black and black dog"), `content` a
-    content word (not in FUNCTION_WORDS) said twice anywhere ("a kitchen that is in the kitchen").
-    Decoding with decode.block_repeats writes none of them (decoding/rules.py)."""
-    counts = Counter(w for w in words if w not in FUNCTION_WORDS)
+    content word (not in FUNCTION_WORDS) said twice anywhere, its plural included ("a kitchen that is in the
+    kitchen", "a track tracks"). Decoding with decode.block_repeats writes none of them (decoding/rules.py)."""
+    said = set(words)
+    counts = Counter(singular(w, said) for w in words if w not in FUNCTION_WORDS)
     return {"adjacent": any(a == b for a, b in zip(words, words[1:])),
             "x_and_x": any(a == c and b in REPEAT_JOINERS for a, b, c in zip(words, words[1:], words[2:])),
             "content": bool(counts) and max(counts.values()) >= 2}
 
 
 def is_salad(words: Sequence[str]) -> bool:
-    """Whether a caption (its words) is word salad: empty, ending on a function word or a colour, or
-    naming one content word SALAD_REPEATS times. Decoding with decode.block_salad never writes one."""
-    if not words or words[-1] in BAD_LAST_WORDS:
+    """Whether a caption (its words) is word salad: empty, ending on a function word or a colour, a colour
+    after an article with no noun ("a white sitting", NOT_AFTER_COLOUR), or naming one content word
+    SALAD_REPEATS times. Decoding with decode.block_salad never writes one."""
+    if not words or words[-1] in BAD_LAST_WORDS or any(bare_colour(words[k - 2:k + 1]) for k in range(2, len(words))):
         return True
     counts = Counter(w for w in words if w not in FUNCTION_WORDS)
     return bool(counts) and max(counts.values()) >= SALAD_REPEATS
+
+
+def bare_colour(three: Sequence[str]) -> bool:
+    """An article, a colour and then no noun: ("a", "white", "sitting") but not ("a", "white", "dog")."""
+    return len(three) == 3 and three[0] in ARTICLES and three[1] in COLOUR_WORDS and three[2] in NOT_AFTER_COLOUR
 
 
 def tokenize(text: str) -> list[str]:
@@ -115,6 +147,15 @@ class Vocab:
         if new not in self.stoi or old not in self.stoi:
             raise ValueError(f"vocabulary alias {new!r} -> {old!r}: both must be vocabulary words")
         self.aliases[new] = old
+
+    def source(self, word: str) -> str:
+        """The old word a taught word stands for, following aliases to the end ("stallion" -> "horse"); any
+        other word is its own source. Evidence-aware decoding gives a taught word its source's evidence."""
+        seen = {word}
+        while word in self.aliases and self.aliases[word] not in seen:
+            word = self.aliases[word]
+            seen.add(word)
+        return word
 
     pad = property(lambda self: 0)
     start = property(lambda self: 1)
@@ -209,7 +250,13 @@ class SpecialIds:
     function_words: tuple[int, ...] = ()  # vocab.FUNCTION_WORDS: bigrams ending in one may repeat
     bad_last: tuple[int, ...] = ()  # vocab.BAD_LAST_WORDS: a caption never ends on one (decode.block_salad)
     joiners: tuple[int, ...] = ()  # vocab.REPEAT_JOINERS: "X and X" is a repeat (decode.block_repeats)
-    twins: tuple[tuple[int, int], ...] = ()  # Vocab.aliases as (new, old) ids: saying both is a content repeat
+    # vocab.bare_colour: after an article and a colour, none of not_after_colour (decode.block_salad)
+    articles: tuple[int, ...] = ()
+    colours: tuple[int, ...] = ()
+    not_after_colour: tuple[int, ...] = ()
+    # (word, family) ids: a word and its plural (vocab.singular), a taught word and its source (Vocab.aliases)
+    # are one family, named by its smallest id; saying one member is saying them all (block_content_repeats)
+    twins: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(cls, vocab: "Vocab", forbid_unk: bool = True) -> "SpecialIds":
@@ -217,6 +264,26 @@ class SpecialIds:
         function = tuple(sorted(vocab.stoi[w] for w in FUNCTION_WORDS if w in vocab.stoi))
         bad_last = tuple(sorted(vocab.stoi[w] for w in BAD_LAST_WORDS if w in vocab.stoi))
         joiners = tuple(sorted(vocab.stoi[w] for w in REPEAT_JOINERS if w in vocab.stoi))
-        twins = tuple(sorted((vocab.stoi[new], vocab.stoi[old]) for new, old in vocab.aliases.items()))
+        known = lambda words: tuple(sorted(vocab.stoi[w] for w in words if w in vocab.stoi))  # noqa: E731
         return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None, function, bad_last, joiners,
-                   twins)
+                   articles=known(ARTICLES), colours=known(COLOUR_WORDS), not_after_colour=known(NOT_AFTER_COLOUR),
+                   twins=word_families(vocab))
+
+
+def word_families(vocab: Vocab) -> tuple[tuple[int, int], ...]:
+    """(word id, family id) for every vocabulary word in a family of several: plurals with their singular
+    ("tracks", "track"), taught words with their source ("stallion", "horse"); a family is named by its
+    smallest id, and chains join ("stallions" -> "stallion" -> "horse")."""
+    family = list(range(len(vocab)))
+
+    def root(i: int) -> int:
+        while family[i] != i:
+            i = family[i]
+        return i
+
+    pairs = [(vocab.stoi[new], vocab.stoi[old]) for new, old in vocab.aliases.items()]
+    pairs += [(i, vocab.stoi[one]) for i, w in enumerate(vocab.itos) if (one := singular(w, vocab.stoi)) != w]
+    for a, b in pairs:
+        ra, rb = root(a), root(b)
+        family[max(ra, rb)] = min(ra, rb)
+    return tuple((i, root(i)) for i in range(len(vocab)) if root(i) != i)

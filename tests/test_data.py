@@ -148,6 +148,29 @@ def test_feature_cache_reused_and_rebuilt_on_mismatch(flickr, tmp_path):
     assert open_cache(tmp_path, "x", enc5, 224, recs) is None
 
 
+def test_two_folders_under_one_name_keep_two_caches(flickr, tmp_path):
+    """Own photos: two folders prepared one after the other under one data.name (the same photo names, other
+    photos) keep two caches, and neither is read for the other."""
+    from captioner.data.records import ImageRecord
+
+    photos = sorted((flickr / "Images").iterdir())[:4]
+    folders = {}
+    for name, pair in (("a", photos[:2]), ("b", photos[2:])):
+        (tmp_path / name / "Images").mkdir(parents=True)
+        for k, src in enumerate(pair):
+            shutil.copy(src, tmp_path / name / "Images" / f"p{k}.jpg")
+        folders[name] = [ImageRecord(f"p{k}.jpg", tmp_path / name / "Images" / f"p{k}.jpg", ["x"]) for k in range(2)]
+    enc, cache = Encoder("efficientnet_lite0", True, 7), tmp_path / "cache"
+    a = build_cache(cache, "own", enc, 224, folders["a"], num_workers=0, progress=False)
+    a_feats = np.array(a.features)
+    b = build_cache(cache, "own", enc, 224, folders["b"], num_workers=0, progress=False)
+    assert a.path != b.path and a.path.is_file() and b.path.is_file() and len(list(cache.glob("*.npy"))) == 2
+    assert not np.array_equal(np.asarray(b.features), a_feats)  # b's photos, not a's under the same names
+    again = open_cache(cache, "own", enc, 224, folders["a"])
+    assert again is not None and again.path == a.path and np.array_equal(np.asarray(again.features), a_feats)
+    assert open_cache(cache, "own", enc, 224, folders["b"]).path == b.path  # prepared again: found, not rebuilt
+
+
 def test_unreadable_images_are_reported_and_skipped(flickr, tmp_path):
     from captioner.data.records import ImageRecord
 

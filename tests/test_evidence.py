@@ -46,6 +46,73 @@ def test_bias_penalises_ruled_out_words_and_boosts_seen_ones_once():
     assert after[0, v.stoi["dogs"]] == 0 and after[0, v.stoi["cat"]] == -7.0
 
 
+def test_a_taught_word_inherits_its_source_words_evidence():
+    v = Vocab(_vocab().itos + ["zoober", "zoobers", "dude"], {"zoober": "dog", "zoobers": "zoober", "dude": "man"})
+    assert v.source("zoobers") == "dog" and v.source("dog") == "dog"  # aliases followed to the end
+    m = word_categories(v)
+    assert torch.equal(m[v.stoi["zoober"]], m[v.stoi["dog"]]) and torch.equal(m[v.stoi["zoobers"]], m[v.stoi["dog"]])
+    assert m[v.stoi["zoober"]].sum() == 1 and m[v.stoi["dude"]].sum() == 0
+    assert word_categories(_vocab()).shape[0] == len(_vocab())  # the cache tells vocabularies apart
+    probs = torch.zeros(2, len(CATEGORIES))
+    probs[0, CATEGORIES.index("dog")] = 0.9  # image 0: a dog; image 1: no dog
+    ev = Evidence(probs, m, DecodeConfig(evidence=True, evidence_floor=0.05, evidence_penalty=7.0, evidence_bonus=2.0))
+    b = ev.bias(torch.tensor([0, 1]), torch.zeros(2, 0, dtype=torch.long))  # (2, V)
+    for w in ("zoober", "zoobers"):  # what supports "dog" supports its twin; what rules "dog" out rules it out
+        assert torch.equal(b[:, v.stoi[w]], b[:, v.stoi["dog"]]) and b[0, v.stoi[w]] > 0 and b[1, v.stoi[w]] == -7.0
+    after = ev.bias(torch.tensor([0]), torch.tensor([[v.stoi["a"], v.stoi["zoober"]]]))
+    assert after[0, v.stoi["dog"]] == 0  # saying the twin names the category: no bonus for "dog" after it
+
+
+def test_the_veto_reads_the_detector_named_after_a_category_too():
+    """A horse the ImageNet head misses (P .001) but the horse detector sees (.9) is not ruled out; a category
+    neither sees stays ruled out; categories without a detector of their name keep the head's P."""
+    from captioner.concepts.detectors import WordDetectors
+    from captioner.decoding.evidence import detected_probs
+
+    det = WordDetectors(["person", "horse"], 4)
+    probs = torch.full((2, len(CATEGORIES)), 0.001)
+    detections = torch.tensor([[0.5, 0.9], [0.5, 0.002]])  # (B, K): photo 0 shows a horse, photo 1 none
+    seen = detected_probs(probs, det, detections)
+    horse = CATEGORIES.index("horse")
+    assert seen[0, horse] == pytest.approx(0.9) and seen[1, horse] == pytest.approx(0.002)  # the larger of the two
+    assert torch.equal(seen[:, :horse], probs[:, :horse]) and detected_probs(probs, None, None) is probs
+    v = Vocab(_vocab().itos + ["horse", "stallion"], {"stallion": "horse"})
+    ev = Evidence(probs, word_categories(v), DecodeConfig(evidence=True, evidence_floor=0.05), seen=seen)
+    assert ev.ruled_out[0, v.stoi["stallion"]] == 0 and ev.ruled_out[1, v.stoi["stallion"]] == 1
+    assert ev.ruled_out[0, v.stoi["dog"]] == 1  # no dog detector here: the head's P rules it out
+
+
+def test_the_detectors_veto_is_stored_with_the_model_and_off_for_files_that_predate_it(tmp_path, monkeypatch):
+    """decode.evidence_detectors: on for files written now (the own-photos recipe's exports), off for files that
+    predate the setting (the bundled model decodes as it always has); it decides whether the veto asks them."""
+    import dataclasses
+
+    import captioner
+    from captioner.checkpoint import load_checkpoint
+    from captioner.decoding.evidence import photo_evidence
+
+    bundled = captioner.load()
+    assert bundled.config.decode.evidence_detectors is False and DecodeConfig().evidence_detectors is True
+    photo = bundled.read("captioner/assets/examples/cat.jpg")
+    reading, vocab, model = photo.reading, bundled.vocab, bundled.model
+    # detectors that see every category: with the setting on nothing but person words can be ruled out
+    monkeypatch.setattr("captioner.decoding.evidence.detected_probs", lambda probs, det, seen: torch.ones_like(probs))
+    on = photo_evidence(reading, model, vocab, dataclasses.replace(bundled.config.decode, evidence_detectors=True))
+    off = photo_evidence(reading, model, vocab, bundled.config.decode)
+    assert (on.ruled_out <= off.ruled_out).all() and (on.ruled_out < off.ruled_out).any()  # detectors lift vetoes
+    out = tmp_path / "m.safetensors"
+    bundled.save(out)
+    assert load_checkpoint(out).config.decode.evidence_detectors is False  # stored as it was loaded
+
+
+def test_a_word_taught_from_a_person_word_is_a_person_word():
+    from captioner.concepts.detectors import WordDetectors
+    from captioner.decoding.evidence import person_word_mask
+    v = Vocab(_vocab().itos + ["dude"], {"dude": "man"})
+    mask = person_word_mask(v, WordDetectors(["person", "dog"], 4))
+    assert mask[v.stoi["dude"]] == 1 and mask[v.stoi["man"]] == 1 and mask[v.stoi["dog"]] == 0
+
+
 @pytest.fixture(scope="module")
 def model():
     return captioner.load()
@@ -87,9 +154,9 @@ def test_evidence_is_built_once_per_decode_batch(model, monkeypatch):
         builds["evidence"] += 1
         real_init(self, *args, **kwargs)
 
-    def table(itos, categories):
+    def table(itos, categories, *taught):
         builds["table"] += categories == tuple(CATEGORIES)
-        return real_table(itos, categories)
+        return real_table(itos, categories, *taught)
 
     monkeypatch.setattr(Evidence, "__init__", init)
     monkeypatch.setattr(words_module, "_word_categories", table)

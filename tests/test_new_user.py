@@ -97,6 +97,22 @@ def test_prepare_reports_the_vocabulary_training_uses(tmp_path, capsys):
     assert f"vocabulary: {bundled + 1} words" in out and "UNK rate 0.00%" in out, out
 
 
+def test_a_photo_missing_on_disk_is_named_and_stops_prepare_unless_skipped(tmp_path, capsys):
+    """A half-copied folder: a photo captions.txt lists is not there -> named, exit 2; --skip-missing goes on."""
+    from captioner.cli.prepare import main
+
+    root = _own_folder(tmp_path / "mine", bom=False)
+    gone = sorted((root / "Images").iterdir())[3]
+    gone.unlink()
+    args = ["--config", "configs/own_photos.yaml", "--set", f"data.root={root}", "--no-features", "--device", "cpu"]
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert err.count("error:") == 1 and gone.name in err and "--skip-missing" in err and "vocabulary" not in out, err
+    assert main(args + ["--skip-missing"]) == 0
+    out, err = capsys.readouterr()
+    assert gone.name in out and "error" not in err and "vocabulary" in out, (out, err)
+
+
 def test_caption_prints_a_tiny_photos_note_beside_the_plain_caption(tmp_path, capsys):
     from captioner.cli.caption import main
 
@@ -105,3 +121,13 @@ def test_caption_prints_a_tiny_photos_note_beside_the_plain_caption(tmp_path, ca
     out, err = capsys.readouterr()
     assert out.startswith(str(tmp_path / "dot.png") + "\t")  # the caption line is unchanged ...
     assert "note: " in err and "dot.png" in err and "1x1" in err, err  # ... and the note says what was done
+
+
+def test_explain_notes_an_unknown_word_once(capsys):
+    """captioner-caption --explain with a word the model lacks: one note per photo, not two."""
+    from captioner.cli.caption import main
+
+    photo = sorted((ROOT / "captioner" / "assets" / "examples").glob("*.jpg"))[0]
+    assert main([str(photo), "--explain", "a zorblax sits on the grass"]) == 0
+    out, err = capsys.readouterr()
+    assert err.count("not in the model's vocabulary") == 1 and "zorblax" in err and "zorblax(unk)" in out, (out, err)

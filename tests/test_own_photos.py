@@ -95,3 +95,28 @@ def test_a_small_set_is_passed_over_until_an_epoch_has_min_batches():
     assert all(len(set(b)) == len(b) for b in batches)  # no batch holds a photo twice
     assert sorted(i for b in batches for i in b) == sorted(list(range(40)) * 7)
     assert BucketBatchSampler([5.0] * 40, 16, seed=3, min_batches=20).batches() == batches  # (seed, epoch) decide
+
+
+def test_validation_decodes_as_the_exported_file_will():
+    """The own-photos recipe's validation lends the model the starting file's detectors and person floor (what
+    captioner-export --detectors-from carries), at the stored beam, and takes them off again afterwards."""
+    from torch import nn
+
+    from captioner.checkpoint import load_checkpoint
+    from captioner.concepts.detectors import detectors_of
+    from captioner.config import load_config
+    from captioner.training.as_exported import decoding_as_exported
+
+    cfg = load_config(ROOT / "configs" / "own_photos.yaml")
+    cfg.train.init_from = str(captioner.DEFAULT_CHECKPOINT)
+    bundled = load_checkpoint(cfg.train.init_from)
+    model = nn.Linear(2, 2)
+    with decoding_as_exported(model, cfg) as settings:
+        det = detectors_of(model)
+        assert det is not None and det.groups == bundled.detector_info["groups"]
+        assert settings.person_floor == bundled.config.decode.person_floor > 0
+        assert settings.beam_size == cfg.decode.beam_size == cfg.train.val_beam_size  # the exported file's beam
+    assert detectors_of(model) is None and "detectors." not in str(model.state_dict().keys())  # lent, not kept
+    cfg.train.init_encoder = False  # another encoder: the detectors would read other vectors
+    with decoding_as_exported(model, cfg) as settings:
+        assert detectors_of(model) is None and settings.person_floor == cfg.decode.person_floor

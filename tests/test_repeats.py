@@ -102,6 +102,49 @@ def test_a_taught_word_and_its_old_twin_are_one_content_word():
         vocab.alias("unicorn", "horse")
 
 
+def test_a_word_and_its_plural_are_one_content_word():
+    """"a train traveling down a track tracks": a plural is its singular for the repeat rules and the count."""
+    from captioner.vocab import Vocab, singular
+
+    assert repeats("a train traveling down a track tracks".split())["content"]
+    assert not repeats("a man in shorts with short hair".split())["content"]  # "shorts" are not several "short"
+    assert [singular(w, {"track", "bus", "puppy", "man", "cape"}) for w in ("tracks", "buses", "puppies", "men", "capes")] \
+        == ["track", "bus", "puppy", "man", "cape"]
+    assert singular("tracks", {"dog"}) == "tracks" and singular("is", {"i"}) == "is"  # no singular known: itself
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", "a", "track", "train", "tracks", "trains", "zoober",
+                   "zoobers", "dog"], {"zoober": "train", "zoobers": "trains"})
+    ids = SpecialIds.of(vocab)
+    family = dict(ids.twins)
+    assert {w for w in vocab.itos if family.get(vocab.stoi[w]) == vocab.stoi["train"]} == {"trains", "zoober", "zoobers"}
+    assert family[vocab.stoi["tracks"]] == vocab.stoi["track"] and vocab.stoi["dog"] not in family
+    s = vocab.stoi
+    tokens = torch.tensor([[s["a"], s["track"]], [s["a"], s["zoobers"]], [s["a"], s["dog"]]])
+    logp = word_logp(torch.zeros(3, len(vocab)), ids, off(block_content_repeats=True), tokens)
+    assert logp[0, s["tracks"]] == float("-inf") and logp[0, s["train"]] > float("-inf")
+    assert all(logp[1, s[w]] == float("-inf") for w in ("train", "trains", "zoober")) and logp[1, s["track"]] > float("-inf")
+    assert (logp[2, 5:11] > float("-inf")).all()  # a row that said none of them may say any
+
+
+def test_a_colour_after_an_article_is_followed_by_a_noun():
+    """"a white sitting on a toilet": after "a white" no verb or preposition (decode.block_salad); "a white dog",
+    "a white and black dog" and "a man in white sitting" stay allowed, and vocab.is_salad counts the same."""
+    from captioner.vocab import Vocab, is_salad
+
+    assert is_salad("a white sitting on a toilet".split()) and is_salad("the black on the grass".split())
+    assert not any(is_salad(c.split()) for c in ("a white dog sitting on a toilet", "a white and black dog runs",
+                                                 "a man in white sitting on a bench"))
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", "a", "white", "sitting", "on", "dog", "and", "in", "man"])
+    ids, s = SpecialIds.of(vocab), vocab.stoi
+    tokens = torch.tensor([[s["a"], s["white"]], [s["in"], s["white"]], [s["a"], s["dog"]]])
+    settings = off(block_salad=True)
+    logp = word_logp(torch.zeros(3, len(vocab)), ids, settings, tokens)
+    assert logp[0, s["sitting"]] == logp[0, s["on"]] == float("-inf")
+    assert logp[0, s["dog"]] > float("-inf") and logp[0, s["and"]] > float("-inf")
+    assert (logp[1:, 5:] > float("-inf")).all()  # no article before the colour, or no colour: nothing banned
+    free = word_logp(torch.zeros(3, len(vocab)), ids, off(), tokens)
+    assert free[0, s["sitting"]] > float("-inf")  # the rule is block_salad's
+
+
 def test_the_rules_never_wait_for_the_device():
     """Every rule is a mask computed on the device: no nonzero(), item() or bool(tensor) (each a host sync per
     step on a GPU). tests/device_check.NoHostSync raises at any of them."""

@@ -193,3 +193,43 @@ def test_keep_epochs_keeps_the_last_k_epochs_weights(reference):
     kept = sorted(p.name for p in out.glob("epoch_*.safetensors"))
     assert kept == ["epoch_2.safetensors", "epoch_3.safetensors"]
     assert load_checkpoint(out / "epoch_3.safetensors").metrics["epoch"] == 3
+
+
+def test_a_stop_raised_where_python_cannot_raise_is_raised_again():
+    """A signal handled inside a weakref callback (Python prints "Exception ignored in" and goes on) is not lost:
+    the stop is raised again in ordinary code (it once let a SIGTERM-ed prepare finish with exit 0)."""
+    import weakref
+
+    from captioner.training.stopping import Interrupted, StopSignal
+
+    class Thing:
+        pass
+
+    def callback(_ref) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs here, where its exception cannot propagate
+
+    stopped = None
+    try:
+        with StopSignal().catch():
+            thing = Thing()
+            ref = weakref.ref(thing, callback)
+            del thing
+            for _ in range(200):
+                time.sleep(0.01)
+    except Interrupted as e:
+        stopped = e
+    assert ref() is None and stopped is not None and stopped.code == 143
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the command's handlers are undone after it
+
+
+def test_deferred_requests_wait_for_the_step():
+    from captioner.training.stopping import Interrupted, StopSignal
+
+    stop = StopSignal()
+    with stop.deferred():
+        stop.request(signal.SIGINT)  # recorded, not raised: the step finishes and is saved first
+        assert stop.pending() == signal.SIGINT
+    with pytest.raises(Interrupted) as e:
+        stop.request(signal.SIGTERM)
+    assert e.value.code == 143 and stop.pending() == signal.SIGINT  # the first request is the one kept

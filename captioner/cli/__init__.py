@@ -1,13 +1,29 @@
 """Command-line programs; scripts/*.py and the console entry points call their main()."""
 
 
+def torchvision_refused() -> bool:
+    """Whether torch and torchvision do not work together (model/vision.py); if so, says so and what to
+    reinstall in one line on stderr, no traceback (the command then exits with 2)."""
+    import sys
+
+    from captioner.model.vision import torchvision_problem
+
+    problem = torchvision_problem()
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+    return problem is not None
+
+
 def device_refused(device: str | None) -> bool:
-    """Whether --device names a device this machine lacks; if so, says so in one line on stderr (the
-    command then exits with 2). None (the command's default) is never refused."""
+    """Whether --device names a device this machine lacks, or torch and torchvision do not work together
+    (torchvision_refused); if so, says so in one line on stderr (the command then exits with 2). None (the
+    command's default) is never refused."""
     import sys
 
     from captioner.api import check_device
 
+    if torchvision_refused():
+        return True
     try:
         if device is not None:
             check_device(device)

@@ -156,24 +156,26 @@ def describe(loaded: Any, images: list[Any], settings: dict[str, Any], sentence:
 
 
 def check_sentence(loaded: Any, sentence: str | None) -> bool:
-    """--explain: False after printing why a sentence cannot be explained; notes its unknown words."""
+    """--explain: False after printing why a sentence cannot be explained. Its unknown words are noted once,
+    with each photo's line (the Caption's notes: emit)."""
     if sentence is None:
         return True
     from captioner.decoding.explain import NoWordsError, sentence_words
 
     try:
-        words = sentence_words(sentence)
+        sentence_words(sentence)
     except NoWordsError as e:
         print(f"error: --explain: {e}", file=sys.stderr)
         return False
-    for w in words:
-        if w not in loaded.vocab.stoi:
-            print(f"note: ‘{w}’ is not in the model's vocabulary (fed as <unk>)", file=sys.stderr)
     return True
 
 
 def main(argv: list[str] | None = None) -> int:
+    from captioner.cli import torchvision_refused
+
     args = parse_args(argv)
+    if torchvision_refused():
+        return 2
     ready = setup(args)
     planned = plan(args) if ready is not None and check_sentence(ready[0], args.explain) else None
     if planned is None:

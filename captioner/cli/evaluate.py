@@ -118,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit is not None and args.limit < 1:  # 0 used to mean "all", against the help's "first N"
         p.error(f"--limit must be at least 1, got {args.limit} (leave it out to evaluate every image)")
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    from captioner.cli import torchvision_refused
+
+    if torchvision_refused():
+        return 2
     if not java_available():  # the reported scores are pycocoevalcap's: refused in one line before any work
         print(f"error: {missing_java()}", file=sys.stderr)
         return 2

@@ -41,6 +41,8 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--vocab-out", default=None, help="also save the vocabulary JSON here")
     p.add_argument("--device", default=default_device(), help="default: cuda when available, else cpu")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--skip-missing", action="store_true",
+                   help="prepare without the photos the captions list but the folder lacks (default: an error)")
     args = p.parse_args(argv)
     args.splits = list(dict.fromkeys(args.splits or ["train", "val"]))  # every --splits counts, each split once
     if device_refused(args.device):
@@ -57,6 +59,8 @@ def _main(argv: list[str] | None) -> int:
         missing = [r.image_id for r in recs if not r.path.is_file()]
         print(f"{name} {split}: {len(recs)} images, {sum(len(r.captions) for r in recs)} captions"
               + (f"; {len(missing)} image files missing, e.g. {', '.join(missing[:5])}" if missing else ""))
+    if _missing_refused(records, args.skip_missing):
+        return 2
     if "train" in mix:
         _report_vocabulary(cfg, [c for _, recs in mix["train"] for r in recs for c in r.captions], args.vocab_out)
     if args.no_features:
@@ -98,6 +102,22 @@ def _plan(cfg, records, encoder, prep) -> bool:
         print(f"error: not enough disk space for the caches: {need / 2**30:.2f} GiB needed, {free / 2**30:.2f} GiB "
               "free. Free some space or set data.cache_dir to a larger disk, then rerun.", file=sys.stderr)
         return False
+    return True
+
+
+def _missing_refused(records: dict, skip: bool) -> bool:
+    """Photos the captions list that are not on disk: named, and (without --skip-missing) an error, as a
+    half-copied folder is a mistake far more often than a choice -> whether prepare stops."""
+    gone = sorted({str(r.path) for recs in records.values() for r in recs if not r.path.is_file()})
+    if not gone:
+        return False
+    names = ", ".join(gone[:20]) + (f" and {len(gone) - 20} more" if len(gone) > 20 else "")
+    if skip:
+        print(f"--skip-missing: preparing without {len(gone)} photo(s) the captions list: {names}")
+        return False
+    print(f"error: {len(gone)} photo(s) listed in the captions are not on disk: {names}. Copy them into the "
+          "folder, remove their lines from the captions file, or pass --skip-missing to prepare without them",
+          file=sys.stderr)
     return True
 
 

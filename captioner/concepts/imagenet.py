@@ -145,9 +145,9 @@ THRESHOLD = 0.3  # default P(category) to name it (see the measurements above)
 @lru_cache(maxsize=1)
 def imagenet_classes() -> tuple[str, ...]:
     """The 1000 ImageNet-1k class names, index-aligned with the Lite weights (shipped offline by torchvision)."""
-    from torchvision.models import ResNet50_Weights
+    from ..model.vision import import_torchvision
 
-    return tuple(ResNet50_Weights.DEFAULT.meta["categories"])
+    return tuple(import_torchvision().models.ResNet50_Weights.DEFAULT.meta["categories"])
 
 
 def _resolve(entry: str, index: dict[str, int]) -> list[int]:

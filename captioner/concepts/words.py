@@ -149,17 +149,22 @@ def match_words(words: Sequence[str], table: dict[Phrase, str]) -> list[tuple[in
 
 def word_categories(vocab: Vocab, categories: tuple[str, ...] = CATEGORIES) -> torch.Tensor:
     """(V, C) 0/1: vocabulary word w is a one-word name of category k (two-word names are left alone:
-    "hot dog" keeps its "dog"). Built once per vocabulary (a Python loop over the table that every caption
-    call needed); each call gets its own copy."""
-    return _word_categories(tuple(vocab.itos), tuple(categories)).clone()
+    "hot dog" keeps its "dog"). A taught word (Vocab.aliases: "zoober" started as "train") names what its
+    source word names: its row is the source's. Built once per vocabulary (a Python loop over the table that
+    every caption call needed); each call gets its own copy."""
+    taught = tuple((w, vocab.source(w)) for w in sorted(vocab.aliases))
+    return _word_categories(tuple(vocab.itos), tuple(categories), taught).clone()
 
 
 @lru_cache(maxsize=8)
-def _word_categories(itos: tuple[str, ...], categories: tuple[str, ...]) -> torch.Tensor:
+def _word_categories(itos: tuple[str, ...], categories: tuple[str, ...], taught: tuple[tuple[str, str], ...] = ()
+                     ) -> torch.Tensor:
     stoi = {w: i for i, w in enumerate(itos)}
-    m = torch.zeros(len(itos), len(categories))
+    m = torch.zeros(len(itos), len(categories))  # (V, C)
     for k, cat in enumerate(categories):
         for name in CATEGORY_WORDS[cat].split():
             if "_" not in name and name in stoi:
                 m[stoi[name], k] = 1.0
+    for new, old in taught:  # the taught word's evidence is its source's: what supports or rules out one, the other
+        m[stoi[new]] = m[stoi[old]]
     return m

@@ -8,7 +8,10 @@ features to inf would surface as a NaN loss an epoch later. Such a cache is stor
 
 A cache is keyed by what made it: encoder name, input size, grid size and a fingerprint of the
 encoder weights, plus the list of images. Anything else (another encoder, another grid, a fine-tuned
-encoder, a half-written file) does not match and is rebuilt, never silently used.
+encoder, a half-written file) does not match and is rebuilt, never silently used. Its file is named by
+what it holds (cache_base): the recipe's name (Preprocess.cache_name), and where a cache of that name holds
+another folder's photos, that name plus a short hash of this one's folders: two folders prepared one after the
+other under one data.name keep two caches, and neither is ever read for the other.
 """
 from __future__ import annotations
 
@@ -56,6 +59,24 @@ def _key(encoder: Encoder, image_size: int, records: Sequence[ImageRecord]) -> d
     return key
 
 
+def photo_folders(records: Sequence[ImageRecord]) -> str:
+    """8 hex digits naming the folders the photos are in (resolved): what a cache of them holds."""
+    folders = sorted({str(p.resolve()) for p in {r.path.parent for r in records}})
+    return hashlib.sha1("\n".join(folders).encode()).hexdigest()[:8]
+
+
+def cache_base(cache_dir: str | Path, name: str, records: Sequence[ImageRecord]) -> Path:
+    """The cache's path without suffix: `name`, unless the cache of that name holds another folder's photos
+    (its .json's "folders"), then `name` + "-" + photo_folders(records). A cache written before the folders
+    were recorded counts as this folder's (its key still checks encoder and image list)."""
+    plain, mine = Path(cache_dir) / name, photo_folders(records)
+    try:
+        held = json.loads(plain.with_suffix(".json").read_text()).get("folders", mine)
+    except (OSError, ValueError, AttributeError):  # none yet, or unreadable: this name is free
+        held = mine
+    return plain if held == mine else Path(cache_dir) / f"{name}-{mine}"
+
+
 def _preprocess_of(encoder: Encoder, preprocess: Preprocess | int) -> Preprocess:
     """A Preprocess as given; an int is an image size with the encoder's own normalisation
     (the older calling convention, still used by engine.py)."""
@@ -75,7 +96,7 @@ def open_cache(cache_dir: str | Path, name: str, encoder: Encoder, preprocess: P
                records: Sequence[ImageRecord]) -> FeatureCache | None:
     """The cache for exactly these images and this encoder, or None when absent/stale/incomplete."""
     image_size = _preprocess_of(encoder, preprocess).image_size
-    base = Path(cache_dir) / name
+    base = cache_base(cache_dir, name, records)
     meta_path, npy_path = base.with_suffix(".json"), base.with_suffix(".npy")
     if not meta_path.is_file() or not npy_path.is_file():
         return None
@@ -105,7 +126,7 @@ def build_cache(cache_dir: str | Path, name: str, encoder: Encoder, preprocess: 
     cache = open_cache(cache_dir, name, encoder, prep, records)
     if cache is not None:
         return cache
-    base = Path(cache_dir) / name
+    base = cache_base(cache_dir, name, records)
     base.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(base.parent, CACHE_TEMP)  # what a killed (kill -9) build left behind
     meta_path, npy_path = base.with_suffix(".json"), base.with_suffix(".npy")
@@ -130,7 +151,7 @@ def build_cache(cache_dir: str | Path, name: str, encoder: Encoder, preprocess: 
     if missing:
         log(f"WARNING: {len(missing)} image(s) could not be read and are skipped: {', '.join(missing[:20])}"
             + (" ..." if len(missing) > 20 else ""))
-    meta = {"key": _key(encoder, prep.image_size, records), "missing": missing}
+    meta = {"key": _key(encoder, prep.image_size, records), "missing": missing, "folders": photo_folders(records)}
     tmp_meta = meta_path.with_suffix(".json.tmp")
     with writing(meta_path, 4096, REBUILT):
         tmp_meta.write_text(json.dumps(meta))

@@ -11,6 +11,9 @@ vocabulary word (B, V), applied to the next-word log-probabilities at every step
                = +evidence_bonus * p[b, k]          if w names category k otherwise, until the caption
                                                     has named k once (then 0: say it, do not repeat it)
                = 0                                  for every other word
+    (with decode.evidence_detectors, the veto's p[b, k] is the larger of the head's and the model file's word
+    detector named k, where it has one: detected_probs; the bonus reads the head's. Files written before the
+    setting existed, the bundled one among them, decode without it: DecodeConfig.UNSTORED)
     bias[b, w] = -evidence_penalty                  if w is a person word and the model file's person
                                                     detector (concepts/detectors.py) gives P(person) <
                                                     person_floor (ImageNet has no person class: without
@@ -18,7 +21,9 @@ vocabulary word (B, V), applied to the next-word log-probabilities at every step
 
 A large penalty forbids the word; a moderate one lets a strong language context still win. Words
 are the one-word names of the grounding table (concepts/words.py: "dog", "dogs", "puppy" -> dog);
-two-word names are left alone ("hot dog" keeps its "dog"). Settings: config.DecodeConfig.evidence*.
+two-word names are left alone ("hot dog" keeps its "dog"). A word taught on your photos (Vocab.aliases,
+training/new_words.py: "zoober" started as "train") inherits its source word's evidence entirely: the same
+category (bonus, veto, having named it) and, for a person word, the person floor. Settings: config.DecodeConfig.evidence*.
 
 `photo_evidence(reading, model, vocab, settings)` is the one place a photo's evidence is computed, once per
 decode from its reading (reading.py): the ruled-out mask (B, V), the person words and the bonus table.
@@ -69,9 +74,9 @@ def checked_detectors(model: torch.nn.Module, settings: DecodeConfig) -> WordDet
 
 
 def person_word_mask(vocab: Vocab, det: WordDetectors) -> torch.Tensor:
-    """(V,) 0/1: the vocabulary's person words (the person detector's group)."""
+    """(V,) 0/1: the vocabulary's person words (the person detector's group), a word taught from one included."""
     names = set(det.members.get(PERSON, ()))
-    return torch.tensor([float(w in names) for w in vocab.itos])
+    return torch.tensor([float(w in names or vocab.source(w) in names) for w in vocab.itos])
 
 
 class Evidence:
@@ -81,10 +86,12 @@ class Evidence:
     Built by photo_evidence (one per decode); tests build it from hand-made probabilities."""
 
     def __init__(self, probs: torch.Tensor, words: torch.Tensor, settings: DecodeConfig,
-                 person: tuple[torch.Tensor, torch.Tensor] | None = None):
+                 person: tuple[torch.Tensor, torch.Tensor] | None = None, seen: torch.Tensor | None = None):
+        """`seen` (B, C): what rules a category out, when not `probs` (detected_probs: the head or the word
+        detector of the same name, whichever sees it more)."""
         self.words = words.to(probs)  # (V, C)
         floors = category_floors(settings, probs.shape[1]).to(probs)  # (C,)
-        out = ruled_out_words(probs, self.words, floors)  # (B, V)
+        out = ruled_out_words(probs if seen is None else seen.to(probs), self.words, floors)  # (B, V)
         if person is not None and settings.person_floor > 0:
             out = (out + person_ruled_out(person[0].to(probs), person[1], settings.person_floor)).clamp(max=1)
         self.ruled_out = out  # (B, V) 1: the word names an object the heads rule out (a Caption's contradicted)
@@ -114,6 +121,20 @@ class Evidence:
         return out + ((self.bonus[image] * (1 - before)) * named).sum(-1)  # (L,): bias() at each step, at once
 
 
+def detected_probs(probs: torch.Tensor, det: WordDetectors | None, detections: torch.Tensor | None
+                   ) -> torch.Tensor:
+    """probs (B, C) -> (B, C) where a word detector has a group named after category k ("horse"), the larger
+    of the head's P(k) and the detector's: the veto's probability. The ImageNet head is a weak horse detector
+    (one horse class); the caption-trained detector sees most horses, and neither sees one that is not there."""
+    if det is None or detections is None:
+        return probs
+    out = probs.clone()
+    for k, cat in enumerate(CATEGORIES):
+        if cat in det.groups:
+            out[:, k] = torch.maximum(probs[:, k], det.prob_of(detections, cat).to(probs))
+    return out
+
+
 def photo_evidence(reading: HeadReading, model: torch.nn.Module, vocab: Vocab, settings: DecodeConfig
                    ) -> Evidence | None:
     """The photos' evidence from their reading, computed once per decode: the ruled-out words (category
@@ -128,7 +149,8 @@ def photo_evidence(reading: HeadReading, model: torch.nn.Module, vocab: Vocab, s
     person = None
     if det is not None and reading.seen is not None:
         person = (det.prob_of(reading.seen, PERSON), person_word_mask(vocab, det).to(reading.probs.device))
-    return Evidence(reading.probs, words, settings, person)
+    seen = detected_probs(reading.probs, det, reading.seen) if settings.evidence_detectors else None
+    return Evidence(reading.probs, words, settings, person, seen)
 
 
 __all__ = ["Evidence", "photo_evidence", "word_categories", "checked_detectors", "person_word_mask"]

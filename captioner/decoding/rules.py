@@ -78,13 +78,18 @@ def _ban(logp: torch.Tensor, words: torch.Tensor, where: torch.Tensor) -> torch.
 
 def _ban_salad(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds) -> torch.Tensor:
     """logp (N, V), tokens (N, t) -> -inf for <end> first or after a function word or colour ("... in front
-    of a", "a black and"), and for a content word already written SALAD_REPEATS - 1 times (vocab.is_salad)."""
+    of a", "a black and"), for a verb or preposition right after an article and a colour ("a white sitting",
+    vocab.bare_colour), and for a content word already written SALAD_REPEATS - 1 times (vocab.is_salad)."""
     if tokens.shape[1] == 0:  # nor a caption without words
         logp[:, ids.end] = float("-inf")
         return logp
     ids_of = lambda words: torch.tensor(words, dtype=tokens.dtype, device=tokens.device)  # noqa: E731
     bad = torch.isin(tokens[:, -1], ids_of(ids.bad_last))  # (N,) rows ending on a word a caption cannot end on
     logp[:, ids.end] = logp[:, ids.end].masked_fill(bad, float("-inf"))
+    if tokens.shape[1] >= 2 and ids.not_after_colour:  # "a white" is followed by a noun, not "sitting"
+        bare = torch.isin(tokens[:, -2], ids_of(ids.articles)) & torch.isin(tokens[:, -1], ids_of(ids.colours))  # (N,)
+        words = ids_of(ids.not_after_colour).expand(len(tokens), -1)  # (N, m)
+        logp = _ban(logp, words, bare.unsqueeze(1).expand_as(words))
     if tokens.shape[1] >= SALAD_REPEATS - 1:
         counts = torch.zeros_like(logp).scatter_add_(1, tokens, torch.ones_like(tokens, dtype=logp.dtype))  # (N, V)
         counts[:, ids_of(ids.function_words)] = 0
@@ -96,8 +101,8 @@ def _ban_repeats(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds, clos
                  ) -> torch.Tensor:
     """logp (N, V), tokens (N, t) -> with `close`, -inf for the last word again ("an airplane airplane")
     and for X after "X and" / "X or" ("a black and black dog"); with `content`, for every content word
-    already written ("a kitchen that is in the kitchen"), a taught word's twin included (ids.twins: no "horse"
-    after "stallion"). vocab.repeats names these three kinds."""
+    already written ("a kitchen that is in the kitchen"), its family included (ids.twins: no "horse" after
+    "stallion", no "tracks" after "track"). vocab.repeats names these three kinds."""
     t = tokens.shape[1]
     if t == 0:
         return logp
@@ -109,10 +114,10 @@ def _ban_repeats(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds, clos
         logp = _ban(logp, tokens[:, -2:-1], joined.unsqueeze(1))
     if content:
         said = torch.zeros_like(logp, dtype=torch.bool).scatter_(1, tokens, True)  # (N, V)
-        if ids.twins:  # a word and its twin name one thing: either said bans both
-            new, old = ids_of([a for a, _ in ids.twins]), ids_of([b for _, b in ids.twins])
-            either = said[:, new] | said[:, old]  # (N, n)
-            said[:, new], said[:, old] = either, either
+        if ids.twins:  # a word, its plural, its taught twin name one thing: one said bans the whole family
+            member, family = ids_of([a for a, _ in ids.twins]), ids_of([b for _, b in ids.twins])
+            said = said.float().index_add_(1, family, said[:, member].float()) > 0  # (N, V): families said
+            said[:, member] = said[:, family]
         said[:, ids_of(ids.function_words)] = False
         logp = logp.masked_fill(said, float("-inf"))
     return logp

@@ -223,8 +223,9 @@ class Encoder(nn.Module):
             self.backbone = net
             self.out_dim = net.out_channels
         else:  # resnet101 | resnet152
-            import torchvision
+            from .vision import import_torchvision
 
+            torchvision = import_torchvision()
             weights = "DEFAULT" if pretrained else None
             if output_stride not in (16, 32):
                 raise ValueError(f"output_stride must be 16 or 32, got {output_stride}")

@@ -9,7 +9,10 @@ writers' `finally` blocks remove their temporary files.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
+import threading
 from typing import Iterator
 
 import torch
@@ -67,11 +70,24 @@ class StopSignal:
 
     @contextlib.contextmanager
     def catch(self) -> Iterator["StopSignal"]:
-        """Route SIGINT and SIGTERM to request() for the block (the commands' edge; restored after)."""
+        """Route SIGINT and SIGTERM to request() for the block (the commands' edge; restored after). An
+        Interrupted raised where Python cannot raise (a weakref callback, __del__: "Exception ignored in") would be
+        lost; the unraisable hook has the signal sent again a moment later (from a timer thread: the hook itself
+        cannot raise either), so it is raised in ordinary code instead."""
         old = {s: signal.signal(s, self.request) for s in SIGNALS}
+        old_hook = sys.unraisablehook
+
+        def again(unraisable) -> None:
+            if isinstance(unraisable.exc_value, Interrupted):
+                threading.Timer(0.05, os.kill, (os.getpid(), unraisable.exc_value.signum)).start()
+            else:
+                old_hook(unraisable)
+
+        sys.unraisablehook = again
         try:
             yield self
         finally:
+            sys.unraisablehook = old_hook
             for s, handler in old.items():
                 signal.signal(s, handler)
 

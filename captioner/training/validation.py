@@ -3,7 +3,6 @@ metric), plus its teacher-forced loss (cross-entropy per token: comparable with 
 captions and one photo's attention maps for the watcher (watch.py)."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,7 @@ from ..data.dataset import collate, encode_captions
 from ..evaluation.metrics import METRIC_KEYS
 from ..evaluation.scoring import encode_records, evaluate_model, head_agreement, top_features
 from ..model.encoder import build_preprocess
+from .as_exported import decoding_as_exported
 from .loss import caption_loss
 from .new_words import NEW_WORDS_METRIC, new_word_scores
 from .run import Run
@@ -70,10 +70,11 @@ def _validate_set(run: Run, vs: Any, metrics: list[str]) -> tuple[dict[str, floa
     if cfg.from_activations:  # cached activations through the tuned top stages
         feats = top_features(run.model, feats, run.device)
         agreement = {"head_top1_agreement": head_agreement(run.model, feats, vs.teacher)}
-    settings = dataclasses.replace(cfg.decode, beam_size=cfg.train.val_beam_size)
-    # the Python PTB tokenizer: validation needs no Java (a GPU machine often has none); METEOR still does
-    scores, preds, caps = evaluate_model(run.model, run.vocab, feats, records, settings, metrics, log=run.log,
-                                         tokenizer="python")
+    # decoded as the exported file will (as_exported.py); the Python PTB tokenizer: validation needs no Java
+    # (a GPU machine often has none); METEOR still does
+    with decoding_as_exported(run.model, cfg) as settings:
+        scores, preds, caps = evaluate_model(run.model, run.vocab, feats, records, settings, metrics, log=run.log,
+                                             tokenizer="python")
     loss = {"val_loss": val_loss(run, feats, records)}
     shown = {"examples": [(r.image_id, c.text, r.captions) for r, c in zip(records[:EXAMPLES], caps)],
              "figures": _figure(run, records, caps)}

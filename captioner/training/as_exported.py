@@ -1,0 +1,50 @@
+"""Validation decodes as the exported file will (issue 57).
+
+The file a user runs is written by captioner-export, which carries a model file's word detectors and its
+decode.person_floor (--detectors-from: the README's own-photos recipe carries the bundled model's). A run that
+starts from that file (train.init_from) and keeps its encoder, frozen (train.init_encoder, no
+model.tune_stages, no encoder in the loop), reads the same annotation vectors, so its validation can read the
+same detectors: the captions it scores, the new words' use it logs and the epoch it keeps are then decoded
+with the rules, the evidence and the person floor the exported file decodes with. The detectors are lent to
+the model for the validation only (attach, then taken off again): the run's checkpoints stay as they were.
+"""
+from __future__ import annotations
+
+import dataclasses
+from contextlib import contextmanager
+from typing import Iterator
+
+from torch import nn
+
+from ..checkpoint import load_checkpoint
+from ..concepts.detectors import WordDetectors, attach, detectors_of
+from ..config import Config, DecodeConfig
+
+
+def export_detectors(cfg: Config) -> tuple[WordDetectors, float] | None:
+    """The starting file's word detectors and its person floor, when the run reads its encoder unchanged
+    (the detectors read that encoder's annotation vectors); None otherwise or when it has none."""
+    frozen = cfg.train.init_encoder and not cfg.encoder_in_loop and cfg.model.tune_stages == 0
+    if not (cfg.train.init_from and frozen):
+        return None
+    donor = load_checkpoint(cfg.train.init_from)
+    if donor.detector_info is None:
+        return None
+    return WordDetectors.from_state(donor.detector_tensors, donor.detector_info), donor.config.decode.person_floor
+
+
+@contextmanager
+def decoding_as_exported(model: nn.Module, cfg: Config) -> Iterator[DecodeConfig]:
+    """with decoding_as_exported(model, cfg) as settings: decode val -> cfg.decode at train.val_beam_size, and
+    (when export_detectors has them and the model carries none) the starting file's detectors on the model
+    and its person floor in the settings, until the block ends."""
+    settings = dataclasses.replace(cfg.decode, beam_size=cfg.train.val_beam_size)
+    lent = None if detectors_of(model) is not None else export_detectors(cfg)
+    if lent is None:
+        yield settings
+        return
+    attach(model, lent[0])
+    try:
+        yield dataclasses.replace(settings, person_floor=lent[1])
+    finally:
+        attach(model, None)

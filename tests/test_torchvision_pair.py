@@ -1,0 +1,68 @@
+"""A torch / torchvision pair that does not work together (issue 57: torch 2.13.0+cpu with torchvision 0.28.0
+from PyPI fails in `import torchvision` with "operator torchvision::nms does not exist"): one line naming both
+versions and the reinstall, no traceback, in the library, the command-line programs and the app. The mismatch
+is faked: `import torchvision` raises what the broken pair raised."""
+from __future__ import annotations
+
+import builtins
+from importlib import metadata
+
+import pytest
+import torch
+
+import captioner
+from captioner.model import vision
+
+from .conftest import ROOT
+
+EXAMPLE = sorted((captioner.DEFAULT_CHECKPOINT.parent / "examples").glob("*.jpg"))[0]
+
+
+@pytest.fixture
+def broken_pair(monkeypatch):
+    real_import, real_version = builtins.__import__, metadata.version
+
+    def fake_import(name, *args, **kwargs):
+        if name == "torchvision" or name.startswith("torchvision."):
+            raise RuntimeError("operator torchvision::nms does not exist")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+    monkeypatch.setattr(metadata, "version", lambda p: "0.28.0" if p == "torchvision" else real_version(p))
+
+
+def _says_the_pair_and_the_fix(line: str) -> None:
+    assert "\n" not in line.strip() and "Traceback" not in line, line
+    assert "torch 2.13.0+cpu" in line and "torchvision 0.28.0" in line and "nms does not exist" in line, line
+    assert "pip install --force-reinstall torch torchvision --index-url" in line and vision.CPU_INDEX in line, line
+
+
+def test_the_library_names_both_versions_and_the_fix(broken_pair):
+    with pytest.raises(vision.TorchvisionMismatch) as e:
+        vision.import_torchvision()
+    _says_the_pair_and_the_fix(str(e.value))
+    _says_the_pair_and_the_fix(vision.torchvision_problem())
+
+
+def test_a_working_pair_is_no_problem():
+    assert vision.torchvision_problem() is None and vision.import_torchvision().__name__ == "torchvision"
+
+
+@pytest.mark.parametrize("program", ["caption", "prepare"])
+def test_the_command_line_says_it_in_one_line(program, broken_pair, capsys):
+    import importlib
+
+    main = importlib.import_module(f"captioner.cli.{program}").main
+    args = [str(EXAMPLE)] if program == "caption" else ["--config", str(ROOT / "configs" / "tiny.yaml"), "--no-features"]
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: ") and err.count("\n") == 1 and not out, (out, err)
+    _says_the_pair_and_the_fix(err)
+
+
+def test_the_app_says_it_in_one_line(broken_pair):
+    testing = pytest.importorskip("streamlit.testing.v1", reason="streamlit's AppTest is not available")
+    at = testing.AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
+    assert not at.exception and len(at.error) == 1, [e.value for e in at.error]
+    _says_the_pair_and_the_fix(at.error[0].value)
