@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import torch
 
 from .decoding.captions import Caption
+from .data.features import encoder_fingerprint
 from .decoding.consensus import ConsensusMemory, attach_memory, memory_of, memory_path
 from .decoding.photo import Photo, caption_photos
 from .decoding.reading import HeadReading, photo_concepts, read_heads
@@ -239,9 +240,9 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
     beside = memory_path(checkpoint)  # the consensus rerank's memory (decoding/consensus.py), when there is one
     if beside.is_file():
         memory = ConsensusMemory.load(beside)
-        if memory.vocab_size != len(ckpt.vocab):
-            raise CheckpointError(f"{beside} holds word ids of a {memory.vocab_size}-word vocabulary but {checkpoint} "
-                                  f"has {len(ckpt.vocab)}: rebuild it with captioner-build-consensus or remove it")
+        if memory.vocab_size != len(ckpt.vocab) or memory.encoder not in ("", encoder_fingerprint(model.encoder)):
+            raise CheckpointError(f"{beside} was built for another model (its vocabulary or encoder differs from "
+                                  f"{checkpoint}'s): rebuild it with captioner-build-consensus or remove it")
         attach_memory(model, memory)
     model = model.eval().to(device=torch.device(device), dtype=resolve_dtype(dtype))  # ours: converted in place
     return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype, source=str(checkpoint))

@@ -121,3 +121,15 @@ def test_saving_a_captioner_writes_its_memory_beside_the_file(bundled, tmp_path)
     assert len(memory_of(again.model)) == len(memory_of(bundled.model))
     photo = again.read(EXAMPLES[0])
     assert photo.caption().text == bundled.read(EXAMPLES[0]).caption().text
+
+
+def test_a_memory_built_for_another_encoder_is_refused_on_load(bundled, tmp_path):
+    """The memory's features come from one encoder: beside a model whose encoder differs they would find the wrong
+    neighbours, so captioner.load refuses the pair and says how to fix it."""
+    path = tmp_path / "m.safetensors"
+    bundled.save(path)
+    memory, _ = _memory(D=1280)
+    memory.vocab_size, memory.encoder = len(bundled.vocab), "another-encoder"
+    memory.save(memory_path(path))
+    with pytest.raises(CheckpointError, match="captioner-build-consensus"):
+        captioner.load(path)

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     import captioner
     from captioner.config import load_config
     from captioner.data import build_mix
-    from captioner.data.features import build_cache
+    from captioner.data.features import build_cache, encoder_fingerprint
     from captioner.decoding.consensus import ConsensusMemory, memory_path
 
     args = _parser().parse_args(argv)
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             pooled.append(torch.from_numpy(np.asarray(cache.features[keep[k:k + 500]], dtype=np.float32).mean(1)))
         captions += [[loaded.vocab.encode(c)[1:-1] for c in records[i].captions] for i in keep]
         print(f"{src.name}: {len(keep)} training photos")
-    memory = ConsensusMemory.build(torch.cat(pooled), captions, len(loaded.vocab))
+    memory = ConsensusMemory.build(torch.cat(pooled), captions, len(loaded.vocab), encoder_fingerprint(loaded.model.encoder))
     out = Path(args.out) if args.out else memory_path(args.checkpoint or captioner.DEFAULT_CHECKPOINT)
     memory.save(out)
     print(f"consensus memory of {len(memory)} photos, {len(memory.caption_ends)} captions -> {out} "

@@ -51,13 +51,15 @@ class ConsensusMemory:
     caption_ends: torch.Tensor  # (C,) int64: where each caption ends in `tokens`
     photo_ends: torch.Tensor  # (M,) int64: where each photo's captions end in the caption list
     vocab_size: int  # the vocabulary the ids belong to: the model's
+    encoder: str = ""  # fingerprint of the encoder that made the features (data.features.encoder_fingerprint)
     _cider: CiderD | None = field(default=None, repr=False)
     _unit: torch.Tensor | None = field(default=None, repr=False)  # (D, M) float32 columns at unit length, on first use
     _captions: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict, repr=False)  # captions_of, cached
     _flat: tuple[list[int], list[int], list[int]] = field(default=([], [0], [0]), repr=False)  # tokens, caption/photo starts
 
     @classmethod
-    def build(cls, pooled: torch.Tensor, captions: Sequence[Sequence[Sequence[int]]], vocab_size: int) -> "ConsensusMemory":
+    def build(cls, pooled: torch.Tensor, captions: Sequence[Sequence[Sequence[int]]], vocab_size: int,
+              encoder: str = "") -> "ConsensusMemory":
         """pooled (M, D): each photo's mean annotation vector; captions: each photo's captions as word ids."""
         if len(pooled) != len(captions) or not len(captions):
             raise ValueError(f"a consensus memory needs one caption list per photo: {len(pooled)} photos, "
@@ -70,7 +72,7 @@ class ConsensusMemory:
         lengths = torch.tensor([len(c) for c in flat], dtype=torch.int64)  # (C,)
         per_photo = torch.tensor([len(caps) for caps in captions], dtype=torch.int64)  # (M,)
         tokens = torch.tensor([t for c in flat for t in c], dtype=torch.int32)  # (T,)
-        return cls(quantised, tokens, lengths.cumsum(0), per_photo.cumsum(0), int(vocab_size))
+        return cls(quantised, tokens, lengths.cumsum(0), per_photo.cumsum(0), int(vocab_size), encoder)
 
     def __len__(self) -> int:
         return len(self.features)
@@ -105,7 +107,7 @@ class ConsensusMemory:
     def save(self, path: str | Path) -> None:
         tensors = {"features": self.features.contiguous(), "tokens": self.tokens.contiguous(),
                    "caption_ends": self.caption_ends.contiguous(), "photo_ends": self.photo_ends.contiguous()}
-        write_safetensors(path, tensors, {"format": FORMAT, "info": json.dumps({"vocab_size": self.vocab_size})})
+        write_safetensors(path, tensors, {"format": FORMAT, "info": json.dumps({"vocab_size": self.vocab_size, "encoder": self.encoder})})
 
     @classmethod
     def load(cls, path: str | Path) -> "ConsensusMemory":
@@ -117,7 +119,7 @@ class ConsensusMemory:
         try:
             info = json.loads(meta["info"])
             memory = cls(tensors["features"], tensors["tokens"], tensors["caption_ends"], tensors["photo_ends"],
-                         int(info["vocab_size"]))
+                         int(info["vocab_size"]), str(info.get("encoder", "")))
         except (KeyError, ValueError, TypeError) as e:
             raise CheckpointError(f"{path}: corrupt consensus memory ({e}); rebuild it with captioner-build-consensus") from None
         if len(memory.photo_ends) != len(memory.features) or int(memory.photo_ends[-1]) != len(memory.caption_ends):
