@@ -24,6 +24,8 @@ from typing import Any, Sequence
 import torch
 
 from .decoding.captions import Caption
+from .data.features import encoder_fingerprint
+from .decoding.consensus import ConsensusMemory, attach_memory, memory_of, memory_path
 from .decoding.photo import Photo, caption_photos
 from .decoding.reading import HeadReading, photo_concepts, read_heads
 from .decoding.sampling import Draw, SampleSettings
@@ -210,6 +212,9 @@ class Captioner:
         det = detectors_of(self.model)
         save_checkpoint(path, self.config, self.vocab, state, metrics=self.metrics if metrics is None else metrics,
                         half=half, detector_info=None if det is None else det.info())
+        memory = memory_of(self.model)
+        if memory is not None:  # the consensus memory goes beside the file, where load finds it
+            memory.save(memory_path(path))
 
 
 def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu",
@@ -232,6 +237,13 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
             attach(model, WordDetectors.from_state(ckpt.detector_tensors, ckpt.detector_info))
         except ValueError as e:
             raise CheckpointError(f"{checkpoint}: {e}") from None
+    beside = memory_path(checkpoint)  # the consensus rerank's memory (decoding/consensus.py), when there is one
+    if beside.is_file():
+        memory = ConsensusMemory.load(beside)
+        if memory.vocab_size != len(ckpt.vocab) or memory.encoder not in ("", encoder_fingerprint(model.encoder)):
+            raise CheckpointError(f"{beside} was built for another model (its vocabulary or encoder differs from "
+                                  f"{checkpoint}'s): rebuild it with captioner-build-consensus or remove it")
+        attach_memory(model, memory)
     model = model.eval().to(device=torch.device(device), dtype=resolve_dtype(dtype))  # ours: converted in place
     return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype, source=str(checkpoint))
 

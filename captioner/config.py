@@ -153,17 +153,17 @@ class DecodeConfig:
     evidence_floor: float = 0.05  # P(category) from the ImageNet head below which its words are ruled out
     evidence_penalty: float = 10.0  # subtracted from a ruled-out word's log-probability (large = forbidden)
     evidence_bonus: float = 0.0  # + bonus * P(category) for the words of categories not ruled out
-    # with decode.evidence and word detectors in the file (concepts/detectors.py): person words are ruled out where
-    # P(person) < person_floor (0 = off; files with detectors store the floor chosen on Flickr8k val + coco-mini)
-    person_floor: float = 0.0
+    person_floor: float = 0.0  # with evidence + word detectors: person words ruled out where P(person) < this (0 = off)
+    dog_floor: float = 0.2  # with evidence: dog words ruled out where P(dog) < max(this, evidence_floor)
     evidence_detectors: bool = True  # the veto also asks the file's word detector of a category (evidence.detected_probs)
+    consensus_k: int = 5  # consensus rerank (decoding/consensus.py; a memory beside the file): k nearest train photos
+    consensus_weight: float = 0.3  # w: (1 - w) * (score - best) + w * CIDEr-D with their captions; 0: the beam's order
     # each numeric setting's range: checked() by the API, every command and decoding; the app's widgets read it
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "beam_size": (1, 16), "max_len": (1, 200), "length_penalty": (0.0, 5.0), "evidence_floor": (0.0, 1.0),
-        "evidence_penalty": (0.0, 1e4), "evidence_bonus": (0.0, 100.0), "person_floor": (0.0, 1.0)}
-
-    # what a model file written before these settings were stored decodes with (checkpoint.load_checkpoint fills
-    # them in): the repeat rules were then product defaults, on for every file, the bundled one included
+        "evidence_penalty": (0.0, 1e4), "evidence_bonus": (0.0, 100.0), "person_floor": (0.0, 1.0),
+        "dog_floor": (0.0, 1.0), "consensus_k": (1, 100), "consensus_weight": (0.0, 1.0)}
+    # what a file written before these were stored decodes with, as it always did (checkpoint.load_checkpoint)
     UNSTORED: ClassVar[dict[str, Any]] = {"block_repeats": True, "block_content_repeats": True,
                                           "evidence_detectors": False}
 

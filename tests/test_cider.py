@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from captioner.training.cider import CiderD, ngram_counts
+from captioner.decoding.cider import CiderD, ngram_counts
 from captioner.data import build_records
 from captioner.config import DataConfig
 from captioner.vocab import tokenize

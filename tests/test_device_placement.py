@@ -40,7 +40,7 @@ def test_the_length_counter_makes_its_tensors_on_the_decoders_device():
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("amp", [True, False])
 def test_the_scst_benchmark_config_is_one_a_real_run_accepts(device, amp):
-    from captioner.training.cider import CiderD
+    from captioner.decoding.cider import CiderD
     from captioner.training.objectives import SelfCritical
     from captioner.vocab import Vocab
 

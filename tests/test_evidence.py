@@ -183,3 +183,15 @@ def test_the_latency_benchmark_times_the_products_caption(model):
         product = model.caption(EXAMPLES / name)
         assert (timed.text, timed.contradicted, timed.concepts) == (product.text, product.contradicted, product.concepts)
         assert timed.log_prob == pytest.approx(product.log_prob, abs=1e-5)
+
+
+def test_the_dog_floor_rules_out_dog_words_below_it_and_nothing_else():
+    v = _vocab()
+    probs = torch.zeros(2, len(CATEGORIES))
+    probs[:, CATEGORIES.index("dog")] = torch.tensor([0.15, 0.6])  # a doubtful dog, a clear one
+    probs[:, CATEGORIES.index("cat")] = 0.15
+    for dog_floor, doubtful_out in ((0.0, False), (0.2, True), (0.1, False)):
+        s = DecodeConfig(evidence=True, evidence_floor=0.05, dog_floor=dog_floor)
+        out = Evidence(probs, word_categories(v), s).ruled_out  # (2, V)
+        assert bool(out[0, v.stoi["dog"]]) is doubtful_out and bool(out[0, v.stoi["puppy"]]) is doubtful_out
+        assert not out[1, v.stoi["dog"]] and not out[:, v.stoi["cat"]].any()  # the clear dog, another category

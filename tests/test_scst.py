@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from captioner.training.cider import CiderD
+from captioner.decoding.cider import CiderD
 from captioner.config import Config
 from captioner.data.dataset import collate
 from captioner.vocab import SpecialIds

@@ -218,7 +218,7 @@ def bench_train_scst(preset: Preset, counts: Counts, device: torch.device, amp: 
     CIDEr-D against the image's references (document frequencies from the synthetic pool), the
     mean-of-others baseline, backward, Adam. An untrained decoder rarely says <end>, so samples run
     longer than a trained model's: the rate is a lower bound; the real epoch time is in README."""
-    from ..training.cider import CiderD
+    from ..decoding.cider import CiderD
     from ..training.objectives import SelfCritical, batch_references
     from ..vocab import Vocab
 

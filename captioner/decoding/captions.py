@@ -20,6 +20,7 @@ from ..concepts.imagenet import imagenet_head_or_none
 from ..config import DecodeConfig
 from ..vocab import SpecialIds
 from .search import Hypothesis, decode
+from .consensus import memory_of, rerank
 from .evidence import Evidence, photo_evidence
 from .rules import word_logp
 from .sampling import SampleSettings, Samples, sample
@@ -71,7 +72,8 @@ class Caption:
     # what the model file's word detectors (concepts/detectors.py) see: every group -> P, e.g. ("person", 0.97);
     # empty for files without detectors. The shown ones (person, scene words) are also in `concepts`
     detections: list[tuple[str, float]] = field(default_factory=list)
-    # the score beam search ranked this caption by (see Alternative); None for an explained sentence or a sample
+    # the score beam search ranked this caption by (see Alternative; the consensus rerank may put a caption of
+    # lower score first); None for an explained sentence or a sample
     score: float | None = None
     # (width, height) of the photo as the model received it and the model's input side S (model.image_size),
     # when the caller knew them (Captioner.caption / explain, the app): a photo whose shorter side is below
@@ -162,11 +164,12 @@ def decode_photos(model: CaptionModel, feats: torch.Tensor, reading: HeadReading
                   settings: DecodeConfig) -> tuple[list[list[Hypothesis]], Evidence | None]:
     """Photos' features (B, P, D) on the decoder's device and their reading -> their hypotheses (best first,
     the model's own log-probs) and their evidence (evidence.photo_evidence: built once here, biasing the
-    words only with settings.evidence)."""
+    words only with settings.evidence). Where the model carries a consensus memory, the order is the consensus
+    rerank's (consensus.py: settings.consensus_k, consensus_weight)."""
     evidence = photo_evidence(reading, model, vocab, settings)  # (B, V) ruled-out words, the bonus table
     hyps = decode(model.decoder, feats, SpecialIds.of(vocab, settings.forbid_unk), settings,
                   evidence if settings.evidence else None)
-    return hyps, evidence
+    return rerank(hyps, feats, memory_of(model), settings.consensus_k, settings.consensus_weight), evidence
 
 
 @torch.no_grad()

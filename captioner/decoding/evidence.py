@@ -7,6 +7,7 @@ probabilities p (B, C) over the COCO categories ImageNet can see become one addi
 vocabulary word (B, V), applied to the next-word log-probabilities at every step (rules.word_logp):
 
     bias[b, w] = -evidence_penalty                  if w names category k and p[b, k] < evidence_floor
+                                                    (dog: max(evidence_floor, dog_floor))
                = +evidence_bonus * p[b, k]          if w names category k otherwise, until the caption
                                                     has named k once (then 0: say it, do not repeat it)
                = 0                                  for every other word
@@ -43,9 +44,19 @@ from ..vocab import Vocab
 from .reading import HeadReading
 
 
-def ruled_out_words(probs: torch.Tensor, words: torch.Tensor, floor: float) -> torch.Tensor:
-    """probs (B, C), words (V, C) -> (B, V) 1 where the word names a category with P < floor."""
+def ruled_out_words(probs: torch.Tensor, words: torch.Tensor, floor: float | torch.Tensor) -> torch.Tensor:
+    """probs (B, C), words (V, C), floor (one, or (C,) per category) -> (B, V) 1 where the word names a category
+    with P < its floor."""
     return (probs < floor).float() @ words.t().to(probs)
+
+
+def category_floors(settings: DecodeConfig, n_categories: int) -> torch.Tensor:
+    """(C,) the P below which each category's words are ruled out: decode.evidence_floor, dog's raised to
+    decode.dog_floor (Flickr8k's dog prior: the wrong dogs of everyday photos have P(dog) .05-.5)."""
+    floors = torch.full((n_categories,), float(settings.evidence_floor))  # (C,)
+    if n_categories == len(CATEGORIES):  # a table over CATEGORIES (a hand-made one of another width: one floor)
+        floors[CATEGORIES.index("dog")] = max(settings.evidence_floor, settings.dog_floor)
+    return floors
 
 
 def person_ruled_out(person: torch.Tensor, person_words: torch.Tensor, floor: float) -> torch.Tensor:
@@ -79,12 +90,13 @@ class Evidence:
         """`seen` (B, C): what rules a category out, when not `probs` (detected_probs: the head or the word
         detector of the same name, whichever sees it more)."""
         self.words = words.to(probs)  # (V, C)
-        out = ruled_out_words(probs if seen is None else seen.to(probs), self.words, settings.evidence_floor)  # (B, V)
+        floors = category_floors(settings, probs.shape[1]).to(probs)  # (C,)
+        out = ruled_out_words(probs if seen is None else seen.to(probs), self.words, floors)  # (B, V)
         if person is not None and settings.person_floor > 0:
             out = (out + person_ruled_out(person[0].to(probs), person[1], settings.person_floor)).clamp(max=1)
         self.ruled_out = out  # (B, V) 1: the word names an object the heads rule out (a Caption's contradicted)
         self.penalty = -settings.evidence_penalty * out  # (B, V)
-        self.bonus = settings.evidence_bonus * probs * (probs >= settings.evidence_floor).float()  # (B, C)
+        self.bonus = settings.evidence_bonus * probs * (probs >= floors).float()  # (B, C)
         self.has_bonus = bool(settings.evidence_bonus) and bool((self.bonus > 0).any())  # else bias = penalty
 
     def bias(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .cider import CiderD
+from ..decoding.cider import CiderD
 from ..concepts.maps import cam_loss, concept_maps, head_kl
 from ..concepts.imagenet import MAP_CATEGORIES, encoder_head
 from ..concepts.words import word_categories

@@ -85,7 +85,7 @@ def caption_summary(cap: captioner.Caption, evidence: bool, length_penalty: floa
     if cap.alternatives:  # in full (a table, not a grid that cuts long captions), with the score that ranked them
         st.markdown("Beam hypotheses (rank 1 is the caption above)")
         st.table(workbench.hypothesis_rows(cap))
-        st.caption(workbench.ranking_note(length_penalty))
+        st.caption(workbench.ranking_note(length_penalty, [cap.score] + [a.score for a in cap.alternatives]))
 
 
 def downloads(photo: Shown, cap: captioner.Caption, view: View) -> None:

@@ -18,7 +18,7 @@ Legend: L words, G grid side (P = G*G cells).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -56,13 +56,20 @@ def hypothesis_rows(caption: "Caption") -> list[dict[str, object]]:
             for k, (text, score, lp, note) in enumerate(rows)]
 
 
-def ranking_note(length_penalty: float) -> str:
-    """How the hypotheses were ranked, for the line under their table."""
+def ranking_note(length_penalty: float, scores: Sequence[float | None] = ()) -> str:
+    """How the hypotheses were ranked, for the line under their table; `scores`: theirs in the order shown (a
+    caption of lower score above a higher one: the consensus rerank put it there, and the note says so)."""
     if not length_penalty:
-        return "Ranked by log-probability (this model file's decode.length_penalty is 0)."
-    return (f"Ranked by the length-normalised score, log-prob / (words + 1)^{length_penalty:g} (this model file's "
-            "decode.length_penalty), not by the raw log-prob: a shorter caption can have a higher log-prob "
-            "and still rank lower.")
+        note = "Ranked by log-probability (this model file's decode.length_penalty is 0)."
+    else:
+        note = (f"Ranked by the length-normalised score, log-prob / (words + 1)^{length_penalty:g} (this model file's "
+                "decode.length_penalty), not by the raw log-prob: a shorter caption can have a higher log-prob "
+                "and still rank lower.")
+    known = [s for s in scores if s is not None]
+    if any(a < b for a, b in zip(known, known[1:])):
+        note += (" Then reranked by agreement with the captions of the most similar training photos "
+                 "(decode.consensus_weight): a caption of lower score can come first.")
+    return note
 
 
 def same_model_variants(page: dict[str, Any], stored: "DecodeConfig", evidence_possible: bool

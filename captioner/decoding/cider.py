@@ -1,5 +1,6 @@
-"""CIDEr-D (Vedantam et al. 2015) as a training reward: fast, on token ids, document frequencies
-from the training references.
+"""CIDEr-D (Vedantam et al. 2015) on token ids, document frequencies from the training references: SCST's
+reward (training/objectives.py) and the consensus rerank's agreement with the nearest training photos'
+captions (consensus.py).
 
 For each n = 1..4 a caption is a TF-IDF vector over its n-grams,
 
@@ -69,18 +70,24 @@ class CiderD:
         return hit
 
     def score_one(self, candidate: Caption, refs: Sequence[Caption]) -> float:
-        if not refs:
+        return self.agreement(candidate, [refs])
+
+    def agreement(self, candidate: Caption, ref_sets: Sequence[Sequence[Caption]]) -> float:
+        """CIDEr-D of `candidate` against all the references of several sets at once (= score_one against their
+        union); each set's vectors are cached by the set, so a set met again (a training photo's captions) is free."""
+        if not any(ref_sets):
             raise ValueError("every candidate needs at least one reference")
         c_vecs, c_norms, c_len = self._vector(candidate)
         total = 0.0
-        for r_vecs, r_norms, r_len in self._refs(refs):
-            penalty = math.exp(-((c_len - r_len) ** 2) / (2 * self.sigma ** 2))
-            for cv, rv, cn, rn in zip(c_vecs, r_vecs, c_norms, r_norms):
-                if cn == 0.0 or rn == 0.0:
-                    continue
-                dot = sum(min(x, rv[g]) * rv[g] for g, x in cv.items() if g in rv)  # clipped counts
-                total += penalty * dot / (cn * rn)
-        return 10.0 * total / (self.n * len(refs))
+        for refs in ref_sets:
+            for r_vecs, r_norms, r_len in self._refs(refs):
+                penalty = math.exp(-((c_len - r_len) ** 2) / (2 * self.sigma ** 2))
+                for cv, rv, cn, rn in zip(c_vecs, r_vecs, c_norms, r_norms):
+                    if cn == 0.0 or rn == 0.0:
+                        continue
+                    dot = sum(min(x, rv[g]) * rv[g] for g, x in cv.items() if g in rv)  # clipped counts
+                    total += penalty * dot / (cn * rn)
+        return 10.0 * total / (self.n * sum(len(refs) for refs in ref_sets))
 
     def score(self, candidates: Sequence[Caption], references: Sequence[Sequence[Caption]]) -> list[float]:
         """candidates[i] scored against references[i] -> one CIDEr-D per candidate."""
