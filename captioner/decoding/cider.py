@@ -22,7 +22,7 @@ captions never contain <unk>).
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Sequence
 
 Caption = Sequence[int]
@@ -43,10 +43,14 @@ class CiderD:
         if not references:
             raise ValueError("CIDEr-D needs the training references to compute document frequencies")
         self.n, self.sigma = n, sigma
-        df: dict[NGram, int] = defaultdict(int)
-        for refs in references:
-            for gram in {g for r in refs for counts in ngram_counts(r, n) for g in counts}:
-                df[gram] += 1
+        df: Counter = Counter()
+        for refs in references:  # each image's distinct n-grams once (zip of shifted copies: no Counter per caption)
+            grams: set[NGram] = set()
+            for r in refs:
+                toks = tuple(r)
+                for k in range(1, n + 1):
+                    grams.update(zip(*(toks[i:] for i in range(k))))
+            df.update(grams)
         self.df = dict(df)
         self.log_n = math.log(float(len(references)))
         self._ref_cache: dict[tuple[Caption, ...], list[tuple[list[dict], list[float], int]]] = {}
