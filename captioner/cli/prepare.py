@@ -31,7 +31,8 @@ def _main(argv: list[str] | None) -> int:
     from captioner.config import load_config
     from captioner.data import build_mix
     from captioner.data.features import build_cache
-    from captioner.model.encoder import Encoder, build_preprocess
+    from captioner.training.sources import cache_encoder
+    from captioner.model.encoder import build_preprocess
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML/JSON recipe in configs/")
@@ -50,7 +51,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         cfg = load_config(args.config, args.set)
         mix = {s: build_mix(cfg.data, s) for s in args.splits}
-        encoder = _encoder(cfg)
+        encoder = cache_encoder(cfg)  # the frozen encoder training will cache features with
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -138,12 +139,6 @@ def _report_vocabulary(cfg, caps: list[str], vocab_out: str | None) -> None:
     print(vocab.stats(caps, cfg.data.max_caption_len))
     if vocab_out:
         vocab.save(vocab_out)
-
-
-def _encoder(cfg):
-    from captioner.training.sources import cache_encoder
-
-    return cache_encoder(cfg)
 
 
 def _activations(cfg, records, device: str, progress: bool) -> int:
