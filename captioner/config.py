@@ -158,11 +158,20 @@ class DecodeConfig:
     evidence_detectors: bool = True  # the veto also asks the file's word detector of a category (evidence.detected_probs)
     consensus_k: int = 5  # consensus rerank (decoding/consensus.py; a memory beside the file): k nearest train photos
     consensus_weight: float = 0.3  # w: (1 - w) * (score - best) + w * CIDEr-D with their captions; 0: the beam's order
+    # the choice among the beam's captions (decoding/selection.py): + select_<signal> * signal, fitted on the val
+    # sets by captioner-fit-selector; 0 = the signal is not computed
+    select_wide: float = 0.0  # CIDEr-D with the captions of the 4 x consensus_k nearest training photos
+    select_agreement: float = 0.0  # CIDEr-D with the photo's other candidates (minimum Bayes risk)
+    select_log_prob: float = 0.0  # the model's log-probability per word
+    select_length: float = 0.0  # words
+    select_objects: float = 0.0  # sum of the head's P(category) over the categories the caption names
+    select_top_object: float = 0.0  # 1 when the caption names the head's most probable category
     # each numeric setting's range: checked() by the API, every command and decoding; the app's widgets read it
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "beam_size": (1, 16), "max_len": (1, 200), "length_penalty": (0.0, 5.0), "evidence_floor": (0.0, 1.0),
         "evidence_penalty": (0.0, 1e4), "evidence_bonus": (0.0, 100.0), "person_floor": (0.0, 1.0),
-        "dog_floor": (0.0, 1.0), "consensus_k": (1, 100), "consensus_weight": (0.0, 1.0)}
+        "dog_floor": (0.0, 1.0), "consensus_k": (1, 100), "consensus_weight": (0.0, 1.0),
+        **{f"select_{s}": (-100.0, 100.0) for s in ("wide", "agreement", "log_prob", "length", "objects", "top_object")}}
     # what a file written before these were stored decodes with, as it always did (checkpoint.load_checkpoint)
     UNSTORED: ClassVar[dict[str, Any]] = {"block_repeats": True, "block_content_repeats": True,
                                           "evidence_detectors": False}

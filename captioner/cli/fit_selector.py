@@ -1,0 +1,209 @@
+"""Fit the choice among the beam's captions (captioner/decoding/selection.py) on val photos, and say what it gains.
+
+    .venv/bin/captioner-fit-selector --data ../shared/data --cache-dir cache --output evaluations/selector.json
+
+For each val set found under --data (coco-paired's val split, Flickr8k's val split, coco-mini; never a test split)
+the model decodes every photo's candidates (the beam at the file's settings, --beam-size to change it), each
+candidate gets its signals and its CIDEr against the photo's references, and the command prints
+
+- the pool's headroom: the best candidate of each photo (the oracle), the beam's first, a random candidate and the
+  file's current choice (for --pools beam sizes and nucleus samples too, with each pool's decoding time);
+- each signal's out-of-fold gain: the CIDEr of the choices of weights fitted without the photo (5 folds over all
+  sets' photos, 3 shuffles), with every signal and with each one left out;
+- the weights fitted on every photo of the kept signals, as the --set line of captioner-export that stores them in
+  a model file (they are decode settings: decode.consensus_weight and decode.select_*).
+
+A signal is kept when leaving it out lowers the mean out-of-fold CIDEr over the sets (each set weighed alike).
+The model file must have its consensus memory beside it (captioner-build-consensus). Feature caches go in
+--cache-dir (the encoder runs once per set).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+VAL_SETS = ("coco-paired-val", "flickr8k-val", "coco-mini")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", default=None, help="model file (default: the bundled model)")
+    p.add_argument("--data", default="../shared/data", help="folder holding coco-paired/, flickr8k/ and coco-mini/")
+    p.add_argument("--sets", nargs="+", default=list(VAL_SETS), choices=VAL_SETS, help="val sets to fit on")
+    p.add_argument("--cache-dir", default="cache", help="feature caches (reused when they match the encoder)")
+    p.add_argument("--beam-size", type=int, default=None, help="the pool to choose from (default: the file's)")
+    p.add_argument("--pools", nargs="*", default=[], metavar="POOL",
+                   help="also measure these pools' headroom: beamK (e.g. beam10) or sampleN (N nucleus samples, "
+                        "temperature .6, top-p .9, added to the beam's)")
+    p.add_argument("--limit", type=int, default=None, help="the first N photos of each set (a quick look)")
+    p.add_argument("--output", default=None, help="write the tables and the weights as JSON here")
+    return p
+
+
+def _records(data: Path, name: str, limit: int | None) -> list:
+    from captioner.config import DataConfig
+    from captioner.data import build_records
+
+    if name == "coco-paired-val":
+        root = data / "coco-paired"
+        cfg, split = DataConfig(dataset="coco", images=str(root / "images"), annotations=str(root / "captions.json"),
+                                train_split=str(root / "split_val.txt")), "train"  # 'train' = the split file's photos
+    elif name == "flickr8k-val":
+        cfg, split = DataConfig(dataset="flickr8k", root=str(data / "flickr8k")), "val"
+    else:
+        root = data / "coco-mini"
+        cfg, split = DataConfig(dataset="coco", images=str(root / "train2017"),
+                                annotations=str(root / "annotations" / "captions_train2017.json")), "train"
+    return build_records(cfg, split, limit)
+
+
+def _pools(loaded, feats, settings, extra: list[str]) -> dict[str, tuple[list, float]]:
+    """{pool name: (each photo's hypotheses in beam order, seconds per photo)} for the beam and each extra pool."""
+    import torch
+
+    from captioner.decoding.captions import decode_photos, sampled_captions
+    from captioner.decoding.reading import read_heads
+    from captioner.decoding.sampling import Draw, SampleSettings
+    from captioner.decoding.search import Hypothesis
+
+    beam = dataclasses.replace(settings, consensus_weight=0.0)  # the beam's own order: the choice is fitted here
+    out = {}
+    for name in [f"beam{settings.beam_size}"] + extra:
+        t0, hyps = time.perf_counter(), []
+        for k in range(0, len(feats), 50):
+            x = feats[k:k + 50]
+            reading = read_heads(loaded.model, x)
+            if name.startswith("beam"):
+                h, _ = decode_photos(loaded.model, x, reading, loaded.vocab, dataclasses.replace(beam, beam_size=int(name[4:])))
+                hyps += h
+            else:
+                caps = sampled_captions(loaded.model, x, reading, loaded.vocab, beam,
+                                        SampleSettings(int(name[6:]), Draw(0.6, 0, 0.9), 0).checked())
+                hyps += [[Hypothesis([loaded.vocab.stoi[w] for w in c.words], torch.zeros(0), c.log_prob,
+                                     c.log_prob / (len(c.words) + 1)) for c in cs] for cs in caps]
+        out[name] = (hyps, (time.perf_counter() - t0) / max(len(feats), 1))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import captioner
+    from captioner.decoding.consensus import memory_of
+
+    args = _parser().parse_args(argv)
+    try:
+        loaded = captioner.load(args.checkpoint)
+        settings = loaded.decode_settings(**({"beam_size": args.beam_size} if args.beam_size else {}))
+        if memory_of(loaded.model) is None:
+            raise ValueError("the model file has no consensus memory beside it: build one with captioner-build-consensus")
+        for pool in args.pools:
+            if not (pool[:4] == "beam" and pool[4:].isdigit() or pool[:6] == "sample" and pool[6:].isdigit()):
+                raise ValueError(f"--pools: '{pool}' is neither beamK nor sampleN")
+        sets = {n: _records(Path(args.data), n, args.limit) for n in args.sets}
+    except (ValueError, FileNotFoundError, captioner.CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report: dict = {"checkpoint": str(args.checkpoint or captioner.DEFAULT_CHECKPOINT),
+                    "settings": dataclasses.asdict(settings), "headroom": {}}
+    fitted = {}
+    for name, records in sets.items():
+        rows, fitted[name] = _measure(loaded, name, records, settings, args)
+        report["headroom"][name] = rows
+        for pool_name, row in rows.items():
+            print(f"{name} {pool_name}: " + ", ".join(f"{key} {v:.3f}" if key != "ms per photo" else f"{v:.0f} ms/photo"
+                                                      for key, v in row.items()), flush=True)
+    report.update(_signals(fitted))
+    try:
+        report["decode"] = decode = _as_settings(report["weights"])
+    except ValueError as e:
+        report["decode"] = decode = None
+        print(f"error: {e}", file=sys.stderr)
+    else:
+        print("store them: captioner-export MODEL OUT --half --set "
+              + " ".join(f"decode.{k}={v:g}" for k, v in decode.items()))
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(report, indent=1))
+    return 0 if decode is not None else 1
+
+
+def _measure(loaded, name: str, records: list, settings, args: argparse.Namespace) -> tuple[dict, list]:
+    """One val set: its pools' headroom rows and the Pools (signals, CIDEr) of the file's own beam."""
+    import numpy as np
+    import torch
+
+    from captioner.concepts.words import word_categories
+    from captioner.data.features import build_cache
+    from captioner.decoding.consensus import memory_of
+    from captioner.decoding.reading import read_heads
+    from captioner.decoding.selection import SIGNALS, WIDE, Weights, choose, signals
+    from captioner.evaluation.choice import Pool, baselines, candidate_cider
+
+    memory = memory_of(loaded.model)
+    cache = build_cache(args.cache_dir, loaded.preprocess.cache_name(name, "val"), loaded.model.encoder,
+                        loaded.preprocess, records, "cpu", num_workers=1, progress=False, log=print)
+    keep = [i for i, r in enumerate(records) if r.image_id not in set(cache.missing)]
+    feats = torch.from_numpy(np.asarray(cache.features[keep], dtype=np.float32))  # (N, P, D)
+    refs = [records[i].captions for i in keep]
+    probs = read_heads(loaded.model, feats).probs  # (N, C) or None
+    pools = _pools(loaded, feats, settings, args.pools)
+    k, every = settings.consensus_k, Weights(tuple(1.0 for _ in SIGNALS))  # every signal computed
+    nearest, categories = memory.nearest(feats, WIDE * k).tolist(), word_categories(loaded.vocab).to(torch.bool)
+    rows, fitted = {}, []
+    for pool_name, (hyps, seconds) in pools.items():
+        if pool_name.startswith("sample"):  # the beam's candidates and the samples: the pool a choice would see
+            beam_hyps = pools[f"beam{settings.beam_size}"][0]
+            hyps = [b + [h for h in s if all(h.tokens != c.tokens for c in b)] for b, s in zip(beam_hyps, hyps)]
+        cider = candidate_cider(refs, [[" ".join(loaded.vocab.itos[t] for t in h.tokens) for h in hs] for hs in hyps])
+        current = choose(hyps, feats, probs, memory, loaded.vocab, settings)
+        pool = [Pool(signals(hs, near[:k], near, None if probs is None else probs[i].float(), categories, memory, every),
+                     torch.tensor(c, dtype=torch.float64), shipped=[id(h) for h in hs].index(id(cur[0])))
+                for i, (hs, c, cur, near) in enumerate(zip(hyps, cider, current, nearest))]
+        rows[pool_name] = {**baselines(pool), "ms per photo": 1000 * seconds}
+        if pool_name == f"beam{settings.beam_size}":
+            fitted = pool
+    return rows, fitted
+
+
+def _signals(fitted: dict) -> dict:
+    """Out-of-fold CIDEr with the beam's score only, every signal, each signal left out; the signals kept (leaving
+    one out lowers the sets' mean) and their weights fitted on every photo."""
+    from captioner.decoding.selection import SIGNALS
+    from captioner.evaluation.choice import fit, out_of_fold
+
+    table = {"beam score only": out_of_fold(fitted, ["score"]), "every signal": out_of_fold(fitted, list(SIGNALS))}
+    print("out of fold: beam score only " + _line(table["beam score only"]) + " | every signal "
+          + _line(table["every signal"]), flush=True)
+    for s in SIGNALS[1:]:
+        table[f"without {s}"] = out_of_fold(fitted, [u for u in SIGNALS if u != s])
+        gain = _mean(table["every signal"]) - _mean(table[f"without {s}"])
+        print(f"  without {s:11s} {_line(table[f'without {s}'])}  (its gain {gain:+.4f})", flush=True)
+    kept = ["score"] + [s for s in SIGNALS[1:] if _mean(table["every signal"]) > _mean(table[f"without {s}"])]
+    kept_oof = out_of_fold(fitted, kept)
+    print(f"kept {', '.join(kept)}: out of fold {_line(kept_oof)}")
+    weights = fit([p for pools in fitted.values() for p in pools], kept)
+    return {"signals": table, "kept": kept, "kept out of fold": kept_oof, "weights": dict(zip(SIGNALS, weights.tolist()))}
+
+
+def _as_settings(weights: dict[str, float]) -> dict[str, float]:
+    import torch
+
+    from captioner.decoding.selection import SIGNALS
+    from captioner.evaluation.choice import as_settings
+
+    return as_settings(torch.tensor([weights[s] for s in SIGNALS], dtype=torch.float64))
+
+
+def _mean(scores: dict[str, float]) -> float:
+    return sum(scores.values()) / len(scores)
+
+
+def _line(scores: dict[str, float]) -> str:
+    return ", ".join(f"{n} {v:.3f}" for n, v in scores.items())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

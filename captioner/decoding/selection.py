@@ -1,0 +1,129 @@
+"""Choosing the caption: which of the beam's finished captions a person reads.
+
+Beam search ends with several finished captions per photo, and its own order (the length-normalised
+log-probability) is a weak judge of them: on coco-paired val the beam's first caption scores CIDEr .68, a random
+one of its five .66 and the best of the five .89 (docs/results.md, "Choosing the caption"). Each candidate c of a
+photo is described by cheap signals, and the caption is the candidate of highest
+
+    choice(c) = (1 - w) * score(c) + w * consensus(c) + sum_s select_s * s(c)
+
+with w = decode.consensus_weight and select_s = decode.select_<s> (0: the signal is not computed). The signals:
+
+    score       the beam's score minus the photo's best: log_prob / (words + 1) ** length_penalty, with the
+                evidence's bias (search.py)
+    consensus   CIDEr-D with the captions of the decode.consensus_k training photos nearest in pooled features
+                (consensus.py: Devlin et al. 2015)
+    wide        the same over the WIDE x consensus_k nearest: what people say of a larger neighbourhood
+    agreement   CIDEr-D with the photo's other candidates: minimum-Bayes-risk selection (Kumar and Byrne 2004),
+                the caption the beam's alternatives agree with
+    log_prob    the model's own log-probability per word (no bias, no length penalty)
+    length      words
+    objects     the encoder's head's P(category), summed over the COCO categories the caption names
+                (concepts/words.py): naming what the head sees is rewarded, naming what it does not see is not
+    top_object  1 when the caption names the category the head finds most probable (P >= TOP_OBJECT_P), else 0
+
+The weights are fitted by `captioner-fit-selector` on the val sets (never test): least squares predicting each
+candidate's CIDEr relative to its photo's other candidates, judged out of fold (k-fold over photos), and stored in
+the model file's decode settings like any other. A file whose select_* are 0 ranks as the consensus rerank did
+(and without consensus_weight, as the beam did); without a consensus memory beside the file (the CIDEr-D tables
+and the nearest photos come from it) the beam's order is kept.
+
+Legend: B photos, P regions, D feature dim, n a photo's candidates, C COCO categories, V vocabulary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..concepts.words import word_categories
+from ..config import DecodeConfig
+from ..vocab import Vocab
+from .consensus import ConsensusMemory
+from .hypotheses import Hypothesis
+
+# every signal, in the order the fitter and the app list them; "score" and "consensus" are weighted by
+# decode.consensus_weight (w), the others by decode.select_<name>
+SIGNALS = ("score", "consensus", "wide", "agreement", "log_prob", "length", "objects", "top_object")
+WIDE = 4  # the wide neighbourhood: WIDE x consensus_k nearest training photos
+TOP_OBJECT_P = 0.3  # the head's most probable category counts for top_object from this P (concepts' threshold)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """The weight of each signal (SIGNALS order) and what it needs computed."""
+
+    values: tuple[float, ...]
+
+    @classmethod
+    def of(cls, settings: DecodeConfig) -> "Weights":
+        w = float(settings.consensus_weight)
+        return cls((1 - w, w) + tuple(float(getattr(settings, f"select_{s}")) for s in SIGNALS[2:]))
+
+    def __getitem__(self, signal: str) -> float:
+        return self.values[SIGNALS.index(signal)]
+
+    @property
+    def beam_order(self) -> bool:
+        """Whether only the beam's own score counts (nothing to compute: today's order)."""
+        return not any(self.values[1:])
+
+    def tensor(self) -> torch.Tensor:
+        return torch.tensor(self.values, dtype=torch.float64)  # (S,)
+
+
+def signals(cands: Sequence[Hypothesis], near: Sequence[int], wide: Sequence[int], probs: torch.Tensor | None,
+            categories: torch.Tensor, memory: ConsensusMemory, weights: Weights) -> torch.Tensor:
+    """One photo's candidates -> their signals (n, S) in SIGNALS order; a signal of weight 0 is left 0 (not
+    computed). near / wide: the memory photos nearest this one (consensus_k, WIDE x consensus_k); probs (C,): the
+    head's P(category) or None without a head; categories (V, C): which words name which category."""
+    out = torch.zeros(len(cands), len(SIGNALS), dtype=torch.float64)  # (n, S)
+    best = max(h.score for h in cands)
+    cider = memory.cider
+    near_refs = [memory.captions_of(j) for j in near] if weights["consensus"] else []
+    wide_refs = [memory.captions_of(j) for j in wide] if weights["wide"] else []
+    for i, h in enumerate(cands):
+        words = len(h.tokens)
+        out[i, 0] = h.score - best
+        if near_refs:
+            out[i, 1] = cider.agreement(h.tokens, near_refs)
+        if wide_refs:
+            out[i, 2] = cider.agreement(h.tokens, wide_refs)
+        if weights["agreement"] and len(cands) > 1:
+            out[i, 3] = cider.agreement(h.tokens, [[c.tokens for j, c in enumerate(cands) if j != i]])
+        out[i, 4] = h.log_prob / (words + 1)  # <end> included: a per-token mean
+        out[i, 5] = words
+        if probs is not None and words:
+            named = categories[torch.tensor(h.tokens)].amax(0) > 0  # (C,) the categories the caption names
+            out[i, 6] = float(probs[named].sum())
+            top = int(probs.argmax())
+            out[i, 7] = float(named[top] and probs[top] >= TOP_OBJECT_P)
+    return out
+
+
+def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: torch.Tensor | None,
+           memory: ConsensusMemory | None, vocab: Vocab, settings: DecodeConfig) -> list[list[Hypothesis]]:
+    """Each photo's finished hypotheses (best first by beam score) -> reordered by `choice`, highest first, each
+    hypothesis's `choice` set (None when the beam's order is kept: no memory, all weights on the score, or one
+    hypothesis). feats (B, P, D); probs (B, C): the head's P(category), or None."""
+    weights = Weights.of(settings)
+    if memory is None or weights.beam_order or all(len(h) < 2 for h in hyps):
+        return [list(h) for h in hyps]
+    k = int(settings.consensus_k)
+    nearest = memory.nearest(feats, WIDE * k if weights["wide"] else k).tolist()  # (B, k') nearest first
+    categories = word_categories(vocab).to(torch.bool) if (weights["objects"] or weights["top_object"]) else None
+    w = weights.tensor()  # (S,)
+    out = []
+    for image, cands in enumerate(hyps):
+        if len(cands) < 2:
+            out.append(list(cands))
+            continue
+        p = None if probs is None or categories is None else probs[image].float().cpu()  # (C,)
+        x = signals(cands, nearest[image][:k], nearest[image], p, categories, memory, weights)  # (n, S)
+        total = (x @ w).tolist()  # (n,)
+        for h, t, row in zip(cands, total, x.tolist()):
+            h.choice = t
+            h.signals = dict(zip(SIGNALS, row))
+        out.append([cands[i] for i in sorted(range(len(cands)), key=lambda i: -total[i])])  # stable on ties
+    return out

@@ -1,0 +1,150 @@
+"""The choice among the beam's captions (captioner/decoding/selection.py) and its fit (captioner/evaluation/choice.py):
+each signal moves the choice the way its weight says, zero weights keep today's order, the least-squares fit finds
+the weights that made a candidate's CIDEr, out-of-fold choosing beats the beam's order where a signal carries the
+truth, and the fitted weights written as decode settings choose as the fit does. The product path: captions carry
+their choice score and the app's note says why the caption won."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import captioner
+from captioner.config import DecodeConfig
+from captioner.decoding.consensus import ConsensusMemory
+from captioner.decoding.hypotheses import Hypothesis
+from captioner.decoding.selection import SIGNALS, Weights, choose, signals
+from captioner.evaluation.choice import Pool, as_settings, fit, out_of_fold
+from captioner.vocab import Vocab
+
+EXAMPLES = sorted((Path(captioner.__file__).parent / "assets" / "examples").glob("*.jpg"))
+WORDS = ["<pad>", "<start>", "<end>", "<unk>", "a", "dog", "cat", "on", "the", "grass", "sofa", "runs", "sits"]
+
+
+def _hyp(words: str, score: float) -> Hypothesis:
+    vocab = Vocab(WORDS)
+    toks = [vocab.stoi[w] for w in words.split()]
+    return Hypothesis(toks, torch.zeros(len(toks), 4), score * (len(toks) + 1), score)
+
+
+def _memory() -> ConsensusMemory:
+    vocab = Vocab(WORDS)
+    caps = [[[vocab.stoi[w] for w in c.split()] for c in photo] for photo in
+            (["a dog runs on the grass", "a dog on the grass"], ["a cat sits on the sofa"], ["a cat on the grass"])]
+    return ConsensusMemory.build(torch.eye(3, 8), caps, len(WORDS))
+
+
+def _feats(photo: int) -> torch.Tensor:
+    return torch.eye(3, 8)[photo].expand(1, 4, -1).clone()  # (1, P, D): pooled = memory photo `photo`
+
+
+def test_zero_weights_keep_the_beams_order_and_every_candidate():
+    cands = [_hyp("a cat sits on the sofa", -0.5), _hyp("a dog runs on the grass", -0.9)]
+    out = choose([cands], _feats(0), None, _memory(), Vocab(WORDS), DecodeConfig(consensus_weight=0.0))[0]
+    assert out == cands and all(h.choice is None for h in out)
+
+
+@pytest.mark.parametrize("signal, winner", [("consensus", "a dog runs on the grass"),  # memory photo 0's caption
+                                            ("agreement", "a cat sits on the sofa"),  # the most shared with the rest
+                                            ("length", "a cat sits on the sofa"),  # the first of the longest
+                                            ("objects", "a cat sits on the sofa")])  # the first naming the cat
+def test_each_signal_moves_the_choice_its_way(signal, winner):
+    """The beam prefers 'a dog on the sofa'; a large weight on one signal puts its own favourite first."""
+    cands = [_hyp("a dog on the sofa", -0.3), _hyp("a cat sits on the sofa", -0.6), _hyp("a cat on the sofa", -0.7),
+             _hyp("a dog runs on the grass", -0.8), _hyp("a cat sits on the grass", -0.9)]
+    probs = torch.zeros(len(captioner.concepts.imagenet.CATEGORIES))  # (C,): the head sees a cat only
+    probs[captioner.concepts.imagenet.CATEGORIES.index("cat")] = 0.9
+    settings = DecodeConfig(consensus_k=1, consensus_weight=0.0)
+    assert choose([cands], _feats(0), probs[None], _memory(), Vocab(WORDS), settings)[0][0].tokens == cands[0].tokens
+    weighted = (dataclasses.replace(settings, consensus_weight=0.99) if signal == "consensus"
+                else dataclasses.replace(settings, **{f"select_{signal}": 50.0}))
+    out = choose([cands], _feats(0), probs[None], _memory(), Vocab(WORDS), weighted)[0]
+    assert " ".join(Vocab(WORDS).itos[t] for t in out[0].tokens) == winner
+    assert out[0].choice == max(h.choice for h in out) and set(out[0].signals) == set(SIGNALS)
+
+
+def test_signals_are_computed_only_where_weighed():
+    cands = [_hyp("a dog on the sofa", -0.3), _hyp("a cat on the sofa", -0.7)]
+    none = Weights(tuple(0.0 for _ in SIGNALS))
+    x = signals(cands, [0], [0, 1], None, torch.zeros(len(WORDS), 3, dtype=torch.bool), _memory(), none)
+    assert x[:, 1:4].abs().sum() == 0 and x[:, 0].tolist() == [0.0, pytest.approx(-0.4)]
+
+
+def _pools(n: int, seed: int) -> list[Pool]:
+    """Photos of 5 candidates whose CIDEr is 2 x signal 'wide' - 1 x 'length' / 10 + noise; the beam's score is noise."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        x = torch.zeros(5, len(SIGNALS), dtype=torch.float64)
+        x[:, 0] = -torch.rand(5, generator=g, dtype=torch.float64)
+        x[:, 2] = torch.rand(5, generator=g, dtype=torch.float64)
+        x[:, 5] = torch.randint(5, 15, (5,), generator=g).double()
+        cider = 2 * x[:, 2] - x[:, 5] / 10 + 0.05 * torch.randn(5, generator=g, dtype=torch.float64)
+        out.append(Pool(x, cider))
+    return out
+
+
+def test_the_fit_finds_the_weights_that_made_the_cider():
+    w = fit(_pools(300, 0), ["score", "wide", "length"], ridge=1e-6)
+    assert w[2] == pytest.approx(2.0, rel=0.05) and w[5] == pytest.approx(-0.1, rel=0.05)
+    assert abs(float(w[0])) < 0.1 and w[[1, 3, 4, 6, 7]].abs().sum() == 0  # unused signals stay 0
+
+
+def test_out_of_fold_choosing_beats_the_beams_order_where_a_signal_carries_the_truth():
+    sets = {"a": _pools(60, 1), "b": _pools(40, 2)}
+    beam, learned = out_of_fold(sets, ["score"]), out_of_fold(sets, ["score", "wide", "length"])
+    assert all(learned[k] > beam[k] + 0.3 for k in sets)
+
+
+def test_fitted_weights_stored_as_decode_settings_choose_as_the_fit_does():
+    """as_settings rescales (1 - w) + w = 1; the choice made with the settings equals the fit's argmax."""
+    weights = torch.tensor([0.8, 0.4, 1.2, -0.3, 0.1, -0.02, 0.5, 0.2], dtype=torch.float64)
+    decode = DecodeConfig(consensus_k=1, **as_settings(weights)).checked()
+    cands = [_hyp("a dog on the sofa", -0.3), _hyp("a cat sits on the sofa", -0.6), _hyp("a cat on the grass", -0.65),
+             _hyp("a dog runs on the grass", -0.8)]
+    probs = torch.rand(1, len(captioner.concepts.imagenet.CATEGORIES), generator=torch.Generator().manual_seed(0))
+    out = choose([cands], _feats(2), probs, _memory(), Vocab(WORDS), decode)[0]
+    x = torch.stack([torch.tensor([h.signals[s] for s in SIGNALS], dtype=torch.float64) for h in out])  # (n, S)
+    assert int((x @ weights).argmax()) == 0  # the fit's own favourite is the caption
+    with pytest.raises(ValueError, match="positive"):
+        as_settings(torch.tensor([-1.0, 0.5, 0, 0, 0, 0, 0, 0]))
+
+
+def test_a_caption_says_why_it_won(bundled_choice):
+    from captioner.ui.workbench import choice_note, hypothesis_rows
+
+    cap = bundled_choice.caption(EXAMPLES[0])
+    assert cap.alternatives and cap.choice is not None and set(cap.signals) == set(SIGNALS)
+    assert all(a.choice is not None and a.choice <= cap.choice for a in cap.alternatives)
+    assert "choice (ranks)" in hypothesis_rows(cap)[0] and "runner-up" in choice_note(cap)
+    rec = cap.to_dict(maps=False)
+    assert rec["choice"] == cap.choice and rec["alternatives"][0]["choice"] == cap.alternatives[0].choice
+    plain = bundled_choice.caption(EXAMPLES[0], consensus_weight=0.0, **{f"select_{s}": 0.0 for s in SIGNALS[2:]})
+    assert plain.choice is None and choice_note(plain) == "" and "choice (ranks)" not in hypothesis_rows(plain)[0]
+
+
+@pytest.fixture(scope="module")
+def bundled_choice():
+    return captioner.load()
+
+
+def test_fit_selector_runs_end_to_end_on_a_few_real_photos(tmp_path, coco_mini):
+    import json
+
+    from captioner.cli.fit_selector import main
+
+    out = tmp_path / "selector.json"
+    rc = main(["--data", str(coco_mini.parent), "--sets", "coco-mini", "--limit", "8", "--cache-dir",
+               str(tmp_path / "cache"), "--output", str(out)])
+    report = json.loads(out.read_text())
+    row = report["headroom"]["coco-mini"][f"beam{report['settings']['beam_size']}"]
+    assert row["best of pool"] >= max(row["beam's first"], row["random"], row["current choice"]) > 0
+    assert set(report["signals"]) >= {"beam score only", "every signal", *(f"without {s}" for s in SIGNALS[1:])}
+    assert "score" in report["kept"] and set(report["weights"]) == set(SIGNALS)
+    if rc == 0:  # the weights as decode settings, valid ones
+        DecodeConfig(**report["decode"]).checked()
+    else:  # 1: on 8 photos the fit gave the score or the consensus a sign the settings cannot hold: said so
+        assert rc == 1 and report["decode"] is None
