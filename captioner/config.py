@@ -164,7 +164,7 @@ class DecodeConfig:
     select_agreement: float = 0.0  # CIDEr-D with the photo's other candidates (minimum Bayes risk)
     select_log_prob: float = 0.0  # the model's log-probability per word
     select_length: float = 0.0  # words
-    select_objects: float = 0.0  # sum of the head's P(category) over the categories the caption names
+    select_objects: float = 0.0  # sum of P(category) - 0.3 (the head's) over the categories the caption names
     select_top_object: float = 0.0  # 1 when the caption names the head's most probable category
     # each numeric setting's range: checked() by the API, every command and decoding; the app's widgets read it
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {

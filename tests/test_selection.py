@@ -50,7 +50,7 @@ def test_zero_weights_keep_the_beams_order_and_every_candidate():
 @pytest.mark.parametrize("signal, winner", [("consensus", "a dog runs on the grass"),  # memory photo 0's caption
                                             ("agreement", "a cat sits on the sofa"),  # the most shared with the rest
                                             ("length", "a cat sits on the sofa"),  # the first of the longest
-                                            ("objects", "a cat sits on the sofa")])  # the first naming the cat
+                                            ("objects", "a cat sits on the grass")])  # the cat, and no sofa unseen
 def test_each_signal_moves_the_choice_its_way(signal, winner):
     """The beam prefers 'a dog on the sofa'; a large weight on one signal puts its own favourite first."""
     cands = [_hyp("a dog on the sofa", -0.3), _hyp("a cat sits on the sofa", -0.6), _hyp("a cat on the sofa", -0.7),

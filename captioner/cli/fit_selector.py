@@ -10,10 +10,14 @@ candidate gets its signals and its CIDEr against the photo's references, and the
   file's current choice (for --pools beam sizes and nucleus samples too, with each pool's decoding time);
 - each signal's out-of-fold gain: the CIDEr of the choices of weights fitted without the photo (5 folds over all
   sets' photos, 3 shuffles), with every signal and with each one left out;
-- the weights fitted on every photo of the kept signals, as the --set line of captioner-export that stores them in
-  a model file (they are decode settings: decode.consensus_weight and decode.select_*).
+- the weights fitted on every photo of the kept signals, then CIDEr, CHAIR-s, CHAIR-i and object recall of their
+  choices with each --objects weight added (the signal that rewards naming what the encoder's head sees and
+  penalises naming what it barely sees: CIDEr hardly notices a wrong object, a person reading the caption does);
+- the kept weights as the --set line of captioner-export that stores them in a model file (they are decode
+  settings: decode.consensus_weight and decode.select_*).
 
-A signal is kept when leaving it out lowers the mean out-of-fold CIDEr over the sets (each set weighed alike).
+A signal is kept when leaving it out lowers the mean out-of-fold CIDEr over the sets (each set weighed alike) by
+more than MIN_GAIN.
 The model file must have its consensus memory beside it (captioner-build-consensus). Feature caches go in
 --cache-dir (the encoder runs once per set).
 """
@@ -27,6 +31,7 @@ import time
 from pathlib import Path
 
 VAL_SETS = ("coco-paired-val", "flickr8k-val", "coco-mini")
+MIN_GAIN = 0.001  # a signal's out-of-fold gain (mean CIDEr over the sets) below this is noise: it is not kept
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pools", nargs="*", default=[], metavar="POOL",
                    help="also measure these pools' headroom: beamK (e.g. beam10) or sampleN (N nucleus samples, "
                         "temperature .6, top-p .9, added to the beam's)")
+    p.add_argument("--objects", type=float, nargs="+", default=[0.0, 1.0, 3.0, 5.0], metavar="W",
+                   help="weights of the objects signal to try beside the fitted ones (CIDEr hardly sees a wrong "
+                        "object; CHAIR does): the one of least CHAIR-s within .005 mean CIDEr of the best is kept")
     p.add_argument("--limit", type=int, default=None, help="the first N photos of each set (a quick look)")
     p.add_argument("--output", default=None, help="write the tables and the weights as JSON here")
     return p
@@ -108,14 +116,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     report: dict = {"checkpoint": str(args.checkpoint or captioner.DEFAULT_CHECKPOINT),
                     "settings": dataclasses.asdict(settings), "headroom": {}}
-    fitted = {}
+    fitted, truth = {}, {}
     for name, records in sets.items():
-        rows, fitted[name] = _measure(loaded, name, records, settings, args)
+        rows, fitted[name], truth[name] = _measure(loaded, name, records, settings, args)
         report["headroom"][name] = rows
         for pool_name, row in rows.items():
             print(f"{name} {pool_name}: " + ", ".join(f"{key} {v:.3f}" if key != "ms per photo" else f"{v:.0f} ms/photo"
                                                       for key, v in row.items()), flush=True)
     report.update(_signals(fitted))
+    report.update(_objects(fitted, truth, report["weights"], args.objects))
     try:
         report["decode"] = decode = _as_settings(report["weights"])
     except ValueError as e:
@@ -130,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if decode is not None else 1
 
 
-def _measure(loaded, name: str, records: list, settings, args: argparse.Namespace) -> tuple[dict, list]:
-    """One val set: its pools' headroom rows and the Pools (signals, CIDEr) of the file's own beam."""
+def _measure(loaded, name: str, records: list, settings, args: argparse.Namespace) -> tuple[dict, list, tuple]:
+    """One val set: its pools' headroom rows, the Pools (signals, CIDEr, texts) of the file's own beam, and what
+    CHAIR needs (image ids, references, COCO boxes where the set has them)."""
     import numpy as np
     import torch
 
@@ -148,6 +158,8 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
     keep = [i for i, r in enumerate(records) if r.image_id not in set(cache.missing)]
     feats = torch.from_numpy(np.asarray(cache.features[keep], dtype=np.float32))  # (N, P, D)
     refs = [records[i].captions for i in keep]
+    ids = [records[i].image_id for i in keep]
+    boxed = _boxes(args, name, dict(zip(ids, refs)))
     probs = read_heads(loaded.model, feats).probs  # (N, C) or None
     pools = _pools(loaded, feats, settings, args.pools)
     k, every = settings.consensus_k, Weights(tuple(1.0 for _ in SIGNALS))  # every signal computed
@@ -157,15 +169,53 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
         if pool_name.startswith("sample"):  # the beam's candidates and the samples: the pool a choice would see
             beam_hyps = pools[f"beam{settings.beam_size}"][0]
             hyps = [b + [h for h in s if all(h.tokens != c.tokens for c in b)] for b, s in zip(beam_hyps, hyps)]
-        cider = candidate_cider(refs, [[" ".join(loaded.vocab.itos[t] for t in h.tokens) for h in hs] for hs in hyps])
+        texts = [tuple(" ".join(loaded.vocab.itos[t] for t in h.tokens) for h in hs) for hs in hyps]
+        cider = candidate_cider(refs, texts)
         current = choose(hyps, feats, probs, memory, loaded.vocab, settings)
         pool = [Pool(signals(hs, near[:k], near, None if probs is None else probs[i].float(), categories, memory, every),
-                     torch.tensor(c, dtype=torch.float64), shipped=[id(h) for h in hs].index(id(cur[0])))
-                for i, (hs, c, cur, near) in enumerate(zip(hyps, cider, current, nearest))]
+                     torch.tensor(c, dtype=torch.float64), [id(h) for h in hs].index(id(cur[0])), t)
+                for i, (hs, c, cur, near, t) in enumerate(zip(hyps, cider, current, nearest, texts))]
         rows[pool_name] = {**baselines(pool), "ms per photo": 1000 * seconds}
         if pool_name == f"beam{settings.beam_size}":
             fitted = pool
-    return rows, fitted
+    return rows, fitted, (ids, refs, boxed)
+
+
+def _boxes(args: argparse.Namespace, name: str, refs: dict) -> dict | None:
+    """coco-mini's boxed categories per photo (CHAIR against boxes + references); None: references only."""
+    if name != "coco-mini":
+        return None
+    from captioner.evaluation.grounding import boxed_categories, load_instances
+
+    return boxed_categories(load_instances(Path(args.data) / "coco-mini" / "annotations" / "instances_train2017.json"), refs)
+
+
+def _objects(fitted: dict, truth: dict, weights: dict[str, float], values: list[float]) -> dict:
+    """CIDEr and CHAIR of the fitted weights' choices with each objects weight; the kept one (least mean CHAIR-s
+    among those within .005 mean CIDEr of the best) replaces the fitted objects weight."""
+    import torch
+
+    from captioner.decoding.selection import SIGNALS
+    from captioner.evaluation.choice import chosen_texts
+    from captioner.evaluation.hallucination import measure_hallucination
+
+    table = {}
+    for v in values:
+        w = torch.tensor([v if s == "objects" else weights[s] for s in SIGNALS], dtype=torch.float64)
+        row = {}
+        for name, pools in fitted.items():
+            ids, refs, boxed = truth[name]
+            h = measure_hallucination(dict(zip(ids, chosen_texts(pools, w))), dict(zip(ids, refs)), boxed)
+            row[name] = {"CIDEr": sum(float(p.cider[int((p.signals @ w).argmax())]) for p in pools) / len(pools),
+                         "CHAIR-s": h.chair_s, "CHAIR-i": h.chair_i, "recall": h.recall}
+        table[v] = row
+        print(f"objects {v:g}: " + " | ".join(f"{n} CIDEr {r['CIDEr']:.3f} CHAIR-s {r['CHAIR-s']:.3f} CHAIR-i "
+                                              f"{r['CHAIR-i']:.3f} recall {r['recall']:.3f}" for n, r in row.items()))
+    mean = {v: {k: sum(r[k] for r in row.values()) / len(row) for k in ("CIDEr", "CHAIR-s")} for v, row in table.items()}
+    best = max(m["CIDEr"] for m in mean.values())
+    keep = min((v for v in values if mean[v]["CIDEr"] >= best - 0.005), key=lambda v: (mean[v]["CHAIR-s"], -v))
+    print(f"objects weight kept: {keep:g} (in-sample: the fit's other weights are fitted on these photos too)")
+    return {"objects": {str(v): row for v, row in table.items()}, "weights": {**weights, "objects": keep}}
 
 
 def _signals(fitted: dict) -> dict:
@@ -181,7 +231,7 @@ def _signals(fitted: dict) -> dict:
         table[f"without {s}"] = out_of_fold(fitted, [u for u in SIGNALS if u != s])
         gain = _mean(table["every signal"]) - _mean(table[f"without {s}"])
         print(f"  without {s:11s} {_line(table[f'without {s}'])}  (its gain {gain:+.4f})", flush=True)
-    kept = ["score"] + [s for s in SIGNALS[1:] if _mean(table["every signal"]) > _mean(table[f"without {s}"])]
+    kept = ["score"] + [s for s in SIGNALS[1:] if _mean(table["every signal"]) - _mean(table[f"without {s}"]) > MIN_GAIN]
     kept_oof = out_of_fold(fitted, kept)
     print(f"kept {', '.join(kept)}: out of fold {_line(kept_oof)}")
     weights = fit([p for pools in fitted.values() for p in pools], kept)

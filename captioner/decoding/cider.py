@@ -53,7 +53,7 @@ class CiderD:
             df.update(grams)
         self.df = dict(df)
         self.log_n = math.log(float(len(references)))
-        self._ref_cache: dict[tuple[Caption, ...], list[tuple[list[dict], list[float], int]]] = {}
+        self._ref_cache: dict[tuple[Caption, ...], tuple] = {}  # reference set -> its index (_refs)
 
     def _vector(self, tokens: Caption) -> tuple[list[dict[NGram, float]], list[float], int]:
         """TF-IDF vectors per n, their norms, and the caption length."""
@@ -64,13 +64,26 @@ class CiderD:
             norms.append(math.sqrt(sum(x * x for x in v.values())))
         return vecs, norms, len(tokens)
 
-    def _refs(self, refs: Sequence[Caption]) -> list[tuple[list[dict], list[float], int]]:
+    def _refs(self, refs: Sequence[Caption]) -> tuple[list[dict[NGram, list[tuple[int, float]]]], list[list[float]],
+                                                       list[int]]:
+        """A reference set as an inverted index: per n, each n-gram -> [(reference, its weight)], and each reference's
+        norms and length. A candidate then visits only the references that share its n-grams (a consensus over
+        a hundred captions would otherwise loop over every n-gram of every one)."""
         key = tuple(tuple(r) for r in refs)
         hit = self._ref_cache.get(key)
         if hit is None:
             if len(self._ref_cache) > 200_000:  # bound memory on huge datasets
                 self._ref_cache.clear()
-            hit = self._ref_cache[key] = [self._vector(r) for r in key]
+            index: list[dict[NGram, list[tuple[int, float]]]] = [{} for _ in range(self.n)]
+            norms, lengths = [], []
+            for j, r in enumerate(key):
+                vecs, r_norms, length = self._vector(r)
+                for n, v in enumerate(vecs):
+                    for g, x in v.items():
+                        index[n].setdefault(g, []).append((j, x))
+                norms.append(r_norms)
+                lengths.append(length)
+            hit = self._ref_cache[key] = (index, norms, lengths)
         return hit
 
     def score_one(self, candidate: Caption, refs: Sequence[Caption]) -> float:
@@ -78,19 +91,26 @@ class CiderD:
 
     def agreement(self, candidate: Caption, ref_sets: Sequence[Sequence[Caption]]) -> float:
         """CIDEr-D of `candidate` against all the references of several sets at once (= score_one against their
-        union); each set's vectors are cached by the set, so a set met again (a training photo's captions) is free."""
+        union); each set's index is cached by the set, so a set met again (a training photo's captions) is free."""
         if not any(ref_sets):
             raise ValueError("every candidate needs at least one reference")
         c_vecs, c_norms, c_len = self._vector(candidate)
         total = 0.0
         for refs in ref_sets:
-            for r_vecs, r_norms, r_len in self._refs(refs):
+            index, norms, lengths = self._refs(refs)
+            dots = [[0.0] * len(lengths) for _ in range(self.n)]  # (n, refs): clipped counts x reference weights
+            for n, cv in enumerate(c_vecs):
+                postings, dot = index[n], dots[n]
+                for g, x in cv.items():
+                    for j, r in postings.get(g, ()):
+                        dot[j] += min(x, r) * r
+            for j, r_len in enumerate(lengths):
                 penalty = math.exp(-((c_len - r_len) ** 2) / (2 * self.sigma ** 2))
-                for cv, rv, cn, rn in zip(c_vecs, r_vecs, c_norms, r_norms):
+                for n in range(self.n):
+                    cn, rn = c_norms[n], norms[j][n]
                     if cn == 0.0 or rn == 0.0:
                         continue
-                    dot = sum(min(x, rv[g]) * rv[g] for g, x in cv.items() if g in rv)  # clipped counts
-                    total += penalty * dot / (cn * rn)
+                    total += penalty * dots[n][j] / (cn * rn)
         return 10.0 * total / (self.n * sum(len(refs) for refs in ref_sets))
 
     def score(self, candidates: Sequence[Caption], references: Sequence[Sequence[Caption]]) -> list[float]:

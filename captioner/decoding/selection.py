@@ -18,9 +18,10 @@ with w = decode.consensus_weight and select_s = decode.select_<s> (0: the signal
                 the caption the beam's alternatives agree with
     log_prob    the model's own log-probability per word (no bias, no length penalty)
     length      words
-    objects     the encoder's head's P(category), summed over the COCO categories the caption names
-                (concepts/words.py): naming what the head sees is rewarded, naming what it does not see is not
-    top_object  1 when the caption names the category the head finds most probable (P >= TOP_OBJECT_P), else 0
+    objects     sum over the COCO categories the caption names (concepts/words.py) of P(category) - OBJECT_P,
+                the encoder's head's probability less the concepts' threshold: naming what the head sees adds,
+                naming what it barely sees (the wrong dog, the couch that is a bed) subtracts
+    top_object  1 when the caption names the category the head finds most probable (P >= OBJECT_P), else 0
 
 The weights are fitted by `captioner-fit-selector` on the val sets (never test): least squares predicting each
 candidate's CIDEr relative to its photo's other candidates, judged out of fold (k-fold over photos), and stored in
@@ -37,6 +38,7 @@ from typing import Sequence
 
 import torch
 
+from ..concepts.imagenet import THRESHOLD
 from ..concepts.words import word_categories
 from ..config import DecodeConfig
 from ..vocab import Vocab
@@ -47,7 +49,7 @@ from .hypotheses import Hypothesis
 # decode.consensus_weight (w), the others by decode.select_<name>
 SIGNALS = ("score", "consensus", "wide", "agreement", "log_prob", "length", "objects", "top_object")
 WIDE = 4  # the wide neighbourhood: WIDE x consensus_k nearest training photos
-TOP_OBJECT_P = 0.3  # the head's most probable category counts for top_object from this P (concepts' threshold)
+OBJECT_P = THRESHOLD  # the P from which a named category counts for objects and the top category for top_object
 
 
 @dataclass(frozen=True)
@@ -96,9 +98,9 @@ def signals(cands: Sequence[Hypothesis], near: Sequence[int], wide: Sequence[int
         out[i, 5] = words
         if probs is not None and words:
             named = categories[torch.tensor(h.tokens)].amax(0) > 0  # (C,) the categories the caption names
-            out[i, 6] = float(probs[named].sum())
+            out[i, 6] = float((probs[named] - OBJECT_P).sum())
             top = int(probs.argmax())
-            out[i, 7] = float(named[top] and probs[top] >= TOP_OBJECT_P)
+            out[i, 7] = float(named[top] and probs[top] >= OBJECT_P)
     return out
 
 

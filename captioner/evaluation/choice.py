@@ -32,6 +32,7 @@ class Pool:
     signals: torch.Tensor
     cider: torch.Tensor
     shipped: int = 0  # the candidate the file's current choice picks
+    texts: tuple[str, ...] = ()  # the candidates' words (for CHAIR of a choice)
 
 
 def candidate_cider(references: Sequence[Sequence[str]], candidates: Sequence[Sequence[str]]) -> list[list[float]]:
@@ -89,6 +90,11 @@ def out_of_fold(sets: dict[str, list[Pool]], use: Sequence[str], folds: int = 5,
                 if fold_of[j] == f:
                     totals[name] += chosen(p, w)
     return {name: totals[name] / (seeds * len(pools)) for name, pools in sets.items()}
+
+
+def chosen_texts(pools: Sequence[Pool], weights: torch.Tensor) -> list[str]:
+    """The caption the weights choose for each photo."""
+    return [p.texts[int((p.signals @ weights).argmax())] for p in pools]
 
 
 def baselines(pools: Sequence[Pool], seed: int = 0) -> dict[str, float]:
