@@ -329,17 +329,40 @@ def check_grid(model: ModelConfig, source: str = "config") -> None:
             f"{model.grid_size}x{model.grid_size} map.")
 
 
+def read_config_file(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A config file's sections as a mapping. A top-level `base: other.yaml` (relative to this file) is read first
+    and this file's keys replace its keys one by one (a list, such as data.sources, is replaced whole), so a
+    stage names only what it changes. A base chain that loops, or a missing file, is an error naming the files."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}" + (f" (the base of {_seen[-1]})" if _seen else ""))
+    if path.resolve() in _seen:
+        raise ValueError(f"config base chain loops: {' -> '.join(str(p) for p in (*_seen, path.resolve()))}")
+    import yaml  # YAML or JSON (JSON is YAML)
+
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a config file is a mapping of sections, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ValueError(f"{path}: 'base' names one config file, got {base!r}")
+    merged = read_config_file(path.parent / base, (*_seen, path.resolve()))
+    for section, values in data.items():
+        if isinstance(values, dict) and isinstance(merged.get(section), dict):
+            merged[section] = {**merged[section], **values}
+        else:
+            merged[section] = values
+    return merged
+
+
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
-    """Defaults, then the YAML/JSON file at `path`, then `key=value` overrides (e.g. 'train.lr=1e-3')."""
+    """Defaults, then the YAML/JSON file at `path` (after the files it names as `base`, see read_config_file),
+    then `key=value` overrides (e.g. 'train.lr=1e-3')."""
     cfg = Config()
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file not found: {path}")
-        import yaml  # YAML or JSON (JSON is YAML)
-
-        data = yaml.safe_load(path.read_text()) or {}
-        cfg = Config.from_dict(data, source=str(path))
+        cfg = Config.from_dict(read_config_file(path), source=str(path))
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"--set expects key=value, got '{item}'")

@@ -133,3 +133,25 @@ def test_every_boolean_flag_of_every_command_is_strict():
     assert p.parse_args(base + ["--balanced", "false"]).balanced is False
     with _pytest.raises(SystemExit):
         p.parse_args(base + ["--balanced", "ture"])
+
+
+def test_a_config_names_a_base_and_changes_only_what_it_says(tmp_path):
+    """configs/coco_scst.yaml names configs/coco_resnet101.yaml as its base: its model and data are the base's,
+    its train keys replace the base's one by one; a loop or a missing base is an error naming the files."""
+    from captioner.config import load_config
+
+    base, stage = load_config("configs/coco_resnet101.yaml"), load_config("configs/coco_scst.yaml")
+    assert stage.model == base.model and stage.data == base.data
+    assert stage.train.objective == "scst" and stage.train.lr == 5e-5 and stage.train.val_limit == base.train.val_limit
+    assert stage.decode.beam_size == base.decode.beam_size and stage.decode.max_len == 30
+    (tmp_path / "a.yaml").write_text("base: b.yaml\ntrain:\n  lr: 1.0\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ValueError, match="loops"):
+        load_config(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("base: missing.yaml\n")
+    with pytest.raises(FileNotFoundError, match="the base of"):
+        load_config(tmp_path / "c.yaml")
+    (tmp_path / "e.yaml").write_text("base: tiny_copy.yaml\ntrain:\n  epochs: 7\n")
+    (tmp_path / "tiny_copy.yaml").write_text(Path("configs/tiny.yaml").read_text())
+    tiny, child = load_config("configs/tiny.yaml"), load_config(tmp_path / "e.yaml")
+    assert child.train.epochs == 7 and child.train.lr == tiny.train.lr and child.model == tiny.model

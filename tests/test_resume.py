@@ -69,3 +69,22 @@ def test_a_finished_run_is_extended_with_the_new_learning_rate(finished_run):
     assert st["epoch"] == 2 and st["finished"]
     again = run(*finished_run, "train.epochs=2", "train.lr=1e-3")
     assert "already finished" in again.stdout and "2 of train.epochs=2 done" in again.stdout
+
+
+def test_the_run_folder_holds_its_resolved_config(finished_run):
+    import yaml
+
+    out_dir = Path(finished_run[-1].split("=", 1)[1])
+    written = yaml.safe_load((out_dir / "config.yaml").read_text())
+    assert written == load_checkpoint(out_dir / "last.safetensors").config.to_dict()  # every key, defaults too
+    assert written["train"]["out_dir"] == str(out_dir) and written["data"]["limit"] == 8
+
+
+def test_a_resume_with_another_number_of_processes_is_refused(finished_run):
+    """A run's batches are sharded by process and every process saved its random states: resuming with another
+    count would replay batches and draw other samples, so it is refused before any data is read."""
+    from captioner.training.run import TrainingError, build_run
+
+    cfg = load_config("configs/tiny.yaml", finished_run[finished_run.index("--set") + 1:])
+    with pytest.raises(TrainingError, match=r"saved by 1 process\(es\) and this command runs 2: .*nproc_per_node=1"):
+        build_run(cfg, world_size=2, log=lambda _: None)

@@ -103,8 +103,21 @@ class ObjectiveModule(torch.nn.Module):
         return self.objective(self.model, batch)
 
 
-def _restore(cfg: Config, last_path: Path, train_records: Sequence[ImageRecord], log: Log, main: bool
-             ) -> tuple[Any, Vocab, TrainState, dict | None, dict[str, Any]]:
+def write_config_yaml(cfg: Config, path: Path) -> None:
+    """The resolved config as YAML (every key, defaults included), written to a temp name and renamed."""
+    import os
+
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text("# the resolved config of this run (defaults, the config file, --set), written by captioner-train\n"
+                   + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    tmp.replace(path)
+
+
+def _restore(cfg: Config, last_path: Path, train_records: Sequence[ImageRecord], log: Log, main: bool,
+             world_size: int = 1) -> tuple[Any, Vocab, TrainState, dict | None, dict[str, Any]]:
     """(resume checkpoint or None, vocabulary, state, initial weights or None, the settings this command
     changed: key -> (stored, new)). A resumed run takes the
     command's settings where that is safe (resume.check_resume: logged) and refuses other changes."""
@@ -113,6 +126,11 @@ def _restore(cfg: Config, last_path: Path, train_records: Sequence[ImageRecord],
         if not resume.train_state or "state" not in resume.train_state:
             raise TrainingError(f"{last_path} has no training state (is it an exported model?). Move it away "
                                 "or choose another train.out_dir.")
+        saved_by = len(resume.train_state.get("rng") or [])  # one random state per process that saved it
+        if saved_by and saved_by != world_size:  # each process's batches and generators: another count replays batches
+            raise TrainingError(f"{last_path} was saved by {saved_by} process(es) and this command runs {world_size}: "
+                                f"resume with the same number (torchrun --nproc_per_node={saved_by}) or choose "
+                                "another train.out_dir")
         changed = check_resume(resume.config, cfg, str(last_path), log)  # ValueError: an unsafe change
         state = TrainState(**resume.train_state["state"])
         reopen(state, cfg, log)
@@ -215,7 +233,9 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
         log("training mix: " + "; ".join(f"{src.name} {len(t)} train / {len(v)} val photos, weight {src.weight:g}"
                                          for (src, t), (_, v) in zip(train, val)))
     train_records = [r for _, recs in train for r in recs]
-    resume, vocab, state, weights, changed = _restore(cfg, out / "last.safetensors", train_records, log, main)
+    resume, vocab, state, weights, changed = _restore(cfg, out / "last.safetensors", train_records, log, main, world_size)
+    if main:  # the resolved config beside the run, readable without loading a checkpoint (checkpoints hold it too)
+        write_config_yaml(cfg, out / "config.yaml")
     model = _model(cfg, len(vocab), weights, resume is None, log).to(device)
     for p in model.encoder.parameters():
         p.requires_grad_(cfg.model.fine_tune_encoder)
