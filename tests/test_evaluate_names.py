@@ -31,3 +31,23 @@ def test_bundled_model_and_data_stay_in_the_name():
     assert named(None).name == "bundled_flickr8k_test.json"
     assert named(None, "coco", "val2017", limit=2).name == "bundled_coco_val2017-first2.json"
     assert named("runs/a/best.safetensors", "coco", "val2017") != named("runs/a/best.safetensors")
+
+
+def test_another_decode_of_the_same_model_keeps_its_own_file():
+    plain = Path(default_output(argparse.Namespace(checkpoint=None, dataset="flickr8k", limit=None), "test", {}))
+    beam3 = Path(default_output(argparse.Namespace(checkpoint=None, dataset="flickr8k", limit=None), "test",
+                                {"beam_size": 3}))
+    assert plain.name == "bundled_flickr8k_test.json" and beam3.name == "bundled_flickr8k_test_beam_size3.json"
+
+
+def test_a_folder_of_the_same_name_elsewhere_never_replaces_the_earlier_result(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    first, second = tmp_path / "x" / "runs" / "a" / "best.safetensors", tmp_path / "y" / "runs" / "a" / "best.safetensors"
+    name = named(str(first))
+    name.parent.mkdir()
+    name.write_text(json.dumps({"checkpoint": str(first), "model_file": str(first.resolve())}))
+    assert named(str(first)) == name  # the same model file: its own result, rewritten
+    other = named(str(second))
+    assert other != name and other.name.startswith("a-best_flickr8k_test-") and other.parent == name.parent

@@ -68,7 +68,8 @@ def test_evaluate_json(trained, tmp_path):
 
 
 def test_evaluate_writes_one_result_per_model_and_data_and_says_when_it_replaces_one(tmp_path):
-    """No --output: evaluations/<model>_<dataset>_<split>.json under the working folder; a COCO result never
+    """No --output: evaluations/<model>_<dataset>_<split>[_<setting><value>].json under the working folder (beam 1
+    is not the file's own setting, so it is named); a COCO result never
     lands on the Flickr8k one, and replacing an earlier result is said."""
     bundled_or_skip()
     coco = need_coco()
@@ -83,10 +84,10 @@ def test_evaluate_writes_one_result_per_model_and_data_and_says_when_it_replaces
     evaluate("--dataset", "coco", "--images", str(coco / "train2017"), "--annotations",
              str(coco / "annotations" / "captions_train2017.json"))
     written = sorted(p.name for p in (tmp_path / "evaluations").iterdir())
-    assert written == ["bundled_coco_train2017-first2.json", "bundled_flickr8k_val-first2.json"]
+    assert written == ["bundled_coco_train2017-first2_beam_size1.json", "bundled_flickr8k_val-first2_beam_size1.json"]
     assert "replacing" not in first.stderr
     again = evaluate(*flickr_args)
-    assert "note: replacing the earlier result at evaluations/bundled_flickr8k_val-first2.json" in again.stderr
+    assert "note: replacing the earlier result at evaluations/bundled_flickr8k_val-first2_beam_size1.json" in again.stderr
 
 
 @pytest.mark.parametrize("limit", ["0", "-3"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import sys
 import time
@@ -135,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError, captioner.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    args.output = args.output or default_output(args, label)
+    args.output = args.output or default_output(args, label, {k: v for k, v in dataclasses.asdict(used).items()
+                                                              if v != getattr(loaded.config.decode, k)})
     t0 = time.time()
     feats, keep = _features(args, loaded, records, label, say)
     if len(keep) < len(records):
@@ -192,7 +194,8 @@ def _write(args: argparse.Namespace, label: str, used, scores: dict, grounding: 
         print(f"note: replacing the earlier result at {out}", file=sys.stderr)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(
-        {"checkpoint": str(args.checkpoint or captioner.DEFAULT_CHECKPOINT), "dataset": args.dataset, "split": label,
+        {"checkpoint": str(args.checkpoint or captioner.DEFAULT_CHECKPOINT), "model_file": _model_path(args.checkpoint),
+         "dataset": args.dataset, "split": label,
          **dataclasses.asdict(used), "scores": scores, **{k: g.to_dict() for k, g in grounding.items()},
          "captions": [{"image_id": k, "caption": v} for k, v in preds.items()]}, indent=1))
     if args.json:
@@ -234,13 +237,35 @@ def _has_boxes(args: argparse.Namespace, say) -> bool:
     return False
 
 
-def default_output(args: argparse.Namespace, label: str) -> str:
-    """evaluations/<run>-<model file stem>_<dataset>_<split label>[-firstN].json: one file per model and data,
-    so a COCO result never lands on a Flickr8k one, and two runs' best.safetensors (runs/a/, runs/b/) never
-    land on each other's (a-best_..., b-best_...); <run> is the model file's folder, the bundled model is
-    "bundled"."""
+def default_output(args: argparse.Namespace, label: str, changed: dict | None = None) -> str:
+    """evaluations/<run>-<model file stem>_<dataset>_<split label>[-firstN][_<setting><value>...].json: one file
+    per model, data and decoding, so a COCO result never lands on a Flickr8k one, two runs' best.safetensors
+    (runs/a/, runs/b/) never land on each other's (a-best_..., b-best_...), and the same model decoded with other
+    settings than its file's (`changed`: setting -> value, e.g. beam_size 3 -> _beam_size3) keeps its own file;
+    <run> is the model file's folder, the bundled model is "bundled". Where that name already holds the result of
+    another model file (a folder of the same name elsewhere), the name gets a short hash of this file's path."""
     part = f"{label}-first{args.limit}" if args.limit else label
-    return str(Path("evaluations") / f"{model_label(args.checkpoint)}_{args.dataset}_{part}.json")
+    decode = "".join(f"_{k}{v}" for k, v in sorted((changed or {}).items()))
+    name = f"{model_label(args.checkpoint)}_{args.dataset}_{part}{decode}"
+    path = Path("evaluations") / f"{name}.json"
+    if path.is_file() and _written_for(path) not in (None, _model_path(args.checkpoint)):
+        path = path.with_name(f"{name}-{hashlib.sha1(_model_path(args.checkpoint).encode()).hexdigest()[:6]}.json")
+    return str(path)
+
+
+def _model_path(checkpoint: str | None) -> str:
+    import captioner
+
+    return str(Path(checkpoint or captioner.DEFAULT_CHECKPOINT).resolve())
+
+
+def _written_for(result: Path) -> str | None:
+    """The model file (resolved) an earlier result was written for; None when it does not say (unreadable)."""
+    try:
+        data = json.loads(result.read_text())
+        return str(data.get("model_file") or Path(data["checkpoint"]).resolve())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def model_label(checkpoint: str | None) -> str:
