@@ -78,6 +78,16 @@ def test_a_stopped_run_saves_its_step_and_resumes_to_the_same_numbers(reference,
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert "note:" not in again.stdout  # the random states were restored, not reseeded
     assert losses(out) == losses(tmp / "reference")  # every step's loss, grad norm and every epoch's val numbers
+    assert tensorboard_steps(out) == tensorboard_steps(tmp / "reference") == list(range(1, STEPS + 1))  # each once
+
+
+def tensorboard_steps(run_dir: Path) -> list[int]:
+    """The steps of train/xent in the run's TensorBoard events as TensorBoard reads them (purges applied)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return [e.step for e in events.Scalars("train/xent")]
 
 
 def test_the_run_that_built_the_cache_equals_one_that_read_it(reference):

@@ -96,13 +96,15 @@ BOOKKEEPING = {"kind", "epoch", "step", "lr", "grad_norm", "time", "captions_per
 
 
 def _writer(folder: Path, start_step: int, log: Callable[[str], None]) -> Any:
-    """A TensorBoard SummaryWriter that drops the events a stopped run logged after its checkpoint."""
+    """A TensorBoard SummaryWriter that drops the events a stopped run logged after its checkpoint at `start_step`:
+    the purge starts at start_step + 1, because the checkpoint's own step was logged before it was saved and is
+    not logged again (as metrics.jsonl keeps it: logs.JsonlLogger.rewind)."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # torch's writer needs the tensorboard package
         log("note: the tensorboard package is not installed: no TensorBoard events (pip install tensorboard)")
         return None
-    return SummaryWriter(str(folder), purge_step=start_step if start_step else None)
+    return SummaryWriter(str(folder), purge_step=start_step + 1 if start_step else None)
 
 
 def attention_figure(image_path: str | Path, words: Sequence[str], alphas: Any, grid: int, columns: int = 5):
