@@ -209,3 +209,38 @@ def test_feature_cache_keeps_values_float16_cannot_hold(flickr, tmp_path):
     with pytest.raises(ValueError, match="resnet152 produced NaN/inf features"):
         build_cache(tmp_path, "n", enc, prep, recs, num_workers=0, progress=False)
     assert not (tmp_path / "n.json").exists()
+
+
+def test_feature_batches_read_ahead_give_the_batches_of_reading_in_turn():
+    """The loader's reader thread (cached features) changes when a batch is read, never what or in which order;
+    an early end (a stop, max_steps) ends the thread; a failed read is raised where the batches are taken."""
+    import threading
+
+    import numpy as np
+
+    from captioner.data.dataset import BucketBatchSampler, FeatureDataset, collate
+    from captioner.data.loader import FeatureBatches, RankBatches
+
+    feats = np.random.RandomState(0).rand(37, 4, 6).astype(np.float16)  # (N, P, D) like a cache
+    caps = [[[1] + [4 + i % 5] * (1 + i % 3) + [2]] for i in range(37)]
+    ds = FeatureDataset(feats, list(range(37)), caps)
+    sampler = BucketBatchSampler([len(c[0]) for c in caps], 4, seed=3)
+    ahead = list(FeatureBatches(ds, RankBatches(sampler, 0, 1), collate, prefetch=2))
+    in_turn = list(FeatureBatches(ds, RankBatches(sampler, 0, 1), collate, prefetch=0))
+    assert len(ahead) == len(in_turn) == len(RankBatches(sampler, 0, 1)) > 5
+    for a, b in zip(ahead, in_turn):
+        assert a.visual.dtype == torch.float32 and torch.equal(a.visual, b.visual)
+        assert torch.equal(a.inputs, b.inputs) and torch.equal(a.image_index, b.image_index)
+    assert torch.equal(ahead[0].visual[0], torch.from_numpy(feats[next(iter(RankBatches(sampler, 0, 1)))[0]]).float())
+    before = threading.active_count()
+    for k, _ in enumerate(FeatureBatches(ds, RankBatches(sampler, 0, 1), collate, prefetch=2)):
+        if k == 1:
+            break
+    assert threading.active_count() == before  # the reader ended with the epoch's consumer
+
+    class Broken(FeatureDataset):
+        def __getitem__(self, i):
+            raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        list(FeatureBatches(Broken(feats, list(range(37)), caps), RankBatches(sampler, 0, 1), collate, prefetch=2))

@@ -3,7 +3,9 @@ feature memory map (a slice per batch, no worker processes) or from images (a Da
 """
 from __future__ import annotations
 
+import queue
 import signal
+import threading
 from typing import Any, Callable, Iterator
 
 import torch
@@ -31,25 +33,69 @@ class RankBatches:
 
 
 class FeatureBatches:
-    """Cached features are a memory map: reading a batch is a slice, no worker processes needed."""
+    """Cached features are a memory map: reading a batch is a slice, no worker processes needed. A thread reads
+    and collates the next `prefetch` batches (pinned for a GPU) while the step runs, so the device does not wait
+    for the disk or the conversion; the batches and their order are exactly those of reading them in turn."""
 
-    def __init__(self, dataset: FeatureDataset, batches: RankBatches, collate_fn: Callable):
+    def __init__(self, dataset: FeatureDataset, batches: RankBatches, collate_fn: Callable, pin_memory: bool = False,
+                 prefetch: int = 2):
         self.dataset, self.batches, self.collate_fn = dataset, batches, collate_fn
+        self.pin_memory, self.prefetch = pin_memory, prefetch
 
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __iter__(self):
-        for idx in self.batches:
-            yield self.collate_fn([self.dataset[i] for i in idx])
+    def _read(self, idx: list[int]) -> Any:
+        batch = self.collate_fn([self.dataset[i] for i in idx])
+        return batch.pin_memory() if self.pin_memory and batch is not None else batch
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.prefetch < 1:
+            yield from (self._read(idx) for idx in self.batches)
+            return
+        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        done = threading.Event()  # the epoch's consumer left (end, break, a stop, an error): the reader ends too
+
+        def put(item: tuple[str, Any]) -> bool:
+            while not done.is_set():
+                try:
+                    ready.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def read() -> None:
+            try:
+                for idx in self.batches:
+                    if not put(("batch", self._read(idx))):
+                        return
+                put(("end", None))
+            except BaseException as e:  # handed to the consumer, raised in its thread
+                put(("error", e))
+
+        reader = threading.Thread(target=read, name="feature-batches", daemon=True)
+        reader.start()
+        try:
+            while True:
+                kind, item = ready.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise item
+                yield item
+        finally:
+            done.set()
+            reader.join(timeout=10)
 
 
 def epoch_loader(dataset: Any, batches: RankBatches, collate_fn: Callable, from_features: bool,
                  num_workers: int, pin_memory: bool, seed: int = 0) -> Any:
     """The iterable of one epoch's batches (starting at batches.start). An image loader takes its workers'
     seeds from a generator of its own (`seed`): the global one stays the training's alone."""
-    if from_features:
-        return FeatureBatches(dataset, batches, collate_fn)
+    if from_features:  # activations draw their mirror images from Python's random state, which a checkpoint saves:
+        # read ahead, they would draw before the saved state, so only features (no randomness) are read ahead
+        return FeatureBatches(dataset, batches, collate_fn, pin_memory, prefetch=2 if isinstance(dataset, FeatureDataset) else 0)
     return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn, num_workers=num_workers,
                       pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed),
                       worker_init_fn=ignore_stop_signals if num_workers else None)
