@@ -131,3 +131,26 @@ def test_explain_notes_an_unknown_word_once(capsys):
     assert main([str(photo), "--explain", "a zorblax sits on the grass"]) == 0
     out, err = capsys.readouterr()
     assert err.count("not in the model's vocabulary") == 1 and "zorblax" in err and "zorblax(unk)" in out, (out, err)
+
+
+def test_the_app_listens_on_this_machine_only_unless_told_otherwise(tmp_path):
+    """`streamlit run app.py` listened on every interface: a laptop in a café served its photos to the room. The
+    setting as streamlit itself reads it from the checkout's .streamlit/config.toml (a HOME of its own, so no
+    personal config decides), and the command-line flag docs/app.md gives still opens it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom streamlit import config\nout = {}\n"
+            "for flags in ({}, {'server.address': '0.0.0.0'}):\n"
+            "    config.get_config_options(force_reparse=True, options_from_flags=flags)\n"
+            "    out[str(bool(flags))] = [config.get_option('server.address'), config.get_where_defined('server.address')]\n"
+            "print(json.dumps(out))")
+    env = {**os.environ, "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout.splitlines()[-1])
+    assert seen["False"] == ["127.0.0.1", str(ROOT / ".streamlit" / "config.toml")]
+    assert seen["True"][0] == "0.0.0.0"
+    assert "--server.address 0.0.0.0" in (ROOT / "docs" / "app.md").read_text()
