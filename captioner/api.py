@@ -35,7 +35,7 @@ from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save
 from .config import DTYPES as DTYPE_NAMES
 from .config import Config, DecodeConfig, set_value
 from .decoding.explain import NoWordsError
-from .images import ImageError, ImageInput, load_image
+from .images import ImageError, ImageInput, load_image, original_size, was_transparent
 from .model.captioner import CaptionModel, build_model
 from .model.encoder import Preprocess, build_preprocess
 from .vocab import Vocab
@@ -152,14 +152,15 @@ class Captioner:
         if not images:
             return []
         sizes, inputs = [], []
-        for im in images:  # one decoded photo held at a time: upright RGB as preprocess reads it, its size noted
+        for im in images:  # one decoded photo held at a time: upright RGB as preprocess reads it, its sizes noted
             img = load_image(im)
-            sizes.append(img.size)
+            sizes.append((img.size, original_size(img), was_transparent(img)))
             inputs.append(self.preprocess(img))  # (3, S, S)
         feats = self.encode(torch.stack(inputs))  # (B, P, D)
         reading = read_heads(self.model, feats)
         side, names = int(self.config.model.image_size), list(names or [None] * len(images))
-        return [Photo(self, feats[i:i + 1], reading.rows(i, i + 1), size, side, names[i]) for i, size in enumerate(sizes)]
+        return [Photo(self, feats[i:i + 1], reading.rows(i, i + 1), size, side, names[i], file_size, clear)
+                for i, (size, file_size, clear) in enumerate(sizes)]
 
     def caption(self, image: ImageInput, **overrides: Any) -> Caption:
         """One image -> Caption (`read(image).caption()`); decode settings are the model file's unless

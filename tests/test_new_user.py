@@ -154,3 +154,42 @@ def test_the_app_listens_on_this_machine_only_unless_told_otherwise(tmp_path):
     assert seen["False"] == ["127.0.0.1", str(ROOT / ".streamlit" / "config.toml")]
     assert seen["True"][0] == "0.0.0.0"
     assert "--server.address 0.0.0.0" in (ROOT / "docs" / "app.md").read_text()
+
+
+def test_a_fully_transparent_png_and_a_panorama_shrunk_on_reading_get_notes_that_say_so(tmp_path, capsys):
+    """A fully transparent PNG got a confident caption with no note; a 5000x20 photo's note named the size it was
+    shrunk to (1024x4), not the file's. Both notes reach the CLI's stderr, the API's Caption and its Photo."""
+    from captioner.cli.caption import main
+
+    from .test_api import tiny_captioner
+
+    clear, wide, part = tmp_path / "clear.png", tmp_path / "wide.png", tmp_path / "part.png"
+    Image.new("RGBA", (300, 300), (0, 0, 0, 0)).save(clear)
+    Image.new("RGB", (5000, 20), (120, 30, 30)).save(wide)
+    some = Image.new("RGBA", (300, 300), (0, 0, 0, 0))
+    some.putpixel((3, 3), (255, 0, 0, 255))  # one pixel shows: a picture, however small
+    some.save(part)
+    model = tiny_captioner()
+    cap, shown, partly = (model.caption(str(p), beam_size=1, max_len=3) for p in (clear, wide, part))
+    assert cap.notes == ["The image is fully transparent: it holds no picture, so the caption describes an empty "
+                         "white image."] and partly.notes == []
+    assert model.read(str(clear)).notes == cap.notes and model.read(str(clear)).transparent
+    side = model.config.model.image_size
+    assert shown.notes == [f"The photo is 5000x20 pixels, read at 1024x4 (its longer side brought to 1024): its "
+                           f"shorter side is far smaller than the model's {side}x{side} input, enlarged {side // 4}x, "
+                           "so the caption rests on very little detail."]
+    assert model.read(str(wide)).file_size == (5000, 20) and model.read(str(wide)).size == (1024, 4)
+    assert main([str(clear), str(wide), "--beam-size", "1"]) == 0
+    err = capsys.readouterr().err
+    assert f"note: {clear}: The image is fully transparent" in err and f"note: {wide}: The photo is 5000x20" in err
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "\ufeff"])
+def test_an_empty_captions_file_says_it_is_empty(tmp_path, text):
+    root = _own_folder(tmp_path / "mine", bom=False)
+    (root / "captions.txt").write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"captions.txt: the file is empty; write a header line 'image,caption'"):
+        read_captions(root)
+    (root / "captions.txt").write_text("p00.jpg,a dog\n", encoding="utf-8")  # a caption where the header goes
+    with pytest.raises(ValueError, match=r"expected a CSV with header 'image,caption', got 'p00.jpg,a dog'"):
+        read_captions(root)
