@@ -147,8 +147,11 @@ def test_example_photo_is_captioned_then_beam_size_changes(app):
     assert "cat.jpg (451x300)" in photo_caption(at)  # the default example, at its own size and aspect
     beam(at).set_value(1).run()  # greedy: a non-empty caption even from an untrained model
     words = check_captioned(at)
-    # the large view follows the word selector
+    # the large view opens on the caption's first noun, then follows the word selector
     if len(words) > 1:
+        from captioner.ui.page_views import first_noun
+
+        assert at.select_slider[0].value == first_noun(words)
         at.select_slider[0].set_value(len(words) - 1).run()
         no_problems(at)
         large = [c for im in at.image for c in im.captions if c.startswith("where “") and " looked (word " in c]
@@ -163,6 +166,18 @@ def test_example_photo_is_captioned_then_beam_size_changes(app):
     example.set_value("Coffee").run()
     check_captioned(at, require_words=False)
     assert "coffee.jpg (600x400)" in photo_caption(at)
+
+
+@pytest.mark.parametrize("caption, noun", [("a brown dog runs on the grass", "dog"), ("a black and white cat", "cat"),
+                                           ("a man in a red shirt", "man"), ("two young girls play", "girls"),
+                                           ("a tennis player hits a ball", "player"), ("a street with a bus", "street"),
+                                           ("a glimber is parked", "glimber"), ("a", "a")])
+def test_the_word_view_opens_on_the_first_noun_not_the_colour_after_a(caption, noun):
+    """The large word view opened on the first word after "a", often a colour ("brown"): now on the thing."""
+    from captioner.ui.page_views import first_noun
+
+    words = caption.split()
+    assert words[first_noun(words)] == noun
 
 
 @pytest.mark.parametrize("opacity, smooth, mode", [(0.3, 0.0, "nearest"), (1.0, 1.0, "bilinear"),
