@@ -3,7 +3,8 @@
 The objective (objectives.py: cross-entropy or self-critical) is a callable of one shape, so the loop
 never branches on what it optimises. fit() resumes from `last.safetensors` after an interruption,
 keeps `best.safetensors` chosen on the validation metric of DECODED captions (validation.py, never
-teacher-forced scores), decays the learning rate and stops early on that metric, and writes
+teacher-forced scores), decays the learning rate and stops early on that metric (with fewer val photos than
+evaluation.metrics.MIN_VAL_PHOTOS the metric chooses nothing: the last epoch is kept, and the log says so), and writes
 metrics.jsonl, TensorBoard events (watch.py) and training.png next to the checkpoints. A stop request
 (stopping.py: Ctrl-C, SIGTERM) saves the exact step; every random state is saved with it (rng.py), so a
 resumed run logs the same losses as one that never stopped.
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from ..checkpoint import optimizer_to_tensors, save_checkpoint
 from ..config import Config
 from ..data.loader import epoch_loader
+from ..evaluation.metrics import MIN_VAL_PHOTOS
 from ..logs import plot_history
 from . import rng
 from .objectives import Terms
@@ -171,15 +173,35 @@ def keep_epoch(run: Run) -> None:
 
 # ---------------------------------------------------------------- validation and the epoch's decisions
 
+def few_val_photos(run: Run) -> int:
+    """The smallest val set's photo count when it is below MIN_VAL_PHOTOS (too few to choose an epoch by its
+    scores), else 0. The same on every rank: each holds the val records."""
+    smallest = min((len(vs.records) for vs in run.val_sets), default=0)
+    return smallest if 0 < smallest < MIN_VAL_PHOTOS else 0
+
+
 def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
-    """Keep the best checkpoint, decay the learning rate, decide on early stopping -> stop?"""
+    """Keep the best checkpoint, decay the learning rate, decide on early stopping -> stop?
+    With too few val photos (few_val_photos) the scores choose nothing: the last trained epoch is kept, the
+    learning rate never decays and no epoch stops the run early; the starting model (epoch 0 of a warm start)
+    is validated for comparison only. Otherwise a warm start's epoch 0 is the first best, and the log says so."""
     cfg, state = run.cfg, run.state
-    if value > state.best_metric:
+    few, name = few_val_photos(run), cfg.train.val_metric
+    if few and state.epoch == 0:
+        run.log(f"  the starting model's {name} {value:.4f}, for comparison only: {few} val photos are too few to "
+                "choose by, so best.safetensors will be the last trained epoch")
+    elif few or value > state.best_metric:
         state.best_metric, state.best_epoch, state.bad_epochs, state.since_decay = value, state.epoch, 0, 0
         if run.main:
             meta = {"val": state.history[-1], "epoch": state.epoch, "objective": cfg.train.objective}
             save_checkpoint(run.best_path, cfg, run.vocab, run.model.state_dict(), metrics=meta, then=RESUMES)
-            run.log(f"  new best {cfg.train.val_metric} {value:.4f} -> {run.best_path}")
+        if few:  # (run.log says nothing on other ranks)
+            run.log(f"  kept the last epoch ({name} {value:.4f}; {few} val photos are too few to compare epochs) "
+                    f"-> {run.best_path}")
+        else:
+            start = (" (the starting model before any step: a trained epoch replaces it only if it does better)"
+                     if state.epoch == 0 else "")
+            run.log(f"  new best {name} {value:.4f} -> {run.best_path}{start}")
     else:
         state.bad_epochs += 1
         state.since_decay += 1
@@ -230,6 +252,11 @@ def _train(run: Run) -> dict[str, Any]:
             f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
     run.log(f"(attention penalty = train.alpha_c {cfg.train.alpha_c:g} x sum over the {cfg.model.grid_size ** 2} regions "
             "of (1 - attention the caption gave it)^2, per caption: the paper's doubly stochastic term, eq. 14)")
+    if few := few_val_photos(run):
+        run.log(f"only {few} val photos (fewer than {MIN_VAL_PHOTOS}): too few to tell epochs apart by "
+                f"{cfg.train.val_metric}, so best.safetensors is the last trained epoch; the scores are logged for "
+                "information, and neither learning-rate decay nor early stopping reads them. More val photos (a "
+                "split file, or more photos in the folder) let the scores choose")
     if run.new_words and state.step == 0 and not state.history:
         validate_warm_start(run)
     while True:
@@ -246,8 +273,23 @@ def _train(run: Run) -> dict[str, Any]:
             run.log(f"parameters identical across {run.world_size} ranks after step {state.step}")
         state.epoch, state.batch_in_epoch, state.validating, state.epoch_stats = state.epoch + 1, 0, True, stats
         save_last(run)  # the epoch's steps are on disk before its validation (which a stop may cut short)
-    run.log(f"done: best {cfg.train.val_metric} {state.best_metric:.4f} at epoch {state.best_epoch} -> {run.best_path}")
+    run.log(f"done: {_chosen(run)} -> {run.best_path}")
     return state.__dict__
+
+
+def _chosen(run: Run) -> str:
+    """Which epoch best.safetensors holds and why, for the run's last line: the starting model (epoch 0) is
+    named as such, so that a run whose trained epochs all lost to it never looks like a trained one."""
+    cfg, state = run.cfg, run.state
+    best = f"best {cfg.train.val_metric} {state.best_metric:.4f} at epoch {state.best_epoch}"
+    if few := few_val_photos(run):
+        return f"{best}, the last trained epoch ({few} val photos are too few to choose by their scores)"
+    if state.best_epoch == 0:
+        photos = sum(len(vs.records) for vs in run.val_sets)
+        return (f"{best}: the starting model ({cfg.train.init_from or 'train.init_from'}) before any step, because "
+                f"none of the {state.epoch} trained epoch(s) beat it on the {photos} val photos (the last one's weights "
+                f"are in {run.last_path})")
+    return best
 
 
 def _close_epoch(run: Run) -> bool:
