@@ -168,6 +168,24 @@ def test_example_photo_is_captioned_then_beam_size_changes(app):
     assert "coffee.jpg (600x400)" in photo_caption(at)
 
 
+def test_a_validation_figure_from_a_few_photos_is_labelled_as_such():
+    """The sidebar showed "validation CIDEr 1.666" for a taught model (5 val photos) beside 0.614 for the bundled
+    one (1,200 photos), as if comparable."""
+    from captioner.ui.page_state import model_info
+
+    from .test_api import tiny_captioner
+
+    model = tiny_captioner()
+    model.metrics = {"val": {"CIDEr": 1.666, "n_images": 5}}
+    assert model_info(model).endswith("| validation CIDEr 1.666 (5 photos: too few to compare)")
+    model.metrics = {"val": {"CIDEr": 0.614, "flickr8k/n_images": 1000, "coco/n_images": 200}}  # a mix: each set's
+    assert model_info(model).endswith("| validation CIDEr 0.614 (1,200 photos)")
+    model.metrics = {"val": {"CIDEr": 0.5, "a/n_images": 1000, "b/n_images": 6}}
+    assert model_info(model).endswith("(1,006 photos: too few to compare)")  # one set too small to compare
+    model.metrics = {"val": {"CIDEr": 0.5}}  # a file that does not say
+    assert model_info(model).endswith("| validation CIDEr 0.500")
+
+
 @pytest.mark.parametrize("caption, noun", [("a brown dog runs on the grass", "dog"), ("a black and white cat", "cat"),
                                            ("a man in a red shirt", "man"), ("two young girls play", "girls"),
                                            ("a tennis player hits a ball", "player"), ("a street with a bus", "street"),

@@ -186,11 +186,11 @@ def test_coco_paired_folders_hold_train_split_photos_and_keep_the_held_out_apart
 
 def _epochs(photos: int, values: list[float], lr_decay: float = 0.5) -> tuple[object, list[str]]:
     """end_epoch over a warm start (epoch 0) and trained epochs scoring `values` on `photos` val photos, with no
-    model file written (not the main rank): the run's state and its log lines, the last one _chosen's."""
+    model file written (not the main rank): the run's state and its log lines, the last one chosen's."""
     from types import SimpleNamespace
 
     from captioner.config import Config
-    from captioner.training.engine import _chosen, end_epoch
+    from captioner.training.selection import chosen, end_epoch
     from captioner.training.run import TrainState
     from captioner.training.sources import ValSet
 
@@ -202,7 +202,7 @@ def _epochs(photos: int, values: list[float], lr_decay: float = 0.5) -> tuple[ob
     for epoch, value in enumerate(values):
         run.state.epoch = epoch
         end_epoch(run, value, False)
-    return run, logs + [_chosen(run)]
+    return run, logs + [chosen(run)]
 
 
 def test_a_val_split_too_small_to_choose_keeps_the_last_epoch_and_says_so():

@@ -30,6 +30,7 @@ from .warm_start import grow_vocabulary
 from ..vocab import Vocab
 
 Log = Callable[[str], None]
+RESUMES = ": the last good checkpoint is kept, and the run resumes from it."  # a failed save's last words
 BASELINE = "decoder.reinforce_baseline"  # hard attention's moving-average baseline (a buffer, not a weight)
 
 
