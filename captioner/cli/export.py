@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     from captioner.checkpoint import DETECTORS, CheckpointError, load_checkpoint, save_checkpoint
     from captioner.config import Config, set_value
     from captioner.diskspace import FULL
+    from captioner.training.as_exported import exported_decode, taught_from
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ckpt = load_checkpoint(args.checkpoint)
         cfg = Config.from_dict(ckpt.config.to_dict())
+        if start := taught_from(ckpt.config):  # a run that taught new words: its starting model's decode settings
+            cfg.decode = exported_decode(ckpt.config)
         for item in args.set:
             key, _, value = item.partition("=")
             if not key.startswith("decode."):
@@ -49,14 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             # weights of nearby checkpoints of one run; batch-norm counters are integers and stay as they are
             state = {k: (sum(o.model_state[k].double() for o in others) + v.double()).div(len(others) + 1).to(v.dtype)
                      if v.is_floating_point() else v for k, v in state.items()}
-        metrics = {**ckpt.metrics, "exported_from": str(args.checkpoint)}  # the app's menu: the file to pick
-        if args.average:
-            metrics["averaged_with"] = [str(a) for a in args.average]
-        for path in args.metrics:
-            data = read_metrics(path)
-            name = f"{data.get('dataset', 'eval')}_{data.get('split', '')}_beam{data.get('beam_size', '')}"
-            metrics[name] = {"scores": data["scores"], "beam_size": data.get("beam_size"),
-                             "length_penalty": data.get("length_penalty")}
+        metrics = exported_metrics(ckpt, args)
         if args.detectors_from:
             ckpt = with_detectors_of(ckpt, cfg, load_checkpoint(args.detectors_from), args.detectors_from)
     except (CheckpointError, ValueError, KeyError, OSError) as e:
@@ -74,7 +70,67 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     size = Path(args.output).stat().st_size / 2**20
     print(f"wrote {args.output} ({size:.1f} MiB; {stored_dtypes(args.output)}), metrics: {sorted(metrics)}")
+    if start is not None:
+        print(f"decode settings: the starting model's ({start}){', then --set' if args.set else ''}, so that photos "
+              "without your new words are captioned as it captions them")
+        print(taught_memory(args.output, ckpt, start))
     return 0
+
+
+def exported_metrics(ckpt, args: argparse.Namespace) -> dict:
+    """The metrics the exported file records: the checkpoint's, where it came from (the app's menu names the
+    file to pick), what it was averaged with, and each --metrics file's scores."""
+    metrics = {**ckpt.metrics, "exported_from": str(args.checkpoint)}
+    if args.average:
+        metrics["averaged_with"] = [str(a) for a in args.average]
+    for path in args.metrics:
+        data = read_metrics(path)
+        name = f"{data.get('dataset', 'eval')}_{data.get('split', '')}_beam{data.get('beam_size', '')}"
+        metrics[name] = {"scores": data["scores"], "beam_size": data.get("beam_size"),
+                         "length_penalty": data.get("length_penalty")}
+    return metrics
+
+
+def taught_memory(output: str, ckpt, start: Path) -> str:
+    """Write a taught model's consensus memory beside `output` -> the line that says what it holds (or why there
+    is none). The starting model's memory (its training photos, their captions in ids of the grown vocabulary:
+    a vocabulary that only grew keeps every old id) plus the run's own training photos and captions, which say
+    the new words: the rerank then weighs every candidate as the starting model's did, and a photo like the
+    user's finds their captions among its nearest. Without a memory the taught model reranked nothing and its
+    captions of every other photo changed."""
+    import torch
+
+    import captioner
+    from captioner.checkpoint import load_checkpoint
+    from captioner.cli.build_consensus import training_photos
+    from captioner.data import build_mix
+    from captioner.data.features import encoder_fingerprint
+    from captioner.decoding.consensus import ConsensusMemory, memory_path
+
+    beside, source = memory_path(output), memory_path(start)
+    beside.unlink(missing_ok=True)  # an earlier export's memory would not fit this file
+    if not source.is_file():
+        return f"no consensus memory: the starting model has none beside it ({source}); the rerank stays off"
+    old = ConsensusMemory.load(source)
+    ids = [ckpt.vocab.stoi.get(w) for w in load_checkpoint(start).vocab.itos]  # the starting model's id -> ours
+    loaded = captioner.load(output)
+    rebuild = f"captioner-build-consensus --checkpoint {output} --config <a recipe of its training photos> writes one"
+    if None in ids or len(ids) != old.vocab_size:
+        return f"no consensus memory: the vocabulary lost words of the starting model's; {rebuild}"
+    if old.encoder and old.encoder != encoder_fingerprint(loaded.model.encoder):
+        return f"no consensus memory: the encoder is not the starting model's (its memory's features); {rebuild}"
+    captions = [[[ids[t] for t in c] for c in old.captions_of(j)] for j in range(len(old))]
+    pooled, mine = old.features.float(), []  # int8 rows at +-127: built again, they quantise to themselves
+    try:
+        own, mine = training_photos(loaded, build_mix(ckpt.config.data, "train"), ckpt.config.data.cache_dir,
+                                    log=lambda _: None)
+        pooled = torch.cat([pooled, own]) if mine else pooled
+    except (OSError, ValueError) as e:  # the run's photos are not where it found them: the starting memory only
+        print(f"note: your training photos are not in the consensus memory ({e})")
+    memory = ConsensusMemory.build(pooled, captions + mine, len(ckpt.vocab), old.encoder)
+    memory.save(beside)
+    return (f"consensus memory: the starting model's {len(old):,} photos and your {len(mine)} training photos "
+            f"-> {beside} ({beside.stat().st_size / 2 ** 20:.1f} MiB)")
 
 
 def with_detectors_of(ckpt, cfg, donor, name: str):
