@@ -234,7 +234,7 @@ def test_the_starting_model_is_kept_only_with_a_log_that_says_why():
 def test_a_taught_model_is_exported_with_its_starting_models_decode_settings_and_consensus_memory(tmp_path, capsys):
     """A taught model (README chain -> captioner-export) had no consensus memory beside it and turned
     decode.evidence_detectors on: 83 of 265 unrelated captions changed. The export now carries the starting
-    file's decode settings and its memory (caption ids in the grown vocabulary) plus the run's training photos."""
+    file's decode settings and its memory (caption ids in the grown vocabulary)."""
     import torch
 
     from captioner.cli.caption import main as caption
@@ -247,7 +247,6 @@ def test_a_taught_model_is_exported_with_its_starting_models_decode_settings_and
     from captioner.vocab import Vocab
 
     from .test_api import tiny_captioner
-    from .test_new_user import _own_folder
 
     start = tiny_captioner()
     start.config.decode.evidence_detectors, start.config.decode.beam_size = False, 4
@@ -258,7 +257,6 @@ def test_a_taught_model_is_exported_with_its_starting_models_decode_settings_and
     start.save(tmp_path / "start.safetensors")
     cfg = Config.from_dict(start.config.to_dict())  # the run: the recipe's decode section, not the starting file's
     cfg.train.init_from, cfg.train.extend_vocab = str(tmp_path / "start.safetensors"), True
-    cfg.data.root, cfg.data.cache_dir = str(_own_folder(tmp_path / "mine", bom=False)), str(tmp_path / "cache")
     cfg.decode.evidence_detectors, cfg.decode.beam_size = True, 5
     vocab = Vocab([*start.vocab.itos, "zorblax"])  # the vocabulary only grew: every old word keeps its id
     model = build_model(cfg.model, len(vocab))
@@ -267,15 +265,13 @@ def test_a_taught_model_is_exported_with_its_starting_models_decode_settings_and
     out = tmp_path / "model.safetensors"
     assert export([str(tmp_path / "best.safetensors"), str(out), "--half"]) == 0
     said_out = capsys.readouterr().out
-    assert "decode settings: the starting model's" in said_out and "consensus memory: the starting model's 3 photos " \
-        "and your 8 training photos" in said_out, said_out
+    assert "decode settings: the starting model's" in said_out and "consensus memory: the starting model's (3 " \
+        "photos, 4 captions)" in said_out, said_out
     assert load_checkpoint(out).config.decode == start.config.decode  # evidence_detectors off, beam 4, as it had
     memory = ConsensusMemory.load(memory_path(out))
-    assert memory.vocab_size == len(vocab) and len(memory) == 3 + 8 and memory.encoder == encoder_fingerprint(model.encoder)
+    assert memory.vocab_size == len(vocab) and len(memory) == 3 and memory.encoder == encoder_fingerprint(model.encoder)
     assert [list(map(list, memory.captions_of(j))) for j in range(3)] == said  # ids kept
-    assert torch.equal(memory.features[:3], ConsensusMemory.load(memory_path(tmp_path / "start.safetensors")).features)
-    zorblax = vocab.stoi["zorblax"]
-    assert any(zorblax in c for j in range(3, 11) for c in memory.captions_of(j))  # the photos that teach it
+    assert torch.equal(memory.features, ConsensusMemory.load(memory_path(tmp_path / "start.safetensors")).features)
     assert caption([str(ROOT / "captioner" / "assets" / "examples" / "cat.jpg"), "--checkpoint", str(out),
                     "--max-len", "3"]) == 0  # loads with its memory: the settings line claims no missing rerank
     err = capsys.readouterr().err
@@ -285,3 +281,30 @@ def test_a_taught_model_is_exported_with_its_starting_models_decode_settings_and
                     str(out.with_name("bare.safetensors")), "--max-len", "3"]) == 0
     err = capsys.readouterr().err
     assert "consensus_k" not in err and "no consensus rerank (no consensus memory beside the file)" in err
+
+
+def test_with_new_words_only_nothing_but_the_new_words_rows_moves():
+    """train.new_words_only (the own-photos recipe): after Adam's steps every weight but the new words' rows is
+    the starting model's, bit for bit, so a photo without the new words keeps the starting model's caption."""
+    import torch
+
+    from captioner.training.new_words import GROWN_ROWS, NewWordRows
+
+    from .test_api import tiny_captioner
+
+    decoder = tiny_captioner().model.decoder
+    old_size = decoder.out_vocab.weight.shape[0] - 2  # the last two words are new
+    before = {k: v.clone() for k, v in decoder.state_dict().items()}
+    optimizer = torch.optim.Adam([p for p in decoder.parameters() if p.requires_grad], lr=1e-3)
+    NewWordRows(optimizer, decoder, old_size, factor=10.0, only=True)
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = sum((p.float() ** 2).sum() for p in decoder.parameters())  # a gradient on every weight
+        loss.backward()
+        optimizer.step()
+    after = decoder.state_dict()
+    for name, t in after.items():
+        grown = name in GROWN_ROWS
+        assert torch.equal(t[:old_size] if grown else t, before[name][:old_size] if grown else before[name]), name
+        if grown:
+            assert not torch.equal(t[old_size:], before[name][old_size:]), name  # the new words' rows learn

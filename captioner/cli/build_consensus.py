@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,33 +25,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def training_photos(loaded, sources, cache_dir: str, device: str = "cpu", log=print) -> tuple[Any, list]:
-    """A consensus memory's rows from caption sets' training photos: their pooled features (M, D), through the
-    feature caches training uses (built when missing), and their captions as `loaded`'s word ids. Photos that
-    cannot be read are left out; each set's count is logged."""
+def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    from captioner.data.features import build_cache
-
-    pooled, captions = [], []
-    for src, records in sources:
-        name = loaded.preprocess.cache_name(src.name, "train")  # training's cache of the set, when it has one
-        cache = build_cache(cache_dir, name, loaded.model.encoder, loaded.preprocess, records, device)
-        missing = set(cache.missing)
-        keep = [i for i, r in enumerate(records) if r.image_id not in missing]
-        for k in range(0, len(keep), 500):  # (n, P, D) float16 slices -> (n, D) means
-            pooled.append(torch.from_numpy(np.asarray(cache.features[keep[k:k + 500]], dtype=np.float32).mean(1)))
-        captions += [[loaded.vocab.encode(c)[1:-1] for c in records[i].captions] for i in keep]
-        log(f"{src.name}: {len(keep)} training photos")
-    return torch.cat(pooled) if pooled else torch.zeros(0, 0), captions
-
-
-def main(argv: list[str] | None = None) -> int:
     import captioner
     from captioner.config import load_config
     from captioner.data import build_mix
-    from captioner.data.features import encoder_fingerprint
+    from captioner.data.features import build_cache, encoder_fingerprint
     from captioner.decoding.consensus import ConsensusMemory, memory_path
 
     args = _parser().parse_args(argv)
@@ -62,8 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, captioner.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    pooled, captions = training_photos(loaded, sources, args.cache_dir, args.device)
-    memory = ConsensusMemory.build(pooled, captions, len(loaded.vocab), encoder_fingerprint(loaded.model.encoder))
+    pooled, captions = [], []
+    for src, records in sources:
+        name = loaded.preprocess.cache_name(src.name, "train")  # training's cache of the set, when it has one
+        cache = build_cache(args.cache_dir, name, loaded.model.encoder, loaded.preprocess, records, args.device)
+        missing = set(cache.missing)
+        keep = [i for i, r in enumerate(records) if r.image_id not in missing]
+        for k in range(0, len(keep), 500):  # (n, P, D) float16 slices -> (n, D) means
+            pooled.append(torch.from_numpy(np.asarray(cache.features[keep[k:k + 500]], dtype=np.float32).mean(1)))
+        captions += [[loaded.vocab.encode(c)[1:-1] for c in records[i].captions] for i in keep]
+        print(f"{src.name}: {len(keep)} training photos")
+    memory = ConsensusMemory.build(torch.cat(pooled), captions, len(loaded.vocab), encoder_fingerprint(loaded.model.encoder))
     out = Path(args.out) if args.out else memory_path(args.checkpoint or captioner.DEFAULT_CHECKPOINT)
     memory.save(out)
     print(f"consensus memory of {len(memory)} photos, {len(memory.caption_ends)} captions -> {out} "

@@ -270,8 +270,8 @@ def _new_words(cfg: Config, model: CaptionModel, vocab: Vocab, data: Any, optimi
                             old_size, device, cfg.train.batch_images)
         log("new words start as the old word the starting model says in their place: "
             + "; ".join(init_from_substitutes(model.decoder, votes, vocab, said)))
-    if cfg.train.new_words_lr_factor != 1 and len(vocab) > old_size:
-        NewWordRows(optimizer, model.decoder, old_size, cfg.train.new_words_lr_factor)
+    if (cfg.train.new_words_lr_factor != 1 or cfg.train.new_words_only) and len(vocab) > old_size:
+        NewWordRows(optimizer, model.decoder, old_size, cfg.train.new_words_lr_factor, cfg.train.new_words_only)
     return vocab.itos[old_size:]
 
 
