@@ -70,11 +70,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     size = Path(args.output).stat().st_size / 2**20
     print(f"wrote {args.output} ({size:.1f} MiB; {stored_dtypes(args.output)}), metrics: {sorted(metrics)}")
-    if start is not None:
-        print(f"decode settings: the starting model's ({start}){', then --set' if args.set else ''}, so that photos "
-              "without your new words are captioned as it captions them")
-        print(taught_memory(args.output, ckpt, start))
+    for line in taught_lines(args, ckpt, start):
+        print(line)
     return 0
+
+
+def taught_lines(args: argparse.Namespace, ckpt, start: Path | None) -> list[str]:
+    """What the export of a taught model (train.extend_vocab from train.init_from) says about its decode settings
+    and consensus memory (written here: taught_memory); nothing for any other checkpoint."""
+    if start is not None:
+        return [f"decode settings: the starting model's ({start}){', then --set' if args.set else ''}, so that "
+                "photos without your new words are captioned as it captions them", taught_memory(args.output, ckpt, start)]
+    if ckpt.config.train.extend_vocab and ckpt.config.train.init_from:
+        return [f"note: the model it was taught from ({ckpt.config.train.init_from}) is not here (run the export from "
+                "the folder training ran in): the file keeps the run's decode settings and gets no consensus memory, "
+                "so photos without the new words may be captioned unlike the starting model captions them"]
+    return []
 
 
 def exported_metrics(ckpt, args: argparse.Namespace) -> dict:
