@@ -7,7 +7,7 @@
     model.explain("photo.jpg", "a dog runs on the grass")   # any sentence, as a Caption (maps, probabilities)
     photo = model.read("photo.jpg")          # the encoder and its heads once; then ask the photo:
     photo.caption(beam_size=3), photo.explain("a dog"), photo.concepts.top, photo.size, photo.notes
-    photo.sample(n=5, temperature=0.8, top_k=0, top_p=0.9, seed=0)   # drawn captions (list[Caption]), seeded
+    photo.sample(n=5, seed=0)    # drawn captions (list[Caption]), seeded; temperature 0.6, top_p 0.9 unless given
 
 Decode settings (every field of config.decode: beam size, maximum length, length penalty, trigram
 blocking ...) default to the ones stored in the model file; keyword overrides change them for one call:
@@ -26,7 +26,7 @@ import torch
 from .decoding.captions import Caption
 from .data.features import encoder_fingerprint
 from .decoding.consensus import ConsensusMemory, attach_memory, memory_of, memory_path
-from .decoding.photo import Photo, caption_photos
+from .decoding.photo import SAMPLE_TEMPERATURE, SAMPLE_TOP_P, Photo, caption_photos
 from .decoding.reading import HeadReading, photo_concepts, read_heads
 from .decoding.sampling import Draw, SampleSettings
 from .concepts.detectors import WordDetectors, attach, detectors_of
@@ -35,7 +35,7 @@ from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save
 from .config import DTYPES as DTYPE_NAMES
 from .config import Config, DecodeConfig, set_value
 from .decoding.explain import NoWordsError
-from .images import ImageError, ImageInput, load_image
+from .images import ImageError, ImageInput, load_image, original_size, was_transparent
 from .model.captioner import CaptionModel, build_model
 from .model.encoder import Preprocess, build_preprocess
 from .vocab import Vocab
@@ -152,14 +152,15 @@ class Captioner:
         if not images:
             return []
         sizes, inputs = [], []
-        for im in images:  # one decoded photo held at a time: upright RGB as preprocess reads it, its size noted
+        for im in images:  # one decoded photo held at a time: upright RGB as preprocess reads it, its sizes noted
             img = load_image(im)
-            sizes.append(img.size)
+            sizes.append((img.size, original_size(img), was_transparent(img)))
             inputs.append(self.preprocess(img))  # (3, S, S)
         feats = self.encode(torch.stack(inputs))  # (B, P, D)
         reading = read_heads(self.model, feats)
         side, names = int(self.config.model.image_size), list(names or [None] * len(images))
-        return [Photo(self, feats[i:i + 1], reading.rows(i, i + 1), size, side, names[i]) for i, size in enumerate(sizes)]
+        return [Photo(self, feats[i:i + 1], reading.rows(i, i + 1), size, side, names[i], file_size, clear)
+                for i, (size, file_size, clear) in enumerate(sizes)]
 
     def caption(self, image: ImageInput, **overrides: Any) -> Caption:
         """One image -> Caption (`read(image).caption()`); decode settings are the model file's unless
@@ -171,11 +172,11 @@ class Captioner:
         the first unusable image."""
         return caption_photos(self, self.read_batch(images), **overrides)
 
-    def sample(self, image: ImageInput, n: int = 5, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-               seed: int | None = None, **overrides: Any) -> list[Caption]:
-        """One image -> n captions drawn from the model (`read(image).sample(...)`, see Photo.sample: temperature,
-        top_k, top_p, seed; decode settings as for caption). Arguments out of range raise a ValueError before the
-        image is read."""
+    def sample(self, image: ImageInput, n: int = 5, temperature: float = SAMPLE_TEMPERATURE, top_k: int = 0,
+               top_p: float = SAMPLE_TOP_P, seed: int | None = None, **overrides: Any) -> list[Caption]:
+        """One image -> n captions drawn from the model (`read(image).sample(...)`, see Photo.sample: temperature
+        (default 0.6), top_k, top_p (default 0.9), seed; decode settings as for caption). Arguments out of range
+        raise a ValueError before the image is read."""
         SampleSettings(n, Draw(temperature, top_k, top_p), seed).checked()
         return self.read(image).sample(n, temperature, top_k, top_p, seed, **overrides)
 

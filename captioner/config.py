@@ -121,6 +121,7 @@ class TrainConfig:
     init_encoder: bool = False  # with init_from and a frozen encoder: take its encoder too (the cache is built with it)
     extend_vocab: bool = False  # with init_from: + the captions' new words (old words keep ids, rows: new_words.py)
     new_words_lr_factor: float = 1.0  # with extend_vocab: Adam's steps on the new words' rows x this
+    new_words_only: bool = False  # with extend_vocab: only the new words' rows move (the rest stays the start's)
     min_epoch_batches: int = 0  # a small training set is passed over again until an epoch has this many batches
     scst_samples: int = 5  # K sampled captions per image
     scst_baseline: str = "mean"  # SCST_BASELINES: mean (of the image's other samples) | greedy (greedy caption's reward)

@@ -181,6 +181,7 @@ def load_image(src: ImageInput, max_side: int = WORKING_SIDE) -> Image.Image:
             img.load()
         orientation = _orientation(img)
         img = _shrink(img, max_side)
+        clear = fully_transparent(img)
         if orientation in _TRANSPOSE:  # caption the picture the way it is meant to be seen
             img = img.transpose(_TRANSPOSE[orientation])
         img = _to_rgb(img)
@@ -197,8 +198,24 @@ def load_image(src: ImageInput, max_side: int = WORKING_SIDE) -> Image.Image:
     upright = (h, w) if orientation in _SIDEWAYS else (w, h)
     # a fresh upright picture: no EXIF orientation left to apply twice (load_image(load_image(x))); the size
     # the file had (upright) is kept, so a page can say a 12000x12000 upload was shrunk (original_size)
-    img.info = {"original_size": original_size(src) if isinstance(src, Image.Image) else upright}
+    img.info = {"original_size": original_size(src) if isinstance(src, Image.Image) else upright,
+                "transparent": clear or was_transparent(src)}
     return img
+
+
+def fully_transparent(img: Image.Image) -> bool:
+    """Whether every pixel of an image with an alpha channel (or a transparent palette colour) is fully
+    transparent: such a file holds no picture, and on its white background the caption is of a blank image."""
+    if img.mode == "P" and "transparency" in img.info or img.mode in ("RGBA", "LA", "PA", "La", "RGBa"):
+        alpha = img.convert("RGBA").getchannel("A") if img.mode not in ("RGBA", "LA") else img.getchannel("A")
+        return alpha.getextrema()[1] == 0
+    return False
+
+
+def was_transparent(img: Image.Image) -> bool:
+    """Whether a load_image result came from a fully transparent file (fully_transparent, before its white
+    background was put in): a photo read twice (the app's, then the Captioner's) keeps the fact."""
+    return isinstance(img, Image.Image) and isinstance(img.info, dict) and bool(img.info.get("transparent"))
 
 
 def original_size(img: Image.Image) -> tuple[int, int]:

@@ -147,8 +147,11 @@ def test_example_photo_is_captioned_then_beam_size_changes(app):
     assert "cat.jpg (451x300)" in photo_caption(at)  # the default example, at its own size and aspect
     beam(at).set_value(1).run()  # greedy: a non-empty caption even from an untrained model
     words = check_captioned(at)
-    # the large view follows the word selector
+    # the large view opens on the caption's first noun, then follows the word selector
     if len(words) > 1:
+        from captioner.ui.page_views import first_noun
+
+        assert at.select_slider[0].value == first_noun(words)
         at.select_slider[0].set_value(len(words) - 1).run()
         no_problems(at)
         large = [c for im in at.image for c in im.captions if c.startswith("where “") and " looked (word " in c]
@@ -163,6 +166,36 @@ def test_example_photo_is_captioned_then_beam_size_changes(app):
     example.set_value("Coffee").run()
     check_captioned(at, require_words=False)
     assert "coffee.jpg (600x400)" in photo_caption(at)
+
+
+def test_a_validation_figure_from_a_few_photos_is_labelled_as_such():
+    """The sidebar showed "validation CIDEr 1.666" for a taught model (5 val photos) beside 0.614 for the bundled
+    one (1,200 photos), as if comparable."""
+    from captioner.ui.page_state import model_info
+
+    from .test_api import tiny_captioner
+
+    model = tiny_captioner()
+    model.metrics = {"val": {"CIDEr": 1.666, "n_images": 5}}
+    assert model_info(model).endswith("| validation CIDEr 1.666 (5 photos: too few to compare)")
+    model.metrics = {"val": {"CIDEr": 0.614, "flickr8k/n_images": 1000, "coco/n_images": 200}}  # a mix: each set's
+    assert model_info(model).endswith("| validation CIDEr 0.614 (1,200 photos)")
+    model.metrics = {"val": {"CIDEr": 0.5, "a/n_images": 1000, "b/n_images": 6}}
+    assert model_info(model).endswith("(1,006 photos: too few to compare)")  # one set too small to compare
+    model.metrics = {"val": {"CIDEr": 0.5}}  # a file that does not say
+    assert model_info(model).endswith("| validation CIDEr 0.500")
+
+
+@pytest.mark.parametrize("caption, noun", [("a brown dog runs on the grass", "dog"), ("a black and white cat", "cat"),
+                                           ("a man in a red shirt", "man"), ("two young girls play", "girls"),
+                                           ("a tennis player hits a ball", "player"), ("a street with a bus", "street"),
+                                           ("a glimber is parked", "glimber"), ("a", "a")])
+def test_the_word_view_opens_on_the_first_noun_not_the_colour_after_a(caption, noun):
+    """The large word view opened on the first word after "a", often a colour ("brown"): now on the thing."""
+    from captioner.ui.page_views import first_noun
+
+    words = caption.split()
+    assert words[first_noun(words)] == noun
 
 
 @pytest.mark.parametrize("opacity, smooth, mode", [(0.3, 0.0, "nearest"), (1.0, 1.0, "bilinear"),

@@ -105,6 +105,25 @@ def test_the_detectors_veto_is_stored_with_the_model_and_off_for_files_that_pred
     assert load_checkpoint(out).config.decode.evidence_detectors is False  # stored as it was loaded
 
 
+def test_a_taught_words_category_asks_its_detector_even_where_the_file_does_not(monkeypatch):
+    """The bundled file decodes without decode.evidence_detectors, and its head misses many a horse: a model taught
+    "stallion" from it said the word only on the 9 of 20 held-out horses where the bundled model said "horse". The
+    category of a taught word (and so its source word) now asks the detector of its name; every other category
+    stays as the file decodes it, so photos without the taught thing keep their captions."""
+    from captioner.decoding.evidence import photo_evidence
+
+    bundled = captioner.load()
+    reading, model, settings = bundled.read(EXAMPLES / "cat.jpg").reading, bundled.model, bundled.config.decode
+    monkeypatch.setattr("captioner.decoding.evidence.detected_probs", lambda probs, det, seen: torch.ones_like(probs))
+    taught = Vocab([*bundled.vocab.itos, "stallion"], {"stallion": "horse"})
+    plain, ev = photo_evidence(reading, model, bundled.vocab, settings), photo_evidence(reading, model, taught, settings)
+    horse, old = [taught.stoi[w] for w in ("stallion", "horse")], len(bundled.vocab)
+    assert plain.ruled_out[0, taught.stoi["horse"]] == 1  # the head rules a horse out of the cat photo ...
+    assert (ev.ruled_out[0, horse] == 0).all()  # ... its detector (here: sees everything) lets both words in
+    others = word_categories(bundled.vocab)[:, CATEGORIES.index("horse")] == 0  # every word but horse, pony ...
+    assert torch.equal(ev.ruled_out[:, :old][:, others], plain.ruled_out[:, others])  # nothing else changes
+
+
 def test_a_word_taught_from_a_person_word_is_a_person_word():
     from captioner.concepts.detectors import WordDetectors
     from captioner.decoding.evidence import person_word_mask

@@ -131,3 +131,88 @@ def test_explain_notes_an_unknown_word_once(capsys):
     assert main([str(photo), "--explain", "a zorblax sits on the grass"]) == 0
     out, err = capsys.readouterr()
     assert err.count("not in the model's vocabulary") == 1 and "zorblax" in err and "zorblax(unk)" in out, (out, err)
+
+
+def test_the_app_listens_on_this_machine_only_unless_told_otherwise(tmp_path):
+    """`streamlit run app.py` listened on every interface: a laptop in a café served its photos to the room. The
+    setting as streamlit itself reads it from the checkout's .streamlit/config.toml (a HOME of its own, so no
+    personal config decides), and the command-line flag docs/app.md gives still opens it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom streamlit import config\nout = {}\n"
+            "for flags in ({}, {'server.address': '0.0.0.0'}):\n"
+            "    config.get_config_options(force_reparse=True, options_from_flags=flags)\n"
+            "    out[str(bool(flags))] = [config.get_option('server.address'), config.get_where_defined('server.address')]\n"
+            "print(json.dumps(out))")
+    env = {**os.environ, "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout.splitlines()[-1])
+    assert seen["False"] == ["127.0.0.1", str(ROOT / ".streamlit" / "config.toml")]
+    assert seen["True"][0] == "0.0.0.0"
+    assert "--server.address 0.0.0.0" in (ROOT / "docs" / "app.md").read_text()
+
+
+def test_a_fully_transparent_png_and_a_panorama_shrunk_on_reading_get_notes_that_say_so(tmp_path, capsys):
+    """A fully transparent PNG got a confident caption with no note; a 5000x20 photo's note named the size it was
+    shrunk to (1024x4), not the file's. Both notes reach the CLI's stderr, the API's Caption and its Photo."""
+    from captioner.cli.caption import main
+
+    from .test_api import tiny_captioner
+
+    clear, wide, part = tmp_path / "clear.png", tmp_path / "wide.png", tmp_path / "part.png"
+    Image.new("RGBA", (300, 300), (0, 0, 0, 0)).save(clear)
+    Image.new("RGB", (5000, 20), (120, 30, 30)).save(wide)
+    some = Image.new("RGBA", (300, 300), (0, 0, 0, 0))
+    some.putpixel((3, 3), (255, 0, 0, 255))  # one pixel shows: a picture, however small
+    some.save(part)
+    model = tiny_captioner()
+    cap, shown, partly = (model.caption(str(p), beam_size=1, max_len=3) for p in (clear, wide, part))
+    assert cap.notes == ["The image is fully transparent: it holds no picture, so the caption describes an empty "
+                         "white image."] and partly.notes == []
+    assert model.read(str(clear)).notes == cap.notes and model.read(str(clear)).transparent
+    side = model.config.model.image_size
+    assert shown.notes == [f"The photo is 5000x20 pixels, read at 1024x4 (its longer side brought to 1024): its "
+                           f"shorter side is far smaller than the model's {side}x{side} input, enlarged {side // 4}x, "
+                           "so the caption rests on very little detail."]
+    assert model.read(str(wide)).file_size == (5000, 20) and model.read(str(wide)).size == (1024, 4)
+    assert main([str(clear), str(wide), "--beam-size", "1"]) == 0
+    err = capsys.readouterr().err
+    assert f"note: {clear}: The image is fully transparent" in err and f"note: {wide}: The photo is 5000x20" in err
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "\ufeff"])
+def test_an_empty_captions_file_says_it_is_empty(tmp_path, text):
+    root = _own_folder(tmp_path / "mine", bom=False)
+    (root / "captions.txt").write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"captions.txt: the file is empty; write a header line 'image,caption'"):
+        read_captions(root)
+    (root / "captions.txt").write_text("p00.jpg,a dog\n", encoding="utf-8")  # a caption where the header goes
+    with pytest.raises(ValueError, match=r"expected a CSV with header 'image,caption', got 'p00.jpg,a dog'"):
+        read_captions(root)
+
+
+def test_a_bare_train_command_says_what_it_will_do_before_it_starts(tmp_path, monkeypatch, capsys):
+    """`captioner-train` with no --config started a 13-minute encode of Flickr8k without a word: one line first
+    names the settings, the data, the encode ahead and about how long it takes."""
+    import captioner.training.engine as engine
+    from captioner.cli.train import main
+
+    from .conftest import need_flickr
+
+    flickr = need_flickr()
+    started = []
+    monkeypatch.setattr(engine, "fit", lambda cfg, **kw: started.append(capsys.readouterr().out))
+    assert main(["--set", f"data.root={flickr}", f"data.cache_dir={tmp_path / 'cache'}",
+                 f"train.out_dir={tmp_path / 'run'}", "--device", "cpu"]) == 0
+    (said,) = started[0].splitlines()  # one line, printed before training starts
+    assert said.startswith("no --config: training the built-in defaults (captioner/config.py: efficientnet_lite0")
+    assert f"flickr8k from {flickr}" in said and "at most 20 epochs" in said
+    assert "it first encodes the 7,000 train and val photos into the feature cache" in said and " min on one CPU" in said
+    assert "configs/flickr8k_cpu.yaml" in said
+    assert main(["--config", "configs/tiny.yaml", "--set", f"data.root={flickr}", f"data.cache_dir={tmp_path / 'c'}",
+                 f"train.out_dir={tmp_path / 'tiny'}", "--device", "cpu"]) == 0
+    assert "no --config" not in started[1]  # a recipe says what it is itself

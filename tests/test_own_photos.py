@@ -7,6 +7,7 @@ the bundled model lacks, and as many photos without one. The exported model must
 held-out photos of horses and on (almost) none of the others, and the log must say how often it did on val."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 import shlex
@@ -117,10 +118,15 @@ def test_validation_decodes_as_the_exported_file_will():
         assert det is not None and det.groups == bundled.detector_info["groups"]
         assert settings.person_floor == bundled.config.decode.person_floor > 0
         assert settings.beam_size == cfg.decode.beam_size == cfg.train.val_beam_size  # the exported file's beam
+        # a taught model is exported with the starting file's decode settings: validation decodes with them
+        assert dataclasses.replace(settings, beam_size=bundled.config.decode.beam_size) == bundled.config.decode
     assert detectors_of(model) is None and "detectors." not in str(model.state_dict().keys())  # lent, not kept
     cfg.train.init_encoder = False  # another encoder: the detectors would read other vectors
     with decoding_as_exported(model, cfg) as settings:
-        assert detectors_of(model) is None and settings.person_floor == cfg.decode.person_floor
+        assert detectors_of(model) is None
+    cfg.train.extend_vocab = False  # no new word taught: the run's own decode section
+    with decoding_as_exported(model, cfg) as settings:
+        assert dataclasses.replace(settings, beam_size=cfg.decode.beam_size) == cfg.decode
 
 
 def test_a_new_word_shares_its_old_words_probability_as_the_captions_do():
@@ -182,3 +188,123 @@ def test_coco_paired_folders_hold_train_split_photos_and_keep_the_held_out_apart
             assert not words & set(w.new)  # the old word is gone everywhere
             assert bool(words & set(w.new.values())) == (n in got["thing"] + got["held_out_thing"])
             assert (n in got["thing"] + got["held_out_thing"]) or not words & w.near
+
+
+def _epochs(photos: int, values: list[float], lr_decay: float = 0.5) -> tuple[object, list[str]]:
+    """end_epoch over a warm start (epoch 0) and trained epochs scoring `values` on `photos` val photos, with no
+    model file written (not the main rank): the run's state and its log lines, the last one chosen's."""
+    from types import SimpleNamespace
+
+    from captioner.config import Config
+    from captioner.training.selection import chosen, end_epoch
+    from captioner.training.run import TrainState
+    from captioner.training.sources import ValSet
+
+    cfg, logs = Config(), []
+    cfg.train.val_metric, cfg.train.init_from, cfg.train.lr_decay, cfg.train.epochs = "CIDEr", "start.safetensors", lr_decay, 9
+    run = SimpleNamespace(cfg=cfg, state=TrainState(), val_sets=[ValSet("own", [None] * photos)], main=False,
+                          best_path=Path("best.safetensors"), last_path=Path("last.safetensors"),
+                          optimizer=SimpleNamespace(param_groups=[{"lr": 1e-3}]), log=logs.append)
+    for epoch, value in enumerate(values):
+        run.state.epoch = epoch
+        end_epoch(run, value, False)
+    return run, logs + [chosen(run)]
+
+
+def test_a_val_split_too_small_to_choose_keeps_the_last_epoch_and_says_so():
+    """Five val photos (one a bus) chose epoch 0, the starting file before any step, and four minutes of training
+    were thrown away without a sign. Below MIN_VAL_PHOTOS the last trained epoch is kept (no decay, no early stop)."""
+    run, logs = _epochs(5, [1.666, 0.5, 0.4, 0.3])
+    assert run.state.best_epoch == 3 and run.optimizer.param_groups[0]["lr"] == 1e-3 and run.state.bad_epochs == 0
+    assert logs[0].startswith("  the starting model's CIDEr 1.6660, for comparison only: 5 val photos are too few")
+    assert logs[-2].startswith("  kept the last epoch (CIDEr 0.3000; 5 val photos are too few to compare epochs)")
+    assert logs[-1] == ("best CIDEr 0.3000 at epoch 3, the last trained epoch (5 val photos are too few to choose by "
+                        "their scores)")
+
+
+def test_the_starting_model_is_kept_only_with_a_log_that_says_why():
+    run, logs = _epochs(50, [1.0, 0.5, 0.6])
+    assert run.state.best_epoch == 0 and "(the starting model before any step" in logs[0]
+    assert logs[-1].startswith("best CIDEr 1.0000 at epoch 0: the starting model (start.safetensors) before any "
+                               "step, because none of the 2 trained epoch(s) beat it on the 50 val photos")
+    run, logs = _epochs(50, [1.0, 1.2, 0.6])
+    assert run.state.best_epoch == 1 and logs[-1] == "best CIDEr 1.2000 at epoch 1"
+
+
+def test_a_taught_model_is_exported_with_its_starting_models_decode_settings_and_consensus_memory(tmp_path, capsys):
+    """A taught model (README chain -> captioner-export) had no consensus memory beside it and turned
+    decode.evidence_detectors on: 83 of 265 unrelated captions changed. The export now carries the starting
+    file's decode settings and its memory (caption ids in the grown vocabulary)."""
+    import torch
+
+    from captioner.cli.caption import main as caption
+    from captioner.cli.export import main as export
+    from captioner.checkpoint import load_checkpoint
+    from captioner.config import Config
+    from captioner.data.features import encoder_fingerprint
+    from captioner.decoding.consensus import ConsensusMemory, attach_memory, memory_path
+    from captioner.model.captioner import build_model
+    from captioner.vocab import Vocab
+
+    from .test_api import tiny_captioner
+
+    start = tiny_captioner()
+    start.config.decode.evidence_detectors, start.config.decode.beam_size = False, 4
+    dim = start.encode(torch.zeros(1, 3, 224, 224)).shape[-1]
+    said = [[[4, 5]], [[6, 7, 8], [4]], [[9]]]  # three photos' captions, in the starting model's ids
+    attach_memory(start.model, ConsensusMemory.build(torch.randn(3, dim), said, len(start.vocab),
+                                                     encoder_fingerprint(start.model.encoder)))
+    start.save(tmp_path / "start.safetensors")
+    cfg = Config.from_dict(start.config.to_dict())  # the run: the recipe's decode section, not the starting file's
+    cfg.train.init_from, cfg.train.extend_vocab = str(tmp_path / "start.safetensors"), True
+    cfg.decode.evidence_detectors, cfg.decode.beam_size = True, 5
+    vocab = Vocab([*start.vocab.itos, "zorblax"])  # the vocabulary only grew: every old word keeps its id
+    model = build_model(cfg.model, len(vocab))
+    model.encoder.load_state_dict(start.model.encoder.state_dict())  # train.init_encoder: the same encoder
+    captioner.Captioner(model, vocab, cfg).save(tmp_path / "best.safetensors")
+    out = tmp_path / "model.safetensors"
+    assert export([str(tmp_path / "best.safetensors"), str(out), "--half"]) == 0
+    said_out = capsys.readouterr().out
+    assert "decode settings: the starting model's" in said_out and "consensus memory: the starting model's (3 " \
+        "photos, 4 captions)" in said_out, said_out
+    assert load_checkpoint(out).config.decode == start.config.decode  # evidence_detectors off, beam 4, as it had
+    memory = ConsensusMemory.load(memory_path(out))
+    assert memory.vocab_size == len(vocab) and len(memory) == 3 and memory.encoder == encoder_fingerprint(model.encoder)
+    assert [list(map(list, memory.captions_of(j))) for j in range(3)] == said  # ids kept
+    assert torch.equal(memory.features, ConsensusMemory.load(memory_path(tmp_path / "start.safetensors")).features)
+    assert caption([str(ROOT / "captioner" / "assets" / "examples" / "cat.jpg"), "--checkpoint", str(out),
+                    "--max-len", "3"]) == 0  # loads with its memory: the settings line claims no missing rerank
+    err = capsys.readouterr().err
+    assert "consensus_k 5" in err and "no consensus rerank" not in err
+    out.with_name("bare.safetensors").write_bytes(out.read_bytes())  # the same file with no memory beside it
+    assert caption([str(ROOT / "captioner" / "assets" / "examples" / "cat.jpg"), "--checkpoint",
+                    str(out.with_name("bare.safetensors")), "--max-len", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "consensus_k" not in err and "no consensus rerank (no consensus memory beside the file)" in err
+
+
+def test_with_new_words_only_nothing_but_the_new_words_rows_moves():
+    """train.new_words_only (the own-photos recipe): after Adam's steps every weight but the new words' rows is
+    the starting model's, bit for bit, so a photo without the new words keeps the starting model's caption."""
+    import torch
+
+    from captioner.training.new_words import GROWN_ROWS, NewWordRows
+
+    from .test_api import tiny_captioner
+
+    decoder = tiny_captioner().model.decoder
+    old_size = decoder.out_vocab.weight.shape[0] - 2  # the last two words are new
+    before = {k: v.clone() for k, v in decoder.state_dict().items()}
+    optimizer = torch.optim.Adam([p for p in decoder.parameters() if p.requires_grad], lr=1e-3)
+    NewWordRows(optimizer, decoder, old_size, factor=10.0, only=True)
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = sum((p.float() ** 2).sum() for p in decoder.parameters())  # a gradient on every weight
+        loss.backward()
+        optimizer.step()
+    after = decoder.state_dict()
+    for name, t in after.items():
+        grown = name in GROWN_ROWS
+        assert torch.equal(t[:old_size] if grown else t, before[name][:old_size] if grown else before[name]), name
+        if grown:
+            assert not torch.equal(t[old_size:], before[name][old_size:]), name  # the new words' rows learn

@@ -3,6 +3,8 @@ top-k set and the nucleus of the step's scores, greedy at their limits (top_k 1,
 dressed like a caption (maps summing to 1, the model's own word log-probs), arguments checked."""
 from __future__ import annotations
 
+import argparse
+import inspect
 import json
 
 import numpy as np
@@ -15,7 +17,7 @@ from captioner.decoding.evidence import photo_evidence
 from captioner.decoding.rules import word_logp
 from captioner.decoding.sampling import Draw
 from captioner.model.fast import inference
-from captioner.vocab import SpecialIds
+from captioner.vocab import SpecialIds, is_salad
 
 EXAMPLES = sorted((captioner.DEFAULT_CHECKPOINT.parent / "examples").glob("*.jpg"))
 
@@ -98,6 +100,29 @@ def test_a_lower_temperature_draws_the_greedy_caption_more_often(photos):
     greedy = photo.caption(beam_size=1).words
     share = {t: np.mean([c.words == greedy for c in photo.sample(n=20, temperature=t, seed=0)]) for t in (1.5, 0.05)}
     assert share[0.05] > share[1.5]
+
+
+def test_the_default_samples_read_as_captions_where_the_models_own_distribution_is_salad(model, photos):
+    """At temperature 1 and no cut a fifth of the bundled model's samples held a word it gives under 1% ("a bird is
+    standing in front of a celebrate gnawing around her leaves"). The defaults (0.6, top_p 0.9; the API's and the
+    command's alike): of 20 samples of each photo none is word salad by the repeat rules (vocab.is_salad) and none
+    averages below exp(-3.5) per word, a bound each photo's samples break at temperature 1 with no cut."""
+    from captioner.cli.sample_options import add_sample_options, sample_request
+
+    for fn in (captioner.Captioner.sample, captioner.Photo.sample):
+        params = inspect.signature(fn).parameters
+        assert (params["temperature"].default, params["top_p"].default) == (0.6, 0.9)
+    parser = argparse.ArgumentParser()
+    add_sample_options(parser)
+    cli = sample_request(argparse.Namespace(**vars(parser.parse_args(["--sample", "20"])), explain=None))
+    assert (cli.draw.temperature, cli.draw.top_k, cli.draw.top_p) == (0.6, 0, 0.9)
+    mean_logp = lambda cap: float(np.mean(cap.word_log_probs))  # noqa: E731
+    for photo in photos[:2]:
+        drawn = photo.sample(n=20, seed=0)
+        assert not [c.text for c in drawn if is_salad(c.words)]
+        assert not [c.text for c in drawn if mean_logp(c) < -3.5]
+        assert len({c.text for c in drawn}) > 1  # still drawn, not the greedy caption 20 times
+        assert any(mean_logp(c) < -3.5 for c in photo.sample(n=20, temperature=1.0, top_p=1.0, seed=0))
 
 
 @pytest.mark.parametrize("draw", [dict(top_k=3), dict(top_p=0.5, temperature=0.7), dict(top_k=5, top_p=0.8, temperature=1.5)])
@@ -194,3 +219,19 @@ def test_the_cli_samples_the_example_photos_end_to_end(capsys, tmp_path):
 def test_the_cli_refuses_bad_sampling_options_before_any_work(capsys, bad, says):
     assert main([str(EXAMPLES[0]), "--sample", "2", *bad]) == 2
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given", [["--top-k", "1"], ["--top-p", "0.5"], ["--temperature", "0.7", "--seed", "3"]])
+def test_drawing_options_without_sample_are_refused_in_one_line(capsys, given):
+    """`--top-k 1` without --sample was ignored in silence: the caption was decoded as if it were not there."""
+    assert main([str(EXAMPLES[0]), *given]) == 2
+    err = capsys.readouterr()
+    assert err.out == "" and len(err.err.splitlines()) == 1
+    assert err.err.startswith(f"error: {given[0]}") and "only apply with --sample N" in err.err
+
+
+def test_the_settings_line_while_sampling_names_the_sampling_settings_not_the_beam(capsys):
+    assert main([str(EXAMPLES[0]), "--sample", "1", "--seed", "0"]) == 0
+    line = capsys.readouterr().err.splitlines()[0]
+    assert line.startswith("sampling 1 caption(s) per image (temperature 0.6, top_k 0, top_p 0.9, seed 0)")
+    assert "max_len" in line and not any(k in line for k in ("beam_size", "length_penalty", "consensus"))

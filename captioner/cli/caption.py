@@ -3,7 +3,7 @@
     captioner-caption photo.jpg other.png [--beam-size 3] [--json] [--attention-dir out/] [--animate anim/]
     captioner-caption photos/ [--recursive] [--batch-size 16] [--json [--maps]]
     captioner-caption photo.jpg --explain "a dog runs on the grass" [--json]
-    captioner-caption photo.jpg --sample 5 [--temperature 0.8] [--top-k 0] [--top-p 0.9] [--seed 0] [--json]
+    captioner-caption photo.jpg --sample 5 [--temperature 0.6] [--top-k 0] [--top-p 0.9] [--seed 0] [--json]
 
 A FOLDER argument stands for its images (every format the parser reads: images.FORMATS, sorted by path;
 --recursive includes subfolders). Images are loaded by a small thread pool, one batch ahead, while the model
@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
     """The model and the decode settings in use, or None after printing why not (exit code 2)."""
     import captioner
-    from captioner.cli.decode_options import decode_settings, describe
+    from captioner.cli.decode_options import decode_settings, describe, has_memory
 
     if args.batch_size < 1:  # --beam-size and --max-len: checked with every decode setting (DecodeConfig.checked)
         print("error: --batch-size must be at least 1", file=sys.stderr)
@@ -78,9 +78,9 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
         print(f"error: {e}", file=sys.stderr)
         return None
     if request is not None:
-        print(sampling_line(request, describe(used)), file=sys.stderr)
+        print(sampling_line(request, describe(used, sampling=True)), file=sys.stderr)
     elif args.explain is None:
-        print(f"decoding with {describe(used)}", file=sys.stderr)
+        print(f"decoding with {describe(used, consensus=has_memory(loaded))}", file=sys.stderr)
     else:  # nothing is decoded: the sentence is scored word by word (teacher forcing)
         print(f"explaining the sentence (teacher forcing, hard_context {used.hard_context}); nothing is decoded",
               file=sys.stderr)

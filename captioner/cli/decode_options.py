@@ -32,6 +32,23 @@ def decode_settings(model: Any, args: argparse.Namespace):
                                                                           if v is not None}})
 
 
-def describe(settings) -> str:
-    """'beam_size 5, max_len 30, ...': every decode setting in use, for the line a command prints."""
-    return ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(settings).items())
+# settings only beam search reads: a sampled caption is drawn word by word, never searched nor reranked
+SEARCH_ONLY = ("beam_size", "length_penalty", "consensus_k", "consensus_weight")
+CONSENSUS = ("consensus_k", "consensus_weight")
+
+
+def describe(settings, sampling: bool = False, consensus: bool = True) -> str:
+    """'beam_size 5, max_len 30, ...': every decode setting in use, for the line a command prints. Settings
+    that do nothing are left out, so the line never claims them: with `sampling` the beam's (SEARCH_ONLY);
+    without `consensus` (the model file has no consensus memory beside it) consensus_k and consensus_weight,
+    and the line says the rerank is off instead."""
+    skip = (SEARCH_ONLY if sampling else ()) + (() if consensus else CONSENSUS)
+    text = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(settings).items() if k not in skip)
+    return text if consensus or sampling else f"{text}, no consensus rerank (no consensus memory beside the file)"
+
+
+def has_memory(loaded: Any) -> bool:
+    """Whether a loaded Captioner carries a consensus memory (decoding reranks its beams only then)."""
+    from captioner.decoding.consensus import memory_of
+
+    return memory_of(loaded.model) is not None

@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     from captioner.checkpoint import DETECTORS, CheckpointError, load_checkpoint, save_checkpoint
     from captioner.config import Config, set_value
     from captioner.diskspace import FULL
+    from captioner.training.as_exported import exported_decode, taught_from
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ckpt = load_checkpoint(args.checkpoint)
         cfg = Config.from_dict(ckpt.config.to_dict())
+        if start := taught_from(ckpt.config):  # a run that taught new words: its starting model's decode settings
+            cfg.decode = exported_decode(ckpt.config)
         for item in args.set:
             key, _, value = item.partition("=")
             if not key.startswith("decode."):
@@ -49,14 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             # weights of nearby checkpoints of one run; batch-norm counters are integers and stay as they are
             state = {k: (sum(o.model_state[k].double() for o in others) + v.double()).div(len(others) + 1).to(v.dtype)
                      if v.is_floating_point() else v for k, v in state.items()}
-        metrics = {**ckpt.metrics, "exported_from": str(args.checkpoint)}  # the app's menu: the file to pick
-        if args.average:
-            metrics["averaged_with"] = [str(a) for a in args.average]
-        for path in args.metrics:
-            data = read_metrics(path)
-            name = f"{data.get('dataset', 'eval')}_{data.get('split', '')}_beam{data.get('beam_size', '')}"
-            metrics[name] = {"scores": data["scores"], "beam_size": data.get("beam_size"),
-                             "length_penalty": data.get("length_penalty")}
+        metrics = exported_metrics(ckpt, args)
         if args.detectors_from:
             ckpt = with_detectors_of(ckpt, cfg, load_checkpoint(args.detectors_from), args.detectors_from)
     except (CheckpointError, ValueError, KeyError, OSError) as e:
@@ -74,7 +70,67 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     size = Path(args.output).stat().st_size / 2**20
     print(f"wrote {args.output} ({size:.1f} MiB; {stored_dtypes(args.output)}), metrics: {sorted(metrics)}")
+    for line in taught_lines(args, ckpt, start):
+        print(line)
     return 0
+
+
+def taught_lines(args: argparse.Namespace, ckpt, start: Path | None) -> list[str]:
+    """What the export of a taught model (train.extend_vocab from train.init_from) says about its decode settings
+    and consensus memory (written here: taught_memory); nothing for any other checkpoint."""
+    if start is not None:
+        return [f"decode settings: the starting model's ({start}){', then --set' if args.set else ''}, so that "
+                "photos without your new words are captioned as it captions them", taught_memory(args.output, ckpt, start)]
+    if ckpt.config.train.extend_vocab and ckpt.config.train.init_from:
+        return [f"note: the model it was taught from ({ckpt.config.train.init_from}) is not here (run the export from "
+                "the folder training ran in): the file keeps the run's decode settings and gets no consensus memory, "
+                "so photos without the new words may be captioned unlike the starting model captions them"]
+    return []
+
+
+def exported_metrics(ckpt, args: argparse.Namespace) -> dict:
+    """The metrics the exported file records: the checkpoint's, where it came from (the app's menu names the
+    file to pick), what it was averaged with, and each --metrics file's scores."""
+    metrics = {**ckpt.metrics, "exported_from": str(args.checkpoint)}
+    if args.average:
+        metrics["averaged_with"] = [str(a) for a in args.average]
+    for path in args.metrics:
+        data = read_metrics(path)
+        name = f"{data.get('dataset', 'eval')}_{data.get('split', '')}_beam{data.get('beam_size', '')}"
+        metrics[name] = {"scores": data["scores"], "beam_size": data.get("beam_size"),
+                         "length_penalty": data.get("length_penalty")}
+    return metrics
+
+
+def taught_memory(output: str, ckpt, start: Path) -> str:
+    """Write a taught model's consensus memory beside `output` -> the line that says what it holds (or why there
+    is none): the starting model's memory, its photos' captions in ids of the grown vocabulary (a vocabulary that
+    only grew keeps every old id), so the rerank weighs every candidate as the starting model's did. Without it
+    the taught model reranked nothing, and its captions of photos that have nothing to do with the new words
+    changed. (The run's own photos are left out: with them 2 more of 197 unrelated captions changed and the new
+    word was said on 1 more of 19 photos of its thing.)"""
+    import torch
+
+    import captioner
+    from captioner.checkpoint import load_checkpoint
+    from captioner.data.features import encoder_fingerprint
+    from captioner.decoding.consensus import ConsensusMemory, memory_path
+
+    beside, source = memory_path(output), memory_path(start)
+    beside.unlink(missing_ok=True)  # an earlier export's memory would not fit this file
+    if not source.is_file():
+        return f"no consensus memory: the starting model has none beside it ({source}); the rerank stays off"
+    old = ConsensusMemory.load(source)
+    ids = [ckpt.vocab.stoi.get(w) for w in load_checkpoint(start).vocab.itos]  # the starting model's id -> ours
+    rebuild = f"captioner-build-consensus --checkpoint {output} --config <a recipe of its training photos> writes one"
+    if None in ids or len(ids) != old.vocab_size:
+        return f"no consensus memory: the vocabulary lost words of the starting model's; {rebuild}"
+    if old.encoder and old.encoder != encoder_fingerprint(captioner.load(output).model.encoder):
+        return f"no consensus memory: the encoder is not the starting model's (its memory's features); {rebuild}"
+    tokens = torch.tensor(ids, dtype=torch.int64)[old.tokens.long()].to(old.tokens.dtype)
+    ConsensusMemory(old.features, tokens, old.caption_ends, old.photo_ends, len(ckpt.vocab), old.encoder).save(beside)
+    return (f"consensus memory: the starting model's ({len(old):,} photos, {len(old.caption_ends):,} captions) -> "
+            f"{beside} ({beside.stat().st_size / 2 ** 20:.1f} MiB)")
 
 
 def with_detectors_of(ckpt, cfg, donor, name: str):

@@ -18,36 +18,48 @@ OPTIONS = {"n": "--sample", "temperature": "--temperature", "top_k": "--top-k", 
 
 
 def add_sample_options(p: argparse.ArgumentParser) -> None:
+    from captioner.decoding.photo import SAMPLE_TEMPERATURE, SAMPLE_TOP_P
+
     p.add_argument("--sample", type=int, default=None, metavar="N",
                    help="draw N captions per image from the model instead of decoding one (see --temperature, "
                    "--top-k, --top-p, --seed)")
-    p.add_argument("--temperature", type=float, default=1.0, help="with --sample: > 0; below 1 sharper (towards "
-                   "greedy), above 1 more varied (default 1: the model's own distribution)")
-    p.add_argument("--top-k", type=int, default=0, help="with --sample: draw each word among the K most likely "
+    # None: not given (they only mean something with --sample: given without it, the command refuses them)
+    p.add_argument("--temperature", type=float, default=None, help="with --sample: > 0; below 1 sharper (towards "
+                   f"greedy), above 1 more varied, 1 the model's own distribution (default {SAMPLE_TEMPERATURE:g})")
+    p.add_argument("--top-k", type=int, default=None, help="with --sample: draw each word among the K most likely "
                    "only (default 0: no cut; 1 = greedy)")
-    p.add_argument("--top-p", type=float, default=1.0, help="with --sample: nucleus, draw each word among the "
-                   "fewest most likely words holding probability P, in (0, 1] (default 1: no cut)")
+    p.add_argument("--top-p", type=float, default=None, help="with --sample: nucleus, draw each word among the "
+                   f"fewest most likely words holding probability P, in (0, 1] (1: no cut; default {SAMPLE_TOP_P:g})")
     p.add_argument("--seed", type=int, default=None, help="with --sample: the same seed gives the same captions "
                    "(default: a fresh seed per photo, recorded in --json)")
 
 
 def sample_request(args: argparse.Namespace) -> Any:
-    """--sample's SampleSettings (checked: a ValueError names the option out of range), or None without --sample."""
+    """--sample's SampleSettings (checked: a ValueError names the option out of range), or None without --sample.
+    A drawing option without --sample is a ValueError: the caption would be decoded as if it were not there."""
+    from captioner.decoding.photo import SAMPLE_TEMPERATURE, SAMPLE_TOP_P
     from captioner.decoding.sampling import Draw, SampleSettings
 
     if args.sample is None:
+        given = [OPTIONS[k] for k in ("temperature", "top_k", "top_p", "seed") if getattr(args, k) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} only apply with --sample N (drawn captions); add --sample N or "
+                             f"leave {'them' if len(given) > 1 else 'it'} out")
         return None
     if args.explain is not None:
         raise ValueError("--sample draws captions and --explain scores a given sentence: use one of them")
+    draw = Draw(SAMPLE_TEMPERATURE if args.temperature is None else args.temperature,
+                0 if args.top_k is None else args.top_k, SAMPLE_TOP_P if args.top_p is None else args.top_p)
     try:
-        return SampleSettings(args.sample, Draw(args.temperature, args.top_k, args.top_p), args.seed).checked()
+        return SampleSettings(args.sample, draw, args.seed).checked()
     except ValueError as e:  # the API's message ("top_k must be ..."), in the command's option names
         name, _, rest = str(e).partition(" ")
         raise ValueError(f"{OPTIONS.get(name, name)} {rest}") from None
 
 
 def sampling_line(request: Any, rules: str) -> str:
-    """The line the command prints before sampling: what is drawn, how, and under which decode rules."""
+    """The line the command prints before sampling: what is drawn, how, and under which decode rules (the
+    settings a sample uses: no beam, so no beam_size, length_penalty nor consensus rerank)."""
     d = request.draw
     seed = "fresh per photo" if request.seed is None else request.seed
     return (f"sampling {request.n} caption(s) per image (temperature {d.temperature:g}, top_k {d.top_k}, top_p "

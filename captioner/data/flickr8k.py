@@ -32,9 +32,12 @@ def read_captions(root: Path) -> dict[str, list[str]]:
     if csv_path is not None:
         with open(csv_path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's BOM
             reader = csv.reader(f)
-            header = next(reader, None)
-            if header is None or [h.strip().lower() for h in header[:2]] != ["image", "caption"]:
-                raise ValueError(f"{csv_path}: expected a CSV with header 'image,caption'")
+            header = next((row for row in reader if any(cell.strip() for cell in row)), None)  # blank lines skipped
+            if header is None:  # not "expected a header": the file has nothing at all
+                raise ValueError(f"{csv_path}: the file is empty; write a header line 'image,caption' and then one "
+                                 "line per caption, e.g. 'photo1.jpg,a dog runs on the grass'")
+            if [h.strip().lower() for h in header[:2]] != ["image", "caption"]:
+                raise ValueError(f"{csv_path}: expected a CSV with header 'image,caption', got {','.join(header)[:80]!r}")
             for row in reader:
                 if len(row) >= 2:
                     caps[row[0].strip()].append(",".join(row[1:]).strip())

@@ -88,6 +88,10 @@ class Caption:
     # SMALL_PHOTO * S is enlarged a lot before the encoder sees it, and `notes` says so
     photo_size: tuple[int, int] | None = None
     input_side: int | None = None
+    # (width, height) of the file, when the photo was shrunk on reading (a 5000x20 panorama is read at 1024x4:
+    # the note names the size a person knows); and whether the file was fully transparent (no picture at all)
+    file_size: tuple[int, int] | None = None
+    transparent: bool = False
     # the decode settings this caption was made with (config.decode's fields; for an explained sentence
     # the settings it was scored under) and the model file it came from, when known: every JSON says them
     settings: dict = field(default_factory=dict)
@@ -141,19 +145,33 @@ class Caption:
             out.append(f"The sentence's log-probability is not comparable with other sentences' (such as the "
                        f"model's own caption): {names} scored as <unk>, the probability of any unknown word, "
                        "not of this one.")
-        small = small_photo_note(self.photo_size, self.input_side)
-        if small:
-            out.append(small)
-        return out
+        return out + photo_notes(self.photo_size, self.input_side, self.file_size, self.transparent)
 
 
-def small_photo_note(size: tuple[int, int] | None, input_side: int | None) -> str:
-    """A note when the photo's shorter side is below SMALL_PHOTO x the model's input side (else "")."""
+def photo_notes(size: tuple[int, int] | None, input_side: int | None, file_size: tuple[int, int] | None = None,
+                transparent: bool = False) -> list[str]:
+    """Remarks on the photo itself, for a Photo and each of its Captions: a fully transparent file (no picture:
+    the caption is of its blank white background), a photo far smaller than the model's input (small_photo_note)."""
+    out = ["The image is fully transparent: it holds no picture, so the caption describes an empty white "
+           "image."] if transparent else []
+    small = small_photo_note(size, input_side, file_size)
+    return out + ([small] if small else [])
+
+
+def small_photo_note(size: tuple[int, int] | None, input_side: int | None,
+                     file_size: tuple[int, int] | None = None) -> str:
+    """A note when the photo's shorter side is below SMALL_PHOTO x the model's input side (else ""). `size` is
+    the photo as the model received it; a file shrunk on reading (its longer side to images.WORKING_SIDE) is
+    named by its own size, `file_size`, with the size it was read at."""
     if not size or not input_side or min(size) >= SMALL_PHOTO * input_side:
         return ""
-    w, h = size
+    (w, h), times = size, input_side / min(size)
+    if file_size and tuple(file_size) != tuple(size):
+        return (f"The photo is {file_size[0]}x{file_size[1]} pixels, read at {w}x{h} (its longer side brought to "
+                f"{max(size)}): its shorter side is far smaller than the model's {input_side}x{input_side} input, "
+                f"enlarged {times:.0f}x, so the caption rests on very little detail.")
     return (f"The photo is only {w}x{h} pixels, far smaller than the model's {input_side}x{input_side} input: it "
-            f"is enlarged {input_side / min(size):.0f}x, so the caption rests on very little detail.")
+            f"is enlarged {times:.0f}x, so the caption rests on very little detail.")
 
 
 def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab) -> Caption:

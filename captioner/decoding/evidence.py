@@ -13,7 +13,9 @@ vocabulary word (B, V), applied to the next-word log-probabilities at every step
                = 0                                  for every other word
     (with decode.evidence_detectors, the veto's p[b, k] is the larger of the head's and the model file's word
     detector named k, where it has one: detected_probs; the bonus reads the head's. Files written before the
-    setting existed, the bundled one among them, decode without it: DecodeConfig.UNSTORED)
+    setting existed, the bundled one among them, decode without it: DecodeConfig.UNSTORED. Without it, the
+    category of a word taught on your photos still asks its detector: the head misses many a horse, so the
+    taught model would say "stallion" only where its starting model happened to say "horse")
     bias[b, w] = -evidence_penalty                  if w is a person word and the model file's person
                                                     detector (concepts/detectors.py) gives P(person) <
                                                     person_floor (ImageNet has no person class: without
@@ -149,7 +151,12 @@ def photo_evidence(reading: HeadReading, model: torch.nn.Module, vocab: Vocab, s
     person = None
     if det is not None and reading.seen is not None:
         person = (det.prob_of(reading.seen, PERSON), person_word_mask(vocab, det).to(reading.probs.device))
-    seen = detected_probs(reading.probs, det, reading.seen) if settings.evidence_detectors else None
+    seen = None
+    if settings.evidence_detectors:
+        seen = detected_probs(reading.probs, det, reading.seen)
+    elif vocab.aliases and det is not None and reading.seen is not None:  # a taught word's category: its detector
+        taught = words[[vocab.stoi[w] for w in vocab.aliases]].amax(0) > 0  # (C,) categories a taught word names
+        seen = torch.where(taught, detected_probs(reading.probs, det, reading.seen), reading.probs)  # (B, C)
     return Evidence(reading.probs, words, settings, person, seen)
 
 

@@ -22,6 +22,18 @@ from .ptb import ptb_tokenize
 from ..vocab import FUNCTION_WORDS, is_salad, repeats, tokenize
 
 METRIC_KEYS = METRICS  # the one list, in config.py (train.val_metric is checked against it)
+# a val set of fewer photos cannot tell two epochs (or two models) apart: one photo's caption moves its CIDEr by a
+# twentieth or more. Training then keeps the last epoch rather than choose by it (training/engine.py), and the
+# app labels such a figure (ui/page_state.py: "5 photos: too few to compare")
+MIN_VAL_PHOTOS = 20
+
+
+def val_photos(record: Mapping) -> tuple[int, int]:
+    """(photos in all, photos of the smallest caption set) that a validation record's scores rest on: its
+    n_images, or each set's "<set>/n_images" in a mix; (0, 0) when the record does not say (older files)."""
+    counts = [int(v) for k, v in record.items() if (k == "n_images" or k.endswith("/n_images"))
+              and isinstance(v, (int, float))]
+    return (sum(counts), min(counts)) if counts else (0, 0)
 
 
 def _spice_available() -> bool:

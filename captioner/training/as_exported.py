@@ -7,11 +7,14 @@ model.tune_stages, no encoder in the loop), reads the same annotation vectors, s
 same detectors: the captions it scores, the new words' use it logs and the epoch it keeps are then decoded
 with the rules, the evidence and the person floor the exported file decodes with. The detectors are lent to
 the model for the validation only (attach, then taken off again): the run's checkpoints stay as they were.
+A run that teaches new words (train.extend_vocab) is exported with its starting file's decode settings
+(exported_decode), so its validation decodes with those too.
 """
 from __future__ import annotations
 
 import dataclasses
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 from torch import nn
@@ -19,6 +22,25 @@ from torch import nn
 from ..checkpoint import load_checkpoint
 from ..concepts.detectors import WordDetectors, attach, detectors_of
 from ..config import Config, DecodeConfig
+
+
+def taught_from(cfg: Config) -> Path | None:
+    """The model file a run that teaches new words (train.extend_vocab) started from (train.init_from), when it
+    is there; None for any other run. captioner-export gives the taught model that file's decode settings and
+    consensus memory: photos without the new words are then captioned as the starting model captions them."""
+    if not (cfg.train.extend_vocab and cfg.train.init_from):
+        return None
+    path = Path(cfg.train.init_from)
+    return path if path.is_file() else None
+
+
+def exported_decode(cfg: Config) -> DecodeConfig:
+    """The decode settings captioner-export writes for this run (before its --set): for a taught run the
+    starting file's own (taught_from: its rules, evidence, floors and whether the veto reads its word detectors,
+    as that file decodes, older files' unstored settings filled in as checkpoint.load_checkpoint fills them),
+    for any other the run's decode section."""
+    start = taught_from(cfg)
+    return dataclasses.replace(load_checkpoint(start).config.decode if start else cfg.decode)
 
 
 def export_detectors(cfg: Config) -> tuple[WordDetectors, float] | None:
@@ -35,10 +57,10 @@ def export_detectors(cfg: Config) -> tuple[WordDetectors, float] | None:
 
 @contextmanager
 def decoding_as_exported(model: nn.Module, cfg: Config) -> Iterator[DecodeConfig]:
-    """with decoding_as_exported(model, cfg) as settings: decode val -> cfg.decode at train.val_beam_size, and
+    """with decoding_as_exported(model, cfg) as settings: decode val -> exported_decode(cfg) at train.val_beam_size, and
     (when export_detectors has them and the model carries none) the starting file's detectors on the model
     and its person floor in the settings, until the block ends."""
-    settings = dataclasses.replace(cfg.decode, beam_size=cfg.train.val_beam_size)
+    settings = dataclasses.replace(exported_decode(cfg), beam_size=cfg.train.val_beam_size)
     lent = None if detectors_of(model) is not None else export_detectors(cfg)
     if lent is None:
         yield settings

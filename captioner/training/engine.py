@@ -3,7 +3,8 @@
 The objective (objectives.py: cross-entropy or self-critical) is a callable of one shape, so the loop
 never branches on what it optimises. fit() resumes from `last.safetensors` after an interruption,
 keeps `best.safetensors` chosen on the validation metric of DECODED captions (validation.py, never
-teacher-forced scores), decays the learning rate and stops early on that metric, and writes
+teacher-forced scores), decays the learning rate and stops early on that metric (selection.py: with too few val
+photos the metric chooses nothing, the last epoch is kept, and the log says so), and writes
 metrics.jsonl, TensorBoard events (watch.py) and training.png next to the checkpoints. A stop request
 (stopping.py: Ctrl-C, SIGTERM) saves the exact step; every random state is saved with it (rng.py), so a
 resumed run logs the same losses as one that never stopped.
@@ -23,7 +24,8 @@ from ..data.loader import epoch_loader
 from ..logs import plot_history
 from . import rng
 from .objectives import Terms
-from .run import Log, Run, TrainingError, TrainState, build_run, check_ranks_in_sync, encoder_train_mode
+from .run import RESUMES, Log, Run, TrainingError, TrainState, build_run, check_ranks_in_sync, encoder_train_mode
+from .selection import announce_small_val, chosen, end_epoch, validate_warm_start, why_finished
 from .stopping import NEVER, Interrupted, StopSignal
 from .validation import validate
 
@@ -139,9 +141,6 @@ def _check_weights_finite(model: torch.nn.Module, step: int) -> None:
                             "Try a lower train.lr or train.grad_clip.")
 
 
-RESUMES = ": the last good checkpoint is kept, and the run resumes from it."
-
-
 def save_last(run: Run) -> None:
     """The resumable checkpoint (weights, optimiser, state and every rank's random states), written atomically
     by rank 0. Every rank calls it at the same points: the random states are gathered first."""
@@ -167,34 +166,6 @@ def keep_epoch(run: Run) -> None:
                     metrics={"val": run.state.history[-1], "epoch": run.state.epoch}, then=RESUMES)
     for old in sorted(run.out.glob("epoch_*.safetensors"), key=lambda p: int(p.stem.split("_")[1]))[:-k]:
         old.unlink(missing_ok=True)
-
-
-# ---------------------------------------------------------------- validation and the epoch's decisions
-
-def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
-    """Keep the best checkpoint, decay the learning rate, decide on early stopping -> stop?"""
-    cfg, state = run.cfg, run.state
-    if value > state.best_metric:
-        state.best_metric, state.best_epoch, state.bad_epochs, state.since_decay = value, state.epoch, 0, 0
-        if run.main:
-            meta = {"val": state.history[-1], "epoch": state.epoch, "objective": cfg.train.objective}
-            save_checkpoint(run.best_path, cfg, run.vocab, run.model.state_dict(), metrics=meta, then=RESUMES)
-            run.log(f"  new best {cfg.train.val_metric} {value:.4f} -> {run.best_path}")
-    else:
-        state.bad_epochs += 1
-        state.since_decay += 1
-        if state.since_decay >= cfg.train.lr_patience and cfg.train.lr_decay < 1:
-            for g in run.optimizer.param_groups:
-                g["lr"] *= cfg.train.lr_decay
-            state.since_decay = 0
-            run.log(f"  no improvement: learning rate x{cfg.train.lr_decay} -> {run.optimizer.param_groups[0]['lr']:.2e}")
-    state.lr = run.optimizer.param_groups[0]["lr"]
-    stop = state.bad_epochs >= cfg.train.early_stop_patience or hit_max
-    if stop:
-        run.log(f"reached train.max_steps={cfg.train.max_steps}" if hit_max else
-                f"early stopping: no {cfg.train.val_metric} improvement for {state.bad_epochs} epoch(s)")
-    state.finished = stop or state.epoch >= cfg.train.epochs
-    return stop
 
 
 # ---------------------------------------------------------------- the whole run
@@ -223,13 +194,14 @@ def _train(run: Run) -> dict[str, Any]:
     cfg, state = run.cfg, run.state
     if state.finished:
         run.log(f"{run.last_path}: this run already finished (best {cfg.train.val_metric} "
-                f"{state.best_metric:.4f} at epoch {state.best_epoch}; {_why_finished(state, cfg)}); nothing to do")
+                f"{state.best_metric:.4f} at epoch {state.best_epoch}; {why_finished(state, cfg)}); nothing to do")
         return state.__dict__
     run.log(f"training on {run.device}: {len(run.dataset)} images, objective {cfg.train.objective}, "
             f"{len(run.sampler) // run.world_size} batches/epoch/rank, {_source(cfg)}, "
             f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
     run.log(f"(attention penalty = train.alpha_c {cfg.train.alpha_c:g} x sum over the {cfg.model.grid_size ** 2} regions "
             "of (1 - attention the caption gave it)^2, per caption: the paper's doubly stochastic term, eq. 14)")
+    announce_small_val(run)
     if run.new_words and state.step == 0 and not state.history:
         validate_warm_start(run)
     while True:
@@ -246,7 +218,7 @@ def _train(run: Run) -> dict[str, Any]:
             run.log(f"parameters identical across {run.world_size} ranks after step {state.step}")
         state.epoch, state.batch_in_epoch, state.validating, state.epoch_stats = state.epoch + 1, 0, True, stats
         save_last(run)  # the epoch's steps are on disk before its validation (which a stop may cut short)
-    run.log(f"done: best {cfg.train.val_metric} {state.best_metric:.4f} at epoch {state.best_epoch} -> {run.best_path}")
+    run.log(f"done: {chosen(run)} -> {run.best_path}")
     return state.__dict__
 
 
@@ -263,22 +235,6 @@ def _close_epoch(run: Run) -> bool:
     if run.main:
         plot_history(run.out / "metrics.jsonl", run.out / "training.png")
     return stop
-
-
-def validate_warm_start(run: Run) -> None:
-    """train.extend_vocab: epoch 0 is the warm start before any step, validated like an epoch (how often it
-    says the new words on val before training) and the first best."""
-    end_epoch(run, validate(run, {"seconds": 0.0, "batches": 0}), False)
-
-
-def _why_finished(state: TrainState, cfg: Config) -> str:
-    """Which stopping rule ended a finished run, and the setting that would let it go on."""
-    if cfg.train.max_steps and state.step >= cfg.train.max_steps:
-        return f"train.max_steps={cfg.train.max_steps} reached: raise it to go on"
-    if state.bad_epochs >= cfg.train.early_stop_patience:
-        return (f"stopped early after {state.bad_epochs} epoch(s) without improvement: raise "
-                "train.early_stop_patience to go on")
-    return f"{state.epoch} of train.epochs={cfg.train.epochs} done: raise train.epochs to train longer"
 
 
 def _source(cfg: Config) -> str:

@@ -9,7 +9,8 @@ how validation sees them.
   The vocabulary records the pair (Vocab.aliases, saved with the model): a caption that says one of them does
   not say the other too ("a man riding a horse on a stallion": decode.block_content_repeats).
 - Speed (NewWordRows, train.new_words_lr_factor): Adam's step on the new words' rows is multiplied by a
-  factor, the rest of the model keeps train.lr (what it knew stays).
+  factor, the rest of the model keeps train.lr (what it knew stays); with train.new_words_only the rest does
+  not move at all (the own-photos recipe: photos without the new words keep the starting model's captions).
 - Validation (new_word_scores): on the val photos, how often the decoded captions use each new word where
   the references use it (recall) and where they do not (false uses); the selection metric
   "CIDEr_new_words" is CIDEr plus the mean F1 of those uses.
@@ -95,12 +96,21 @@ def share_bias(out_bias: torch.Tensor, new: int, old: int, old_bias: torch.Tenso
 
 class NewWordRows:
     """Optimizer hooks that multiply Adam's update of the new words' rows (ids >= old_size) by `factor`:
-    the rows are read before each step and moved `factor` times as far after it."""
+    the rows are read before each step and moved `factor` times as far after it. With `only`
+    (train.new_words_only) nothing else moves: the decoder's other weights take no gradient and the old words'
+    rows are put back after each step, so the taught model scores every old word exactly as the starting model
+    did (a photo without the new words gets the starting model's caption, bar the new words' share of each
+    softmax) and its fp16 export rounds them to the starting file's very values."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, decoder: torch.nn.Module, old_size: int, factor: float):
+    def __init__(self, optimizer: torch.optim.Optimizer, decoder: torch.nn.Module, old_size: int, factor: float,
+                 only: bool = False):
         self.params = [p for name, p in decoder.named_parameters() if name in GROWN_ROWS]
         self.old_size, self.factor = old_size, factor
         self.before: list[torch.Tensor] = []
+        self.kept = [p[:old_size].detach().clone() for p in self.params] if only else []  # the old words' rows
+        if only:
+            for name, p in decoder.named_parameters():
+                p.requires_grad_(name in GROWN_ROWS)
         optimizer.register_step_pre_hook(self._pre)
         optimizer.register_step_post_hook(self._post)
 
@@ -112,6 +122,8 @@ class NewWordRows:
     def _post(self, *_):
         for p, b in zip(self.params, self.before):
             p[self.old_size:] = b + self.factor * (p[self.old_size:] - b)
+        for p, k in zip(self.params, self.kept):
+            p[:self.old_size] = k
 
 
 def new_word_scores(new_words: Sequence[str], preds: dict[str, str], records: Sequence[Any]

@@ -30,6 +30,7 @@ from .warm_start import grow_vocabulary
 from ..vocab import Vocab
 
 Log = Callable[[str], None]
+RESUMES = ": the last good checkpoint is kept, and the run resumes from it."  # a failed save's last words
 BASELINE = "decoder.reinforce_baseline"  # hard attention's moving-average baseline (a buffer, not a weight)
 
 
@@ -289,8 +290,8 @@ def _new_words(cfg: Config, model: CaptionModel, vocab: Vocab, data: Any, optimi
                             old_size, device, cfg.train.batch_images)
         log("new words start as the old word the starting model says in their place: "
             + "; ".join(init_from_substitutes(model.decoder, votes, vocab, said)))
-    if cfg.train.new_words_lr_factor != 1 and len(vocab) > old_size:
-        NewWordRows(optimizer, model.decoder, old_size, cfg.train.new_words_lr_factor)
+    if (cfg.train.new_words_lr_factor != 1 or cfg.train.new_words_only) and len(vocab) > old_size:
+        NewWordRows(optimizer, model.decoder, old_size, cfg.train.new_words_lr_factor, cfg.train.new_words_only)
     return vocab.itos[old_size:]
 
 

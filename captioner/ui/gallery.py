@@ -47,9 +47,10 @@ def batch_json(items: Sequence[tuple[str, "Caption"]], maps: bool = False) -> by
 def figures_zip(items: Sequence[tuple[str, "Caption", Image.Image]], figure: Callable[[Image.Image, "Caption"], bytes]
                 ) -> bytes:
     """A ZIP of one attention figure per photo, each named after its photo's stem with "_attention" (a number
-    added when two uploads share a stem, so no figure overwrites another)."""
+    added when two uploads share a stem, so no figure overwrites another). Stored, not deflated: a PNG is
+    compressed already, and deflating it again gained nothing but time."""
     buf, used = io.BytesIO(), set()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
         for name, cap, image in items:
             stem, n = PurePath(name).stem or "image", 1
             target = f"{stem}_attention.png"

@@ -15,6 +15,7 @@ import streamlit as st
 
 import captioner
 from ..concepts.imagenet import imagenet_head_or_none
+from ..evaluation.metrics import MIN_VAL_PHOTOS, val_photos
 from ..images import file_extensions, original_size
 from . import checkpoints, visualize
 
@@ -112,7 +113,7 @@ def get_explanation(path: str, mtime: float, dtype: str, digest: str, text: str,
                     _image) -> captioner.Caption:
     """A typed sentence teacher-forced on one photo (Photo.explain), cached per model, photo and text."""
     cap = get_photo(path, mtime, dtype, digest, _image).explain(text, hard_context=hard_context)
-    cap.photo_size = None  # a small photo's note is shown once, by the caption
+    cap.photo_size, cap.transparent = None, False  # the photo's notes are shown once, by the caption
     return cap
 
 
@@ -210,11 +211,16 @@ def short_error(e: Exception) -> str:
 
 
 def model_info(loaded: captioner.Captioner) -> str:
-    """'vgg19, 14x14 attention grid, 2,345 words | validation Bleu-4 0.200, CIDEr 0.500' (scores when stored)."""
+    """'vgg19, 14x14 attention grid, 2,345 words | validation Bleu-4 0.200, CIDEr 0.500 (1,000 photos)' (scores
+    when stored, with the photos they rest on when the file says). A figure from a val split too small to
+    compare (MIN_VAL_PHOTOS) says so: 'CIDEr 1.666 (5 photos: too few to compare)', not a number to set beside
+    another model's 0.614 from 1,200 photos."""
     info = f"{loaded.config.model.encoder}, {loaded.grid_size}x{loaded.grid_size} attention grid, " \
            f"{len(loaded.vocab):,} words"
     val = loaded.metrics.get("val") if isinstance(loaded.metrics.get("val"), dict) else {}
     scores = [f"{k.replace('_', '-')} {val[k]:.3f}" for k in ("Bleu_4", "CIDEr") if isinstance(val.get(k), (int, float))]
     if scores:
-        info += " | validation " + ", ".join(scores)
+        photos, smallest = val_photos(val)
+        few = ": too few to compare" if 0 < smallest < MIN_VAL_PHOTOS else ""
+        info += " | validation " + ", ".join(scores) + (f" ({photos:,} photos{few})" if photos else "")
     return info

@@ -11,7 +11,8 @@ import streamlit as st
 
 import captioner
 from ..concepts.imagenet import THRESHOLD as CONCEPT_THRESHOLD
-from ..vocab import FUNCTION_WORDS
+from ..concepts.words import CATEGORY_WORDS, match_words, word_table
+from ..vocab import COLOUR_WORDS, FUNCTION_WORDS
 from . import html as html_parts
 from . import animate, visualize, workbench
 from .page_state import FIGURE_SIDE, GRID_COLUMNS, Shown, View, figure_bytes, shrink
@@ -115,8 +116,25 @@ def caption_gif(digest: str, maps_key: str, _cap: captioner.Caption, opacity: fl
     return animate.caption_animation(_image, _cap, opacity=opacity)
 
 
-def first_content_word(words: list[str]) -> int:
-    """The index the big overlay opens on: the first word that names something (not "a", "the" ...)."""
+# words that describe the thing a caption names before naming it ("a small brown dog", "two young girls"): the
+# big overlay skips them with the colours, to open on the thing itself
+MODIFIERS = frozenset(
+    "small large big little young old older elderly tall wet dry dark bright two three four five several many some "
+    "other colorful colourful multicolored multi-colored striped empty smiling happy blond blonde shirtless long "
+    "furry fluffy huge giant tiny pretty busy crowded snowy grassy sandy rocky muddy shaggy spotted curly".split())
+NAMES = word_table(CATEGORY_WORDS)  # every word naming a COCO category or a person ("man", "player", "dog" ...)
+
+
+def first_noun(words: list[str]) -> int:
+    """The index the big overlay opens on: the first word that names a thing, not "a" nor the colour or size
+    before it ("a brown dog" -> dog, "a black and white cat" -> cat, "two young girls" -> girls); a word before
+    one that names a COCO category is that category's modifier ("a tennis player" -> player). The first word
+    that is not a function word when nothing else qualifies."""
+    named = {i for i, _ in match_words(words, NAMES)}
+    for i, w in enumerate(words):
+        if w in FUNCTION_WORDS or w in COLOUR_WORDS or w in MODIFIERS:
+            continue
+        return i + 1 if i + 1 in named and i not in named else i
     return next((i for i, w in enumerate(words) if w not in FUNCTION_WORDS), 0)
 
 
@@ -126,7 +144,7 @@ def word_view(image, cap: captioner.Caption, view: View) -> None:
     n = len(cap.words)
     if n > 1:
         k = st.select_slider("Show where this caption word looked", options=list(range(n)),
-                             value=first_content_word(cap.words), format_func=lambda i: f"{i + 1}. {cap.words[i]}")
+                             value=first_noun(cap.words), format_func=lambda i: f"{i + 1}. {cap.words[i]}")
     else:
         k = 0
     beta_k = visualize.word_beta(cap, k)
