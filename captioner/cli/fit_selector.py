@@ -150,6 +150,7 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
     from captioner.concepts.words import word_categories
     from captioner.data.features import build_cache
     from captioner.decoding.consensus import memory_of
+    from captioner.decoding.evidence import photo_evidence
     from captioner.decoding.reading import read_heads
     from captioner.decoding.selection import SIGNALS, WIDE, Weights, choose, signals
     from captioner.evaluation.choice import Pool, baselines, candidate_cider
@@ -162,7 +163,9 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
     refs = [records[i].captions for i in keep]
     ids = [records[i].image_id for i in keep]
     boxed = _boxes(args, name, dict(zip(ids, refs)))
-    probs = read_heads(loaded.model, feats).probs  # (N, C) or None
+    reading = read_heads(loaded.model, feats)
+    probs, evidence = reading.probs, photo_evidence(reading, loaded.model, loaded.vocab, settings)  # (N, C) or None
+    person = None if evidence is None else evidence.person  # (P(person) (N,), person words (V,)) or None
     pools = _pools(loaded, feats, settings, args.pools)
     k, every = settings.consensus_k, Weights(tuple(1.0 for _ in SIGNALS))  # every signal computed
     nearest, categories = memory.nearest(feats, WIDE * k).tolist(), word_categories(loaded.vocab).to(torch.bool)
@@ -173,8 +176,10 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
             hyps = [b + [h for h in s if all(h.tokens != c.tokens for c in b)] for b, s in zip(beam_hyps, hyps)]
         texts = [tuple(" ".join(loaded.vocab.itos[t] for t in h.tokens) for h in hs) for hs in hyps]
         cider = candidate_cider(refs, texts)
-        current = choose(hyps, feats, probs, memory, loaded.vocab, settings)
-        pool = [Pool(signals(hs, near[:k], near, None if probs is None else probs[i].float(), categories, memory, every),
+        current = choose(hyps, feats, probs, memory, loaded.vocab, settings, person)
+        who = (lambda i: None) if person is None else (lambda i: (float(person[0][i]), person[1].bool()))
+        pool = [Pool(signals(hs, near[:k], near, None if probs is None else probs[i].float(), categories, memory, every,
+                             who(i)),
                      torch.tensor(c, dtype=torch.float64), [id(h) for h in hs].index(id(cur[0])), t)
                 for i, (hs, c, cur, near, t) in enumerate(zip(hyps, cider, current, nearest, texts))]
         rows[pool_name] = {**baselines(pool), "ms per photo": 1000 * seconds}

@@ -199,7 +199,8 @@ def decode_photos(model: CaptionModel, feats: torch.Tensor, reading: HeadReading
     evidence = photo_evidence(reading, model, vocab, settings)  # (B, V) ruled-out words, the bonus table
     hyps = decode(model.decoder, feats, SpecialIds.of(vocab, settings.forbid_unk), settings,
                   evidence if settings.evidence else None)
-    return choose(hyps, feats, reading.probs, memory_of(model), vocab, settings), evidence
+    return choose(hyps, feats, reading.probs, memory_of(model), vocab, settings,
+                  None if evidence is None else evidence.person), evidence
 
 
 @torch.no_grad()

@@ -92,6 +92,7 @@ class Evidence:
         """`seen` (B, C): what rules a category out, when not `probs` (detected_probs: the head or the word
         detector of the same name, whichever sees it more)."""
         self.words = words.to(probs)  # (V, C)
+        self.person = person  # (P(person) (B,), person words (V,)) or None: what else reads it (the choice)
         floors = category_floors(settings, probs.shape[1]).to(probs)  # (C,)
         out = ruled_out_words(probs if seen is None else seen.to(probs), self.words, floors)  # (B, V)
         if person is not None and settings.person_floor > 0:

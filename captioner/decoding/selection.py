@@ -20,7 +20,8 @@ with w = decode.consensus_weight and select_s = decode.select_<s> (0: the signal
     length      words
     objects     sum over the COCO categories the caption names (concepts/words.py) of P(category) - OBJECT_P,
                 the encoder's head's probability less the concepts' threshold: naming what the head sees adds,
-                naming what it barely sees (the wrong dog, the couch that is a bed) subtracts
+                naming what it barely sees (the wrong dog, the couch that is a bed) subtracts; a person word
+                counts the same with the file's person detector's P(person), where it has one
     top_object  1 when the caption names the category the head finds most probable (P >= OBJECT_P), else 0
 
 The weights are fitted by `captioner-fit-selector` on the val sets (never test): least squares predicting each
@@ -76,10 +77,12 @@ class Weights:
 
 
 def signals(cands: Sequence[Hypothesis], near: Sequence[int], wide: Sequence[int], probs: torch.Tensor | None,
-            categories: torch.Tensor, memory: ConsensusMemory, weights: Weights) -> torch.Tensor:
+            categories: torch.Tensor, memory: ConsensusMemory, weights: Weights,
+            person: tuple[float, torch.Tensor] | None = None) -> torch.Tensor:
     """One photo's candidates -> their signals (n, S) in SIGNALS order; a signal of weight 0 is left 0 (not
     computed). near / wide: the memory photos nearest this one (consensus_k, WIDE x consensus_k); probs (C,): the
-    head's P(category) or None without a head; categories (V, C): which words name which category."""
+    head's P(category) or None without a head; categories (V, C): which words name which category; person:
+    (P(person), the person words (V,) 0/1) from the file's person detector, or None."""
     out = torch.zeros(len(cands), len(SIGNALS), dtype=torch.float64)  # (n, S)
     best = max(h.score for h in cands)
     cider = memory.cider
@@ -99,16 +102,20 @@ def signals(cands: Sequence[Hypothesis], near: Sequence[int], wide: Sequence[int
         if probs is not None and words:
             named = categories[torch.tensor(h.tokens)].amax(0) > 0  # (C,) the categories the caption names
             out[i, 6] = float((probs[named] - OBJECT_P).sum())
+            if person is not None and bool(person[1][torch.tensor(h.tokens)].any()):
+                out[i, 6] += person[0] - OBJECT_P
             top = int(probs.argmax())
             out[i, 7] = float(named[top] and probs[top] >= OBJECT_P)
     return out
 
 
 def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: torch.Tensor | None,
-           memory: ConsensusMemory | None, vocab: Vocab, settings: DecodeConfig) -> list[list[Hypothesis]]:
+           memory: ConsensusMemory | None, vocab: Vocab, settings: DecodeConfig,
+           person: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[list[Hypothesis]]:
     """Each photo's finished hypotheses (best first by beam score) -> reordered by `choice`, highest first, each
     hypothesis's `choice` set (None when the beam's order is kept: no memory, all weights on the score, or one
-    hypothesis). feats (B, P, D); probs (B, C): the head's P(category), or None."""
+    hypothesis). feats (B, P, D); probs (B, C): the head's P(category), or None; person: (P(person) (B,), person
+    words (V,)) from the file's person detector (Evidence.person), or None."""
     weights = Weights.of(settings)
     if memory is None or weights.beam_order or all(len(h) < 2 for h in hyps):
         return [list(h) for h in hyps]
@@ -122,7 +129,8 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
             out.append(list(cands))
             continue
         p = None if probs is None or categories is None else probs[image].float().cpu()  # (C,)
-        x = signals(cands, nearest[image][:k], nearest[image], p, categories, memory, weights)  # (n, S)
+        who = None if person is None or p is None else (float(person[0][image]), person[1].cpu().bool())
+        x = signals(cands, nearest[image][:k], nearest[image], p, categories, memory, weights, who)  # (n, S)
         total = (x @ w).tolist()  # (n,)
         for h, t, row in zip(cands, total, x.tolist()):
             h.choice = t
