@@ -59,22 +59,21 @@ def test_attention_is_a_distribution_and_gated():
 
 
 
-@pytest.mark.parametrize("form,grad", [("reference", True), ("sigmoid", True), ("sigmoid", False)])
-def test_attention_equals_equations_4_to_6(form, grad, monkeypatch):
-    """The reference and the fast path's sigmoid form (model/fast.py, cache-blocked without autograd)
-    compute the paper's eq. 4-6: several images per block and a partial last block (7 images, 2 per
-    block), beams sharing their image (G = 3)."""
-    from captioner.model import fast
+@pytest.mark.parametrize("literal,grad", [(True, True), (False, True), (False, False)])
+def test_attention_equals_equations_4_to_6(literal, grad, monkeypatch):
+    """AdditiveAttention.weights as every path runs it on a CPU (eq. 4 through sigmoid, cache-blocked without
+    autograd) and as the paper writes it (literal=True) compute eq. 4-6: several images per block and a
+    partial last block (7 images, 2 per block), beams sharing their image (G = 3)."""
+    from captioner.model import attention
 
-    monkeypatch.setattr(fast, "BLOCK_ELEMENTS", 2 * 3 * P * 7)  # 2 images per block
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 2 * 3 * P * 7)  # 2 images per block
     att = AdditiveAttention(D, 10, 7)
     with torch.no_grad():
         att.score.bias.fill_(0.3)
     n, G = 7, 3
     feats, h = torch.randn(n, P, D), torch.randn(n * G, 10)
-    form_of = att if form == "reference" else fast.SigmoidAttention(att)
     with torch.set_grad_enabled(grad):
-        alpha, beta = form_of.weights(feats, form_of.project(feats), h)
+        alpha, beta = att.weights(feats, att.project(feats), h, literal)
         z = glimpse(feats, alpha, beta)
     with torch.no_grad():  # eq. 4-6 written out literally, one row at a time
         for r in range(n * G):

@@ -14,7 +14,6 @@ from captioner.cli.caption import main
 from captioner.decoding.evidence import photo_evidence
 from captioner.decoding.rules import word_logp
 from captioner.decoding.sampling import Draw
-from captioner.model.fast import inference
 from captioner.vocab import SpecialIds
 
 EXAMPLES = sorted((captioner.DEFAULT_CHECKPOINT.parent / "examples").glob("*.jpg"))
@@ -38,7 +37,7 @@ def step_scores(model: captioner.Captioner, photo, words: list[str], **overrides
     settings = model.decode_settings(**overrides)
     ids = SpecialIds.of(model.vocab, settings.forbid_unk)
     evidence = photo_evidence(photo.reading, model.model, model.vocab, settings) if settings.evidence else None
-    dec, feats = inference(model.model.decoder), photo.features  # (1, P, D)
+    dec, feats = model.model.decoder, photo.features  # (1, P, D)
     feat_proj, state = dec.attention.project(feats), dec.init_state(feats)
     tokens = [model.vocab.stoi[w] for w in words]
     prev, rows = torch.tensor([ids.start]), []
