@@ -85,3 +85,33 @@ def test_sharpening_the_attention_changes_every_path(bundled, one_torch_thread, 
         assert calls, f"{name} never called AdditiveAttention.weights"
         assert after.shape != before[name].shape or not np.allclose(after, before[name], atol=1e-4), \
             f"{name} did not change when the attention did"
+
+
+def test_compiling_the_step_compiles_what_every_path_runs(monkeypatch):
+    """train.compile (Decoder.compile_step) wraps `recur`: teacher forcing, beam search, greedy decoding and
+    sampling then all run the wrapped function (here a counting stand-in for torch.compile)."""
+    from captioner.decoding.rules import unruled
+    from tests.test_model import IDS, D, P, batch, tiny_decoder
+
+    runs: list[str] = []
+
+    def compile(fn):
+        def compiled(*args, **kwargs):
+            runs.append(fn.__name__)
+            return fn(*args, **kwargs)
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", compile)
+    dec = tiny_decoder(12)
+    dec.compile_step()
+    feats = torch.randn(3, P, D)
+    inputs, _, lengths, _ = batch(12)
+    paths = {"teacher forcing": lambda: dec.teacher_force(feats, inputs, lengths),
+             "beam search": lambda: beam_search(dec, feats, IDS, unruled(beam_size=3, max_len=5)),
+             "beam search, fixed shapes": lambda: beam_search_on_device(dec, feats, IDS, unruled(beam_size=3, max_len=5)),
+             "greedy": lambda: greedy_decode(dec, feats, IDS, unruled(beam_size=1, max_len=5)),
+             "sampling": lambda: sample(dec, feats, IDS, 2, 5)}
+    for name, run in paths.items():
+        del runs[:]
+        run()
+        assert runs and set(runs) == {"recur"}, name
