@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import captioner
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 FLICKR = SHARED / "flickr8k"
@@ -31,6 +33,16 @@ def flickr() -> Path:
 @pytest.fixture
 def coco_mini() -> Path:
     return need_coco()
+
+
+@pytest.fixture(scope="session")
+def bundled() -> captioner.Captioner:
+    """The bundled default model (captioner.load()), loaded once for the whole session and shared by every
+    module: a test may read it and ask it anything, but must not change it (weights, config, attached
+    detectors); a test that changes a model loads its own."""
+    if not captioner.DEFAULT_CHECKPOINT.is_file():
+        pytest.skip(f"the bundled default model {captioner.DEFAULT_CHECKPOINT} is missing")
+    return captioner.load()
 
 
 @pytest.fixture(scope="module")

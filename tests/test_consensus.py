@@ -90,11 +90,11 @@ def test_a_file_that_is_not_a_memory_is_refused_with_advice(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def bundled():
-    loaded = captioner.load()
-    if memory_of(loaded.model) is None:
+def bundled(bundled):
+    """The session's bundled model (tests/conftest.py), when its consensus memory is there."""
+    if memory_of(bundled.model) is None:
         pytest.skip("no consensus memory beside the bundled model (captioner-build-consensus writes it)")
-    return loaded
+    return bundled
 
 
 def test_weight_zero_gives_todays_captions(bundled):

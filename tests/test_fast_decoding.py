@@ -21,13 +21,6 @@ from tests.test_model import B, D, P, tiny_decoder
 VAL_PHOTOS = 3
 
 
-@pytest.fixture(scope="module")
-def bundled() -> captioner.Captioner:
-    if not captioner.DEFAULT_CHECKPOINT.is_file():
-        pytest.skip("the bundled default model is missing")
-    return captioner.load()
-
-
 def val_photos(root, n: int = VAL_PHOTOS) -> list:
     names = (root / "Flickr_8k.devImages.txt").read_text().split()[:n]
     return [root / "Images" / name for name in names]

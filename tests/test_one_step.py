@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-import pytest
 import torch
 
 import captioner
@@ -22,13 +21,6 @@ from captioner.vocab import SpecialIds
 
 EXAMPLES = sorted((captioner.DEFAULT_CHECKPOINT.parent / "examples").glob("*.jpg"))
 SENTENCE = "a cat sitting on a table"
-
-
-@pytest.fixture(scope="module")
-def bundled() -> captioner.Captioner:
-    if not captioner.DEFAULT_CHECKPOINT.is_file():
-        pytest.skip("the bundled default model is missing")
-    return captioner.load()
 
 
 def _paths(bundled: captioner.Captioner) -> dict[str, Callable[[], np.ndarray]]:
