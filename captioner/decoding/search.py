@@ -147,10 +147,11 @@ def _record_finished(finished: list[list[Hypothesis]], best_finished: torch.Tens
 
 def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
            evidence: Evidence | None = None) -> list[list[Hypothesis]]:
-    """THE decoding entry: feats (B, P, D) -> for each image its hypotheses, best first. Greedy when
-    settings.beam_size == 1 (one hypothesis per image), else beam search. evidence: the images'
-    Evidence (evidence-aware decoding: scores added to object words), or None. The bias ranks the
-    hypotheses (their score keeps it) and is taken off again here: log_prob and word_logps are the model's own."""
+    """How captions are decoded (captions.py, evaluation, validation): feats (B, P, D) -> for each image its
+    hypotheses, best first. Greedy when settings.beam_size == 1 (one hypothesis per image), else beam search;
+    off the CPU the fixed-shape search for both. evidence: the images' Evidence (evidence-aware decoding:
+    scores added to object words), or None. The bias ranks the hypotheses (their score keeps it) and is taken
+    off again here: log_prob and word_logps are the model's own."""
     settings.checked()  # config.DecodeConfig.LIMITS: one place for every setting's range
     if feats.device.type != "cpu":  # a GPU: fixed shapes, no host sync per step (device_beam.py; beam 1 = greedy)
         hyps = beam_search_on_device(decoder, feats, ids, settings, evidence, greedy_scores=settings.beam_size == 1)
