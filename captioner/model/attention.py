@@ -12,13 +12,14 @@ H LSTM hidden dim, A attention dim.
 Both contexts are `glimpse(feats, weights, beta)` with weights = alpha (soft) or the one-hot of the
 chosen location (hard), and the location is chosen in one place, `locate`.
 
-`AdditiveAttention.weights` is what every path runs (training, every search, sampling, explain). On a CPU
-it computes eq. 4 through tanh(x) = 2 sigmoid(2x) - 1, the same number: PyTorch's CPU tanh kernel is
-several times slower than its sigmoid, and the (N, P, A) elementwise part of eq. 4 is the largest cost
-of a step after the matrix products. Without autograd it does so a few images at a time in one reused
-buffer of about BLOCK_ELEMENTS elements that stays in cache (a beam step over 100 images x 3 beams would
-otherwise write and re-read a 50 MB temporary). `weights(..., literal=True)` is eq. 4 as written above,
-the oracle tests check the step against (tests/test_model.py); other devices run it too.
+`AdditiveAttention.weights` is what every path runs (training, every search, sampling, explain). It
+computes eq. 4 through tanh(x) = 2 sigmoid(2x) - 1, the same number: PyTorch's CPU tanh kernel is several
+times slower than its sigmoid, and the (N, P, A) elementwise part of eq. 4 is the largest cost of a step
+after the matrix products. So `project` keeps 2 W_a a_i (once per image: the factor 2 costs nothing per
+step), and without autograd on a CPU eq. 4 is evaluated a few images at a time in one reused buffer of
+about BLOCK_ELEMENTS elements that stays in cache (a beam step over 100 images x 3 beams would otherwise
+write and re-read a 50 MB temporary). `weights(..., literal=True)` is eq. 4 as written above (halving the
+projection back is exact in floating point): the oracle tests check the step against (tests/test_model.py).
 """
 from __future__ import annotations
 
@@ -44,25 +45,26 @@ class AdditiveAttention(nn.Module):
         self.gate = nn.Linear(hidden_dim, 1)  # f_beta: one scalar per step, as in the paper
 
     def project(self, feats: torch.Tensor) -> torch.Tensor:
-        """W_a a_i: feats (B, P, D) -> (B, P, A). It does not depend on t: once per image, not per step."""
-        return self.feat_proj(feats)
+        """2 W_a a_i: feats (B, P, D) -> (B, P, A), the doubled input of eq. 4's sigmoid form. It does not
+        depend on t: once per image, not per step."""
+        return 2 * self.feat_proj(feats)
 
     def weights(self, feats: torch.Tensor, feat_proj: torch.Tensor, h: torch.Tensor, literal: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """feats (B, P, D), feat_proj (B, P, A) from `project`, h (B*G, H) -> alpha (B*G, P) (eq. 4-5)
         and the gate beta (B*G,): how much of the attended context reaches the word (0 = the word did
         not use the image). The G rows of an image (consecutive) share its annotations. literal: eq. 4
-        with tanh as the paper writes it (the test oracle); otherwise a CPU takes the sigmoid form."""
+        with tanh as the paper writes it (the test oracle) instead of its sigmoid form."""
         B, P, _ = feats.shape
         G = h.shape[0] // B
         hp = linear(self.hidden_proj, h).view(B, G, 1, -1)  # (B, G, 1, A): W_h h_{t-1}
-        if literal or feats.device.type != "cpu":
-            u = feat_proj.unsqueeze(1) + hp  # (B, G, P, A): W_a a_i + W_h h_{t-1}
+        if literal:
+            u = feat_proj.unsqueeze(1) / 2 + hp  # (B, G, P, A): W_a a_i + W_h h_{t-1}
             e = self.score(torch.tanh(u)).view(B * G, P)  # (B*G, P): eq. 4
-        else:  # w^T tanh(u) = 2 w^T sigmoid(2u) - sum(w)
+        else:  # w^T tanh(u) = 2 w^T sigmoid(2u) - sum(w), 2u = 2 W_a a_i + 2 W_h h_{t-1}
             w = self.score.weight.t()  # (A, 1)
-            if torch.is_grad_enabled():
-                s = torch.sigmoid(torch.add(2 * hp, feat_proj.unsqueeze(1), alpha=2)) @ w  # (B, G, P, 1)
+            if torch.is_grad_enabled() or feats.device.type != "cpu":
+                s = torch.sigmoid(feat_proj.unsqueeze(1) + 2 * hp) @ w  # (B, G, P, 1)
             else:
                 s = _sigmoid_scores_blocked(feat_proj, 2 * hp, w)  # (B, G, P, 1)
             e = 2 * s.view(B * G, P) + (self.score.bias - w.sum())  # (B*G, P): eq. 4
@@ -72,8 +74,8 @@ class AdditiveAttention(nn.Module):
 
 
 def _sigmoid_scores_blocked(feat_proj: torch.Tensor, hp2: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """sigmoid(2 feat_proj + hp2) @ w without autograd, a block of images at a time in one buffer.
-    feat_proj (B, P, A) = W_a a_i, hp2 (B, G, 1, A) = 2 W_h h, w (A, 1) -> (B, G, P, 1)."""
+    """sigmoid(feat_proj + hp2) @ w without autograd, a block of images at a time in one buffer.
+    feat_proj (B, P, A) = 2 W_a a_i, hp2 (B, G, 1, A) = 2 W_h h, w (A, 1) -> (B, G, P, 1)."""
     B, P, A = feat_proj.shape
     G = hp2.shape[1]
     block = max(1, BLOCK_ELEMENTS // (G * P * A))  # images per block
@@ -81,7 +83,7 @@ def _sigmoid_scores_blocked(feat_proj: torch.Tensor, hp2: torch.Tensor, w: torch
     out = feat_proj.new_empty(B, G, P, 1)
     for k in range(0, B, block):
         n = min(block, B - k)
-        u = torch.add(hp2[k:k + n], feat_proj[k:k + n].unsqueeze(1), alpha=2, out=buf[:n])  # (n, G, P, A): 2u
+        u = torch.add(feat_proj[k:k + n].unsqueeze(1), hp2[k:k + n], out=buf[:n])  # (n, G, P, A): 2u
         torch.matmul(u.sigmoid_(), w, out=out[k:k + n])
     return out
 

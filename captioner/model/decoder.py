@@ -16,7 +16,7 @@ for all T steps in one matrix product.
 
 How the step computes, never what (each gives the equations' numbers to float rounding; tests/test_model.py
 and tests/test_fast_decoding.py check them against `step(..., literal=True)` and the literal eq. 4-6):
-- eq. 4 through sigmoid on a CPU, in cache-sized blocks without autograd (AdditiveAttention.weights);
+- eq. 4 through sigmoid, in cache-sized blocks without autograd on a CPU (AdditiveAttention.weights);
 - few-row products with the operands swapped on a CPU (model/rows.py);
 - W_z a_i once per image (`context_gates`, the `ctx_gates` argument of `recur` and `step`): z_t = beta_t
   sum_i alpha_ti a_i is linear in the a_i, so W_z z_t = beta_t sum_i alpha_ti (W_z a_i): a beam step reads
