@@ -114,6 +114,7 @@ def test_weight_zero_gives_todays_captions(bundled):
         assert c.settings["consensus_weight"] == bundled.config.decode.consensus_weight
 
 
+@pytest.mark.slow
 def test_saving_a_captioner_writes_its_memory_beside_the_file(bundled, tmp_path):
     path = tmp_path / "copy.safetensors"
     bundled.save(path)

@@ -80,6 +80,7 @@ def _person_split(records, n: int):
     return pos + neg
 
 
+@pytest.mark.slow
 def test_detector_learnt_from_a_few_dozen_real_photos_separates_person(bundled, flickr, one_torch_thread):
     from captioner.data.flickr8k import load_flickr8k
     from captioner.evaluation.scoring import encode_records
@@ -206,6 +207,7 @@ def test_export_keeps_the_detectors(tmp_path):
     assert got is not None and all(torch.equal(got.state_dict()[k], v) for k, v in det.state_dict().items())
 
 
+@pytest.mark.slow
 def test_train_detectors_cli_writes_a_model_with_its_floor(flickr, tmp_path, one_torch_thread):
     import json
 
@@ -223,6 +225,7 @@ def test_train_detectors_cli_writes_a_model_with_its_floor(flickr, tmp_path, one
     assert [w for w, _ in cap.detections] == [PERSON, "water"]
 
 
+@pytest.mark.slow
 def test_train_detectors_on_a_mix_with_coco_words_and_noise_negatives(flickr, tmp_path, one_torch_thread):
     """--config: the recipe's caption sets (Flickr8k + coco-paired) are the training photos, a COCO category
     is a word group by its COCO words, and noise photos are negatives of every group."""

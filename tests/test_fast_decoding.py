@@ -84,6 +84,7 @@ def test_evidence_bias_lookup_equals_the_formula():
     assert word_categories(vocab) is not word_categories(vocab)  # built once, but each caller owns its copy
 
 
+@pytest.mark.slow
 def test_beam_search_on_real_photos_equals_the_literal_step(bundled, flickr, one_torch_thread, monkeypatch):
     """At the stored settings (beam 5, trigram blocking, evidence) and greedily, the same words and maps
     as decoding through the literal step (eq. 4 with tanh, W_z z_t and W_e E y multiplied every step)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+import pytest
 import torch
 
 import captioner
@@ -57,6 +58,7 @@ def _paths(bundled: captioner.Captioner) -> dict[str, Callable[[], np.ndarray]]:
             "SCST sample": scst_sample, "teacher-forced loss": loss}
 
 
+@pytest.mark.slow
 def test_sharpening_the_attention_changes_every_path(bundled, one_torch_thread, monkeypatch):
     paths = _paths(bundled)
     before = {name: run() for name, run in paths.items()}

@@ -163,6 +163,7 @@ def test_invalid_arguments_are_value_errors_that_say_what_is_allowed(bundled, ph
         bundled.sample("no/such/photo.jpg", **bad)
 
 
+@pytest.mark.slow
 def test_the_cli_samples_the_example_photos_end_to_end(capsys, tmp_path):
     paths = [str(p) for p in EXAMPLES]
     args = [*paths, "--sample", "3", "--seed", "5", "--top-p", "0.9", "--temperature", "0.8", "--json"]

@@ -103,6 +103,7 @@ def test_bad_ending_penalty():
     assert r_pen[0] == pytest.approx(r_raw[0] - 0.5) and r_pen[1] == pytest.approx(r_raw[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("baseline", ["mean", "greedy"])
 def test_self_critical_training_raises_the_reward(baseline):
     torch.manual_seed(0)

@@ -28,8 +28,8 @@ and tests/test_fast_decoding.py check them against `step(..., literal=True)` and
 Hard attention (model.attention=hard, section 4.1) changes only how `recur` forms z_t: its `context`
 argument says expected (soft), sampled or argmax location (attention.locate). Training samples
 (`teacher_force(..., "sample")`, or the expected context on some batches, as the authors' code
-does); decoding passes decode.hard_context to `step`. The decoder holds weights only: how it attends
-at decoding time is an argument, never state set from outside.
+does); decoding passes decode.hard_context to `step`. The decoder holds weights (and the word-gate table
+made from them) only: how it attends at decoding time is an argument, never state set from outside.
 """
 from __future__ import annotations
 
