@@ -112,7 +112,7 @@ def test_teacher_forcing_equals_manual_steps_and_naive_path():
         assert torch.allclose(lg[rows], logits[rows, t], atol=1e-5)
         assert torch.allclose(al[rows], alphas[rows, t], atol=1e-6)
         assert torch.allclose(be[rows], betas[rows, t], atol=1e-6)
-    # the benchmark's naive path (the reference step at every padded position) gives the same loss
+    # the benchmark's naive path (the literal step at every padded position) gives the same loss
     from captioner.bench.naive import naive_loss
     from captioner.config import Config
     from captioner.data.dataset import Batch
@@ -240,7 +240,7 @@ def test_batched_decoding_equals_one_by_one():
             single = decode(dec, feats[i:i + 1], IDS, S(beam_size=k, max_len=10))[0]
             assert [h.tokens for h in batched[i]] == [h.tokens for h in single]
             assert batched[i][0].log_prob == pytest.approx(single[0].log_prob, abs=1e-4)
-            if k > 1:  # the benchmark's naive mode (the reference step, W_a a_i every step) finds the same
+            if k > 1:  # the benchmark's naive mode (the literal step, W_a a_i every step) finds the same
                 naive = beam_search(naive_decoder(dec), feats[i:i + 1], IDS, S(beam_size=k, max_len=10))[0]
                 assert [h.tokens for h in naive] == [h.tokens for h in single]
 

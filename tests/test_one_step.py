@@ -102,7 +102,8 @@ def test_compiling_the_step_compiles_what_every_path_runs(monkeypatch):
     inputs, _, lengths, _ = batch(12)
     paths = {"teacher forcing": lambda: dec.teacher_force(feats, inputs, lengths),
              "beam search": lambda: beam_search(dec, feats, IDS, unruled(beam_size=3, max_len=5)),
-             "beam search, fixed shapes": lambda: beam_search_on_device(dec, feats, IDS, unruled(beam_size=3, max_len=5)),
+             "beam search, fixed shapes": lambda: beam_search_on_device(dec, feats, IDS,
+                                                                        unruled(beam_size=3, max_len=5)),
              "greedy": lambda: greedy_decode(dec, feats, IDS, unruled(beam_size=1, max_len=5)),
              "sampling": lambda: sample(dec, feats, IDS, 2, 5)}
     for name, run in paths.items():

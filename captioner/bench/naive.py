@@ -54,12 +54,12 @@ class ReferenceSteps:
 
 
 def naive_decoder(decoder: Decoder) -> ReferenceSteps:
-    """Beam search's "naive" mode: the reference step, W_a a_i recomputed at every step."""
+    """Beam search's "naive" mode: the literal step (eq. 4 with tanh), W_a a_i recomputed at every step."""
     return ReferenceSteps(decoder)
 
 
 def naive_loss(decoder: Decoder, feats: torch.Tensor, batch, cfg: Config) -> LossTerms:
-    """The loss of teacher forcing written as a textbook loop: the reference step at every padded position
+    """The loss of teacher forcing written as a textbook loop: the literal step at every padded position
     of every caption (no shrinking batch), each caption with its own copy of its image's features."""
     T = batch.inputs.shape[1]
     feats = feats[batch.image_index]  # (B, P, D)
