@@ -16,7 +16,8 @@ from captioner.decoding.photo import caption_photos
 from captioner.images import load_image, preprocess
 from captioner.model import attention, rows
 from captioner.model.decoder import Decoder
-from tests.test_model import B, D, P, tiny_decoder
+from tests.conftest import tiny_decoder
+from tests.test_model import B, D, P
 
 VAL_PHOTOS = 3
 

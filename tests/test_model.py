@@ -16,6 +16,8 @@ from captioner.training.loss import caption_loss
 from captioner.model.attention import AdditiveAttention, glimpse
 from captioner.model.decoder import Decoder
 
+from .conftest import tiny_decoder
+
 B, P, D = 3, 9, 16
 START, END, PAD = 1, 2, 0
 IDS = SpecialIds(START, END, PAD)
@@ -26,10 +28,6 @@ def S(**settings) -> DecodeConfig:
     unless asked (an untrained decoder over a 12-word vocabulary repeats words, which is what several tests
     need)."""
     return unruled(**settings)
-
-
-def tiny_decoder(V: int = 12, dropout: float = 0.0) -> Decoder:
-    return Decoder(V, D, embed_dim=8, hidden_dim=10, attention_dim=7, dropout=dropout).eval()
 
 
 def batch(V: int, lengths=(6, 4, 2)):

@@ -81,11 +81,11 @@ def test_sharpening_the_attention_changes_every_path(bundled, one_torch_thread, 
             f"{name} did not change when the attention did"
 
 
-def test_compiling_the_step_compiles_what_every_path_runs(monkeypatch):
+def test_compiling_the_step_compiles_what_every_path_runs(tiny, monkeypatch):
     """train.compile (Decoder.compile_step) wraps `recur`: teacher forcing, beam search, greedy decoding and
     sampling then all run the wrapped function (here a counting stand-in for torch.compile)."""
     from captioner.decoding.rules import unruled
-    from tests.test_model import IDS, D, P, batch, tiny_decoder
+    from tests.test_model import IDS, D, P, batch
 
     runs: list[str] = []
 
@@ -96,7 +96,7 @@ def test_compiling_the_step_compiles_what_every_path_runs(monkeypatch):
         return compiled
 
     monkeypatch.setattr(torch, "compile", compile)
-    dec = tiny_decoder(12)
+    dec = tiny
     dec.compile_step()
     feats = torch.randn(3, P, D)
     inputs, _, lengths, _ = batch(12)
