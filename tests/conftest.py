@@ -5,6 +5,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import captioner
+from captioner.model.decoder import Decoder
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 FLICKR = SHARED / "flickr8k"
@@ -31,6 +34,29 @@ def flickr() -> Path:
 @pytest.fixture
 def coco_mini() -> Path:
     return need_coco()
+
+
+def tiny_decoder(vocab_size: int = 12, dropout: float = 0.0, attention: str = "soft") -> Decoder:
+    """The tiny decoder the invariant tests share (random tensors, no data): annotations of D = 16, E 8, H 10,
+    A 7, in eval mode (a test that wants dropout calls .train())."""
+    return Decoder(vocab_size, 16, embed_dim=8, hidden_dim=10, attention_dim=7, dropout=dropout,
+                   attention=attention).eval()
+
+
+@pytest.fixture
+def tiny() -> Decoder:
+    """A fresh tiny decoder (tiny_decoder()): a test may train or change it."""
+    return tiny_decoder()
+
+
+@pytest.fixture(scope="session")
+def bundled() -> captioner.Captioner:
+    """The bundled default model (captioner.load()), loaded once for the whole session and shared by every
+    module: a test may read it and ask it anything, but must not change it (weights, config, attached
+    detectors); a test that changes a model loads its own."""
+    if not captioner.DEFAULT_CHECKPOINT.is_file():
+        pytest.skip(f"the bundled default model {captioner.DEFAULT_CHECKPOINT} is missing")
+    return captioner.load()
 
 
 @pytest.fixture(scope="module")

@@ -304,6 +304,7 @@ def test_alternatives_carry_the_score_they_were_ranked_by():
     assert rec["score"] == cap.score and [r["score"] for r in rec["alternatives"]] == scores[1:]
 
 
+@pytest.mark.slow
 def test_one_json_everywhere_names_the_settings_and_the_model_file(capsys):
     """The app's download and Caption.to_dict() wrote "settings": {} while captioner-caption --json wrote the
     settings: a Caption now knows the settings it was made with and the model file, and every JSON says them."""

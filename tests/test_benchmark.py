@@ -104,6 +104,7 @@ def test_targets_are_judged_only_on_a_full_run():
     assert all(t["met"] is None for t in targets({**res, "quick": True}).values())
 
 
+@pytest.mark.slow
 def test_table_output(capsys):
     assert main(["--quick", "--only", "latency"]) == 0
     out = capsys.readouterr().out
@@ -113,6 +114,7 @@ def test_table_output(capsys):
     assert "caption latency, 1 image, beam 3" in out and "stored settings" in out and "| measurement" in out and "peak memory" in out
 
 
+@pytest.mark.slow
 def test_latency_breakdown_on_real_photos(capsys, coco_mini):
     """The per-photo breakdown at the stored settings on real JPEGs: every stage timed, the ratios are
     the end-to-end times over preprocess + encoder, and the table shows it."""

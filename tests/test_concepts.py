@@ -18,11 +18,6 @@ from captioner.concepts.words import CATEGORY_WORDS
 EXAMPLES = Path(captioner.__file__).resolve().parent / "assets" / "examples"
 
 
-@pytest.fixture(scope="module")
-def bundled():
-    return captioner.load()
-
-
 # ----------------------------------------------------------------------------- the table
 
 def test_every_name_in_the_table_is_an_imagenet_class():

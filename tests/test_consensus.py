@@ -98,11 +98,11 @@ def test_a_file_that_is_not_a_memory_is_refused_with_advice(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def bundled():
-    loaded = captioner.load()
-    if memory_of(loaded.model) is None:
+def bundled(bundled):
+    """The session's bundled model (tests/conftest.py), when its consensus memory is there."""
+    if memory_of(bundled.model) is None:
         pytest.skip("no consensus memory beside the bundled model (captioner-build-consensus writes it)")
-    return loaded
+    return bundled
 
 
 def test_weight_zero_gives_todays_captions(bundled):
@@ -122,6 +122,7 @@ def test_weight_zero_gives_todays_captions(bundled):
         assert c.settings["consensus_weight"] == bundled.config.decode.consensus_weight
 
 
+@pytest.mark.slow
 def test_saving_a_captioner_writes_its_memory_beside_the_file(bundled, tmp_path):
     path = tmp_path / "copy.safetensors"
     bundled.save(path)

@@ -80,18 +80,15 @@ def _person_split(records, n: int):
     return pos + neg
 
 
-@pytest.fixture(scope="module")
-def model():
-    return captioner.load()
-
-
-def test_detector_learnt_from_a_few_dozen_real_photos_separates_person(model, flickr, one_torch_thread):
+@pytest.mark.slow
+def test_detector_learnt_from_a_few_dozen_real_photos_separates_person(bundled, flickr, one_torch_thread):
     from captioner.data.flickr8k import load_flickr8k
     from captioner.evaluation.scoring import encode_records
 
     train = _person_split(load_flickr8k(flickr, "train")[:300], 48)
     held = _person_split(load_flickr8k(flickr, "val")[:200], 24)
-    (xt, _), (xh, _) = (encode_records(model.model, rs, model.preprocess, "cpu", num_workers=0) for rs in (train, held))
+    (xt, _), (xh, _) = (encode_records(bundled.model, rs, bundled.preprocess, "cpu", num_workers=0)
+                        for rs in (train, held))
     members = group_members([PERSON])
     yt, yh = (caption_labels([r.captions for r in rs], members) for rs in (train, held))
     det = T.fit(WordDetectors([PERSON], xt.shape[-1]), xt, yt, T.FitSettings(epochs=15), log=lambda _: None)
@@ -116,7 +113,7 @@ def _without_detectors() -> captioner.Captioner:
     return m
 
 
-def test_model_file_round_trip_keeps_the_detectors_and_old_files_load(model, tmp_path):
+def test_model_file_round_trip_keeps_the_detectors_and_old_files_load(tmp_path):
     old = _without_detectors()
     old.save(tmp_path / "old.safetensors")
     back_old = captioner.load(tmp_path / "old.safetensors")  # a file without detectors loads as before
@@ -139,7 +136,7 @@ def test_model_file_round_trip_keeps_the_detectors_and_old_files_load(model, tmp
     assert not any(k.startswith("detectors.") for k in ckpt.model_state)  # init_from never sees them
 
 
-def test_detector_tensors_without_their_description_are_refused(model, tmp_path):
+def test_detector_tensors_without_their_description_are_refused(tmp_path):
     from captioner.checkpoint import read_safetensors, write_safetensors
 
     m = captioner.load()
@@ -166,7 +163,7 @@ def test_evidence_vetoes_person_words_below_the_floor():
     assert off.bias(torch.tensor([0]), torch.zeros(1, 0, dtype=torch.long))[0, v.stoi["man"]] == 0
 
 
-def test_decoding_drops_person_words_the_detector_rules_out(model):
+def test_decoding_drops_person_words_the_detector_rules_out():
     m = _without_detectors()
     before = m.caption(EXAMPLES / "astronaut.jpg")
     people = set(WordDetectors([PERSON], 1).members[PERSON])
@@ -182,7 +179,7 @@ def test_decoding_drops_person_words_the_detector_rules_out(model):
     assert {said.words[i] for i in said.contradicted} >= people & set(said.words)
 
 
-def test_caption_concepts_and_json_carry_the_detections(model):
+def test_caption_concepts_and_json_carry_the_detections():
     m = captioner.load()
     attach(m.model, _person_detector(m, 5.0))  # sure of a person (and of water) everywhere
     cap = m.caption(EXAMPLES / "cat.jpg")
@@ -196,7 +193,7 @@ def test_caption_concepts_and_json_carry_the_detections(model):
     assert seen.prob("person") > 0.99 and "person" in [c for c, _ in seen.top]
 
 
-def test_export_keeps_the_detectors(model, tmp_path):
+def test_export_keeps_the_detectors(tmp_path):
     from captioner.cli.export import main as export
 
     m = captioner.load()
@@ -210,6 +207,7 @@ def test_export_keeps_the_detectors(model, tmp_path):
     assert got is not None and all(torch.equal(got.state_dict()[k], v) for k, v in det.state_dict().items())
 
 
+@pytest.mark.slow
 def test_train_detectors_cli_writes_a_model_with_its_floor(flickr, tmp_path, one_torch_thread):
     import json
 
@@ -227,6 +225,7 @@ def test_train_detectors_cli_writes_a_model_with_its_floor(flickr, tmp_path, one
     assert [w for w, _ in cap.detections] == [PERSON, "water"]
 
 
+@pytest.mark.slow
 def test_train_detectors_on_a_mix_with_coco_words_and_noise_negatives(flickr, tmp_path, one_torch_thread):
     """--config: the recipe's caption sets (Flickr8k + coco-paired) are the training photos, a COCO category
     is a word group by its COCO words, and noise photos are negatives of every group."""

@@ -320,3 +320,20 @@ def test_the_readme_stays_short():
     12 KB (it had grown to 16.5 KB)."""
     size = len((ROOT / "README.md").read_bytes())
     assert size <= 12_000, f"README.md is {size:,} bytes: move a study or a long section to docs/"
+
+
+# ----------------------------------------------------------------------------- tests named as proof
+# `tests/test_<file>.py::test_<name>` (or without tests/, then `::test_<other>` of the same file) in the docs or
+# the package's prose names the test that proves a claim (the decoding-paths table): that test must exist.
+TEST_REF = re.compile(r"(?:(test_\w+\.py))?::(test_\w+)")
+
+
+def test_every_named_test_exists():
+    missing, tests = [], {p.name: p.read_text() for p in (ROOT / "tests").glob("test_*.py")}
+    for where, i, text in prose():
+        last = None
+        for m in TEST_REF.finditer(text):
+            last = m.group(1) or last
+            if last is None or f"def {m.group(2)}(" not in tests.get(last, ""):
+                missing.append(f"{last}::{m.group(2)} ({where}:{i})")
+    assert not missing, "tests named as proof that do not exist:\n  " + "\n  ".join(missing)

@@ -132,33 +132,28 @@ def test_a_word_taught_from_a_person_word_is_a_person_word():
     assert mask[v.stoi["dude"]] == 1 and mask[v.stoi["man"]] == 1 and mask[v.stoi["dog"]] == 0
 
 
-@pytest.fixture(scope="module")
-def model():
-    return captioner.load()
-
-
-def test_evidence_is_off_unless_asked_and_changes_only_object_words(model):
+def test_evidence_is_off_unless_asked_and_changes_only_object_words(bundled):
     assert DecodeConfig().evidence is False  # old model files decode as before
-    plain = model.caption(EXAMPLES / "coffee.jpg", evidence=False)
+    plain = bundled.caption(EXAMPLES / "coffee.jpg", evidence=False)
     assert plain.concepts[0][0] == "cup" and plain.concepts[0][1] > 0.5  # the head sees a cup
-    seen = model.caption(EXAMPLES / "coffee.jpg", evidence=True, evidence_bonus=15.0)
+    seen = bundled.caption(EXAMPLES / "coffee.jpg", evidence=True, evidence_bonus=15.0)
     assert "dog" not in seen.words and "cup" in seen.words
-    cat = model.caption(EXAMPLES / "cat.jpg", evidence=True, evidence_bonus=15.0)
+    cat = bundled.caption(EXAMPLES / "cat.jpg", evidence=True, evidence_bonus=15.0)
     assert "cat" in cat.words
     assert all(abs(a.sum() - 1) < 1e-4 for a in seen.alphas)  # every word still has its map
 
 
-def test_batched_evidence_equals_one_by_one(model):
+def test_batched_evidence_equals_one_by_one(bundled):
     """Each image's bias follows it through the batch (images leave the batch as they finish)."""
-    s = dataclasses.asdict(dataclasses.replace(model.config.decode, evidence=True, evidence_bonus=10.0))
+    s = dataclasses.asdict(dataclasses.replace(bundled.config.decode, evidence=True, evidence_bonus=10.0))
     photos = [EXAMPLES / n for n in ("cat.jpg", "coffee.jpg", "astronaut.jpg")]
     for beam in (1, 3):
-        batch = model.caption_batch(photos, **{**s, "beam_size": beam})
+        batch = bundled.caption_batch(photos, **{**s, "beam_size": beam})
         for p, c in zip(photos, batch):
-            assert model.caption(p, **{**s, "beam_size": beam}).words == c.words
+            assert bundled.caption(p, **{**s, "beam_size": beam}).words == c.words
 
 
-def test_evidence_is_built_once_per_decode_batch(model, monkeypatch):
+def test_evidence_is_built_once_per_decode_batch(bundled, monkeypatch):
     """One photo's evidence is computed once per decode: one Evidence and one word -> category table over
     CATEGORIES (the ruled-out mask's), which decoding's bias and the contradicted words both read; for one
     photo, a batch and an explained sentence alike. Patched where they are defined, so that a second copy
@@ -180,26 +175,27 @@ def test_evidence_is_built_once_per_decode_batch(model, monkeypatch):
     monkeypatch.setattr(Evidence, "__init__", init)
     monkeypatch.setattr(words_module, "_word_categories", table)
     photos = [EXAMPLES / n for n in ("cat.jpg", "coffee.jpg", "astronaut.jpg")]
-    read = model.read_batch(photos)
+    read = bundled.read_batch(photos)
     for evidence in (True, False):  # contradicted words are marked with or without evidence-aware decoding
-        for ask in (lambda: read[0].caption(evidence=evidence), lambda: caption_photos(model, read, evidence=evidence),
+        for ask in (lambda: read[0].caption(evidence=evidence),
+                    lambda: caption_photos(bundled, read, evidence=evidence),
                     lambda: read[1].explain("a dog and a cat", evidence=evidence)):
             builds.update(evidence=0, table=0)
             ask()
             assert builds == {"evidence": 1, "table": 1}, builds
 
 
-def test_the_latency_benchmark_times_the_products_caption(model):
+def test_the_latency_benchmark_times_the_products_caption(bundled):
     """bench/breakdown.py's two halves make the very caption Captioner.caption() returns (person floor included)."""
     from captioner.bench.breakdown import caption_stages
 
-    settings = model.decode_settings()
+    settings = bundled.decode_settings()
     assert settings.person_floor > 0 and settings.evidence  # the stored settings the benchmark times
     for name in ("cat.jpg", "coffee.jpg", "astronaut.jpg"):
-        feats = model.read(EXAMPLES / name).features  # (1, P, D)
-        decoding, concepts = caption_stages(model, feats, settings)
+        feats = bundled.read(EXAMPLES / name).features  # (1, P, D)
+        decoding, concepts = caption_stages(bundled, feats, settings)
         timed = concepts(decoding())[0]
-        product = model.caption(EXAMPLES / name)
+        product = bundled.caption(EXAMPLES / name)
         assert (timed.text, timed.contradicted, timed.concepts) == (product.text, product.contradicted, product.concepts)
         assert timed.log_prob == pytest.approx(product.log_prob, abs=1e-5)
 

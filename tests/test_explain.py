@@ -36,13 +36,6 @@ def check_totals(cap: captioner.Caption) -> None:
     assert -50 < end_log_prob(cap) <= 1e-6  # a real probability for <end>, not a bookkeeping leftover
 
 
-@pytest.fixture(scope="module")
-def bundled() -> captioner.Captioner:
-    if not captioner.DEFAULT_CHECKPOINT.is_file():
-        pytest.skip("the bundled default model is missing")
-    return captioner.load()
-
-
 def flickr_photos(root, n: int) -> list:
     return sorted((root / "Images").glob("*.jpg"))[:n]
 

@@ -1,7 +1,8 @@
-"""The fast path (model/fast.py) computes what the reference (model/decoder.py, model/attention.py: the
-paper's equations) does: eq. 4 through sigmoid in cache-sized blocks, few-row products, W_z a_i once per
-image instead of W_z z_t per step, W_e E y looked up; the evidence bias as a lookup, the copy-less
-preprocessing, and captioning or explaining from precomputed features (issue 31)."""
+"""The one decoder step computes what the paper's equations say however it computes them (eq. 4 through
+sigmoid in cache-sized blocks, few-row products, W_z a_i once per image instead of W_z z_t per step, W_e E y
+looked up): checked against `Decoder.step(..., literal=True)` with plain products and no table. Also the
+evidence bias as a lookup, the copy-less preprocessing, and captioning or explaining from precomputed
+features."""
 from __future__ import annotations
 
 import pytest
@@ -12,21 +13,13 @@ import captioner
 from captioner.config import DecodeConfig
 from captioner.decoding.evidence import Evidence, word_categories
 from captioner.decoding.photo import caption_photos
-from captioner.bench.naive import ReferenceSteps
-from captioner.decoding import search
 from captioner.images import load_image, preprocess
-from captioner.model import fast
+from captioner.model import attention, rows
 from captioner.model.decoder import Decoder
-from tests.test_model import B, D, P, tiny_decoder
+from tests.conftest import tiny_decoder
+from tests.test_model import B, D, P
 
 VAL_PHOTOS = 3
-
-
-@pytest.fixture(scope="module")
-def bundled() -> captioner.Captioner:
-    if not captioner.DEFAULT_CHECKPOINT.is_file():
-        pytest.skip("the bundled default model is missing")
-    return captioner.load()
 
 
 def val_photos(root, n: int = VAL_PHOTOS) -> list:
@@ -34,28 +27,32 @@ def val_photos(root, n: int = VAL_PHOTOS) -> list:
     return [root / "Images" / name for name in names]
 
 
+def literal_step(dec: Decoder, state, words: torch.Tensor, feats: torch.Tensor, context: str = "expected"):
+    """The oracle: Decoder.step with eq. 4 as the paper writes it, every product made now, no table."""
+    emb = dec.embedding(words)  # (N, E)
+    return dec.step(state, emb, dec.gates_embed(emb), feats, dec.attention.project(feats), context, literal=True)
+
+
 @pytest.mark.parametrize("hard", [False, True])
-def test_fast_step_equals_the_reference_step(hard, monkeypatch):
-    """FastDecoder.step (sigmoid form in blocks, few-row products, word-gate lookup, with and without the
-    context-gate table) == Decoder.step (tanh, plain products) for G beams per image."""
-    monkeypatch.setattr(fast, "BLOCK_ELEMENTS", 2 * 4 * P * 7)  # 2 images per block, a partial last block
+def test_the_step_equals_the_literal_step(hard, monkeypatch):
+    """Decoder.step as decoding runs it on a CPU (sigmoid form in blocks, few-row products, word-gate lookup,
+    with and without the context-gate table) == the literal step (tanh, plain products) for G beams per image."""
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 2 * 4 * P * 7)  # 2 images per block, a partial last block
     torch.manual_seed(0)
     dec = Decoder(12, D, embed_dim=8, hidden_dim=10, attention_dim=7, dropout=0.0,
                   attention="hard" if hard else "soft").eval()
-    steps = fast.inference(dec)
-    assert fast.inference(steps) is steps and isinstance(steps, fast.FastDecoder)
     G = 4  # rows per image, as beams: 12 rows, within the few-row products' range
     feats = torch.randn(B, P, D)
     state = (torch.randn(B * G, 10), torch.randn(B * G, 10))
     words = torch.randint(4, 12, (B * G,))
     with torch.no_grad():
-        ctx = steps.context_gates(feats)
+        ctx = dec.context_gates(feats)
         assert ctx.shape == (B, P, 40)
         for context in (["expected", "argmax"] if hard else ["expected"]):
-            want = dec.step(state, *dec.embed(words), feats, dec.attention.project(feats), context)
-            proj = steps.attention.project(feats)
+            want = literal_step(dec, state, words, feats, context)
+            proj = dec.attention.project(feats)
             for table in (ctx, None):
-                got = steps.step(state, *steps.embed(words), feats, proj, context, table)
+                got = dec.step(state, *dec.embed(words), feats, proj, context, table)
                 for a, b in zip([*want[:3], *want[3]], [*got[:3], *got[3]]):
                     torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
 
@@ -88,12 +85,17 @@ def test_evidence_bias_lookup_equals_the_formula():
     assert word_categories(vocab) is not word_categories(vocab)  # built once, but each caller owns its copy
 
 
-def test_beam_search_on_real_photos_equals_the_reference_step(bundled, flickr, one_torch_thread, monkeypatch):
+@pytest.mark.slow
+def test_beam_search_on_real_photos_equals_the_literal_step(bundled, flickr, one_torch_thread, monkeypatch):
     """At the stored settings (beam 5, trigram blocking, evidence) and greedily, the same words and maps
-    as decoding through the reference step (bench/naive.py: Decoder.step, W_z z_t every step)."""
+    as decoding through the literal step (eq. 4 with tanh, W_z z_t and W_e E y multiplied every step)."""
     photos = bundled.read_batch(val_photos(flickr))  # read once, captioned four times (decoding/photo.py)
     fast_beam, fast_greedy = caption_photos(bundled, photos), caption_photos(bundled, photos, beam_size=1)
-    monkeypatch.setattr(search, "inference", ReferenceSteps)
+    step = Decoder.step
+
+    def literal(self, state, emb, emb_gates, feats, feat_proj, context="expected", ctx_gates=None):
+        return step(self, state, emb, self.gates_embed(emb), feats, feat_proj, context, None, literal=True)
+    monkeypatch.setattr(Decoder, "step", literal)
     ref_beam, ref_greedy = caption_photos(bundled, photos), caption_photos(bundled, photos, beam_size=1)
     for a, b in zip(fast_beam + fast_greedy, ref_beam + ref_greedy):
         assert a.words == b.words and len(a.words) > 0
@@ -152,10 +154,10 @@ def test_preprocess_equals_the_previous_formula(bundled, flickr, coco_mini):
 
 
 def test_remembered_word_gates_follow_the_weights():
-    """Without autograd the fast path looks W_e E y up in a table filled as words occur; a training step
+    """Without autograd the step looks W_e E y up in a table filled as words occur; a training step
     (an in-place update of either weight) or another dtype drops it."""
     dec = tiny_decoder(12)
-    steps = fast.inference(dec)
+    steps = dec
     words = torch.tensor([[4, 5, 4], [7, 4, 11]])
     want = lambda: dec.gates_embed(dec.embedding(words))  # noqa: E731 - the plain product
     with torch.no_grad():
@@ -170,15 +172,15 @@ def test_remembered_word_gates_follow_the_weights():
     assert dec.gates_embed.weight.grad is not None and dec.embedding.weight.grad.abs().sum() > 0
     opt.step()
     with torch.no_grad():
-        torch.testing.assert_close(fast.inference(dec).embed(words)[1], want())
-        torch.testing.assert_close(fast.inference(dec.double()).embed(words)[1], want())
+        torch.testing.assert_close(dec.embed(words)[1], want())
+        torch.testing.assert_close(dec.double().embed(words)[1], want())
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 16, 17, 81])
 def test_few_rows_linear_equals_nn_linear(n):
     for layer in (torch.nn.Linear(64, 300), torch.nn.Linear(64, 300, bias=False)):
         x = torch.randn(n, 64, requires_grad=True)
-        y = fast.linear(layer, x)
+        y = rows.linear(layer, x)
         torch.testing.assert_close(y, layer(x), atol=1e-5, rtol=1e-5)
         y.sum().backward()  # the swapped product has the same gradients
         torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(n, -1), atol=1e-5, rtol=1e-5)

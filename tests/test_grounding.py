@@ -164,36 +164,28 @@ def test_instances_file_is_found_beside_the_captions_file(tmp_path):
 
 # ----------------------------------------------------------------------------- with the model
 
-@pytest.fixture(scope="module")
-def model():
-    if not captioner.DEFAULT_CHECKPOINT.is_file():
-        pytest.skip(f"the bundled model {captioner.DEFAULT_CHECKPOINT} is missing")
-    torch.set_num_threads(1)
-    return captioner.load()
-
-
-def test_teacher_forcing_the_greedy_caption_reproduces_its_attention(model):
+def test_teacher_forcing_the_greedy_caption_reproduces_its_attention(bundled):
     """Row t of the teacher-forced maps is the map with which decoding emits word t."""
-    x = torch.stack([model.preprocess(captioner.api.DEFAULT_CHECKPOINT.parent / "examples" / "cat.jpg")])
-    feats = model.model.encode(x)  # (1, P, D)
-    (hyp,) = greedy_decode(model.model.decoder, feats, SpecialIds.of(model.vocab), DecodeConfig(max_len=20))
-    words = [model.vocab.itos[t] for t in hyp.tokens]
-    (alphas,) = reference_alphas(model, feats, [words])
-    assert alphas.shape == (len(words), model.grid_size ** 2)
+    x = torch.stack([bundled.preprocess(captioner.api.DEFAULT_CHECKPOINT.parent / "examples" / "cat.jpg")])
+    feats = bundled.model.encode(x)  # (1, P, D)
+    (hyp,) = greedy_decode(bundled.model.decoder, feats, SpecialIds.of(bundled.vocab), DecodeConfig(max_len=20))
+    words = [bundled.vocab.itos[t] for t in hyp.tokens]
+    (alphas,) = reference_alphas(bundled, feats, [words])
+    assert alphas.shape == (len(words), bundled.grid_size ** 2)
     assert np.allclose(alphas, hyp.alphas.numpy(), atol=1e-5)
     assert np.allclose(alphas.sum(1), 1.0, atol=1e-5)
 
 
-def test_end_to_end_on_coco_mini(model):
+def test_end_to_end_on_coco_mini(bundled):
     coco = need_coco()
     ann = coco / "annotations"
     records = load_coco(coco / "train2017", ann / "captions_train2017.json")[:6]
     instances = load_instances(instances_path_for(ann / "captions_train2017.json"))
     assert len(instances.categories) == 80 and set(instances.categories) == set(CATEGORY_WORDS)
     with torch.no_grad():
-        feats = model.model.encode(torch.stack([model.preprocess(r.path) for r in records]))  # (6, P, D)
-    gen = ground_generated(model, feats, records, instances, model.decode_settings(beam_size=2, max_len=20))
-    ref = ground_references(model, feats, records, instances)
+        feats = bundled.model.encode(torch.stack([bundled.preprocess(r.path) for r in records]))  # (6, P, D)
+    gen = ground_generated(bundled, feats, records, instances, bundled.decode_settings(beam_size=2, max_len=20))
+    ref = ground_references(bundled, feats, records, instances)
     for s in (gen, ref):
         assert s.n_images == 6
         if s.n_words:

@@ -21,7 +21,7 @@ from captioner.training.objectives import CrossEntropy
 from captioner.decoding.sampling import sample
 from captioner.vocab import Vocab
 
-from .conftest import optimise
+from .conftest import optimise, tiny_decoder
 
 B, P, D, H, V = 3, 9, 16, 10, 12
 PAD, START, END, UNK = 0, 1, 2, 3
@@ -33,7 +33,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny(attention: str = "hard", dropout: float = 0.0) -> Decoder:
-    return Decoder(V, D, embed_dim=8, hidden_dim=H, attention_dim=7, dropout=dropout, attention=attention)
+    """The shared tiny decoder (tests/conftest.py), hard unless asked."""
+    return tiny_decoder(V, dropout, attention)
 
 
 def twins() -> tuple[Decoder, Decoder]:

@@ -16,6 +16,8 @@ from captioner.training.loss import caption_loss
 from captioner.model.attention import AdditiveAttention, glimpse
 from captioner.model.decoder import Decoder
 
+from .conftest import tiny_decoder
+
 B, P, D = 3, 9, 16
 START, END, PAD = 1, 2, 0
 IDS = SpecialIds(START, END, PAD)
@@ -26,10 +28,6 @@ def S(**settings) -> DecodeConfig:
     unless asked (an untrained decoder over a 12-word vocabulary repeats words, which is what several tests
     need)."""
     return unruled(**settings)
-
-
-def tiny_decoder(V: int = 12, dropout: float = 0.0) -> Decoder:
-    return Decoder(V, D, embed_dim=8, hidden_dim=10, attention_dim=7, dropout=dropout).eval()
 
 
 def batch(V: int, lengths=(6, 4, 2)):
@@ -59,22 +57,21 @@ def test_attention_is_a_distribution_and_gated():
 
 
 
-@pytest.mark.parametrize("form,grad", [("reference", True), ("sigmoid", True), ("sigmoid", False)])
-def test_attention_equals_equations_4_to_6(form, grad, monkeypatch):
-    """The reference and the fast path's sigmoid form (model/fast.py, cache-blocked without autograd)
-    compute the paper's eq. 4-6: several images per block and a partial last block (7 images, 2 per
-    block), beams sharing their image (G = 3)."""
-    from captioner.model import fast
+@pytest.mark.parametrize("literal,grad", [(True, True), (False, True), (False, False)])
+def test_attention_equals_equations_4_to_6(literal, grad, monkeypatch):
+    """AdditiveAttention.weights as every path runs it on a CPU (eq. 4 through sigmoid, cache-blocked without
+    autograd) and as the paper writes it (literal=True) compute eq. 4-6: several images per block and a
+    partial last block (7 images, 2 per block), beams sharing their image (G = 3)."""
+    from captioner.model import attention
 
-    monkeypatch.setattr(fast, "BLOCK_ELEMENTS", 2 * 3 * P * 7)  # 2 images per block
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 2 * 3 * P * 7)  # 2 images per block
     att = AdditiveAttention(D, 10, 7)
     with torch.no_grad():
         att.score.bias.fill_(0.3)
     n, G = 7, 3
     feats, h = torch.randn(n, P, D), torch.randn(n * G, 10)
-    form_of = att if form == "reference" else fast.SigmoidAttention(att)
     with torch.set_grad_enabled(grad):
-        alpha, beta = form_of.weights(feats, form_of.project(feats), h)
+        alpha, beta = att.weights(feats, att.project(feats), h, literal)
         z = glimpse(feats, alpha, beta)
     with torch.no_grad():  # eq. 4-6 written out literally, one row at a time
         for r in range(n * G):
@@ -113,7 +110,7 @@ def test_teacher_forcing_equals_manual_steps_and_naive_path():
         assert torch.allclose(lg[rows], logits[rows, t], atol=1e-5)
         assert torch.allclose(al[rows], alphas[rows, t], atol=1e-6)
         assert torch.allclose(be[rows], betas[rows, t], atol=1e-6)
-    # the benchmark's naive path (the reference step at every padded position) gives the same loss
+    # the benchmark's naive path (the literal step at every padded position) gives the same loss
     from captioner.bench.naive import naive_loss
     from captioner.config import Config
     from captioner.data.dataset import Batch
@@ -241,7 +238,7 @@ def test_batched_decoding_equals_one_by_one():
             single = decode(dec, feats[i:i + 1], IDS, S(beam_size=k, max_len=10))[0]
             assert [h.tokens for h in batched[i]] == [h.tokens for h in single]
             assert batched[i][0].log_prob == pytest.approx(single[0].log_prob, abs=1e-4)
-            if k > 1:  # the benchmark's naive mode (the reference step, W_a a_i every step) finds the same
+            if k > 1:  # the benchmark's naive mode (the literal step, W_a a_i every step) finds the same
                 naive = beam_search(naive_decoder(dec), feats[i:i + 1], IDS, S(beam_size=k, max_len=10))[0]
                 assert [h.tokens for h in naive] == [h.tokens for h in single]
 

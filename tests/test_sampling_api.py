@@ -16,22 +16,14 @@ from captioner.cli.caption import main
 from captioner.decoding.evidence import photo_evidence
 from captioner.decoding.rules import word_logp
 from captioner.decoding.sampling import Draw
-from captioner.model.fast import inference
 from captioner.vocab import SpecialIds, is_salad
 
 EXAMPLES = sorted((captioner.DEFAULT_CHECKPOINT.parent / "examples").glob("*.jpg"))
 
 
 @pytest.fixture(scope="module")
-def model() -> captioner.Captioner:
-    if not captioner.DEFAULT_CHECKPOINT.is_file():
-        pytest.skip(f"the bundled model {captioner.DEFAULT_CHECKPOINT} is missing")
-    return captioner.load()
-
-
-@pytest.fixture(scope="module")
-def photos(model) -> list:
-    return model.read_batch([str(p) for p in EXAMPLES])
+def photos(bundled) -> list:
+    return bundled.read_batch([str(p) for p in EXAMPLES])
 
 
 def step_scores(model: captioner.Captioner, photo, words: list[str], **overrides) -> torch.Tensor:
@@ -40,7 +32,7 @@ def step_scores(model: captioner.Captioner, photo, words: list[str], **overrides
     settings = model.decode_settings(**overrides)
     ids = SpecialIds.of(model.vocab, settings.forbid_unk)
     evidence = photo_evidence(photo.reading, model.model, model.vocab, settings) if settings.evidence else None
-    dec, feats = inference(model.model.decoder), photo.features  # (1, P, D)
+    dec, feats = model.model.decoder, photo.features  # (1, P, D)
     feat_proj, state = dec.attention.project(feats), dec.init_state(feats)
     tokens = [model.vocab.stoi[w] for w in words]
     prev, rows = torch.tensor([ids.start]), []
@@ -60,7 +52,7 @@ def drawn_ids(model, cap) -> list[int]:
     return ids + ([model.vocab.end] if len(ids) < cap.settings["max_len"] else [])
 
 
-def test_same_seed_same_captions_and_the_global_random_state_is_untouched(model, photos):
+def test_same_seed_same_captions_and_the_global_random_state_is_untouched(bundled, photos):
     numpy_args = photos[0].sample(n=np.int64(2), temperature=np.float64(0.9), top_k=np.int64(5), seed=np.int64(4))
     assert [c.words for c in numpy_args] == [c.words for c in photos[0].sample(2, 0.9, 5, seed=4)]
     json.dumps(numpy_args[0].to_dict())  # numpy's numbers recorded as plain ones
@@ -70,7 +62,7 @@ def test_same_seed_same_captions_and_the_global_random_state_is_untouched(model,
         assert [c.words for c in a] == [c.words for c in b]
         assert [c.log_prob for c in a] == pytest.approx([c.log_prob for c in b])
     assert torch.equal(torch.get_rng_state(), before)
-    again = model.sample(str(EXAMPLES[0]), n=4, seed=7)  # read again: the same photo, the same draws
+    again = bundled.sample(str(EXAMPLES[0]), n=4, seed=7)  # read again: the same photo, the same draws
     assert [c.words for c in again] == [c.words for c in photos[0].sample(n=4, seed=7)]
 
 
@@ -102,7 +94,7 @@ def test_a_lower_temperature_draws_the_greedy_caption_more_often(photos):
     assert share[0.05] > share[1.5]
 
 
-def test_the_default_samples_read_as_captions_where_the_models_own_distribution_is_salad(model, photos):
+def test_the_default_samples_read_as_captions_where_the_models_own_distribution_is_salad(photos):
     """At temperature 1 and no cut a fifth of the bundled model's samples held a word it gives under 1% ("a bird is
     standing in front of a celebrate gnawing around her leaves"). The defaults (0.6, top_p 0.9; the API's and the
     command's alike): of 20 samples of each photo none is word salad by the repeat rules (vocab.is_salad) and none
@@ -126,11 +118,11 @@ def test_the_default_samples_read_as_captions_where_the_models_own_distribution_
 
 
 @pytest.mark.parametrize("draw", [dict(top_k=3), dict(top_p=0.5, temperature=0.7), dict(top_k=5, top_p=0.8, temperature=1.5)])
-def test_every_sampled_word_lies_in_the_top_k_set_and_the_nucleus_of_its_step(model, photos, draw):
+def test_every_sampled_word_lies_in_the_top_k_set_and_the_nucleus_of_its_step(bundled, photos, draw):
     for photo in photos:
         for cap in photo.sample(n=4, seed=1, **draw):
-            scores = step_scores(model, photo, cap.words)  # (L + 1, V)
-            for row, w in zip(scores, drawn_ids(model, cap)):
+            scores = step_scores(bundled, photo, cap.words)  # (L + 1, V)
+            for row, w in zip(scores, drawn_ids(bundled, cap)):
                 if draw.get("top_k"):
                     assert int((row > row[w]).sum()) < draw["top_k"]  # fewer than k words score higher
                 if draw.get("top_p"):
@@ -138,15 +130,16 @@ def test_every_sampled_word_lies_in_the_top_k_set_and_the_nucleus_of_its_step(mo
                     assert float(p[p > p[w]].sum()) < draw["top_p"]  # the more likely words hold less than top_p
 
 
-def test_samples_are_dressed_like_captions_with_the_models_own_log_probs(model, photos):
+def test_samples_are_dressed_like_captions_with_the_models_own_log_probs(bundled, photos):
     for photo in photos:
         for cap in photo.sample(n=3, seed=2, temperature=1.2):
-            L, g = len(cap.words), model.grid_size
+            L, g = len(cap.words), bundled.grid_size
             assert cap.words and cap.text == " ".join(cap.words) and not {"<pad>", "<start>", "<end>", "<unk>"} & set(cap.words)
             assert cap.alphas.shape == (L, g, g) and np.allclose(cap.alphas.reshape(L, -1).sum(1), 1, atol=1e-5)
             assert len(cap.betas) == L and ((cap.betas >= 0) & (cap.betas <= 1)).all()
-            assert cap.concepts == photo.concepts.top and cap.model_file == model.source and cap.score is None
-            assert cap.settings["sample"]["temperature"] == 1.2 and cap.settings["beam_size"] == model.config.decode.beam_size
+            assert cap.concepts == photo.concepts.top and cap.model_file == bundled.source and cap.score is None
+            assert cap.settings["sample"]["temperature"] == 1.2
+            assert cap.settings["beam_size"] == bundled.config.decode.beam_size
             # the model's own probabilities of these words (the evidence's bias taken off), as teacher forcing gives them
             forced = photo.explain(cap.text)
             assert np.allclose(cap.word_log_probs, forced.word_log_probs, atol=1e-4)
@@ -188,13 +181,14 @@ def test_draw_keeps_exactly_the_top_k_and_the_smallest_nucleus():
     (dict(top_k=-1), "top_k must be a whole number >= 0"), (dict(top_k=2.5), "top_k"),
     (dict(n=0), "n must be a whole number >= 1"), (dict(n=True), "n must"),
     (dict(seed=-3), "seed must be a whole number >= 0"), (dict(seed=1.5), "seed must")])
-def test_invalid_arguments_are_value_errors_that_say_what_is_allowed(model, photos, bad, says):
+def test_invalid_arguments_are_value_errors_that_say_what_is_allowed(bundled, photos, bad, says):
     with pytest.raises(ValueError, match=says):
         photos[0].sample(**bad)
     with pytest.raises(ValueError, match=says):  # before the image is read: no ImageError for a missing file
-        model.sample("no/such/photo.jpg", **bad)
+        bundled.sample("no/such/photo.jpg", **bad)
 
 
+@pytest.mark.slow
 def test_the_cli_samples_the_example_photos_end_to_end(capsys, tmp_path):
     paths = [str(p) for p in EXAMPLES]
     args = [*paths, "--sample", "3", "--seed", "5", "--top-p", "0.9", "--temperature", "0.8", "--json"]

@@ -12,23 +12,18 @@ from captioner.data.dataset import collate
 from captioner.vocab import SpecialIds
 from captioner.decoding.sampling import sample
 from captioner.model.captioner import CaptionModel
-from captioner.model.decoder import Decoder
 from captioner.training.objectives import SelfCritical, batch_references, mean_of_others
 from captioner.vocab import Vocab
 
-from .conftest import optimise
+from .conftest import optimise, tiny_decoder
 
 B, P, D, V = 3, 9, 16, 12
 PAD, START, END, UNK = 0, 1, 2, 3
 IDS = SpecialIds(START, END, PAD)
 
 
-def tiny(dropout: float = 0.0) -> Decoder:
-    return Decoder(V, D, embed_dim=8, hidden_dim=10, attention_dim=7, dropout=dropout)
-
-
 def test_samples_are_well_formed_and_their_log_probs_match_teacher_forcing():
-    dec = tiny().eval()
+    dec = tiny_decoder(V).eval()
     feats = torch.randn(B, P, D)
     K = 4
     s = sample(dec, feats, SpecialIds(START, END, PAD, UNK), n_samples=K, max_len=8)
@@ -52,7 +47,7 @@ def test_samples_are_well_formed_and_their_log_probs_match_teacher_forcing():
 
 
 def test_sampling_is_differentiable():
-    dec = tiny(dropout=0.5).train()
+    dec = tiny_decoder(V, dropout=0.5).train()
     s = sample(dec, torch.randn(B, P, D), IDS, n_samples=3, max_len=6)
     s.log_probs.sum().backward()  # dead rows hold -inf log-probs for <pad> internally: no NaN may leak
     for name in ("out_vocab.weight", "embedding.weight", "gates_hidden.weight", "attention.feat_proj.weight"):
@@ -84,11 +79,11 @@ def test_mean_of_others_baseline_advantages_sum_to_zero_per_image():
     want = torch.tensor([[14 / 4, 13 / 4, 12 / 4, 11 / 4, 10 / 4], [1.0, 1.0, 0.0, 1.0, 1.0]])  # by hand
     assert torch.allclose(mean_of_others(r), want)
     assert torch.allclose((r - mean_of_others(r)).sum(1), torch.zeros(2))
-    terms = obj(CaptionModel(torch.nn.Identity(), tiny()), batch)  # type: ignore[arg-type]
+    terms = obj(CaptionModel(torch.nn.Identity(), tiny_decoder(V)), batch)  # type: ignore[arg-type]
     assert torch.isfinite(terms.total) and set(terms.logs) >= {"reward", "baseline", "penalty"}
     assert terms.logs["reward"] == pytest.approx(terms.logs["baseline"], abs=1e-6)  # mean of others: same mean
     cfg.train.scst_xent = 0.5  # mixed objective: the references' cross-entropy is added and logged
-    mixed = obj(CaptionModel(torch.nn.Identity(), tiny()), batch)  # type: ignore[arg-type]
+    mixed = obj(CaptionModel(torch.nn.Identity(), tiny_decoder(V)), batch)  # type: ignore[arg-type]
     assert mixed.logs["xent"] > 0 and torch.isfinite(mixed.total)
 
 
@@ -103,13 +98,14 @@ def test_bad_ending_penalty():
     assert r_pen[0] == pytest.approx(r_raw[0] - 0.5) and r_pen[1] == pytest.approx(r_raw[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("baseline", ["mean", "greedy"])
 def test_self_critical_training_raises_the_reward(baseline):
     torch.manual_seed(0)
     refs = [[4, 5, 6, 7], [8, 9, 4, 5], [6, 7, 8, 9]]
     cfg, vocab, cider = _setup({"scst_samples": 5, "scst_max_len": 6, "scst_baseline": baseline,
                                 "alpha_c": 0.0}, refs)
-    model = CaptionModel(torch.nn.Identity(), tiny())  # type: ignore[arg-type]
+    model = CaptionModel(torch.nn.Identity(), tiny_decoder(V))  # type: ignore[arg-type]
     obj = SelfCritical(cfg, vocab, cider)
     batch = _batch(torch.randn(B, P, D), refs)
     rewards = [r["reward"] for r in optimise(obj, model, batch, steps=120, lr=2e-2)]

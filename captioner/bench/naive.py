@@ -1,10 +1,10 @@
-"""The textbook loops the benchmark compares against: the model's reference step (model/decoder.py,
-model/attention.py: the paper's equations with plain products) run as textbook loops run it. Nothing is
-patched: these call the reference Decoder's own methods; the fast path is model/fast.py.
+"""The textbook loops the benchmark compares against: the model's one step (model/decoder.py) with eq. 4
+as the paper writes it (`literal=True`: tanh, one (N, P, A) temporary) and no table, run as textbook loops
+run it. Nothing is patched: these call the Decoder's own methods.
 
-- ReferenceSteps(decoder): greedy/beam search (decoding/search.py) through Decoder.step itself: eq. 4
-  with tanh, W_z z_t and W_e E y multiplied at every step, and W_a a_i recomputed at every step
-  (nothing cached per image). The same numbers as the fast path to float rounding.
+- ReferenceSteps(decoder): greedy/beam search (decoding/search.py) through Decoder.step(literal=True):
+  W_z z_t and W_e E y multiplied at every step, and W_a a_i recomputed at every step (nothing cached per
+  image). The same numbers as the product's step to float rounding (tests/test_fast_decoding.py).
 - naive_decoder(decoder): its ReferenceSteps (beam search "naive"); the decoder is shared, not copied.
 - naive_loss: teacher forcing as a loop over Decoder.step at every padded position (all captions run
   T steps, W_a a_i recomputed per step, the deep output per step); padding is masked out of the loss.
@@ -15,7 +15,6 @@ import torch
 
 from ..config import Config
 from ..model.decoder import Decoder, State
-from ..model.fast import Steps
 from ..training.loss import LossTerms, caption_loss
 
 
@@ -29,8 +28,9 @@ class _Recomputing:
     project = staticmethod(_nothing)
 
 
-class ReferenceSteps(Steps):
-    """Decoding's interface (model/fast.Steps) over the reference Decoder.step."""
+class ReferenceSteps:
+    """What decoding calls on a Decoder (attention.project, context_gates, init_state, embed, step), answered
+    by its step with eq. 4 as written and every product made at every step."""
 
     def __init__(self, decoder: Decoder):
         self.decoder, self.hard, self.attention = decoder, decoder.hard, _Recomputing()
@@ -39,25 +39,27 @@ class ReferenceSteps(Steps):
         return self.decoder.init_state(feats)
 
     def embed(self, words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.decoder.embed(words)  # W_e E y multiplied at every step
+        emb = self.decoder.embedding(words)  # (N, E)
+        return emb, self.decoder.gates_embed(emb)  # (N, 4H): W_e E y multiplied at every step, no table
 
     def context_gates(self, feats: torch.Tensor) -> torch.Tensor:
         return _nothing(feats)  # W_z z_t multiplied at every step instead
 
     def step(self, state: State, emb: torch.Tensor, emb_gates: torch.Tensor, feats: torch.Tensor,
              feat_proj: torch.Tensor, context: str = "expected", ctx_gates: torch.Tensor | None = None):
-        """Decoder.step with W_a a_i projected now (feat_proj and ctx_gates are the empty placeholders)."""
+        """Decoder.step with eq. 4 as written and W_a a_i projected now (feat_proj and ctx_gates are the empty
+        placeholders)."""
         d = self.decoder
-        return d.step(state, emb, emb_gates, feats, d.attention.project(feats), context)
+        return d.step(state, emb, emb_gates, feats, d.attention.project(feats), context, literal=True)
 
 
 def naive_decoder(decoder: Decoder) -> ReferenceSteps:
-    """Beam search's "naive" mode: the reference step, W_a a_i recomputed at every step."""
+    """Beam search's "naive" mode: the literal step (eq. 4 with tanh), W_a a_i recomputed at every step."""
     return ReferenceSteps(decoder)
 
 
 def naive_loss(decoder: Decoder, feats: torch.Tensor, batch, cfg: Config) -> LossTerms:
-    """The loss of teacher forcing written as a textbook loop: the reference step at every padded position
+    """The loss of teacher forcing written as a textbook loop: the literal step at every padded position
     of every caption (no shrinking batch), each caption with its own copy of its image's features."""
     T = batch.inputs.shape[1]
     feats = feats[batch.image_index]  # (B, P, D)
@@ -65,7 +67,7 @@ def naive_loss(decoder: Decoder, feats: torch.Tensor, batch, cfg: Config) -> Los
     logits, alphas = [], []
     for t in range(T):
         emb, emb_gates = decoder.embed(batch.inputs[:, t])  # (B, E), (B, 4H)
-        lg, alpha, _, state = decoder.step(state, emb, emb_gates, feats, decoder.attention.project(feats))
+        lg, alpha, _, state = decoder.step(state, emb, emb_gates, feats, decoder.attention.project(feats), literal=True)
         logits.append(lg)
         alphas.append(alpha)
     valid = torch.arange(T, device=feats.device)[None, :] < batch.lengths[:, None]  # (B, T)

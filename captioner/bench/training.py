@@ -85,7 +85,7 @@ def _decoder_model(preset: Preset, compile_step: bool):
     decoder = Decoder(preset.vocab, preset.feat_dim, preset.embed_dim, preset.hidden_dim, preset.attention_dim, 0.5)
     model = CaptionModel(nn.Identity(), decoder)  # type: ignore[arg-type]  # features are cached: no encoder
     if compile_step:
-        decoder.compile_recur()  # as fit() does
+        decoder.compile_step()  # as fit() does
     return model
 
 

@@ -19,7 +19,6 @@ import torch
 
 from ..config import DecodeConfig
 from ..model.decoder import Decoder
-from ..model.fast import Steps, inference
 from ..vocab import SpecialIds
 from .evidence import Evidence
 from .rules import word_logp
@@ -68,7 +67,7 @@ class _Finished:
         return out
 
 
-def beam_search_on_device(decoder: Decoder | Steps, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
+def beam_search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
                           evidence: Evidence | None = None, check_every: int = 4, greedy_scores: bool = False
                           ) -> list[list[Hypothesis]]:
     """search.beam_search's hypotheses, with fixed shapes (module docstring): the search, then one read. With
@@ -83,14 +82,13 @@ def beam_search_on_device(decoder: Decoder | Steps, feats: torch.Tensor, ids: Sp
 
 
 @torch.no_grad()
-def search_on_device(decoder: Decoder | Steps, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
+def search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
                      evidence: Evidence | None = None, check_every: int = 4) -> _Finished:
     """The search itself: each image's finished hypotheses, still on the device."""
     K, T, length_penalty = settings.beam_size, settings.max_len, settings.length_penalty
     (B, P, _), device = feats.shape, feats.device
     rank = torch.arange(2 * K, device=device)  # (2K,)
     images = torch.arange(B, device=device).repeat_interleave(K)  # (N,) the image of each row
-    decoder = inference(decoder)
     feat_proj, ctx_gates = decoder.attention.project(feats), decoder.context_gates(feats)  # (B, P, A), (B, P, 4H)
     h, c = (s[images] for s in decoder.init_state(feats))  # (N, H): K rows per image from the start ...
     cum = feats.new_full((B, K), NEG)

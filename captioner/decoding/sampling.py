@@ -4,7 +4,7 @@ objectives.py) and for people (Photo.sample: temperature, top-k, nucleus, seeded
 Legend: B images, K samples per image, n live images, P regions, V vocabulary, T steps.
 
 The K samples of an image are K consecutive rows sharing its features and W_a a_i projection
-(Decoder.step with G = K rows per image, as beams do). An image leaves the batch once all its
+(Decoder.step, the step every search runs, with G = K rows per image, as beams do). An image leaves the batch once all its
 samples have ended, so late steps run on the few images still writing; results are scattered back
 to fixed (B*K, T) tensors.
 
@@ -27,7 +27,6 @@ import torch
 
 from ..vocab import SpecialIds
 from ..model.decoder import Decoder
-from ..model.fast import inference
 
 CHECK_EVERY = 4  # off the CPU: steps queued between two reads of "is any sample still writing?"
 
@@ -160,7 +159,6 @@ def sample(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, n_samples: in
     end, pad = ids.end, ids.pad
     scores = scores or renormalised(ids, dev)
     N = B * K
-    decoder = inference(decoder)  # Decoder.step computed faster (model/fast.py); with autograd, as today
     feat_proj = decoder.attention.project(feats)  # (B, P, A)
     h, c = decoder.init_state(feats)  # (B, H)
     state = (h.repeat_interleave(K, 0), c.repeat_interleave(K, 0))  # (N, H)

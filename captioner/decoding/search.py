@@ -2,15 +2,18 @@
 
 Legend: B images, K beam size, N live rows (image x beam), P regions, D feature dim, V vocabulary.
 
-The one entry point is `decode(decoder, feats, ids, settings)`: the special token ids and a DecodeConfig
+Captions decode through `decode(decoder, feats, ids, settings)`: the special token ids and a DecodeConfig
 (config.decode: beam size, maximum length, length penalty, <unk> and trigram rules, a hard model's
-context). This module reads the search settings (beam_size, max_len, length_penalty, hard_context;
-photo.py's explain reads hard_context too); the rules on which word may come next (block_*, the evidence's
-bias) are rules.word_logp's; forbid_unk is read by the callers of vocab.SpecialIds.of (captions.py,
-training/objectives.py, bench/inference.py), evidence* and person_floor by evidence.py.
+context); it picks greedy_decode, beam_search or device_beam's search by device and beam size. Other
+callers take a search directly: SCST's greedy baseline (training/objectives.py: greedy_decode, no rules)
+and the benchmark (bench/inference.py). This module reads the search settings (beam_size, max_len,
+length_penalty, hard_context; photo.py's explain reads hard_context too); the rules on which word may come
+next (block_*, the evidence's bias) are rules.word_logp's; forbid_unk is read by the callers of
+vocab.SpecialIds.of (captions.py, training/objectives.py, bench/inference.py), evidence* and person_floor
+by evidence.py.
 
-All step through model/fast.inference(decoder) (as does sampling.py): Decoder.step, the step teacher-forced
-training uses, computed faster (tests/test_fast_decoding.py).
+All step through Decoder.step, the step teacher-forced training, sampling and explain run too (the table
+in decoding/__init__.py says which path runs where, and which test proves it equal to the equations).
 A hypothesis that has not emitted <end> after max_len words is finished as it is (capped), so decoding
 always terminates and always returns a caption. A hard-attention decoder attends as settings.hard_context
 says (the expected context, or the argmax location).
@@ -26,16 +29,14 @@ from .hypotheses import History, Hypothesis, alive, candidates, normalise
 from .rules import word_logp
 from ..vocab import SpecialIds
 from ..model.decoder import Decoder
-from ..model.fast import Steps, inference
 
 
 @torch.no_grad()
-def greedy_decode(decoder: Decoder | Steps, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
+def greedy_decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
                   evidence: Evidence | None = None) -> list[Hypothesis]:
     """feats (B, P, D), the images' Evidence or None -> one hypothesis per image (settings.beam_size is
     not read); finished images leave the batch. With evidence, log_prob includes its word bias."""
     B, context = feats.shape[0], settings.hard_context
-    decoder = inference(decoder)  # Decoder.step computed faster (model/fast.py)
     feat_proj = decoder.attention.project(feats)  # (B, P, A)
     state = decoder.init_state(feats)
     rows = torch.arange(B, device=feats.device)  # image of each live row
@@ -75,7 +76,7 @@ def greedy_decode(decoder: Decoder | Steps, feats: torch.Tensor, ids: SpecialIds
 
 
 @torch.no_grad()
-def beam_search(decoder: Decoder | Steps, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
+def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
                 evidence: Evidence | None = None) -> list[list[Hypothesis]]:
     """feats (B, P, D), the images' Evidence or None -> for each image, its finished hypotheses best
     first (up to settings.beam_size). Scores include the evidence's word bias.
@@ -90,7 +91,6 @@ def beam_search(decoder: Decoder | Steps, feats: torch.Tensor, ids: SpecialIds, 
     K, max_len, length_penalty, end = settings.beam_size, settings.max_len, settings.length_penalty, ids.end
     (B, P, _), device = feats.shape, feats.device
     rank, G = torch.arange(2 * K, device=device), 1  # (2K,); G rows (image, beam) per image: 1 at t=0, then K
-    decoder = inference(decoder)  # Decoder.step computed faster (model/fast.py)
     feat_proj, ctx_gates = decoder.attention.project(feats), decoder.context_gates(feats)  # (n, P, A), (n, P, 4H)
     h, c = decoder.init_state(feats)  # (N, H)
     cum = feats.new_zeros(B)  # (N,) cumulative log-prob of each row
@@ -147,10 +147,11 @@ def _record_finished(finished: list[list[Hypothesis]], best_finished: torch.Tens
 
 def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
            evidence: Evidence | None = None) -> list[list[Hypothesis]]:
-    """THE decoding entry: feats (B, P, D) -> for each image its hypotheses, best first. Greedy when
-    settings.beam_size == 1 (one hypothesis per image), else beam search. evidence: the images'
-    Evidence (evidence-aware decoding: scores added to object words), or None. The bias ranks the
-    hypotheses (their score keeps it) and is taken off again here: log_prob and word_logps are the model's own."""
+    """How captions are decoded (captions.py, evaluation, validation): feats (B, P, D) -> for each image its
+    hypotheses, best first. Greedy when settings.beam_size == 1 (one hypothesis per image), else beam search;
+    off the CPU the fixed-shape search for both. evidence: the images' Evidence (evidence-aware decoding:
+    scores added to object words), or None. The bias ranks the hypotheses (their score keeps it) and is taken
+    off again here: log_prob and word_logps are the model's own."""
     settings.checked()  # config.DecodeConfig.LIMITS: one place for every setting's range
     if feats.device.type != "cpu":  # a GPU: fixed shapes, no host sync per step (device_beam.py; beam 1 = greedy)
         hyps = beam_search_on_device(decoder, feats, ids, settings, evidence, greedy_scores=settings.beam_size == 1)

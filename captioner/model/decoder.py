@@ -7,23 +7,29 @@ T steps, V vocabulary.
     [i f o g] = W_e E y_{t-1} + W_z z_t + W_hh h_{t-1} + b                      (eq. 1, input [E y; z])
     p(y_t)  ∝ exp(L_o tanh(E y_{t-1} + L_h h_t + L_z z_t))                      (eq. 7, deep output)
 
-The tanh before L_o follows the authors' released code (arctic-captions). This is the reference,
-written as the paper writes it: one decoder step is `recur` (attention + LSTM) then `output` (deep
-output), each written once, with plain products. Teacher-forced training loops over `recur` and
-applies `output` to all steps at once; `step` is the two in sequence. The embedding's share of the
-gates (W_e E y) is an input, so training computes it for all T steps in one matrix product.
+The tanh before L_o follows the authors' released code (arctic-captions). One decoder step is `recur`
+(attention + LSTM cell) then `output` (deep output), each written once; `step` is the two in sequence.
+Teacher-forced training loops over `recur` and applies `output` to all steps at once; greedy and beam
+search (decoding/search.py, decoding/device_beam.py), sampling and SCST (decoding/sampling.py) call `step`;
+explain teacher-forces. The embedding's share of the gates (W_e E y) is an input, so training computes it
+for all T steps in one matrix product.
 
-Speed without another formula: greedy/beam search and sampling step through model/fast.py's
-FastDecoder (the same step with CPU tricks: word-gate and context-gate tables, few-row products,
-eq. 4 in cache-sized blocks), and teacher forcing evaluates eq. 4 through fast.SigmoidAttention
-(tanh(x) = 2 sigmoid(2x) - 1: the literal tanh made a CPU training step ~8% slower).
-tests/test_fast_decoding.py and tests/test_model.py check both give this module's numbers.
+How the step computes, never what (each gives the equations' numbers to float rounding; tests/test_model.py
+and tests/test_fast_decoding.py check them against `step(..., literal=True)` and the literal eq. 4-6):
+- eq. 4 through sigmoid, in cache-sized blocks without autograd on a CPU (AdditiveAttention.weights);
+- few-row products with the operands swapped on a CPU (model/rows.py);
+- W_z a_i once per image (`context_gates`, the `ctx_gates` argument of `recur` and `step`): z_t = beta_t
+  sum_i alpha_ti a_i is linear in the a_i, so W_z z_t = beta_t sum_i alpha_ti (W_z a_i): a beam step reads
+  a (P, 4H) table per image instead of multiplying its rows by W_z, the step's largest product;
+- each word's W_e E y computed once without autograd (`embed`): a (V, 4H) table kept by the decoder, filled
+  as words first occur (on a CPU) or whole at once (elsewhere: reading back which words are known would wait
+  for the device at every step), dropped when either weight changes or moves.
 
 Hard attention (model.attention=hard, section 4.1) changes only how `recur` forms z_t: its `context`
 argument says expected (soft), sampled or argmax location (attention.locate). Training samples
 (`teacher_force(..., "sample")`, or the expected context on some batches, as the authors' code
-does); decoding passes decode.hard_context to `step`. The decoder holds weights only: how it attends
-at decoding time is an argument, never state set from outside.
+does); decoding passes decode.hard_context to `step`. The decoder holds weights (and the word-gate table
+made from them) only: how it attends at decoding time is an argument, never state set from outside.
 """
 from __future__ import annotations
 
@@ -35,9 +41,15 @@ import torch.nn.functional as F
 
 from ..config import ATTENTIONS
 from .attention import AdditiveAttention, glimpse, locate
-from .fast import SigmoidAttention
+from .rows import linear
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
+
+
+def whole_table(device: torch.device) -> bool:
+    """Whether the word-gate table is made whole the first time (a GPU: no read of which words are known, a
+    host sync per step) rather than filled as words occur (a CPU: a few rows per step are cheaper)."""
+    return device.type != "cpu"
 
 
 class TeacherForced(NamedTuple):
@@ -68,6 +80,7 @@ class Decoder(nn.Module):
         self.out_context = nn.Linear(feat_dim, embed_dim)  # L_z
         self.dropout = nn.Dropout(dropout)
         self.out_vocab = nn.Linear(embed_dim, vocab_size)  # L_o
+        self._word_gates: tuple | None = None  # (key of the weights, (V, 4H) W_e E y, (V,) rows known): `embed`
         if self.hard:  # REINFORCE baseline b of log p(y|s,a) (loss.py); a buffer, so checkpoints and resume keep it
             self.register_buffer("reinforce_baseline", torch.zeros(()))
         self.reset_parameters()
@@ -85,51 +98,75 @@ class Decoder(nn.Module):
         return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))  # (B, H) each
 
     def embed(self, words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """words (...,) -> E y (..., E) and its share of the LSTM gates W_e E y (..., 4H) (eq. 1)."""
+        """words (...,) -> E y (..., E) and its share of the LSTM gates W_e E y (..., 4H) (eq. 1); without
+        autograd W_e E y is looked up in the decoder's word-gate table."""
         emb = self.embedding(words)  # (..., E)
-        return emb, self.gates_embed(emb)  # (..., 4H)
+        return emb, (self.gates_embed(emb) if torch.is_grad_enabled() else self._word_gates_of(words))  # (..., 4H)
+
+    def _word_gates_of(self, words: torch.Tensor) -> torch.Tensor:
+        """W_e E y of `words` (...,) -> (..., 4H) from the (V, 4H) table: a beam step looks its K rows up instead
+        of a (K, E) x (E, 4H) product. Dropped when either weight changes (training steps bump their versions)
+        or moves; rows are written before they are marked known, and identical values may be written twice
+        (concurrent callers)."""
+        w_emb, w_gate = self.embedding.weight, self.gates_embed.weight
+        key = (w_emb._version, w_gate._version, w_emb.data_ptr(), w_gate.data_ptr(), w_gate.dtype, w_gate.device)
+        whole = whole_table(w_gate.device)
+        if self._word_gates is None or self._word_gates[0] != key:
+            table = self.gates_embed(w_emb) if whole else w_gate.new_empty(self.vocab_size, w_gate.shape[0])  # (V, 4H)
+            self._word_gates = key, table, torch.full((self.vocab_size,), whole, dtype=torch.bool, device=w_gate.device)
+        _, table, known = self._word_gates
+        if not whole and not bool(known[words].all()):  # whole: no read of `known` (a host sync per step on a GPU)
+            new = words[~known[words]].unique()  # (n,) words seen for the first time
+            table[new] = self.gates_embed(self.embedding(new))  # (n, 4H)
+            known[new] = True
+        return table[words]  # (..., 4H)
+
+    def context_gates(self, feats: torch.Tensor) -> torch.Tensor:
+        """W_z a_i for every region: feats (B, P, D) -> (B, P, 4H), once per image, for the `ctx_gates` of
+        `recur` and `step` (beam search: its K rows per image read it at every step)."""
+        return self.gates_context(feats)
 
     def recur(self, state: State, emb_gates: torch.Tensor, feats: torch.Tensor, feat_proj: torch.Tensor,
-              context: str = "expected", attention: AdditiveAttention | SigmoidAttention | None = None
+              context: str = "expected", ctx_gates: torch.Tensor | None = None, literal: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, State]:
         """Attention and the LSTM cell for one word (eq. 4-6 or 8, eq. 1). state (B*G, H)x2, emb_gates
-        (B*G, 4H) = W_e E y_{t-1}, feats (B, P, D), feat_proj (B, P, A) -> context z (B*G, D), alpha
-        (B*G, P), gate beta (B*G,), the attended location s_t (B*G,) or None for the expected context,
-        new state. G rows per image (consecutive) share its features: G = 1 in training, the beam size
-        in beam search. context: "expected" (soft), "sample" or "argmax" (hard; attention.locate).
-        attention: what evaluates eq. 4-5, self.attention unless given (teacher forcing gives
-        fast.SigmoidAttention); feat_proj comes from its `project`."""
+        (B*G, 4H) = W_e E y_{t-1}, feats (B, P, D), feat_proj (B, P, A) from attention.project -> context z
+        (B*G, D), alpha (B*G, P), gate beta (B*G,), the attended location s_t (B*G,) or None for the expected
+        context, new state. G rows per image (consecutive) share its features: G = 1 in training, the beam
+        size in beam search. context: "expected" (soft), "sample" or "argmax" (hard; attention.locate).
+        ctx_gates: `context_gates(feats)` (B, P, 4H), or None for W_z z_t. literal: eq. 4 as written."""
         h, c = state  # h_{t-1}, c_{t-1}
-        attention = self.attention if attention is None else attention
-        alpha, beta = attention.weights(feats, feat_proj, h)  # (B*G, P), (B*G,): eq. 4-5, 4.2.1
+        alpha, beta = self.attention.weights(feats, feat_proj, h, literal)  # (B*G, P), (B*G,): eq. 4-5, 4.2.1
         where = locate(alpha, context)  # (B*G,) or None
         weights = alpha if where is None else F.one_hot(where, alpha.shape[1]).to(alpha.dtype)  # (B*G, P)
         z = glimpse(feats, weights, beta)  # (B*G, D): eq. 6 (or 8)
-        gates = emb_gates + self.gates_context(z) + self.gates_hidden(h)  # (B*G, 4H): eq. 1, W [E y; z; h] + b
+        z_gates = linear(self.gates_context, z) if ctx_gates is None else glimpse(ctx_gates, weights, beta)  # W_z z
+        gates = emb_gates + z_gates + linear(self.gates_hidden, h)  # (B*G, 4H): eq. 1, W [E y; z; h] + b
         i, f, g, o = gates.chunk(4, dim=1)  # input, forget, candidate, output: (B*G, H) each
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B*G, H): c_t
         h = torch.sigmoid(o) * torch.tanh(c)  # (B*G, H): h_t
         return z, alpha, beta, where, (h, c)
 
-    def compile_recur(self) -> None:
-        """torch.compile the recurrence (attention + LSTM cell), the part every step runs: the one
-        place compilation is switched on (train.compile, benchmark --compile)."""
+    def compile_step(self) -> None:
+        """torch.compile `recur` (attention + LSTM cell), the part of the one step that teacher forcing, every
+        search, sampling and explain run: the one place compilation is switched on (train.compile, benchmark
+        --compile)."""
         self.recur = torch.compile(self.recur)  # type: ignore[method-assign]
 
     def output(self, emb: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Deep output layer (eq. 7): emb (N, E) = E y_{t-1}, h (N, H) = h_t, z (N, D) = z_t -> logits (N, V).
         Nothing feeds back into the recurrence, so training computes it for all steps at once."""
-        out = torch.tanh(emb + self.out_hidden(h) + self.out_context(z))  # (N, E): E y + L_h h + L_z z
-        return self.out_vocab(self.dropout(out))  # (N, V): L_o
+        out = torch.tanh(emb + linear(self.out_hidden, h) + linear(self.out_context, z))  # (N, E): E y + L_h h + L_z z
+        return linear(self.out_vocab, self.dropout(out))  # (N, V): L_o
 
     def step(self, state: State, emb: torch.Tensor, emb_gates: torch.Tensor, feats: torch.Tensor,
-             feat_proj: torch.Tensor, context: str = "expected"
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, State]:
+             feat_proj: torch.Tensor, context: str = "expected", ctx_gates: torch.Tensor | None = None,
+             literal: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, State]:
         """One word: recur then output. emb (B*G, E), emb_gates (B*G, 4H) from `embed`, the rest as in
         `recur` -> logits (B*G, V), alpha (B*G, P), beta (B*G,), new state. context: how a hard model
-        attends (decode.hard_context, or "sample"); a soft model always uses the expected context.
-        Decoding steps through fast.FastDecoder.step, which computes the same."""
-        z, alpha, beta, _, state = self.recur(state, emb_gates, feats, feat_proj, context if self.hard else "expected")
+        attends (decode.hard_context, or "sample"); a soft model always uses the expected context."""
+        z, alpha, beta, _, state = self.recur(state, emb_gates, feats, feat_proj, context if self.hard else "expected",
+                                              ctx_gates, literal)
         return self.output(emb, state[0], z), alpha, beta, state
 
     def teacher_force(self, feats: torch.Tensor, inputs: torch.Tensor, lengths: torch.Tensor,
@@ -156,8 +193,7 @@ class Decoder(nn.Module):
             image_index = torch.arange(B, device=feats.device)
         if bool((lengths[1:] > lengths[:-1]).any()):
             raise ValueError("lengths must be sorted in descending order")
-        attention = SigmoidAttention(self.attention)  # eq. 4-5 as the reference computes them, faster on CPU
-        feat_proj = attention.project(feats)[image_index]  # (B, P, A): once per image, shared by its captions
+        feat_proj = self.attention.project(feats)[image_index]  # (B, P, A): once per image, shared by its captions
         feats = feats[image_index]  # (B, P, D)
         h, c = self.init_state(feats)
         emb, emb_gates = self.embed(inputs)  # (B, T, E), (B, T, 4H): all steps in one product
@@ -168,7 +204,7 @@ class Decoder(nn.Module):
             if n == 0:
                 break
             z, alpha, beta, where, (h, c) = self.recur((h[:n], c[:n]), emb_gates[:n, t], feats[:n], feat_proj[:n],
-                                                       context, attention)
+                                                       context)
             hs.append(h)
             zs.append(z)
             alphas_t.append(alpha)

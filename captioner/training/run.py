@@ -246,7 +246,7 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     sampler = BucketBatchSampler(data.mean_lengths, cfg.train.batch_images, seed=cfg.train.seed,
                                  weights=data.weights or None, min_batches=cfg.train.min_epoch_batches)
     if cfg.train.compile and device.type == "cuda":  # the one place compilation is switched on
-        model.decoder.compile_recur()
+        model.decoder.compile_step()
     module: torch.nn.Module = ObjectiveModule(model, build_objective(cfg, vocab, data.caps))
     if world_size > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
