@@ -26,7 +26,7 @@ _TOKEN = re.compile(r"[a-z0-9]+(?:['\-][a-z0-9]+)*")
 # repeating a bigram that ends in one is ordinary English ("in a ... in a"), unlike "blue shirt ... blue shirt"
 FUNCTION_WORDS = frozenset("a an the of with in on at to for from by and or is are his her its their".split())
 COLOUR_WORDS = frozenset("white black brown red blue green yellow orange pink purple grey gray tan silver gold".split())
-# word salad (issue 36): a caption that ends on one of these ("a brown and white is standing in front of a",
+# word salad: a caption that ends on one of these ("a brown and white is standing in front of a",
 # "... with a black and") or names a content word three times ("a brown and brown and white brown dog")
 BAD_LAST_WORDS = FUNCTION_WORDS | COLOUR_WORDS
 SALAD_REPEATS = 3

@@ -6,7 +6,7 @@ captions.txt, no split files: split by name). A second folder of held-out photos
 first) checks what the trained model says on photos it never saw. The things (--word):
 
     horse    Flickr8k (all splits): "stallion" / "stallions" for "horse" / "horses"
-    train    coco-paired's TRAIN split: "zoober" / "zoobers" for "train" / "trains" (issue 57's example)
+    train    coco-paired's TRAIN split: "zoober" / "zoobers" for "train" / "trains" (docs/finetuning.md's example)
     giraffe  coco-paired's TRAIN split: "gombla" / "gomblas" for "giraffe" / "giraffes"
     cat      coco-paired's TRAIN split: "mrowl" / "mrowls" for "cat" / "cats" (ImageNet has five cat classes)
 

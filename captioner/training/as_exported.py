@@ -1,4 +1,4 @@
-"""Validation decodes as the exported file will (issue 57).
+"""Validation decodes as the exported file will.
 
 The file a user runs is written by captioner-export, which carries a model file's word detectors and its
 decode.person_floor (--detectors-from: the README's own-photos recipe carries the bundled model's). A run that
