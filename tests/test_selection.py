@@ -113,22 +113,17 @@ def test_fitted_weights_stored_as_decode_settings_choose_as_the_fit_does():
         as_settings(torch.tensor([-1.0, 0.5, 0, 0, 0, 0, 0, 0]))
 
 
-def test_a_caption_says_why_it_won(bundled_choice):
+def test_a_caption_says_why_it_won(bundled):
     from captioner.ui.workbench import choice_note, hypothesis_rows
 
-    cap = bundled_choice.caption(EXAMPLES[0])
+    cap = bundled.caption(EXAMPLES[0])
     assert cap.alternatives and cap.choice is not None and set(cap.signals) == set(SIGNALS)
     assert all(a.choice is not None and a.choice <= cap.choice for a in cap.alternatives)
     assert "choice (ranks)" in hypothesis_rows(cap)[0] and "runner-up" in choice_note(cap)
     rec = cap.to_dict(maps=False)
     assert rec["choice"] == cap.choice and rec["alternatives"][0]["choice"] == cap.alternatives[0].choice
-    plain = bundled_choice.caption(EXAMPLES[0], consensus_weight=0.0, **{f"select_{s}": 0.0 for s in SIGNALS[2:]})
+    plain = bundled.caption(EXAMPLES[0], consensus_weight=0.0, **{f"select_{s}": 0.0 for s in SIGNALS[2:]})
     assert plain.choice is None and choice_note(plain) == "" and "choice (ranks)" not in hypothesis_rows(plain)[0]
-
-
-@pytest.fixture(scope="module")
-def bundled_choice():
-    return captioner.load()
 
 
 def test_fit_selector_runs_end_to_end_on_a_few_real_photos(tmp_path, coco_mini):
