@@ -336,7 +336,7 @@ def check_grid(model: ModelConfig, source: str = "config") -> None:
 
 
 def read_config_file(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """A config file's sections as a mapping. A top-level `base: other.yaml` (relative to this file) is read first
+    """A config file's sections as a mapping. A top-level `base: <file>` (a path relative to this file) is read first
     and this file's keys replace its keys one by one (a list, such as data.sources, is replaced whole), so a
     stage names only what it changes. A base chain that loops, or a missing file, is an error naming the files."""
     path = Path(path)
