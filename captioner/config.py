@@ -112,7 +112,7 @@ class TrainConfig:
     val_metric: str = "Bleu_4"  # one of VAL_METRICS, computed on decoded captions
     val_beam_size: int = 1  # 1 = greedy during validation (fast); the metric is still a real decoding metric
     val_limit: int = 0  # validate on the first N val images (0 = all)
-    amp: bool = True  # bf16 autocast where the device supports it (CUDA)
+    amp: bool = True  # CUDA: bf16 autocast where the GPU has bf16, else fp16 with a GradScaler (T4, V100)
     cpu_amp: bool = False  # bf16 autocast on CPU too (opt-in; ~1.4x faster where the CPU has AVX512-BF16/AMX)
     compile: bool = False  # torch.compile the decoder (CUDA)
     seed: int = 0

@@ -4,7 +4,8 @@ The objective (objectives.py: cross-entropy or self-critical) is a callable of o
 never branches on what it optimises. fit() resumes from `last.safetensors` after an interruption,
 keeps `best.safetensors` chosen on the validation metric of DECODED captions (validation.py, never
 teacher-forced scores), decays the learning rate and stops early on that metric (selection.py: with too few val
-photos the metric chooses nothing, the last epoch is kept, and the log says so), and writes
+photos the metric chooses nothing, the last epoch is kept, and the log says so) or decays it per step
+(schedule.py: warmup, cosine, linear), and writes
 metrics.jsonl, TensorBoard events (watch.py) and training.png next to the checkpoints. A stop request
 (stopping.py: Ctrl-C, SIGTERM) saves the exact step; every random state is saved with it (rng.py), so a
 resumed run logs the same losses as one that never stopped.
