@@ -24,6 +24,7 @@ OBJECTIVES = ("xe", "scst")  # train.objective
 SCST_BASELINES = ("mean", "greedy")  # train.scst_baseline
 HARD_CONTEXTS = ("expected", "argmax")  # decode.hard_context
 BN_MODES = ("frozen", "train")  # train.encoder_bn
+SCHEDULES = ("plateau", "cosine", "linear")  # train.schedule
 DTYPES = ("float32", "bfloat16")  # the compute type of a loaded model (api.load, --dtype)
 
 
@@ -101,13 +102,17 @@ class TrainConfig:
     grad_clip: float = 5.0
     alpha_c: float = 1.0  # lambda of the doubly stochastic attention penalty
     label_smoothing: float = 0.0
-    lr_decay: float = 0.8  # multiply lr by this when val metric does not improve ...
+    schedule: str = "plateau"  # SCHEDULES: plateau (the decay below) | cosine, linear (per step from lr to min_lr)
+    lr_decay: float = 0.8  # plateau: multiply lr by this when val metric does not improve ...
     lr_patience: int = 1  # ... for this many epochs
+    warmup_steps: int = 0  # the lr rises linearly over the first N optimizer steps (any schedule; 0 = off)
+    min_lr: float = 0.0  # cosine/linear: the lr of the run's last step (encoder_lr ends at the same fraction)
+    accumulate: int = 1  # micro-batches of batch_images summed into one optimizer step (effective batch: k x B)
     early_stop_patience: int = 4  # stop after this many epochs without improvement
     val_metric: str = "Bleu_4"  # one of VAL_METRICS, computed on decoded captions
     val_beam_size: int = 1  # 1 = greedy during validation (fast); the metric is still a real decoding metric
     val_limit: int = 0  # validate on the first N val images (0 = all)
-    amp: bool = True  # bf16 autocast where the device supports it (CUDA)
+    amp: bool = True  # CUDA: bf16 autocast where the GPU has bf16, else fp16 with a GradScaler (T4, V100)
     cpu_amp: bool = False  # bf16 autocast on CPU too (opt-in; ~1.4x faster where the CPU has AVX512-BF16/AMX)
     compile: bool = False  # torch.compile the decoder (CUDA)
     seed: int = 0
@@ -288,7 +293,7 @@ def parse_bool(text: str) -> bool:
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.encoder": ENCODERS, "model.attention": ATTENTIONS, "data.dataset": DATASETS,
     "train.val_metric": VAL_METRICS, "train.objective": OBJECTIVES, "train.scst_baseline": SCST_BASELINES,
-    "decode.hard_context": HARD_CONTEXTS, "train.encoder_bn": BN_MODES,
+    "decode.hard_context": HARD_CONTEXTS, "train.encoder_bn": BN_MODES, "train.schedule": SCHEDULES,
 }
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 
@@ -370,4 +375,17 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
         key, value = item.split("=", 1)
         set_value(cfg, key.strip(), value, source="--set")
     check_grid(cfg.model)
+    check_steps(cfg.train)
     return cfg
+
+
+def check_steps(train: TrainConfig, source: str = "config") -> None:
+    """A ValueError for step settings no run can use: accumulation below 1, negative warmup, a final
+    learning rate above the starting one."""
+    if train.accumulate < 1:
+        raise ValueError(f"{source}: train.accumulate must be >= 1 (micro-batches per optimizer step), "
+                         f"got {train.accumulate}")
+    if train.warmup_steps < 0:
+        raise ValueError(f"{source}: train.warmup_steps must be >= 0, got {train.warmup_steps}")
+    if not 0 <= train.min_lr <= train.lr:
+        raise ValueError(f"{source}: train.min_lr must lie in [0, train.lr={train.lr:g}], got {train.min_lr:g}")

@@ -183,6 +183,25 @@ def test_prepare_stopped_leaves_no_temporary_file_and_a_killed_ones_is_swept(tmp
     assert "to encode: 8 photos into 1 cache(s)" in r.stdout and "GiB" in r.stdout
 
 
+def test_a_group_ctrl_c_while_caching_with_workers_prints_one_line(tmp_path):
+    """The terminal's Ctrl-C reaches the whole process group, loader workers included: they leave it to the main
+    process (no worker traceback, no "DataLoader worker exited unexpectedly"), which says one line and exits 130."""
+    cache = tmp_path / "cache"
+    cmd = [x if x != "data.num_workers=0" else "data.num_workers=2" for x in _prepare(tmp_path, 400)]
+    p = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)  # its own group, as a terminal's foreground job
+    deadline = time.time() + 120
+    while not _temps(cache):
+        assert p.poll() is None and time.time() < deadline, "prepare ended before it wrote its cache"
+        time.sleep(0.01)
+    time.sleep(0.5)  # the workers are reading
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert p.returncode == 130 and len(lines) == 1 and "SIGINT" in lines[0], err[-3000:]
+    assert _temps(cache) == []
+
+
 def test_prepare_refuses_before_encoding_when_the_disk_is_short(tmp_path, monkeypatch, capsys):
     from captioner.cli import prepare
     import captioner.diskspace

@@ -61,9 +61,16 @@ def _train_config(amp: bool, device: torch.device, objective: str = "xent"):
     return cfg
 
 
-def _train_step(model, optimizer, batch, cfg, fast: bool, device) -> None:
+def _scaler(device: torch.device, cfg) -> Any:
+    """The GradScaler a training run on `device` would use (fp16 on a GPU without bf16), else None."""
+    from ..training.precision import grad_scaler
+
+    return grad_scaler(device, cfg)
+
+
+def _train_step(model, optimizer, batch, cfg, fast: bool, device, scaler=None) -> None:
     """engine.train_step (the step fit() runs) on the real objective (fast) or on the textbook loop
-    (naive.naive_loss, same clipping and optimiser)."""
+    (naive.naive_loss, same clipping and optimiser); `scaler`: fp16's GradScaler where a run would have one."""
     from ..training.engine import train_step
     from ..training.objectives import CrossEntropy, Terms
     from .naive import naive_loss
@@ -75,7 +82,7 @@ def _train_step(model, optimizer, batch, cfg, fast: bool, device) -> None:
             feats = model.encode(b.visual) if cfg.encoder_in_loop else b.visual
             lt = naive_loss(model.decoder, feats, b, cfg)
             return Terms(lt.total, lt.n_tokens)
-    train_step(objective, optimizer, batch, cfg, device)
+    train_step(objective, optimizer, batch, cfg, device, scaler=scaler)
 
 
 def _decoder_model(preset: Preset, compile_step: bool):
@@ -111,7 +118,8 @@ def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp
         reset_peak(device)
         log(f"train_cached/{mode}: {warmup} warm-up + {n_steps} timed steps of {n_caps} captions")
         # the naive warm-up is truncated on CPU, where one naive step costs tens of seconds
-        step = partial(_train_step, model, optimizer, cfg=cfg, fast=fast, device=device)
+        step = partial(_train_step, model, optimizer, cfg=cfg, fast=fast, device=device,
+                       scaler=_scaler(device, cfg))  # a GPU without bf16: fp16 as training runs it
         times = time_steps(step, batches, warmup, timer, warmup_steps=0 if fast or device.type == "cuda" else 3)
         timed = batches[warmup:]
         r = rate(times, n_caps)
@@ -170,7 +178,7 @@ def bench_train_encoder(preset: Preset, counts: Counts, device: torch.device, am
             batches.append(b)
         reset_peak(device)
         log(f"train_encoder/{mode}: {encoder} {image_size}px, {warmup} warm-up + {counts.encoder_steps} timed steps")
-        step = partial(_train_step, model, optimizer, cfg=cfg, fast=True, device=device)
+        step = partial(_train_step, model, optimizer, cfg=cfg, fast=True, device=device, scaler=_scaler(device, cfg))
         times = time_steps(step, batches, warmup, timer)
         r = rate(times, n_caps)
         r["images_per_s"] = bi / statistics.median(times)
@@ -232,11 +240,12 @@ def bench_train_scst(preset: Preset, counts: Counts, device: torch.device, amp: 
     model = _decoder_model(preset, False).to(device).train()
     optimizer = torch.optim.Adam(model.decoder.parameters(), lr=5e-5)
     lengths: list[float] = []
+    scaler = _scaler(device, cfg)
 
     def step(batch) -> None:
         from ..training.engine import train_step
 
-        terms = train_step(partial(objective, model), optimizer, batch, cfg, device)
+        terms = train_step(partial(objective, model), optimizer, batch, cfg, device, scaler=scaler)
         lengths.append(terms.logs["sample_len"])
 
     n = counts.batch_images * samples

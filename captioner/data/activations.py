@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from ..diskspace import CACHE_TEMP, remove_stale_temps, reserve, writing
 from ..model.encoder import Encoder, Preprocess
-from .dataset import ImageDataset, readable
+from .dataset import ImageDataset, ignore_stop_signals, readable
 from .features import cache_base, photo_folders
 from .records import ImageRecord
 
@@ -156,7 +156,8 @@ def build_activations(cache_dir: str | Path, name: str, encoder: Encoder, prep: 
     teacher = teacher_encoder(encoder).to(device)
     encoder = encoder.eval().to(device)
     loader = DataLoader(ImageDataset(records, prep.image_size, prep.mean, prep.std), batch_size=batch_size,
-                        num_workers=num_workers, collate_fn=readable)
+                        num_workers=num_workers, collate_fn=readable,
+                        worker_init_fn=ignore_stop_signals if num_workers else None)
     views = ["acts", "flipped"] if flip else ["acts"]
     with torch.no_grad():  # what enters the split block for one photo: (1, C, h, w)
         probe = encoder.below_split(torch.zeros(1, 3, prep.image_size, prep.image_size, device=device))

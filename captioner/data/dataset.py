@@ -7,6 +7,7 @@ collate function sorts captions by length so the decoder never computes a padded
 from __future__ import annotations
 
 import random
+import signal
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -204,3 +205,11 @@ class BucketBatchSampler(Sampler[list[int]]):
             return len(self.batches())
         per_pass = (len(self.lengths) + self.batch_size - 1) // self.batch_size
         return per_pass * max(1, -(-self.min_batches // per_pass)) if per_pass else 0
+
+
+def ignore_stop_signals(_worker: int) -> None:
+    """A loader worker (training's images, the cache builders') leaves Ctrl-C / SIGTERM to the main process,
+    which saves the step or removes the half-written cache, says so in one line and shuts the workers down
+    (a worker killed by the terminal's group Ctrl-C would otherwise print its traceback and fail the batch)."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 from ..config import ModelConfig
 from ..diskspace import CACHE_TEMP, remove_stale_temps, reserve, writing
 from ..model.encoder import Encoder, Preprocess, build_preprocess
-from .dataset import ImageDataset, readable
+from .dataset import ImageDataset, ignore_stop_signals, readable
 from .records import ImageRecord
 
 
@@ -136,7 +136,8 @@ def build_cache(cache_dir: str | Path, name: str, encoder: Encoder, preprocess: 
         npy_path.unlink(missing_ok=True)  # of no use any more: free its space before writing the new one
     encoder = encoder.eval().to(device)
     ds = ImageDataset(records, prep.image_size, prep.mean, prep.std)
-    loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=readable)
+    loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=readable,
+                        worker_init_fn=ignore_stop_signals if num_workers else None)
     shape = (len(records), encoder.grid_size ** 2, encoder.out_dim)  # (N, P, D)
     tmp = npy_path.with_suffix(f".tmp{os.getpid()}.npy")
     try:

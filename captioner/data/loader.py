@@ -4,14 +4,13 @@ feature memory map (a slice per batch, no worker processes) or from images (a Da
 from __future__ import annotations
 
 import queue
-import signal
 import threading
 from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader
 
-from .dataset import BucketBatchSampler, FeatureDataset
+from .dataset import BucketBatchSampler, FeatureDataset, ignore_stop_signals
 
 
 class RankBatches:
@@ -99,10 +98,3 @@ def epoch_loader(dataset: Any, batches: RankBatches, collate_fn: Callable, from_
     return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn, num_workers=num_workers,
                       pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed),
                       worker_init_fn=ignore_stop_signals if num_workers else None)
-
-
-def ignore_stop_signals(_worker: int) -> None:
-    """A loader worker leaves Ctrl-C / SIGTERM to the main process, which saves the step and shuts it down
-    (a worker killed by the terminal's Ctrl-C would otherwise fail the batch being read)."""
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, signal.SIG_IGN)

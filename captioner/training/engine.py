@@ -4,13 +4,15 @@ The objective (objectives.py: cross-entropy or self-critical) is a callable of o
 never branches on what it optimises. fit() resumes from `last.safetensors` after an interruption,
 keeps `best.safetensors` chosen on the validation metric of DECODED captions (validation.py, never
 teacher-forced scores), decays the learning rate and stops early on that metric (selection.py: with too few val
-photos the metric chooses nothing, the last epoch is kept, and the log says so), and writes
+photos the metric chooses nothing, the last epoch is kept, and the log says so) or decays it per step
+(schedule.py: warmup, cosine, linear), and writes
 metrics.jsonl, TensorBoard events (watch.py) and training.png next to the checkpoints. A stop request
 (stopping.py: Ctrl-C, SIGTERM) saves the exact step; every random state is saved with it (rng.py), so a
 resumed run logs the same losses as one that never stopped.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Any, Callable, Sequence
@@ -24,23 +26,15 @@ from ..data.loader import epoch_loader
 from ..logs import plot_history
 from . import rng
 from .objectives import Terms
+from .precision import amp_dtype, describe, grad_scaler, training_autocast
+from .schedule import lr_scale, total_steps
 from .run import RESUMES, Log, Run, TrainingError, TrainState, build_run, check_ranks_in_sync, encoder_train_mode
 from .selection import announce_small_val, chosen, end_epoch, validate_warm_start, why_finished
 from .stopping import NEVER, Interrupted, StopSignal
 from .validation import validate
 
 __all__ = ["TrainingError", "TrainState", "Interrupted", "fit", "train_one_epoch", "train_step", "validate",
-           "end_epoch", "training_autocast"]
-
-
-def training_autocast(device: torch.device, cfg: Config):
-    """bf16 autocast: on CUDA with `train.amp` (when the GPU has bf16), on CPU only with
-    `train.cpu_amp` (fast only where the CPU computes bf16 natively: see api.preferred_dtype)."""
-    if cfg.train.amp and device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    if cfg.train.cpu_amp and device.type == "cpu":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return torch.autocast(device.type, enabled=False)
+           "end_epoch", "training_autocast", "amp_dtype", "grad_scaler"]
 
 
 # ---------------------------------------------------------------- one epoch
@@ -59,12 +53,18 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
     bar = tqdm(total=n, initial=skip, desc=f"epoch {state.epoch + 1}", disable=not (run.progress and run.main),
                unit="batch")
     run.watch.restart_clock()
+    k, micro = cfg.train.accumulate, []
     with run.stop.deferred():
         for i, batch in enumerate(loader, start=skip):
             bar.update(1)
-            state.batch_in_epoch = i + 1
             if batch is not None:  # None: every image of this batch was unreadable
-                _one_step(run, batch, n - i - 1, n)
+                micro.append(batch)
+            if (i + 1) % k and i + 1 < n:  # train.accumulate: the step's micro-batches are not all read yet
+                continue  # (steps end at fixed positions, so a resumed epoch groups its batches as before)
+            state.batch_in_epoch = i + 1
+            if micro:
+                _one_step(run, micro, -(-n // k) - -(-(i + 1) // k), -(-n // k))
+            micro = []
             if cfg.train.max_steps and state.step >= cfg.train.max_steps:
                 break
             if signum := run.stop.pending(run.world_size, run.device):
@@ -78,18 +78,21 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
             "batches": state.epoch_batches}
 
 
-def _one_step(run: Run, batch: Any, steps_left: int, per_epoch: int) -> None:
-    """A training step and its bookkeeping: the epoch's sums, the watcher's line, the periodic checkpoint."""
+def _one_step(run: Run, micro: list[Any], steps_left: int, per_epoch: int) -> None:
+    """An optimizer step over the read micro-batches (one unless train.accumulate) and its bookkeeping: the
+    epoch's sums, the watcher's line, the periodic checkpoint. steps_left, per_epoch: optimizer steps."""
     cfg, state = run.cfg, run.state
-    terms = train_step(run.train_module, run.optimizer, batch.to(run.device, non_blocking=True), cfg, run.device,
-                       f" at step {state.step} (epoch {state.epoch + 1})")
-    state.step, state.epoch_batches = state.step + 1, state.epoch_batches + 1
+    moved = [b.to(run.device, non_blocking=True) for b in micro]
+    scale = lr_scale(cfg.train, state.step, total_steps(cfg.train, per_epoch))
+    terms = train_step(run.train_module, run.optimizer, moved[0] if len(moved) == 1 else moved, cfg, run.device,
+                       f" at step {state.step} (epoch {state.epoch + 1})", scale, run.scaler)
+    state.step, state.epoch_batches = state.step + 1, state.epoch_batches + len(moved)
     state.epoch_weight += terms.weight
     for k, v in terms.logs.items():
         state.epoch_sums[k] = state.epoch_sums.get(k, 0.0) + v * terms.weight
-    run.watch.count(len(batch.visual), len(batch.inputs))
+    run.watch.count(sum(len(b.visual) for b in moved), sum(len(b.inputs) for b in moved))
     if state.step % cfg.train.log_every == 0:
-        lr = run.optimizer.param_groups[0]["lr"]
+        lr = run.optimizer.param_groups[0]["lr"] * scale  # the rate this step used
         rec = {"kind": "train", "epoch": state.epoch + 1, "step": state.step, **terms.logs, "lr": lr,
                "grad_norm": float(terms.grad_norm), "time": time.time()}
         run.logger.write(run.watch.report(rec, steps_left, steps_left + per_epoch * (cfg.train.epochs - state.epoch - 1)))
@@ -99,26 +102,83 @@ def _one_step(run: Run, batch: Any, steps_left: int, per_epoch: int) -> None:
 
 
 def train_step(objective: Callable[[Any], Terms], optimizer: torch.optim.Optimizer, batch: Any, cfg: Config,
-               device: torch.device, where: str = "") -> Terms:
+               device: torch.device, where: str = "", lr_scale: float = 1.0,
+               scaler: torch.amp.GradScaler | None = None) -> Terms:
     """THE optimiser step (fit, the benchmark and the tests all call it): objective(batch) under the
     run's autocast, a finite-loss check, backward, gradient clipping over the optimiser's parameters
-    (train.grad_clip), Adam. `where` ("at step 12 (epoch 1)") goes into the error messages."""
-    with training_autocast(device, cfg):
-        terms = objective(batch)
-    if not torch.isfinite(terms.total):
-        raise TrainingError(f"loss became {terms.total.item()}{where}; stopping. The last good checkpoint is kept. "
-                            + _nonfinite_hint(batch, cfg))
+    (train.grad_clip), Adam at each group's lr x `lr_scale` (schedule.lr_scale). `batch` may be a list of
+    micro-batches (train.accumulate): their gradients are summed, each loss weighted by its share of the
+    step's normaliser (micro_shares), so k micro-batches of B make the step one batch of kB would; clipping
+    sees the summed gradient. `scaler`: fp16's GradScaler (grad_scaler). `where` ("at step 12 (epoch 1)")
+    goes into the error messages."""
+    micro = list(batch) if isinstance(batch, (list, tuple)) else [batch]
+    shares = micro_shares(micro, cfg) if len(micro) > 1 else [1.0]
     optimizer.zero_grad(set_to_none=True)
-    terms.total.backward()
+    parts = []
+    for i, (b, share) in enumerate(zip(micro, shares)):
+        b = b.to(device, non_blocking=True) if len(micro) > 1 else b
+        with _sync_unless(objective, i == len(micro) - 1):  # DDP: one all-reduce per step, after the last micro-batch
+            with training_autocast(device, cfg):
+                terms = objective(b)
+            if not torch.isfinite(terms.total):
+                raise TrainingError(f"loss became {terms.total.item()}{where}; stopping. The last good checkpoint is "
+                                    "kept. " + _nonfinite_hint(b, cfg))
+            loss = terms.total if share == 1.0 else terms.total * share
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        parts.append(terms)
+    terms = parts[0] if len(parts) == 1 else _merged(parts, shares)
+    if scaler is not None:
+        scaler.unscale_(optimizer)  # clipping and the logged norm see the true gradient
     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
     # the norm before clipping (logged); max_norm inf when clipping is off: measured, not clipped
     terms.grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf)
     try:
-        optimizer.step()
+        _adam_step(optimizer, lr_scale, scaler)
     except RuntimeError as e:  # e.g. overflow with an absurd learning rate
         raise TrainingError(f"optimizer step failed{where} ({e}); the last good checkpoint is kept. "
                             "Check train.lr.") from None
     return terms
+
+
+def micro_shares(micro: Sequence[Any], cfg: Config) -> list[float]:
+    """Each micro-batch's share of one accumulated step. The objectives divide by tokens: cross-entropy by the
+    references' tokens (known from the batch: the shares are exact, the step equals one big batch's), SCST by its
+    sampled tokens (known only after sampling: images stand in for them, equal shares per image)."""
+    sizes = [float(b.lengths.sum()) if cfg.train.objective == "xe" else float(len(b.visual)) for b in micro]
+    total = sum(sizes) or 1.0
+    return [s / total for s in sizes]
+
+
+def _merged(parts: Sequence[Terms], shares: Sequence[float]) -> Terms:
+    """One step's Terms from its micro-batches': the weights add up, logs are averaged by weight (as the epoch's are)."""
+    weight = sum(t.weight for t in parts)
+    logs = {k: sum(t.logs.get(k, 0.0) * t.weight for t in parts) / max(weight, 1) for k in parts[0].logs}
+    total = sum(t.total.detach() * s for t, s in zip(parts, shares))
+    return Terms(total, weight, logs)
+
+
+def _sync_unless(objective: Any, last: bool):
+    """DistributedDataParallel's no_sync() for every micro-batch but the last (gradients are all-reduced once)."""
+    no_sync = getattr(objective, "no_sync", None)
+    return contextlib.nullcontext() if last or no_sync is None else no_sync()
+
+
+def _adam_step(optimizer: torch.optim.Optimizer, lr_scale: float, scaler: torch.amp.GradScaler | None) -> None:
+    """optimizer.step() at each group's lr x lr_scale; the groups keep their levels (plateau decays, a resumed
+    command's new train.lr), so the schedule stays a function of the step alone."""
+    levels = [g["lr"] for g in optimizer.param_groups]
+    if lr_scale != 1.0:
+        for g, level in zip(optimizer.param_groups, levels):
+            g["lr"] = level * lr_scale
+    try:
+        if scaler is None:
+            optimizer.step()
+        else:  # skips the step where fp16 gradients overflowed, and adapts the scale
+            scaler.step(optimizer)
+            scaler.update()
+    finally:
+        for g, level in zip(optimizer.param_groups, levels):
+            g["lr"] = level
 
 
 def _nonfinite_hint(batch: Any, cfg: Config) -> str:
@@ -152,7 +212,8 @@ def save_last(run: Run) -> None:
         return
     opt_tensors, opt_info = optimizer_to_tensors(run.optimizer)
     save_checkpoint(run.last_path, run.cfg, run.vocab, run.model.state_dict(),
-                    train_state={"state": run.state.__dict__, "optimizer": opt_info, "rng": states},
+                    train_state={"state": run.state.__dict__, "optimizer": opt_info, "rng": states,
+                                 **({"scaler": run.scaler.state_dict()} if run.scaler is not None else {})},
                     optimizer_tensors=opt_tensors, then=RESUMES)
 
 
@@ -197,7 +258,8 @@ def _train(run: Run) -> dict[str, Any]:
                 f"{state.best_metric:.4f} at epoch {state.best_epoch}; {why_finished(state, cfg)}); nothing to do")
         return state.__dict__
     run.log(f"training on {run.device}: {len(run.dataset)} images, objective {cfg.train.objective}, "
-            f"{len(run.sampler) // run.world_size} batches/epoch/rank, {_source(cfg)}, "
+            f"{len(run.sampler) // run.world_size} batches/epoch/rank{_accumulated(cfg)}, {_source(cfg)}, "
+            f"{describe(run.device, cfg)}, "
             f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
     run.log(f"(attention penalty = train.alpha_c {cfg.train.alpha_c:g} x sum over the {cfg.model.grid_size ** 2} regions "
             "of (1 - attention the caption gave it)^2, per caption: the paper's doubly stochastic term, eq. 14)")
@@ -235,6 +297,13 @@ def _close_epoch(run: Run) -> bool:
     if run.main:
         plot_history(run.out / "metrics.jsonl", run.out / "training.png")
     return stop
+
+
+def _accumulated(cfg: Config) -> str:
+    t = cfg.train
+    if t.accumulate == 1:
+        return ""
+    return f" of {t.batch_images} images, {t.accumulate} per optimizer step ({t.accumulate * t.batch_images} images)"
 
 
 def _source(cfg: Config) -> str:

@@ -21,6 +21,7 @@ from ..logs import JsonlLogger
 from ..model.captioner import CaptionModel, build_model
 from .sources import ValSet, build_data
 from .objectives import Terms, batch_features, build_objective
+from .precision import grad_scaler
 from .resume import apply_to_optimizer, check_init, check_resume, reopen
 from .rng import restore as restore_rng, seed_everything
 from .stopping import NEVER, StopSignal
@@ -83,6 +84,7 @@ class Run:
     stop: StopSignal
     watch: Watch
     new_words: list[str] = field(default_factory=list)  # train.extend_vocab: the words the starting file lacked
+    scaler: torch.amp.GradScaler | None = None  # fp16 autocast's loss scaler (precision.py); None: bf16 or float32
 
     @property
     def last_path(self) -> Path:
@@ -260,9 +262,12 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     new_words = _new_words(cfg, model, vocab, data, optimizer, resume is None, device, log)
     _random_states(cfg, resume, rank, world_size, log)
     watch = Watch(out, main, cfg.train.tensorboard, state.step, log)
+    scaler = grad_scaler(device, cfg)
+    if scaler is not None and resume is not None and (resume.train_state or {}).get("scaler"):
+        scaler.load_state_dict(resume.train_state["scaler"])  # the stopped run's loss scale and growth count
     return Run(cfg, device, model, vocab, state, optimizer, module, data.dataset, data.collate, sampler,
                RankBatches(sampler, rank, world_size), data.val_sets, logger, log, out, main, world_size, progress,
-               stop, watch, new_words)
+               stop, watch, new_words, scaler)
 
 
 def _random_states(cfg: Config, resume: Any, rank: int, world_size: int, log: Log) -> None:
