@@ -369,9 +369,16 @@ def test_beam_hypotheses_in_full_with_the_score_that_ranked_them(app):
     model = workbench_model(at)
     cap = model.caption(EXAMPLES / "cat.jpg")  # the page's settings are the file's
     assert cap.alternatives
-    table = next(t for t in at.table if "score (ranks)" in t.value.columns).value
+    ranked_by = "choice (ranks)" if cap.choice is not None else "score (ranks)"  # the choice among them, or the beam
+    table = next(t for t in at.table if ranked_by in t.value.columns).value
     assert list(table["caption"]) == [cap.text] + [a.text for a in cap.alternatives]  # in full, ranked
-    assert list(table["score (ranks)"]) == pytest.approx([cap.score] + [a.score for a in cap.alternatives], abs=1e-3)
+    if cap.choice is not None:  # why the caption won: its choice score beside the runners-up', and the beam's score
+        assert list(table["choice (ranks)"]) == pytest.approx([cap.choice] + [a.choice for a in cap.alternatives], abs=1e-3)
+        assert list(table["beam score"]) == pytest.approx([cap.score] + [a.score for a in cap.alternatives], abs=1e-3)
+        why = [c.value for c in at.caption if c.value.startswith("Chosen with choice score")]
+        assert why and "runner-up" in why[0]
+    else:
+        assert list(table["score (ranks)"]) == pytest.approx([cap.score] + [a.score for a in cap.alternatives], abs=1e-3)
     assert list(table["log-prob"]) == pytest.approx([cap.log_prob] + [a.log_prob for a in cap.alternatives], abs=1e-3)
     note = [c.value for c in at.caption if c.value.startswith("Ranked by")]
     if model.config.decode.length_penalty:
