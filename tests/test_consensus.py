@@ -106,9 +106,12 @@ def bundled(bundled):
 
 
 def test_weight_zero_gives_todays_captions(bundled):
-    """With decode.consensus_weight=0 the product path writes exactly the captions of a model without a memory."""
+    """With decode.consensus_weight=0 and the choice's other weights 0 the product path writes exactly the captions
+    of a model without a memory."""
+    from captioner.decoding.selection import SIGNALS
+
     photos = bundled.read_batch(EXAMPLES)
-    off = caption_photos(bundled, photos, consensus_weight=0.0)
+    off = caption_photos(bundled, photos, consensus_weight=0.0, **{f"select_{s}": 0.0 for s in SIGNALS[2:]})
     memory = memory_of(bundled.model)
     attach_memory(bundled.model, None)
     try:

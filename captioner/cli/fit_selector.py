@@ -40,15 +40,17 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", default=None, help="model file (default: the bundled model)")
     p.add_argument("--data", default="../shared/data", help="folder holding coco-paired/, flickr8k/ and coco-mini/")
-    p.add_argument("--sets", nargs="+", default=list(VAL_SETS), choices=VAL_SETS, help="val sets to fit on")
+    p.add_argument("--sets", nargs="+", action="extend", default=[], choices=VAL_SETS,
+                   help="val sets to fit on (default: every one)")
     p.add_argument("--cache-dir", default="cache", help="feature caches (reused when they match the encoder)")
     p.add_argument("--beam-size", type=int, default=None, help="the pool to choose from (default: the file's)")
-    p.add_argument("--pools", nargs="*", default=[], metavar="POOL",
+    p.add_argument("--pools", nargs="+", action="extend", default=[], metavar="POOL",
                    help="also measure these pools' headroom: beamK (e.g. beam10) or sampleN (N nucleus samples, "
                         "temperature .6, top-p .9, added to the beam's)")
-    p.add_argument("--objects", type=float, nargs="+", default=[0.0, 1.0, 2.0, 3.0], metavar="W",
-                   help="values of decode.select_objects to try beside the fitted weights (CIDEr hardly sees a "
-                        "wrong object; CHAIR does): the one of least CHAIR-s within .005 mean CIDEr of the best is kept")
+    p.add_argument("--objects", type=float, nargs="+", action="extend", default=[], metavar="W",
+                   help="values of decode.select_objects to try beside the fitted weights (default 0 1 2 3; CIDEr "
+                        "hardly sees a wrong object, CHAIR does): the one of least CHAIR-s within .005 mean CIDEr of "
+                        "the best is kept")
     p.add_argument("--limit", type=int, default=None, help="the first N photos of each set (a quick look)")
     p.add_argument("--output", default=None, help="write the tables and the weights as JSON here")
     return p
@@ -104,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     from captioner.decoding.consensus import memory_of
 
     args = _parser().parse_args(argv)
+    args.sets, args.objects = args.sets or list(VAL_SETS), args.objects or [0.0, 1.0, 2.0, 3.0]
     try:
         loaded = captioner.load(args.checkpoint)
         settings = loaded.decode_settings(**({"beam_size": args.beam_size} if args.beam_size else {}))

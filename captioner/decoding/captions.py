@@ -200,7 +200,7 @@ def decode_photos(model: CaptionModel, feats: torch.Tensor, reading: HeadReading
     hyps = decode(model.decoder, feats, SpecialIds.of(vocab, settings.forbid_unk), settings,
                   evidence if settings.evidence else None)
     return choose(hyps, feats, reading.probs, memory_of(model), vocab, settings,
-                  None if evidence is None else evidence.person), evidence
+                  None if evidence is None else evidence.person, None if evidence is None else evidence.words), evidence
 
 
 @torch.no_grad()

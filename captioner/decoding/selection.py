@@ -111,17 +111,22 @@ def signals(cands: Sequence[Hypothesis], near: Sequence[int], wide: Sequence[int
 
 def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: torch.Tensor | None,
            memory: ConsensusMemory | None, vocab: Vocab, settings: DecodeConfig,
-           person: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[list[Hypothesis]]:
+           person: tuple[torch.Tensor, torch.Tensor] | None = None,
+           categories: torch.Tensor | None = None) -> list[list[Hypothesis]]:
     """Each photo's finished hypotheses (best first by beam score) -> reordered by `choice`, highest first, each
     hypothesis's `choice` set (None when the beam's order is kept: no memory, all weights on the score, or one
     hypothesis). feats (B, P, D); probs (B, C): the head's P(category), or None; person: (P(person) (B,), person
-    words (V,)) from the file's person detector (Evidence.person), or None."""
+    words (V,)) from the file's person detector (Evidence.person), or None; categories (V, C): which words name
+    which category, where the caller holds the table already (Evidence.words: built once per decode), else built."""
     weights = Weights.of(settings)
     if memory is None or weights.beam_order or all(len(h) < 2 for h in hyps):
         return [list(h) for h in hyps]
     k = int(settings.consensus_k)
     nearest = memory.nearest(feats, WIDE * k if weights["wide"] else k).tolist()  # (B, k') nearest first
-    categories = word_categories(vocab).to(torch.bool) if (weights["objects"] or weights["top_object"]) else None
+    if not (weights["objects"] or weights["top_object"]):
+        categories = None
+    else:
+        categories = (word_categories(vocab) if categories is None else categories).cpu().to(torch.bool)  # (V, C)
     w = weights.tensor()  # (S,)
     out = []
     for image, cands in enumerate(hyps):
