@@ -26,7 +26,7 @@ import pytest
 from PIL import Image
 
 import captioner
-from captioner.vocab import FUNCTION_WORDS
+from captioner.ui.page_views import first_noun
 
 pytestmark = pytest.mark.browser
 
@@ -308,7 +308,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
                 assert dogs, f"no dog concept map in {cap.text!r}"
                 slider = page.locator('input[type="range"][aria-label="Show where this caption word looked"]')
                 slider.focus()
-                start = next((i for i, w in enumerate(words) if w not in FUNCTION_WORDS), 0)  # it opens there
+                start = first_noun(words)  # the slider opens on the caption's first noun
                 for _ in range(abs(dogs[0] - start)):
                     slider.press("ArrowRight" if dogs[0] > start else "ArrowLeft")
                 seen = page.locator('[data-testid="stImageCaption"]', has_text="where the classifier sees a dog")

@@ -112,7 +112,8 @@ def test_two_accumulated_half_batches_make_the_full_batch_step(clip):
     full = step(model, collate(samples))
     halves = step(twin, [collate(samples[:2]), collate(samples[2:])])  # unequal halves: 2 and 4 images
     for a, b in zip(model.decoder.parameters(), twin.decoder.parameters()):
-        assert torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-8)
+        # atol: float32 summation noise of gradients that are 0 in exact arithmetic (the score's bias: -4e-9 vs 1e-8)
+        assert torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-7)
         assert torch.allclose(a, b, rtol=0, atol=1e-6)
     assert float(halves.grad_norm) == pytest.approx(float(full.grad_norm), rel=1e-5) and float(full.grad_norm) > clip
     assert halves.weight == full.weight and halves.logs["xent"] == pytest.approx(full.logs["xent"], rel=1e-5)
