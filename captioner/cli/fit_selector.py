@@ -206,7 +206,7 @@ def _objects(fitted: dict, truth: dict, weights: dict[str, float], values: list[
     import torch
 
     from captioner.decoding.selection import SIGNALS
-    from captioner.evaluation.choice import chosen_texts
+    from captioner.evaluation.choice import chosen, chosen_texts
     from captioner.evaluation.hallucination import measure_hallucination
 
     table = {}
@@ -217,7 +217,7 @@ def _objects(fitted: dict, truth: dict, weights: dict[str, float], values: list[
         for name, pools in fitted.items():
             ids, refs, boxed = truth[name]
             h = measure_hallucination(dict(zip(ids, chosen_texts(pools, w))), dict(zip(ids, refs)), boxed)
-            row[name] = {"CIDEr": sum(float(p.cider[int((p.signals @ w).argmax())]) for p in pools) / len(pools),
+            row[name] = {"CIDEr": sum(chosen(p, w) for p in pools) / len(pools),
                          "CHAIR-s": h.chair_s, "CHAIR-i": h.chair_i, "recall": h.recall}
         table[v] = row
         print(f"objects {v:g}: " + " | ".join(f"{n} CIDEr {r['CIDEr']:.3f} CHAIR-s {r['CHAIR-s']:.3f} CHAIR-i "

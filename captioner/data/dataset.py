@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import signal
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -29,15 +29,17 @@ class Batch:
     image_index: torch.Tensor  # (B,) which image each caption belongs to
     teacher_logits: torch.Tensor | None = None  # (Bi, K) pretrained ImageNet logits (activation cache only)
 
-    def pin_memory(self) -> "Batch":
-        """The batch in page-locked memory: a copy to a GPU with non_blocking=True then overlaps the step."""
-        return Batch(*(t if t is None else t.pin_memory() for t in
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Batch":
+        """The batch with `fn` applied to each of its tensors (None stays None)."""
+        return Batch(*(t if t is None else fn(t) for t in
                        (self.visual, self.inputs, self.targets, self.lengths, self.image_index, self.teacher_logits)))
 
+    def pin_memory(self) -> "Batch":
+        """The batch in page-locked memory: a copy to a GPU with non_blocking=True then overlaps the step."""
+        return self._map(torch.Tensor.pin_memory)
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
-        return Batch(*(t if t is None else t.to(device, non_blocking=non_blocking) for t in
-                       (self.visual, self.inputs, self.targets, self.lengths, self.image_index,
-                        self.teacher_logits)))
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
 
 def encode_captions(records: Sequence[ImageRecord], vocab: Vocab, max_len: int) -> list[list[list[int]]]:

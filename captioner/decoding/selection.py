@@ -100,9 +100,10 @@ def signals(cands: Sequence[Hypothesis], near: Sequence[int], wide: Sequence[int
         out[i, 4] = h.log_prob / (words + 1)  # <end> included: a per-token mean
         out[i, 5] = words
         if probs is not None and words:
-            named = categories[torch.tensor(h.tokens)].amax(0) > 0  # (C,) the categories the caption names
+            ids = torch.tensor(h.tokens)  # (L,)
+            named = categories[ids].amax(0) > 0  # (C,) the categories the caption names
             out[i, 6] = float((probs[named] - OBJECT_P).sum())
-            if person is not None and bool(person[1][torch.tensor(h.tokens)].any()):
+            if person is not None and bool(person[1][ids].any()):
                 out[i, 6] += person[0] - OBJECT_P
             top = int(probs.argmax())
             out[i, 7] = float(named[top] and probs[top] >= OBJECT_P)
