@@ -14,6 +14,7 @@ import re
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Container, Iterable, Sequence
 
@@ -273,17 +274,24 @@ class SpecialIds:
 def word_families(vocab: Vocab) -> tuple[tuple[int, int], ...]:
     """(word id, family id) for every vocabulary word in a family of several: plurals with their singular
     ("tracks", "track"), taught words with their source ("stallion", "horse"); a family is named by its
-    smallest id, and chains join ("stallions" -> "stallion" -> "horse")."""
-    family = list(range(len(vocab)))
+    smallest id, and chains join ("stallions" -> "stallion" -> "horse"). Built once per vocabulary and its
+    aliases (a loop over every word's plural form, which each decode asked for again)."""
+    return _word_families(tuple(vocab.itos), tuple(sorted(vocab.aliases.items())))
+
+
+@lru_cache(maxsize=8)
+def _word_families(itos: tuple[str, ...], aliases: tuple[tuple[str, str], ...]) -> tuple[tuple[int, int], ...]:
+    stoi = {w: i for i, w in enumerate(itos)}
+    family = list(range(len(itos)))
 
     def root(i: int) -> int:
         while family[i] != i:
             i = family[i]
         return i
 
-    pairs = [(vocab.stoi[new], vocab.stoi[old]) for new, old in vocab.aliases.items()]
-    pairs += [(i, vocab.stoi[one]) for i, w in enumerate(vocab.itos) if (one := singular(w, vocab.stoi)) != w]
+    pairs = [(stoi[new], stoi[old]) for new, old in aliases]
+    pairs += [(i, stoi[one]) for i, w in enumerate(itos) if (one := singular(w, stoi)) != w]
     for a, b in pairs:
         ra, rb = root(a), root(b)
         family[max(ra, rb)] = min(ra, rb)
-    return tuple((i, root(i)) for i in range(len(vocab)) if root(i) != i)
+    return tuple((i, root(i)) for i in range(len(itos)) if root(i) != i)

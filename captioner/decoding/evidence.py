@@ -36,6 +36,8 @@ Legend: B images, C seen categories, V vocabulary.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from ..concepts.detectors import PERSON, WordDetectors, detectors_of
@@ -76,9 +78,16 @@ def checked_detectors(model: torch.nn.Module, settings: DecodeConfig) -> WordDet
 
 
 def person_word_mask(vocab: Vocab, det: WordDetectors) -> torch.Tensor:
-    """(V,) 0/1: the vocabulary's person words (the person detector's group), a word taught from one included."""
-    names = set(det.members.get(PERSON, ()))
-    return torch.tensor([float(w in names or vocab.source(w) in names) for w in vocab.itos])
+    """(V,) 0/1: the vocabulary's person words (the person detector's group), a word taught from one included.
+    Built once per vocabulary and person group (a loop over the vocabulary); each call gets its own copy."""
+    taught = tuple((w, vocab.source(w)) for w in sorted(vocab.aliases))
+    return _person_words(tuple(vocab.itos), frozenset(det.members.get(PERSON, ())), taught).clone()
+
+
+@lru_cache(maxsize=8)
+def _person_words(itos: tuple[str, ...], names: frozenset[str], taught: tuple[tuple[str, str], ...]) -> torch.Tensor:
+    source = dict(taught)
+    return torch.tensor([float(w in names or source.get(w, w) in names) for w in itos])  # (V,)
 
 
 class Evidence:

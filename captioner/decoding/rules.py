@@ -19,6 +19,7 @@ Which rules each decode uses, said here once:
 from __future__ import annotations
 
 import dataclasses
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -65,8 +66,15 @@ def _ban_repeated_bigrams(logp: torch.Tensor, tokens: torch.Tensor, function_wor
         return logp
     match = tokens[:, :-1] == tokens[:, -1:]  # (N, t-1): earlier copies of the last word
     words = tokens[:, 1:]  # (N, t-1): the words that followed them
-    content = ~torch.isin(words, torch.tensor(function_words, dtype=words.dtype, device=words.device))
+    content = ~torch.isin(words, _ids(function_words, words.dtype, words.device))
     return _ban(logp, words, match & content)
+
+
+@lru_cache(maxsize=64)
+def _ids(words: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(m,) the word ids as a tensor, made once per word list and device: every step of every decode asks again,
+    and building a small tensor costs more than the lookup it serves. Never written to."""
+    return torch.tensor(words, dtype=dtype, device=device)
 
 
 def _ban(logp: torch.Tensor, words: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
@@ -83,7 +91,7 @@ def _ban_salad(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds) -> tor
     if tokens.shape[1] == 0:  # nor a caption without words
         logp[:, ids.end] = float("-inf")
         return logp
-    ids_of = lambda words: torch.tensor(words, dtype=tokens.dtype, device=tokens.device)  # noqa: E731
+    ids_of = lambda words: _ids(words, tokens.dtype, tokens.device)  # noqa: E731
     bad = torch.isin(tokens[:, -1], ids_of(ids.bad_last))  # (N,) rows ending on a word a caption cannot end on
     logp[:, ids.end] = logp[:, ids.end].masked_fill(bad, float("-inf"))
     if tokens.shape[1] >= 2 and ids.not_after_colour:  # "a white" is followed by a noun, not "sitting"
@@ -106,7 +114,7 @@ def _ban_repeats(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds, clos
     t = tokens.shape[1]
     if t == 0:
         return logp
-    ids_of = lambda words: torch.tensor(words, dtype=tokens.dtype, device=tokens.device)  # noqa: E731
+    ids_of = lambda words: _ids(words, tokens.dtype, tokens.device)  # noqa: E731
     if close:  # back to back
         logp[torch.arange(len(tokens), device=tokens.device), tokens[:, -1]] = float("-inf")
     if close and t >= 2:
@@ -115,7 +123,7 @@ def _ban_repeats(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds, clos
     if content:
         said = torch.zeros_like(logp, dtype=torch.bool).scatter_(1, tokens, True)  # (N, V)
         if ids.twins:  # a word, its plural, its taught twin name one thing: one said bans the whole family
-            member, family = ids_of([a for a, _ in ids.twins]), ids_of([b for _, b in ids.twins])
+            member, family = ids_of(tuple(a for a, _ in ids.twins)), ids_of(tuple(b for _, b in ids.twins))
             said = said.float().index_add_(1, family, said[:, member].float()) > 0  # (N, V): families said
             said[:, member] = said[:, family]
         said[:, ids_of(ids.function_words)] = False
