@@ -270,7 +270,7 @@ def test_tiny_mixed_run_tunes_the_top_from_each_sets_activation_cache(tmp_path):
     assert not list(cache.glob(f"coco_paired{stem}-*.json"))
     again = run("scripts/train.py", *common, f"train.out_dir={tmp_path / 'run2'}", "train.epochs=1", "--no-progress")
     # the name holds another folder's photos: coco_paired's own cache is written beside it, under the name + a hash of
-    # its folders (features.cache_base), and flickr8k's photos are never read as coco_paired's
+    # its folders (cache_writer.cache_base), and flickr8k's photos are never read as coco_paired's
     own = [p for p in cache.glob(f"coco_paired{stem}-*.json") if not p.name.endswith(("-flip.json", "-logits.json"))]
     assert len(own) == 1  # built for this run (it did not exist before)
     key = json.loads(own[0].read_text())["key"]

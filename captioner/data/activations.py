@@ -14,13 +14,12 @@ of the FROZEN lower blocks' weights (the top may change: the cache stays valid t
 fine-tuning stages), a fingerprint of the teacher (the whole pretrained backbone that made the logits)
 and the image list. A mismatch is rebuilt, never silently used. A mix (data.sources) has one cache per
 caption set and split, named after the set (cache_name), like its feature caches, and like them named by the
-folders it holds (features.cache_base): two folders prepared under one name keep two caches.
+folders it holds (cache_writer.cache_base): two folders prepared under one name keep two caches.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -30,10 +29,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..diskspace import CACHE_TEMP, remove_stale_temps, reserve, writing
+from ..diskspace import reserve
 from ..model.encoder import Encoder, Preprocess
-from .dataset import ImageDataset, ignore_stop_signals, readable
-from .features import cache_base, photo_folders
+from .cache_writer import cache_base, photo_loader, write_cache
 from .records import ImageRecord
 
 VERSION = 2  # 2: teacher logits from a fresh pretrained encoder, keyed by its weights
@@ -101,7 +99,7 @@ def _key(encoder: Encoder, prep: Preprocess, records: Sequence[ImageRecord], fli
 
 
 def _paths(cache_dir: str | Path, name: str, records: Sequence[ImageRecord]) -> dict[str, Path]:
-    """The cache's files, named by what they hold like the feature caches (features.cache_base): `name`, or
+    """The cache's files, named by what they hold like the feature caches (cache_writer.cache_base): `name`, or
     `name` + a hash of the photos' folders when the cache of that name holds another folder's photos."""
     base = cache_base(cache_dir, name, records)
     name = base.name
@@ -146,50 +144,28 @@ def build_activations(cache_dir: str | Path, name: str, encoder: Encoder, prep: 
     if cache is not None:
         return cache
     paths = _paths(cache_dir, name, records)
-    paths["meta"].parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(paths["meta"].parent, CACHE_TEMP)  # what a killed (kill -9) build left behind
-    if paths["meta"].exists():
-        log(f"activation cache {paths['meta']} does not match this encoder/image list/flip setting: rebuilding")
-        paths["meta"].unlink()
-        for w in ("acts", "flipped", "logits"):  # of no use any more: free their space first
-            paths[w].unlink(missing_ok=True)
     teacher = teacher_encoder(encoder).to(device)
     encoder = encoder.eval().to(device)
-    loader = DataLoader(ImageDataset(records, prep.image_size, prep.mean, prep.std), batch_size=batch_size,
-                        num_workers=num_workers, collate_fn=readable,
-                        worker_init_fn=ignore_stop_signals if num_workers else None)
+    loader = photo_loader(records, prep, batch_size, num_workers)
     views = ["acts", "flipped"] if flip else ["acts"]
     with torch.no_grad():  # what enters the split block for one photo: (1, C, h, w)
         probe = encoder.below_split(torch.zeros(1, 3, prep.image_size, prep.image_size, device=device))
     shape = (len(records), *probe.shape[1:])  # (N, C, h, w)
     K = encoder.backbone._fc.out_features
     needed = len(views) * int(np.prod(shape)) * 2 + len(records) * 2 * K * 2 + 3 * 4096
-    tmps = {w: paths[w].with_suffix(f".tmp{os.getpid()}.npy") for w in [*views, "logits"]}
-    try:
-        with writing(paths["acts"], needed, REBUILT):
-            seen, logits = _encode_into(tmps, shape, views, encoder, teacher, loader, device, f"encoding {name}",
-                                        progress)
-            np.save(tmps["logits"], logits)
-            for w in tmps:
-                os.replace(tmps[w], paths[w])
-    except BaseException:
-        for t in tmps.values():  # a full disk or an interrupt leaves no half-written cache behind
-            t.unlink(missing_ok=True)
-        raise
-    missing = [records[i].image_id for i in np.flatnonzero(~seen)]
-    if missing:
-        log(f"WARNING: {len(missing)} image(s) could not be read and are skipped: {', '.join(missing[:20])}")
-    tmp_meta = paths["meta"].with_suffix(".json.tmp")
-    with writing(paths["meta"], 4096, REBUILT):
-        tmp_meta.write_text(json.dumps({"key": _key(encoder, prep, records, flip), "missing": missing,
-                                        "folders": photo_folders(records)}))
-        os.replace(tmp_meta, paths["meta"])
+
+    def encode(temps: dict[str, Path]) -> np.ndarray:
+        seen, logits = _encode_into(temps, shape, views, encoder, teacher, loader, device, f"encoding {name}", progress)
+        np.save(temps["logits"], logits)
+        return seen
+
+    arrays = {w: paths[w] for w in [*views, "logits"]}
+    write_cache(paths["meta"], arrays, needed, encode, _key(encoder, prep, records, flip), records,
+                ("activation", "encoder/image list/flip setting"), log)
     cache = open_activations(cache_dir, name, encoder, prep, records, flip)
     assert cache is not None
     return cache
 
-
-REBUILT = ": the cache is built again then (nothing else is lost)."
 
 
 def _encode_into(tmps: dict[str, Path], shape: tuple[int, ...], views: list[str], encoder: Encoder,

@@ -9,7 +9,7 @@ features to inf would surface as a NaN loss an epoch later. Such a cache is stor
 A cache is keyed by what made it: encoder name, input size, grid size and a fingerprint of the
 encoder weights, plus the list of images. Anything else (another encoder, another grid, a fine-tuned
 encoder, a half-written file) does not match and is rebuilt, never silently used. Its file is named by
-what it holds (cache_base): the recipe's name (Preprocess.cache_name), and where a cache of that name holds
+what it holds (cache_writer.cache_base): the recipe's name (Preprocess.cache_name), and where a cache of that name holds
 another folder's photos, that name plus a short hash of this one's folders: two folders prepared one after the
 other under one data.name keep two caches, and neither is ever read for the other.
 """
@@ -28,9 +28,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..config import ModelConfig
-from ..diskspace import CACHE_TEMP, remove_stale_temps, reserve, writing
+from ..diskspace import reserve
 from ..model.encoder import Encoder, Preprocess, build_preprocess
-from .dataset import ImageDataset, ignore_stop_signals, readable
+from .cache_writer import cache_base, photo_loader, write_cache
 from .records import ImageRecord
 
 
@@ -57,24 +57,6 @@ def _key(encoder: Encoder, image_size: int, records: Sequence[ImageRecord]) -> d
     if encoder.output_stride != 32:  # same weights, other features; stride-32 caches keep their old key
         key["output_stride"] = encoder.output_stride
     return key
-
-
-def photo_folders(records: Sequence[ImageRecord]) -> str:
-    """8 hex digits naming the folders the photos are in (resolved): what a cache of them holds."""
-    folders = sorted({str(p.resolve()) for p in {r.path.parent for r in records}})
-    return hashlib.sha1("\n".join(folders).encode()).hexdigest()[:8]
-
-
-def cache_base(cache_dir: str | Path, name: str, records: Sequence[ImageRecord]) -> Path:
-    """The cache's path without suffix: `name`, unless the cache of that name holds another folder's photos
-    (its .json's "folders"), then `name` + "-" + photo_folders(records). A cache written before the folders
-    were recorded counts as this folder's (its key still checks encoder and image list)."""
-    plain, mine = Path(cache_dir) / name, photo_folders(records)
-    try:
-        held = json.loads(plain.with_suffix(".json").read_text()).get("folders", mine)
-    except (OSError, ValueError, AttributeError):  # none yet, or unreadable: this name is free
-        held = mine
-    return plain if held == mine else Path(cache_dir) / f"{name}-{mine}"
 
 
 def _preprocess_of(encoder: Encoder, preprocess: Preprocess | int) -> Preprocess:
@@ -127,42 +109,20 @@ def build_cache(cache_dir: str | Path, name: str, encoder: Encoder, preprocess: 
     if cache is not None:
         return cache
     base = cache_base(cache_dir, name, records)
-    base.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(base.parent, CACHE_TEMP)  # what a killed (kill -9) build left behind
-    meta_path, npy_path = base.with_suffix(".json"), base.with_suffix(".npy")
-    if meta_path.exists():
-        log(f"feature cache {meta_path} does not match this encoder/grid/image list: rebuilding")
-        meta_path.unlink()
-        npy_path.unlink(missing_ok=True)  # of no use any more: free its space before writing the new one
     encoder = encoder.eval().to(device)
-    ds = ImageDataset(records, prep.image_size, prep.mean, prep.std)
-    loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=readable,
-                        worker_init_fn=ignore_stop_signals if num_workers else None)
+    loader = photo_loader(records, prep, batch_size, num_workers)
     shape = (len(records), encoder.grid_size ** 2, encoder.out_dim)  # (N, P, D)
-    tmp = npy_path.with_suffix(f".tmp{os.getpid()}.npy")
-    try:
-        with writing(npy_path, int(np.prod(shape)) * 2 + 4096, REBUILT):
-            seen = _encode_into(tmp, shape, encoder, loader, device, f"encoding {name}", progress,
-                                [r.image_id for r in records], log)
-        os.replace(tmp, npy_path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk or an interrupt leaves no half-written cache behind
-        raise
-    missing = [records[i].image_id for i in np.flatnonzero(~seen)]
-    if missing:
-        log(f"WARNING: {len(missing)} image(s) could not be read and are skipped: {', '.join(missing[:20])}"
-            + (" ..." if len(missing) > 20 else ""))
-    meta = {"key": _key(encoder, prep.image_size, records), "missing": missing, "folders": photo_folders(records)}
-    tmp_meta = meta_path.with_suffix(".json.tmp")
-    with writing(meta_path, 4096, REBUILT):
-        tmp_meta.write_text(json.dumps(meta))
-        os.replace(tmp_meta, meta_path)
+
+    def encode(temps: dict[str, Path]) -> np.ndarray:
+        return _encode_into(temps["npy"], shape, encoder, loader, device, f"encoding {name}", progress,
+                            [r.image_id for r in records], log)
+
+    write_cache(base.with_suffix(".json"), {"npy": base.with_suffix(".npy")}, int(np.prod(shape)) * 2 + 4096, encode,
+                _key(encoder, prep.image_size, records), records, ("feature", "encoder/grid/image list"), log)
     cache = open_cache(cache_dir, name, encoder, prep, records)
     assert cache is not None
     return cache
 
-
-REBUILT = ": the cache is built again then (nothing else is lost)."
 
 
 def _encode_into(tmp: Path, shape: tuple[int, int, int], encoder: Encoder, loader: DataLoader,
