@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from ..checkpoint import optimizer_to_tensors, save_checkpoint
 from ..config import Config
+from ..data.dataset import ImageDataset
 from ..data.loader import epoch_loader
 from ..logs import plot_history
 from . import rng
@@ -32,6 +33,7 @@ from .run import RESUMES, Log, Run, TrainingError, TrainState, build_run, check_
 from .selection import announce_small_val, chosen, end_epoch, validate_warm_start, why_finished
 from .stopping import NEVER, Interrupted, StopSignal
 from .validation import validate
+from .watch import hparams_of
 
 __all__ = ["TrainingError", "TrainState", "Interrupted", "fit", "train_one_epoch", "train_step", "validate",
            "end_epoch", "training_autocast", "amp_dtype", "grad_scaler"]
@@ -280,6 +282,7 @@ def _train(run: Run) -> dict[str, Any]:
             run.log(f"parameters identical across {run.world_size} ranks after step {state.step}")
         state.epoch, state.batch_in_epoch, state.validating, state.epoch_stats = state.epoch + 1, 0, True, stats
         save_last(run)  # the epoch's steps are on disk before its validation (which a stop may cut short)
+    run.watch.hparams(*hparams_of(cfg.to_dict(), state.history, state.best_epoch), state.step)
     run.log(f"done: {chosen(run)} -> {run.best_path}")
     return state.__dict__
 
@@ -316,5 +319,7 @@ def _loader(run: Run) -> Any:
     # the images' loader draws its workers' seeds from its own generator, never the global one (which would
     # make a resumed epoch's dropout differ from an uninterrupted one's)
     seed = run.cfg.train.seed * 100_003 + run.state.epoch
+    if isinstance(run.dataset, ImageDataset):  # its augmentations are drawn per (seed, epoch, image), in any worker
+        run.dataset.set_epoch(run.state.epoch)
     return epoch_loader(run.dataset, run.batches, run.collate_fn, not run.cfg.encoder_in_loop,
                         run.cfg.data.num_workers, run.device.type == "cuda", seed)
