@@ -6,6 +6,7 @@ costs milliseconds instead of torch's ~2 s, so a command installs its Ctrl-C han
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -21,8 +22,10 @@ _HOME = {"CheckpointError": ".checkpoint", "ImageError": ".images"}  # the rest 
 
 
 def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module 'captioner' has no attribute {name!r}")
+    if name not in __all__:  # a submodule read as an attribute (captioner.api.DTYPES) before anything imported it
+        if importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module 'captioner' has no attribute {name!r}")
+        return importlib.import_module(f".{name}", __name__)
     value = getattr(importlib.import_module(_HOME.get(name, ".api"), __name__), name)
     globals()[name] = value  # once: later reads are plain attribute reads
     return value
