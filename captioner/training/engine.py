@@ -27,6 +27,7 @@ from ..data.loader import epoch_loader
 from ..logs import plot_history
 from . import rng
 from .objectives import Terms
+from .ema import averaged
 from .precision import amp_dtype, describe, grad_scaler, training_autocast
 from .schedule import lr_scale, total_steps
 from .run import RESUMES, Log, Run, TrainingError, TrainState, build_run, check_ranks_in_sync, encoder_train_mode
@@ -88,6 +89,8 @@ def _one_step(run: Run, micro: list[Any], steps_left: int, per_epoch: int) -> No
     scale = lr_scale(cfg.train, state.step, total_steps(cfg.train, per_epoch))
     terms = train_step(run.train_module, run.optimizer, moved[0] if len(moved) == 1 else moved, cfg, run.device,
                        f" at step {state.step} (epoch {state.epoch + 1})", scale, run.scaler)
+    if run.ema is not None:
+        run.ema.update(run.model)
     state.step, state.epoch_batches = state.step + 1, state.epoch_batches + len(moved)
     state.epoch_weight += terms.weight
     for k, v in terms.logs.items():
@@ -213,6 +216,8 @@ def save_last(run: Run) -> None:
     if not run.main:
         return
     opt_tensors, opt_info = optimizer_to_tensors(run.optimizer)
+    if run.ema is not None:  # the weights' averages: training tensors like Adam's moments
+        opt_tensors.update(run.ema.tensors())
     save_checkpoint(run.last_path, run.cfg, run.vocab, run.model.state_dict(),
                     train_state={"state": run.state.__dict__, "optimizer": opt_info, "rng": states,
                                  **({"scaler": run.scaler.state_dict()} if run.scaler is not None else {})},
@@ -291,11 +296,12 @@ def _close_epoch(run: Run) -> bool:
     """Validate the epoch just trained, keep/decay/stop, save -> stop?"""
     cfg, state = run.cfg, run.state
     hit_max = bool(cfg.train.max_steps and state.step >= cfg.train.max_steps)
-    stop = end_epoch(run, validate(run, state.epoch_stats), hit_max)
+    with averaged(run.ema, run.model):  # train.ema_decay: the average is validated, kept as best and per epoch
+        stop = end_epoch(run, validate(run, state.epoch_stats), hit_max)
+        keep_epoch(run)
     state.validating, state.epoch_stats, state.epoch_sums = False, {}, {}
     state.epoch_weight = state.epoch_batches = 0
     state.epoch_seconds = 0.0
-    keep_epoch(run)
     save_last(run)
     if run.main:
         plot_history(run.out / "metrics.jsonl", run.out / "training.png")
