@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .config import Config, DecodeConfig
+from .config import Config, DecodeConfig, migrate
 from .diskspace import FULL, remove_stale_temps, writing
 from .vocab import Vocab
 
@@ -166,6 +166,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         config_dict = json.loads(meta["config"])
         if not isinstance(config_dict, dict):
             raise ValueError(f"config must be a JSON object, got {type(config_dict).__name__}")
+        config_dict = migrate(config_dict, f"{path} (config)")  # settings renamed or removed since it was written
         decode = config_dict.get("decode", {})  # settings a file predates: as it has always decoded (the bundled one)
         if isinstance(decode, dict):
             config_dict = {**config_dict, "decode": {**DecodeConfig.UNSTORED, **decode}}
@@ -183,7 +184,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     except KeyError as e:
         raise CheckpointError(f"{path}: corrupt metadata (no {e.args[0]!r} entry)") from None
     except (json.JSONDecodeError, ValueError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"{path}: corrupt metadata ({e})") from None
+        other = ("; a setting this version does not know: if it was renamed or removed, config.RENAMED says how to "
+                 "read it" if "unknown setting" in str(e) else "")
+        raise CheckpointError(f"{path}: corrupt metadata ({e}){other}") from None
     detectors = {k[len(DETECTORS):]: v for k, v in tensors.items() if k.startswith(DETECTORS)}
     if bool(detectors) != (detector_info is not None):
         raise CheckpointError(f"{path}: word-detector tensors and their 'detectors' description must come together")

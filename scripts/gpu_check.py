@@ -153,7 +153,7 @@ def _bench_summary(res: dict) -> str:
     return "; ".join(f"{k} {v:.4g}" for k, v in flat.items())
 
 
-WANTED = ("captions_per_s", "images_per_s", "p50", "minutes", "peak_fraction", "fraction_of_peak", "tflops")
+WANTED = ("captions_per_s", "images_per_s", "p50", "minutes", "cold_ms", "peak_fraction", "fraction_of_peak", "tflops")
 
 
 def _memory_summary(res: dict) -> str:

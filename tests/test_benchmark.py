@@ -67,6 +67,9 @@ def test_quick_benchmark_reports_every_section(capsys):
         assert tc[mode]["captions_per_s"] > 0 and tc[mode]["step_ms_median"] > 0 and tc[mode]["gflop_per_step"] > 0
     assert tc["naive"]["mean_padded_len"] >= tc["fast"]["mean_caption_tokens"]
     assert tc["speedup"] > 1, tc  # the real training path beats the naive loop even at toy batch sizes
+    ld = tc["load"]  # the real loader reading the preset's float16 memory map, beside the step
+    assert ld["cold_ms_median"] > 0 and ld["warm_ms_median"] > 0 and ld["timed_batches"] >= 1
+    assert ld["shape"] == "9x9x1280 float16" and ld["batch_mib"] == pytest.approx(4 * 81 * 1280 * 2 / 2**20)
 
     te = res["train_encoder"]
     for mode in ("frozen", "fine_tuned"):

@@ -2,6 +2,7 @@
 against its ONE list of choices when the config is read, before any data or model is touched."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -155,3 +156,29 @@ def test_a_config_names_a_base_and_changes_only_what_it_says(tmp_path):
     (tmp_path / "tiny_copy.yaml").write_text(Path("configs/tiny.yaml").read_text())
     tiny, child = load_config("configs/tiny.yaml"), load_config(tmp_path / "e.yaml")
     assert child.train.epochs == 7 and child.train.lr == tiny.train.lr and child.model == tiny.model
+
+
+def test_a_model_file_with_a_renamed_or_removed_setting_still_loads(tmp_path, monkeypatch):
+    """config.RENAMED maps a setting's old stored name to its new one (or None: gone); load_checkpoint applies it
+    before the strict check, so the bundled file with its config rewritten the old way loads as before. Without
+    the table's lines the same file is refused: the strict check still guards everything else."""
+    import captioner
+    from captioner import config
+    from captioner.checkpoint import CheckpointError, load_checkpoint, read_safetensors, write_safetensors
+
+    tensors, meta = read_safetensors(captioner.DEFAULT_CHECKPOINT)
+    stored = json.loads(meta["config"])
+    beam = stored["decode"]["beam_size"]
+    stored["decode"]["beam_width"] = stored["decode"].pop("beam_size")  # as if an older version called it that
+    stored["train"]["old_knob"] = 7  # and had a setting since removed
+    old = tmp_path / "old.safetensors"
+    write_safetensors(old, tensors, {**meta, "config": json.dumps(stored)})
+    with pytest.raises(CheckpointError, match="unknown setting .*RENAMED"):
+        load_checkpoint(old)
+    monkeypatch.setitem(config.RENAMED, "decode.beam_width", "decode.beam_size")
+    monkeypatch.setitem(config.RENAMED, "train.old_knob", None)
+    loaded = load_checkpoint(old)
+    assert loaded.config.decode.beam_size == beam
+    assert loaded.config.to_dict() == load_checkpoint(captioner.DEFAULT_CHECKPOINT).config.to_dict()
+    with pytest.raises(ValueError, match="beam_width"):  # a recipe or --set with the old name is still an error
+        config.load_config(None, ["decode.beam_width=3"])

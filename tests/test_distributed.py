@@ -51,7 +51,8 @@ def test_torchrun_without_a_cache_is_refused_then_two_cpu_ranks_stay_in_sync(tmp
     t = time.time()
     refused = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert refused.returncode != 0 and time.time() - t < 120
-    assert "torchrun needs the feature caches first" in refused.stderr and "captioner-prepare" in refused.stderr
+    assert refused.stderr.count("torchrun needs the feature caches first") == 1  # rank 0 says it, not every rank
+    assert "captioner-prepare" in refused.stderr
     assert "Timeout" not in refused.stderr and not (tmp_path / "run").exists()
     prepare = [sys.executable, "scripts/prepare_data.py", "--config", "configs/tiny.yaml", "--no-progress",
                "--set", *settings]
@@ -108,3 +109,22 @@ def test_torchrun_ctrl_c_stops_every_rank_at_one_step_and_resumes_to_the_same_nu
         return [(r["kind"], r["step"], r.get("xent"), r.get("val_loss")) for r in read_jsonl(tmp_path / run / "metrics.jsonl")]
 
     assert logged("stopped") == logged("reference")
+
+
+def test_the_refusal_without_a_cache_is_said_by_rank_0_alone(monkeypatch, capsys):
+    """Every rank refuses (exit 2, no process group) but only rank 0 prints why: one line, not one per rank."""
+    import argparse
+
+    import captioner.training.sources
+    from captioner.cli.train import _processes
+    from captioner.config import Config
+
+    monkeypatch.setattr(captioner.training.sources, "missing_caches", lambda cfg: ["flickr8k_train_x"])
+    args = argparse.Namespace(device="cpu", set=["train.lr=1e-3"], config="configs/tiny.yaml")
+    said = []
+    for rank in ("0", "1"):
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("RANK", rank)
+        assert _processes(Config(), args) is None
+        said.append(capsys.readouterr().err)
+    assert "torchrun needs the feature caches first" in said[0] and "flickr8k_train_x" in said[0] and said[1] == ""

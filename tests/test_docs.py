@@ -189,6 +189,9 @@ class _Module:
                     self.names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
             elif package and isinstance(node, (ast.Import, ast.ImportFrom)):  # a package hands names on
                 self.names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            elif package and isinstance(node, ast.If):  # ... or on first use (PEP 562), declared under TYPE_CHECKING
+                self.names |= {(a.asname or a.name).split(".")[0] for sub in node.body
+                               if isinstance(sub, (ast.Import, ast.ImportFrom)) for a in sub.names}
         self.submodules: dict[str, "_Module"] = {}
 
 

@@ -147,6 +147,29 @@ def test_training_logs_eta_lines_and_tensorboard_scalars_without_progress_bars(r
     assert events.Tags()["images"] == ["val/attention"] and len(events.Images("val/attention")) == 2
 
 
+def test_a_finished_run_writes_its_settings_and_val_metrics_to_the_hparams_tab(reference):
+    """Once, when the run ends: every scalar setting of the resolved config and the final and best val metrics,
+    in the run's own event folder (one run in TensorBoard, not a second one per call), the metrics as scalars too."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    events = EventAccumulator(str(reference / "reference" / "tensorboard")).Reload()
+    content = events.PluginTagToContent("hparams")
+    assert set(content) == {"_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"}
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
+    assert start.hparams["train.batch_images"].number_value == 2 and start.hparams["model.dropout"].number_value == 0.5
+    assert start.hparams["model.encoder"].string_value == "efficientnet_lite0"
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    tags = {m.name.tag for m in experiment.metric_infos}
+    assert {"hparam/final/CIDEr", "hparam/best/CIDEr", "hparam/final/val_loss", "hparam/best/epoch"} <= tags
+    assert tags <= set(events.Tags()["scalars"])  # the tab shows a metric only where it is a scalar
+    val = {r["epoch"]: r for r in read_jsonl(reference / "reference" / "metrics.jsonl") if r["kind"] == "val"}
+    best = load_checkpoint(reference / "reference" / "last.safetensors").train_state["state"]["best_epoch"]
+    assert events.Scalars("hparam/final/CIDEr")[-1].value == pytest.approx(val[max(val)]["CIDEr"])
+    assert events.Scalars("hparam/best/epoch")[-1].value == best
+    assert events.Scalars("hparam/best/Bleu_4")[-1].value == pytest.approx(val[best]["Bleu_4"])
+
+
 def _prepare(tmp: Path, limit: int) -> list[str]:
     return [sys.executable, "scripts/prepare_data.py", "--config", "configs/tiny.yaml", "--no-progress", "--set",
             f"data.root={need_flickr()}", f"data.cache_dir={tmp / 'cache'}", f"data.limit={limit}",
@@ -262,3 +285,64 @@ def test_deferred_requests_wait_for_the_step():
     with pytest.raises(Interrupted) as e:
         stop.request(signal.SIGTERM)
     assert e.value.code == 143 and stop.pending() == signal.SIGINT  # the first request is the one kept
+
+
+def _interruptible() -> None:
+    """The child starts with Ctrl-C's default action, as from a terminal: a suite run in the background (`pytest &`
+    in a script) hands its children SIGINT ignored, and Python then installs no handler of its own."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.0])
+def test_a_ctrl_c_while_the_command_starts_prints_one_line(tmp_path, delay):
+    """A Ctrl-C in the first seconds (torch and the library still importing, the config being read) ends in one
+    line and exit 130, not a KeyboardInterrupt traceback: the handler is installed before the heavy imports. (The
+    interpreter's own start, ~30 ms before any of our code runs, is the window left; on a loaded machine it can
+    take longer, so the signal is not sent sooner than 0.3 s.)"""
+    p = subprocess.Popen(train_cmd(tmp_path, "early"), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, preexec_fn=_interruptible)
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert p.returncode == 130 and len(lines) == 1 and lines[0].startswith("SIGINT: "), err[-3000:]
+
+
+class StopAfter:
+    """A stop request that arrives during step `n` (what Ctrl-C does, without a signal): pending() is asked once
+    per step."""
+
+    def __init__(self, n: int):
+        from captioner.training.stopping import StopSignal
+
+        self.n, self.inner = n, StopSignal()
+        self.deferred, self.request = self.inner.deferred, self.inner.request
+
+    def pending(self, world_size: int = 1, device=None) -> int:
+        self.n -= 1
+        return signal.SIGINT if self.n == 0 else 0
+
+
+@pytest.mark.slow
+def test_an_augmented_run_with_loader_workers_resumes_to_the_same_numbers(tmp_path):
+    """Augmentation (random crop + flip) read by two loader workers: a stopped and resumed epoch sees the same
+    crops as an uninterrupted one (they are drawn per (seed, epoch, image), not from a worker's generator), so its
+    losses equal the uninterrupted run's. Small images, 8 photos, one epoch of 4 steps."""
+    from captioner.config import load_config
+    from captioner.training.engine import fit
+    from captioner.training.stopping import Interrupted
+
+    def cfg(out: str):
+        return load_config("configs/tiny.yaml", [
+            f"data.root={need_flickr()}", f"train.out_dir={tmp_path / out}", "data.augment=true", "data.num_workers=2",
+            "model.image_size=64", "model.grid_size=2", "model.dropout=0.5", "train.batch_images=2",
+            "train.val_limit=2", "train.epochs=1", "train.checkpoint_every=0", "train.tensorboard=false",
+            "decode.beam_size=1"])
+
+    quiet = {"log": lambda _: None, "progress": False}
+    fit(cfg("reference"), **quiet)
+    with pytest.raises(Interrupted):
+        fit(cfg("stopped"), stop=StopAfter(3), **quiet)  # mid-epoch: batch 4 goes to another worker on resume
+    assert load_checkpoint(tmp_path / "stopped" / "last.safetensors").train_state["state"]["step"] == 3
+    fit(cfg("stopped"), **quiet)
+    assert losses(tmp_path / "stopped") == losses(tmp_path / "reference")

@@ -8,20 +8,46 @@ Rerun the same command after an interruption to resume. Multi-GPU / multi-node:
 """
 from __future__ import annotations
 
-from captioner.cli import device_refused
-
 import argparse
 import os
 import sys
 
-import torch
+from captioner.cli import device_refused
+
+STARTING = "stopped while starting, before any training"  # what a stop before fit() built its run leaves
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command. Its stop handler goes in first, before torch and the library are imported (about 2 s): a
+    Ctrl-C or SIGTERM at any moment ends in one line and exit 128 + signal, never a traceback. (Only the
+    interpreter's own start and this module's few standard imports come before it; a Ctrl-C there, or while
+    the handler's module loads, is a KeyboardInterrupt, turned into the same line.)"""
+    try:
+        from captioner.training.stopping import Interrupted, StopSignal  # standard library only: milliseconds
+    except KeyboardInterrupt:
+        return _stopped("SIGINT", STARTING, 130)
+    try:
+        with StopSignal().catch() as stop:
+            return _train(argv, stop)
+    except Interrupted as e:  # Ctrl-C or SIGTERM: a step in training is saved first (engine.train_one_epoch)
+        return _stopped(e.name, e.where or STARTING, e.code)
+    except KeyboardInterrupt:  # the handler was already restored (the command was returning)
+        return _stopped("SIGINT", STARTING, 130)
+
+
+def _stopped(name: str, where: str, code: int) -> int:
+    """The one line a stopped command prints (rank 0 alone under torchrun: every rank stops) -> its exit code."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"\n{name}: {where}. Rerun the same command to resume.", file=sys.stderr, flush=True)
+    return code
+
+
+def _train(argv: list[str] | None, stop) -> int:
+    import torch
+
     from captioner.config import load_config
     from captioner.diskspace import FULL, DiskFullError
-    from captioner.training.engine import Interrupted, TrainingError, fit
-    from captioner.training.stopping import StopSignal
+    from captioner.training.engine import TrainingError, fit
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML/JSON recipe in configs/")
@@ -48,13 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.config is None:  # a bare command: say what it is about to spend the next hour on
         log(bare_plan(cfg), flush=True)
     try:
-        with StopSignal().catch() as stop:
-            fit(cfg, device=device, log=lambda m: log(m, flush=True), progress=not args.no_progress,
-                rank=rank, world_size=world, stop=stop)
-    except Interrupted as e:  # Ctrl-C or SIGTERM: the step is saved (engine.train_one_epoch)
-        if rank == 0:
-            print(f"\n{e.name}: {e.where}. Rerun the same command to resume.", file=sys.stderr, flush=True)
-        return e.code
+        fit(cfg, device=device, log=lambda m: log(m, flush=True), progress=not args.no_progress,
+            rank=rank, world_size=world, stop=stop)
     except TrainingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -117,12 +138,14 @@ def _processes(cfg, args) -> tuple[str, int, int] | None:
     device = args.device or default_device()
     if world == 1:
         return device, rank, world
-    if missing := missing_caches(cfg):
+    if missing := missing_caches(cfg):  # every rank finds them missing; rank 0 alone says so (the same exit code)
         sets = " ".join(f"--set {s}" for s in args.set)
-        print(f"error: torchrun needs the feature caches first ({', '.join(missing)} missing in {cfg.data.cache_dir}). "
-              f"Build them in one process: captioner-prepare --config {args.config} {sets}; then rerun torchrun.",
-              file=sys.stderr)
+        if rank == 0:
+            print(f"error: torchrun needs the feature caches first ({', '.join(missing)} missing in {cfg.data.cache_dir}). "
+                  f"Build them in one process: captioner-prepare --config {args.config} {sets}; then rerun torchrun.",
+                  file=sys.stderr)
         return None
+    import torch
     import torch.distributed as dist
 
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")

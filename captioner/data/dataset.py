@@ -112,12 +112,19 @@ class ActivationDataset(Dataset):
 
 class ImageDataset(Dataset):
     """Images decoded and preprocessed on the fly (encoder in the loop: fine-tuning or augmentation).
-    With captions=None it yields (tensor, index) for feature extraction. Unreadable images yield None."""
+    With captions=None it yields (tensor, index) for feature extraction. Unreadable images yield None.
+    An augmented image's crop and flip are a function of (seed, epoch, index) alone (set_epoch): whichever loader
+    worker reads it, and however far a resumed epoch skipped, it is the image an uninterrupted run trained on."""
 
     def __init__(self, records: Sequence[ImageRecord], image_size: int, mean, std,
-                 captions: list[list[list[int]]] | None = None, augment: bool = False):
+                 captions: list[list[list[int]]] | None = None, augment: bool = False, seed: int = 0):
         self.records, self.captions = list(records), captions
         self.image_size, self.mean, self.std, self.augment = image_size, mean, std, augment
+        self.seed, self.epoch = seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose augmentations are drawn (before its loader starts: the workers copy the dataset)."""
+        self.epoch = epoch
 
     def __len__(self) -> int:
         return len(self.records)
@@ -127,22 +134,23 @@ class ImageDataset(Dataset):
             img = load_image(self.records[i].path)
         except ImageError:
             return None
-        if self.augment:
-            img = _augment(img)
+        if self.augment:  # a str seed is hashed with SHA-512: the same draw in every process and Python
+            img = augment(img, random.Random(f"augment/{self.seed}/{self.epoch}/{i}"))
         x = preprocess(img, self.image_size, self.mean, self.std)
         return (x, i) if self.captions is None else (x, self.captions[i])
 
 
-def _augment(img):
-    """Mild augmentation that keeps most of the scene (captions describe the whole picture)."""
+def augment(img, rng: random.Random):
+    """Mild augmentation that keeps most of the scene (captions describe the whole picture): a crop of 80-100%
+    of each side and a mirror image half the time, drawn from `rng` alone."""
     from PIL import Image
 
     w, h = img.size
-    scale = random.uniform(0.8, 1.0)
+    scale = rng.uniform(0.8, 1.0)
     cw, ch = int(w * scale), int(h * scale)
-    x0, y0 = random.randint(0, w - cw), random.randint(0, h - ch)
+    x0, y0 = rng.randint(0, w - cw), rng.randint(0, h - ch)
     img = img.crop((x0, y0, x0 + cw, y0 + ch))
-    if random.random() < 0.5:
+    if rng.random() < 0.5:
         img = img.transpose(Image.FLIP_LEFT_RIGHT)
     return img
 

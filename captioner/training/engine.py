@@ -22,16 +22,19 @@ import torch.distributed as dist
 
 from ..checkpoint import optimizer_to_tensors, save_checkpoint
 from ..config import Config
+from ..data.dataset import ImageDataset
 from ..data.loader import epoch_loader
 from ..logs import plot_history
 from . import rng
 from .objectives import Terms
+from .ema import averaged
 from .precision import amp_dtype, describe, grad_scaler, training_autocast
 from .schedule import lr_scale, total_steps
 from .run import RESUMES, Log, Run, TrainingError, TrainState, build_run, check_ranks_in_sync, encoder_train_mode
 from .selection import announce_small_val, chosen, end_epoch, validate_warm_start, why_finished
 from .stopping import NEVER, Interrupted, StopSignal
 from .validation import validate
+from .watch import hparams_of
 
 __all__ = ["TrainingError", "TrainState", "Interrupted", "fit", "train_one_epoch", "train_step", "validate",
            "end_epoch", "training_autocast", "amp_dtype", "grad_scaler"]
@@ -86,6 +89,8 @@ def _one_step(run: Run, micro: list[Any], steps_left: int, per_epoch: int) -> No
     scale = lr_scale(cfg.train, state.step, total_steps(cfg.train, per_epoch))
     terms = train_step(run.train_module, run.optimizer, moved[0] if len(moved) == 1 else moved, cfg, run.device,
                        f" at step {state.step} (epoch {state.epoch + 1})", scale, run.scaler)
+    if run.ema is not None:
+        run.ema.update(run.model)
     state.step, state.epoch_batches = state.step + 1, state.epoch_batches + len(moved)
     state.epoch_weight += terms.weight
     for k, v in terms.logs.items():
@@ -211,6 +216,8 @@ def save_last(run: Run) -> None:
     if not run.main:
         return
     opt_tensors, opt_info = optimizer_to_tensors(run.optimizer)
+    if run.ema is not None:  # the weights' averages: training tensors like Adam's moments
+        opt_tensors.update(run.ema.tensors())
     save_checkpoint(run.last_path, run.cfg, run.vocab, run.model.state_dict(),
                     train_state={"state": run.state.__dict__, "optimizer": opt_info, "rng": states,
                                  **({"scaler": run.scaler.state_dict()} if run.scaler is not None else {})},
@@ -280,6 +287,7 @@ def _train(run: Run) -> dict[str, Any]:
             run.log(f"parameters identical across {run.world_size} ranks after step {state.step}")
         state.epoch, state.batch_in_epoch, state.validating, state.epoch_stats = state.epoch + 1, 0, True, stats
         save_last(run)  # the epoch's steps are on disk before its validation (which a stop may cut short)
+    run.watch.hparams(*hparams_of(cfg.to_dict(), state.history, state.best_epoch), state.step)
     run.log(f"done: {chosen(run)} -> {run.best_path}")
     return state.__dict__
 
@@ -288,11 +296,12 @@ def _close_epoch(run: Run) -> bool:
     """Validate the epoch just trained, keep/decay/stop, save -> stop?"""
     cfg, state = run.cfg, run.state
     hit_max = bool(cfg.train.max_steps and state.step >= cfg.train.max_steps)
-    stop = end_epoch(run, validate(run, state.epoch_stats), hit_max)
+    with averaged(run.ema, run.model):  # train.ema_decay: the average is validated, kept as best and per epoch
+        stop = end_epoch(run, validate(run, state.epoch_stats), hit_max)
+        keep_epoch(run)
     state.validating, state.epoch_stats, state.epoch_sums = False, {}, {}
     state.epoch_weight = state.epoch_batches = 0
     state.epoch_seconds = 0.0
-    keep_epoch(run)
     save_last(run)
     if run.main:
         plot_history(run.out / "metrics.jsonl", run.out / "training.png")
@@ -316,5 +325,7 @@ def _loader(run: Run) -> Any:
     # the images' loader draws its workers' seeds from its own generator, never the global one (which would
     # make a resumed epoch's dropout differ from an uninterrupted one's)
     seed = run.cfg.train.seed * 100_003 + run.state.epoch
+    if isinstance(run.dataset, ImageDataset):  # its augmentations are drawn per (seed, epoch, image), in any worker
+        run.dataset.set_epoch(run.state.epoch)
     return epoch_loader(run.dataset, run.batches, run.collate_fn, not run.cfg.encoder_in_loop,
                         run.cfg.data.num_workers, run.device.type == "cuda", seed)

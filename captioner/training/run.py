@@ -21,6 +21,7 @@ from ..logs import JsonlLogger
 from ..model.captioner import CaptionModel, build_model
 from .sources import ValSet, build_data
 from .objectives import Terms, batch_features, build_objective
+from .ema import EMA, PREFIX as EMA_PREFIX
 from .precision import grad_scaler
 from .resume import apply_to_optimizer, check_init, check_resume, reopen
 from .rng import restore as restore_rng, seed_everything
@@ -85,6 +86,7 @@ class Run:
     watch: Watch
     new_words: list[str] = field(default_factory=list)  # train.extend_vocab: the words the starting file lacked
     scaler: torch.amp.GradScaler | None = None  # fp16 autocast's loss scaler (precision.py); None: bf16 or float32
+    ema: EMA | None = None  # train.ema_decay: the weights' moving average (ema.py); None: off
 
     @property
     def last_path(self) -> Path:
@@ -200,9 +202,9 @@ def _optimizer(cfg: Config, model: CaptionModel, resume: Any, device: torch.devi
     elif cfg.model.tune_stages:
         groups.append({"params": tuned_parameters(cfg, model), "lr": cfg.train.encoder_lr})
     optimizer = torch.optim.Adam(groups, weight_decay=cfg.train.weight_decay)
-    if resume is not None and resume.optimizer_tensors:
-        optimizer_from_tensors(optimizer, {k: v.to(device) for k, v in resume.optimizer_tensors.items()},
-                               resume.train_state["optimizer"])
+    if resume is not None and resume.optimizer_tensors:  # (the weights' averages travel with them: ema.PREFIX)
+        optimizer_from_tensors(optimizer, {k: v.to(device) for k, v in resume.optimizer_tensors.items()
+                                           if not k.startswith(EMA_PREFIX)}, resume.train_state["optimizer"])
     apply_to_optimizer(optimizer, changed)  # a new train.lr / encoder_lr / weight_decay replaces the stored one
     return optimizer
 
@@ -267,7 +269,21 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
         scaler.load_state_dict(resume.train_state["scaler"])  # the stopped run's loss scale and growth count
     return Run(cfg, device, model, vocab, state, optimizer, module, data.dataset, data.collate, sampler,
                RankBatches(sampler, rank, world_size), data.val_sets, logger, log, out, main, world_size, progress,
-               stop, watch, new_words, scaler)
+               stop, watch, new_words, scaler, _ema(cfg, model, resume, device))
+
+
+def _ema(cfg: Config, model: CaptionModel, resume: Any, device: torch.device) -> EMA | None:
+    """train.ema_decay: the average of the trained weights, from the stopped run's when resuming."""
+    if not cfg.train.ema_decay:
+        return None
+    ema = EMA(model, cfg.train.ema_decay)
+    if resume is not None:
+        try:
+            ema.load({k: v.to(device) for k, v in (resume.optimizer_tensors or {}).items()})
+        except ValueError as e:
+            raise TrainingError(f"{cfg.train.out_dir}/last.safetensors: {e}; resume with the settings it was "
+                                "trained with, or choose another train.out_dir") from None
+    return ema
 
 
 def _random_states(cfg: Config, resume: Any, rank: int, world_size: int, log: Log) -> None:

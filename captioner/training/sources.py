@@ -82,7 +82,8 @@ def build_data(cfg: Config, model: CaptionModel, vocab: Vocab, train: Mix, val: 
         prep = build_preprocess(cfg.model)
         records = [r for _, recs in train for r in recs]
         caps = encode_captions(records, vocab, cfg.data.max_caption_len)
-        dataset = ImageDataset(records, prep.image_size, prep.mean, prep.std, caps, augment=cfg.data.augment)
+        dataset = ImageDataset(records, prep.image_size, prep.mean, prep.std, caps, augment=cfg.data.augment,
+                               seed=cfg.train.seed)
         weights = [src.weight for src, recs in train for _ in recs]
         return RunData(dataset, caps, collate_skip_missing,
                        [ValSet(src.name, recs[:limit or len(recs)]) for src, recs in val], weights)

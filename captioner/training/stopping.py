@@ -13,10 +13,10 @@ import os
 import signal
 import sys
 import threading
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:  # torch is imported where it is used: the command installs catch() before torch is loaded
+    import torch
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -64,6 +64,9 @@ class StopSignal:
         signalled tells the others (a max over the ranks, one tiny all-reduce a step)."""
         if world_size <= 1:
             return self.signum
+        import torch
+        import torch.distributed as dist
+
         flag = torch.tensor([self.signum], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return int(flag.item())

@@ -3,6 +3,8 @@ gradient norm, captions/s, ETA) that prints with or without progress bars, the s
 and TensorBoard event files in <out_dir>/tensorboard (`tensorboard --logdir runs/`): the loss and its parts,
 learning rate, gradient norm, throughput, and per epoch the val loss, val metrics, a few val captions and one
 val photo's attention maps. A resumed run purges the events logged after its checkpoint, like metrics.jsonl.
+When the run ends, its resolved settings and its final and best val metrics go to TensorBoard's HParams tab
+(hparams_of), where runs compare side by side.
 """
 from __future__ import annotations
 
@@ -82,6 +84,20 @@ class Watch:
             self.writer.add_figure("val/attention", figure, step)
         self.writer.flush()
 
+    def hparams(self, settings: dict[str, Any], metrics: dict[str, float], step: int) -> None:
+        """Once, when the run ends: `settings` and `metrics` (hparams_of) for the HParams tab. They go into this
+        run's own event folder (the writer's add_hparams would open a new subfolder, a second run, per call); the
+        tab shows a metric only where it is also a scalar, so each is logged as one at `step`."""
+        if self.writer is None:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        for summary in hparams(settings, metrics):  # the experiment, the session's start and its end
+            self.writer.file_writer.add_summary(summary)
+        for tag, value in metrics.items():
+            self.writer.add_scalar(tag, value, step)
+        self.writer.flush()
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
@@ -93,6 +109,25 @@ def term_keys(record: dict[str, Any]) -> list[str]:
 
 
 BOOKKEEPING = {"kind", "epoch", "step", "lr", "grad_norm", "time", "captions_per_s", "images_per_s"}
+
+
+NOT_METRICS = {"kind", "epoch", "step", "time", "seconds", "batches"}  # a val record's bookkeeping
+
+
+def hparams_of(config: dict[str, dict[str, Any]], history: Sequence[dict[str, Any]], best_epoch: int
+               ) -> tuple[dict[str, Any], dict[str, float]]:
+    """(settings, metrics) for the HParams tab: every scalar setting of the resolved config ("train.lr": 3e-3;
+    lists and unset values are left out) and the val metrics of the last epoch ("hparam/final/CIDEr") and of the
+    best one ("hparam/best/CIDEr", and its epoch) from the run's history of val records."""
+    settings = {f"{section}.{k}": v for section, values in config.items() for k, v in values.items()
+                if isinstance(v, (bool, int, float, str))}
+    best = next((r for r in history if r.get("epoch") == best_epoch), None)
+    metrics = {"hparam/best/epoch": float(best_epoch)} if best else {}
+    for which, record in (("final", history[-1] if history else None), ("best", best)):
+        for k, v in (record or {}).items():
+            if k not in NOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                metrics[f"hparam/{which}/{k}"] = float(v)
+    return settings, metrics
 
 
 def _writer(folder: Path, start_step: int, log: Callable[[str], None]) -> Any:
