@@ -1,4 +1,13 @@
-"""Training engine: fit() builds a Run (run.py) and loops train_one_epoch -> validate -> end_epoch.
+"""Training engine, read top-down: the whole run, one epoch, one optimiser step, then the checkpoints.
+
+    fit(cfg)                    build_run (run.py): the run's context, one object (Run)
+      _train(run)               while epochs remain:
+        _train_epoch(run)         the epoch's steps, unless the resume point says they are done
+          train_one_epoch           batch by batch from the resume point -> _one_step -> train_step
+        _close_epoch(run)         validate (validation.py), keep best / decay / stop (selection.py), save
+
+Beside the loop, not threaded through it: stopping.py (a stop request becomes a saved step and Interrupted),
+watch.py (log lines, TensorBoard), save_last / keep_epoch (checkpoints), rng.py (every random state).
 
 The objective (objectives.py: cross-entropy or self-critical) is a callable of one shape, so the loop
 never branches on what it optimises. fit() resumes from `last.safetensors` after an interruption,
@@ -40,7 +49,83 @@ __all__ = ["TrainingError", "TrainState", "Interrupted", "fit", "train_one_epoch
            "end_epoch", "training_autocast", "amp_dtype", "grad_scaler"]
 
 
-# ---------------------------------------------------------------- one epoch
+# ---------------------------------------------------------------- the whole run
+
+def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progress: bool = True,
+        rank: int = 0, world_size: int = 1, stop: StopSignal = NEVER) -> dict[str, Any]:
+    """Train according to `cfg`; returns the final train state as a dict. Rerunning the same
+    command after an interruption resumes from out_dir/last.safetensors. `stop` (StopSignal.catch() in the
+    command) turns Ctrl-C / SIGTERM into a saved step and Interrupted."""
+    state = None
+    try:
+        run = build_run(cfg, device, log if rank == 0 else (lambda _: None), progress, rank, world_size, stop)
+        state = run.state
+        return _train(run)
+    except Interrupted as e:
+        e.where = e.where or (state.stopped_at() if state else "stopped before training began")
+        raise
+    finally:
+        if state is not None:
+            run.watch.close()
+
+
+def _train(run: Run) -> dict[str, Any]:
+    cfg, state = run.cfg, run.state
+    if state.finished:
+        run.log(f"{run.last_path}: this run already finished (best {cfg.train.val_metric} "
+                f"{state.best_metric:.4f} at epoch {state.best_epoch}; {why_finished(state, cfg)}); nothing to do")
+        return state.__dict__
+    run.log(f"training on {run.device}: {len(run.dataset)} images, objective {cfg.train.objective}, "
+            f"{len(run.sampler) // run.world_size} batches/epoch/rank{_accumulated(cfg)}, {_source(cfg)}, "
+            f"{describe(run.device, cfg)}, "
+            f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
+    run.log(f"(attention penalty = train.alpha_c {cfg.train.alpha_c:g} x sum over the {cfg.model.grid_size ** 2} regions "
+            "of (1 - attention the caption gave it)^2, per caption: the paper's doubly stochastic term, eq. 14)")
+    announce_small_val(run)
+    if run.new_words and state.step == 0 and not state.history:
+        validate_warm_start(run)
+    while state.validating or state.epoch < cfg.train.epochs:
+        if not state.validating:  # the resume point (TrainState): this epoch's steps are not all done yet
+            _train_epoch(run)
+        if _close_epoch(run):
+            break
+    run.watch.hparams(*hparams_of(cfg.to_dict(), state.history, state.best_epoch), state.step)
+    run.log(f"done: {chosen(run)} -> {run.best_path}")
+    return state.__dict__
+
+
+def _train_epoch(run: Run) -> None:
+    """The epoch's steps from where it stands (a resumed epoch starts at state.batch_in_epoch), then saved: its
+    steps are on disk before its validation, which a stop may cut short."""
+    state = run.state
+    run.sampler.set_epoch(state.epoch)
+    skip = run.batches.start = state.batch_in_epoch
+    stats = train_one_epoch(run, _loader(run), skip=skip)
+    _check_weights_finite(run.model, state.step)
+    if run.world_size > 1:
+        check_ranks_in_sync(run.model, run.world_size)
+        run.log(f"parameters identical across {run.world_size} ranks after step {state.step}")
+    state.epoch, state.batch_in_epoch, state.validating, state.epoch_stats = state.epoch + 1, 0, True, stats
+    save_last(run)
+
+
+def _close_epoch(run: Run) -> bool:
+    """Validate the epoch just trained, keep/decay/stop, save -> stop?"""
+    cfg, state = run.cfg, run.state
+    hit_max = bool(cfg.train.max_steps and state.step >= cfg.train.max_steps)
+    with averaged(run.ema, run.model):  # train.ema_decay: the average is validated, kept as best and per epoch
+        stop = end_epoch(run, validate(run, state.epoch_stats), hit_max)
+        keep_epoch(run)
+    state.validating, state.epoch_stats, state.epoch_sums = False, {}, {}
+    state.epoch_weight = state.epoch_batches = 0
+    state.epoch_seconds = 0.0
+    save_last(run)
+    if run.main:
+        plot_history(run.out / "metrics.jsonl", run.out / "training.png")
+    return stop
+
+
+# ---------------------------------------------------------------- one epoch: its steps in order
 
 def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str, float]:
     """One pass over `loader` (already starting at batch `skip` when resuming) -> epoch averages of
@@ -105,6 +190,8 @@ def _one_step(run: Run, micro: list[Any], steps_left: int, per_epoch: int) -> No
         _check_weights_finite(run.model, state.step)
         save_last(run)
 
+
+# ---------------------------------------------------------------- one optimiser step
 
 def train_step(objective: Callable[[Any], Terms], optimizer: torch.optim.Optimizer, batch: Any, cfg: Config,
                device: torch.device, where: str = "", lr_scale: float = 1.0,
@@ -206,6 +293,8 @@ def _check_weights_finite(model: torch.nn.Module, step: int) -> None:
                             "Try a lower train.lr or train.grad_clip.")
 
 
+# ---------------------------------------------------------------- checkpoints
+
 def save_last(run: Run) -> None:
     """The resumable checkpoint (weights, optimiser, state and every rank's random states), written atomically
     by rank 0. Every rank calls it at the same points: the random states are gathered first."""
@@ -236,77 +325,7 @@ def keep_epoch(run: Run) -> None:
         old.unlink(missing_ok=True)
 
 
-# ---------------------------------------------------------------- the whole run
-
-def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progress: bool = True,
-        rank: int = 0, world_size: int = 1, stop: StopSignal = NEVER) -> dict[str, Any]:
-    """Train according to `cfg`; returns the final train state as a dict. Rerunning the same
-    command after an interruption resumes from out_dir/last.safetensors. `stop` (StopSignal.catch() in the
-    command) turns Ctrl-C / SIGTERM into a saved step and Interrupted."""
-    state = None
-    try:
-        run = build_run(cfg, device, log if rank == 0 else (lambda _: None), progress, rank, world_size, stop)
-        state = run.state
-        return _train(run)
-    except Interrupted as e:
-        e.where = e.where or (f"stopped at epoch {state.epoch}, step {state.step}, while validating (its steps are "
-                              "saved)" if state and state.validating else
-                              f"stopped at step {state.step}" if state else "stopped before training began")
-        raise
-    finally:
-        if state is not None:
-            run.watch.close()
-
-
-def _train(run: Run) -> dict[str, Any]:
-    cfg, state = run.cfg, run.state
-    if state.finished:
-        run.log(f"{run.last_path}: this run already finished (best {cfg.train.val_metric} "
-                f"{state.best_metric:.4f} at epoch {state.best_epoch}; {why_finished(state, cfg)}); nothing to do")
-        return state.__dict__
-    run.log(f"training on {run.device}: {len(run.dataset)} images, objective {cfg.train.objective}, "
-            f"{len(run.sampler) // run.world_size} batches/epoch/rank{_accumulated(cfg)}, {_source(cfg)}, "
-            f"{describe(run.device, cfg)}, "
-            f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
-    run.log(f"(attention penalty = train.alpha_c {cfg.train.alpha_c:g} x sum over the {cfg.model.grid_size ** 2} regions "
-            "of (1 - attention the caption gave it)^2, per caption: the paper's doubly stochastic term, eq. 14)")
-    announce_small_val(run)
-    if run.new_words and state.step == 0 and not state.history:
-        validate_warm_start(run)
-    while True:
-        if state.validating and _close_epoch(run):
-            break
-        if state.epoch >= cfg.train.epochs:
-            break
-        run.sampler.set_epoch(state.epoch)
-        skip = run.batches.start = state.batch_in_epoch
-        stats = train_one_epoch(run, _loader(run), skip=skip)
-        _check_weights_finite(run.model, state.step)
-        if run.world_size > 1:
-            check_ranks_in_sync(run.model, run.world_size)
-            run.log(f"parameters identical across {run.world_size} ranks after step {state.step}")
-        state.epoch, state.batch_in_epoch, state.validating, state.epoch_stats = state.epoch + 1, 0, True, stats
-        save_last(run)  # the epoch's steps are on disk before its validation (which a stop may cut short)
-    run.watch.hparams(*hparams_of(cfg.to_dict(), state.history, state.best_epoch), state.step)
-    run.log(f"done: {chosen(run)} -> {run.best_path}")
-    return state.__dict__
-
-
-def _close_epoch(run: Run) -> bool:
-    """Validate the epoch just trained, keep/decay/stop, save -> stop?"""
-    cfg, state = run.cfg, run.state
-    hit_max = bool(cfg.train.max_steps and state.step >= cfg.train.max_steps)
-    with averaged(run.ema, run.model):  # train.ema_decay: the average is validated, kept as best and per epoch
-        stop = end_epoch(run, validate(run, state.epoch_stats), hit_max)
-        keep_epoch(run)
-    state.validating, state.epoch_stats, state.epoch_sums = False, {}, {}
-    state.epoch_weight = state.epoch_batches = 0
-    state.epoch_seconds = 0.0
-    save_last(run)
-    if run.main:
-        plot_history(run.out / "metrics.jsonl", run.out / "training.png")
-    return stop
-
+# ---------------------------------------------------------------- what the log says, the epoch's loader
 
 def _accumulated(cfg: Config) -> str:
     t = cfg.train

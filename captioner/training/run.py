@@ -42,7 +42,11 @@ class TrainingError(RuntimeError):
 
 @dataclass
 class TrainState:
-    epoch: int = 0  # epochs fully done
+    """Where a run stands, saved with every resumable checkpoint. Its resume point is (epoch, batch_in_epoch,
+    validating): a run stopped mid-epoch resumes at batch `batch_in_epoch` of epoch `epoch + 1`; one stopped after
+    an epoch's steps but before its validation ends (validating) resumes with that validation."""
+
+    epoch: int = 0  # epochs whose steps are done
     batch_in_epoch: int = 0  # batches done in the current epoch (mid-epoch resume)
     step: int = 0
     lr: float = 0.0
@@ -59,6 +63,12 @@ class TrainState:
     epoch_batches: int = 0
     epoch_seconds: float = 0.0
     epoch_stats: dict[str, float] = field(default_factory=dict)  # the finished epoch's averages, for validation
+
+    def stopped_at(self) -> str:
+        """The resume point in words, for the line a stop prints."""
+        if self.validating:
+            return f"stopped at epoch {self.epoch}, step {self.step}, while validating (its steps are saved)"
+        return f"stopped at step {self.step}"
 
 
 @dataclass
