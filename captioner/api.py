@@ -11,7 +11,7 @@
 
 Decode settings (every field of config.decode: beam size, maximum length, length penalty, trigram
 blocking ...) default to the ones stored in the model file; keyword overrides change them for one call:
-`model.caption(img, beam_size=1)`. Any DecodeConfig field is accepted, so a new decode setting needs
+`captioner.load().caption(img, beam_size=1)`. Any DecodeConfig field is accepted, so a new decode setting needs
 no new parameter here.
 """
 from __future__ import annotations
