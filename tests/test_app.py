@@ -48,7 +48,7 @@ def app(monkeypatch) -> AppTest:
     return AppTest.from_file(str(APP), default_timeout=TIMEOUT)
 
 
-# ----------------------------------------------------------------------------- page helpers
+# ----------------------------------------------------------------------------- reading the page
 
 def no_problems(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
@@ -173,7 +173,7 @@ def test_a_validation_figure_from_a_few_photos_is_labelled_as_such():
     one (1,200 photos), as if comparable."""
     from captioner.ui.page_state import model_info
 
-    from .test_api import tiny_captioner
+    from .conftest import tiny_captioner
 
     model = tiny_captioner()
     model.metrics = {"val": {"CIDEr": 1.666, "n_images": 5}}
@@ -344,8 +344,8 @@ def test_every_photo_size_draws_every_panel(app, size):
 
 
 def test_sidebar_claims_no_unmeasured_speed_and_what_evidence_does(app, monkeypatch):
-    """The precision menu said "bfloat16 (about 3x faster here)" (measured: 1.1-1.4x, and 6 of 20 captions
-    changed); the evidence switch said it "brings in the object it is sure of" with a stored bonus of 0."""
+    """The precision menu said "bfloat16 (about 3x faster here)", a speed nobody had measured on that machine
+    (and bf16 changes some captions); the evidence switch said it "brings in the object it is sure of" with a stored bonus of 0."""
     monkeypatch.setattr(captioner, "preferred_dtype", lambda device="cpu": "bfloat16")  # a CPU with native bf16
     at = app.run()
     box = next(s for s in at.sidebar.selectbox if s.label == "Precision")
@@ -440,7 +440,7 @@ def test_operator_folder_is_searched_recursively(app, tmp_path, monkeypatch):
 def test_a_visitor_cannot_steer_the_server_file_system(app, tmp_path, monkeypatch):
     """Typing a server folder (or '/') into ANY text box of the page never offers or loads a model file
     outside the operator's folders; the default deployment offers the bundled model and runs/."""
-    from .test_api import tiny_captioner
+    from .conftest import tiny_captioner
 
     secret = tmp_path / "secret"
     tiny_captioner().save(secret / "private.safetensors")
@@ -544,7 +544,7 @@ def test_decoding_widgets_start_at_the_model_files_settings(monkeypatch, tmp_pat
     """The decoding widgets start from the checkpoint's stored decode settings, not the app's own."""
     import streamlit as st
 
-    from .test_api import tiny_captioner
+    from .conftest import tiny_captioner
 
     model = tiny_captioner()
     model.config.decode.beam_size, model.config.decode.max_len, model.config.decode.block_trigrams = 5, 23, True
@@ -680,7 +680,7 @@ def test_a_click_on_the_photo_picks_its_cell(app):
 
 
 def test_compare_two_models_side_by_side(app, tmp_path, monkeypatch):
-    from .test_api import tiny_captioner
+    from .conftest import tiny_captioner
 
     tiny_captioner().save(tmp_path / "tiny.safetensors")
     monkeypatch.setenv("CAPTIONER_CHECKPOINT_DIRS", str(tmp_path))
@@ -822,7 +822,7 @@ def test_compare_the_bundled_model_with_a_resnet_checkpoint(app, tmp_path, monke
     from captioner.config import Config, ModelConfig
     from captioner.model.captioner import build_model
 
-    from .test_api import tiny_captioner
+    from .conftest import tiny_captioner
 
     base = tiny_captioner()
     cfg = Config(model=ModelConfig(encoder="resnet101", pretrained=False, image_size=64, grid_size=2,

@@ -363,7 +363,7 @@ def test_workbench_views_in_chromium(app_url, sync_playwright, tmp_path):
     shows is what the library computes."""
     from captioner.images import load_image
 
-    from .test_api import tiny_captioner
+    from .conftest import tiny_captioner
 
     folder = tmp_path / "models"
     tiny_captioner().save(folder / "tiny.safetensors")

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import captioner
 
-from .conftest import ROOT, need_flickr
-from .test_scripts import ENV
+from .conftest import ENV, ROOT, need_flickr
 
 # the code of this project a traceback can run through: the package (wherever it is imported from) and the scripts
 OURS = (Path(captioner.__file__).resolve().parent, (ROOT / "scripts").resolve())

@@ -377,6 +377,29 @@ def test_the_package_prose_scan_is_not_vacuous_and_catches_stale_names():
                                                 "ruled_outs (captioner/x.py:4)", "Interupted (captioner/x.py:4)"]
 
 
+# ----------------------------------------------------------------------------- no measured timings in code
+# A measured figure is one machine's fact: docs/performance.md keeps it, with where it was measured ("Measured
+# once, kept out of the code"); the package's docstrings and comments keep the reason, not the number. A duration
+# ("85 ms", "13.2 s", "about 10 minutes") or a speed ratio ("1.4x faster", "40% slower") is a measured timing;
+# shapes (4H), factors (2x finer) and settings named without a number are not.
+TIMING = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s*(?:ms|µs|s|sec|seconds?|min|minutes?|hours?)\b(?!\()"
+                    r"|(?<![\w.])\d+(?:\.\d+)?\s*(?:x|%|times)\s+(?:faster|slower|as long)\b")
+
+
+def test_no_measured_timings_in_the_package_prose():
+    found = [f"{where}:{i}: {text.strip()}" for where, i, text in _package_prose() if TIMING.search(text)]
+    assert not found, ("measured timings in docstrings or comments (move the figure to docs/performance.md, "
+                       "keep the reason):\n  " + "\n  ".join(found))
+
+
+def test_the_timing_scan_catches_timings_and_leaves_shapes_alone():
+    timings = ["85 -> 79 ms on 1 thread", "took 13.2 s, now 6.5 s", "about 2-3 minutes in all", "~1.4x faster",
+               "measured 25-40% faster", "cost 18x as long", "10 min on one CPU"]
+    fine = ["(B*G, 4H): eq. 1", "a 2x finer native grid", "between 1x and 2x max_side", "train.max_seconds",
+            "5 steps at lr 1e-3", "beam 5, 100 photos", "(N, P, A) x (A,)"]
+    assert [bool(TIMING.search(s)) for s in timings + fine] == [True] * len(timings) + [False] * len(fine)
+
+
 def test_the_readme_stays_short():
     """README is the front door (set-up, first use, results, where to read on); studies live in docs/. Its bar:
     12 KB (it had grown to 16.5 KB)."""

@@ -161,7 +161,7 @@ def test_a_fully_transparent_png_and_a_panorama_shrunk_on_reading_get_notes_that
     shrunk to (1024x4), not the file's. Both notes reach the CLI's stderr, the API's Caption and its Photo."""
     from captioner.cli.caption import main
 
-    from .test_api import tiny_captioner
+    from .conftest import tiny_captioner
 
     clear, wide, part = tmp_path / "clear.png", tmp_path / "wide.png", tmp_path / "part.png"
     Image.new("RGBA", (300, 300), (0, 0, 0, 0)).save(clear)

@@ -6,7 +6,7 @@ import torch
 
 from functools import partial
 
-from captioner.config import Config, DataConfig, DecodeConfig
+from captioner.config import Config, DataConfig
 from captioner.data import build_records
 from captioner.data.dataset import collate, encode_captions
 from captioner.decoding.rules import unruled

@@ -12,8 +12,7 @@ from captioner.checkpoint import load_checkpoint
 from captioner.config import load_config
 from captioner.training.resume import config_changes
 
-from .conftest import need_flickr
-from .test_scripts import run
+from .conftest import need_flickr, run
 
 
 def test_config_changes_sorts_safe_from_unsafe():
@@ -44,7 +43,7 @@ def _state(cmd: list[str]) -> dict:
 
 def test_unsafe_changes_are_refused_with_the_keys_named(finished_run):
     before = _state(finished_run)["state"]["step"]
-    out = run(*finished_run, "data.limit=12", "train.lr=1", "train.epochs=3", ok=False)  # the command
+    out = run(*finished_run, "data.limit=12", "train.lr=1", "train.epochs=3", ok=False)  # a rerun with changes
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "cannot resume" in out.stderr and "data.limit: 8 (stored) vs 12 (this command)" in out.stderr
     assert "train.lr" not in out.stderr and "epoch 2:" not in out.stdout  # safe keys are not the problem

@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,18 +11,7 @@ import pytest
 
 from captioner.config import DecodeConfig
 
-from .conftest import ROOT, need_coco, need_flickr
-
-# PYTHONPATH: the scripts import THIS checkout's package, not whichever one is installed
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-       "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-
-
-def run(*args: str, ok: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
-    if ok and proc.returncode != 0:
-        raise AssertionError(f"{args} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-    return proc
+from .conftest import ENV, ROOT, need_bundled, need_coco, need_flickr, run
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +58,7 @@ def test_evaluate_writes_one_result_per_model_and_data_and_says_when_it_replaces
     """No --output: evaluations/<model>_<dataset>_<split>[_<setting><value>].json under the working folder (beam 1
     is not the file's own setting, so it is named); a COCO result never
     lands on the Flickr8k one, and replacing an earlier result is said."""
-    bundled_or_skip()
+    need_bundled()
     coco = need_coco()
 
     def evaluate(*args):
@@ -177,7 +164,7 @@ def test_export_reports_the_dtypes_the_file_holds_and_names_bad_metrics_files(tm
 
     import captioner
 
-    bundled_or_skip()
+    need_bundled()
     out = tmp_path / "again.safetensors"
     printed = run("scripts/export_model.py", str(captioner.DEFAULT_CHECKPOINT), str(out)).stdout
     with safe_open(str(out), "pt") as f:
@@ -213,7 +200,7 @@ def test_export_weight_averaging(trained, tmp_path):
 @pytest.fixture(scope="module")
 def beam5_model(tmp_path_factory) -> Path:
     """A tiny untrained model whose file stores decode.beam_size=5, max_len=6 (no training needed)."""
-    from .test_api import tiny_captioner
+    from .conftest import tiny_captioner
 
     model = tiny_captioner()
     model.config.decode.beam_size, model.config.decode.max_len = 5, 6
@@ -252,10 +239,7 @@ def test_evaluate_coco_val_is_recorded_as_val(beam5_model, tmp_path):
 
 def test_evaluate_coco_grounding(tmp_path):
     """--grounding with the bundled model: the instance file beside the captions file, or --instances."""
-    import captioner
-
-    if not captioner.DEFAULT_CHECKPOINT.is_file():
-        pytest.skip(f"the bundled model {captioner.DEFAULT_CHECKPOINT} is missing")
+    need_bundled()
     coco = need_coco()
     ann = coco / "annotations" / "captions_train2017.json"
     common = ["scripts/evaluate.py", "--dataset", "coco", "--images", str(coco / "train2017"), "--limit", "4",
@@ -297,17 +281,10 @@ def photo_folder(tmp_path: Path) -> Path:
     return root
 
 
-def bundled_or_skip() -> None:
-    import captioner
-
-    if not captioner.DEFAULT_CHECKPOINT.is_file():
-        pytest.skip(f"the bundled model {captioner.DEFAULT_CHECKPOINT} is missing")
-
-
 def test_caption_cli_folder(tmp_path):
     """A folder: its images in sorted order, the bad one reported (exit 1), subfolders only with
     --recursive; the same captions whatever the batch size."""
-    bundled_or_skip()
+    need_bundled()
     root = photo_folder(tmp_path)
     flat = run("scripts/caption.py", str(root), "--beam-size", "1", "--batch-size", "16", ok=False)
     assert flat.returncode == 1 and "bad.jpg" in flat.stderr and "readme" not in flat.stderr
@@ -326,7 +303,7 @@ def test_caption_cli_folder_json_and_maps(tmp_path):
 
     import captioner
 
-    bundled_or_skip()
+    need_bundled()
     root = photo_folder(tmp_path)
     (root / "bad.jpg").unlink()
     out = run("scripts/caption.py", str(root), "--recursive", "--json", "--maps", "--batch-size", "2")
@@ -358,7 +335,7 @@ def test_caption_cli_attention_dir_one_figure_per_photo_and_never_read_back(tmp_
     figure folder inside the input folder was read as photos by the next --recursive run."""
     from PIL import Image
 
-    bundled_or_skip()
+    need_bundled()
     src = sorted((need_flickr() / "Images").glob("*.jpg"))[:3]
     root = tmp_path / "photos"
     for rel, photo in (("a/x.jpg", src[0]), ("a/x.png", src[1]), ("b/x.jpg", src[2])):
@@ -390,7 +367,7 @@ def test_caption_cli_explain_matches_the_api_and_refuses_a_sentence_without_word
     import captioner
     from captioner.images import load_image
 
-    bundled_or_skip()
+    need_bundled()
     photo = sorted((need_flickr() / "Images").glob("*.jpg"))[0]
     out = run("scripts/caption.py", str(photo), "--explain", "A dog in a café!", "--json")
     rec = json.loads(out.stdout)
@@ -408,10 +385,7 @@ def test_evaluate_hallucination_coco_and_flickr(tmp_path):
     """--hallucination prints CHAIR-s, CHAIR-i and recall (COCO: boxes + references as truth; Flickr8k:
     the references), with the references' own CHAIR as a human baseline; --decode evidence=true is
     recorded with the settings."""
-    import captioner
-
-    if not captioner.DEFAULT_CHECKPOINT.is_file():
-        pytest.skip(f"the bundled model {captioner.DEFAULT_CHECKPOINT} is missing")
+    need_bundled()
     coco = need_coco()
     out = run("scripts/evaluate.py", "--dataset", "coco", "--images", str(coco / "train2017"), "--annotations",
               str(coco / "annotations" / "captions_train2017.json"), "--limit", "6", "--beam-size", "2",

@@ -1,4 +1,4 @@
-"""Stopping and resuming a run exactly (issue 56): Ctrl-C / SIGTERM mid-epoch save the exact step, print one line
+"""Stopping and resuming a run exactly: Ctrl-C / SIGTERM mid-epoch save the exact step, print one line
 and exit 130 / 143 without a traceback; the rerun's logged losses equal an uninterrupted run's (dropout 0.5:
 every random state is saved); a run that built its feature cache trains on what a later run reads; prepare
 leaves no temporary file after SIGTERM, and a start sweeps what a kill -9 left. Real subprocesses

@@ -1,7 +1,6 @@
 """Training survives faults: kill -9 mid-epoch and mid-save, NaN loss, unreadable images in the
 dataset, stale feature caches. Real subprocesses running scripts/train.py on a tiny slice of
-Flickr8k (12 images, 32-d decoder, 1 thread) so the whole file stays around two minutes on a
-loaded 2-core CPU."""
+Flickr8k (12 images, 32-d decoder, 1 thread), small enough that the whole file fits a 2-core CPU's test run."""
 from __future__ import annotations
 
 import contextlib
