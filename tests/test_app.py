@@ -838,12 +838,11 @@ def test_compare_the_bundled_model_with_a_resnet_checkpoint(app, tmp_path, monke
     assert any(m.value.startswith("**B: resnet.safetensors") for m in at.markdown)
 
 
-def test_compare_decodes_b_with_its_own_stored_settings(app, tmp_path, monkeypatch):
+def test_compare_decodes_b_with_its_own_stored_settings(bundled, app, tmp_path, monkeypatch):
     """B was decoded with A's sidebar settings and the page did not say which B used: B now decodes with the
     settings stored in its own file unless the user asks for the sidebar's, and both sides say theirs."""
     import dataclasses
 
-    bundled = captioner.load()
     other = captioner.Captioner(bundled.model, bundled.vocab,
                                 dataclasses.replace(bundled.config, decode=dataclasses.replace(
                                     bundled.config.decode, beam_size=1, max_len=7)))
@@ -875,7 +874,7 @@ def test_a_shrunk_upload_says_its_original_size(app):
     assert photo_caption(at) == "big.png (6000x4000, shown at 1024x683)", photo_caption(at)
 
 
-def test_a_camera_photo_is_captioned(app):
+def test_a_camera_photo_is_captioned(bundled, app):
     """A camera source beside upload and the examples: off until asked (the browser asks for the camera only
     then); a photo taken is captioned like an upload, and equals what the library says of it."""
     import io
@@ -889,10 +888,10 @@ def test_a_camera_photo_is_captioned(app):
     at.camera_input[0].set_value(("shot.jpg", buf.getvalue(), "image/jpeg")).run()
     words = check_captioned(at)
     assert photo_caption(at).startswith("camera.jpg (600x400)")
-    assert words == captioner.load().caption(buf.getvalue()).words
+    assert words == bundled.caption(buf.getvalue()).words
 
 
-def test_several_photos_make_a_gallery_and_one_opens_below(app):
+def test_several_photos_make_a_gallery_and_one_opens_below(bundled, app):
     """Several photos uploaded at once: captioned together, one card each (the caption the library gives that
     photo), the batch downloads, a bad file named without losing the others, and the photo picked opens below."""
     at = app.run()
@@ -901,7 +900,7 @@ def test_several_photos_make_a_gallery_and_one_opens_below(app):
     assert not at.exception
     assert any("broken.jpg" in e.value for e in at.error)  # named; the three photos still shown
     assert any(h.value == "3 photos" for h in at.header)
-    expected = captioner.load().caption_batch([EXAMPLES / n for n, _, _ in files])
+    expected = bundled.caption_batch([EXAMPLES / n for n, _, _ in files])
     shown = [m.value for m in at.markdown if m.value.startswith("“")]
     assert shown[:3] == [f"“{c.text}”" for c in expected]
     labels = [b.label for b in at.download_button]
@@ -922,7 +921,7 @@ def test_more_photos_than_a_batch_holds_get_a_message(app):
     assert any(h.value == f"{gallery.MAX_PHOTOS} photos" for h in at.header)
 
 
-def test_the_caption_as_it_is_written_is_shown_and_downloadable(app):
+def test_the_caption_as_it_is_written_is_shown_and_downloadable(bundled, app):
     """The animation (a frame per word, ui/animate.py) is on the page, folded, and offered as a GIF."""
     import io
 
@@ -931,7 +930,7 @@ def test_the_caption_as_it_is_written_is_shown_and_downloadable(app):
     assert any(b.label == "Download the caption as it is written (GIF)" for b in at.download_button)
     gif = [im for im in at.image if any("word by word" in c for c in im.captions)]
     assert len(gif) == 1
-    cap = captioner.load().caption(EXAMPLES / "cat.jpg")
+    cap = bundled.caption(EXAMPLES / "cat.jpg")
     assert cap.words == words
     from captioner.ui.animate import caption_animation
     assert Image.open(io.BytesIO(caption_animation(Image.open(EXAMPLES / "cat.jpg"), cap))).n_frames == len(words)

@@ -9,7 +9,6 @@ import pytest
 import torch
 from PIL import Image
 
-import captioner
 from captioner.config import DecodeConfig
 from captioner.decoding.evidence import Evidence, word_categories
 from captioner.decoding.photo import caption_photos
@@ -55,10 +54,10 @@ def test_the_step_equals_the_literal_step(hard, monkeypatch):
                     torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
 
 
-def test_evidence_bias_lookup_equals_the_formula():
+def test_evidence_bias_lookup_equals_the_formula(bundled):
     """Evidence.bias == penalty + bonus of the categories the row has not named yet, written out from the
     settings: with a bonus (the general path) and without one (the lookup)."""
-    vocab = captioner.load().vocab if captioner.DEFAULT_CHECKPOINT.is_file() else pytest.skip("no bundled model")
+    vocab = bundled.vocab
     words = word_categories(vocab)  # (V, C)
     torch.manual_seed(0)
     probs = torch.rand(2, words.shape[1])  # (2, C)

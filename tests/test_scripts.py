@@ -298,18 +298,17 @@ def test_caption_cli_folder(tmp_path):
     assert deep.stderr.count("error:") == 1 and "not searched" not in deep.stderr
 
 
-def test_caption_cli_folder_json_and_maps(tmp_path):
+def test_caption_cli_folder_json_and_maps(bundled, tmp_path):
     import math
 
     import captioner
 
-    need_bundled()
     root = photo_folder(tmp_path)
     (root / "bad.jpg").unlink()
     out = run("scripts/caption.py", str(root), "--recursive", "--json", "--maps", "--batch-size", "2")
     lines = [json.loads(x) for x in out.stdout.splitlines()]
     assert len(lines) == 3
-    model = captioner.load()
+    model = bundled
     g = model.grid_size
     for r in lines:
         n = len(r["words"])
@@ -361,17 +360,15 @@ def test_caption_cli_attention_dir_one_figure_per_photo_and_never_read_back(tmp_
     assert twins.returncode == 2 and "would both write" in twins.stderr and not (tmp_path / "flat").exists()
 
 
-def test_caption_cli_explain_matches_the_api_and_refuses_a_sentence_without_words():
+def test_caption_cli_explain_matches_the_api_and_refuses_a_sentence_without_words(bundled):
     """--explain is Captioner.explain on the command line: the same words (kept as typed), scores and
     unknown words; a sentence with no words is the same error as in the API (the app shows it as a note)."""
-    import captioner
     from captioner.images import load_image
 
-    need_bundled()
     photo = sorted((need_flickr() / "Images").glob("*.jpg"))[0]
     out = run("scripts/caption.py", str(photo), "--explain", "A dog in a café!", "--json")
     rec = json.loads(out.stdout)
-    expect = captioner.load().explain(load_image(photo), "A dog in a café!")
+    expect = bundled.explain(load_image(photo), "A dog in a café!")
     assert rec["words"] == expect.words == ["a", "dog", "in", "a", "café"] and rec["unknown_words"] == ["café"]
     assert rec["log_prob"] == pytest.approx(expect.log_prob, abs=1e-3)
     assert "‘café’ is not in the model's vocabulary (fed as <unk>)" in rec["notes"]  # the JSON carries its notes
