@@ -141,6 +141,7 @@ def huge_png_header(width: int = 30_000, height: int = 30_000) -> bytes:
 
 # ----------------------------------------------------------------------------- tests
 
+@pytest.mark.slow
 def test_example_photo_is_captioned_then_beam_size_changes(app):
     at = app.run()
     no_problems(at)
@@ -243,6 +244,7 @@ def test_each_word_shows_the_beta_the_model_computed(app, monkeypatch):
     assert any(b < 0.9 for b in overlay_betas(at))  # the gates really vary, so the check means something
 
 
+@pytest.mark.slow
 def test_uploads_in_every_format(app):
     at = app.run()
     beam(at).set_value(1).run()
@@ -745,6 +747,7 @@ def test_a_concept_word_shows_the_classifiers_map_beside_its_attention(app, flic
     assert not any(c.startswith("where the classifier sees") for im in at.image for c in im.captions)
 
 
+@pytest.mark.slow
 def test_encoder_runs_once_per_photo(app, monkeypatch):
     """A new beam size, a typed sentence and a region click decode again from the photo's cached
     reading: the encoder runs once per photo and model (app.get_photo)."""
@@ -777,6 +780,7 @@ def test_encoder_runs_once_per_photo(app, monkeypatch):
         st.cache_data.clear()
 
 
+@pytest.mark.slow
 def test_concepts_panel_shows_the_word_detectors_person(app, tmp_path, monkeypatch):
     """A model file with word detectors: the concepts panel lists person like any concept at the threshold it
     states (a person at P ~ 0 is not listed), and a person the detector rules out is not the caption's subject;
@@ -969,6 +973,7 @@ def test_the_menu_says_which_of_a_runs_files_to_pick(app, tmp_path, monkeypatch)
     assert "myrun/last.safetensors (the run's last epoch, kept to resume training)" in options, options
 
 
+@pytest.mark.slow
 def test_concurrent_sessions_stay_isolated(app):
     """Three sessions open at once, each with its own photo, typed sentence and region: each page shows
     only its own, equal to what the library computes. The sessions' steps are interleaved (A, B, C, A, B,

@@ -28,7 +28,7 @@ from PIL import Image
 import captioner
 from captioner.ui.page_views import first_noun
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]  # a real chromium and an app server per test
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "captioner" / "assets" / "examples"

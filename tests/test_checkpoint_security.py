@@ -112,6 +112,7 @@ def test_pickle_checkpoint_is_refused_and_never_unpickled(tmp_path, monkeypatch,
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_pickle_checkpoint_refused_in_a_fresh_process(tmp_path):
     """End to end, no monkeypatching: the caption CLI refuses the file and no code runs."""
     marker = tmp_path / "PWNED"

@@ -163,6 +163,7 @@ def test_evidence_vetoes_person_words_below_the_floor():
     assert off.bias(torch.tensor([0]), torch.zeros(1, 0, dtype=torch.long))[0, v.stoi["man"]] == 0
 
 
+@pytest.mark.slow
 def test_decoding_drops_person_words_the_detector_rules_out():
     m = _without_detectors()
     before = m.caption(EXAMPLES / "astronaut.jpg")

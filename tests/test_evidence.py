@@ -82,6 +82,7 @@ def test_the_veto_reads_the_detector_named_after_a_category_too():
     assert ev.ruled_out[0, v.stoi["dog"]] == 1  # no dog detector here: the head's P rules it out
 
 
+@pytest.mark.slow
 def test_the_detectors_veto_is_stored_with_the_model_and_off_for_files_that_predate_it(bundled, tmp_path, monkeypatch):
     """decode.evidence_detectors: on for files written now (the own-photos recipe's exports), off for files that
     predate the setting (the bundled model decodes as it always has); it decides whether the veto asks them."""

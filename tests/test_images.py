@@ -295,6 +295,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow
 def test_bombs_bounded_memory_and_time():
     """In a fresh process (peak RSS is per process): bombs are refused without allocating, and a
     valid but huge palette image (10 kB file, 81 Mpx) is shrunk before any RGB conversion."""

@@ -179,6 +179,7 @@ def test_decoding_never_writes_salad_with_the_rule_on():
 
 # ---------------------------------------------------------------- a tiny mixed run, end to end
 
+@pytest.mark.slow
 def test_tiny_mixed_run_trains_exports_and_captions(tmp_path):
     sources = json.dumps([{**s, "weight": w} for s, w in zip(_mix_sources(), (1, 2))])
     common = ["--config", "configs/tiny.yaml", "--set", f"data.sources={sources}", f"data.cache_dir={tmp_path / 'c'}",
@@ -199,6 +200,7 @@ def test_tiny_mixed_run_trains_exports_and_captions(tmp_path):
     assert json.loads(cap.stdout.splitlines()[0])["caption"]
 
 
+@pytest.mark.slow
 def test_evaluate_a_coco_split_file(tmp_path):
     """evaluate.py --split-file scores only the photos the file names (labelled by it); it is for COCO only."""
     paired = need_paired()
@@ -217,6 +219,7 @@ def test_evaluate_a_coco_split_file(tmp_path):
 
 # ---------------------------------------------------------------- the encoder's top tuned on the mix
 
+@pytest.mark.slow
 def test_tiny_mixed_run_tunes_the_top_from_each_sets_activation_cache(tmp_path):
     """model.tune_stages on a mix: each set's activation caches (named after it, with mirror images) built
     by prepare and reused by training, both sets sampled by weight, validated per set; the top stages move,

@@ -41,6 +41,7 @@ def _state(cmd: list[str]) -> dict:
     return load_checkpoint(Path(cmd[-1].split("=", 1)[1]) / "last.safetensors").train_state
 
 
+@pytest.mark.slow
 def test_unsafe_changes_are_refused_with_the_keys_named(finished_run):
     before = _state(finished_run)["state"]["step"]
     out = run(*finished_run, "data.limit=12", "train.lr=1", "train.epochs=3", ok=False)  # a rerun with changes
@@ -53,6 +54,7 @@ def test_unsafe_changes_are_refused_with_the_keys_named(finished_run):
     assert _state(finished_run)["state"]["step"] == before  # nothing was trained or overwritten
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_extended_with_the_new_learning_rate(finished_run):
     out_dir = Path(finished_run[-1].split("=", 1)[1])
     same = run(*finished_run, "train.epochs=1")
@@ -70,6 +72,7 @@ def test_a_finished_run_is_extended_with_the_new_learning_rate(finished_run):
     assert "already finished" in again.stdout and "2 of train.epochs=2 done" in again.stdout
 
 
+@pytest.mark.slow
 def test_the_run_folder_holds_its_resolved_config(finished_run):
     import yaml
 
@@ -79,6 +82,7 @@ def test_the_run_folder_holds_its_resolved_config(finished_run):
     assert written["train"]["out_dir"] == str(out_dir) and written["data"]["limit"] == 8
 
 
+@pytest.mark.slow
 def test_a_resume_with_another_number_of_processes_is_refused(finished_run):
     """A run's batches are sharded by process and every process saved its random states: resuming with another
     count would replay batches and draw other samples, so it is refused before any data is read."""

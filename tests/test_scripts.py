@@ -29,6 +29,7 @@ def trained(tmp_path_factory) -> Path:
     return tmp / "run"
 
 
+@pytest.mark.slow
 def test_train_writes_checkpoints_logs_and_plot(trained):
     for name in ("best.safetensors", "last.safetensors", "metrics.jsonl", "training.png"):
         assert (trained / name).is_file(), name
@@ -43,6 +44,7 @@ def test_train_writes_checkpoints_logs_and_plot(trained):
     assert "already finished" in again.stdout
 
 
+@pytest.mark.slow
 def test_evaluate_json(trained, tmp_path):
     out = run("scripts/evaluate.py", "--checkpoint", str(trained / "best.safetensors"), "--dataset", "flickr8k",
               "--data-root", str(need_flickr()), "--split", "test", "--limit", "4", "--beam-size", "2", "--json",
@@ -54,6 +56,7 @@ def test_evaluate_json(trained, tmp_path):
     assert len(written["captions"]) == 4
 
 
+@pytest.mark.slow
 def test_evaluate_writes_one_result_per_model_and_data_and_says_when_it_replaces_one(tmp_path):
     """No --output: evaluations/<model>_<dataset>_<split>[_<setting><value>].json under the working folder (beam 1
     is not the file's own setting, so it is named); a COCO result never
@@ -84,6 +87,7 @@ def test_evaluate_limit_must_be_positive(limit):
     assert out.returncode == 2 and f"--limit must be at least 1, got {limit}" in out.stderr and not out.stdout
 
 
+@pytest.mark.slow
 def test_evaluate_coco_annotations(trained, tmp_path):
     coco = need_coco()
     out = run("scripts/evaluate.py", "--checkpoint", str(trained / "best.safetensors"), "--dataset", "coco",
@@ -92,6 +96,7 @@ def test_evaluate_coco_annotations(trained, tmp_path):
     assert json.loads(out.stdout)["n_images"] == 3
 
 
+@pytest.mark.slow
 def test_caption_cli(trained, tmp_path):
     flickr = need_flickr()
     photos = sorted((flickr / "Images").glob("*.jpg"))[:2]
@@ -115,6 +120,7 @@ def test_caption_cli(trained, tmp_path):
     assert (tmp_path / "att" / ".captioner-figures").is_file()  # marked: a folder search never reads it as photos
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "auto"])
 def test_caption_cli_in_other_precisions(trained, dtype):
     photo = sorted((need_flickr() / "Images").glob("*.jpg"))[0]
@@ -124,11 +130,13 @@ def test_caption_cli_in_other_precisions(trained, dtype):
     assert line["image"] == str(photo) and line["log_prob"] <= 0
 
 
+@pytest.mark.slow
 def test_config_errors_are_clear():
     out = run("scripts/train.py", "--config", "configs/tiny.yaml", "--set", "train.bogus=1", ok=False)
     assert out.returncode == 2 and "unknown setting 'train.bogus'" in out.stderr
 
 
+@pytest.mark.slow
 def test_export_compact_model(trained, tmp_path):
     scores = tmp_path / "scores.json"
     scores.write_text(json.dumps({"dataset": "flickr8k", "split": "test", "beam_size": 3, "length_penalty": 0.0,
@@ -154,6 +162,7 @@ def test_export_compact_model(trained, tmp_path):
     assert bad.returncode == 2 and "only decode" in bad.stderr
 
 
+@pytest.mark.slow
 def test_export_reports_the_dtypes_the_file_holds_and_names_bad_metrics_files(tmp_path):
     """Re-exporting the bundled (fp16-decoder) model without --half printed "fp32" for a file keeping fp16
     tensors; --metrics x.npy failed with "'utf-8' codec can't decode" and no file name."""
@@ -184,6 +193,7 @@ def test_export_reports_the_dtypes_the_file_holds_and_names_bad_metrics_files(tm
     assert not (tmp_path / "o.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_export_weight_averaging(trained, tmp_path):
     import captioner
     import torch
@@ -209,6 +219,7 @@ def beam5_model(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_caption_cli_uses_the_model_files_decode_settings(beam5_model):
     photo = sorted((need_flickr() / "Images").glob("*.jpg"))[0]
     stored = run("scripts/caption.py", str(photo), "--checkpoint", str(beam5_model), "--json", "--device", "cpu")
@@ -221,6 +232,7 @@ def test_caption_cli_uses_the_model_files_decode_settings(beam5_model):
     assert json.loads(greedy.stdout)["settings"]["beam_size"] == 1 and json.loads(greedy.stdout)["settings"]["max_len"] == 6
 
 
+@pytest.mark.slow
 def test_evaluate_coco_val_is_recorded_as_val(beam5_model, tmp_path):
     """A COCO caption file is labelled by its own split (captions_val2017 -> val2017), in the output
     JSON and the feature cache name, and the model file's decode settings are recorded."""
@@ -237,6 +249,7 @@ def test_evaluate_coco_val_is_recorded_as_val(beam5_model, tmp_path):
     assert [p.name for p in (tmp_path / "cache").glob("*.npy")] == ["coco-val2017-first2-efficientnet_lite0-224px-g7.npy"]
 
 
+@pytest.mark.slow
 def test_evaluate_coco_grounding(tmp_path):
     """--grounding with the bundled model: the instance file beside the captions file, or --instances."""
     need_bundled()
@@ -281,6 +294,7 @@ def photo_folder(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_caption_cli_folder(tmp_path):
     """A folder: its images in sorted order, the bad one reported (exit 1), subfolders only with
     --recursive; the same captions whatever the batch size."""
@@ -298,6 +312,7 @@ def test_caption_cli_folder(tmp_path):
     assert deep.stderr.count("error:") == 1 and "not searched" not in deep.stderr
 
 
+@pytest.mark.slow
 def test_caption_cli_folder_json_and_maps(bundled, tmp_path):
     import math
 
@@ -329,6 +344,7 @@ def test_caption_cli_folder_json_and_maps(bundled, tmp_path):
     assert "alphas" not in json.loads(plain.stdout)
 
 
+@pytest.mark.slow
 def test_caption_cli_attention_dir_one_figure_per_photo_and_never_read_back(tmp_path):
     """photos/a/x.jpg, a/x.png and b/x.jpg used to write one x_attention.png (the last photo), and a
     figure folder inside the input folder was read as photos by the next --recursive run."""
@@ -360,6 +376,7 @@ def test_caption_cli_attention_dir_one_figure_per_photo_and_never_read_back(tmp_
     assert twins.returncode == 2 and "would both write" in twins.stderr and not (tmp_path / "flat").exists()
 
 
+@pytest.mark.slow
 def test_caption_cli_explain_matches_the_api_and_refuses_a_sentence_without_words(bundled):
     """--explain is Captioner.explain on the command line: the same words (kept as typed), scores and
     unknown words; a sentence with no words is the same error as in the API (the app shows it as a note)."""
@@ -378,6 +395,7 @@ def test_caption_cli_explain_matches_the_api_and_refuses_a_sentence_without_word
     assert bad.returncode == 2 and "has no words to explain" in bad.stderr and not bad.stdout
 
 
+@pytest.mark.slow
 def test_evaluate_hallucination_coco_and_flickr(tmp_path):
     """--hallucination prints CHAIR-s, CHAIR-i and recall (COCO: boxes + references as truth; Flickr8k:
     the references), with the references' own CHAIR as a human baseline; --decode evidence=true is

@@ -63,6 +63,7 @@ def _stop_mid_epoch(cmd: list[str], out: Path, signum: int) -> tuple[subprocess.
     return subprocess.CompletedProcess(cmd, p.returncode, stdout, stderr), time.time() - t, 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_stopped_run_saves_its_step_and_resumes_to_the_same_numbers(reference, signum, code):
     tmp, out = reference, reference / f"stopped_{signum}"
@@ -90,6 +91,7 @@ def tensorboard_steps(run_dir: Path) -> list[int]:
     return [e.step for e in events.Scalars("train/xent")]
 
 
+@pytest.mark.slow
 def test_the_run_that_built_the_cache_equals_one_that_read_it(reference):
     tmp = reference
     r = subprocess.run(train_cmd(tmp, "reader"), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
@@ -111,6 +113,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_stop_during_validation_resumes_with_that_validation(reference):
     """The epoch's steps are saved before its validation: a stop there loses nothing, and the rerun validates
     that epoch first; the numbers are the uninterrupted run's."""
@@ -127,6 +130,7 @@ def test_a_stop_during_validation_resumes_with_that_validation(reference):
     assert losses(out) == losses(tmp / "reference")
 
 
+@pytest.mark.slow
 def test_training_logs_eta_lines_and_tensorboard_scalars_without_progress_bars(reference):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -166,6 +170,7 @@ def _start_and_wait_for_a_temp(cmd: list[str], folder: Path) -> subprocess.Popen
     return p
 
 
+@pytest.mark.slow
 def test_prepare_stopped_leaves_no_temporary_file_and_a_killed_ones_is_swept(tmp_path):
     cache = tmp_path / "cache"
     p = _start_and_wait_for_a_temp(_prepare(tmp_path, 400), cache)
@@ -183,6 +188,7 @@ def test_prepare_stopped_leaves_no_temporary_file_and_a_killed_ones_is_swept(tmp
     assert "to encode: 8 photos into 1 cache(s)" in r.stdout and "GiB" in r.stdout
 
 
+@pytest.mark.slow
 def test_a_group_ctrl_c_while_caching_with_workers_prints_one_line(tmp_path):
     """The terminal's Ctrl-C reaches the whole process group, loader workers included: they leave it to the main
     process (no worker traceback, no "DataLoader worker exited unexpectedly"), which says one line and exits 130."""
@@ -213,6 +219,7 @@ def test_prepare_refuses_before_encoding_when_the_disk_is_short(tmp_path, monkey
     assert _temps(tmp_path / "cache") == [] and not list((tmp_path / "cache").glob("*.npy"))
 
 
+@pytest.mark.slow
 def test_keep_epochs_keeps_the_last_k_epochs_weights(reference):
     out = reference / "kept"
     r = subprocess.run(train_cmd(reference, out.name, "cache", "train.epochs=3", "train.keep_epochs=2",
