@@ -705,6 +705,7 @@ def test_compare_two_models_side_by_side(app, tmp_path, monkeypatch):
     assert all(any(f"‘{w}’" in i.value for i in at.info) for w in tiny_unknown)
 
 
+@pytest.mark.slow
 def test_concepts_and_the_evidence_switch(app):
     """The page shows what the encoder's classifier sees and a switch that starts at the file's evidence
     setting; with it on (the bundled default) the coffee photo is not called a dog."""

@@ -332,6 +332,7 @@ def test_stale_temp_files_of_dead_writers_are_removed(tmp_path, good, tiny):
     assert load_checkpoint(good).vocab.itos == vocab.itos
 
 
+@pytest.mark.slow
 def test_reader_sees_old_or_new_file_never_half(tmp_path, tiny):
     """Save many times while reading: every read is a complete checkpoint."""
     cfg, vocab, model = tiny

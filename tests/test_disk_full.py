@@ -104,6 +104,7 @@ def _fail_after_step(step: int):
     return save
 
 
+@pytest.mark.slow
 def test_full_disk_during_a_training_epoch_keeps_the_last_checkpoint_and_resumes(flickr, tmp_path, monkeypatch,
                                                                                 capsys):
     from captioner.cli.train import main
