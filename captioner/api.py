@@ -11,7 +11,7 @@
 
 Decode settings (every field of config.decode: beam size, maximum length, length penalty, trigram
 blocking ...) default to the ones stored in the model file; keyword overrides change them for one call:
-`model.caption(img, beam_size=1)`. Any DecodeConfig field is accepted, so a new decode setting needs
+`captioner.load().caption(img, beam_size=1)`. Any DecodeConfig field is accepted, so a new decode setting needs
 no new parameter here.
 """
 from __future__ import annotations
@@ -90,10 +90,9 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 def preferred_dtype(device: str | torch.device = "cpu") -> str:
     """"bfloat16" where the hardware computes it natively (CUDA with bf16, CPUs with AVX512-BF16 or
-    AMX), else "float32". bf16 may be faster there; the gain depends on the machine (measured on a CPU
-    without native bf16: 1.1-1.4x, 85 -> 79 ms on 1 thread, 71 -> 52 ms on 2), and it can change
-    individual captions (6 of 20 in that measurement) at nearly the same corpus quality (Flickr8k test,
-    beam 5: METEOR 0.204 in both, BLEU-4 0.208 vs 0.213)."""
+    AMX), else "float32". bf16 may be faster there; the gain depends on the machine, and it can change
+    individual captions at nearly the same corpus quality (the measurement: docs/performance.md, "Measured
+    once, kept out of the code")."""
     device = torch.device(device)
     if device.type == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"

@@ -115,7 +115,7 @@ class TrainConfig:
     val_beam_size: int = 1  # 1 = greedy during validation (fast); the metric is still a real decoding metric
     val_limit: int = 0  # validate on the first N val images (0 = all)
     amp: bool = True  # CUDA: bf16 autocast where the GPU has bf16, else fp16 with a GradScaler (T4, V100)
-    cpu_amp: bool = False  # bf16 autocast on CPU too (opt-in; ~1.4x faster where the CPU has AVX512-BF16/AMX)
+    cpu_amp: bool = False  # bf16 autocast on CPU too (opt-in: it pays only where the CPU has AVX512-BF16/AMX)
     compile: bool = False  # torch.compile the decoder (CUDA)
     seed: int = 0
     log_every: int = 50  # a log line (loss, lr, grad norm, captions/s, ETA) and a metrics.jsonl record every N steps

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Every GPU command of the project at small sizes, one table: the first session lent a GPU runs this once,
-first and last, and has every figure docs/performance.md and docs/training.md leave unmeasured.
+"""Every GPU command of the project at small sizes, one table: run once on a machine with a GPU, it gives
+every figure docs/performance.md and docs/training.md leave unmeasured.
 
-    .venv/bin/python scripts/gpu_check.py --device cuda --out gpu_check/     # ~5-10 minutes on one GPU
+    .venv/bin/python scripts/gpu_check.py --device cuda --out gpu_check/     # minutes on one GPU
     .venv/bin/python scripts/gpu_check.py --device cpu --quick               # the same commands on a CPU (smoke)
 
 Rows: the benchmark (captions/s, fraction of the GPU's peak, caption() ms, the COCO epoch estimate), the batch

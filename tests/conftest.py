@@ -1,17 +1,34 @@
+"""What the tests share: where the real data lives (or a skip that says it is absent), the tiny random models
+(a decoder, a whole captioner), the bundled model loaded once, a random photo, and the runner for commands."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import captioner
+from captioner.config import Config
 from captioner.model.decoder import Decoder
+from captioner.vocab import SpecialIds
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 FLICKR = SHARED / "flickr8k"
 COCO_MINI = SHARED / "coco-mini"
+PAIRED = SHARED / "coco-paired"
+
+# PYTHONPATH: the scripts import THIS checkout's package, not whichever one is installed
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+       "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+# the tiny captioner's words (after <pad> <start> <end> <unk>)
+WORDS = ["a", "dog", "runs", "on", "the", "grass", "man", "red"]
 
 
 def need_flickr() -> Path:
@@ -26,6 +43,28 @@ def need_coco() -> Path:
     return COCO_MINI
 
 
+def need_paired() -> Path:
+    if not (PAIRED / "captions.json").is_file():
+        pytest.skip(f"coco-paired data not found at {PAIRED} (tests that need real COCO photos are skipped)")
+    return PAIRED
+
+
+def need_bundled() -> Path:
+    """The bundled model file, or a skip: for tests that run a command on it rather than load it here."""
+    if not captioner.DEFAULT_CHECKPOINT.is_file():
+        pytest.skip(f"the bundled default model {captioner.DEFAULT_CHECKPOINT} is missing")
+    return captioner.DEFAULT_CHECKPOINT
+
+
+def run(*args: str, ok: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python *args` in the repository root with this checkout's package; an AssertionError that shows both
+    streams when it fails (unless ok=False)."""
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+    if ok and proc.returncode != 0:
+        raise AssertionError(f"{args} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
 @pytest.fixture
 def flickr() -> Path:
     return need_flickr()
@@ -34,6 +73,25 @@ def flickr() -> Path:
 @pytest.fixture
 def coco_mini() -> Path:
     return need_coco()
+
+
+# the tiny decoder's random tensors: B images, P = 9 regions (a 3x3 grid), D = 16 features; its special ids
+B, P, D = 3, 9, 16
+START, END, PAD = 1, 2, 0
+IDS = SpecialIds(START, END, PAD)
+
+
+def batch(V: int, lengths=(6, 4, 2)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random teacher-forcing captions over a V-word vocabulary: (inputs, targets, lengths, mask), inputs and
+    targets (N, T) padded with PAD past each length, inputs starting with START."""
+    T = max(lengths)
+    lengths = torch.tensor(lengths)
+    inputs = torch.randint(4, V, (len(lengths), T))
+    inputs[:, 0] = START
+    targets = torch.randint(4, V, (len(lengths), T))
+    mask = torch.arange(T)[None] < lengths[:, None]
+    inputs[~mask], targets[~mask] = PAD, PAD
+    return inputs, targets, lengths, mask
 
 
 def tiny_decoder(vocab_size: int = 12, dropout: float = 0.0, attention: str = "soft") -> Decoder:
@@ -49,13 +107,47 @@ def tiny() -> Decoder:
     return tiny_decoder()
 
 
+def tiny_config(grid: int = 7) -> Config:
+    """The tiny captioner's settings: an untrained EfficientNet-Lite0 (no download), a grid x grid map, E = H = A
+    = 32."""
+    cfg = Config()
+    cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size = "efficientnet_lite0", False, grid
+    cfg.model.embed_dim = cfg.model.hidden_dim = cfg.model.attention_dim = 32
+    return cfg
+
+
+def tiny_captioner(grid: int = 7) -> captioner.Captioner:
+    """A fresh random whole captioner (encoder, decoder, the 12-word vocabulary of WORDS) a test may change."""
+    from captioner.model.captioner import build_model
+    from captioner.vocab import Vocab
+
+    cfg = tiny_config(grid)
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", *WORDS])
+    model = build_model(cfg.model, len(vocab))
+    with torch.no_grad():
+        model.decoder.out_vocab.bias[vocab.end] -= 3.0  # an untrained model would often end at once
+    return captioner.Captioner(model, vocab, cfg)
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> captioner.Captioner:
+    """One tiny_captioner() per module, for tests that only read it (save it, caption with it)."""
+    torch.manual_seed(0)
+    return tiny_captioner()
+
+
+def photo(w: int = 320, h: int = 200) -> Image.Image:
+    """A w x h photo of RGB noise, the same every call."""
+    rng = np.random.RandomState(0)
+    return Image.fromarray(rng.randint(0, 255, (h, w, 3), dtype=np.uint8))
+
+
 @pytest.fixture(scope="session")
 def bundled() -> captioner.Captioner:
     """The bundled default model (captioner.load()), loaded once for the whole session and shared by every
     module: a test may read it and ask it anything, but must not change it (weights, config, attached
     detectors); a test that changes a model loads its own."""
-    if not captioner.DEFAULT_CHECKPOINT.is_file():
-        pytest.skip(f"the bundled default model {captioner.DEFAULT_CHECKPOINT} is missing")
+    need_bundled()
     return captioner.load()
 
 

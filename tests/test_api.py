@@ -4,31 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import captioner
 from captioner.checkpoint import CheckpointError, load_checkpoint
 from captioner.config import Config
-from captioner.model.captioner import build_model
-from captioner.vocab import Vocab
 
-WORDS = ["a", "dog", "runs", "on", "the", "grass", "man", "red"]
-
-
-def tiny_captioner(grid: int = 7) -> captioner.Captioner:
-    cfg = Config()
-    cfg.model.encoder, cfg.model.pretrained, cfg.model.grid_size = "efficientnet_lite0", False, grid
-    cfg.model.embed_dim = cfg.model.hidden_dim = cfg.model.attention_dim = 32
-    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", *WORDS])
-    model = build_model(cfg.model, len(vocab))
-    with torch.no_grad():
-        model.decoder.out_vocab.bias[vocab.end] -= 3.0  # an untrained model would often end at once
-    return captioner.Captioner(model, vocab, cfg)
-
-
-def photo(w: int = 320, h: int = 200) -> Image.Image:
-    rng = np.random.RandomState(0)
-    return Image.fromarray(rng.randint(0, 255, (h, w, 3), dtype=np.uint8))
+from .conftest import WORDS, photo, tiny_captioner
 
 
 def test_caption_contract():
@@ -227,7 +208,7 @@ def test_preprocess_belongs_to_the_model_recipe():
         prep(b"not a picture")
     with pytest.raises(AttributeError):
         prep.image_size = 100  # frozen: one recipe, never edited in place
-    # cache names: the recipe's, bf16 features are another cache, and the old helper agrees
+    # cache names: the recipe's, bf16 features are another cache, and features.cache_name agrees
     from captioner.data.features import cache_name
 
     assert prep.cache_name("flickr8k", "train") == "flickr8k-train-efficientnet_lite0-224px-g7"

@@ -28,7 +28,7 @@ from PIL import Image
 import captioner
 from captioner.ui.page_views import first_noun
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]  # a real chromium and an app server per test
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "captioner" / "assets" / "examples"
@@ -363,7 +363,7 @@ def test_workbench_views_in_chromium(app_url, sync_playwright, tmp_path):
     shows is what the library computes."""
     from captioner.images import load_image
 
-    from .test_api import tiny_captioner
+    from .conftest import tiny_captioner
 
     folder = tmp_path / "models"
     tiny_captioner().save(folder / "tiny.safetensors")

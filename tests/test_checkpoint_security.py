@@ -18,31 +18,16 @@ from safetensors.torch import save_file
 import captioner
 from captioner.checkpoint import (FORMAT, CheckpointError, load_checkpoint, load_model_state,
                                   save_checkpoint)
-from captioner.config import Config
 from captioner.model.captioner import build_model
 from captioner.vocab import Vocab
-
-WORDS = ["<pad>", "<start>", "<end>", "<unk>", "a", "dog"]
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def tiny_config(encoder: str = "efficientnet_lite0") -> Config:
-    cfg = Config()
-    cfg.model.encoder = encoder
-    cfg.model.pretrained = False
-    cfg.model.embed_dim = cfg.model.hidden_dim = cfg.model.attention_dim = 32
-    return cfg
-
-
 @pytest.fixture(scope="module")
-def tiny():
-    torch.manual_seed(0)
-    cfg = tiny_config()
-    vocab = Vocab(WORDS)
-    model = build_model(cfg.model, len(vocab))
-    return cfg, vocab, model
+def tiny(tiny_model):
+    """(config, vocabulary, model) of the module's shared tiny captioner (tests/conftest.py), read only."""
+    return tiny_model.config, tiny_model.vocab, tiny_model.model
 
 
 @pytest.fixture
@@ -127,6 +112,7 @@ def test_pickle_checkpoint_is_refused_and_never_unpickled(tmp_path, monkeypatch,
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_pickle_checkpoint_refused_in_a_fresh_process(tmp_path):
     """End to end, no monkeypatching: the caption CLI refuses the file and no code runs."""
     marker = tmp_path / "PWNED"
@@ -211,22 +197,25 @@ def test_corrupt_metadata(tmp_path, good, change, words):
 
 # ----------------------------------------------------------------------------- mismatches
 
-def test_vocabulary_does_not_match_embedding(tmp_path, good):
-    bad = rewrite(good, tmp_path / "vocab8.safetensors", vocab=Vocab(WORDS + ["cat", "sofa"]).to_json())
+def test_vocabulary_does_not_match_embedding(tmp_path, good, tiny):
+    _, vocab, _ = tiny
+    n = len(vocab)
+    bad = rewrite(good, tmp_path / "vocab+2.safetensors", vocab=Vocab(vocab.itos + ["cat", "sofa"]).to_json())
     for fn in (load_checkpoint, captioner.load):
         with pytest.raises(CheckpointError, match="shape mismatch") as e:
             fn(bad)
         msg = str(e.value)
-        assert "8 words" in msg and "decoder.embedding.weight" in msg and "(6, 32)" in msg
+        assert f"{n + 2} words" in msg and "decoder.embedding.weight" in msg and f"({n}, 32)" in msg
 
 
 def test_vocabulary_mismatch_when_loading_into_a_model(tiny):
     """load_model_state (used by load() and by training resume) names the mismatching tensors."""
-    cfg, _, model = tiny
-    other = build_model(cfg.model, 8)
+    cfg, vocab, model = tiny
+    n = len(vocab)
+    other = build_model(cfg.model, n + 2)
     with pytest.raises(CheckpointError, match="shape mismatch") as e:
         load_model_state(other, model.state_dict(), "ckpt.safetensors")
-    assert "decoder.embedding.weight: checkpoint (6, 32) vs model (8, 32)" in str(e.value)
+    assert f"decoder.embedding.weight: checkpoint ({n}, 32) vs model ({n + 2}, 32)" in str(e.value)
 
 
 def test_other_encoder_in_config(tmp_path, good):
@@ -340,9 +329,10 @@ def test_stale_temp_files_of_dead_writers_are_removed(tmp_path, good, tiny):
     save_checkpoint(good, cfg, vocab, model.state_dict())
     assert not stale.exists()
     assert live.exists() and other.exists()
-    assert load_checkpoint(good).vocab.itos == WORDS
+    assert load_checkpoint(good).vocab.itos == vocab.itos
 
 
+@pytest.mark.slow
 def test_reader_sees_old_or_new_file_never_half(tmp_path, tiny):
     """Save many times while reading: every read is a complete checkpoint."""
     cfg, vocab, model = tiny

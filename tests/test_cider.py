@@ -60,6 +60,7 @@ def test_equals_pycocoevalcap_cider_with_the_same_document_frequencies(flickr):
     assert ours == pytest.approx(list(theirs), rel=1e-9, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_training_frequencies_rank_like_pycocoevalcap_and_score_fast(flickr):
     from pycocoevalcap.cider.cider import Cider
 

@@ -79,6 +79,7 @@ def test_modules_use_the_config_lists():
     assert encoder.ENCODERS is config_module.ENCODERS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", ["train.val_metric=Bleu4", "train.objective=scts", "decode.hard_context=foo",
                                      "model.encoder=vgg99", "train.scst_baseline=median"])
 def test_a_typo_stops_training_before_any_data_is_read(setting, tmp_path):

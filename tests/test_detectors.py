@@ -163,6 +163,7 @@ def test_evidence_vetoes_person_words_below_the_floor():
     assert off.bias(torch.tensor([0]), torch.zeros(1, 0, dtype=torch.long))[0, v.stoi["man"]] == 0
 
 
+@pytest.mark.slow
 def test_decoding_drops_person_words_the_detector_rules_out():
     m = _without_detectors()
     before = m.caption(EXAMPLES / "astronaut.jpg")
@@ -236,7 +237,7 @@ def test_train_detectors_on_a_mix_with_coco_words_and_noise_negatives(flickr, tm
     from captioner.cli.train_detectors import main as train_detectors
     from captioner.concepts.detectors import caption_labels, group_members
 
-    from .test_mix import need_paired
+    from .conftest import need_paired
 
     need_paired()
     model = captioner.load()
@@ -261,7 +262,7 @@ def test_export_carries_detectors_from_a_model_with_the_same_encoder_only(tmp_pa
     weight for weight (e.g. a decoder retrained on frozen features); another encoder is refused."""
     from captioner.cli.export import main as export
 
-    from .test_api import tiny_captioner
+    from .conftest import tiny_captioner
 
     bundled = captioner.DEFAULT_CHECKPOINT
     donor = load_checkpoint(bundled)

@@ -46,12 +46,12 @@ def test_random_decoders_find_the_same_hypotheses(seed, beam, max_len, length_pe
         same(beam_search(dec, feats, ids, settings), beam_search_on_device(dec, feats, ids, settings, check_every=1))
 
 
-def test_the_bundled_model_on_real_photos_at_its_stored_settings(monkeypatch):
+def test_the_bundled_model_on_real_photos_at_its_stored_settings(bundled, monkeypatch):
     import captioner.model.decoder as decoder_mod
     from captioner.decoding.evidence import photo_evidence
     from captioner.decoding.reading import read_heads
 
-    loaded = captioner.load()
+    loaded = bundled
     photos = sorted((captioner.DEFAULT_CHECKPOINT.parent / "examples").glob("*.jpg"))
     feats = loaded.encode(torch.stack([loaded.preprocess(p) for p in photos]))  # (B, P, D)
     settings = loaded.decode_settings()

@@ -5,7 +5,7 @@ goes on from there.
 
 The full disk is simulated the way it shows up: the free-space figure (shutil.disk_usage) or the
 writer itself raising OSError(ENOSPC) part-way through a file (safetensors reports it as
-"... (os error 28)"); a real tmpfs shows the same (see the report of issue 32)."""
+"... (os error 28)"); a real full tmpfs raises the same errors."""
 from __future__ import annotations
 
 import errno
@@ -80,7 +80,7 @@ def test_checkpoint_writer_on_a_full_disk_keeps_the_old_file(tmp_path, monkeypat
 
 
 def _tiny() -> captioner.Captioner:
-    from .test_api import tiny_captioner
+    from .conftest import tiny_captioner
 
     return tiny_captioner()
 
@@ -104,6 +104,7 @@ def _fail_after_step(step: int):
     return save
 
 
+@pytest.mark.slow
 def test_full_disk_during_a_training_epoch_keeps_the_last_checkpoint_and_resumes(flickr, tmp_path, monkeypatch,
                                                                                 capsys):
     from captioner.cli.train import main

@@ -9,10 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import captioner
 
-from .conftest import ROOT, need_flickr
-from .test_scripts import ENV
+from .conftest import ENV, ROOT, need_flickr
 
 # the code of this project a traceback can run through: the package (wherever it is imported from) and the scripts
 OURS = (Path(captioner.__file__).resolve().parent, (ROOT / "scripts").resolve())
@@ -42,6 +43,7 @@ def test_our_frames_are_told_by_where_the_file_lies_not_by_a_word_in_its_path(tm
     assert our_frames("\n".join(theirs)) == []
 
 
+@pytest.mark.slow
 def test_torchrun_without_a_cache_is_refused_then_two_cpu_ranks_stay_in_sync(tmp_path):
     flickr = need_flickr()
     settings = [f"data.root={flickr}", f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path / 'run'}",
@@ -66,6 +68,7 @@ def test_torchrun_without_a_cache_is_refused_then_two_cpu_ranks_stay_in_sync(tmp
     assert (tmp_path / "run" / "best.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_torchrun_ctrl_c_stops_every_rank_at_one_step_and_resumes_to_the_same_numbers(tmp_path):
     """Ctrl-C reaches every process of the group: each rank finishes the same step (they agree on it), rank 0 saves
     it with both ranks' random states, every rank exits 130 without a traceback of ours, and the rerun logs what

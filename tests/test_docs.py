@@ -17,6 +17,7 @@ commented allow-lists below.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import tokenize
@@ -80,6 +81,7 @@ def _python_prose(src: str) -> list[tuple[int, str]]:
     return out
 
 
+@functools.cache  # read once for the module's tests (they only read it)
 def prose() -> list[tuple[str, int, str]]:
     """(file relative to the root, line, text) for everything the test reads."""
     out = []
@@ -210,6 +212,7 @@ def _class_members(cls: ast.ClassDef) -> set[str]:
     return out
 
 
+@functools.cache
 def code_index() -> tuple[dict[str, list[_Module]], dict[str, list[ast.ClassDef]], set[str]]:
     """(dotted path tail -> modules, class name -> class definitions, every def and class name)."""
     modules: dict[str, list[_Module]] = {}
@@ -316,6 +319,88 @@ def test_the_code_name_scan_is_not_vacuous_and_catches_stale_names():
     assert missing_code_names(lines) == ["search.word_logp (docs/x.md:3)", "Captioner.features (docs/x.md:3)",
                                          "decode.beam_sise (docs/x.md:3)", "get_features (docs/x.md:3)",
                                          "imagenet.detect (docs/x.md:3)"]
+
+
+# ----------------------------------------------------------------------------- code names in the package's prose
+# The package's docstrings and comments (captioner/, scripts/, app.py) follow the docs' rule for dotted names and
+# calls (CODE_NAME). A backticked single snake_case or CamelCase name (`captions_from_features`, `ruled_out`,
+# `Interrupted`) names a function, class, argument, attribute or key: it must occur in the project's code (an
+# identifier, or a string key such as a JSON field). Plain backticked words (`steps`, `finally`) are prose.
+SINGLE_NAME = re.compile(r"`([A-Za-z_]\w*)`")
+_SPELLED = {ast.Name: "id", ast.Attribute: "attr", ast.arg: "arg", ast.keyword: "arg"}  # node -> its name field
+
+
+@functools.cache
+def _package_prose() -> list[tuple[str, int, str]]:
+    files = [ROOT / "app.py", *sorted((ROOT / "captioner").rglob("*.py")), *sorted((ROOT / "scripts").glob("*.py"))]
+    return [(p.relative_to(ROOT).as_posix(), i, line) for p in files if "__pycache__" not in p.parts
+            for i, line in _python_prose(p.read_text())]
+
+
+@functools.cache
+def code_identifiers() -> set[str]:
+    """Every name the project's code spells: definitions, arguments, names, attributes, keywords, imports and
+    identifier-like string constants (dict keys, getattr names, JSON fields)."""
+    found: set[str] = set()
+    for p in [ROOT / "app.py", *(ROOT / "captioner").rglob("*.py"), *(ROOT / "scripts").glob("*.py")]:
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.add(n.name)
+            elif type(n) in _SPELLED:
+                found.add(getattr(n, _SPELLED[type(n)]) or "")  # a **kwargs keyword has no name
+            elif isinstance(n, ast.alias):
+                found.add((n.asname or n.name).split(".")[-1])
+            elif isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.isidentifier():
+                found.add(n.value)
+    return found
+
+
+def missing_single_names(lines: list[tuple[str, int, str]], identifiers: set[str]) -> list[str]:
+    """'name (file:line)' for every backticked snake_case or CamelCase name the code never spells."""
+    return [f"{m.group(1)} ({where}:{i})" for where, i, text in lines for m in SINGLE_NAME.finditer(text)
+            if ("_" in m.group(1).strip("_") or m.group(1)[0].isupper()) and m.group(1) not in identifiers]
+
+
+def test_every_code_name_in_the_package_prose_exists():
+    lines = _package_prose()
+    missing = missing_code_names(lines) + missing_single_names(lines, code_identifiers())
+    assert not missing, ("code names in the package's docstrings and comments that the code does not define "
+                         "(name what now holds the thing, or reword):\n  " + "\n  ".join(missing))
+
+
+def test_the_package_prose_scan_is_not_vacuous_and_catches_stale_names():
+    lines = _package_prose()
+    assert {"app.py", "captioner/api.py", "scripts/train.py"} <= {w for w, _, _ in lines}
+    assert sum(bool(CODE_NAME.search(t)) for _, _, t in lines) > 20  # the package's prose does name code
+    ids = code_identifiers()
+    assert {"captions_from_features", "ruled_out", "Interrupted", "beam_size"} <= ids
+    stale = [("captioner/x.py", 4, "# `captions_from_photos` (renamed), `ruled_outs`, `Interupted`; `steps` and "
+                                   "`finally` are words, `__init__` and `ruled_out` exist")]
+    assert missing_single_names(stale, ids) == ["captions_from_photos (captioner/x.py:4)",
+                                                "ruled_outs (captioner/x.py:4)", "Interupted (captioner/x.py:4)"]
+
+
+# ----------------------------------------------------------------------------- no measured timings in code
+# A measured figure is one machine's fact: docs/performance.md keeps it, with where it was measured ("Measured
+# once, kept out of the code"); the package's docstrings and comments keep the reason, not the number. A duration
+# ("85 ms", "13.2 s", "about 10 minutes") or a speed ratio ("1.4x faster", "40% slower") is a measured timing;
+# shapes (4H), factors (2x finer) and settings named without a number are not.
+TIMING = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s*(?:ms|µs|s|sec|seconds?|min|minutes?|hours?)\b(?!\()"
+                    r"|(?<![\w.])\d+(?:\.\d+)?\s*(?:x|%|times)\s+(?:faster|slower|as long)\b")
+
+
+def test_no_measured_timings_in_the_package_prose():
+    found = [f"{where}:{i}: {text.strip()}" for where, i, text in _package_prose() if TIMING.search(text)]
+    assert not found, ("measured timings in docstrings or comments (move the figure to docs/performance.md, "
+                       "keep the reason):\n  " + "\n  ".join(found))
+
+
+def test_the_timing_scan_catches_timings_and_leaves_shapes_alone():
+    timings = ["85 -> 79 ms on 1 thread", "took 13.2 s, now 6.5 s", "about 2-3 minutes in all", "~1.4x faster",
+               "measured 25-40% faster", "cost 18x as long", "10 min on one CPU"]
+    fine = ["(B*G, 4H): eq. 1", "a 2x finer native grid", "between 1x and 2x max_side", "train.max_seconds",
+            "5 steps at lr 1e-3", "beam 5, 100 photos", "(N, P, A) x (A,)"]
+    assert [bool(TIMING.search(s)) for s in timings + fine] == [True] * len(timings) + [False] * len(fine)
 
 
 def test_the_readme_stays_short():

@@ -82,16 +82,15 @@ def test_the_veto_reads_the_detector_named_after_a_category_too():
     assert ev.ruled_out[0, v.stoi["dog"]] == 1  # no dog detector here: the head's P rules it out
 
 
-def test_the_detectors_veto_is_stored_with_the_model_and_off_for_files_that_predate_it(tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_the_detectors_veto_is_stored_with_the_model_and_off_for_files_that_predate_it(bundled, tmp_path, monkeypatch):
     """decode.evidence_detectors: on for files written now (the own-photos recipe's exports), off for files that
     predate the setting (the bundled model decodes as it always has); it decides whether the veto asks them."""
     import dataclasses
 
-    import captioner
     from captioner.checkpoint import load_checkpoint
     from captioner.decoding.evidence import photo_evidence
 
-    bundled = captioner.load()
     assert bundled.config.decode.evidence_detectors is False and DecodeConfig().evidence_detectors is True
     photo = bundled.read("captioner/assets/examples/cat.jpg")
     reading, vocab, model = photo.reading, bundled.vocab, bundled.model
@@ -105,14 +104,13 @@ def test_the_detectors_veto_is_stored_with_the_model_and_off_for_files_that_pred
     assert load_checkpoint(out).config.decode.evidence_detectors is False  # stored as it was loaded
 
 
-def test_a_taught_words_category_asks_its_detector_even_where_the_file_does_not(monkeypatch):
+def test_a_taught_words_category_asks_its_detector_even_where_the_file_does_not(bundled, monkeypatch):
     """The bundled file decodes without decode.evidence_detectors, and its head misses many a horse: a model taught
     "stallion" from it said the word only on the 9 of 20 held-out horses where the bundled model said "horse". The
     category of a taught word (and so its source word) now asks the detector of its name; every other category
     stays as the file decodes it, so photos without the taught thing keep their captions."""
     from captioner.decoding.evidence import photo_evidence
 
-    bundled = captioner.load()
     reading, model, settings = bundled.read(EXAMPLES / "cat.jpg").reading, bundled.model, bundled.config.decode
     monkeypatch.setattr("captioner.decoding.evidence.detected_probs", lambda probs, det, seen: torch.ones_like(probs))
     taught = Vocab([*bundled.vocab.itos, "stallion"], {"stallion": "horse"})

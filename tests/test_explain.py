@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import captioner
-from tests.test_api import photo, tiny_captioner
+from .conftest import photo, tiny_captioner
 
 ATOL = 1e-5
 
@@ -154,11 +154,11 @@ def test_hard_model_argmax_context_is_explained_as_decoded(one_torch_thread):
     from captioner.vocab import SpecialIds
     from captioner.decoding.explain import explain_features
     from captioner.vocab import Vocab
-    from tests.test_hard_attention import tiny
+    from .conftest import tiny_decoder
 
-    dec = tiny("hard").eval()
+    dec = tiny_decoder(attention="hard")
     vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(dec.vocab_size - 4)])
-    feats = torch.randn(1, 9, 16)  # (1, P, D) of test_hard_attention's tiny decoder: a 3x3 grid
+    feats = torch.randn(1, 9, 16)  # (1, P, D) of the tiny decoder (D = 16): a 3x3 grid
     settings = DecodeConfig(beam_size=1, max_len=6, block_trigrams=False, hard_context="argmax")
     (hyp,) = greedy_decode(dec, feats, SpecialIds.of(vocab), settings)
     words = [vocab.itos[t] for t in hyp.tokens]

@@ -9,15 +9,13 @@ import pytest
 import torch
 from PIL import Image
 
-import captioner
 from captioner.config import DecodeConfig
 from captioner.decoding.evidence import Evidence, word_categories
 from captioner.decoding.photo import caption_photos
 from captioner.images import load_image, preprocess
 from captioner.model import attention, rows
 from captioner.model.decoder import Decoder
-from tests.conftest import tiny_decoder
-from tests.test_model import B, D, P
+from .conftest import B, D, P, tiny_decoder
 
 VAL_PHOTOS = 3
 
@@ -39,8 +37,7 @@ def test_the_step_equals_the_literal_step(hard, monkeypatch):
     with and without the context-gate table) == the literal step (tanh, plain products) for G beams per image."""
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 2 * 4 * P * 7)  # 2 images per block, a partial last block
     torch.manual_seed(0)
-    dec = Decoder(12, D, embed_dim=8, hidden_dim=10, attention_dim=7, dropout=0.0,
-                  attention="hard" if hard else "soft").eval()
+    dec = tiny_decoder(attention="hard" if hard else "soft")
     G = 4  # rows per image, as beams: 12 rows, within the few-row products' range
     feats = torch.randn(B, P, D)
     state = (torch.randn(B * G, 10), torch.randn(B * G, 10))
@@ -57,10 +54,10 @@ def test_the_step_equals_the_literal_step(hard, monkeypatch):
                     torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
 
 
-def test_evidence_bias_lookup_equals_the_formula():
+def test_evidence_bias_lookup_equals_the_formula(bundled):
     """Evidence.bias == penalty + bonus of the categories the row has not named yet, written out from the
     settings: with a bonus (the general path) and without one (the lookup)."""
-    vocab = captioner.load().vocab if captioner.DEFAULT_CHECKPOINT.is_file() else pytest.skip("no bundled model")
+    vocab = bundled.vocab
     words = word_categories(vocab)  # (V, C)
     torch.manual_seed(0)
     probs = torch.rand(2, words.shape[1])  # (2, C)

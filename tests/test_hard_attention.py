@@ -32,15 +32,15 @@ SCORES = ("attention.feat_proj.weight", "attention.hidden_proj.weight", "attenti
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def tiny(attention: str = "hard", dropout: float = 0.0) -> Decoder:
+def tiny_of(attention: str = "hard", dropout: float = 0.0) -> Decoder:
     """The shared tiny decoder (tests/conftest.py), hard unless asked."""
     return tiny_decoder(V, dropout, attention)
 
 
 def twins() -> tuple[Decoder, Decoder]:
     """A soft and a hard decoder with the same weights."""
-    soft = tiny("soft").eval()
-    hard = tiny("hard").eval()
+    soft = tiny_of("soft").eval()
+    hard = tiny_of("hard").eval()
     missing, unexpected = hard.load_state_dict(soft.state_dict(), strict=False)
     assert missing == ["reinforce_baseline"] and not unexpected  # the hard model's only extra state
     return soft, hard
@@ -57,7 +57,7 @@ def one_step(dec: Decoder, feats: torch.Tensor, G: int, context: str):
 
 @pytest.mark.parametrize("G", [1, 3])  # 3: rows of one image share its features, as beams do
 def test_sampled_context_is_the_gated_annotation_at_the_sampled_location(G):
-    dec = tiny()
+    dec = tiny_of()
     feats = torch.randn(B, P, D)
     z, alpha, beta, where = one_step(dec, feats, G, "sample")
     image = torch.arange(B).repeat_interleave(G)  # (B*G,)
@@ -68,7 +68,7 @@ def test_sampled_context_is_the_gated_annotation_at_the_sampled_location(G):
 
 
 def test_argmax_context_is_the_gated_annotation_at_the_most_attended_region():
-    dec = tiny()
+    dec = tiny_of()
     feats = torch.randn(B, P, D)
     z, alpha, beta, where = one_step(dec, feats, 2, "argmax")
     assert torch.equal(where, alpha.argmax(-1))
@@ -84,7 +84,7 @@ def test_sampled_locations_follow_alpha():
     freq = torch.bincount(where, minlength=5).float() / n
     assert (freq - alpha).abs().max() < 5 * (0.25 / n) ** 0.5  # 0.0125
     # the same through the decoder: one image, identical hidden states -> identical alphas per row
-    dec = tiny()
+    dec = tiny_of()
     feats = torch.randn(1, P, D)
     h = torch.randn(1, H).expand(n, -1).contiguous()
     _, a, _, w, _ = dec.recur((h, torch.zeros_like(h)), torch.zeros(n, 4 * H), feats, dec.attention.project(feats),
@@ -139,7 +139,7 @@ def _captions(n: int = 3, T: int = 6):
 
 
 def test_location_log_probs_cover_real_steps_only():
-    dec = tiny()
+    dec = tiny_of()
     feats = torch.randn(B, P, D)
     inputs, targets, lengths = _captions()
     torch.manual_seed(5)
@@ -155,13 +155,13 @@ def test_location_log_probs_cover_real_steps_only():
     torch.manual_seed(5)
     assert torch.equal(dec.teacher_force(feats, other, lengths, context="sample").loc_logp, loc_logp)
     with pytest.raises(ValueError, match="hard-attention decoder"):
-        tiny("soft").teacher_force(feats, inputs, lengths, context="sample")
+        tiny_of("soft").teacher_force(feats, inputs, lengths, context="sample")
 
 
 def test_reinforce_is_what_trains_the_attention_scores():
     """Cross-entropy through a sampled one-hot context never reaches W_a, W_h, w (the draw is not
     differentiable): without the REINFORCE term hard attention could not learn where to look."""
-    dec = tiny()
+    dec = tiny_of()
     feats = torch.randn(B, P, D)
     inputs, targets, lengths = _captions()
     logits, alphas, _, loc_logp = dec.teacher_force(feats, inputs, lengths, context="sample")
@@ -214,7 +214,7 @@ def test_moving_average_baseline_updates_and_survives_a_checkpoint(tmp_path):
     update_baseline(b, torch.tensor([-3.0, -5.0]), decay=0.9)
     assert b.item() == pytest.approx(0.9 * 2.0 + 0.1 * -4.0)
     # through the objective: a sampled batch moves the decoder's buffer, an expected one does not
-    model = CaptionModel(torch.nn.Identity(), tiny().train())  # type: ignore[arg-type]
+    model = CaptionModel(torch.nn.Identity(), tiny_of().train())  # type: ignore[arg-type]
     batch = _batch()
     terms = _objective(expected_prob=0.0, decay=0.75)(model, batch)
     assert terms.logs["sampled"] == 1.0 and terms.logs["baseline"] == 0.0 and terms.logs["reinforce"] != 0.0
@@ -232,7 +232,7 @@ def test_moving_average_baseline_updates_and_survives_a_checkpoint(tmp_path):
                     model.state_dict())
     ckpt = load_checkpoint(path)
     assert ckpt.config.model.attention == "hard"
-    again = tiny(ckpt.config.model.attention)
+    again = tiny_of(ckpt.config.model.attention)
     load_model_state(again, {k.removeprefix("decoder."): v for k, v in ckpt.model_state.items()}, str(path))
     assert again.reinforce_baseline.item() == b1
 
@@ -242,13 +242,13 @@ def test_old_configs_without_the_key_are_soft():
     del d["model"]["attention"], d["decode"]["hard_context"]
     cfg = Config.from_dict(d)
     assert cfg.model.attention == "soft" and cfg.decode.hard_context == "expected"
-    assert not hasattr(tiny("soft"), "reinforce_baseline")  # soft state dicts are unchanged
+    assert not hasattr(tiny_of("soft"), "reinforce_baseline")  # soft state dicts are unchanged
 
 
 def test_a_tiny_hard_model_learns():
     """30 Adam steps on one synthetic batch (half of them with sampled contexts) lower the loss."""
     torch.manual_seed(0)
-    model = CaptionModel(torch.nn.Identity(), tiny().train())  # type: ignore[arg-type]
+    model = CaptionModel(torch.nn.Identity(), tiny_of().train())  # type: ignore[arg-type]
     objective = _objective(expected_prob=0.5)
     objective.cfg.train.alpha_c = 1.0
     logs = optimise(objective, model, _batch(), steps=30, lr=3e-2)
@@ -264,7 +264,7 @@ def test_bad_choices_are_clear_errors():
     with pytest.raises(ValueError, match="decode.hard_context must be one of expected, argmax"):
         load_config(overrides=["decode.hard_context=sample"])
     with pytest.raises(ValueError, match="model.attention must be one of soft, hard"):
-        tiny("bogus")
+        tiny_of("bogus")
     assert load_config(overrides=["model.attention=hard"]).model.attention == "hard"
     with pytest.raises(ValueError, match="train.hard_expected_prob must be in"):
         _objective(expected_prob=1.5)

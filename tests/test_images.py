@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 import captioner
@@ -30,7 +29,7 @@ from hypothesis import strategies as st
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# ----------------------------------------------------------------------------- helpers
+# ----------------------------------------------------------------------------- making broken and odd images
 
 def enc(img: Image.Image, fmt: str, **kw) -> bytes:
     b = io.BytesIO()
@@ -80,20 +79,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def cap() -> captioner.Captioner:
-    """A tiny randomly initialised captioner (no pretrained weights, no download)."""
-    from captioner.config import Config
-    from captioner.model.captioner import build_model
-    from captioner.vocab import Vocab
-
-    torch.manual_seed(0)
-    cfg = Config()
-    cfg.model.encoder = "efficientnet_lite0"
-    cfg.model.pretrained = False
-    cfg.model.embed_dim = cfg.model.hidden_dim = cfg.model.attention_dim = 32
-    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", "a", "dog"])
-    model = build_model(cfg.model, len(vocab))
-    return captioner.Captioner(model, vocab, cfg)
+def cap(tiny_model) -> captioner.Captioner:
+    """The module's tiny random captioner (tests/conftest.py: no pretrained weights, no download), only asked
+    for captions."""
+    return tiny_model
 
 
 def assert_caption(c) -> None:
@@ -306,6 +295,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow
 def test_bombs_bounded_memory_and_time():
     """In a fresh process (peak RSS is per process): bombs are refused without allocating, and a
     valid but huge palette image (10 kB file, 81 Mpx) is shrunk before any RGB conversion."""

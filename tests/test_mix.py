@@ -14,16 +14,7 @@ from captioner.data import build_mix, build_records
 from captioner.data.dataset import BucketBatchSampler
 from captioner.vocab import Vocab, is_salad
 
-from .conftest import ROOT, SHARED, need_flickr
-from .test_scripts import run
-
-PAIRED = SHARED / "coco-paired"
-
-
-def need_paired() -> Path:
-    if not (PAIRED / "captions.json").is_file():
-        pytest.skip(f"coco-paired data not found at {PAIRED} (tests that need real COCO photos are skipped)")
-    return PAIRED
+from .conftest import PAIRED, ROOT, need_flickr, need_paired, run, tiny_decoder
 
 
 def _mix_sources(limit_split: Path | None = None) -> list[dict]:
@@ -165,11 +156,10 @@ def test_the_salad_rule_on_hand_made_captions(caption, salad):
 def test_decoding_never_writes_salad_with_the_rule_on():
     from captioner.decoding.search import decode
     from captioner.vocab import SpecialIds
-    from captioner.model.decoder import Decoder
 
     words = ["a", "and", "white", "dog", "cat", "runs"]
     vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>"] + words)
-    dec = Decoder(len(vocab), 16, embed_dim=8, hidden_dim=10, attention_dim=7, dropout=0.0).eval()
+    dec = tiny_decoder(len(vocab))
     with torch.no_grad():
         dec.out_vocab.bias[vocab.end] += 1.5  # an untrained decoder that sometimes ends its caption
     torch.manual_seed(0)
@@ -189,6 +179,7 @@ def test_decoding_never_writes_salad_with_the_rule_on():
 
 # ---------------------------------------------------------------- a tiny mixed run, end to end
 
+@pytest.mark.slow
 def test_tiny_mixed_run_trains_exports_and_captions(tmp_path):
     sources = json.dumps([{**s, "weight": w} for s, w in zip(_mix_sources(), (1, 2))])
     common = ["--config", "configs/tiny.yaml", "--set", f"data.sources={sources}", f"data.cache_dir={tmp_path / 'c'}",
@@ -209,6 +200,7 @@ def test_tiny_mixed_run_trains_exports_and_captions(tmp_path):
     assert json.loads(cap.stdout.splitlines()[0])["caption"]
 
 
+@pytest.mark.slow
 def test_evaluate_a_coco_split_file(tmp_path):
     """evaluate.py --split-file scores only the photos the file names (labelled by it); it is for COCO only."""
     paired = need_paired()
@@ -227,6 +219,7 @@ def test_evaluate_a_coco_split_file(tmp_path):
 
 # ---------------------------------------------------------------- the encoder's top tuned on the mix
 
+@pytest.mark.slow
 def test_tiny_mixed_run_tunes_the_top_from_each_sets_activation_cache(tmp_path):
     """model.tune_stages on a mix: each set's activation caches (named after it, with mirror images) built
     by prepare and reused by training, both sets sampled by weight, validated per set; the top stages move,

@@ -11,16 +11,13 @@ from captioner.bench.naive import naive_decoder
 from captioner.config import DecodeConfig
 from captioner.decoding.rules import unruled
 from captioner.decoding.search import beam_search, decode, greedy_decode
-from captioner.vocab import SpecialIds
 from captioner.training.loss import caption_loss
 from captioner.model.attention import AdditiveAttention, glimpse
 from captioner.model.decoder import Decoder
 
-from .conftest import tiny_decoder
+from captioner.vocab import SpecialIds
 
-B, P, D = 3, 9, 16
-START, END, PAD = 1, 2, 0
-IDS = SpecialIds(START, END, PAD)
+from .conftest import END, IDS, PAD, START, B, D, P, batch, tiny_decoder
 
 
 def S(**settings) -> DecodeConfig:
@@ -28,17 +25,6 @@ def S(**settings) -> DecodeConfig:
     unless asked (an untrained decoder over a 12-word vocabulary repeats words, which is what several tests
     need)."""
     return unruled(**settings)
-
-
-def batch(V: int, lengths=(6, 4, 2)):
-    T = max(lengths)
-    lengths = torch.tensor(lengths)
-    inputs = torch.randint(4, V, (len(lengths), T))
-    inputs[:, 0] = START
-    targets = torch.randint(4, V, (len(lengths), T))
-    mask = torch.arange(T)[None] < lengths[:, None]
-    inputs[~mask], targets[~mask] = PAD, PAD
-    return inputs, targets, lengths, mask
 
 
 def test_attention_is_a_distribution_and_gated():

@@ -83,7 +83,7 @@ def test_a_captions_file_with_a_bom_is_read(tmp_path):
     assert len(load_flickr8k(tmp_path / "bom", "train")) == 8
 
 
-def test_prepare_reports_the_vocabulary_training_uses(tmp_path, capsys):
+def test_prepare_reports_the_vocabulary_training_uses(bundled, tmp_path, capsys):
     """own_photos.yaml warm-starts from the bundled model: prepare reported the captions' own 10-word vocabulary
     (a third of the words <unk>), train the bundled one extended; now both say the extended one."""
     from captioner.cli.prepare import main
@@ -92,9 +92,9 @@ def test_prepare_reports_the_vocabulary_training_uses(tmp_path, capsys):
     assert main(["--config", "configs/own_photos.yaml", "--set", f"data.root={root}", "--no-features",
                  "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    bundled = len(captioner.load().vocab)
-    assert f"({bundled} words) + 1 new from your captions: zorblax" in out, out
-    assert f"vocabulary: {bundled + 1} words" in out and "UNK rate 0.00%" in out, out
+    n = len(bundled.vocab)
+    assert f"({n} words) + 1 new from your captions: zorblax" in out, out
+    assert f"vocabulary: {n + 1} words" in out and "UNK rate 0.00%" in out, out
 
 
 def test_a_photo_missing_on_disk_is_named_and_stops_prepare_unless_skipped(tmp_path, capsys):
@@ -161,7 +161,7 @@ def test_a_fully_transparent_png_and_a_panorama_shrunk_on_reading_get_notes_that
     shrunk to (1024x4), not the file's. Both notes reach the CLI's stderr, the API's Caption and its Photo."""
     from captioner.cli.caption import main
 
-    from .test_api import tiny_captioner
+    from .conftest import tiny_captioner
 
     clear, wide, part = tmp_path / "clear.png", tmp_path / "wide.png", tmp_path / "part.png"
     Image.new("RGBA", (300, 300), (0, 0, 0, 0)).save(clear)

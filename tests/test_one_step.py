@@ -85,7 +85,7 @@ def test_compiling_the_step_compiles_what_every_path_runs(tiny, monkeypatch):
     """train.compile (Decoder.compile_step) wraps `recur`: teacher forcing, beam search, greedy decoding and
     sampling then all run the wrapped function (here a counting stand-in for torch.compile)."""
     from captioner.decoding.rules import unruled
-    from tests.test_model import IDS, D, P, batch
+    from .conftest import IDS, D, P, batch
 
     runs: list[str] = []
 

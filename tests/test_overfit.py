@@ -2,11 +2,12 @@
 captions: the whole pipeline (image loading, encoder, teacher forcing, loss, decoding) fits together."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from functools import partial
 
-from captioner.config import Config, DataConfig, DecodeConfig
+from captioner.config import Config, DataConfig
 from captioner.data import build_records
 from captioner.data.dataset import collate, encode_captions
 from captioner.decoding.rules import unruled
@@ -20,6 +21,7 @@ from captioner.model.encoder import normalization
 from captioner.vocab import Vocab
 
 
+@pytest.mark.slow
 def test_tiny_model_memorises_real_images(flickr):
     records = build_records(DataConfig(root=str(flickr), limit=5), "train")
     for r in records:

@@ -246,7 +246,7 @@ def test_a_taught_model_is_exported_with_its_starting_models_decode_settings_and
     from captioner.model.captioner import build_model
     from captioner.vocab import Vocab
 
-    from .test_api import tiny_captioner
+    from .conftest import tiny_captioner
 
     start = tiny_captioner()
     start.config.decode.evidence_detectors, start.config.decode.beam_size = False, 4
@@ -290,7 +290,7 @@ def test_with_new_words_only_nothing_but_the_new_words_rows_moves():
 
     from captioner.training.new_words import GROWN_ROWS, NewWordRows
 
-    from .test_api import tiny_captioner
+    from .conftest import tiny_captioner
 
     decoder = tiny_captioner().model.decoder
     old_size = decoder.out_vocab.weight.shape[0] - 2  # the last two words are new

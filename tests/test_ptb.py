@@ -15,8 +15,7 @@ import pytest
 from captioner.evaluation.metrics import score_captions
 from captioner.evaluation.ptb import ptb_tokenize
 
-from .conftest import ROOT, SHARED, need_flickr
-from .test_scripts import ENV
+from .conftest import ENV, ROOT, SHARED, need_flickr
 
 JAVA = shutil.which("java") is not None
 need_java = pytest.mark.skipif(not JAVA, reason="java is not installed: the Java PTB tokenizer cannot be compared")

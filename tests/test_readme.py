@@ -3,6 +3,7 @@ installed entry point of this project (or the venv's python/pip/streamlit), and 
 one that command accepts (its --help lists it)."""
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import subprocess
@@ -33,6 +34,14 @@ def test_readme_has_command_lines():
     assert len(_command_lines()) >= 10  # the parse found the blocks: this test can fail
 
 
+@functools.cache  # one process per entry point, however many README lines use it
+def _help(name: str) -> str:
+    """What `name --help` prints, run in a fresh process as the installed entry point runs it."""
+    module, func = SCRIPTS[name].split(":")
+    return subprocess.run([sys.executable, "-c", f"import sys; from {module} import {func}; sys.exit({func}(['--help']))"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+
+
 @pytest.mark.parametrize("line", _command_lines())
 def test_each_readme_command_names_an_installed_program_and_known_flags(line):
     words = shlex.split(line)
@@ -41,9 +50,7 @@ def test_each_readme_command_names_an_installed_program_and_known_flags(line):
     assert name in SCRIPTS or name in VENV_TOOLS, f"'{line}': {name} is not an entry point of pyproject.toml"
     if name not in SCRIPTS:
         return
-    module, func = SCRIPTS[name].split(":")
-    help_text = subprocess.run([sys.executable, "-c", f"import sys; from {module} import {func}; sys.exit({func}(['--help']))"],
-                               cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+    help_text = _help(name)
     assert "usage:" in help_text, f"{name} --help printed no usage"
     for flag in (w.split("=")[0] for w in words[1:] if w.startswith("--")):
         assert re.search(rf"(^|[\s\[,]){re.escape(flag)}\b", help_text), f"'{line}': {name} has no option {flag}"

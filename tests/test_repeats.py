@@ -1,4 +1,4 @@
-"""Repeated words (issue 45): "an airplane airplane", "a black and black dog", "a kitchen that is in the
+"""Repeated words: "an airplane airplane", "a black and black dog", "a kitchen that is in the
 kitchen". The three kinds are counted by vocab.repeats (metrics, evaluate) and ruled out in decoding by
 decode.block_repeats / decode.block_content_repeats (decoding/rules.py). Random decoders, no data."""
 from __future__ import annotations
@@ -11,8 +11,9 @@ from captioner.decoding.rules import unruled, word_logp
 from captioner.vocab import SpecialIds
 from captioner.decoding.search import decode, greedy_decode
 from captioner.evaluation.metrics import caption_defects, reference_repeats
-from captioner.model.decoder import Decoder
 from captioner.vocab import repeats
+
+from .conftest import tiny_decoder
 
 START, END, PAD = 1, 2, 0
 AND, A = 4, 5  # token 4 plays "and", 5 plays "a" (function words); 6.. are content words
@@ -64,7 +65,7 @@ def test_decoding_never_writes_a_repeat(k):
     """A random decoder over 10 words repeats itself; with the rules on, no caption has any of the three
     kinds, beam 1 equals greedy, and captions that had no repeat are unchanged."""
     torch.manual_seed(0)
-    dec = Decoder(10, D, embed_dim=8, hidden_dim=10, attention_dim=7, dropout=0.0).eval()
+    dec = tiny_decoder(10)  # D = 16
     feats = torch.randn(16, P, D) * 3
     plain = [h[0].tokens for h in decode(dec, feats, IDS, off(beam_size=1, max_len=12))]
     assert any(any(kinds(t).values()) for t in plain)  # the test exercises something

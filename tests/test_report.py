@@ -55,6 +55,7 @@ def report(tmp_path_factory) -> tuple[Path, dict]:
     return out / "report.html", json.loads((out / "eval.json").read_text())
 
 
+@pytest.mark.slow
 @needs_mini
 def test_every_photo_worst_first_with_its_caption_and_no_outside_resource(report):
     page, result = report
@@ -74,6 +75,7 @@ def test_every_photo_worst_first_with_its_caption_and_no_outside_resource(report
     assert "http://" not in text and "https://" not in text
 
 
+@pytest.mark.slow
 @needs_mini
 def test_hallucinated_and_missed_objects_are_the_hallucination_modules(report):
     page, result = report
@@ -112,6 +114,7 @@ def test_per_image_cider_averages_to_the_corpus_cider():
     assert min(per[i] for i in ids[:4]) > max(per[i] for i in ids[4:])  # a reference beats a wrong sentence
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 @needs_mini
 def test_the_page_opens_offline_in_chromium_and_lists_every_photo_worst_first(report):

@@ -12,8 +12,7 @@ from captioner.checkpoint import load_checkpoint
 from captioner.config import load_config
 from captioner.training.resume import config_changes
 
-from .conftest import need_flickr
-from .test_scripts import run
+from .conftest import need_flickr, run
 
 
 def test_config_changes_sorts_safe_from_unsafe():
@@ -42,9 +41,10 @@ def _state(cmd: list[str]) -> dict:
     return load_checkpoint(Path(cmd[-1].split("=", 1)[1]) / "last.safetensors").train_state
 
 
+@pytest.mark.slow
 def test_unsafe_changes_are_refused_with_the_keys_named(finished_run):
     before = _state(finished_run)["state"]["step"]
-    out = run(*finished_run, "data.limit=12", "train.lr=1", "train.epochs=3", ok=False)  # the issue's command
+    out = run(*finished_run, "data.limit=12", "train.lr=1", "train.epochs=3", ok=False)  # a rerun with changes
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "cannot resume" in out.stderr and "data.limit: 8 (stored) vs 12 (this command)" in out.stderr
     assert "train.lr" not in out.stderr and "epoch 2:" not in out.stdout  # safe keys are not the problem
@@ -54,6 +54,7 @@ def test_unsafe_changes_are_refused_with_the_keys_named(finished_run):
     assert _state(finished_run)["state"]["step"] == before  # nothing was trained or overwritten
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_extended_with_the_new_learning_rate(finished_run):
     out_dir = Path(finished_run[-1].split("=", 1)[1])
     same = run(*finished_run, "train.epochs=1")
@@ -71,6 +72,7 @@ def test_a_finished_run_is_extended_with_the_new_learning_rate(finished_run):
     assert "already finished" in again.stdout and "2 of train.epochs=2 done" in again.stdout
 
 
+@pytest.mark.slow
 def test_the_run_folder_holds_its_resolved_config(finished_run):
     import yaml
 
@@ -80,6 +82,7 @@ def test_the_run_folder_holds_its_resolved_config(finished_run):
     assert written["train"]["out_dir"] == str(out_dir) and written["data"]["limit"] == 8
 
 
+@pytest.mark.slow
 def test_a_resume_with_another_number_of_processes_is_refused(finished_run):
     """A run's batches are sharded by process and every process saved its random states: resuming with another
     count would replay batches and draw other samples, so it is refused before any data is read."""

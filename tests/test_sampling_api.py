@@ -189,7 +189,7 @@ def test_invalid_arguments_are_value_errors_that_say_what_is_allowed(bundled, ph
 
 
 @pytest.mark.slow
-def test_the_cli_samples_the_example_photos_end_to_end(capsys, tmp_path):
+def test_the_cli_samples_the_example_photos_end_to_end(bundled, capsys, tmp_path):
     paths = [str(p) for p in EXAMPLES]
     args = [*paths, "--sample", "3", "--seed", "5", "--top-p", "0.9", "--temperature", "0.8", "--json"]
     assert main(args) == 0
@@ -200,7 +200,7 @@ def test_the_cli_samples_the_example_photos_end_to_end(capsys, tmp_path):
     assert all(r["caption"] == " ".join(r["words"]) and len(r["word_log_probs"]) == len(r["words"]) for r in lines)
     assert main(args) == 0  # the same seed: the same captions
     assert [json.loads(x)["caption"] for x in capsys.readouterr().out.splitlines()] == [r["caption"] for r in lines]
-    photo = captioner.load().read(paths[1])  # each photo sampled on its own: the API's captions
+    photo = bundled.read(paths[1])  # each photo sampled on its own: the API's captions
     assert [c.text for c in photo.sample(3, 0.8, 0, 0.9, 5)] == [r["caption"] for r in lines[3:6]]
     assert main([paths[0], "--sample", "2", "--seed", "1", "--attention-dir", str(tmp_path)]) == 0
     text = capsys.readouterr().out.splitlines()

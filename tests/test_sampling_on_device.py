@@ -25,7 +25,7 @@ def _trimmed(s, T: int):
 
 
 @pytest.mark.parametrize("rules", [False, True])
-def test_fixed_shapes_write_what_the_shrinking_loop_writes(rules):
+def test_fixed_shapes_write_what_the_shrinking_loop_writes(bundled, rules):
     """The bundled model on its example photos (captions of different lengths), greedy draws (deterministic: the
     two loops must agree token for token), with SCST's scores and with a caption's (every decode rule)."""
     import captioner
@@ -33,7 +33,7 @@ def test_fixed_shapes_write_what_the_shrinking_loop_writes(rules):
     from captioner.decoding.reading import read_heads
     from captioner.decoding.rules import word_logp
 
-    loaded = captioner.load()
+    loaded = bundled
     photos = sorted((captioner.DEFAULT_CHECKPOINT.parent / "examples").glob("*.jpg"))
     feats = loaded.encode(torch.stack([loaded.preprocess(p) for p in photos]))  # (B, P, D)
     settings = loaded.decode_settings()

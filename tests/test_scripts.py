@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,18 +11,7 @@ import pytest
 
 from captioner.config import DecodeConfig
 
-from .conftest import ROOT, need_coco, need_flickr
-
-# PYTHONPATH: the scripts import THIS checkout's package, not whichever one is installed
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-       "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-
-
-def run(*args: str, ok: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
-    if ok and proc.returncode != 0:
-        raise AssertionError(f"{args} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-    return proc
+from .conftest import ENV, ROOT, need_bundled, need_coco, need_flickr, run
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +29,7 @@ def trained(tmp_path_factory) -> Path:
     return tmp / "run"
 
 
+@pytest.mark.slow
 def test_train_writes_checkpoints_logs_and_plot(trained):
     for name in ("best.safetensors", "last.safetensors", "metrics.jsonl", "training.png"):
         assert (trained / name).is_file(), name
@@ -56,6 +44,7 @@ def test_train_writes_checkpoints_logs_and_plot(trained):
     assert "already finished" in again.stdout
 
 
+@pytest.mark.slow
 def test_evaluate_json(trained, tmp_path):
     out = run("scripts/evaluate.py", "--checkpoint", str(trained / "best.safetensors"), "--dataset", "flickr8k",
               "--data-root", str(need_flickr()), "--split", "test", "--limit", "4", "--beam-size", "2", "--json",
@@ -67,11 +56,12 @@ def test_evaluate_json(trained, tmp_path):
     assert len(written["captions"]) == 4
 
 
+@pytest.mark.slow
 def test_evaluate_writes_one_result_per_model_and_data_and_says_when_it_replaces_one(tmp_path):
     """No --output: evaluations/<model>_<dataset>_<split>[_<setting><value>].json under the working folder (beam 1
     is not the file's own setting, so it is named); a COCO result never
     lands on the Flickr8k one, and replacing an earlier result is said."""
-    bundled_or_skip()
+    need_bundled()
     coco = need_coco()
 
     def evaluate(*args):
@@ -97,6 +87,7 @@ def test_evaluate_limit_must_be_positive(limit):
     assert out.returncode == 2 and f"--limit must be at least 1, got {limit}" in out.stderr and not out.stdout
 
 
+@pytest.mark.slow
 def test_evaluate_coco_annotations(trained, tmp_path):
     coco = need_coco()
     out = run("scripts/evaluate.py", "--checkpoint", str(trained / "best.safetensors"), "--dataset", "coco",
@@ -105,6 +96,7 @@ def test_evaluate_coco_annotations(trained, tmp_path):
     assert json.loads(out.stdout)["n_images"] == 3
 
 
+@pytest.mark.slow
 def test_caption_cli(trained, tmp_path):
     flickr = need_flickr()
     photos = sorted((flickr / "Images").glob("*.jpg"))[:2]
@@ -128,6 +120,7 @@ def test_caption_cli(trained, tmp_path):
     assert (tmp_path / "att" / ".captioner-figures").is_file()  # marked: a folder search never reads it as photos
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "auto"])
 def test_caption_cli_in_other_precisions(trained, dtype):
     photo = sorted((need_flickr() / "Images").glob("*.jpg"))[0]
@@ -137,11 +130,13 @@ def test_caption_cli_in_other_precisions(trained, dtype):
     assert line["image"] == str(photo) and line["log_prob"] <= 0
 
 
+@pytest.mark.slow
 def test_config_errors_are_clear():
     out = run("scripts/train.py", "--config", "configs/tiny.yaml", "--set", "train.bogus=1", ok=False)
     assert out.returncode == 2 and "unknown setting 'train.bogus'" in out.stderr
 
 
+@pytest.mark.slow
 def test_export_compact_model(trained, tmp_path):
     scores = tmp_path / "scores.json"
     scores.write_text(json.dumps({"dataset": "flickr8k", "split": "test", "beam_size": 3, "length_penalty": 0.0,
@@ -167,6 +162,7 @@ def test_export_compact_model(trained, tmp_path):
     assert bad.returncode == 2 and "only decode" in bad.stderr
 
 
+@pytest.mark.slow
 def test_export_reports_the_dtypes_the_file_holds_and_names_bad_metrics_files(tmp_path):
     """Re-exporting the bundled (fp16-decoder) model without --half printed "fp32" for a file keeping fp16
     tensors; --metrics x.npy failed with "'utf-8' codec can't decode" and no file name."""
@@ -177,7 +173,7 @@ def test_export_reports_the_dtypes_the_file_holds_and_names_bad_metrics_files(tm
 
     import captioner
 
-    bundled_or_skip()
+    need_bundled()
     out = tmp_path / "again.safetensors"
     printed = run("scripts/export_model.py", str(captioner.DEFAULT_CHECKPOINT), str(out)).stdout
     with safe_open(str(out), "pt") as f:
@@ -197,6 +193,7 @@ def test_export_reports_the_dtypes_the_file_holds_and_names_bad_metrics_files(tm
     assert not (tmp_path / "o.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_export_weight_averaging(trained, tmp_path):
     import captioner
     import torch
@@ -213,7 +210,7 @@ def test_export_weight_averaging(trained, tmp_path):
 @pytest.fixture(scope="module")
 def beam5_model(tmp_path_factory) -> Path:
     """A tiny untrained model whose file stores decode.beam_size=5, max_len=6 (no training needed)."""
-    from .test_api import tiny_captioner
+    from .conftest import tiny_captioner
 
     model = tiny_captioner()
     model.config.decode.beam_size, model.config.decode.max_len = 5, 6
@@ -222,6 +219,7 @@ def beam5_model(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_caption_cli_uses_the_model_files_decode_settings(beam5_model):
     photo = sorted((need_flickr() / "Images").glob("*.jpg"))[0]
     stored = run("scripts/caption.py", str(photo), "--checkpoint", str(beam5_model), "--json", "--device", "cpu")
@@ -234,6 +232,7 @@ def test_caption_cli_uses_the_model_files_decode_settings(beam5_model):
     assert json.loads(greedy.stdout)["settings"]["beam_size"] == 1 and json.loads(greedy.stdout)["settings"]["max_len"] == 6
 
 
+@pytest.mark.slow
 def test_evaluate_coco_val_is_recorded_as_val(beam5_model, tmp_path):
     """A COCO caption file is labelled by its own split (captions_val2017 -> val2017), in the output
     JSON and the feature cache name, and the model file's decode settings are recorded."""
@@ -250,12 +249,10 @@ def test_evaluate_coco_val_is_recorded_as_val(beam5_model, tmp_path):
     assert [p.name for p in (tmp_path / "cache").glob("*.npy")] == ["coco-val2017-first2-efficientnet_lite0-224px-g7.npy"]
 
 
+@pytest.mark.slow
 def test_evaluate_coco_grounding(tmp_path):
     """--grounding with the bundled model: the instance file beside the captions file, or --instances."""
-    import captioner
-
-    if not captioner.DEFAULT_CHECKPOINT.is_file():
-        pytest.skip(f"the bundled model {captioner.DEFAULT_CHECKPOINT} is missing")
+    need_bundled()
     coco = need_coco()
     ann = coco / "annotations" / "captions_train2017.json"
     common = ["scripts/evaluate.py", "--dataset", "coco", "--images", str(coco / "train2017"), "--limit", "4",
@@ -297,17 +294,11 @@ def photo_folder(tmp_path: Path) -> Path:
     return root
 
 
-def bundled_or_skip() -> None:
-    import captioner
-
-    if not captioner.DEFAULT_CHECKPOINT.is_file():
-        pytest.skip(f"the bundled model {captioner.DEFAULT_CHECKPOINT} is missing")
-
-
+@pytest.mark.slow
 def test_caption_cli_folder(tmp_path):
     """A folder: its images in sorted order, the bad one reported (exit 1), subfolders only with
     --recursive; the same captions whatever the batch size."""
-    bundled_or_skip()
+    need_bundled()
     root = photo_folder(tmp_path)
     flat = run("scripts/caption.py", str(root), "--beam-size", "1", "--batch-size", "16", ok=False)
     assert flat.returncode == 1 and "bad.jpg" in flat.stderr and "readme" not in flat.stderr
@@ -321,18 +312,18 @@ def test_caption_cli_folder(tmp_path):
     assert deep.stderr.count("error:") == 1 and "not searched" not in deep.stderr
 
 
-def test_caption_cli_folder_json_and_maps(tmp_path):
+@pytest.mark.slow
+def test_caption_cli_folder_json_and_maps(bundled, tmp_path):
     import math
 
     import captioner
 
-    bundled_or_skip()
     root = photo_folder(tmp_path)
     (root / "bad.jpg").unlink()
     out = run("scripts/caption.py", str(root), "--recursive", "--json", "--maps", "--batch-size", "2")
     lines = [json.loads(x) for x in out.stdout.splitlines()]
     assert len(lines) == 3
-    model = captioner.load()
+    model = bundled
     g = model.grid_size
     for r in lines:
         n = len(r["words"])
@@ -353,12 +344,13 @@ def test_caption_cli_folder_json_and_maps(tmp_path):
     assert "alphas" not in json.loads(plain.stdout)
 
 
+@pytest.mark.slow
 def test_caption_cli_attention_dir_one_figure_per_photo_and_never_read_back(tmp_path):
     """photos/a/x.jpg, a/x.png and b/x.jpg used to write one x_attention.png (the last photo), and a
     figure folder inside the input folder was read as photos by the next --recursive run."""
     from PIL import Image
 
-    bundled_or_skip()
+    need_bundled()
     src = sorted((need_flickr() / "Images").glob("*.jpg"))[:3]
     root = tmp_path / "photos"
     for rel, photo in (("a/x.jpg", src[0]), ("a/x.png", src[1]), ("b/x.jpg", src[2])):
@@ -384,17 +376,16 @@ def test_caption_cli_attention_dir_one_figure_per_photo_and_never_read_back(tmp_
     assert twins.returncode == 2 and "would both write" in twins.stderr and not (tmp_path / "flat").exists()
 
 
-def test_caption_cli_explain_matches_the_api_and_refuses_a_sentence_without_words():
+@pytest.mark.slow
+def test_caption_cli_explain_matches_the_api_and_refuses_a_sentence_without_words(bundled):
     """--explain is Captioner.explain on the command line: the same words (kept as typed), scores and
     unknown words; a sentence with no words is the same error as in the API (the app shows it as a note)."""
-    import captioner
     from captioner.images import load_image
 
-    bundled_or_skip()
     photo = sorted((need_flickr() / "Images").glob("*.jpg"))[0]
     out = run("scripts/caption.py", str(photo), "--explain", "A dog in a café!", "--json")
     rec = json.loads(out.stdout)
-    expect = captioner.load().explain(load_image(photo), "A dog in a café!")
+    expect = bundled.explain(load_image(photo), "A dog in a café!")
     assert rec["words"] == expect.words == ["a", "dog", "in", "a", "café"] and rec["unknown_words"] == ["café"]
     assert rec["log_prob"] == pytest.approx(expect.log_prob, abs=1e-3)
     assert "‘café’ is not in the model's vocabulary (fed as <unk>)" in rec["notes"]  # the JSON carries its notes
@@ -404,14 +395,12 @@ def test_caption_cli_explain_matches_the_api_and_refuses_a_sentence_without_word
     assert bad.returncode == 2 and "has no words to explain" in bad.stderr and not bad.stdout
 
 
+@pytest.mark.slow
 def test_evaluate_hallucination_coco_and_flickr(tmp_path):
     """--hallucination prints CHAIR-s, CHAIR-i and recall (COCO: boxes + references as truth; Flickr8k:
     the references), with the references' own CHAIR as a human baseline; --decode evidence=true is
     recorded with the settings."""
-    import captioner
-
-    if not captioner.DEFAULT_CHECKPOINT.is_file():
-        pytest.skip(f"the bundled model {captioner.DEFAULT_CHECKPOINT} is missing")
+    need_bundled()
     coco = need_coco()
     out = run("scripts/evaluate.py", "--dataset", "coco", "--images", str(coco / "train2017"), "--annotations",
               str(coco / "annotations" / "captions_train2017.json"), "--limit", "6", "--beam-size", "2",

@@ -1,4 +1,4 @@
-"""Stopping and resuming a run exactly (issue 56): Ctrl-C / SIGTERM mid-epoch save the exact step, print one line
+"""Stopping and resuming a run exactly: Ctrl-C / SIGTERM mid-epoch save the exact step, print one line
 and exit 130 / 143 without a traceback; the rerun's logged losses equal an uninterrupted run's (dropout 0.5:
 every random state is saved); a run that built its feature cache trains on what a later run reads; prepare
 leaves no temporary file after SIGTERM, and a start sweeps what a kill -9 left. Real subprocesses
@@ -63,6 +63,7 @@ def _stop_mid_epoch(cmd: list[str], out: Path, signum: int) -> tuple[subprocess.
     return subprocess.CompletedProcess(cmd, p.returncode, stdout, stderr), time.time() - t, 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_stopped_run_saves_its_step_and_resumes_to_the_same_numbers(reference, signum, code):
     tmp, out = reference, reference / f"stopped_{signum}"
@@ -90,6 +91,7 @@ def tensorboard_steps(run_dir: Path) -> list[int]:
     return [e.step for e in events.Scalars("train/xent")]
 
 
+@pytest.mark.slow
 def test_the_run_that_built_the_cache_equals_one_that_read_it(reference):
     tmp = reference
     r = subprocess.run(train_cmd(tmp, "reader"), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
@@ -111,6 +113,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_stop_during_validation_resumes_with_that_validation(reference):
     """The epoch's steps are saved before its validation: a stop there loses nothing, and the rerun validates
     that epoch first; the numbers are the uninterrupted run's."""
@@ -127,6 +130,7 @@ def test_a_stop_during_validation_resumes_with_that_validation(reference):
     assert losses(out) == losses(tmp / "reference")
 
 
+@pytest.mark.slow
 def test_training_logs_eta_lines_and_tensorboard_scalars_without_progress_bars(reference):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -189,6 +193,7 @@ def _start_and_wait_for_a_temp(cmd: list[str], folder: Path) -> subprocess.Popen
     return p
 
 
+@pytest.mark.slow
 def test_prepare_stopped_leaves_no_temporary_file_and_a_killed_ones_is_swept(tmp_path):
     cache = tmp_path / "cache"
     p = _start_and_wait_for_a_temp(_prepare(tmp_path, 400), cache)
@@ -206,6 +211,7 @@ def test_prepare_stopped_leaves_no_temporary_file_and_a_killed_ones_is_swept(tmp
     assert "to encode: 8 photos into 1 cache(s)" in r.stdout and "GiB" in r.stdout
 
 
+@pytest.mark.slow
 def test_a_group_ctrl_c_while_caching_with_workers_prints_one_line(tmp_path):
     """The terminal's Ctrl-C reaches the whole process group, loader workers included: they leave it to the main
     process (no worker traceback, no "DataLoader worker exited unexpectedly"), which says one line and exits 130."""
@@ -236,6 +242,7 @@ def test_prepare_refuses_before_encoding_when_the_disk_is_short(tmp_path, monkey
     assert _temps(tmp_path / "cache") == [] and not list((tmp_path / "cache").glob("*.npy"))
 
 
+@pytest.mark.slow
 def test_keep_epochs_keeps_the_last_k_epochs_weights(reference):
     out = reference / "kept"
     r = subprocess.run(train_cmd(reference, out.name, "cache", "train.epochs=3", "train.keep_epochs=2",

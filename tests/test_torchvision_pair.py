@@ -1,4 +1,4 @@
-"""A torch / torchvision pair that does not work together (issue 57: torch 2.13.0+cpu with torchvision 0.28.0
+"""A torch / torchvision pair that does not work together (torch 2.13.0+cpu with torchvision 0.28.0
 from PyPI fails in `import torchvision` with "operator torchvision::nms does not exist"): one line naming both
 versions and the reinstall, no traceback, in the library, the command-line programs and the app. The mismatch
 is faked: `import torchvision` raises what the broken pair raised."""

@@ -1,7 +1,6 @@
 """Training survives faults: kill -9 mid-epoch and mid-save, NaN loss, unreadable images in the
 dataset, stale feature caches. Real subprocesses running scripts/train.py on a tiny slice of
-Flickr8k (12 images, 32-d decoder, 1 thread) so the whole file stays around two minutes on a
-loaded 2-core CPU."""
+Flickr8k (12 images, 32-d decoder, 1 thread), small enough that the whole file fits a 2-core CPU's test run."""
 from __future__ import annotations
 
 import contextlib
@@ -91,6 +90,7 @@ def shared(tmp_path_factory):
     return {"base": base, "cache": cache, "ref": ref, "ref_state": state_of(ref / "last.safetensors")}
 
 
+@pytest.mark.slow
 def test_reference_run(shared):
     st = shared["ref_state"]
     assert st["step"] == STEPS and st["epoch"] == 2 and st["finished"]
@@ -131,6 +131,7 @@ def _kill_after_a_checkpoint(cmd: list[str], out: Path, tmp_path: Path) -> None:
     assert p.returncode == -signal.SIGKILL
 
 
+@pytest.mark.slow
 def test_kill_9_mid_epoch_then_resume(shared, tmp_path):
     out = tmp_path / "killed"
     last = out / "last.safetensors"
@@ -164,6 +165,7 @@ def test_kill_9_mid_epoch_then_resume(shared, tmp_path):
     assert r.returncode == 0 and "already finished" in r.stdout
 
 
+@pytest.mark.slow
 def test_self_critical_run_resumes_after_kill_9(shared, tmp_path):
     """SCST from the reference cross-entropy model: killed mid-epoch, resumed, each step logged once,
     validation on CIDEr, the objective recorded in the best model file, the plot drawn."""
@@ -201,6 +203,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_kill_9_while_writing_a_checkpoint(tmp_path):
     """Kill a process at random moments of a save loop: the checkpoint on disk always loads
     (temp file + atomic rename), and leftovers of killed writers are removed by the next save."""
@@ -260,6 +263,7 @@ NAN_WEIGHTS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(shared, tmp_path):
     out = tmp_path / "nan"
     r = run(train_cmd(out, shared["cache"], python=[sys.executable, "-c", NAN_LOSS]))
@@ -278,6 +282,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
     assert state_of(last)["step"] == STEPS
 
 
+@pytest.mark.slow
 def test_nan_loss_from_a_huge_learning_rate(shared, tmp_path):
     """Through configuration only: lr=1e37 blows the weights up after one Adam step."""
     out = tmp_path / "lr"
@@ -290,12 +295,14 @@ def test_nan_loss_from_a_huge_learning_rate(shared, tmp_path):
             assert all_finite(out / name)
 
 
+@pytest.mark.slow
 def test_absurd_learning_rate_is_a_clear_error_not_a_traceback(shared, tmp_path):
     r = run(train_cmd(tmp_path / "lr38", shared["cache"], "train.lr=1e38", "train.grad_clip=0"))
     assert r.returncode in (1, 2) and "error:" in r.stderr
     assert "Traceback" not in r.stderr, r.stderr[-1500:]
 
 
+@pytest.mark.slow
 def test_nan_weights_never_overwrite_the_last_good_checkpoint(shared, tmp_path):
     out = tmp_path / "nanw"
     r = run(train_cmd(out, shared["cache"], python=[sys.executable, "-c", NAN_WEIGHTS]))
@@ -338,6 +345,7 @@ def _mini_flickr(dst: Path, n_train: int = 8, n_val: int = 3) -> tuple[list[str]
     return train, val
 
 
+@pytest.mark.slow
 def test_unreadable_images_are_reported_by_name_and_skipped(tmp_path):
     root = tmp_path / "flickr"
     train, val = _mini_flickr(root)
@@ -362,6 +370,7 @@ def test_unreadable_images_are_reported_by_name_and_skipped(tmp_path):
 
 # ----------------------------------------------------------------------------- (e) stale feature cache
 
+@pytest.mark.slow
 def test_feature_cache_from_another_grid_is_detected_and_rebuilt(shared, tmp_path):
     cache = shared["cache"]
     g7 = sorted(cache.glob("*-g7.npy"))

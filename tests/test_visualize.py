@@ -70,18 +70,14 @@ def test_figure_titles_and_json_carry_beta():
 
 
 @pytest.mark.parametrize("size", [(50, 10000), (10000, 50), (640, 480)])
-def test_figures_of_extreme_photos_are_capped_in_size_and_aspect(size):
+def test_figures_of_extreme_photos_are_capped_in_size_and_aspect(bundled, size):
     """A 50x10000 photo gave a 1300x88816 PNG (Pillow: decompression bomb); a 10000x50 one gave
     1-pixel strips. Panels are letterboxed to at most MAX_ASPECT:1 and the PNG stays under
     MAX_FIGURE_PIXELS, whatever the photo; an ordinary photo is drawn as before (no bands)."""
     import io
     import warnings
 
-    import captioner
-
-    if not captioner.DEFAULT_CHECKPOINT.is_file():
-        pytest.skip("the bundled default model is missing")
-    model = captioner.load()
+    model = bundled
     img = photo(*size)
     cap = model.caption(img, beam_size=1)
     assert cap.words

@@ -30,9 +30,10 @@ def photo_files(folder: str | None) -> list[Path]:
 
 def caption_stages(loaded, feats: torch.Tensor, settings) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
     """The product's caption path after the encoder (captions_from_features: decode, then dress), in two
-    timed halves: `decoding()` -> (hypotheses, evidence): the photo's evidence built once (person floor
-    included) and decoding.decode; `concepts(decoded)` -> the Captions: the heads' reading (read once per
-    photo in the product: Captioner.read), to_caption and annotate's concepts, contradicted words and maps."""
+    timed halves: the first (no argument) -> (hypotheses, evidence): the photo's evidence built once (person
+    floor included) and decoding.decode; the second, `concepts(decoded)` -> the Captions: the heads' reading
+    (read once per photo in the product: Captioner.read), to_caption and annotate's concepts, contradicted
+    words and maps."""
     from ..decoding.captions import decode_photos, dress
     from ..decoding.reading import read_heads
 

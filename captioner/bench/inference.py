@@ -62,7 +62,7 @@ def bench_eval(decoder, shape: tuple[int, int], max_len: int, counts: Counts, de
                beams=(1, 3, 5), log: Callable[[str], None] = print) -> dict[str, Any]:
     """Batched beam search (100 images per call, as evaluate.py does) at each beam size, then beam 3
     one image per call two ways: "one_image" is the same beam search with a batch of one (the fast
-    path, W_a a_i still projected once per image); "naive" is the issue's naive mode: the reference
+    path, W_a a_i still projected once per image); "naive" is the textbook baseline: the reference
     step (bench/naive.py: Decoder.step, no CPU tricks), which also recomputes W_a a_i at every step
     as textbook loops do. Both ratios are reported."""
     from ..config import DecodeConfig

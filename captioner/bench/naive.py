@@ -24,7 +24,7 @@ def _nothing(feats: torch.Tensor) -> torch.Tensor:
 
 
 class _Recomputing:
-    """The `attention.project` decoding calls once per image: here nothing, the step projects itself."""
+    """The `AdditiveAttention.project` decoding calls once per image: here nothing, the step projects itself."""
     project = staticmethod(_nothing)
 
 

@@ -52,7 +52,7 @@ def decoder_train_flops(preset: Preset, batch, fast: bool) -> float:
 def _train_config(amp: bool, device: torch.device, objective: str = "xent"):
     """Default training settings with bf16 autocast on or off on `device`, as a real run on it sets them:
     train.amp on a GPU, train.cpu_amp on a CPU, which SCST refuses (its backward through sampled captions is
-    ~20x slower in CPU bf16), so an SCST benchmark on a CPU runs float32 as SCST training does."""
+    far slower in CPU bf16: docs/performance.md), so an SCST benchmark on a CPU runs float32 as SCST training does."""
     from ..config import Config
 
     cfg = Config()

@@ -1,6 +1,6 @@
 """Measure training, evaluation and captioning speed on synthetic inputs of real shapes (no dataset).
 
-    .venv/bin/captioner-benchmark                      # CPU default: flickr8k preset, ~2-3 minutes
+    .venv/bin/captioner-benchmark                      # CPU default: flickr8k preset, a few minutes
     .venv/bin/captioner-benchmark --quick --json       # tiny counts (tests)
     .venv/bin/captioner-benchmark --device cuda --preset coco --compile --coco-epoch
 
@@ -76,7 +76,7 @@ def _counts(args: argparse.Namespace, cuda: bool) -> Counts:
     elif cuda:
         c = Counts(batch_images=16, steps=30, naive_steps=10, encoder_steps=10, encoder_batch=16, warmup=5,
                    eval_images=1000, naive_eval_images=100, latency_runs=30, calib_images=32, calib_iters=6)
-    else:  # a 2-core CPU: about 2-3 minutes in all
+    else:  # counts small enough for a 2-core CPU (its run time: docs/performance.md)
         c = Counts(batch_images=16, steps=6, naive_steps=2, encoder_steps=2, encoder_batch=16, warmup=1,
                    eval_images=1000, naive_eval_images=25, latency_runs=20, calib_images=16, calib_iters=4)
     if args.steps:

@@ -5,8 +5,8 @@ finds it (<model>.consensus.safetensors). The bundled model's memory (Flickr8k t
     .venv/bin/captioner-build-consensus --config configs/mix_cpu.yaml --cache-dir cache
 
 Only the recipe's TRAINING photos go in (never val or test: the rerank is chosen on val). Features come from the
-model's own encoder through the feature caches training uses (built here when missing: about 10 min on one CPU
-thread for the 7,047 photos). decode.consensus_k / consensus_weight say how the memory is used (0: not at all).
+model's own encoder through the feature caches training uses (built here when missing, the longest part of a
+first run: one encoder pass per training photo). decode.consensus_k / consensus_weight say how the memory is used (0: not at all).
 """
 from __future__ import annotations
 

@@ -175,7 +175,7 @@ def detect_words(model: nn.Module, feats: torch.Tensor, logits: torch.Tensor | N
 
 
 def detectors_of(model: nn.Module) -> WordDetectors | None:
-    """The word detectors a CaptionModel carries (`model.detectors`, set by captioner.load), or None."""
+    """The word detectors a CaptionModel carries (its `detectors` attribute, set by captioner.load), or None."""
     det = getattr(model, "detectors", None)
     return det if isinstance(det, WordDetectors) else None
 

@@ -1,6 +1,6 @@
 """COCO concepts from the encoder's own ImageNet classifier: which objects the photo shows.
 
-The frozen EfficientNet-Lite encoder keeps its ImageNet head (`encoder.backbone._fc`, D -> 1000).
+The frozen EfficientNet-Lite encoder keeps its ImageNet head (`EfficientNetLite._fc`, D -> 1000).
 The annotation vectors a_i the decoder attends over are the backbone's head-conv features on the
 grid, so the classifier's own logits are head(mean_i a_i): EfficientNetLite.forward computes
 _fc(dropout(features(x).mean((2, 3)))), and dropout is the identity in eval mode. No second pass.

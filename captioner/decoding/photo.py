@@ -71,7 +71,7 @@ class Photo:
     def concepts(self) -> Concepts:
         """What the encoder's heads see (Concepts: categories at P >= THRESHOLD with person and detected
         words, top ImageNet classes, every P); Concepts.unseen() (nothing) for an encoder without the ImageNet
-        head. Every Caption of this photo carries `concepts.top`."""
+        head. Every Caption of this photo carries `Concepts.top`."""
         if self._concepts is None:
             self._concepts = photo_concepts(self.reading, self.loaded.model)[0]
         return self._concepts

@@ -60,7 +60,7 @@ class Settings:
 
     @property
     def model_key(self) -> tuple[str, float, str]:
-        """(path, mtime, dtype): how the cached helpers name this model."""
+        """(path, mtime, dtype): how the app's cached functions name this model."""
         return self.path, self.mtime, self.dtype
 
     @property

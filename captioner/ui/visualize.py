@@ -144,8 +144,7 @@ def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opac
     # every panel has the same size, so the layout is computed here, once: each row gets TITLE_INCHES above its
     # photos for the word titles (tight_layout let the second row's titles run into the first row's photos) and
     # the caption CAPTION_INCHES on top. Matplotlib's constrained layout found the same places by measuring every
-    # title at every draw, a quarter of a figure's time (with PNG_COMPRESSION: the gallery's ZIP of 12 figures
-    # took 13.2 s, now 6.5 s, on one CPU thread)
+    # title at every draw, a large share of a figure's time (measured with PNG_COMPRESSION: docs/performance.md)
     height = rows * (panel_h + TITLE_INCHES) + CAPTION_INCHES
     fig = Figure(figsize=(cols * panel_width, height))
     fig.subplots_adjust(left=0.005, right=0.995, bottom=0.005, top=1 - (CAPTION_INCHES + TITLE_INCHES) / height,
