@@ -1,7 +1,7 @@
 """captioner: Show, Attend and Tell (Xu et al. 2015) image captioning with soft attention.
 
 The public names are imported on first use (PEP 562), not with the package: `import captioner.cli.train` then
-costs milliseconds instead of torch's ~2 s, so a command installs its Ctrl-C handler before the heavy imports
+does not wait for torch, so a command installs its Ctrl-C handler before the heavy imports
 (a Ctrl-C during them ends in one line, not a traceback)."""
 from __future__ import annotations
 

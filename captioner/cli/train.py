@@ -18,7 +18,7 @@ STARTING = "stopped while starting, before any training"  # what a stop before f
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command. Its stop handler goes in first, before torch and the library are imported (about 2 s): a
+    """The command. Its stop handler goes in first, before torch and the library are imported (the slow part of a start): a
     Ctrl-C or SIGTERM at any moment ends in one line and exit 128 + signal, never a traceback. (Only the
     interpreter's own start and this module's few standard imports come before it; a Ctrl-C there, or while
     the handler's module loads, is a KeyboardInterrupt, turned into the same line.)"""
