@@ -157,6 +157,7 @@ def test_a_grad_scaler_step_matches_the_plain_step_and_its_state_is_json():
     assert again.get_scale() == scaler.get_scale() == 1024.0
 
 
+@pytest.mark.slow
 def test_a_stopped_accumulating_cosine_run_resumes_to_the_same_numbers(tmp_path, monkeypatch):
     """Warmup + cosine with 2 micro-batches per step (dropout on, 8 real photos): stopped after its second step
     and resumed, the run logs the losses, norms and rates of an uninterrupted one; the rates follow the formula."""

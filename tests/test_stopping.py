@@ -151,6 +151,7 @@ def test_training_logs_eta_lines_and_tensorboard_scalars_without_progress_bars(r
     assert events.Tags()["images"] == ["val/attention"] and len(events.Images("val/attention")) == 2
 
 
+@pytest.mark.slow  # it shares the module's reference training run
 def test_a_finished_run_writes_its_settings_and_val_metrics_to_the_hparams_tab(reference):
     """Once, when the run ends: every scalar setting of the resolved config and the final and best val metrics,
     in the run's own event folder (one run in TensorBoard, not a second one per call), the metrics as scalars too."""
