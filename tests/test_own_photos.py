@@ -202,9 +202,10 @@ def _epochs(photos: int, values: list[float], lr_decay: float = 0.5) -> tuple[ob
 
     cfg, logs = Config(), []
     cfg.train.val_metric, cfg.train.init_from, cfg.train.lr_decay, cfg.train.epochs = "CIDEr", "start.safetensors", lr_decay, 9
-    run = SimpleNamespace(cfg=cfg, state=TrainState(), val_sets=[ValSet("own", [None] * photos)], main=False,
+    run = SimpleNamespace(cfg=cfg, state=TrainState(), val_sets=[ValSet("own", [None] * photos)],
+                          place=SimpleNamespace(main=False, log=logs.append),
                           best_path=Path("best.safetensors"), last_path=Path("last.safetensors"),
-                          optimizer=SimpleNamespace(param_groups=[{"lr": 1e-3}]), log=logs.append)
+                          optimizer=SimpleNamespace(param_groups=[{"lr": 1e-3}]))
     for epoch, value in enumerate(values):
         run.state.epoch = epoch
         end_epoch(run, value, False)

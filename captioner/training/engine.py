@@ -1,6 +1,7 @@
 """Training engine, read top-down: the whole run, one epoch, one optimiser step, then the checkpoints.
 
-    fit(cfg)                    build_run (run.py): the run's context, one object (Run)
+    fit(cfg)                    build_run (run.py): the run's context, one object (Run): the config, the
+                                place (place.py: device, rank, log), the model and data sides, the state
       _train(run)               while epochs remain:
         _train_epoch(run)         the epoch's steps, unless the resume point says they are done
           train_one_epoch           batch by batch from the resume point -> _one_step -> train_step
@@ -70,17 +71,17 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
 
 
 def _train(run: Run) -> dict[str, Any]:
-    cfg, state = run.cfg, run.state
+    cfg, state, place = run.cfg, run.state, run.place
     if state.finished:
-        run.log(f"{run.last_path}: this run already finished (best {cfg.train.val_metric} "
-                f"{state.best_metric:.4f} at epoch {state.best_epoch}; {why_finished(state, cfg)}); nothing to do")
+        place.log(f"{run.last_path}: this run already finished (best {cfg.train.val_metric} "
+                  f"{state.best_metric:.4f} at epoch {state.best_epoch}; {why_finished(state, cfg)}); nothing to do")
         return state.__dict__
-    run.log(f"training on {run.device}: {len(run.dataset)} images, objective {cfg.train.objective}, "
-            f"{len(run.sampler) // run.world_size} batches/epoch/rank{_accumulated(cfg)}, {_source(cfg)}, "
-            f"{describe(run.device, cfg)}, "
-            f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
-    run.log(f"(attention penalty = train.alpha_c {cfg.train.alpha_c:g} x sum over the {cfg.model.grid_size ** 2} regions "
-            "of (1 - attention the caption gave it)^2, per caption: the paper's doubly stochastic term, eq. 14)")
+    place.log(f"training on {place.device}: {len(run.dataset)} images, objective {cfg.train.objective}, "
+              f"{len(run.sampler) // place.world_size} batches/epoch/rank{_accumulated(cfg)}, {_source(cfg)}, "
+              f"{describe(place.device, cfg)}, "
+              f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
+    place.log(f"(attention penalty = train.alpha_c {cfg.train.alpha_c:g} x sum over the {cfg.model.grid_size ** 2} regions "
+              "of (1 - attention the caption gave it)^2, per caption: the paper's doubly stochastic term, eq. 14)")
     announce_small_val(run)
     if run.new_words and state.step == 0 and not state.history:
         validate_warm_start(run)
@@ -90,21 +91,21 @@ def _train(run: Run) -> dict[str, Any]:
         if _close_epoch(run):
             break
     run.watch.hparams(*hparams_of(cfg.to_dict(), state.history, state.best_epoch), state.step)
-    run.log(f"done: {chosen(run)} -> {run.best_path}")
+    place.log(f"done: {chosen(run)} -> {run.best_path}")
     return state.__dict__
 
 
 def _train_epoch(run: Run) -> None:
     """The epoch's steps from where it stands (a resumed epoch starts at state.batch_in_epoch), then saved: its
     steps are on disk before its validation, which a stop may cut short."""
-    state = run.state
+    state, place = run.state, run.place
     run.sampler.set_epoch(state.epoch)
     skip = run.batches.start = state.batch_in_epoch
     stats = train_one_epoch(run, _loader(run), skip=skip)
     _check_weights_finite(run.model, state.step)
-    if run.world_size > 1:
-        check_ranks_in_sync(run.model, run.world_size)
-        run.log(f"parameters identical across {run.world_size} ranks after step {state.step}")
+    if place.world_size > 1:
+        check_ranks_in_sync(run.model, place.world_size)
+        place.log(f"parameters identical across {place.world_size} ranks after step {state.step}")
     state.epoch, state.batch_in_epoch, state.validating, state.epoch_stats = state.epoch + 1, 0, True, stats
     save_last(run)
 
@@ -120,7 +121,7 @@ def _close_epoch(run: Run) -> bool:
     state.epoch_weight = state.epoch_batches = 0
     state.epoch_seconds = 0.0
     save_last(run)
-    if run.main:
+    if run.place.main:
         plot_history(run.out / "metrics.jsonl", run.out / "training.png")
     return stop
 
@@ -134,11 +135,11 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
     honoured after the step it arrives in: that step is saved, then Interrupted is raised."""
     from tqdm import tqdm
 
-    cfg, state, model = run.cfg, run.state, run.model
+    cfg, state, model, place = run.cfg, run.state, run.model, run.place
     model.train()
     encoder_train_mode(cfg, model)  # frozen (or BN-frozen tuned) encoder: batch-norm statistics stay ImageNet's
     t0, n = time.time(), len(loader) + skip
-    bar = tqdm(total=n, initial=skip, desc=f"epoch {state.epoch + 1}", disable=not (run.progress and run.main),
+    bar = tqdm(total=n, initial=skip, desc=f"epoch {state.epoch + 1}", disable=not (place.progress and place.main),
                unit="batch")
     run.watch.restart_clock()
     k, micro = cfg.train.accumulate, []
@@ -155,7 +156,7 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
             micro = []
             if cfg.train.max_steps and state.step >= cfg.train.max_steps:
                 break
-            if signum := run.stop.pending(run.world_size, run.device):
+            if signum := run.stop.pending(place.world_size, place.device):
                 state.epoch_seconds += time.time() - t0
                 save_last(run)
                 raise Interrupted(signum, f"stopped at epoch {state.epoch + 1}, step {state.step}")
@@ -169,10 +170,10 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
 def _one_step(run: Run, micro: list[Any], steps_left: int, per_epoch: int) -> None:
     """An optimizer step over the read micro-batches (one unless train.accumulate) and its bookkeeping: the
     epoch's sums, the watcher's line, the periodic checkpoint. steps_left, per_epoch: optimizer steps."""
-    cfg, state = run.cfg, run.state
-    moved = [b.to(run.device, non_blocking=True) for b in micro]
+    cfg, state, device = run.cfg, run.state, run.place.device
+    moved = [b.to(device, non_blocking=True) for b in micro]
     scale = lr_scale(cfg.train, state.step, total_steps(cfg.train, per_epoch))
-    terms = train_step(run.train_module, run.optimizer, moved[0] if len(moved) == 1 else moved, cfg, run.device,
+    terms = train_step(run.train_module, run.optimizer, moved[0] if len(moved) == 1 else moved, cfg, device,
                        f" at step {state.step} (epoch {state.epoch + 1})", scale, run.scaler)
     if run.ema is not None:
         run.ema.update(run.model)
@@ -299,10 +300,10 @@ def save_last(run: Run) -> None:
     """The resumable checkpoint (weights, optimiser, state and every rank's random states), written atomically
     by rank 0. Every rank calls it at the same points: the random states are gathered first."""
     states = [rng.capture()]
-    if run.world_size > 1:
-        states = [None] * run.world_size
+    if run.place.world_size > 1:
+        states = [None] * run.place.world_size
         dist.all_gather_object(states, rng.capture())
-    if not run.main:
+    if not run.place.main:
         return
     opt_tensors, opt_info = optimizer_to_tensors(run.optimizer)
     if run.ema is not None:  # the weights' averages: training tensors like Adam's moments
@@ -317,7 +318,7 @@ def keep_epoch(run: Run) -> None:
     """train.keep_epochs: the weights after each epoch as epoch_E.safetensors, the last k kept (for
     captioner-export --average); older ones are deleted."""
     k = run.cfg.train.keep_epochs
-    if not (k and run.main):
+    if not (k and run.place.main):
         return
     save_checkpoint(run.out / f"epoch_{run.state.epoch}.safetensors", run.cfg, run.vocab, run.model.state_dict(),
                     metrics={"val": run.state.history[-1], "epoch": run.state.epoch}, then=RESUMES)
@@ -347,4 +348,4 @@ def _loader(run: Run) -> Any:
     if isinstance(run.dataset, ImageDataset):  # its augmentations are drawn per (seed, epoch, image), in any worker
         run.dataset.set_epoch(run.state.epoch)
     return epoch_loader(run.dataset, run.batches, run.collate_fn, not run.cfg.encoder_in_loop,
-                        run.cfg.data.num_workers, run.device.type == "cuda", seed)
+                        run.cfg.data.num_workers, run.place.device.type == "cuda", seed)

@@ -1,5 +1,6 @@
-"""A training run, built once: model (fresh, resumed or initialised from another model file),
-vocabulary, data (cached features or images), optimiser, objective and state. engine.fit drives it.
+"""A training run, built once: where this process runs (place.py), what the run starts from (a stopped run,
+another model file or nothing), the model side (model, vocabulary, optimiser, objective), the data side
+(sources.py), the state, and the pieces beside the loop. engine.fit drives it.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from ..data.loader import RankBatches
 from ..evaluation.metrics import java_available, missing_java
 from ..logs import JsonlLogger
 from ..model.captioner import CaptionModel, build_model
-from .sources import ValSet, build_data
+from .place import Log, Place
+from .sources import Mix, RunData, ValSet, build_data
 from .objectives import Terms, batch_features, build_objective
 from .ema import EMA, PREFIX as EMA_PREFIX
 from .precision import grad_scaler
@@ -31,7 +33,6 @@ from .new_words import NewWordRows, init_from_substitutes, substitutes
 from .warm_start import grow_vocabulary
 from ..vocab import Vocab
 
-Log = Callable[[str], None]
 RESUMES = ": the last good checkpoint is kept, and the run resumes from it."  # a failed save's last words
 BASELINE = "decoder.reinforce_baseline"  # hard attention's moving-average baseline (a buffer, not a weight)
 
@@ -73,30 +74,35 @@ class TrainState:
 
 @dataclass
 class Run:
-    """Everything one training run needs; built once by build_run, then driven by fit."""
+    """Everything one training run needs; built once by build_run, then driven by fit. Read in groups: the
+    config, the place, the model side, the data side, the state, and the pieces beside the loop."""
+
     cfg: Config
-    device: torch.device
+    place: Place  # this process: device, rank, world_size, main, log, progress
+    # the model side
     model: CaptionModel
     vocab: Vocab
-    state: TrainState
     optimizer: torch.optim.Optimizer
     train_module: torch.nn.Module  # the objective as a module (DistributedDataParallel wraps it)
-    dataset: Any  # FeatureDataset | ImageDataset
+    scaler: torch.amp.GradScaler | None  # fp16 autocast's loss scaler (precision.py); None: bf16 or float32
+    ema: EMA | None  # train.ema_decay: the weights' moving average (ema.py); None: off
+    new_words: list[str]  # train.extend_vocab: the words the starting file lacked
+    # the data side
+    dataset: Any  # FeatureDataset | ImageDataset | ActivationDataset
     collate_fn: Callable
     sampler: BucketBatchSampler
-    batches: RankBatches
+    batches: RankBatches  # this rank's share of the sampler's batches
     val_sets: list[ValSet]  # one per caption set: cached features/activations, or None (encode the images each time)
-    logger: JsonlLogger
-    log: Log
-    out: Path
-    main: bool
-    world_size: int
-    progress: bool
-    stop: StopSignal
-    watch: Watch
-    new_words: list[str] = field(default_factory=list)  # train.extend_vocab: the words the starting file lacked
-    scaler: torch.amp.GradScaler | None = None  # fp16 autocast's loss scaler (precision.py); None: bf16 or float32
-    ema: EMA | None = None  # train.ema_decay: the weights' moving average (ema.py); None: off
+    # where the run stands (saved with every resumable checkpoint)
+    state: TrainState
+    # beside the loop
+    logger: JsonlLogger  # metrics.jsonl
+    watch: Watch  # the log_every line, TensorBoard
+    stop: StopSignal  # Ctrl-C / SIGTERM -> a saved step
+
+    @property
+    def out(self) -> Path:
+        return Path(self.cfg.train.out_dir)
 
     @property
     def last_path(self) -> Path:
@@ -105,6 +111,18 @@ class Run:
     @property
     def best_path(self) -> Path:
         return self.out / "best.safetensors"
+
+
+@dataclass
+class Start:
+    """What a run starts from: the stopped run's checkpoint (resume; None for a new run), the vocabulary, the
+    state, the initial weights (None: a fresh model) and the settings this command changed (key -> (stored, new))."""
+
+    resume: Any
+    vocab: Vocab
+    state: TrainState
+    weights: dict | None = None
+    changed: dict[str, Any] = field(default_factory=dict)
 
 
 class ObjectiveModule(torch.nn.Module):
@@ -131,11 +149,10 @@ def write_config_yaml(cfg: Config, path: Path) -> None:
     tmp.replace(path)
 
 
-def _restore(cfg: Config, last_path: Path, train_records: Sequence[ImageRecord], log: Log, main: bool,
-             world_size: int = 1) -> tuple[Any, Vocab, TrainState, dict | None, dict[str, Any]]:
-    """(resume checkpoint or None, vocabulary, state, initial weights or None, the settings this command
-    changed: key -> (stored, new)). A resumed run takes the
-    command's settings where that is safe (resume.check_resume: logged) and refuses other changes."""
+def _restore(cfg: Config, place: Place, train_records: Sequence[ImageRecord]) -> Start:
+    """What the run starts from: out_dir/last.safetensors (a resumed run takes the command's settings where
+    that is safe, resume.check_resume: logged, and refuses other changes), else train.init_from, else nothing."""
+    last_path, log, world_size = Path(cfg.train.out_dir) / "last.safetensors", place.log, place.world_size
     resume = load_checkpoint(last_path) if last_path.is_file() else None
     if resume is not None:
         if not resume.train_state or "state" not in resume.train_state:
@@ -151,7 +168,7 @@ def _restore(cfg: Config, last_path: Path, train_records: Sequence[ImageRecord],
         reopen(state, cfg, log)
         if not state.finished:
             log(f"resuming from {last_path}: epoch {state.epoch + 1}, batch {state.batch_in_epoch}, step {state.step}")
-        return resume, resume.vocab, state, resume.model_state, changed
+        return Start(resume, resume.vocab, state, resume.model_state, changed)
     state = TrainState(lr=cfg.train.lr)
     captions = [c for r in train_records for c in r.captions]
     if cfg.train.init_from:  # e.g. SCST starts from a cross-entropy model: its weights AND its vocabulary
@@ -159,17 +176,17 @@ def _restore(cfg: Config, last_path: Path, train_records: Sequence[ImageRecord],
         check_init(init.config, cfg, cfg.train.init_from)  # names the model settings that differ
         log(f"starting from the weights of {cfg.train.init_from}")
         if not cfg.train.extend_vocab:
-            return None, init.vocab, state, init.model_state, {}
+            return Start(None, init.vocab, state, init.model_state)
         vocab = run_vocabulary(cfg, captions, init.vocab)
         log(f"vocabulary extended from {len(init.vocab)} to {len(vocab)} words (old words keep their ids and rows; "
             f"new: {', '.join(vocab.itos[len(init.vocab):len(init.vocab) + 12])} ...)")
-        if main:
+        if place.main:
             log(str(vocab.stats(captions, cfg.data.max_caption_len)))
-        return None, vocab, state, grow_vocabulary(init.model_state, len(vocab), cfg.train.seed), {}
+        return Start(None, vocab, state, grow_vocabulary(init.model_state, len(vocab), cfg.train.seed))
     vocab = run_vocabulary(cfg, captions, None)
-    if main:
+    if place.main:
         log(str(vocab.stats(captions, cfg.data.max_caption_len)))
-    return None, vocab, state, None, {}
+    return Start(None, vocab, state)
 
 
 def run_vocabulary(cfg: Config, captions: Sequence[str], init_vocab: Vocab | None) -> Vocab:
@@ -239,47 +256,85 @@ def encoder_train_mode(cfg: Config, model: CaptionModel) -> None:
 
 def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progress: bool = True,
               rank: int = 0, world_size: int = 1, stop: StopSignal = NEVER) -> Run:
-    device, out, main = torch.device(device), Path(cfg.train.out_dir), rank == 0
+    """The run's context, built in the order a run needs it: where this process runs, what the run starts from,
+    the model, its data, the model side that trains it, every random state, then the pieces beside the loop."""
+    place = Place(torch.device(device), rank, world_size, log, progress)
+    train, val, start = _begin(cfg, place)
+    model = _placed_model(cfg, start, place)
+    data = build_data(cfg, model, start.vocab, train, val, place)
+    sampler = BucketBatchSampler(data.mean_lengths, cfg.train.batch_images, seed=cfg.train.seed,
+                                 weights=data.weights or None, min_batches=cfg.train.min_epoch_batches)
+    train_module, optimizer, new_words = _model_side(cfg, place, model, start, data)
+    _random_states(cfg, start.resume, place)
+    out = Path(cfg.train.out_dir)
+    return Run(cfg, place,
+               model=model, vocab=start.vocab, optimizer=optimizer, train_module=train_module,
+               scaler=_scaler(cfg, place, start.resume), ema=_ema(cfg, model, start.resume, place.device),
+               new_words=new_words,
+               dataset=data.dataset, collate_fn=data.collate, sampler=sampler,
+               batches=RankBatches(sampler, rank, world_size), val_sets=data.val_sets,
+               state=start.state,
+               logger=_logger(out, place, start),
+               watch=Watch(out, place.main, cfg.train.tensorboard, start.state.step, place.log), stop=stop)
+
+
+def _begin(cfg: Config, place: Place) -> tuple[Mix, Mix, Start]:
+    """The checks said before any data is read, the seed of the model's initial weights, the training mix's
+    records and what the run starts from; the resolved config beside the run."""
     if cfg.train.val_metric == "METEOR" and not java_available():  # said before any data is read or trained on
         raise ValueError(f"train.val_metric=METEOR: {missing_java('METEOR')}; or choose train.val_metric=CIDEr")
-    seed_everything(cfg.train.seed + rank)  # the model's initial weights
+    seed_everything(cfg.train.seed + place.rank)  # the model's initial weights
     train, val = build_mix(cfg.data, "train"), build_mix(cfg.data, "val")
-    if main and len(train) > 1:
-        log("training mix: " + "; ".join(f"{src.name} {len(t)} train / {len(v)} val photos, weight {src.weight:g}"
-                                         for (src, t), (_, v) in zip(train, val)))
-    train_records = [r for _, recs in train for r in recs]
-    resume, vocab, state, weights, changed = _restore(cfg, out / "last.safetensors", train_records, log, main, world_size)
-    if main:  # the resolved config beside the run, readable without loading a checkpoint (checkpoints hold it too)
-        write_config_yaml(cfg, out / "config.yaml")
-    model = _model(cfg, len(vocab), weights, resume is None, log).to(device)
+    if place.main and len(train) > 1:
+        place.log("training mix: " + "; ".join(f"{src.name} {len(t)} train / {len(v)} val photos, weight {src.weight:g}"
+                                               for (src, t), (_, v) in zip(train, val)))
+    start = _restore(cfg, place, [r for _, recs in train for r in recs])
+    if place.main:  # the resolved config beside the run, readable without loading a checkpoint (checkpoints hold it too)
+        write_config_yaml(cfg, Path(cfg.train.out_dir) / "config.yaml")
+    return train, val, start
+
+
+def _placed_model(cfg: Config, start: Start, place: Place) -> CaptionModel:
+    """The model on this process's device, its encoder trainable as far as the config tunes it."""
+    model = _model(cfg, len(start.vocab), start.weights, start.resume is None, place.log).to(place.device)
     for p in model.encoder.parameters():
         p.requires_grad_(cfg.model.fine_tune_encoder)
     for p in tuned_parameters(cfg, model):
         p.requires_grad_(True)
-    data = build_data(cfg, model, vocab, train, val, device, main, world_size, log, progress)
-    sampler = BucketBatchSampler(data.mean_lengths, cfg.train.batch_images, seed=cfg.train.seed,
-                                 weights=data.weights or None, min_batches=cfg.train.min_epoch_batches)
-    if cfg.train.compile and device.type == "cuda":  # the one place compilation is switched on
+    return model
+
+
+def _model_side(cfg: Config, place: Place, model: CaptionModel, start: Start, data: RunData
+                ) -> tuple[torch.nn.Module, torch.optim.Optimizer, list[str]]:
+    """What trains the model: the objective as a module (DDP-wrapped over several processes), the optimiser
+    (the stopped run's moments when resuming) and train.extend_vocab's new words."""
+    if cfg.train.compile and place.device.type == "cuda":  # the one place compilation is switched on
         model.decoder.compile_step()
-    module: torch.nn.Module = ObjectiveModule(model, build_objective(cfg, vocab, data.caps))
-    if world_size > 1:
+    module: torch.nn.Module = ObjectiveModule(model, build_objective(cfg, start.vocab, data.caps))
+    if place.world_size > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        module = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
-    logger = JsonlLogger(out / "metrics.jsonl", enabled=main)
-    if resume is not None:
-        logger.rewind(state.step, state.epoch - state.validating)
-    optimizer = _optimizer(cfg, model, resume, device, changed)
-    state.lr = optimizer.param_groups[0]["lr"]
-    new_words = _new_words(cfg, model, vocab, data, optimizer, resume is None, device, log)
-    _random_states(cfg, resume, rank, world_size, log)
-    watch = Watch(out, main, cfg.train.tensorboard, state.step, log)
-    scaler = grad_scaler(device, cfg)
+        module = DDP(module, device_ids=[place.device.index] if place.device.type == "cuda" else None)
+    optimizer = _optimizer(cfg, model, start.resume, place.device, start.changed)
+    start.state.lr = optimizer.param_groups[0]["lr"]
+    new_words = _new_words(cfg, model, start.vocab, data, optimizer, start.resume is None, place)
+    return module, optimizer, new_words
+
+
+def _logger(out: Path, place: Place, start: Start) -> JsonlLogger:
+    """metrics.jsonl, written by the main process; a resumed run drops the lines logged after its checkpoint."""
+    logger = JsonlLogger(out / "metrics.jsonl", enabled=place.main)
+    if start.resume is not None:
+        logger.rewind(start.state.step, start.state.epoch - start.state.validating)
+    return logger
+
+
+def _scaler(cfg: Config, place: Place, resume: Any) -> torch.amp.GradScaler | None:
+    """fp16's loss scaler (precision.grad_scaler), from the stopped run's scale and growth count when resuming."""
+    scaler = grad_scaler(place.device, cfg)
     if scaler is not None and resume is not None and (resume.train_state or {}).get("scaler"):
-        scaler.load_state_dict(resume.train_state["scaler"])  # the stopped run's loss scale and growth count
-    return Run(cfg, device, model, vocab, state, optimizer, module, data.dataset, data.collate, sampler,
-               RankBatches(sampler, rank, world_size), data.val_sets, logger, log, out, main, world_size, progress,
-               stop, watch, new_words, scaler, _ema(cfg, model, resume, device))
+        scaler.load_state_dict(resume.train_state["scaler"])
+    return scaler
 
 
 def _ema(cfg: Config, model: CaptionModel, resume: Any, device: torch.device) -> EMA | None:
@@ -296,21 +351,21 @@ def _ema(cfg: Config, model: CaptionModel, resume: Any, device: torch.device) ->
     return ema
 
 
-def _random_states(cfg: Config, resume: Any, rank: int, world_size: int, log: Log) -> None:
+def _random_states(cfg: Config, resume: Any, place: Place) -> None:
     """A resumed run continues every generator where the stopped one left it; a new run starts them from the
     seed here, after its caches are built, so a run that built them draws what one that read them draws."""
     saved = (resume.train_state or {}).get("rng") if resume is not None else None
-    if saved and len(saved) == world_size:
-        restore_rng(saved[rank])
+    if saved and len(saved) == place.world_size:
+        restore_rng(saved[place.rank])
         return
     if resume is not None:
-        log(f"note: {'this checkpoint holds no random states' if not saved else f'it was saved by {len(saved)} process(es)'}:"
+        place.log(f"note: {'this checkpoint holds no random states' if not saved else f'it was saved by {len(saved)} process(es)'}:"
             " the resumed run's dropout and samples differ from an uninterrupted run's")
-    seed_everything(cfg.train.seed + rank + 7919 * (resume is not None))
+    seed_everything(cfg.train.seed + place.rank + 7919 * (resume is not None))
 
 
-def _new_words(cfg: Config, model: CaptionModel, vocab: Vocab, data: Any, optimizer: torch.optim.Optimizer,
-               fresh: bool, device: torch.device, log: Log) -> list[str]:
+def _new_words(cfg: Config, model: CaptionModel, vocab: Vocab, data: RunData, optimizer: torch.optim.Optimizer,
+               fresh: bool, place: Place) -> list[str]:
     """train.extend_vocab: the words the starting file lacks. A fresh run starts each as the old word the
     starting model says in its place (new_words.py); train.new_words_lr_factor speeds up their rows."""
     if not (cfg.train.init_from and cfg.train.extend_vocab):
@@ -318,8 +373,8 @@ def _new_words(cfg: Config, model: CaptionModel, vocab: Vocab, data: Any, optimi
     old_size = len(load_checkpoint(cfg.train.init_from).vocab)
     if fresh and len(vocab) > old_size:
         votes, said = substitutes(model.decoder, data.dataset, data.collate, lambda b: batch_features(model, b, cfg),
-                            old_size, device, cfg.train.batch_images)
-        log("new words start as the old word the starting model says in their place: "
+                                  old_size, place.device, cfg.train.batch_images)
+        place.log("new words start as the old word the starting model says in their place: "
             + "; ".join(init_from_substitutes(model.decoder, votes, vocab, said)))
     if (cfg.train.new_words_lr_factor != 1 or cfg.train.new_words_only) and len(vocab) > old_size:
         NewWordRows(optimizer, model.decoder, old_size, cfg.train.new_words_lr_factor, cfg.train.new_words_only)

@@ -26,11 +26,12 @@ def few_val_photos(run: Run) -> int:
 def announce_small_val(run: Run) -> None:
     """The run's first word on a val split too small to choose by (few_val_photos): what it does instead."""
     if few := few_val_photos(run):
-        run.log(f"only {few} val photos (fewer than {MIN_VAL_PHOTOS}): too few to tell epochs apart by "
-                f"{run.cfg.train.val_metric}, so best.safetensors is the last trained epoch; the scores are logged for "
-                "information, and neither learning-rate decay nor early stopping reads them. More val photos ("
-                + (f"train.val_limit is {run.cfg.train.val_limit}; " if run.cfg.train.val_limit else "")
-                + "a split file, or more photos in the folder) let the scores choose")
+        t = run.cfg.train
+        run.place.log(f"only {few} val photos (fewer than {MIN_VAL_PHOTOS}): too few to tell epochs apart by "
+                      f"{t.val_metric}, so best.safetensors is the last trained epoch; the scores are logged for "
+                      "information, and neither learning-rate decay nor early stopping reads them. More val photos ("
+                      + (f"train.val_limit is {t.val_limit}; " if t.val_limit else "")
+                      + "a split file, or more photos in the folder) let the scores choose")
 
 
 def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
@@ -38,23 +39,23 @@ def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
     With too few val photos (few_val_photos) the scores choose nothing: the last trained epoch is kept, the
     learning rate never decays and no epoch stops the run early; the starting model (epoch 0 of a warm start)
     is validated for comparison only. Otherwise a warm start's epoch 0 is the first best, and the log says so."""
-    cfg, state = run.cfg, run.state
+    cfg, state, log = run.cfg, run.state, run.place.log
     few, name = few_val_photos(run), cfg.train.val_metric
     if few and state.epoch == 0:
-        run.log(f"  the starting model's {name} {value:.4f}, for comparison only: {few} val photos are too few to "
-                "choose by, so best.safetensors will be the last trained epoch")
+        log(f"  the starting model's {name} {value:.4f}, for comparison only: {few} val photos are too few to "
+            "choose by, so best.safetensors will be the last trained epoch")
     elif few or value > state.best_metric:
         state.best_metric, state.best_epoch, state.bad_epochs, state.since_decay = value, state.epoch, 0, 0
-        if run.main:
+        if run.place.main:
             meta = {"val": state.history[-1], "epoch": state.epoch, "objective": cfg.train.objective}
             save_checkpoint(run.best_path, cfg, run.vocab, run.model.state_dict(), metrics=meta, then=RESUMES)
-        if few:  # (run.log says nothing on other ranks)
-            run.log(f"  kept the last epoch ({name} {value:.4f}; {few} val photos are too few to compare epochs) "
-                    f"-> {run.best_path}")
+        if few:  # (the log says nothing on other ranks)
+            log(f"  kept the last epoch ({name} {value:.4f}; {few} val photos are too few to compare epochs) "
+                f"-> {run.best_path}")
         else:
             start = (" (the starting model before any step: a trained epoch replaces it only if it does better)"
                      if state.epoch == 0 else "")
-            run.log(f"  new best {name} {value:.4f} -> {run.best_path}{start}")
+            log(f"  new best {name} {value:.4f} -> {run.best_path}{start}")
     else:
         state.bad_epochs += 1
         state.since_decay += 1
@@ -63,12 +64,12 @@ def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
             for g in run.optimizer.param_groups:
                 g["lr"] *= cfg.train.lr_decay
             state.since_decay = 0
-            run.log(f"  no improvement: learning rate x{cfg.train.lr_decay} -> {run.optimizer.param_groups[0]['lr']:.2e}")
+            log(f"  no improvement: learning rate x{cfg.train.lr_decay} -> {run.optimizer.param_groups[0]['lr']:.2e}")
     state.lr = run.optimizer.param_groups[0]["lr"]
     stop = state.bad_epochs >= cfg.train.early_stop_patience or hit_max
     if stop:
-        run.log(f"reached train.max_steps={cfg.train.max_steps}" if hit_max else
-                f"early stopping: no {cfg.train.val_metric} improvement for {state.bad_epochs} epoch(s)")
+        log(f"reached train.max_steps={cfg.train.max_steps}" if hit_max else
+            f"early stopping: no {cfg.train.val_metric} improvement for {state.bad_epochs} epoch(s)")
     state.finished = stop or state.epoch >= cfg.train.epochs
     return stop
 

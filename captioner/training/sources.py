@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import torch
 import torch.distributed as dist
 
 from ..config import Config, SourceConfig
@@ -19,26 +18,26 @@ from ..data.features import FeatureCache, build_cache, open_cache
 from ..model.captioner import CaptionModel
 from ..model.encoder import build_preprocess
 from ..vocab import Vocab
+from .place import Log, Place
 
-Log = Callable[[str], None]
 Mix = list[tuple[SourceConfig, list[ImageRecord]]]  # each caption set with its records of one split
 
 
-def _caches(cfg: Config, model: CaptionModel, splits: dict[str, list[ImageRecord]], device: torch.device,
-            main: bool, world_size: int, log: Log, progress: bool, source: str) -> dict[str, Any]:
+def _caches(cfg: Config, model: CaptionModel, splits: dict[str, list[ImageRecord]], place: Place,
+            source: str) -> dict[str, Any]:
     """Frozen-encoder feature caches of one caption set's splits, named after the set (one set's cache is
     never read for another; the key checks encoder and image list too); rank 0 builds, the others wait."""
     caches, prep = {}, build_preprocess(cfg.model)
     for split, recs in splits.items():
         name = prep.cache_name(source, cfg.data.cache_split(split))
-        if main:
-            caches[split] = build_cache(cfg.data.cache_dir, name, model.encoder, prep, recs,
-                                        device, num_workers=cfg.data.num_workers, log=log, progress=progress)
-        if world_size > 1:
+        if place.main:
+            caches[split] = build_cache(cfg.data.cache_dir, name, model.encoder, prep, recs, place.device,
+                                        num_workers=cfg.data.num_workers, log=place.log, progress=place.progress)
+        if place.world_size > 1:
             dist.barrier()
-        if not main:
+        if not place.main:
             caches[split] = build_cache(cfg.data.cache_dir, name, model.encoder, prep, recs,
-                                        device, progress=False, log=log)
+                                        place.device, progress=False, log=place.log)
     return caches
 
 
@@ -73,8 +72,7 @@ def _kept(records: list[ImageRecord], missing: list[str], limit: int = 0) -> lis
     return [i for i, r in enumerate(records[:limit or len(records)]) if r.image_id not in gone]
 
 
-def build_data(cfg: Config, model: CaptionModel, vocab: Vocab, train: Mix, val: Mix, device: torch.device,
-               main: bool, world_size: int, log: Log, progress: bool) -> RunData:
+def build_data(cfg: Config, model: CaptionModel, vocab: Vocab, train: Mix, val: Mix, place: Place) -> RunData:
     """The run's training samples over every caption set of the mix (each with its sampling weight) and
     one validation set per caption set."""
     limit = cfg.train.val_limit
@@ -88,19 +86,19 @@ def build_data(cfg: Config, model: CaptionModel, vocab: Vocab, train: Mix, val: 
         return RunData(dataset, caps, collate_skip_missing,
                        [ValSet(src.name, recs[:limit or len(recs)]) for src, recs in val], weights)
     if cfg.from_activations:
-        if world_size > 1:
+        if place.world_size > 1:
             raise ValueError("model.tune_stages (the CPU path) runs in one process; on GPUs fine-tune the whole "
                              "encoder with model.fine_tune_encoder=true")
-        caches = _activation_caches(cfg, model, device, log, progress)
-        parts, rows, caps, weights, val_sets = _per_set(cfg, vocab, train, val, caches, log)
+        caches = _activation_caches(cfg, model, place)
+        parts, rows, caps, weights, val_sets = _per_set(cfg, vocab, train, val, caches, place.log)
         swap = {vocab.stoi[a]: vocab.stoi[b] for a, b in (("left", "right"), ("right", "left"))
                 if a in vocab.stoi and b in vocab.stoi}  # a mirror image's captions
         return RunData(ActivationDataset(parts, rows, caps, swap), caps, collate, val_sets, weights)
 
     def features(src: SourceConfig, splits: dict[str, list[ImageRecord]]) -> dict[str, Any]:
-        return _caches(cfg, model, splits, device, main, world_size, log, progress, src.name)
+        return _caches(cfg, model, splits, place, src.name)
 
-    parts, rows, caps, weights, val_sets = _per_set(cfg, vocab, train, val, features, log)
+    parts, rows, caps, weights, val_sets = _per_set(cfg, vocab, train, val, features, place.log)
     return RunData(FeatureDataset(parts, rows, caps), caps, collate, val_sets, weights)
 
 
@@ -133,7 +131,7 @@ def _per_set(cfg: Config, vocab: Vocab, train: Mix, val: Mix, caches_of: Caches,
     return parts, rows, caps, weights, val_sets
 
 
-def _activation_caches(cfg: Config, model: CaptionModel, device: torch.device, log: Log, progress: bool) -> Caches:
+def _activation_caches(cfg: Config, model: CaptionModel, place: Place) -> Caches:
     """model.tune_stages: a caption set's lower-stage activation caches, named after the set like its
     feature caches (built once, valid while those weights are the pretrained ones), for train (+ mirror
     images with data.flip) and val. Single process only."""
@@ -144,8 +142,8 @@ def _activation_caches(cfg: Config, model: CaptionModel, device: torch.device, l
         for split, recs in splits.items():
             name = activation_cache_name(prep, src.name, cfg.data.cache_split(split), enc.split_block)
             out[split] = build_activations(cfg.data.cache_dir, name, enc, prep, recs,
-                                           cfg.data.flip and split == "train", device,
-                                           num_workers=cfg.data.num_workers, log=log, progress=progress)
+                                           cfg.data.flip and split == "train", place.device,
+                                           num_workers=cfg.data.num_workers, log=place.log, progress=place.progress)
         return out
 
     return caches_of

@@ -27,9 +27,9 @@ def validate(run: Run, stats: dict[str, float]) -> float:
     (evaluation.scoring.evaluate_model) and logs the record; the metric is shared with every rank. In a mix each
     set's scores are logged as "<set>/<metric>" and the selection metric is their mean over the sets
     (each caption set counts the same, whatever its size or sampling weight)."""
-    cfg, state = run.cfg, run.state
+    cfg, state, place = run.cfg, run.state, run.place
     value = 0.0
-    if run.main:
+    if place.main:
         metrics = [k for k in METRIC_KEYS if k != "METEOR"]  # METEOR (a Java process) only when it is val_metric
         metrics += [cfg.train.val_metric] if cfg.train.val_metric not in metrics + [NEW_WORDS_METRIC] else []
         per_set = {vs.name: _validate_set(run, vs, metrics) for vs in run.val_sets}
@@ -48,10 +48,10 @@ def validate(run: Run, stats: dict[str, float]) -> float:
         run.watch.epoch(rec, shown["examples"], shown["figures"][0] if shown["figures"] else None)
         train_txt = ", ".join(f"{readable(k)} {v:.3f}" for k, v in stats.items() if k not in ("seconds", "batches"))
         example = " | ".join(c for _, c, _ in shown["examples"][:1 if len(per_set) == 1 else None:EXAMPLES])
-        run.log(f"epoch {state.epoch}: train {train_txt} ({stats['seconds']:.0f}s) | val "
-                + " ".join(f"{k} {v:.4f}" for k, v in scores.items() if not k.endswith("n_images"))
-                + f" | e.g. '{example}'")
-    if run.world_size > 1:
+        place.log(f"epoch {state.epoch}: train {train_txt} ({stats['seconds']:.0f}s) | val "
+                  + " ".join(f"{k} {v:.4f}" for k, v in scores.items() if not k.endswith("n_images"))
+                  + f" | e.g. '{example}'")
+    if place.world_size > 1:
         box = [value]
         dist.broadcast_object_list(box, src=0)
         value = box[0]
@@ -64,17 +64,17 @@ def _validate_set(run: Run, vs: Any, metrics: list[str]) -> tuple[dict[str, floa
     cfg = run.cfg
     feats, records = vs.feats, vs.records
     if feats is None:  # encoder in the loop: encode the val images with the current encoder
-        feats, idx = encode_records(run.model, records, build_preprocess(cfg.model), run.device)
+        feats, idx = encode_records(run.model, records, build_preprocess(cfg.model), run.place.device)
         records = [records[i] for i in idx]
     agreement = {}
     if cfg.from_activations:  # cached activations through the tuned top stages
-        feats = top_features(run.model, feats, run.device)
+        feats = top_features(run.model, feats, run.place.device)
         agreement = {"head_top1_agreement": head_agreement(run.model, feats, vs.teacher)}
     # decoded as the exported file will (as_exported.py); the Python PTB tokenizer: validation needs no Java
     # (a GPU machine often has none); METEOR still does
     with decoding_as_exported(run.model, cfg) as settings:
-        scores, preds, caps = evaluate_model(run.model, run.vocab, feats, records, settings, metrics, log=run.log,
-                                             tokenizer="python")
+        scores, preds, caps = evaluate_model(run.model, run.vocab, feats, records, settings, metrics,
+                                             log=run.place.log, tokenizer="python")
     loss = {"val_loss": val_loss(run, feats, records)}
     shown = {"examples": [(r.image_id, c.text, r.captions) for r, c in zip(records[:EXAMPLES], caps)],
              "figures": _figure(run, records, caps)}
@@ -100,7 +100,7 @@ def val_loss(run: Run, feats: Any, records: Any, batch_images: int = 32) -> floa
     total, tokens = 0.0, 0
     for k in range(0, len(records), batch_images):
         visual = [torch.as_tensor(np.asarray(feats[i], dtype=np.float32)) for i in range(k, min(k + batch_images, len(records)))]
-        batch = collate(list(zip(visual, caps[k:k + batch_images]))).to(run.device)
+        batch = collate(list(zip(visual, caps[k:k + batch_images]))).to(run.place.device)
         out = model.decoder.teacher_force(batch.visual.to(next(model.parameters()).dtype), batch.inputs,
                                           batch.lengths, batch.image_index)
         c = caption_loss(out[0], out[1], batch.targets, batch.lengths, 0.0)
@@ -115,5 +115,5 @@ def _new_word_scores(run: Run, scores: dict[str, float], preds: dict[str, str], 
     if not run.new_words:
         return {NEW_WORDS_METRIC: scores["CIDEr"]} if run.cfg.train.val_metric == NEW_WORDS_METRIC else {}
     new, line = new_word_scores(run.new_words, preds, records)
-    run.log(f"  {line}")
+    run.place.log(f"  {line}")
     return {**new, NEW_WORDS_METRIC: scores["CIDEr"] + new["new_words_F1"]}
