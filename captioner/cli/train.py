@@ -26,13 +26,18 @@ def main(argv: list[str] | None = None) -> int:
         from captioner.training.stopping import Interrupted, StopSignal  # standard library only: milliseconds
     except KeyboardInterrupt:
         return _stopped("SIGINT", STARTING, 130)
+    returning = False
     try:
         with StopSignal().catch() as stop:
-            return _train(argv, stop)
+            code = _train(argv, stop)
+            returning = True
+        return code
     except Interrupted as e:  # Ctrl-C or SIGTERM: a step in training is saved first (engine.train_one_epoch)
         return _stopped(e.name, e.where or STARTING, e.code)
-    except KeyboardInterrupt:  # the handler was already restored (the command was returning)
-        return _stopped("SIGINT", STARTING, 130)
+    except KeyboardInterrupt:
+        if not returning:  # with the handler in place a signal never raises it: code raised it, let it through
+            raise
+        return _stopped("SIGINT", "stopped as the command ended, its work done and saved", 130)
 
 
 def _stopped(name: str, where: str, code: int) -> int:
