@@ -38,6 +38,7 @@ from .decoding.explain import NoWordsError
 from .images import ImageError, ImageInput, load_image, original_size, was_transparent
 from .model.captioner import CaptionModel, build_model
 from .model.encoder import Preprocess, build_preprocess
+from .model.rows import prepare
 from .vocab import Vocab
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "assets" / "default.safetensors"
@@ -117,6 +118,7 @@ class Captioner:
         self.dtype = resolve_dtype(dtype)  # the whole model (encoder and decoder) computes in this type
         self.device = torch.device(device)
         self.model = _ready(model, self.device, self.dtype)
+        prepare(self.model.decoder, config.decode.beam_size)  # this CPU's fastest products, chosen before a caption
         self.vocab, self.config, self.metrics = vocab, config, metrics or {}
         self.source = source  # the model file it was loaded from (None: built in memory); each Caption names it
         self.preprocess: Preprocess = build_preprocess(config.model)  # any image input -> (3, S, S); ImageError

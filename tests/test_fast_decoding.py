@@ -174,13 +174,45 @@ def test_remembered_word_gates_follow_the_weights():
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 16, 17, 81])
-def test_few_rows_linear_equals_nn_linear(n):
+def test_every_way_of_a_linear_layer_equals_nn_linear(n):
+    """Each way rows.linear may choose (plain, swapped, packed) gives nn.Linear's numbers to float rounding,
+    with and without a bias, whatever this CPU chose; with autograd the product is plain and gradients flow."""
     for layer in (torch.nn.Linear(64, 300), torch.nn.Linear(64, 300, bias=False)):
-        x = torch.randn(n, 64, requires_grad=True)
+        x = torch.randn(n, 64)
+        with torch.no_grad():
+            want = layer(x)
+            for name, way in rows.WAYS.items():
+                if name == "packed" and not torch.backends.mkldnn.is_available():
+                    continue
+                torch.testing.assert_close(way(layer, x), want, atol=1e-5, rtol=1e-5, msg=name)
+            torch.testing.assert_close(rows.linear(layer, x), want, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(rows.linear(layer, x.view(1, n, 64)), want.view(1, n, 300), atol=1e-5, rtol=1e-5)
+        x.requires_grad_(True)
         y = rows.linear(layer, x)
-        torch.testing.assert_close(y, layer(x), atol=1e-5, rtol=1e-5)
-        y.sum().backward()  # the swapped product has the same gradients
+        torch.testing.assert_close(y, layer(x))
+        y.sum().backward()
         torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(n, -1), atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_the_way_is_chosen_once_and_the_packed_copy_follows_the_weight():
+    """rows.prepare times the ways once per (shape, row class) for the process and keeps the choice; the packed
+    copy is made again when the weight changes in place or the layer is copied, and the module stays copyable."""
+    import copy
+
+    layer = torch.nn.Linear(48, 96)
+    rows.prepare(torch.nn.Sequential(layer), beam=5)
+    chosen = rows.chosen()
+    for cls in ("one", "few", "many"):
+        assert chosen[f"96x48 + bias, {cls}"] in rows.WAYS
+    x = torch.randn(5, 48)
+    layer.weight.add_(0.5)  # as an optimiser step does
+    torch.testing.assert_close(rows.linear(layer, x), layer(x), atol=1e-5, rtol=1e-5)
+    twin = copy.deepcopy(layer)  # the packed copy lives beside the weight, not in the module
+    twin.weight.mul_(-1)
+    torch.testing.assert_close(rows.linear(twin, x), twin(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rows.linear(layer, x), layer(x), atol=1e-5, rtol=1e-5)
+    assert rows.chosen() == chosen  # nothing timed again
 
 
 @pytest.mark.parametrize("bonus", [0.0, 3.0])

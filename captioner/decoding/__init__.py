@@ -5,9 +5,9 @@ Caption (captions.py) and teacher-forcing a typed sentence (explain.py).
 
 Every path below runs the one decoder step, model/decoder.py's `Decoder.step` (attention, gate beta, LSTM
 cell, deep output), or its `recur` + `output` halves; none has a copy of the model. How that step computes
-(eq. 4 through sigmoid in cache-sized blocks, few-row products, the W_z a_i and W_e E y tables) is decided
-inside it by device and autograd, or by the caller passing the W_z a_i table; `Decoder.step(..., literal=True)`
-with plain products and no table is the paper written out, the oracle. tests/test_one_step.py patches
+(eq. 4 through sigmoid in cache-sized blocks, each product the fastest way timed on this CPU, the W_z a_i and
+W_e E y tables) is decided inside it by device and autograd, or by the caller passing the W_z a_i table;
+`Decoder.step(..., literal=True)` with plain products and no table is the paper written out, the oracle. tests/test_one_step.py patches
 AdditiveAttention and sees every path change.
 
 The paths (path: code; when it runs; why this way; the test that proves it equal to the equations):

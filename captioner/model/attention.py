@@ -47,17 +47,17 @@ class AdditiveAttention(nn.Module):
     def project(self, feats: torch.Tensor) -> torch.Tensor:
         """2 W_a a_i: feats (B, P, D) -> (B, P, A), the doubled input of eq. 4's sigmoid form. It does not
         depend on t: once per image, not per step."""
-        return 2 * self.feat_proj(feats)
+        return 2 * linear(self.feat_proj, feats)  # (B, P, A)
 
     def weights(self, feats: torch.Tensor, feat_proj: torch.Tensor, h: torch.Tensor, literal: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """feats (B, P, D), feat_proj (B, P, A) from `project`, h (B*G, H) -> alpha (B*G, P) (eq. 4-5)
         and the gate beta (B*G,): how much of the attended context reaches the word (0 = the word did
         not use the image). The G rows of an image (consecutive) share its annotations. literal: eq. 4
-        with tanh as the paper writes it (the test oracle) instead of its sigmoid form."""
+        with tanh as the paper writes it and plain products (the test oracle) instead of its sigmoid form."""
         B, P, _ = feats.shape
         G = h.shape[0] // B
-        hp = linear(self.hidden_proj, h).view(B, G, 1, -1)  # (B, G, 1, A): W_h h_{t-1}
+        hp = linear(self.hidden_proj, h, literal).view(B, G, 1, -1)  # (B, G, 1, A): W_h h_{t-1}
         if literal:
             u = feat_proj.unsqueeze(1) / 2 + hp  # (B, G, P, A): W_a a_i + W_h h_{t-1}
             e = self.score(torch.tanh(u)).view(B * G, P)  # (B*G, P): eq. 4

@@ -15,9 +15,11 @@ explain teacher-forces. The embedding's share of the gates (W_e E y) is an input
 for all T steps in one matrix product.
 
 How the step computes, never what (each gives the equations' numbers to float rounding; tests/test_model.py
-and tests/test_fast_decoding.py check them against `step(..., literal=True)` and the literal eq. 4-6):
+and tests/test_fast_decoding.py check them against `step(..., literal=True)`, plain products, and the literal
+eq. 4-6):
 - eq. 4 through sigmoid, in cache-sized blocks without autograd on a CPU (AdditiveAttention.weights);
-- few-row products with the operands swapped on a CPU (model/rows.py);
+- without autograd on a CPU, each linear layer's product the fastest of three ways (plain, operands swapped,
+  oneDNN with the weight packed once), timed once per process for each weight shape and row class (model/rows.py);
 - W_z a_i once per image (`context_gates`, the `ctx_gates` argument of `recur` and `step`): z_t = beta_t
   sum_i alpha_ti a_i is linear in the a_i, so W_z z_t = beta_t sum_i alpha_ti (W_z a_i): a beam step reads
   a (P, 4H) table per image instead of multiplying its rows by W_z, the step's largest product;
@@ -95,7 +97,7 @@ class Decoder(nn.Module):
 
     def init_state(self, feats: torch.Tensor) -> State:
         mean = feats.mean(dim=1)  # (B, D)
-        return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))  # (B, H) each
+        return torch.tanh(linear(self.init_h, mean)), torch.tanh(linear(self.init_c, mean))  # (B, H) each
 
     def embed(self, words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """words (...,) -> E y (..., E) and its share of the LSTM gates W_e E y (..., 4H) (eq. 1); without
@@ -124,7 +126,7 @@ class Decoder(nn.Module):
     def context_gates(self, feats: torch.Tensor) -> torch.Tensor:
         """W_z a_i for every region: feats (B, P, D) -> (B, P, 4H), once per image, for the `ctx_gates` of
         `recur` and `step` (beam search: its K rows per image read it at every step)."""
-        return self.gates_context(feats)
+        return linear(self.gates_context, feats)  # (B, P, 4H)
 
     def recur(self, state: State, emb_gates: torch.Tensor, feats: torch.Tensor, feat_proj: torch.Tensor,
               context: str = "expected", ctx_gates: torch.Tensor | None = None, literal: bool = False
@@ -140,8 +142,8 @@ class Decoder(nn.Module):
         where = locate(alpha, context)  # (B*G,) or None
         weights = alpha if where is None else F.one_hot(where, alpha.shape[1]).to(alpha.dtype)  # (B*G, P)
         z = glimpse(feats, weights, beta)  # (B*G, D): eq. 6 (or 8)
-        z_gates = linear(self.gates_context, z) if ctx_gates is None else glimpse(ctx_gates, weights, beta)  # W_z z
-        gates = emb_gates + z_gates + linear(self.gates_hidden, h)  # (B*G, 4H): eq. 1, W [E y; z; h] + b
+        z_gates = linear(self.gates_context, z, literal) if ctx_gates is None else glimpse(ctx_gates, weights, beta)  # W_z z
+        gates = emb_gates + z_gates + linear(self.gates_hidden, h, literal)  # (B*G, 4H): eq. 1, W [E y; z; h] + b
         i, f, g, o = gates.chunk(4, dim=1)  # input, forget, candidate, output: (B*G, H) each
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B*G, H): c_t
         h = torch.sigmoid(o) * torch.tanh(c)  # (B*G, H): h_t
@@ -153,11 +155,12 @@ class Decoder(nn.Module):
         --compile)."""
         self.recur = torch.compile(self.recur)  # type: ignore[method-assign]
 
-    def output(self, emb: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    def output(self, emb: torch.Tensor, h: torch.Tensor, z: torch.Tensor, literal: bool = False) -> torch.Tensor:
         """Deep output layer (eq. 7): emb (N, E) = E y_{t-1}, h (N, H) = h_t, z (N, D) = z_t -> logits (N, V).
-        Nothing feeds back into the recurrence, so training computes it for all steps at once."""
-        out = torch.tanh(emb + linear(self.out_hidden, h) + linear(self.out_context, z))  # (N, E): E y + L_h h + L_z z
-        return linear(self.out_vocab, self.dropout(out))  # (N, V): L_o
+        Nothing feeds back into the recurrence, so training computes it for all steps at once. literal: plain
+        products (the test oracle)."""
+        out = torch.tanh(emb + linear(self.out_hidden, h, literal) + linear(self.out_context, z, literal))  # (N, E)
+        return linear(self.out_vocab, self.dropout(out), literal)  # (N, V): L_o
 
     def step(self, state: State, emb: torch.Tensor, emb_gates: torch.Tensor, feats: torch.Tensor,
              feat_proj: torch.Tensor, context: str = "expected", ctx_gates: torch.Tensor | None = None,
@@ -167,7 +170,7 @@ class Decoder(nn.Module):
         attends (decode.hard_context, or "sample"); a soft model always uses the expected context."""
         z, alpha, beta, _, state = self.recur(state, emb_gates, feats, feat_proj, context if self.hard else "expected",
                                               ctx_gates, literal)
-        return self.output(emb, state[0], z), alpha, beta, state
+        return self.output(emb, state[0], z, literal), alpha, beta, state
 
     def teacher_force(self, feats: torch.Tensor, inputs: torch.Tensor, lengths: torch.Tensor,
                       image_index: torch.Tensor | None = None, context: str = "expected") -> TeacherForced:
