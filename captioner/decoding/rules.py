@@ -66,7 +66,7 @@ def _ban_repeated_bigrams(logp: torch.Tensor, tokens: torch.Tensor, function_wor
         return logp
     match = tokens[:, :-1] == tokens[:, -1:]  # (N, t-1): earlier copies of the last word
     words = tokens[:, 1:]  # (N, t-1): the words that followed them
-    content = ~torch.isin(words, _ids(function_words, words.dtype, words.device))
+    content = ~_among(function_words, logp.shape[1], words.device)[words]  # (N, t-1)
     return _ban(logp, words, match & content)
 
 
@@ -75,6 +75,22 @@ def _ids(words: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> to
     """(m,) the word ids as a tensor, made once per word list and device: every step of every decode asks again,
     and building a small tensor costs more than the lookup it serves. Never written to."""
     return torch.tensor(words, dtype=dtype, device=device)
+
+
+@lru_cache(maxsize=64)
+def _among(words: tuple[int, ...], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """(V,) True at `words`: indexed by a row's words, whether each is among them (one lookup where torch.isin
+    sorts at every step). Made once per word list and device; never written to."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)  # (V,)
+    mask[list(words)] = True
+    return mask
+
+
+@lru_cache(maxsize=16)
+def _families(twins: tuple[tuple[int, int], ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m,) the members and (m,) the families of vocab.word_families' pairs, made once per vocabulary."""
+    return (torch.tensor([a for a, _ in twins], dtype=torch.long, device=device),
+            torch.tensor([b for _, b in twins], dtype=torch.long, device=device))
 
 
 def _ban(logp: torch.Tensor, words: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
@@ -92,16 +108,16 @@ def _ban_salad(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds) -> tor
         logp[:, ids.end] = float("-inf")
         return logp
     ids_of = lambda words: _ids(words, tokens.dtype, tokens.device)  # noqa: E731
-    bad = torch.isin(tokens[:, -1], ids_of(ids.bad_last))  # (N,) rows ending on a word a caption cannot end on
+    among = lambda words: _among(words, logp.shape[1], tokens.device)  # noqa: E731
+    bad = among(ids.bad_last)[tokens[:, -1]]  # (N,) rows ending on a word a caption cannot end on
     logp[:, ids.end] = logp[:, ids.end].masked_fill(bad, float("-inf"))
     if tokens.shape[1] >= 2 and ids.not_after_colour:  # "a white" is followed by a noun, not "sitting"
-        bare = torch.isin(tokens[:, -2], ids_of(ids.articles)) & torch.isin(tokens[:, -1], ids_of(ids.colours))  # (N,)
+        bare = among(ids.articles)[tokens[:, -2]] & among(ids.colours)[tokens[:, -1]]  # (N,)
         words = ids_of(ids.not_after_colour).expand(len(tokens), -1)  # (N, m)
         logp = _ban(logp, words, bare.unsqueeze(1).expand_as(words))
     if tokens.shape[1] >= SALAD_REPEATS - 1:
         counts = torch.zeros_like(logp).scatter_add_(1, tokens, torch.ones_like(tokens, dtype=logp.dtype))  # (N, V)
-        counts[:, ids_of(ids.function_words)] = 0
-        logp = logp.masked_fill(counts >= SALAD_REPEATS - 1, float("-inf"))
+        logp = logp.masked_fill((counts >= SALAD_REPEATS - 1) & ~among(ids.function_words), float("-inf"))
     return logp
 
 
@@ -114,20 +130,18 @@ def _ban_repeats(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds, clos
     t = tokens.shape[1]
     if t == 0:
         return logp
-    ids_of = lambda words: _ids(words, tokens.dtype, tokens.device)  # noqa: E731
     if close:  # back to back
         logp[torch.arange(len(tokens), device=tokens.device), tokens[:, -1]] = float("-inf")
     if close and t >= 2:
-        joined = torch.isin(tokens[:, -1], ids_of(ids.joiners))  # (N,) rows ending "X and"
+        joined = _among(ids.joiners, logp.shape[1], tokens.device)[tokens[:, -1]]  # (N,) rows ending "X and"
         logp = _ban(logp, tokens[:, -2:-1], joined.unsqueeze(1))
     if content:
         said = torch.zeros_like(logp, dtype=torch.bool).scatter_(1, tokens, True)  # (N, V)
         if ids.twins:  # a word, its plural, its taught twin name one thing: one said bans the whole family
-            member, family = ids_of(tuple(a for a, _ in ids.twins)), ids_of(tuple(b for _, b in ids.twins))
+            member, family = _families(ids.twins, tokens.device)
             said = said.float().index_add_(1, family, said[:, member].float()) > 0  # (N, V): families said
             said[:, member] = said[:, family]
-        said[:, ids_of(ids.function_words)] = False
-        logp = logp.masked_fill(said, float("-inf"))
+        logp = logp.masked_fill(said & ~_among(ids.function_words, logp.shape[1], tokens.device), float("-inf"))
     return logp
 
 
