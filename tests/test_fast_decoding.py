@@ -230,3 +230,20 @@ def test_word_bias_at_once_equals_the_bias_of_each_step(bonus):
         steps = torch.stack([ev.bias(torch.tensor([image]), t[None, :k])[0, t[k]] for k in range(len(t))])
         assert torch.allclose(ev.word_bias(image, t.tolist()), steps, atol=1e-6)
     assert ev.word_bias(0, []).shape == (0,)
+
+
+@pytest.mark.parametrize("captions", [2, 20])
+def test_teacher_forcing_without_autograd_equals_it_with_autograd(captions):
+    """Without autograd a few sentences read the W_z a_i table, more take the product: either way the logits,
+    maps and gates of teacher forcing equal those computed with autograd (the product, as training runs it)."""
+    torch.manual_seed(0)
+    dec = tiny_decoder(vocab_size=12)
+    feats = torch.randn(2, P, D)
+    lengths = torch.arange(captions, 0, -1).clamp(max=6) + 1  # (C,) descending
+    inputs = torch.randint(3, 12, (captions, int(lengths[0])))
+    image_index = torch.arange(captions) % 2
+    want = dec.teacher_force(feats, inputs, lengths, image_index)
+    with torch.no_grad():
+        got = dec.teacher_force(feats, inputs, lengths, image_index)
+    for a, b in zip(got[:3], want[:3]):
+        torch.testing.assert_close(a, b.detach(), atol=1e-5, rtol=1e-5)

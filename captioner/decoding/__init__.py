@@ -37,7 +37,7 @@ The paths (path: code; when it runs; why this way; the test that proves it equal
         test: test_scst.py::test_samples_are_well_formed_and_their_log_probs_match_teacher_forcing
     explain           explain.force_sentences -> Decoder.teacher_force
         runs: Photo.explain, grounding
-        why:  a given sentence: no search, one batched pass
+        why:  a given sentence: no search, one batched pass; the W_z a_i table (a few rows a step)
         test: test_explain.py::test_explain_reproduces_greedy_on_real_photos, ::test_tiny_model_explain_equals_greedy
     teacher forcing   Decoder.teacher_force: `recur` per step, `output` once
         runs: training.objectives (CrossEntropy, SCST's scst_xent)

@@ -22,7 +22,8 @@ eq. 4-6):
   oneDNN with the weight packed once), timed once per process for each weight shape and row class (model/rows.py);
 - W_z a_i once per image (`context_gates`, the `ctx_gates` argument of `recur` and `step`): z_t = beta_t
   sum_i alpha_ti a_i is linear in the a_i, so W_z z_t = beta_t sum_i alpha_ti (W_z a_i): a beam step reads
-  a (P, 4H) table per image instead of multiplying its rows by W_z, the step's largest product;
+  a (P, 4H) table per image instead of multiplying its rows by W_z, the step's largest product (so does
+  teacher forcing of a few sentences without autograd: explain, grounding);
 - each word's W_e E y computed once without autograd (`embed`): a (V, 4H) table kept by the decoder, filled
   as words first occur (on a CPU) or whole at once (elsewhere: reading back which words are known would wait
   for the device at every step), dropped when either weight changes or moves.
@@ -43,7 +44,7 @@ import torch.nn.functional as F
 
 from ..config import ATTENTIONS
 from .attention import AdditiveAttention, glimpse, locate
-from .rows import linear
+from .rows import FEW_ROWS, linear
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
 
@@ -197,6 +198,11 @@ class Decoder(nn.Module):
         if bool((lengths[1:] > lengths[:-1]).any()):
             raise ValueError("lengths must be sorted in descending order")
         feat_proj = self.attention.project(feats)[image_index]  # (B, P, A): once per image, shared by its captions
+        # a few sentences without autograd (explain, grounding): W_z a_i once per image, so that a step reads its
+        # rows instead of all of W_z for one or a few rows (memory-bound); many rows per step (validation) or
+        # autograd (training): the product, cheaper than P rows per image there, and its gradient
+        few = not torch.is_grad_enabled() and B <= FEW_ROWS
+        ctx_gates = self.context_gates(feats)[image_index] if few else None  # (B, P, 4H)
         feats = feats[image_index]  # (B, P, D)
         h, c = self.init_state(feats)
         emb, emb_gates = self.embed(inputs)  # (B, T, E), (B, T, 4H): all steps in one product
@@ -207,7 +213,7 @@ class Decoder(nn.Module):
             if n == 0:
                 break
             z, alpha, beta, where, (h, c) = self.recur((h[:n], c[:n]), emb_gates[:n, t], feats[:n], feat_proj[:n],
-                                                       context)
+                                                       context, None if ctx_gates is None else ctx_gates[:n])
             hs.append(h)
             zs.append(z)
             alphas_t.append(alpha)
