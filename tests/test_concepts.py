@@ -28,6 +28,27 @@ def test_every_name_in_the_table_is_an_imagenet_class():
     assert not unknown, f"not ImageNet class names (exact spelling of torchvision's meta): {unknown}"
 
 
+def test_the_kept_class_names_are_torchvisions():
+    """The class names kept beside the package (read without importing torchvision) are torchvision's, in order."""
+    import torchvision
+
+    assert C.imagenet_classes() == tuple(torchvision.models.ResNet50_Weights.DEFAULT.meta["categories"])
+
+
+def test_a_first_caption_does_not_import_torchvision():
+    """Reading a photo with the bundled model leaves torchvision unimported: importing it (and torch's compiler
+    with it) took most of a first caption's time."""
+    import subprocess
+    import sys
+
+    code = ("import sys, captioner; m = captioner.load(); c = m.caption(sys.argv[1]); "
+            "assert c.concepts is not None; print('torchvision' in sys.modules)")
+    photo = next(p for p in sorted(EXAMPLES.iterdir()) if p.suffix.lower() in (".jpg", ".jpeg"))
+    out = subprocess.run([sys.executable, "-c", code, str(photo)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
 def test_a_name_that_is_no_imagenet_class_is_an_error(monkeypatch):
     monkeypatch.setitem(C.CATEGORY_CLASSES, "cat", ("tabby", "house cat"))
     with pytest.raises(ValueError, match="house cat"):

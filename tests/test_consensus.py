@@ -84,6 +84,10 @@ def test_memory_round_trips_through_save_and_load(tmp_path):
     assert back.captions_of(2) == ((12, 13, 14, 15, 16),)
     query = _near(torch.randn(16))
     assert torch.equal(back.nearest(query, 3), memory.nearest(query, 3))
+    # the document frequencies are built once per file and process; a rewritten file builds its own
+    assert ConsensusMemory.load(path).cider is back.cider and back.cider.df == memory.cider.df
+    ConsensusMemory.build(torch.randn(2, 16), [[[4, 5]], [[6]]], vocab_size=20).save(path)
+    assert ConsensusMemory.load(path).cider is not back.cider
 
 
 def test_a_file_that_is_not_a_memory_is_refused_with_advice(tmp_path):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -140,14 +141,18 @@ PERSON_CLASSES: tuple[str, ...] = (
 )
 MAP_CATEGORIES: tuple[str, ...] = CATEGORIES + ("person",)  # the order of every (B, C+1) concept-map stack
 THRESHOLD = 0.3  # default P(category) to name it (see the measurements above)
+CLASSES_FILE = Path(__file__).with_name("imagenet_classes.txt")  # the 1000 class names, one per line
 
 
 @lru_cache(maxsize=1)
 def imagenet_classes() -> tuple[str, ...]:
-    """The 1000 ImageNet-1k class names, index-aligned with the Lite weights (shipped offline by torchvision)."""
-    from ..model.vision import import_torchvision
-
-    return tuple(import_torchvision().models.ResNet50_Weights.DEFAULT.meta["categories"])
+    """The 1000 ImageNet-1k class names, index-aligned with the Lite weights: torchvision's
+    ResNet50_Weights.DEFAULT.meta["categories"], kept beside this module (CLASSES_FILE; tests/test_concepts.py
+    checks they are the same) so that a photo's first caption does not import torchvision."""
+    names = tuple(CLASSES_FILE.read_text(encoding="utf-8").splitlines())
+    if len(names) != 1000:
+        raise ValueError(f"{CLASSES_FILE} holds {len(names)} class names, not ImageNet's 1000: reinstall captioner")
+    return names
 
 
 def _resolve(entry: str, index: dict[str, int]) -> list[int]:

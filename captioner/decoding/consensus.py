@@ -32,6 +32,7 @@ from .cider import CiderD
 
 FORMAT = "captioner-consensus/1"
 SUFFIX = ".consensus.safetensors"
+_cider_of_file: dict[tuple[str, int, int], CiderD] = {}  # ConsensusMemory.cider of each memory file, this process
 
 
 def memory_path(model_file: str | Path) -> Path:
@@ -52,6 +53,7 @@ class ConsensusMemory:
     _unit: torch.Tensor | None = field(default=None, repr=False)  # (D, M) float32 columns at unit length, on first use
     _captions: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict, repr=False)  # captions_of, cached
     _flat: tuple[list[int], list[int], list[int]] = field(default=([], [0], [0]), repr=False)  # tokens, caption/photo starts
+    source: tuple[str, int, int] | None = field(default=None, repr=False)  # (file, size, mtime) when loaded from one
 
     @classmethod
     def build(cls, pooled: torch.Tensor, captions: Sequence[Sequence[Sequence[int]]], vocab_size: int,
@@ -95,9 +97,14 @@ class ConsensusMemory:
 
     @property
     def cider(self) -> CiderD:
-        """CIDEr-D with the memory's captions as the document frequencies (built on first use)."""
+        """CIDEr-D with the memory's captions as the document frequencies: built on first use, once per process
+        for each memory file (captioner.load builds it, so that a photo's first caption does not)."""
+        if self._cider is None:
+            self._cider = _cider_of_file.get(self.source) if self.source else None
         if self._cider is None:
             self._cider = CiderD([self.captions_of(j) for j in range(len(self))])
+            if self.source:
+                _cider_of_file[self.source] = self._cider
         return self._cider
 
     def save(self, path: str | Path) -> None:
@@ -120,6 +127,8 @@ class ConsensusMemory:
             raise CheckpointError(f"{path}: corrupt consensus memory ({e}); rebuild it with captioner-build-consensus") from None
         if len(memory.photo_ends) != len(memory.features) or int(memory.photo_ends[-1]) != len(memory.caption_ends):
             raise CheckpointError(f"{path}: its photos, captions and features do not line up; rebuild it")
+        stat = Path(path).stat()
+        memory.source = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
         return memory
 
 

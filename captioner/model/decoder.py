@@ -198,9 +198,8 @@ class Decoder(nn.Module):
         if bool((lengths[1:] > lengths[:-1]).any()):
             raise ValueError("lengths must be sorted in descending order")
         feat_proj = self.attention.project(feats)[image_index]  # (B, P, A): once per image, shared by its captions
-        # a few sentences without autograd (explain, grounding): W_z a_i once per image, so that a step reads its
-        # rows instead of all of W_z for one or a few rows (memory-bound); many rows per step (validation) or
-        # autograd (training): the product, cheaper than P rows per image there, and its gradient
+        # W_z a_i once per image for a few sentences without autograd (explain): their steps would read all of W_z
+        # for a row or two; many rows a step (validation) or autograd (training): the product, cheaper there
         few = not torch.is_grad_enabled() and B <= FEW_ROWS
         ctx_gates = self.context_gates(feats)[image_index] if few else None  # (B, P, 4H)
         feats = feats[image_index]  # (B, P, D)
