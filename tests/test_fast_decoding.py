@@ -100,6 +100,31 @@ def test_beam_search_on_real_photos_equals_the_literal_step(bundled, flickr, one
         assert float(abs(a.alphas - b.alphas).max()) < 1e-5
 
 
+def test_every_way_of_the_products_gives_the_same_captions(bundled, flickr, one_torch_thread, monkeypatch):
+    """Whichever way this CPU's timing picks for each linear layer (model/rows.py), the bundled model at its stored
+    settings writes the same captions: every layer forced plain, swapped and packed in turn."""
+    photos = bundled.read_batch(val_photos(flickr, 3))
+    texts = {}
+    for way in rows.WAYS:
+        if way == "packed" and not torch.backends.mkldnn.is_available():
+            continue
+        monkeypatch.setattr(rows, "_chosen", _Always(way))
+        texts[way] = [c.text for c in caption_photos(bundled, photos)] + [c.text for c in caption_photos(
+            bundled, photos[:1], beam_size=1)]
+    assert len(set(map(tuple, texts.values()))) == 1, texts
+
+
+class _Always(dict):
+    """A stand-in for rows._chosen that answers one way for every layer."""
+
+    def __init__(self, way: str):
+        super().__init__()
+        self.way = way
+
+    def get(self, key, default=None):
+        return self.way
+
+
 def test_a_photo_is_read_once_then_asked(bundled, flickr, one_torch_thread, monkeypatch):
     """Captioner.read runs the encoder once and the ImageNet head once; the Photo's captions (any settings),
     explanations and concepts then run neither again, and equal what the one-call API gives."""
