@@ -98,7 +98,7 @@ def _choose(layer: nn.Linear, x: torch.Tensor, key: Key) -> str:
         for name, way in WAYS.items():
             try:
                 way(layer, probe)  # untimed: makes the packed copy, warms the caches
-            except (RuntimeError, AttributeError):  # not in this build of torch
+            except (RuntimeError, AttributeError, NotImplementedError):  # not in this build of torch
                 continue
             t = min(_seconds(way, layer, probe) for _ in range(REPEATS))
             if t < best_t:
