@@ -240,6 +240,18 @@ def test_the_way_is_chosen_once_and_the_packed_copy_follows_the_weight():
     assert rows.chosen() == chosen  # nothing timed again
 
 
+@torch.no_grad()
+def test_a_way_this_torch_lacks_is_left_out(monkeypatch):
+    """Without oneDNN (the packed way raises), the choice falls to plain or swapped and the products stay right."""
+    def missing(layer, x):
+        raise RuntimeError("no oneDNN in this build")
+    monkeypatch.setattr(rows, "WAYS", {**rows.WAYS, "packed": missing})
+    monkeypatch.setattr(rows, "_chosen", {})
+    layer, x = torch.nn.Linear(32, 64), torch.randn(5, 32)
+    torch.testing.assert_close(rows.linear(layer, x), layer(x), atol=1e-5, rtol=1e-5)
+    assert set(rows.chosen().values()) <= {"plain", "swapped"} and rows.chosen()
+
+
 @pytest.mark.parametrize("bonus", [0.0, 3.0])
 def test_word_bias_at_once_equals_the_bias_of_each_step(bonus):
     """Evidence.word_bias (what a caption's log-probs are corrected by) computes every word's bias at once;
