@@ -115,12 +115,13 @@ class Decoder(nn.Module):
         key = (w_emb._version, w_gate._version, w_emb.data_ptr(), w_gate.data_ptr(), w_gate.dtype, w_gate.device)
         whole = whole_table(w_gate.device)
         if self._word_gates is None or self._word_gates[0] != key:
-            table = self.gates_embed(w_emb) if whole else w_gate.new_empty(self.vocab_size, w_gate.shape[0])  # (V, 4H)
+            table = (linear(self.gates_embed, w_emb) if whole
+                     else w_gate.new_empty(self.vocab_size, w_gate.shape[0]))  # (V, 4H)
             self._word_gates = key, table, torch.full((self.vocab_size,), whole, dtype=torch.bool, device=w_gate.device)
         _, table, known = self._word_gates
         if not whole and not bool(known[words].all()):  # whole: no read of `known` (a host sync per step on a GPU)
             new = words[~known[words]].unique()  # (n,) words seen for the first time
-            table[new] = self.gates_embed(self.embedding(new))  # (n, 4H)
+            table[new] = linear(self.gates_embed, self.embedding(new))  # (n, 4H)
             known[new] = True
         return table[words]  # (..., 4H)
 
