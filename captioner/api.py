@@ -36,9 +36,9 @@ from .config import DTYPES as DTYPE_NAMES
 from .config import Config, DecodeConfig, set_value
 from .decoding.explain import NoWordsError
 from .images import ImageError, ImageInput, load_image, original_size, was_transparent
-from .model.captioner import CaptionModel, build_model
+from .model.show_attend_tell import ShowAttendTell, build_model
 from .model.encoder import Preprocess, build_preprocess
-from .model.rows import prepare
+from .model.packed_linear import prepare
 from .vocab import Vocab
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "assets" / "default.safetensors"
@@ -71,7 +71,7 @@ def check_device(device: str | torch.device) -> torch.device:
     return d
 
 
-def _ready(model: CaptionModel, device: torch.device, dtype: torch.dtype) -> CaptionModel:
+def _ready(model: ShowAttendTell, device: torch.device, dtype: torch.dtype) -> ShowAttendTell:
     """The caller's model when it is already in eval mode on `device` in `dtype`; otherwise a converted
     COPY: a Captioner never changes the model it was given (its device, dtype or train mode)."""
     p = next(model.parameters())
@@ -113,12 +113,12 @@ class Captioner:
     """A ready model with its preprocessing (`.preprocess`, callable: image -> (3, S, S) tensor),
     vocabulary and stored decode settings (`.config.decode`)."""
 
-    def __init__(self, model: CaptionModel, vocab: Vocab, config: Config, metrics: dict[str, Any] | None = None,
+    def __init__(self, model: ShowAttendTell, vocab: Vocab, config: Config, metrics: dict[str, Any] | None = None,
                  device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32", source: str | None = None):
         self.dtype = resolve_dtype(dtype)  # the whole model (encoder and decoder) computes in this type
         self.device = torch.device(device)
         self.model = _ready(model, self.device, self.dtype)
-        prepare(self.model.decoder, config.decode.beam_size)  # this CPU's fastest products, chosen before a caption
+        prepare(self.model.decoder)  # the packed copies of the step's weights, made before a caption
         self.vocab, self.config, self.metrics = vocab, config, metrics or {}
         self.source = source  # the model file it was loaded from (None: built in memory); each Caption names it
         self.preprocess: Preprocess = build_preprocess(config.model)  # any image input -> (3, S, S); ImageError

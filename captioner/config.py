@@ -166,7 +166,7 @@ class DecodeConfig:
     evidence_detectors: bool = True  # the veto also asks the file's word detector of a category (evidence.detected_probs)
     consensus_k: int = 5  # consensus rerank (decoding/consensus.py; a memory beside the file): k nearest train photos
     consensus_weight: float = 0.3  # w: (1 - w) * (score - best) + w * CIDEr-D with their captions; 0: the beam's order
-    # the choice among the beam's captions (decoding/selection.py): + select_<signal> * signal, fitted on the val
+    # the choice among the beam's captions (decoding/choice.py): + select_<signal> * signal, fitted on the val
     # sets by captioner-fit-selector; 0 = the signal is not computed
     select_wide: float = 0.0  # CIDEr-D with the captions of the 4 x consensus_k nearest training photos
     select_agreement: float = 0.0  # CIDEr-D with the photo's other candidates (minimum Bayes risk)

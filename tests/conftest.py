@@ -118,7 +118,7 @@ def tiny_config(grid: int = 7) -> Config:
 
 def tiny_captioner(grid: int = 7) -> captioner.Captioner:
     """A fresh random whole captioner (encoder, decoder, the 12-word vocabulary of WORDS) a test may change."""
-    from captioner.model.captioner import build_model
+    from captioner.model.show_attend_tell import build_model
     from captioner.vocab import Vocab
 
     cfg = tiny_config(grid)

@@ -825,7 +825,7 @@ def test_compare_the_bundled_model_with_a_resnet_checkpoint(app, tmp_path, monke
     """Evidence-aware decoding is the bundled model's setting, and a ResNet has no ImageNet head: each side
     of a comparison decodes with what it can use, so the ResNet side captions instead of failing."""
     from captioner.config import Config, ModelConfig
-    from captioner.model.captioner import build_model
+    from captioner.model.show_attend_tell import build_model
 
     from .conftest import tiny_captioner
 

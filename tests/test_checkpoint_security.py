@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 import captioner
 from captioner.checkpoint import (FORMAT, CheckpointError, load_checkpoint, load_model_state,
                                   save_checkpoint)
-from captioner.model.captioner import build_model
+from captioner.model.show_attend_tell import build_model
 from captioner.vocab import Vocab
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -362,7 +362,7 @@ def test_resnet_files_hold_each_weight_once_and_old_alias_files_load(tmp_path):
     that still carries the old alias loads when it repeats the weights and is refused when it does not."""
     from captioner.checkpoint import load_checkpoint, save_checkpoint, write_safetensors
     from captioner.config import Config, ModelConfig
-    from captioner.model.captioner import build_model
+    from captioner.model.show_attend_tell import build_model
     from captioner.vocab import Vocab
 
     cfg = Config(model=ModelConfig(encoder="resnet101", pretrained=False, grid_size=2, hidden_dim=16,

@@ -98,7 +98,7 @@ def test_a_typo_stops_training_before_any_data_is_read(setting, tmp_path):
 def test_a_grid_larger_than_the_feature_map_is_refused():
     """model.output_stride=16 model.grid_size=17 at 224 px average-pooled a 14x14 map UP to 17x17."""
     from captioner.config import ModelConfig, native_grid
-    from captioner.model.captioner import build_model
+    from captioner.model.show_attend_tell import build_model
 
     with pytest.raises(ValueError, match=r"grid_size=17 is larger than the encoder's 14x14 feature map at "
                                          r"model.image_size=224 .*model.image_size=272 for a native 17x17 map"):

@@ -1,4 +1,4 @@
-"""Consensus reranking (captioner/decoding/consensus.py, weighed by decoding/selection.py's choice): invariants of the
+"""Consensus reranking (captioner/decoding/consensus.py, weighed by decoding/choice.py's choice): invariants of the
 rerank, the memory's round trip, and the product path (captioner.load attaches the memory beside the model file;
 weight 0 is the beam's own order)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from captioner.config import DecodeConfig
 from captioner.decoding.consensus import ConsensusMemory, attach_memory, memory_of, memory_path
 from captioner.decoding.hypotheses import Hypothesis
 from captioner.decoding.photo import caption_photos
-from captioner.decoding.selection import choose
+from captioner.decoding.choice import choose
 
 EXAMPLES = sorted((Path(captioner.__file__).parent / "assets" / "examples").glob("*.jpg"))
 
@@ -112,7 +112,7 @@ def bundled(bundled):
 def test_weight_zero_gives_todays_captions(bundled):
     """With decode.consensus_weight=0 and the choice's other weights 0 the product path writes exactly the captions
     of a model without a memory."""
-    from captioner.decoding.selection import SIGNALS
+    from captioner.decoding.choice import SIGNALS
 
     photos = bundled.read_batch(EXAMPLES)
     off = caption_photos(bundled, photos, consensus_weight=0.0, **{f"select_{s}": 0.0 for s in SIGNALS[2:]})

@@ -17,7 +17,7 @@ from .test_stopping import StopAfter, losses
 
 
 def _steps(decoder, ema: EMA, n: int) -> None:
-    from captioner.model.captioner import CaptionModel
+    from captioner.model.show_attend_tell import ShowAttendTell
     from captioner.training.engine import train_step
     from captioner.training.objectives import CrossEntropy
 
@@ -25,7 +25,7 @@ def _steps(decoder, ema: EMA, n: int) -> None:
 
     g = torch.Generator().manual_seed(1)
     batch = collate([(torch.rand(4, 16, generator=g), [[1, 5, 6, 2], [1, 7, 2]]) for _ in range(3)])
-    model = CaptionModel(torch.nn.Identity(), decoder)  # type: ignore[arg-type]  # features given: no encoder
+    model = ShowAttendTell(torch.nn.Identity(), decoder)  # type: ignore[arg-type]  # features given: no encoder
     opt = torch.optim.Adam(decoder.parameters(), lr=1e-2)
     for _ in range(n):
         train_step(partial(CrossEntropy(Config()), model), opt, batch, Config(), torch.device("cpu"))

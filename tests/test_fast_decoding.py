@@ -13,7 +13,7 @@ from captioner.config import DecodeConfig
 from captioner.decoding.evidence import Evidence, word_categories
 from captioner.decoding.photo import caption_photos
 from captioner.images import load_image, preprocess
-from captioner.model import attention, rows
+from captioner.model import attention, packed_linear
 from captioner.model.decoder import Decoder
 from .conftest import B, D, P, tiny_decoder
 
@@ -100,29 +100,18 @@ def test_beam_search_on_real_photos_equals_the_literal_step(bundled, flickr, one
         assert float(abs(a.alphas - b.alphas).max()) < 1e-5
 
 
-def test_every_way_of_the_products_gives_the_same_captions(bundled, flickr, one_torch_thread, monkeypatch):
-    """Whichever way this CPU's timing picks for each linear layer (model/rows.py), the bundled model at its stored
-    settings writes the same captions: every layer forced plain, swapped and packed in turn."""
+def test_packed_and_plain_products_give_the_same_captions(bundled, flickr, one_torch_thread, monkeypatch):
+    """The fixed rule's packed products (model/packed_linear.py) and plain F.linear everywhere give the bundled
+    model's same captions at its stored settings, beam and greedy."""
     photos = bundled.read_batch(val_photos(flickr, 3))
     texts = {}
-    for way in rows.WAYS:
-        if way == "packed" and not torch.backends.mkldnn.is_available():
+    for rule in ("packed", "plain"):
+        if rule == "packed" and not packed_linear.has_onednn():
             continue
-        monkeypatch.setattr(rows, "_chosen", _Always(way))
-        texts[way] = [c.text for c in caption_photos(bundled, photos)] + [c.text for c in caption_photos(
+        monkeypatch.setattr(packed_linear, "_has_onednn", rule == "packed")
+        texts[rule] = [c.text for c in caption_photos(bundled, photos)] + [c.text for c in caption_photos(
             bundled, photos[:1], beam_size=1)]
     assert len(set(map(tuple, texts.values()))) == 1, texts
-
-
-class _Always(dict):
-    """A stand-in for rows._chosen that answers one way for every layer."""
-
-    def __init__(self, way: str):
-        super().__init__()
-        self.way = way
-
-    def get(self, key, default=None):
-        return self.way
 
 
 def test_a_photo_is_read_once_then_asked(bundled, flickr, one_torch_thread, monkeypatch):
@@ -199,57 +188,61 @@ def test_remembered_word_gates_follow_the_weights():
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 16, 17, 81])
-def test_every_way_of_a_linear_layer_equals_nn_linear(n):
-    """Each way rows.linear may choose (plain, swapped, packed) gives nn.Linear's numbers to float rounding,
-    with and without a bias, whatever this CPU chose; with autograd the product is plain and gradients flow."""
+def test_the_packed_product_equals_nn_linear(n):
+    """packed_linear.linear gives nn.Linear's numbers to float rounding at any row count, with and without a bias
+    and with leading dimensions; with autograd the product is plain and gradients flow."""
     for layer in (torch.nn.Linear(64, 300), torch.nn.Linear(64, 300, bias=False)):
         x = torch.randn(n, 64)
         with torch.no_grad():
             want = layer(x)
-            for name, way in rows.WAYS.items():
-                if name == "packed" and not torch.backends.mkldnn.is_available():
-                    continue
-                torch.testing.assert_close(way(layer, x), want, atol=1e-5, rtol=1e-5, msg=name)
-            torch.testing.assert_close(rows.linear(layer, x), want, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(rows.linear(layer, x.view(1, n, 64)), want.view(1, n, 300), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(packed_linear.linear(layer, x), want, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(packed_linear.linear(layer, x.view(1, n, 64)), want.view(1, n, 300),
+                                       atol=1e-5, rtol=1e-5)
+            assert torch.equal(packed_linear.linear(layer, x, plain=True), want)
         x.requires_grad_(True)
-        y = rows.linear(layer, x)
+        y = packed_linear.linear(layer, x)
         torch.testing.assert_close(y, layer(x))
         y.sum().backward()
         torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(n, -1), atol=1e-5, rtol=1e-5)
 
 
 @torch.no_grad()
-def test_the_way_is_chosen_once_and_the_packed_copy_follows_the_weight():
-    """rows.prepare times the ways once per (shape, row class) for the process and keeps the choice; the packed
-    copy is made again when the weight changes in place or the layer is copied, and the module stays copyable."""
-    import copy
-
-    layer = torch.nn.Linear(48, 96)
-    rows.prepare(torch.nn.Sequential(layer), beam=5)
-    chosen = rows.chosen()
-    for cls in ("one", "few", "many"):
-        assert chosen[f"96x48 + bias, {cls}"] in rows.WAYS
-    x = torch.randn(5, 48)
-    layer.weight.add_(0.5)  # as an optimiser step does
-    torch.testing.assert_close(rows.linear(layer, x), layer(x), atol=1e-5, rtol=1e-5)
-    twin = copy.deepcopy(layer)  # the packed copy lives beside the weight, not in the module
-    twin.weight.mul_(-1)
-    torch.testing.assert_close(rows.linear(twin, x), twin(x), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(rows.linear(layer, x), layer(x), atol=1e-5, rtol=1e-5)
-    assert rows.chosen() == chosen  # nothing timed again
+def test_a_row_gives_the_same_numbers_alone_or_among_others():
+    """The fixed rule computes a row the same whether it is alone or one of a batch's rows, and the same on every
+    call: a photo's numbers never depend on what else is decoded beside it or on a timing."""
+    layer = torch.nn.Linear(512, 2048)
+    x = torch.randn(40, 512)
+    whole = packed_linear.linear(layer, x)
+    for n in (1, 5, 17):
+        assert torch.equal(packed_linear.linear(layer, x[:n]), whole[:n])
+    assert torch.equal(packed_linear.linear(layer, x), whole)
 
 
 @torch.no_grad()
-def test_a_way_this_torch_lacks_is_left_out(monkeypatch):
-    """Without oneDNN (the packed way raises), the choice falls to plain or swapped and the products stay right."""
-    def missing(layer, x):
-        raise RuntimeError("no oneDNN in this build")
-    monkeypatch.setattr(rows, "WAYS", {**rows.WAYS, "packed": missing})
-    monkeypatch.setattr(rows, "_chosen", {})
+def test_the_packed_copy_follows_the_weight():
+    """The packed copy is made again when the weight changes in place or the layer is copied, and the module
+    stays copyable (the copy lives beside the weight, not in the module)."""
+    import copy
+
+    layer = torch.nn.Linear(48, 96)
+    packed_linear.prepare(torch.nn.Sequential(layer))
+    x = torch.randn(5, 48)
+    layer.weight.add_(0.5)  # as an optimiser step does
+    torch.testing.assert_close(packed_linear.linear(layer, x), layer(x), atol=1e-5, rtol=1e-5)
+    twin = copy.deepcopy(layer)
+    twin.weight.mul_(-1)
+    torch.testing.assert_close(packed_linear.linear(twin, x), twin(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed_linear.linear(layer, x), layer(x), atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_a_torch_without_onednn_computes_plain(monkeypatch):
+    """Where this torch has no oneDNN the rule is F.linear: the same numbers, bit for bit, and the benchmark says
+    so."""
+    monkeypatch.setattr(packed_linear, "_has_onednn", False)
     layer, x = torch.nn.Linear(32, 64), torch.randn(5, 32)
-    torch.testing.assert_close(rows.linear(layer, x), layer(x), atol=1e-5, rtol=1e-5)
-    assert set(rows.chosen().values()) <= {"plain", "swapped"} and rows.chosen()
+    assert torch.equal(packed_linear.linear(layer, x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+    assert packed_linear.way() == "plain"
 
 
 @pytest.mark.parametrize("bonus", [0.0, 3.0])

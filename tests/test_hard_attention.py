@@ -15,7 +15,7 @@ from captioner.decoding.search import beam_search, greedy_decode
 from captioner.vocab import SpecialIds
 from captioner.training.loss import caption_log_likelihood, caption_loss, hard_attention_terms, update_baseline
 from captioner.model.attention import locate
-from captioner.model.captioner import CaptionModel
+from captioner.model.show_attend_tell import ShowAttendTell
 from captioner.model.decoder import Decoder
 from captioner.training.objectives import CrossEntropy
 from captioner.decoding.sampling import sample
@@ -214,7 +214,7 @@ def test_moving_average_baseline_updates_and_survives_a_checkpoint(tmp_path):
     update_baseline(b, torch.tensor([-3.0, -5.0]), decay=0.9)
     assert b.item() == pytest.approx(0.9 * 2.0 + 0.1 * -4.0)
     # through the objective: a sampled batch moves the decoder's buffer, an expected one does not
-    model = CaptionModel(torch.nn.Identity(), tiny_of().train())  # type: ignore[arg-type]
+    model = ShowAttendTell(torch.nn.Identity(), tiny_of().train())  # type: ignore[arg-type]
     batch = _batch()
     terms = _objective(expected_prob=0.0, decay=0.75)(model, batch)
     assert terms.logs["sampled"] == 1.0 and terms.logs["baseline"] == 0.0 and terms.logs["reinforce"] != 0.0
@@ -248,7 +248,7 @@ def test_old_configs_without_the_key_are_soft():
 def test_a_tiny_hard_model_learns():
     """30 Adam steps on one synthetic batch (half of them with sampled contexts) lower the loss."""
     torch.manual_seed(0)
-    model = CaptionModel(torch.nn.Identity(), tiny_of().train())  # type: ignore[arg-type]
+    model = ShowAttendTell(torch.nn.Identity(), tiny_of().train())  # type: ignore[arg-type]
     objective = _objective(expected_prob=0.5)
     objective.cfg.train.alpha_c = 1.0
     logs = optimise(objective, model, _batch(), steps=30, lr=3e-2)
@@ -273,7 +273,7 @@ def test_bad_choices_are_clear_errors():
 def test_init_from_switches_between_soft_and_hard():
     """train.init_from a soft model's file into a hard run (and back): the weights carry over, the
     REINFORCE baseline is the new run's own (0 for a hard run, absent from a soft one)."""
-    from captioner.model.captioner import build_model
+    from captioner.model.show_attend_tell import build_model
     from captioner.training.run import _model
 
     cfg = Config()

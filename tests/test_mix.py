@@ -108,7 +108,7 @@ def test_sampling_weights_repeat_images_per_epoch_and_replay_on_resume():
 def test_extended_model_gives_old_words_the_same_scores_before_training():
     from captioner.api import DEFAULT_CHECKPOINT
     from captioner.checkpoint import load_checkpoint, load_model_state
-    from captioner.model.captioner import build_model
+    from captioner.model.show_attend_tell import build_model
     from captioner.training.warm_start import grow_vocabulary
 
     paired = need_paired()

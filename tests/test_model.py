@@ -259,12 +259,12 @@ def test_cpu_bf16_autocast_training_loss_matches_fp32():
     from captioner.data.dataset import Batch
     from captioner.training.engine import training_autocast
     from captioner.training.objectives import CrossEntropy
-    from captioner.model.captioner import CaptionModel
+    from captioner.model.show_attend_tell import ShowAttendTell
 
     V = 30
     torch.manual_seed(0)
     dec = Decoder(V, D, embed_dim=16, hidden_dim=16, attention_dim=16, dropout=0.0)
-    model = CaptionModel(torch.nn.Identity(), dec).train()  # type: ignore[arg-type]
+    model = ShowAttendTell(torch.nn.Identity(), dec).train()  # type: ignore[arg-type]
     inputs, targets, lengths, _ = batch(V)
     b = Batch(torch.randn(B, P, D), inputs, targets, lengths, torch.arange(B))
     cfg = Config()

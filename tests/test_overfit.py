@@ -16,7 +16,7 @@ from captioner.vocab import SpecialIds
 from captioner.training.engine import train_step
 from captioner.training.objectives import CrossEntropy
 from captioner.images import load_image, preprocess
-from captioner.model.captioner import build_model
+from captioner.model.show_attend_tell import build_model
 from captioner.model.encoder import normalization
 from captioner.vocab import Vocab
 

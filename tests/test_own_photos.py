@@ -196,7 +196,7 @@ def _epochs(photos: int, values: list[float], lr_decay: float = 0.5) -> tuple[ob
     from types import SimpleNamespace
 
     from captioner.config import Config
-    from captioner.training.selection import chosen, end_epoch
+    from captioner.training.best_epoch import best_epoch_line, end_epoch
     from captioner.training.run import TrainState
     from captioner.training.sources import ValSet
 
@@ -209,7 +209,7 @@ def _epochs(photos: int, values: list[float], lr_decay: float = 0.5) -> tuple[ob
     for epoch, value in enumerate(values):
         run.state.epoch = epoch
         end_epoch(run, value, False)
-    return run, logs + [chosen(run)]
+    return run, logs + [best_epoch_line(run)]
 
 
 def test_a_val_split_too_small_to_choose_keeps_the_last_epoch_and_says_so():
@@ -244,7 +244,7 @@ def test_a_taught_model_is_exported_with_its_starting_models_decode_settings_and
     from captioner.config import Config
     from captioner.data.features import encoder_fingerprint
     from captioner.decoding.consensus import ConsensusMemory, attach_memory, memory_path
-    from captioner.model.captioner import build_model
+    from captioner.model.show_attend_tell import build_model
     from captioner.vocab import Vocab
 
     from .conftest import tiny_captioner

@@ -106,7 +106,7 @@ def test_training_without_java_validates_and_keeps_its_best(tmp_path):
     assert (tmp_path / "run" / "best.safetensors").is_file()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows if r["kind"] == "val" and "CIDEr" in r] == [1, 2]
-    # METEOR is Java: asked for as the selection metric, the run is refused in one line before any work
+    # METEOR is Java: asked for as the val metric, the run is refused in one line before any work
     meteor = _run([*common[:-2], f"data.cache_dir={tmp_path / 'cache2'}", f"train.out_dir={tmp_path / 'run2'}",
                    "train.val_metric=METEOR"], env)
     assert meteor.returncode == 2 and "Java" in meteor.stderr and len(meteor.stderr.strip().splitlines()) == 1, meteor

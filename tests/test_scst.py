@@ -11,7 +11,7 @@ from captioner.config import Config
 from captioner.data.dataset import collate
 from captioner.vocab import SpecialIds
 from captioner.decoding.sampling import sample
-from captioner.model.captioner import CaptionModel
+from captioner.model.show_attend_tell import ShowAttendTell
 from captioner.training.objectives import SelfCritical, batch_references, mean_of_others
 from captioner.vocab import Vocab
 
@@ -79,11 +79,11 @@ def test_mean_of_others_baseline_advantages_sum_to_zero_per_image():
     want = torch.tensor([[14 / 4, 13 / 4, 12 / 4, 11 / 4, 10 / 4], [1.0, 1.0, 0.0, 1.0, 1.0]])  # by hand
     assert torch.allclose(mean_of_others(r), want)
     assert torch.allclose((r - mean_of_others(r)).sum(1), torch.zeros(2))
-    terms = obj(CaptionModel(torch.nn.Identity(), tiny_decoder(V)), batch)  # type: ignore[arg-type]
+    terms = obj(ShowAttendTell(torch.nn.Identity(), tiny_decoder(V)), batch)  # type: ignore[arg-type]
     assert torch.isfinite(terms.total) and set(terms.logs) >= {"reward", "baseline", "penalty"}
     assert terms.logs["reward"] == pytest.approx(terms.logs["baseline"], abs=1e-6)  # mean of others: same mean
     cfg.train.scst_xent = 0.5  # mixed objective: the references' cross-entropy is added and logged
-    mixed = obj(CaptionModel(torch.nn.Identity(), tiny_decoder(V)), batch)  # type: ignore[arg-type]
+    mixed = obj(ShowAttendTell(torch.nn.Identity(), tiny_decoder(V)), batch)  # type: ignore[arg-type]
     assert mixed.logs["xent"] > 0 and torch.isfinite(mixed.total)
 
 
@@ -105,7 +105,7 @@ def test_self_critical_training_raises_the_reward(baseline):
     refs = [[4, 5, 6, 7], [8, 9, 4, 5], [6, 7, 8, 9]]
     cfg, vocab, cider = _setup({"scst_samples": 5, "scst_max_len": 6, "scst_baseline": baseline,
                                 "alpha_c": 0.0}, refs)
-    model = CaptionModel(torch.nn.Identity(), tiny_decoder(V))  # type: ignore[arg-type]
+    model = ShowAttendTell(torch.nn.Identity(), tiny_decoder(V))  # type: ignore[arg-type]
     obj = SelfCritical(cfg, vocab, cider)
     batch = _batch(torch.randn(B, P, D), refs)
     rewards = [r["reward"] for r in optimise(obj, model, batch, steps=120, lr=2e-2)]

@@ -11,7 +11,7 @@ import torch
 
 from captioner.config import Config, load_config
 from captioner.data.dataset import collate
-from captioner.model.captioner import build_model
+from captioner.model.show_attend_tell import build_model
 from captioner.training.engine import train_step
 from captioner.training.objectives import CrossEntropy
 from captioner.training.precision import amp_dtype, describe, grad_scaler

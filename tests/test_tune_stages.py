@@ -178,7 +178,7 @@ def test_tuning_trains_the_top_stages_only(flickr, tmp_path, objective):
 
 
 def test_bn_modes():
-    from captioner.model.captioner import build_model
+    from captioner.model.show_attend_tell import build_model
 
     cfg = load_config(None, ["model.tune_stages=1", "model.pretrained=false"])
     model = build_model(cfg.model, 10)

@@ -110,7 +110,7 @@ def latency_captioner(checkpoint: str | None, counts: Counts, device: torch.devi
     the benchmark image (a random encoder's features look nothing like the synthetic ones)."""
     from ..api import Captioner, load
     from ..config import Config
-    from ..model.captioner import build_model
+    from ..model.show_attend_tell import build_model
 
     if checkpoint:
         return load(checkpoint, device=device), f"checkpoint {checkpoint}"

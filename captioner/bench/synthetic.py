@@ -114,10 +114,10 @@ def decode_lengths(decoder, feats: torch.Tensor, beam: int, max_len: int, chunk:
     """Words per caption, decoded as evaluate.py decodes (captions_from_features, `chunk` images per call)."""
     from ..decoding.captions import captions_from_features
     from ..config import DecodeConfig
-    from ..model.captioner import CaptionModel
+    from ..model.show_attend_tell import ShowAttendTell
 
     settings = DecodeConfig(beam_size=beam, max_len=max_len, length_penalty=0.0, forbid_unk=False)
-    model = CaptionModel(torch.nn.Identity(), decoder)  # type: ignore[arg-type]  # features given: no encoder
+    model = ShowAttendTell(torch.nn.Identity(), decoder)  # type: ignore[arg-type]  # features given: no encoder
     caps = captions_from_features(model, feats, make_vocab(decoder.vocab_size), settings, batch_size=chunk)
     return [len(c.words) for c in caps]
 

@@ -87,11 +87,11 @@ def _train_step(model, optimizer, batch, cfg, fast: bool, device, scaler=None) -
 
 
 def _decoder_model(preset: Preset, compile_step: bool):
-    from ..model.captioner import CaptionModel
+    from ..model.show_attend_tell import ShowAttendTell
     from ..model.decoder import Decoder
 
     decoder = Decoder(preset.vocab, preset.feat_dim, preset.embed_dim, preset.hidden_dim, preset.attention_dim, 0.5)
-    model = CaptionModel(nn.Identity(), decoder)  # type: ignore[arg-type]  # features are cached: no encoder
+    model = ShowAttendTell(nn.Identity(), decoder)  # type: ignore[arg-type]  # features are cached: no encoder
     if compile_step:
         decoder.compile_step()  # as fit() does
     return model
@@ -145,7 +145,7 @@ def bench_train_encoder(preset: Preset, counts: Counts, device: torch.device, am
                         ) -> dict[str, Any]:
     """Images -> encoder -> decoder loss -> backward -> Adam, with the encoder frozen or fine-tuned."""
     from ..data.dataset import Batch
-    from ..model.captioner import CaptionModel
+    from ..model.show_attend_tell import ShowAttendTell
     from ..model.decoder import Decoder
     from ..model.encoder import Encoder
 
@@ -160,7 +160,7 @@ def bench_train_encoder(preset: Preset, counts: Counts, device: torch.device, am
         torch.manual_seed(0)
         enc = Encoder(encoder, False, grid)
         dec = Decoder(preset.vocab, enc.out_dim, preset.embed_dim, preset.hidden_dim, preset.attention_dim, 0.5)
-        model = CaptionModel(enc, dec).to(device).to(memory_format=torch.channels_last).train()
+        model = ShowAttendTell(enc, dec).to(device).to(memory_format=torch.channels_last).train()
         groups = [{"params": list(dec.parameters()), "lr": cfg.train.lr}]
         if mode == "fine_tuned":
             groups.append({"params": list(enc.parameters()), "lr": cfg.train.encoder_lr})

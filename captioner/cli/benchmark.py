@@ -54,7 +54,6 @@ import argparse
 import json
 import sys
 import time
-from collections import Counter
 from typing import Any
 
 import torch
@@ -68,7 +67,7 @@ from ..bench.report import QUICK_NOTE, format_table, machine, max_key, targets
 from ..bench.synthetic import PRESETS
 from ..bench.timing import Counts, peak_memory_mb
 from ..bench.training import bench_coco_epoch, bench_train_cached, bench_train_encoder, bench_train_scst
-from ..model.rows import chosen
+from ..model.packed_linear import way
 
 
 def _counts(args: argparse.Namespace, cuda: bool) -> Counts:
@@ -182,7 +181,7 @@ def _run(args: argparse.Namespace) -> int:
             log("note: --coco-epoch on CPU measures COCO shapes with ResNet-101 in the loop; this is slow")
         res["coco_epoch"] = bench_coco_epoch(counts, device, amp, compile_step, args.peak_tflops,
                                              res.get("train_cached"), log)
-    res["products"] = chosen()  # how this CPU computes each linear layer of the step (model/rows.py)
+    res["products"] = way()  # how this torch computes the step's linear layers (model/packed_linear.py)
     res["peak_memory_mb"] = peak_memory_mb(device) if not cuda else max_key(res, "peak_memory_mb")
     res["targets"] = targets(res)
     res["seconds"] = time.perf_counter() - t_start
@@ -204,12 +203,8 @@ def _report(res: dict[str, Any], preset: str, amp: bool, as_json: bool) -> None:
         if "latency" in res:
             print(f"latency model: {res['latency']['model']}")
         print(format_table(res))
-        if res["products"]:
-            ways = Counter(res["products"].values())
-            print("linear layers on this CPU (model/rows.py, timed at first use): "
-                  + ", ".join(f"{way} {n}" for way, n in ways.most_common())
-                  + f" of {len(res['products'])} (weight shape, row class) pairs"
-                  + ("" if torch.backends.mkldnn.is_available() else "; no oneDNN in this torch: packed is unavailable"))
+        print(f"linear layers of the step on this CPU (model/packed_linear.py): {res['products']}"
+              + ("" if res["products"] == "packed" else " (no oneDNN in this torch)"))
         for name, t in res["targets"].items():
             verdict = "not judged (--quick)" if t["met"] is None else "met" if t["met"] else "MISSED"
             print(f"target {name}: {t['value']:.1f} -> {verdict}")

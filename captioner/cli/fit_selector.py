@@ -1,4 +1,4 @@
-"""Fit the choice among the beam's captions (captioner/decoding/selection.py) on val photos, and say what it gains.
+"""Fit the choice among the beam's captions (captioner/decoding/choice.py) on val photos, and say what it gains.
 
     .venv/bin/captioner-fit-selector --data ../shared/data --cache-dir cache --output evaluations/selector.json
 
@@ -155,8 +155,8 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
     from captioner.decoding.consensus import memory_of
     from captioner.decoding.evidence import photo_evidence
     from captioner.decoding.reading import read_heads
-    from captioner.decoding.selection import SIGNALS, WIDE, Weights, choose, signals
-    from captioner.evaluation.choice import Pool, baselines, candidate_cider
+    from captioner.decoding.choice import SIGNALS, WIDE, Weights, choose, signals
+    from captioner.evaluation.choice_fit import Pool, baselines, candidate_cider
 
     memory = memory_of(loaded.model)
     cache = build_cache(args.cache_dir, loaded.preprocess.cache_name(name, "val"), loaded.model.encoder,
@@ -205,8 +205,8 @@ def _objects(fitted: dict, truth: dict, weights: dict[str, float], values: list[
     among those within .005 mean CIDEr of the best) replaces the fitted objects weight."""
     import torch
 
-    from captioner.decoding.selection import SIGNALS
-    from captioner.evaluation.choice import chosen, chosen_texts
+    from captioner.decoding.choice import SIGNALS
+    from captioner.evaluation.choice_fit import chosen_cider, chosen_texts
     from captioner.evaluation.hallucination import measure_hallucination
 
     table = {}
@@ -217,7 +217,7 @@ def _objects(fitted: dict, truth: dict, weights: dict[str, float], values: list[
         for name, pools in fitted.items():
             ids, refs, boxed = truth[name]
             h = measure_hallucination(dict(zip(ids, chosen_texts(pools, w))), dict(zip(ids, refs)), boxed)
-            row[name] = {"CIDEr": sum(chosen(p, w) for p in pools) / len(pools),
+            row[name] = {"CIDEr": sum(chosen_cider(p, w) for p in pools) / len(pools),
                          "CHAIR-s": h.chair_s, "CHAIR-i": h.chair_i, "recall": h.recall}
         table[v] = row
         print(f"objects {v:g}: " + " | ".join(f"{n} CIDEr {r['CIDEr']:.3f} CHAIR-s {r['CHAIR-s']:.3f} CHAIR-i "
@@ -232,8 +232,8 @@ def _objects(fitted: dict, truth: dict, weights: dict[str, float], values: list[
 def _signals(fitted: dict) -> dict:
     """Out-of-fold CIDEr with the beam's score only, every signal, each signal left out; the signals kept (leaving
     one out lowers the sets' mean) and their weights fitted on every photo."""
-    from captioner.decoding.selection import SIGNALS
-    from captioner.evaluation.choice import fit, out_of_fold
+    from captioner.decoding.choice import SIGNALS
+    from captioner.evaluation.choice_fit import fit, out_of_fold
 
     table = {"beam score only": out_of_fold(fitted, ["score"]), "every signal": out_of_fold(fitted, list(SIGNALS))}
     print("out of fold: beam score only " + _line(table["beam score only"]) + " | every signal "
@@ -252,8 +252,8 @@ def _signals(fitted: dict) -> dict:
 def _as_settings(weights: dict[str, float]) -> dict[str, float]:
     import torch
 
-    from captioner.decoding.selection import SIGNALS
-    from captioner.evaluation.choice import as_settings
+    from captioner.decoding.choice import SIGNALS
+    from captioner.evaluation.choice_fit import as_settings
 
     return as_settings(torch.tensor([weights[s] for s in SIGNALS], dtype=torch.float64))
 

@@ -163,7 +163,7 @@ def clothes_prior_of(logits: torch.Tensor) -> torch.Tensor:
 
 
 def detect_words(model: nn.Module, feats: torch.Tensor, logits: torch.Tensor | None = None) -> torch.Tensor | None:
-    """A CaptionModel's word detections (B, K) for annotation vectors (B, P, D); None without detectors.
+    """A ShowAttendTell's word detections (B, K) for annotation vectors (B, P, D); None without detectors.
     `logits`: the ImageNet head's logits (B, 1000) of these photos when already computed (not again)."""
     det = detectors_of(model)
     if det is None:
@@ -175,13 +175,13 @@ def detect_words(model: nn.Module, feats: torch.Tensor, logits: torch.Tensor | N
 
 
 def detectors_of(model: nn.Module) -> WordDetectors | None:
-    """The word detectors a CaptionModel carries (its `detectors` attribute, set by captioner.load), or None."""
+    """The word detectors a ShowAttendTell carries (its `detectors` attribute, set by captioner.load), or None."""
     det = getattr(model, "detectors", None)
     return det if isinstance(det, WordDetectors) else None
 
 
 def attach(model: nn.Module, detectors: WordDetectors | None) -> None:
-    """Give a CaptionModel its word detectors (a submodule: saved with its state as "detectors.*",
+    """Give a ShowAttendTell its word detectors (a submodule: saved with its state as "detectors.*",
     moved with .to()); None removes them."""
     if detectors is None:
         if hasattr(model, "detectors"):

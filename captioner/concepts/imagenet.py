@@ -222,7 +222,7 @@ def imagenet_head_or_none(model: nn.Module) -> nn.Linear | None:
 
 
 def encoder_head(model: nn.Module) -> nn.Linear:
-    """The ImageNet classifier of a CaptionModel's encoder (EfficientNet-Lite keeps it; ResNet does not)."""
+    """The ImageNet classifier of a ShowAttendTell's encoder (EfficientNet-Lite keeps it; ResNet does not)."""
     head = getattr(getattr(model.encoder, "backbone", None), "_fc", None)
     if not isinstance(head, nn.Linear) or head.out_features != len(imagenet_classes()):
         raise ValueError(f"encoder {getattr(model.encoder, 'name', '?')!r} keeps no 1000-way ImageNet head; "

@@ -21,12 +21,12 @@ from ..config import DecodeConfig
 from ..vocab import SpecialIds
 from .search import Hypothesis, decode
 from .consensus import memory_of
-from .selection import choose
+from .choice import choose
 from .evidence import Evidence, photo_evidence
 from .rules import word_logp
 from .sampling import SampleSettings, Samples, sample
 from .reading import HeadReading, annotate, grid_side, read_heads
-from ..model.captioner import CaptionModel
+from ..model.show_attend_tell import ShowAttendTell
 from ..vocab import Vocab
 
 SMALL_PHOTO = 0.5  # a photo whose shorter side is below this share of the model's input side gets a note
@@ -40,7 +40,7 @@ class Alternative(NamedTuple):
     text: str
     log_prob: float
     score: float | None = None
-    choice: float | None = None  # what chose among the candidates (decoding/selection.py); None: the beam's order
+    choice: float | None = None  # what chose among the candidates (decoding/choice.py); None: the beam's order
     signals: dict[str, float] | None = None  # each signal's value that made `choice`; None with it
 
 
@@ -78,7 +78,7 @@ class Caption:
     # the score beam search ranked this caption by (see Alternative; the consensus rerank may put a caption of
     # lower score first); None for an explained sentence or a sample
     score: float | None = None
-    # why this caption was chosen among the beam's (decoding/selection.py): its `choice` (the weighted sum the
+    # why this caption was chosen among the beam's (decoding/choice.py): its `choice` (the weighted sum the
     # candidates were ranked by; each alternative carries its own) and each signal's value; None / empty where the
     # beam's order was kept
     choice: float | None = None
@@ -190,12 +190,12 @@ def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab) -> Caption:
 
 
 @torch.no_grad()
-def decode_photos(model: CaptionModel, feats: torch.Tensor, reading: HeadReading, vocab: Vocab,
+def decode_photos(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReading, vocab: Vocab,
                   settings: DecodeConfig) -> tuple[list[list[Hypothesis]], Evidence | None]:
     """Photos' features (B, P, D) on the decoder's device and their reading -> their hypotheses (best first,
     the model's own log-probs) and their evidence (evidence.photo_evidence: built once here, biasing the
     words only with settings.evidence). Where the model carries a consensus memory, the order is the choice's
-    (selection.py: consensus_weight, the select_* weights and the memory's nearest photos)."""
+    (choice.py: consensus_weight, the select_* weights and the memory's nearest photos)."""
     evidence = photo_evidence(reading, model, vocab, settings)  # (B, V) ruled-out words, the bonus table
     hyps = decode(model.decoder, feats, SpecialIds.of(vocab, settings.forbid_unk), settings,
                   evidence if settings.evidence else None)
@@ -205,7 +205,7 @@ def decode_photos(model: CaptionModel, feats: torch.Tensor, reading: HeadReading
 
 @torch.no_grad()
 def dress(hyps: Sequence[Sequence[Hypothesis]], evidence: Evidence | None, reading: HeadReading,
-          feats: torch.Tensor, model: CaptionModel, vocab: Vocab, settings: DecodeConfig) -> list[Caption]:
+          feats: torch.Tensor, model: ShowAttendTell, vocab: Vocab, settings: DecodeConfig) -> list[Caption]:
     """Each photo's hypotheses -> its Caption, dressed with its reading (reading.annotate: concepts,
     detections, the contradicted words of the evidence's mask, concept maps) and the settings that made it."""
     caps = [to_caption(h, vocab) for h in hyps]
@@ -217,7 +217,7 @@ def dress(hyps: Sequence[Sequence[Hypothesis]], evidence: Evidence | None, readi
 
 
 @torch.no_grad()
-def captions_from_features(model: CaptionModel, feats: np.ndarray | torch.Tensor, vocab: Vocab,
+def captions_from_features(model: ShowAttendTell, feats: np.ndarray | torch.Tensor, vocab: Vocab,
                            settings: DecodeConfig, batch_size: int = 100, progress: bool = False,
                            reading: HeadReading | None = None) -> list[Caption]:
     """Features (N, P, D) (a tensor, an array or a float16 memory map) -> N Captions, decoded in batches
@@ -239,7 +239,7 @@ def captions_from_features(model: CaptionModel, feats: np.ndarray | torch.Tensor
     return out
 
 
-def _check_evidence(model: CaptionModel, settings: DecodeConfig) -> None:
+def _check_evidence(model: ShowAttendTell, settings: DecodeConfig) -> None:
     """A ValueError when decode.evidence is asked of a model without the ImageNet head it needs."""
     if settings.evidence and imagenet_head_or_none(model) is None:
         raise ValueError(f"decode.evidence needs an encoder with an ImageNet head (efficientnet_lite0/2), not "
@@ -247,7 +247,7 @@ def _check_evidence(model: CaptionModel, settings: DecodeConfig) -> None:
 
 
 @torch.no_grad()
-def sampled_captions(model: CaptionModel, feats: torch.Tensor, reading: HeadReading, vocab: Vocab,
+def sampled_captions(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReading, vocab: Vocab,
                      settings: DecodeConfig, request: SampleSettings) -> list[list[Caption]]:
     """Photos' features (B, P, D) on the decoder's device and their reading -> request.n Captions per photo, drawn
     in that order (sampling.sample), each word as request.draw says, from request's own seeded generator.

@@ -5,7 +5,7 @@ Beam search returns several finished captions per photo, and its own order is a 
 val photos its second caption scores as well as its first). The photos of the training set that look most like
 this one (cosine of the mean annotation vector, the decoder's own summary of a photo) come with captions people
 wrote; a candidate that agrees with them (CIDEr-D, cider.py) says what people say about such photos. The choice
-among a photo's candidates (selection.py) weighs that agreement, CIDEr-D(candidate, captions of the k nearest
+among a photo's candidates (choice.py) weighs that agreement, CIDEr-D(candidate, captions of the k nearest
 training photos), by decode.consensus_weight beside the beam's own score and the other signals, with k =
 decode.consensus_k.
 
@@ -133,13 +133,13 @@ class ConsensusMemory:
 
 
 def memory_of(model: nn.Module) -> ConsensusMemory | None:
-    """The consensus memory a CaptionModel carries (set by captioner.load), or None."""
+    """The consensus memory a ShowAttendTell carries (set by captioner.load), or None."""
     memory = getattr(model, "consensus_memory", None)
     return memory if isinstance(memory, ConsensusMemory) else None
 
 
 def attach_memory(model: nn.Module, memory: ConsensusMemory | None) -> None:
-    """Give a CaptionModel its consensus memory (a plain attribute: not part of its state); None removes it."""
+    """Give a ShowAttendTell its consensus memory (a plain attribute: not part of its state); None removes it."""
     if memory is None:
         model.__dict__.pop("consensus_memory", None)
     else:

@@ -20,7 +20,7 @@ class Hypothesis:
     betas: torch.Tensor | None = None  # (len(tokens),): gate beta of each word (how much it used the image)
     # (len(tokens),) float32: log-probability of each word when chosen (log_prob minus these = <end>'s); None: unknown
     word_logps: torch.Tensor | None = None
-    # what chose among the photo's candidates (selection.choose): the weighted sum, and each signal's value;
+    # what chose among the photo's candidates (choice.choose): the weighted sum, and each signal's value;
     # None where the beam's order was kept
     choice: float | None = None
     signals: dict[str, float] | None = None

@@ -17,7 +17,7 @@ from ..config import DecodeConfig
 from ..data import ImageRecord
 from ..data.dataset import ImageDataset, readable
 from .metrics import METRIC_KEYS, caption_defects, reference_repeats, score_captions
-from ..model.captioner import CaptionModel
+from ..model.show_attend_tell import ShowAttendTell
 from ..model.encoder import Preprocess
 from ..vocab import Vocab
 
@@ -25,7 +25,7 @@ Log = Callable[[str], None]
 
 
 @torch.no_grad()
-def encode_records(model: CaptionModel, records: Sequence[ImageRecord], preprocess: Preprocess, device: torch.device,
+def encode_records(model: ShowAttendTell, records: Sequence[ImageRecord], preprocess: Preprocess, device: torch.device,
                    batch_size: int = 32, num_workers: int = 0) -> tuple[torch.Tensor, list[int]]:
     """Images -> features (N', P, D) for the readable ones, and their indices in `records`."""
     p = preprocess
@@ -43,7 +43,7 @@ def encode_records(model: CaptionModel, records: Sequence[ImageRecord], preproce
     return (torch.cat(feats) if feats else torch.zeros(0)), idx
 
 
-def evaluate_model(model: CaptionModel, vocab: Vocab, feats: np.ndarray | torch.Tensor,
+def evaluate_model(model: ShowAttendTell, vocab: Vocab, feats: np.ndarray | torch.Tensor,
                    records: Sequence[ImageRecord], settings: DecodeConfig, metrics: Sequence[str] = METRIC_KEYS,
                    batch_size: int = 100, progress: bool = False, log: Log = print, tokenizer: str = "java"
                    ) -> Evaluation:

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from ..config import HARD_CONTEXTS
-from .rows import linear
+from .packed_linear import linear
 
 BLOCK_ELEMENTS = 1 << 18  # elements of the buffer eq. 4 is evaluated in without autograd on a CPU (1 MiB fp32)
 CONTEXTS = (*HARD_CONTEXTS, "sample")  # how z_t is formed from alpha_t (see `locate`); "sample" only in training

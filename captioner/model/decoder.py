@@ -18,8 +18,8 @@ How the step computes, never what (each gives the equations' numbers to float ro
 and tests/test_fast_decoding.py check them against `step(..., literal=True)`, plain products, and the literal
 eq. 4-6):
 - eq. 4 through sigmoid, in cache-sized blocks without autograd on a CPU (AdditiveAttention.weights);
-- without autograd on a CPU, each linear layer's product the fastest of three ways (plain, operands swapped,
-  oneDNN with the weight packed once), timed once per process for each weight shape and row class (model/rows.py);
+- without autograd on a CPU in float32, each linear layer's product is oneDNN's with the weight packed once,
+  where this torch has it, by a fixed rule (model/packed_linear.py);
 - W_z a_i once per image (`context_gates`, the `ctx_gates` argument of `recur` and `step`): z_t = beta_t
   sum_i alpha_ti a_i is linear in the a_i, so W_z z_t = beta_t sum_i alpha_ti (W_z a_i): a beam step reads
   a (P, 4H) table per image instead of multiplying its rows by W_z, the step's largest product (so does
@@ -44,9 +44,10 @@ import torch.nn.functional as F
 
 from ..config import ATTENTIONS
 from .attention import AdditiveAttention, glimpse, locate
-from .rows import FEW_ROWS, linear
+from .packed_linear import linear
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
+FEW_SENTENCES = 16  # teacher forcing of up to this many sentences without autograd reads the W_z a_i table
 
 
 def whole_table(device: torch.device) -> bool:
@@ -201,7 +202,7 @@ class Decoder(nn.Module):
         feat_proj = self.attention.project(feats)[image_index]  # (B, P, A): once per image, shared by its captions
         # W_z a_i once per image for a few sentences without autograd (explain): their steps would read all of W_z
         # for a row or two; many rows a step (validation) or autograd (training): the product, cheaper there
-        few = not torch.is_grad_enabled() and B <= FEW_ROWS
+        few = not torch.is_grad_enabled() and B <= FEW_SENTENCES
         ctx_gates = self.context_gates(feats)[image_index] if few else None  # (B, P, 4H)
         feats = feats[image_index]  # (B, P, D)
         h, c = self.init_state(feats)

@@ -5,7 +5,7 @@
       _train(run)               while epochs remain:
         _train_epoch(run)         the epoch's steps, unless the resume point says they are done
           train_one_epoch           batch by batch from the resume point -> _one_step -> train_step
-        _close_epoch(run)         validate (validation.py), keep best / decay / stop (selection.py), save
+        _close_epoch(run)         validate (validation.py), keep best / decay / stop (best_epoch.py), save
 
 Beside the loop, not threaded through it: stopping.py (a stop request becomes a saved step and Interrupted),
 watch.py (log lines, TensorBoard), save_last / keep_epoch (checkpoints), rng.py (every random state).
@@ -13,7 +13,7 @@ watch.py (log lines, TensorBoard), save_last / keep_epoch (checkpoints), rng.py 
 The objective (objectives.py: cross-entropy or self-critical) is a callable of one shape, so the loop
 never branches on what it optimises. fit() resumes from `last.safetensors` after an interruption,
 keeps `best.safetensors` chosen on the validation metric of DECODED captions (validation.py, never
-teacher-forced scores), decays the learning rate and stops early on that metric (selection.py: with too few val
+teacher-forced scores), decays the learning rate and stops early on that metric (best_epoch.py: with too few val
 photos the metric chooses nothing, the last epoch is kept, and the log says so) or decays it per step
 (schedule.py: warmup, cosine, linear), and writes
 metrics.jsonl, TensorBoard events (watch.py) and training.png next to the checkpoints. A stop request
@@ -41,7 +41,7 @@ from .ema import averaged
 from .precision import amp_dtype, describe, grad_scaler, training_autocast
 from .schedule import lr_scale, total_steps
 from .run import RESUMES, Log, Run, TrainingError, TrainState, build_run, check_ranks_in_sync, encoder_train_mode
-from .selection import announce_small_val, chosen, end_epoch, validate_warm_start, why_finished
+from .best_epoch import announce_small_val, best_epoch_line, end_epoch, validate_warm_start, why_finished
 from .stopping import NEVER, Interrupted, StopSignal
 from .validation import validate
 from .watch import hparams_of
@@ -91,7 +91,7 @@ def _train(run: Run) -> dict[str, Any]:
         if _close_epoch(run):
             break
     run.watch.hparams(*hparams_of(cfg.to_dict(), state.history, state.best_epoch), state.step)
-    place.log(f"done: {chosen(run)} -> {run.best_path}")
+    place.log(f"done: {best_epoch_line(run)} -> {run.best_path}")
     return state.__dict__
 
 

@@ -12,7 +12,7 @@ how validation sees them.
   factor, the rest of the model keeps train.lr (what it knew stays); with train.new_words_only the rest does
   not move at all (the own-photos recipe: photos without the new words keep the starting model's captions).
 - Validation (new_word_scores): on the val photos, how often the decoded captions use each new word where
-  the references use it (recall) and where they do not (false uses); the selection metric
+  the references use it (recall) and where they do not (false uses); the val metric
   "CIDEr_new_words" is CIDEr plus the mean F1 of those uses.
 """
 from __future__ import annotations

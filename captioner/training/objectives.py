@@ -30,7 +30,7 @@ from ..decoding.search import greedy_decode
 from ..decoding.sampling import sample
 from .loss import (attention_entropy, attention_penalty, caption_log_likelihood, caption_loss, hard_attention_terms,
                    update_baseline)
-from ..model.captioner import CaptionModel
+from ..model.show_attend_tell import ShowAttendTell
 from ..vocab import FUNCTION_WORDS, SpecialIds, Vocab
 
 
@@ -42,7 +42,7 @@ class Terms:
     grad_norm: Any = 0.0  # the gradients' norm before clipping (engine.train_step sets it; a tensor, read when logged)
 
 
-def batch_features(model: CaptionModel, batch: Batch, cfg: Config) -> torch.Tensor:
+def batch_features(model: ShowAttendTell, batch: Batch, cfg: Config) -> torch.Tensor:
     if cfg.from_activations:  # model.tune_stages: cached lower-stage activations through the tuned top stages
         return model.encoder.above_split(batch.visual.contiguous(memory_format=torch.channels_last))  # (Bi, P, D)
     return model.encode(batch.visual) if cfg.encoder_in_loop else batch.visual  # (Bi, P, D)
@@ -66,7 +66,7 @@ class EncoderTerms:
             if not t.cam_person:
                 self.word_cats[:, MAP_CATEGORIES.index("person")] = 0
 
-    def __call__(self, model: CaptionModel, batch: Batch, feats: torch.Tensor, alphas: torch.Tensor | None,
+    def __call__(self, model: ShowAttendTell, batch: Batch, feats: torch.Tensor, alphas: torch.Tensor | None,
                  n_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
         """feats (Bi, P, D); alphas (B, T, P) the teacher-forced attention of the batch's references (None:
         not computed, allowed without alpha_cam); n_tokens: the objective's per-token divisor
@@ -99,7 +99,7 @@ class CrossEntropy:
             raise ValueError(f"train.hard_baseline_decay must be in [0, 1), got {t.hard_baseline_decay}")
         self.cfg, self.encoder_terms = cfg, EncoderTerms(cfg, vocab)
 
-    def __call__(self, model: CaptionModel, batch: Batch) -> Terms:
+    def __call__(self, model: ShowAttendTell, batch: Batch) -> Terms:
         t, dec = self.cfg.train, model.decoder
         feats = batch_features(model, batch, self.cfg)
         # hard attention: sampled locations, except on a random share of batches (the authors' semi_sampling_p)
@@ -169,7 +169,7 @@ class SelfCritical:
             r -= pen * torch.tensor([float(bool(c) and c[-1] in self.bad_end) for c in captions])
         return r
 
-    def __call__(self, model: CaptionModel, batch: Batch) -> Terms:
+    def __call__(self, model: ShowAttendTell, batch: Batch) -> Terms:
         t, v = self.cfg.train, self.vocab
         K = t.scst_samples
         feats = batch_features(model, batch, self.cfg)  # (Bi, P, D)
@@ -201,7 +201,7 @@ class SelfCritical:
         return Terms(total + extra, n_tokens, {**logs, **extra_logs})
 
     @torch.no_grad()
-    def _greedy_reward(self, model: CaptionModel, feats: torch.Tensor, refs: list[list[list[int]]]) -> torch.Tensor:
+    def _greedy_reward(self, model: ShowAttendTell, feats: torch.Tensor, refs: list[list[list[int]]]) -> torch.Tensor:
         was_training = model.decoder.training
         model.decoder.eval()  # the caption the model would write: no dropout
         # the baseline is the policy's own greedy caption, under the samples' rules (none: rules.py says which)

@@ -19,7 +19,7 @@ from ..data.dataset import BucketBatchSampler
 from ..data.loader import RankBatches
 from ..evaluation.metrics import java_available, missing_java
 from ..logs import JsonlLogger
-from ..model.captioner import CaptionModel, build_model
+from ..model.show_attend_tell import ShowAttendTell, build_model
 from .place import Log, Place
 from .sources import Mix, RunData, ValSet, build_data
 from .objectives import Terms, batch_features, build_objective
@@ -80,7 +80,7 @@ class Run:
     cfg: Config
     place: Place  # this process: device, rank, world_size, main, log, progress
     # the model side
-    model: CaptionModel
+    model: ShowAttendTell
     vocab: Vocab
     optimizer: torch.optim.Optimizer
     train_module: torch.nn.Module  # the objective as a module (DistributedDataParallel wraps it)
@@ -128,7 +128,7 @@ class Start:
 class ObjectiveModule(torch.nn.Module):
     """The objective as a module over the model, so DistributedDataParallel sees one forward per batch."""
 
-    def __init__(self, model: CaptionModel, objective: Callable[[CaptionModel, Any], Terms]):
+    def __init__(self, model: ShowAttendTell, objective: Callable[[ShowAttendTell, Any], Terms]):
         super().__init__()
         self.model, self.objective = model, objective
 
@@ -198,7 +198,7 @@ def run_vocabulary(cfg: Config, captions: Sequence[str], init_vocab: Vocab | Non
     return init_vocab.extended(captions, cfg.data.min_word_count) if cfg.train.extend_vocab else init_vocab
 
 
-def _model(cfg: Config, vocab_size: int, weights: dict | None, fresh: bool, log: Log) -> CaptionModel:
+def _model(cfg: Config, vocab_size: int, weights: dict | None, fresh: bool, log: Log) -> ShowAttendTell:
     """A resumed run loads everything. A run initialised from another model file (train.init_from)
     takes its decoder, and its encoder only when fine-tuning: a frozen encoder is the pretrained one
     (model.pretrained), so the feature cache made with it stays valid (an exported fp16 file holds
@@ -221,7 +221,7 @@ def _model(cfg: Config, vocab_size: int, weights: dict | None, fresh: bool, log:
     return model
 
 
-def _optimizer(cfg: Config, model: CaptionModel, resume: Any, device: torch.device,
+def _optimizer(cfg: Config, model: ShowAttendTell, resume: Any, device: torch.device,
                changed: dict[str, Any]) -> torch.optim.Optimizer:
     groups = [{"params": list(model.decoder.parameters()), "lr": cfg.train.lr}]
     if cfg.model.fine_tune_encoder:
@@ -236,14 +236,14 @@ def _optimizer(cfg: Config, model: CaptionModel, resume: Any, device: torch.devi
     return optimizer
 
 
-def tuned_parameters(cfg: Config, model: CaptionModel) -> list[torch.nn.Parameter]:
+def tuned_parameters(cfg: Config, model: ShowAttendTell) -> list[torch.nn.Parameter]:
     """The encoder parameters model.tune_stages trains (none when 0 or when the whole encoder is tuned)."""
     if cfg.model.fine_tune_encoder or not cfg.model.tune_stages:
         return []
     return [p for m in model.encoder.top_modules(cfg.model.tune_stages) for p in m.parameters()]
 
 
-def encoder_train_mode(cfg: Config, model: CaptionModel) -> None:
+def encoder_train_mode(cfg: Config, model: ShowAttendTell) -> None:
     """After model.train(): a frozen encoder keeps ImageNet's batch-norm statistics; tuned top stages
     use and update batch statistics only with train.encoder_bn=train."""
     if cfg.model.fine_tune_encoder:
@@ -294,7 +294,7 @@ def _begin(cfg: Config, place: Place) -> tuple[Mix, Mix, Start]:
     return train, val, start
 
 
-def _placed_model(cfg: Config, start: Start, place: Place) -> CaptionModel:
+def _placed_model(cfg: Config, start: Start, place: Place) -> ShowAttendTell:
     """The model on this process's device, its encoder trainable as far as the config tunes it."""
     model = _model(cfg, len(start.vocab), start.weights, start.resume is None, place.log).to(place.device)
     for p in model.encoder.parameters():
@@ -304,7 +304,7 @@ def _placed_model(cfg: Config, start: Start, place: Place) -> CaptionModel:
     return model
 
 
-def _model_side(cfg: Config, place: Place, model: CaptionModel, start: Start, data: RunData
+def _model_side(cfg: Config, place: Place, model: ShowAttendTell, start: Start, data: RunData
                 ) -> tuple[torch.nn.Module, torch.optim.Optimizer, list[str]]:
     """What trains the model: the objective as a module (DDP-wrapped over several processes), the optimiser
     (the stopped run's moments when resuming) and train.extend_vocab's new words."""
@@ -337,7 +337,7 @@ def _scaler(cfg: Config, place: Place, resume: Any) -> torch.amp.GradScaler | No
     return scaler
 
 
-def _ema(cfg: Config, model: CaptionModel, resume: Any, device: torch.device) -> EMA | None:
+def _ema(cfg: Config, model: ShowAttendTell, resume: Any, device: torch.device) -> EMA | None:
     """train.ema_decay: the average of the trained weights, from the stopped run's when resuming."""
     if not cfg.train.ema_decay:
         return None
@@ -364,7 +364,7 @@ def _random_states(cfg: Config, resume: Any, place: Place) -> None:
     seed_everything(cfg.train.seed + place.rank + 7919 * (resume is not None))
 
 
-def _new_words(cfg: Config, model: CaptionModel, vocab: Vocab, data: RunData, optimizer: torch.optim.Optimizer,
+def _new_words(cfg: Config, model: ShowAttendTell, vocab: Vocab, data: RunData, optimizer: torch.optim.Optimizer,
                fresh: bool, place: Place) -> list[str]:
     """train.extend_vocab: the words the starting file lacks. A fresh run starts each as the old word the
     starting model says in its place (new_words.py); train.new_words_lr_factor speeds up their rows."""

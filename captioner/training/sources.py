@@ -15,7 +15,7 @@ from ..data.dataset import (ActivationDataset, FeatureDataset, ImageDataset, col
                             encode_captions)
 from ..data import build_mix
 from ..data.features import FeatureCache, build_cache, open_cache
-from ..model.captioner import CaptionModel
+from ..model.show_attend_tell import ShowAttendTell
 from ..model.encoder import build_preprocess
 from ..vocab import Vocab
 from .place import Log, Place
@@ -23,7 +23,7 @@ from .place import Log, Place
 Mix = list[tuple[SourceConfig, list[ImageRecord]]]  # each caption set with its records of one split
 
 
-def _caches(cfg: Config, model: CaptionModel, splits: dict[str, list[ImageRecord]], place: Place,
+def _caches(cfg: Config, model: ShowAttendTell, splits: dict[str, list[ImageRecord]], place: Place,
             source: str) -> dict[str, Any]:
     """Frozen-encoder feature caches of one caption set's splits, named after the set (one set's cache is
     never read for another; the key checks encoder and image list too); rank 0 builds, the others wait."""
@@ -72,7 +72,7 @@ def _kept(records: list[ImageRecord], missing: list[str], limit: int = 0) -> lis
     return [i for i, r in enumerate(records[:limit or len(records)]) if r.image_id not in gone]
 
 
-def build_data(cfg: Config, model: CaptionModel, vocab: Vocab, train: Mix, val: Mix, place: Place) -> RunData:
+def build_data(cfg: Config, model: ShowAttendTell, vocab: Vocab, train: Mix, val: Mix, place: Place) -> RunData:
     """The run's training samples over every caption set of the mix (each with its sampling weight) and
     one validation set per caption set."""
     limit = cfg.train.val_limit
@@ -131,7 +131,7 @@ def _per_set(cfg: Config, vocab: Vocab, train: Mix, val: Mix, caches_of: Caches,
     return parts, rows, caps, weights, val_sets
 
 
-def _activation_caches(cfg: Config, model: CaptionModel, place: Place) -> Caches:
+def _activation_caches(cfg: Config, model: ShowAttendTell, place: Place) -> Caches:
     """model.tune_stages: a caption set's lower-stage activation caches, named after the set like its
     feature caches (built once, valid while those weights are the pretrained ones), for train (+ mirror
     images with data.flip) and val. Single process only."""
@@ -153,7 +153,7 @@ def cache_encoder(cfg: Config) -> Any:
     """The frozen encoder a run caches features with: the pretrained one, or with train.init_encoder the
     encoder of the train.init_from file."""
     from ..checkpoint import load_checkpoint, load_model_state
-    from ..model.captioner import build_model
+    from ..model.show_attend_tell import build_model
     from ..model.encoder import Encoder
 
     if not (cfg.train.init_from and cfg.train.init_encoder):

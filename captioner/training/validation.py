@@ -25,7 +25,7 @@ EXAMPLES = 4  # val captions shown in TensorBoard each epoch
 def validate(run: Run, stats: dict[str, float]) -> float:
     """Rank 0 decodes each val set with train.val_beam_size and the decode settings, scores it
     (evaluation.scoring.evaluate_model) and logs the record; the metric is shared with every rank. In a mix each
-    set's scores are logged as "<set>/<metric>" and the selection metric is their mean over the sets
+    set's scores are logged as "<set>/<metric>" and the val metric is their mean over the sets
     (each caption set counts the same, whatever its size or sampling weight)."""
     cfg, state, place = run.cfg, run.state, run.place
     value = 0.0
@@ -111,7 +111,7 @@ def val_loss(run: Run, feats: Any, records: Any, batch_images: int = 32) -> floa
 
 def _new_word_scores(run: Run, scores: dict[str, float], preds: dict[str, str], records: Any) -> dict[str, float]:
     """train.extend_vocab: the new words' use on this val set (logged per word; new_words.py), and the
-    selection metric CIDEr_new_words (plain CIDEr when the vocabulary has no new word)."""
+    val metric CIDEr_new_words (plain CIDEr when the vocabulary has no new word)."""
     if not run.new_words:
         return {NEW_WORDS_METRIC: scores["CIDEr"]} if run.cfg.train.val_metric == NEW_WORDS_METRIC else {}
     new, line = new_word_scores(run.new_words, preds, records)

@@ -49,7 +49,7 @@ def unlikely_words(caption: "Caption", threshold: float = LOW_PROB) -> list[int]
 def hypothesis_rows(caption: "Caption") -> list[dict[str, object]]:
     """The caption and its other beam hypotheses, in the order they were ranked, each in full with the beam's
     score and its log-probability (rounded to 3 decimals), its word count and, where the choice among them
-    (decoding/selection.py) ranked them, the choice score that did."""
+    (decoding/choice.py) ranked them, the choice score that did."""
     rows = [(caption.text, caption.score, caption.log_prob, caption.choice, "shown above")]
     rows += [(a.text, a.score, a.log_prob, a.choice, "") for a in caption.alternatives]
     chosen = caption.choice is not None
@@ -59,7 +59,7 @@ def hypothesis_rows(caption: "Caption") -> list[dict[str, object]]:
             for k, (text, score, lp, choice, note) in enumerate(rows)]
 
 
-# what each signal of the choice means to a reader (decoding/selection.py's SIGNALS)
+# what each signal of the choice means to a reader (decoding/choice.py's SIGNALS)
 SIGNAL_WORDS = {"score": "the model's own length-normalised score",
                 "consensus": "agreement with the captions of the most similar training photos",
                 "wide": "agreement with the captions of a wider set of similar training photos",
@@ -72,7 +72,7 @@ SIGNAL_WORDS = {"score": "the model's own length-normalised score",
 def choice_note(caption: "Caption") -> str:
     """Why the caption won the choice among the beam's candidates: its choice score beside the runner-up's and the
     signals (weighted as the caption's decode settings weigh them) that made the difference; "" without a choice."""
-    from ..decoding.selection import SIGNALS
+    from ..decoding.choice import SIGNALS
 
     runner = next((a for a in caption.alternatives if a.choice is not None and a.signals), None)
     if caption.choice is None or runner is None or not caption.signals:

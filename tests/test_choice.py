@@ -1,4 +1,4 @@
-"""The choice among the beam's captions (captioner/decoding/selection.py) and its fit (captioner/evaluation/choice.py):
+"""The choice among the beam's captions (captioner/decoding/choice.py) and its fit (captioner/evaluation/choice_fit.py):
 each signal moves the choice the way its weight says, zero weights keep today's order, the least-squares fit finds
 the weights that made a candidate's CIDEr, out-of-fold choosing beats the beam's order where a signal carries the
 truth, and the fitted weights written as decode settings choose as the fit does. The product path: captions carry
@@ -15,8 +15,8 @@ import captioner
 from captioner.config import DecodeConfig
 from captioner.decoding.consensus import ConsensusMemory
 from captioner.decoding.hypotheses import Hypothesis
-from captioner.decoding.selection import SIGNALS, Weights, choose, signals
-from captioner.evaluation.choice import Pool, as_settings, fit, out_of_fold
+from captioner.decoding.choice import SIGNALS, Weights, choose, signals
+from captioner.evaluation.choice_fit import Pool, as_settings, fit, out_of_fold
 from captioner.vocab import Vocab
 
 EXAMPLES = sorted((Path(captioner.__file__).parent / "assets" / "examples").glob("*.jpg"))

@@ -90,7 +90,7 @@ def why_finished(state: TrainState, cfg: Config) -> str:
     return f"{state.epoch} of train.epochs={cfg.train.epochs} done: raise train.epochs to train longer"
 
 
-def chosen(run: Run) -> str:
+def best_epoch_line(run: Run) -> str:
     """Which epoch best.safetensors holds and why, for the run's last line: the starting model (epoch 0) is
     named as such, so that a run whose trained epochs all lost to it never looks like a trained one."""
     cfg, state = run.cfg, run.state

@@ -1,7 +1,7 @@
-"""Fitting the choice among the beam's captions (decoding/selection.py) on val photos, and judging it out of fold.
+"""Fitting the choice among the beam's captions (decoding/choice.py) on val photos, and judging it out of fold.
 
 Each val photo gives a pool of candidates (the beam's finished captions), each candidate its signals
-(selection.signals) and its CIDEr against the photo's references (pycocoevalcap's formula, document frequencies
+(choice.signals) and its CIDEr against the photo's references (pycocoevalcap's formula, document frequencies
 from the set's references: a candidate's CIDEr is what evaluation would report for it). The weights are the least
 squares fit of
 
@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.selection import SIGNALS
+from ..decoding.choice import SIGNALS
 
 
 @dataclass
@@ -69,8 +69,8 @@ def fit(pools: Sequence[Pool], use: Sequence[str], ridge: float = 1e-3) -> torch
     return out
 
 
-def chosen(pool: Pool, weights: torch.Tensor) -> float:
-    """The CIDEr of the candidate the weights choose (the first of equals, as selection.choose)."""
+def chosen_cider(pool: Pool, weights: torch.Tensor) -> float:
+    """The CIDEr of the candidate the weights choose (the first of equals, as choice.choose)."""
     return float(pool.cider[int((pool.signals @ weights).argmax())])
 
 
@@ -88,7 +88,7 @@ def out_of_fold(sets: dict[str, list[Pool]], use: Sequence[str], folds: int = 5,
             w = fit([p for j, (_, p) in enumerate(items) if fold_of[j] != f], use, ridge)
             for j, (name, p) in enumerate(items):
                 if fold_of[j] == f:
-                    totals[name] += chosen(p, w)
+                    totals[name] += chosen_cider(p, w)
     return {name: totals[name] / (seeds * len(pools)) for name, pools in sets.items()}
 
 

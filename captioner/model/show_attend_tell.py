@@ -9,7 +9,7 @@ from .decoder import Decoder
 from .encoder import Encoder
 
 
-class CaptionModel(nn.Module):
+class ShowAttendTell(nn.Module):
     def __init__(self, encoder: Encoder, decoder: Decoder):
         super().__init__()
         self.encoder = encoder
@@ -19,11 +19,11 @@ class CaptionModel(nn.Module):
         return self.encoder(images)  # (B, P, D)
 
 
-def build_model(cfg: ModelConfig, vocab_size: int, pretrained: bool | None = None) -> CaptionModel:
+def build_model(cfg: ModelConfig, vocab_size: int, pretrained: bool | None = None) -> ShowAttendTell:
     """pretrained=None follows cfg.pretrained; loading a checkpoint passes False (its weights win)."""
     pretrained = cfg.pretrained if pretrained is None else pretrained
     check_grid(cfg, "model config")  # never average-pool a feature map UP to a larger grid
     encoder = Encoder(cfg.encoder, pretrained, cfg.grid_size, cfg.output_stride)
     decoder = Decoder(vocab_size, encoder.out_dim, cfg.embed_dim, cfg.hidden_dim, cfg.attention_dim, cfg.dropout,
                       cfg.attention)
-    return CaptionModel(encoder, decoder)
+    return ShowAttendTell(encoder, decoder)
