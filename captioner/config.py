@@ -174,12 +174,27 @@ class DecodeConfig:
     select_length: float = 0.0  # words
     select_objects: float = 0.0  # sum of P(category) - 0.3 (the head's) over the categories the caption names
     select_top_object: float = 0.0  # 1 when the caption names the head's most probable category
+    # how sure (decoding/confidence.py): confidence = sigmoid(bias + sum_s confidence_<s> * s), the probability
+    # that the caption's per-photo CIDEr-D is >= .5; fitted on the val sets by captioner-fit-selector --confidence
+    confidence_fitted: bool = False  # false: no map, captions carry no confidence
+    confidence_bias: float = 0.0
+    confidence_wide: float = 0.0
+    confidence_nearest: float = 0.0
+    confidence_agreement: float = 0.0
+    confidence_margin: float = 0.0
+    confidence_log_prob: float = 0.0
+    confidence_min_word: float = 0.0
+    confidence_objects: float = 0.0
+    confidence_top_p: float = 0.0
+    confidence_length: float = 0.0
+    sure_at: float = 0.5  # a caption is `sure` where its confidence is at least this (chosen on val)
     # each numeric setting's range: checked() by the API, every command and decoding; the app's widgets read it
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "beam_size": (1, 16), "max_len": (1, 200), "length_penalty": (0.0, 5.0), "evidence_floor": (0.0, 1.0),
         "evidence_penalty": (0.0, 1e4), "evidence_bonus": (0.0, 100.0), "person_floor": (0.0, 1.0),
         "dog_floor": (0.0, 1.0), "consensus_k": (1, 100), "consensus_weight": (0.0, 1.0),
-        **{f"select_{s}": (-100.0, 100.0) for s in ("wide", "agreement", "log_prob", "length", "objects", "top_object")}}
+        **{f"select_{s}": (-100.0, 100.0) for s in ("wide", "agreement", "log_prob", "length", "objects", "top_object")},
+        "sure_at": (0.0, 1.0)}
     # what a file written before these were stored decodes with, as it always did (checkpoint.load_checkpoint)
     UNSTORED: ClassVar[dict[str, Any]] = {"block_repeats": True, "block_content_repeats": True,
                                           "evidence_detectors": False}

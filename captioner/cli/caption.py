@@ -81,10 +81,20 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
         print(sampling_line(request, describe(used, sampling=True)), file=sys.stderr)
     elif args.explain is None:
         print(f"decoding with {describe(used, consensus=has_memory(loaded))}", file=sys.stderr)
+        if not used.confidence_fitted:
+            print("note: this model file has no fitted confidence map: captions carry no confidence "
+                  "(captioner-fit-selector --confidence fits one)", file=sys.stderr)
     else:  # nothing is decoded: the sentence is scored word by word (teacher forcing)
         print(f"explaining the sentence (teacher forcing, hard_context {used.hard_context}); nothing is decoded",
               file=sys.stderr)
     return loaded, dataclasses.asdict(used)
+
+
+def sure_column(cap: Any) -> str:
+    """The text line's last column: "sure 0.87", or "unsure 0.31 (why)"; nothing without a confidence."""
+    if cap.confidence is None:
+        return ""
+    return f"\tsure {cap.confidence:.2f}" if cap.sure else f"\tunsure {cap.confidence:.2f} ({cap.doubt})"
 
 
 def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict[str, Any],
@@ -102,7 +112,7 @@ def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict
     elif "sample" in cap.settings:
         print(f"{path}\tsample {cap.settings['sample']['index'] + 1}\t{cap.text}", flush=True)
     else:
-        print(f"{path}\t{cap.text}", flush=True)
+        print(f"{path}\t{cap.text}{sure_column(cap)}", flush=True)
     if not args.json:  # the JSON carries them; beside the text line they go to stderr, as the command's other notes
         for note in cap.notes:  # e.g. a photo far smaller than the model's input, or shrunk on reading
             print(f"note: {path}: {note}", file=sys.stderr, flush=True)

@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="values of decode.select_objects to try beside the fitted weights (default 0 1 2 3; CIDEr "
                         "hardly sees a wrong object, CHAIR does): the one of least CHAIR-s within .005 mean CIDEr of "
                         "the best is kept")
+    p.add_argument("--confidence", action="store_true",
+                   help="fit how sure a caption is (decoding/confidence.py) instead of the choice: out-of-fold AUROC, "
+                        "calibration, coverage per set, and the --set line that stores the map and sure_at")
     p.add_argument("--limit", type=int, default=None, help="the first N photos of each set (a quick look)")
     p.add_argument("--output", default=None, help="write the tables and the weights as JSON here")
     return p
@@ -121,13 +124,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     report: dict = {"checkpoint": str(args.checkpoint or captioner.DEFAULT_CHECKPOINT),
                     "settings": dataclasses.asdict(settings), "headroom": {}}
-    fitted, truth = {}, {}
+    fitted, truth, sure = {}, {}, {}
     for name, records in sets.items():
-        rows, fitted[name], truth[name] = _measure(loaded, name, records, settings, args)
+        rows, fitted[name], truth[name], sure[name] = _measure(loaded, name, records, settings, args)
         report["headroom"][name] = rows
         for pool_name, row in rows.items():
             print(f"{name} {pool_name}: " + ", ".join(f"{key} {v:.3f}" if key != "ms per photo" else f"{v:.0f} ms/photo"
                                                       for key, v in row.items()), flush=True)
+    if args.confidence:
+        report["confidence"] = _confidence(sure)
+        _write(args.output, report)
+        return 0
     report.update(_signals(fitted))
     report.update(_objects(fitted, truth, report["weights"], args.objects))
     try:
@@ -138,10 +145,45 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("store them: captioner-export MODEL OUT --half --set "
               + " ".join(f"decode.{k}={v:g}" for k, v in decode.items()))
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(report, indent=1))
+    _write(args.output, report)
     return 0 if decode is not None else 1
+
+
+def _write(output: str | None, report: dict) -> None:
+    if output:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(json.dumps(report, indent=1))
+
+
+def _confidence(sure: dict) -> dict:
+    """The confidence map judged out of fold on each set, its threshold, and the map fitted on every photo."""
+    import dataclasses as dc
+
+    from captioner.evaluation.confidence_fit import fit, out_of_fold, summary, threshold
+
+    oof = out_of_fold(sure)
+    at = threshold(oof)
+    report = {"sure_at": at, "out of fold": {}}
+    for name, rows in sure.items():
+        s = report["out of fold"][name] = summary(oof[name], rows, at)
+        print(f"{name}: {s['photos']} photos, good {s['good']:.2f}, AUROC {s['AUROC good']:.3f} (bottom third "
+              f"{s['AUROC bottom third']:.3f}), calibration error {s['calibration error']:.3f}; sure "
+              f"{s['sure']['share']:.0%} CIDEr {s['sure']['CIDEr']:.3f} CHAIR-s {s['sure']['CHAIR-s']:.3f} (unsure "
+              f"CIDEr {s['sure']['unsure CIDEr']:.3f})")
+        print("  coverage " + ", ".join(f"{k} CIDEr {v['CIDEr']:.3f} CHAIR-s {v['CHAIR-s']:.3f}"
+                                       for k, v in s["coverage"].items()))
+        print("  reliability " + ", ".join(f"{r['bin']}: {r['photos']} at {r['confidence']:.2f} -> {r['good']:.2f}"
+                                          for r in s["reliability"]))
+    every = [r for rows in sure.values() for r in rows]
+    fitted = dc.replace(fit(every), sure_at=at)
+    report["decode"] = fitted.as_settings()
+    report["rows"] = {n: [{"image": r.image_id, "caption": r.caption, "cider": r.cider, "confidence": c,
+                           "hallucinates": r.hallucinates, "signals": r.signals} for r, c in zip(rows, oof[n])]
+                      for n, rows in sure.items()}
+    print("store it: captioner-export MODEL OUT --half --set "
+          + " ".join(f"decode.{k}={str(v).lower() if isinstance(v, bool) else f'{v:g}'}" for k, v in
+                     report["decode"].items()))
+    return report
 
 
 def _measure(loaded, name: str, records: list, settings, args: argparse.Namespace) -> tuple[dict, list, tuple]:
@@ -179,7 +221,7 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
             hyps = [b + [h for h in s if all(h.tokens != c.tokens for c in b)] for b, s in zip(beam_hyps, hyps)]
         texts = [tuple(" ".join(loaded.vocab.itos[t] for t in h.tokens) for h in hs) for hs in hyps]
         cider = candidate_cider(refs, texts)
-        current = choose(hyps, feats, probs, memory, loaded.vocab, settings, person)
+        current = choose(hyps, feats, probs, memory, loaded.vocab, settings, person, how_sure=True)
         who = (lambda i: None) if person is None else (lambda i: (float(person[0][i]), person[1].bool()))
         pool = [Pool(signals(hs, near[:k], near, None if probs is None else probs[i].float(), categories, memory, every,
                              who(i)),
@@ -187,8 +229,22 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
                 for i, (hs, c, cur, near, t) in enumerate(zip(hyps, cider, current, nearest, texts))]
         rows[pool_name] = {**baselines(pool), "ms per photo": 1000 * seconds}
         if pool_name == f"beam{settings.beam_size}":
-            fitted = pool
-    return rows, fitted, (ids, refs, boxed)
+            fitted, sure = pool, _sure_rows(current, pool, ids, refs, boxed)
+    return rows, fitted, (ids, refs, boxed), sure
+
+
+def _sure_rows(current: list, pools: list, ids: list, refs: list, boxed: dict | None) -> list:
+    """Each photo's chosen caption as a confidence_fit.Row: its confidence signals, CIDEr-D, CHAIR."""
+    from captioner.evaluation.confidence_fit import Row
+    from captioner.evaluation.hallucination import CATEGORY_WORDS, caption_hallucination, word_table
+
+    table = word_table(CATEGORY_WORDS)
+    out = []
+    for cur, pool, i, r in zip(current, pools, ids, refs):
+        text = pool.texts[pool.shipped]
+        h = caption_hallucination(i, text, r, None if boxed is None else boxed[i], table)
+        out.append(Row(cur[0].sure_signals, float(pool.cider[pool.shipped]), bool(h.hallucinated), text, str(i)))
+    return out
 
 
 def _boxes(args: argparse.Namespace, name: str, refs: dict) -> dict | None:

@@ -22,6 +22,7 @@ from ..vocab import SpecialIds
 from .search import Hypothesis, decode
 from .consensus import memory_of
 from .choice import choose
+from .confidence import why_unsure
 from .evidence import Evidence, photo_evidence
 from .rules import word_logp
 from .sampling import SampleSettings, Samples, sample
@@ -83,6 +84,11 @@ class Caption:
     # beam's order was kept
     choice: float | None = None
     signals: dict[str, float] = field(default_factory=dict)
+    # how sure (decoding/confidence.py): the probability that this caption is good (per-photo CIDEr-D >= .5),
+    # from the model file's fitted map; None where the file has none (or the caption has no signals: no consensus
+    # memory, one candidate, an explained sentence, a sample). sure_signals: what it was computed from
+    confidence: float | None = None
+    sure_signals: dict[str, float] = field(default_factory=dict)
     # (width, height) of the photo as the model received it and the model's input side S (model.image_size),
     # when the caller knew them (Captioner.caption / explain, the app): a photo whose shorter side is below
     # SMALL_PHOTO * S is enlarged a lot before the encoder sees it, and `notes` says so
@@ -99,6 +105,21 @@ class Caption:
 
     def __post_init__(self) -> None:
         self.alternatives = [Alternative(*a) for a in self.alternatives]  # (text, log_prob) pairs still welcome
+
+    @property
+    def sure(self) -> bool | None:
+        """Whether the caption is sure: confidence at or above the model file's decode.sure_at (None without a
+        confidence)."""
+        if self.confidence is None:
+            return None
+        return self.confidence >= float(self.settings.get("sure_at", DecodeConfig.sure_at))
+
+    @property
+    def doubt(self) -> str | None:
+        """Why an unsure caption is unsure, in plain words (None when sure or without a confidence)."""
+        if self.sure is not False:
+            return None
+        return why_unsure(self.sure_signals, self.alternatives[0].text if self.alternatives else None)
 
     @property
     def comparable(self) -> bool:
@@ -118,6 +139,8 @@ class Caption:
         rec = {"image": image, "caption": self.text, "log_prob": float(self.log_prob),
                "score": None if self.score is None else float(self.score),
                "choice": None if self.choice is None else float(self.choice), "signals": dict(self.signals),
+               "confidence": None if self.confidence is None else round(float(self.confidence), 4),
+               "sure": self.sure, "doubt": self.doubt,
                "words": list(self.words),
                "word_log_probs": lps, "word_probs": [None if x is None else round(math.exp(x), 5) for x in lps],
                "betas": [round(float(b), 5) for b in self.betas] if len(self.betas) == n else [None] * n,
@@ -186,7 +209,8 @@ def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab) -> Caption:
     alts = [Alternative(" ".join(vocab.itos[t] for t in h.tokens), float(h.log_prob), float(h.score), h.choice,
                         h.signals) for h in hyps[1:]]
     return Caption(" ".join(words), words, alphas, float(best.log_prob), alts, betas, word_log_probs=lps,
-                   score=float(best.score), choice=best.choice, signals=dict(best.signals or {}))
+                   score=float(best.score), choice=best.choice, signals=dict(best.signals or {}),
+                   confidence=best.confidence, sure_signals=dict(best.sure_signals or {}))
 
 
 @torch.no_grad()

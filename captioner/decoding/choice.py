@@ -43,6 +43,8 @@ from ..concepts.imagenet import THRESHOLD
 from ..concepts.words import word_categories
 from ..config import DecodeConfig
 from ..vocab import Vocab
+from .confidence import ConfidenceMap
+from .confidence import signals as sure_signals
 from .consensus import ConsensusMemory
 from .hypotheses import Hypothesis
 
@@ -113,18 +115,25 @@ def signals(cands: Sequence[Hypothesis], near: Sequence[int], wide: Sequence[int
 def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: torch.Tensor | None,
            memory: ConsensusMemory | None, vocab: Vocab, settings: DecodeConfig,
            person: tuple[torch.Tensor, torch.Tensor] | None = None,
-           categories: torch.Tensor | None = None) -> list[list[Hypothesis]]:
+           categories: torch.Tensor | None = None, how_sure: bool | None = None) -> list[list[Hypothesis]]:
     """Each photo's finished hypotheses (best first by beam score) -> reordered by `choice`, highest first, each
     hypothesis's `choice` set (None when the beam's order is kept: no memory, all weights on the score, or one
     hypothesis). feats (B, P, D); probs (B, C): the head's P(category), or None; person: (P(person) (B,), person
     words (V,)) from the file's person detector (Evidence.person), or None; categories (V, C): which words name
-    which category, where the caller holds the table already (Evidence.words: built once per decode), else built."""
-    weights = Weights.of(settings)
-    if memory is None or weights.beam_order or all(len(h) < 2 for h in hyps):
+    which category, where the caller holds the table already (Evidence.words: built once per decode), else built.
+    how_sure (default: where the settings hold a fitted confidence map): each chosen caption's `sure_signals` set
+    (confidence.signals; every signal they need computed) and, with a map, its `confidence`."""
+    weights, fitted = Weights.of(settings), ConfidenceMap.of(settings)
+    how_sure = fitted is not None if how_sure is None else how_sure
+    if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
         return [list(h) for h in hyps]
+    # what to compute: the choice's signals, and with how_sure those the confidence reads (weight 0: no effect)
+    needed = Weights(tuple(v or float(how_sure and s in ("wide", "agreement", "log_prob", "objects"))
+                           for s, v in zip(SIGNALS, weights.values)))
     k = int(settings.consensus_k)
-    nearest = memory.nearest(feats, WIDE * k if weights["wide"] else k).tolist()  # (B, k') nearest first
-    if not (weights["objects"] or weights["top_object"]):
+    cosines, nearest = memory.nearest_with_cosines(feats, WIDE * k if needed["wide"] else k)  # (B, k') nearest first
+    nearest = nearest.tolist()
+    if not (needed["objects"] or needed["top_object"]):
         categories = None
     else:
         categories = (word_categories(vocab) if categories is None else categories).cpu().to(torch.bool)  # (V, C)
@@ -136,10 +145,16 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
             continue
         p = None if probs is None or categories is None else probs[image].float().cpu()  # (C,)
         who = None if person is None or p is None else (float(person[0][image]), person[1].cpu().bool())
-        x = signals(cands, nearest[image][:k], nearest[image], p, categories, memory, weights, who)  # (n, S)
+        x = signals(cands, nearest[image][:k], nearest[image], p, categories, memory, needed, who)  # (n, S)
         total = (x @ w).tolist()  # (n,)
         for h, t, row in zip(cands, total, x.tolist()):
             h.choice = t
             h.signals = dict(zip(SIGNALS, row))
-        out.append([cands[i] for i in sorted(range(len(cands)), key=lambda i: -total[i])])  # stable on ties
+        ordered = [cands[i] for i in sorted(range(len(cands)), key=lambda i: -total[i])]  # stable on ties
+        if how_sure:
+            top_p = 0.0 if probs is None else float(probs[image].max())
+            best = ordered[0]
+            best.sure_signals = sure_signals(ordered, float(cosines[image, 0]), top_p)
+            best.confidence = None if fitted is None else fitted(best.sure_signals)
+        out.append(ordered)
     return out

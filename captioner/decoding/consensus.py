@@ -87,13 +87,19 @@ class ConsensusMemory:
 
     def nearest(self, feats: torch.Tensor, k: int) -> torch.Tensor:
         """feats (B, P, D) -> (B, k) indices of the k memory photos nearest in pooled features (cosine), nearest first."""
+        return self.nearest_with_cosines(feats, k)[1]
+
+    def nearest_with_cosines(self, feats: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """feats (B, P, D) -> the cosines (B, k) and indices (B, k) of the k memory photos nearest in pooled
+        features, nearest first."""
         if feats.shape[-1] != self.features.shape[1]:
             raise ValueError(f"the consensus memory holds {self.features.shape[1]}-dim features but the encoder gives "
                              f"{feats.shape[-1]}: rebuild it with captioner-build-consensus for this model")
         if self._unit is None:
             self._unit = torch.nn.functional.normalize(self.features.float(), dim=1).T.contiguous()  # (D, M): faster
         query = torch.nn.functional.normalize(feats.detach().float().mean(1).cpu(), dim=1)  # (B, D)
-        return (query @ self._unit).topk(min(k, len(self)), dim=1).indices  # (B, M) cosines -> (B, k)
+        top = (query @ self._unit).topk(min(k, len(self)), dim=1)  # (B, M) cosines -> (B, k)
+        return top.values, top.indices
 
     @property
     def cider(self) -> CiderD:

@@ -24,6 +24,10 @@ class Hypothesis:
     # None where the beam's order was kept
     choice: float | None = None
     signals: dict[str, float] | None = None
+    # how sure (confidence.py), on a photo's chosen caption: the signals and, with a fitted map, the probability
+    # that it is good; None where not computed
+    sure_signals: dict[str, float] | None = None
+    confidence: float | None = None
 
 
 def normalise(log_prob: float | torch.Tensor, length: int, length_penalty: float) -> float | torch.Tensor:

@@ -30,12 +30,14 @@ def top_concepts(cap: "Caption", k: int = TOP_CONCEPTS) -> str:
 
 
 def batch_csv(items: Sequence[tuple[str, "Caption"]]) -> bytes:
-    """One row per photo: file name, caption, log-probability, top concepts, notes (UTF-8, with header)."""
+    """One row per photo: file name, caption, log-probability, confidence and sure (empty without a fitted map),
+    top concepts, notes (UTF-8, with header)."""
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["image", "caption", "log_prob", "concepts", "notes"])
+    w.writerow(["image", "caption", "log_prob", "confidence", "sure", "concepts", "notes"])
     for name, cap in items:
-        w.writerow([name, cap.text, f"{cap.log_prob:.4f}", top_concepts(cap), " | ".join(cap.notes)])
+        w.writerow([name, cap.text, f"{cap.log_prob:.4f}", "" if cap.confidence is None else f"{cap.confidence:.4f}",
+                    "" if cap.sure is None else str(cap.sure).lower(), top_concepts(cap), " | ".join(cap.notes)])
     return buf.getvalue().encode("utf-8")
 
 

@@ -10,7 +10,7 @@ import streamlit as st
 import captioner
 from ..concepts.imagenet import THRESHOLD
 from ..images import format_names, load_image
-from . import gallery
+from . import gallery, texts
 from .page_state import (EXAMPLES, EXAMPLES_DIR, FIGURE_SIDE, GALLERY_COLUMNS, MAX_PHOTO_MB, UPLOAD_TYPES, Decode,
                          Settings, Shown, figure_bytes, get_caption, get_model, photo_label, short_error, shrink)
 from .page_views import caption_summary, downloads, overlay_grid, word_label, word_view
@@ -85,6 +85,8 @@ def gallery_panel(settings: Settings, photos: list[Shown]) -> Shown:
         with columns[i % GALLERY_COLUMNS]:
             st.image(shrink(photo.image, side), caption=f"{i + 1}. {photo.name}")
             st.markdown(f"“{html.escape(cap.text)}”" if cap.words else "“” (empty caption)")
+            if cap.confidence is not None:
+                st.caption(texts.sure_line(cap.confidence, cap.sure, cap.doubt))
             if cap.concepts:
                 st.caption(f"sees (P ≥ {THRESHOLD}) " + gallery.top_concepts(cap))
             for note in cap.notes:

@@ -14,7 +14,7 @@ from ..concepts.imagenet import THRESHOLD as CONCEPT_THRESHOLD
 from ..concepts.words import CATEGORY_WORDS, match_words, word_table
 from ..vocab import COLOUR_WORDS, FUNCTION_WORDS
 from . import html as html_parts
-from . import animate, visualize, workbench
+from . import animate, texts, visualize, workbench
 from .page_state import FIGURE_SIDE, GRID_COLUMNS, Shown, View, figure_bytes, shrink
 
 
@@ -62,6 +62,7 @@ def caption_summary(cap: captioner.Caption, evidence: bool, length_penalty: floa
     """The caption with each word's β, its log-probability, notes, what the encoder sees and the other
     beam hypotheses."""
     st.subheader(f"“{cap.text}”" if cap.words else "“” (empty caption)")
+    sure_view(cap)
     line = html_parts.beta_line(cap)
     if line:
         st.markdown(line, unsafe_allow_html=True)
@@ -90,6 +91,18 @@ def caption_summary(cap: captioner.Caption, evidence: bool, length_penalty: floa
         why = workbench.choice_note(cap)
         if why:
             st.caption(why)
+
+
+def sure_view(cap: captioner.Caption) -> None:
+    """How sure, under the caption: a quiet line when sure; when unsure the reason and the beam's other captions
+    beside it (not folded away)."""
+    line = texts.sure_line(cap.confidence, cap.sure, cap.doubt)
+    if cap.sure is not False:
+        st.caption(line)
+        return
+    st.info(line)
+    if cap.alternatives:
+        st.markdown("Other ways it could say it: " + " · ".join(f"“{a.text}”" for a in cap.alternatives[:3]))
 
 
 def downloads(photo: Shown, cap: captioner.Caption, view: View) -> None:

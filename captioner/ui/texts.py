@@ -38,3 +38,17 @@ def evidence_help(decode: "DecodeConfig") -> str:
         out += ("; it never brings a word in (this model file's evidence bonus is 0): it only keeps words out, "
                 "so the caption may simply leave an object unnamed")
     return out + ". Off: the decoder alone, for comparison. Starts at the model file's own setting."
+
+
+NO_CONFIDENCE = ("This model file has no fitted confidence map, so its captions carry no confidence "
+                 "(captioner-fit-selector --confidence fits one).")
+
+
+def sure_line(confidence: float | None, sure: bool | None, doubt: str | None) -> str:
+    """The plain-words line under a caption: how sure the model is and, when unsure, why (NO_CONFIDENCE without
+    a confidence). Confidence is the probability that the caption is good (decoding/confidence.py)."""
+    if confidence is None:
+        return NO_CONFIDENCE
+    if sure:
+        return f"Sure: {confidence:.0%} likely to be a good description of this photo."
+    return f"Not sure ({confidence:.0%} likely to be good): {doubt}."

@@ -1,0 +1,99 @@
+"""How sure: the probability that a caption is good, from what decoding already computed.
+
+`confidence` is the probability that the caption's per-photo CIDEr-D against that photo's references is at
+least GOOD_CIDER, estimated by a logistic map of cheap signals of the chosen caption and its photo:
+
+    confidence = sigmoid(bias + sum_s weight_s * s)
+
+    wide       CIDEr-D of the caption with the captions of the WIDE x consensus_k nearest training photos
+               (choice.py): what people said of photos like this one
+    nearest    cosine of the photo's pooled features with its nearest training photo (consensus.py): how unlike
+               anything learned the photo is
+    agreement  CIDEr-D of the caption with the beam's other candidates: whether the beam hesitated
+    margin     the choice's score over the runner-up's (choice.py): how clear the choice was
+    log_prob   the model's log-probability per token (<end> included)
+    min_word   the least probable word's log-probability
+    objects    sum over the COCO categories the caption names of P(category) - OBJECT_P (choice.py)
+    top_p      the encoder's head's largest P(category): whether it sees anything it knows
+    length     words
+
+The map is fitted out of fold on the val sets and stored in the model file's decode settings
+(decode.confidence_*, decode.sure_at) by `captioner-fit-selector --confidence` (evaluation/confidence_fit.py);
+`sure` is confidence >= decode.sure_at. A file without a fitted map (decode.confidence_fitted false), or a
+caption without the signals (no consensus memory beside the file, a single candidate), has no confidence:
+None, never an invented number.
+
+Legend: n a photo's candidates, S the signals here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..config import DecodeConfig
+from .hypotheses import Hypothesis
+
+SIGNALS = ("wide", "nearest", "agreement", "margin", "log_prob", "min_word", "objects", "top_p", "length")
+GOOD_CIDER = 0.5  # the label: a caption is good where its per-photo CIDEr-D is at least this
+
+
+@dataclass(frozen=True)
+class ConfidenceMap:
+    """The fitted logistic map and the threshold of `sure`."""
+
+    bias: float
+    weights: tuple[float, ...]  # SIGNALS order
+    sure_at: float
+
+    @classmethod
+    def of(cls, settings: DecodeConfig) -> "ConfidenceMap | None":
+        """The map stored in the decode settings, or None where none was fitted."""
+        if not settings.confidence_fitted:
+            return None
+        return cls(float(settings.confidence_bias),
+                   tuple(float(getattr(settings, f"confidence_{s}")) for s in SIGNALS), float(settings.sure_at))
+
+    def __call__(self, signals: dict[str, float]) -> float:
+        z = self.bias + sum(w * signals[s] for s, w in zip(SIGNALS, self.weights))
+        return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
+
+    def as_settings(self) -> dict[str, float | bool]:
+        """The decode settings that store this map (captioner-export --set decode.<key>=<value>)."""
+        return {"confidence_fitted": True, "confidence_bias": round(self.bias, 6),
+                **{f"confidence_{s}": round(w, 6) for s, w in zip(SIGNALS, self.weights)},
+                "sure_at": round(self.sure_at, 6)}
+
+
+def signals(ordered: Sequence[Hypothesis], nearest_cosine: float, top_p: float) -> dict[str, float]:
+    """The signals of a photo's chosen caption (`ordered[0]`, the choice's order, every choice signal computed:
+    choice.signals) -> {signal: value}. nearest_cosine: the photo's cosine with its nearest training photo;
+    top_p: the head's largest P(category) (0 without a head)."""
+    best, s = ordered[0], ordered[0].signals or {}
+    lps = best.word_logps
+    return {"wide": s.get("wide", 0.0), "nearest": float(nearest_cosine), "agreement": s.get("agreement", 0.0),
+            "margin": float(best.choice - ordered[1].choice) if len(ordered) > 1 and best.choice is not None else 0.0,
+            "log_prob": s.get("log_prob", best.log_prob / (len(best.tokens) + 1)),
+            "min_word": float(lps.min()) if lps is not None and len(lps) else 0.0,
+            "objects": s.get("objects", 0.0), "top_p": float(top_p), "length": float(len(best.tokens))}
+
+
+# below these a signal is weak (about the val sets' lowest third of good captions): what why_unsure names
+FEW_LIKE = 0.80  # nearest: the photo's cosine with its nearest training photo
+HESITATED = 0.5  # agreement: CIDEr-D with the beam's other candidates
+GUESSED = -3.0  # min_word: a word the model gave under 5%
+UNLIKE_PEOPLE = 0.3  # wide: CIDEr-D with what people said of the nearest training photos
+
+
+def why_unsure(signals: dict[str, float], alternative: str | None) -> str:
+    """A plain-words reason for an unsure caption: the first weak signal, in the order a person can act on (an
+    unusual photo, a hesitation between two captions, a guessed word, a caption unlike what people say)."""
+    if signals.get("nearest", 1.0) < FEW_LIKE:
+        return "few photos like this one among those it learned from"
+    if alternative and signals.get("agreement", 1.0) < HESITATED:
+        return f"it hesitated between this and “{alternative}”"
+    if signals.get("min_word", 0.0) < GUESSED:
+        return "some of its words are guesses"
+    if signals.get("wide", 1.0) < UNLIKE_PEOPLE:
+        return "people described photos like this one differently"
+    return "its signals are weaker than for the captions it gets right"

@@ -1,0 +1,157 @@
+"""Fitting how sure a caption is (decoding/confidence.py) on val photos, and judging it out of fold.
+
+Each val photo gives one row: the confidence signals of the caption the file chooses, its per-photo CIDEr-D
+against the photo's references (the set's own document frequencies, as pycocoevalcap's compute_score gives per
+photo) and whether it names an object the photo lacks (CHAIR). The map is a logistic regression with a small
+ridge of
+
+    P(CIDEr >= confidence.GOOD_CIDER)  ~  sigmoid(bias + sum_s w_s * s)
+
+on standardised signals, the standardisation folded back into the stored weights. It is judged on photos it was
+not fitted on (k folds over the photos of every set at once): AUROC (good against not, and the bottom third of
+CIDEr against the rest), the calibration error (10 equal-width bins), a reliability table, and CIDEr / CHAIR-s of
+the surest captions at each coverage.
+
+Legend: N photos, S signals.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..decoding.confidence import GOOD_CIDER, SIGNALS, ConfidenceMap
+
+COVERAGES = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
+MIN_SURE = 0.6  # `sure` covers at least this share of every val set's photos
+
+
+@dataclass
+class Row:
+    """One val photo's chosen caption: its confidence signals, CIDEr-D and whether it names an absent object."""
+
+    signals: dict[str, float]
+    cider: float
+    hallucinates: bool
+    caption: str = ""
+    image_id: str = ""
+
+
+def _matrix(rows: Sequence[Row]) -> torch.Tensor:
+    return torch.tensor([[r.signals[s] for s in SIGNALS] for r in rows], dtype=torch.float64)  # (N, S)
+
+
+def fit(rows: Sequence[Row], ridge: float = 1e-2, sure_at: float = 0.5) -> ConfidenceMap:
+    """The logistic map fitted on `rows` by Newton's method (L2 penalty `ridge` x N on the standardised weights,
+    none on the bias)."""
+    x = _matrix(rows)
+    y = torch.tensor([float(r.cider >= GOOD_CIDER) for r in rows], dtype=torch.float64)  # (N,)
+    mean, scale = x.mean(0), x.std(0).clamp_min(1e-9)  # (S,)
+    xs = torch.cat([torch.ones(len(x), 1, dtype=x.dtype), (x - mean) / scale], 1)  # (N, 1 + S)
+    penalty = ridge * len(x) * torch.eye(xs.shape[1], dtype=x.dtype)
+    penalty[0, 0] = 0.0
+    beta = torch.zeros(xs.shape[1], dtype=x.dtype)
+    for _ in range(50):
+        p = torch.sigmoid(xs @ beta)  # (N,)
+        grad = xs.T @ (p - y) + penalty @ beta
+        hess = (xs * (p * (1 - p)).unsqueeze(1)).T @ xs + penalty
+        step = torch.linalg.solve(hess, grad)
+        beta = beta - step
+        if float(step.abs().max()) < 1e-10:
+            break
+    w = beta[1:] / scale  # (S,)
+    return ConfidenceMap(float(beta[0] - (w * mean).sum()), tuple(w.tolist()), sure_at)
+
+
+def out_of_fold(sets: dict[str, list[Row]], folds: int = 5, seed: int = 0, ridge: float = 1e-2
+                ) -> dict[str, list[float]]:
+    """Each photo's confidence from a map fitted without it (k folds over every set's photos at once)."""
+    items = [(name, i) for name, rows in sets.items() for i in range(len(rows))]
+    order = list(range(len(items)))
+    random.Random(seed).shuffle(order)
+    fold_of = {j: f % folds for f, j in enumerate(order)}
+    out = {name: [0.0] * len(rows) for name, rows in sets.items()}
+    for f in range(folds):
+        fitted = fit([sets[n][i] for j, (n, i) in enumerate(items) if fold_of[j] != f], ridge)
+        for j, (n, i) in enumerate(items):
+            if fold_of[j] == f:
+                out[n][i] = fitted(sets[n][i].signals)
+    return out
+
+
+def auroc(scores: Sequence[float], positive: Sequence[bool]) -> float:
+    """The probability that a random positive scores above a random negative (ties count half); NaN without both."""
+    pos = [s for s, p in zip(scores, positive) if p]
+    neg = [s for s, p in zip(scores, positive) if not p]
+    if not pos or not neg:
+        return float("nan")
+    ranked = sorted((s, i) for i, s in enumerate(pos + neg))
+    ranks = [0.0] * len(ranked)
+    k = 0
+    while k < len(ranked):  # average ranks over ties
+        j = k
+        while j + 1 < len(ranked) and ranked[j + 1][0] == ranked[k][0]:
+            j += 1
+        for m in range(k, j + 1):
+            ranks[ranked[m][1]] = (k + j) / 2 + 1
+        k = j + 1
+    r_pos = sum(ranks[:len(pos)])
+    return (r_pos - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg))
+
+
+def reliability(confidence: Sequence[float], good: Sequence[bool], bins: int = 10) -> list[dict]:
+    """Per equal-width bin of confidence: its photos, mean confidence and share of good captions."""
+    out = []
+    for b in range(bins):
+        lo, hi = b / bins, (b + 1) / bins
+        idx = [i for i, c in enumerate(confidence) if lo <= c < hi or (b == bins - 1 and c == 1.0)]
+        if idx:
+            out.append({"bin": f"{lo:.1f}-{hi:.1f}", "photos": len(idx),
+                        "confidence": sum(confidence[i] for i in idx) / len(idx),
+                        "good": sum(good[i] for i in idx) / len(idx)})
+    return out
+
+
+def calibration_error(confidence: Sequence[float], good: Sequence[bool], bins: int = 10) -> float:
+    """Expected calibration error: the photo-weighted mean over bins of |mean confidence - share good|."""
+    n = max(len(confidence), 1)
+    return sum(r["photos"] / n * abs(r["confidence"] - r["good"]) for r in reliability(confidence, good, bins))
+
+
+def coverage(confidence: Sequence[float], rows: Sequence[Row], levels: Sequence[float] = COVERAGES) -> dict:
+    """CIDEr (mean of per-photo CIDEr-D) and CHAIR-s of the surest `level` share of the photos, per level."""
+    order = sorted(range(len(rows)), key=lambda i: -confidence[i])
+    out = {}
+    for level in levels:
+        keep = order[:max(1, round(level * len(rows)))]
+        out[f"{round(100 * level)}%"] = {"CIDEr": sum(rows[i].cider for i in keep) / len(keep),
+                                         "CHAIR-s": sum(rows[i].hallucinates for i in keep) / len(keep)}
+    return out
+
+
+def summary(confidence: Sequence[float], rows: Sequence[Row], sure_at: float | None = None) -> dict:
+    """AUROC (good vs not; bottom third of CIDEr vs the rest), calibration error, reliability, coverage, and the
+    sure captions' share, CIDEr and CHAIR-s at threshold sure_at."""
+    good = [r.cider >= GOOD_CIDER for r in rows]
+    third = sorted(r.cider for r in rows)[len(rows) // 3] if rows else 0.0
+    out = {"photos": len(rows), "good": sum(good) / max(len(rows), 1),
+           "AUROC good": auroc(confidence, good),
+           "AUROC bottom third": auroc(confidence, [r.cider >= third for r in rows]),
+           "calibration error": calibration_error(confidence, good),
+           "reliability": reliability(confidence, good), "coverage": coverage(confidence, rows)}
+    if sure_at is not None:
+        sure = [i for i, c in enumerate(confidence) if c >= sure_at]
+        out["sure"] = {"share": len(sure) / max(len(rows), 1),
+                       "CIDEr": sum(rows[i].cider for i in sure) / max(len(sure), 1),
+                       "CHAIR-s": sum(rows[i].hallucinates for i in sure) / max(len(sure), 1),
+                       "unsure CIDEr": sum(r.cider for i, r in enumerate(rows) if confidence[i] < sure_at)
+                       / max(len(rows) - len(sure), 1)}
+    return out
+
+
+def threshold(confidence: dict[str, Sequence[float]], min_share: float = MIN_SURE) -> float:
+    """The highest threshold at which `sure` still covers at least min_share of every set's photos (so its CIDEr
+    is as high as that coverage allows)."""
+    return min(sorted(c, reverse=True)[max(0, int(min_share * len(c) + 0.999) - 1)] for c in confidence.values() if c)

@@ -1,0 +1,152 @@
+"""How sure a caption is (captioner/decoding/confidence.py) and its fit (captioner/evaluation/confidence_fit.py):
+confidence lies in [0, 1] and rises with each signal its map weighs up, the fit recovers a known relation and judges
+it honestly (AUROC, calibration, coverage), the threshold covers what it promises, and every place a caption
+appears says how sure it is, or, for a file without a fitted map, that it cannot say."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+import captioner
+from captioner.config import DecodeConfig
+from captioner.decoding.captions import Caption
+from captioner.decoding.confidence import GOOD_CIDER, SIGNALS, ConfidenceMap, why_unsure
+from captioner.evaluation.confidence_fit import Row, auroc, calibration_error, coverage, fit, out_of_fold, threshold
+from captioner.ui.texts import NO_CONFIDENCE, sure_line
+
+from .conftest import need_bundled, run
+
+EXAMPLES = sorted((Path(captioner.__file__).parent / "assets" / "examples").glob("*.jpg"))
+
+
+def _signals(**values: float) -> dict[str, float]:
+    return {s: values.get(s, 0.0) for s in SIGNALS}
+
+
+def _rows(n: int, seed: int = 0) -> list[Row]:
+    """Rows whose CIDEr is good with probability sigmoid(4 wide - 2), the other signals noise."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        sig = {s: rng.gauss(0, 1) for s in SIGNALS}
+        good = rng.random() < 1 / (1 + math.exp(-(4 * sig["wide"] - 2)))
+        out.append(Row(sig, 0.9 if good else 0.1, not good))
+    return out
+
+
+def test_confidence_lies_in_0_1_and_rises_with_each_weighed_signal():
+    fitted = ConfidenceMap(-1.0, tuple(0.1 * (i + 1) * (-1) ** i for i in range(len(SIGNALS))), 0.5)
+    base = _signals(wide=0.3, nearest=0.8, length=2)
+    for s, w in zip(SIGNALS, fitted.weights):
+        lo, hi = fitted({**base, s: base[s] - 1.0}), fitted({**base, s: base[s] + 1.0})
+        assert 0.0 <= lo <= 1.0 and 0.0 <= hi <= 1.0
+        assert (hi > lo) == (w > 0), s
+    for extreme in (-1e6, 1e6):  # far outside any val photo's signals: still a probability, no overflow
+        assert 0.0 <= fitted({**base, "wide": extreme}) <= 1.0
+
+
+def test_the_fit_finds_the_signal_that_carries_the_truth_and_stores_it():
+    fitted = fit(_rows(800))
+    w = dict(zip(SIGNALS, fitted.weights))
+    assert w["wide"] > 2.0 and all(abs(v) < 0.5 for s, v in w.items() if s != "wide"), w
+    settings = DecodeConfig(**fitted.as_settings())
+    again = ConfidenceMap.of(settings)
+    row = _signals(wide=0.7, margin=0.2)
+    assert abs(again(row) - fitted(row)) < 1e-4
+    assert ConfidenceMap.of(DecodeConfig()) is None  # no fitted map: no confidence
+
+
+def test_out_of_fold_confidence_separates_and_is_calibrated():
+    rows = _rows(900, seed=1)
+    conf = out_of_fold({"a": rows[:600], "b": rows[600:]})
+    everything = conf["a"] + conf["b"]
+    good = [r.cider >= GOOD_CIDER for r in rows]
+    assert auroc(everything, good) > 0.8
+    assert calibration_error(everything, good) < 0.08
+    table = coverage(everything, rows)
+    assert table["50%"]["CIDEr"] > table["100%"]["CIDEr"]  # the surest half is better than all
+    assert table["50%"]["CHAIR-s"] < table["100%"]["CHAIR-s"]
+
+
+def test_auroc_and_calibration_are_what_they_say():
+    assert auroc([0.9, 0.8, 0.2, 0.1], [True, True, False, False]) == 1.0
+    assert auroc([0.1, 0.2, 0.8, 0.9], [True, True, False, False]) == 0.0
+    assert auroc([0.5, 0.5], [True, False]) == 0.5  # a tie counts half
+    assert math.isnan(auroc([0.3], [True]))
+    assert calibration_error([0.25] * 4, [True, False, False, False]) == 0.0
+    assert abs(calibration_error([0.95] * 2, [False, False]) - 0.95) < 1e-12
+
+
+def test_the_threshold_covers_at_least_its_share_of_every_set():
+    conf = {"a": [i / 100 for i in range(100)], "b": [0.5 + i / 400 for i in range(40)]}
+    at = threshold(conf, 0.6)
+    for c in conf.values():
+        assert sum(x >= at for x in c) >= 0.6 * len(c)
+    assert sum(x >= at for x in conf["a"]) < 0.7 * 100  # and no lower than it must be
+
+
+def _caption(confidence: float | None, sure_at: float = 0.5, **signals: float) -> Caption:
+    import numpy as np
+
+    cap = Caption("a dog on the grass", ["a", "dog", "on", "the", "grass"], np.zeros((5, 1, 1)), -3.0,
+                  [("a cat on the grass", -3.5)], confidence=confidence,
+                  sure_signals=_signals(**{"nearest": 0.9, "agreement": 0.8, "wide": 0.5, **signals}))
+    cap.settings = dataclasses.asdict(DecodeConfig(sure_at=sure_at))
+    return cap
+
+
+def test_a_caption_says_how_sure_and_why_not():
+    sure, unsure, none = _caption(0.8), _caption(0.2, agreement=0.1), _caption(None)
+    assert sure.sure is True and sure.doubt is None
+    assert unsure.sure is False and "a cat on the grass" in unsure.doubt  # it hesitated between the two
+    assert none.sure is None and none.doubt is None
+    for cap in (sure, unsure, none):
+        d = cap.to_dict("x.jpg", maps=False)
+        assert {"confidence", "sure"} <= d.keys() and d["sure"] == cap.sure
+    assert none.to_dict()["confidence"] is None  # never an invented number
+    assert sure_line(None, None, None) == NO_CONFIDENCE
+    assert "Not sure" in sure_line(0.2, False, unsure.doubt) and unsure.doubt in sure_line(0.2, False, unsure.doubt)
+    assert sure_line(0.8, True, None).startswith("Sure")
+    assert why_unsure(_signals(nearest=0.5), None).startswith("few photos like this one")
+
+
+def _fitted_settings() -> dict:
+    """A map that weighs the wide consensus up (sure where people say such things of photos like it)."""
+    return ConfidenceMap(-1.0, tuple(4.0 if s == "wide" else 0.0 for s in SIGNALS), 0.5).as_settings()
+
+
+def test_the_bundled_model_gives_a_confidence_from_its_signals(bundled):
+    """With a map in the settings every caption of a photo carries confidence and sure; without one, none."""
+    photo = bundled.read(EXAMPLES[0])
+    cap = photo.caption(**_fitted_settings())
+    assert 0.0 <= cap.confidence <= 1.0 and isinstance(cap.sure, bool)
+    assert set(cap.sure_signals) == set(SIGNALS) and 0.0 < cap.sure_signals["nearest"] <= 1.0 + 1e-6
+    assert abs(cap.confidence - 1 / (1 + math.exp(1.0 - 4.0 * cap.sure_signals["wide"]))) < 1e-9
+    plain = photo.caption(confidence_fitted=False)
+    assert plain.confidence is None and plain.sure is None
+    assert plain.text == cap.text  # how sure never changes the caption
+
+
+@pytest.mark.slow
+def test_every_json_line_carries_confidence_and_sure(tmp_path):
+    """captioner-caption --json: the keys on every line; the text output says it in its last column; a file
+    without a map says so once on stderr."""
+    need_bundled()
+    out = run("scripts/caption.py", *map(str, EXAMPLES[:2]), "--json")
+    lines = [json.loads(x) for x in out.stdout.splitlines()]
+    assert len(lines) == 2 and all({"confidence", "sure"} <= x.keys() for x in lines)
+    fitted = DecodeConfig(**{k: v for k, v in _fitted_settings().items()})
+    if not captioner.load().config.decode.confidence_fitted:
+        assert out.stderr.count("no fitted confidence map") == 1
+        assert all(x["confidence"] is None for x in lines)
+    else:
+        assert all(0 <= x["confidence"] <= 1 and isinstance(x["sure"], bool) for x in lines)
+        text = run("scripts/caption.py", str(EXAMPLES[0]))
+        assert text.stdout.split("\t")[2].split()[0] in ("sure", "unsure")
+    assert fitted.confidence_fitted
