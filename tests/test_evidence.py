@@ -208,3 +208,36 @@ def test_the_dog_floor_rules_out_dog_words_below_it_and_nothing_else():
         out = Evidence(probs, word_categories(v), s).ruled_out  # (2, V)
         assert bool(out[0, v.stoi["dog"]]) is doubtful_out and bool(out[0, v.stoi["puppy"]]) is doubtful_out
         assert not out[1, v.stoi["dog"]] and not out[:, v.stoi["cat"]].any()  # the clear dog, another category
+
+
+def test_one_caption_computes_its_ruled_out_words_once(bundled, monkeypatch):
+    """A photo's ruled-out words (category and person words alike) come from one call per caption: photo_evidence's
+    Evidence holds them for decoding, the caption's contradicted words and the choice."""
+    import sys
+    from pathlib import Path
+
+    import captioner
+    from captioner.decoding import evidence
+
+    calls = []
+    real = evidence.ruled_out_words
+    monkeypatch.setattr(evidence, "ruled_out_words", lambda *a, **k: calls.append(1) or real(*a, **k))
+    outer = []
+
+    def profile(frame, event, arg):  # every outermost call of a function named *ruled_out* in the package
+        def named(f) -> bool:
+            return "ruled_out" in f.f_code.co_name and "/captioner/" in f.f_code.co_filename
+
+        if event == "call" and named(frame):
+            f = frame.f_back
+            while f is not None and not named(f):
+                f = f.f_back
+            if f is None:
+                outer.append(frame.f_code.co_name)
+    photo = bundled.read(Path(captioner.__file__).parent / "assets" / "examples" / "cat.jpg")
+    sys.setprofile(profile)
+    try:
+        photo.caption()
+    finally:
+        sys.setprofile(None)
+    assert len(calls) == 1 and len(outer) == 1, outer

@@ -60,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="coco: also the attention mass inside the boxes of the objects each word names")
     p.add_argument("--hallucination", action="store_true",
                    help="also CHAIR-s, CHAIR-i and object recall (truth: COCO boxes + references; flickr8k: references)")
+    p.add_argument("--coverage", action="store_true",
+                   help="how far the caption's confidence can be trusted: CIDEr and CHAIR-s of the surest 100/90/80/70/"
+                        "60/50%% of photos, AUROC, calibration error, the sure captions' share (needs a model file "
+                        "with a fitted confidence map)")
     p.add_argument("--report", default=None, metavar="HTML",
                    help="also write one self-contained page of where the model fails: each photo's caption, "
                         "references, CIDEr, hallucinated and missed objects and object words' attention, worst first")
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         loaded = captioner.load(args.checkpoint, device=args.device, dtype=args.dtype)
         used = decode_settings(loaded, args)
         records, label = _records(args, p)
-        need_boxes = args.grounding or ((args.hallucination or args.report) and args.dataset == "coco"
+        need_boxes = args.grounding or ((args.hallucination or args.report or args.coverage) and args.dataset == "coco"
                                         and _has_boxes(args, say))
         instances = load_grounding_instances(args) if need_boxes else None
     except (ValueError, TypeError, FileNotFoundError, captioner.CheckpointError) as e:
@@ -164,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                 grounding["grounding_concept_maps"] = ground_concept_maps(loaded, feats, scored, instances)
     if args.hallucination:
         grounding.update(hallucination_report(preds, scored, instances))
+    if args.coverage:
+        scores["coverage"] = coverage_report(caps, scored, instances, used.sure_at, say)
     _write(args, label, used, scores, grounding, preds)
     if args.report:
         _report(args, label, scored, caps, scores, instances, say)
@@ -224,6 +230,34 @@ def hallucination_report(preds: dict, records: list, instances) -> dict:
     boxed = boxed_categories(instances, refs) if instances is not None else None
     return {"hallucination": measure_hallucination(preds, refs, boxed),
             "hallucination_references": measure_references(refs, boxed)}
+
+
+def coverage_report(caps: list, records: list, instances, sure_at: float, say) -> dict | None:
+    """--coverage: each photo's per-photo CIDEr-D (the set's document frequencies) and CHAIR beside its caption's
+    confidence -> confidence_fit.summary, printed; None (and a line saying why) without confidences."""
+    from captioner.evaluation.confidence_fit import Row, summary
+    from captioner.evaluation.grounding import boxed_categories
+    from captioner.evaluation.hallucination import CATEGORY_WORDS, caption_hallucination, word_table
+    from captioner.evaluation.metrics import cider_per_image
+
+    if any(c.confidence is None for c in caps):
+        say("coverage: not measured: this model file has no fitted confidence map (captioner-fit-selector "
+            "--confidence fits one)")
+        return None
+    refs = {r.image_id: r.captions for r in records}
+    cider = cider_per_image({r.image_id: c.text for r, c in zip(records, caps)}, refs)
+    boxed = boxed_categories(instances, refs) if instances is not None else None
+    table = word_table(CATEGORY_WORDS)
+    rows = [Row(c.sure_signals, cider[r.image_id], bool(caption_hallucination(
+        r.image_id, c.text, r.captions, None if boxed is None else boxed[r.image_id], table).hallucinated), c.text,
+        r.image_id) for r, c in zip(records, caps)]
+    out = summary([c.confidence for c in caps], rows, sure_at)
+    say(f"coverage ({'boxes and references' if boxed else 'references only'} for CHAIR-s): "
+        + ", ".join(f"{k} CIDEr {v['CIDEr']:.3f} CHAIR-s {v['CHAIR-s']:.3f}" for k, v in out["coverage"].items()))
+    say(f"confidence: AUROC {out['AUROC good']:.3f} (CIDEr >= .5), {out['AUROC bottom third']:.3f} (bottom third), "
+        f"calibration error {out['calibration error']:.3f}; sure (>= {sure_at:.2f}) {out['sure']['share']:.0%} of "
+        f"photos, CIDEr {out['sure']['CIDEr']:.3f}, CHAIR-s {out['sure']['CHAIR-s']:.3f}")
+    return out
 
 
 def _has_boxes(args: argparse.Namespace, say) -> bool:

@@ -48,10 +48,16 @@ from ..vocab import Vocab
 from .reading import HeadReading
 
 
-def ruled_out_words(probs: torch.Tensor, words: torch.Tensor, floor: float | torch.Tensor) -> torch.Tensor:
+def ruled_out_words(probs: torch.Tensor, words: torch.Tensor, floor: float | torch.Tensor,
+                    person: tuple[torch.Tensor, torch.Tensor] | None = None, person_floor: float = 0.0) -> torch.Tensor:
     """probs (B, C), words (V, C), floor (one, or (C,) per category) -> (B, V) 1 where the word names a category
-    with P < its floor."""
-    return (probs < floor).float() @ words.t().to(probs)
+    with P < its floor; with person (P(person) (B,), person words (V,) 0/1) and person_floor > 0, also 1 where the
+    word is a person word and P(person) < person_floor. The one place a photo's ruled-out words are computed."""
+    out = (probs < floor).float() @ words.t().to(probs)  # (B, V)
+    if person is None or person_floor <= 0:
+        return out
+    below = (person[0].to(probs) < person_floor).float()[:, None] * person[1].to(probs)[None, :]  # (B, V)
+    return (out + below).clamp(max=1)
 
 
 def category_floors(settings: DecodeConfig, n_categories: int) -> torch.Tensor:
@@ -61,11 +67,6 @@ def category_floors(settings: DecodeConfig, n_categories: int) -> torch.Tensor:
     if n_categories == len(CATEGORIES):  # a table over CATEGORIES (a hand-made one of another width: one floor)
         floors[CATEGORIES.index("dog")] = max(settings.evidence_floor, settings.dog_floor)
     return floors
-
-
-def person_ruled_out(person: torch.Tensor, person_words: torch.Tensor, floor: float) -> torch.Tensor:
-    """P(person) (B,), person_words (V,) 0/1 -> (B, V) 1 where the word is a person word and P < floor."""
-    return (person < floor).float()[:, None] * person_words.to(person)[None, :]
 
 
 def checked_detectors(model: torch.nn.Module, settings: DecodeConfig) -> WordDetectors | None:
@@ -103,9 +104,8 @@ class Evidence:
         self.words = words.to(probs)  # (V, C)
         self.person = person  # (P(person) (B,), person words (V,)) or None: what else reads it (the choice)
         floors = category_floors(settings, probs.shape[1]).to(probs)  # (C,)
-        out = ruled_out_words(probs if seen is None else seen.to(probs), self.words, floors)  # (B, V)
-        if person is not None and settings.person_floor > 0:
-            out = (out + person_ruled_out(person[0].to(probs), person[1], settings.person_floor)).clamp(max=1)
+        out = ruled_out_words(probs if seen is None else seen.to(probs), self.words, floors, person,
+                              settings.person_floor)  # (B, V)
         self.ruled_out = out  # (B, V) 1: the word names an object the heads rule out (a Caption's contradicted)
         self.penalty = -settings.evidence_penalty * out  # (B, V)
         self.bonus = settings.evidence_bonus * probs * (probs >= floors).float()  # (B, C)
