@@ -119,6 +119,7 @@ class Captioner:
         self.device = torch.device(device)
         self.model = _ready(model, self.device, self.dtype)
         prepare(self.model.decoder)  # the packed copies of the step's weights, made before a caption
+        self.model.decoder.make_word_gates()  # and the word-gate table
         self.vocab, self.config, self.metrics = vocab, config, metrics or {}
         self.source = source  # the model file it was loaded from (None: built in memory); each Caption names it
         self.preprocess: Preprocess = build_preprocess(config.model)  # any image input -> (3, S, S); ImageError

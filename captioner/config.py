@@ -179,12 +179,14 @@ class DecodeConfig:
     confidence_fitted: bool = False  # false: no map, captions carry no confidence
     confidence_bias: float = 0.0
     confidence_wide: float = 0.0
+    confidence_consensus: float = 0.0
     confidence_nearest: float = 0.0
     confidence_agreement: float = 0.0
     confidence_margin: float = 0.0
     confidence_log_prob: float = 0.0
     confidence_min_word: float = 0.0
     confidence_objects: float = 0.0
+    confidence_weakest_object: float = 0.0
     confidence_top_p: float = 0.0
     confidence_length: float = 0.0
     sure_at: float = 0.5  # a caption is `sure` where its confidence is at least this (chosen on val)

@@ -62,6 +62,14 @@ def caption_text(at: AppTest) -> str:
     return heads[0].split("”")[0].lstrip("“")
 
 
+def sure_lines(at: AppTest) -> list[str]:
+    """The plain-words line under the caption that says how sure it is (ui/texts.sure_line)."""
+    from captioner.ui.texts import NO_CONFIDENCE
+
+    said = [c.value for c in at.caption] + [i.value for i in at.info]
+    return [x for x in said if x.startswith(("Sure: ", "Not sure (")) or x == NO_CONFIDENCE]
+
+
 BETA = re.compile(r" \(β=(\d\.\d\d)\)$")  # the gate beta after a word: "3. dog (β=0.82)"
 
 
@@ -146,6 +154,7 @@ def test_example_photo_is_captioned_then_beam_size_changes(app):
     at = app.run()
     no_problems(at)
     assert "cat.jpg (451x300)" in photo_caption(at)  # the default example, at its own size and aspect
+    assert sure_lines(at), "no line says how sure the caption is"  # sure, not sure and why, or that it cannot say
     beam(at).set_value(1).run()  # greedy: a non-empty caption even from an untrained model
     words = check_captioned(at)
     # the large view opens on the caption's first noun, then follows the word selector

@@ -47,7 +47,6 @@ def test_random_decoders_find_the_same_hypotheses(seed, beam, max_len, length_pe
 
 
 def test_the_bundled_model_on_real_photos_at_its_stored_settings(bundled, monkeypatch):
-    import captioner.model.decoder as decoder_mod
     from captioner.decoding.evidence import photo_evidence
     from captioner.decoding.reading import read_heads
 
@@ -62,17 +61,13 @@ def test_the_bundled_model_on_real_photos_at_its_stored_settings(bundled, monkey
         got = beam_search_on_device(loaded.model.decoder, feats, ids, settings, evidence)
     same(want, got)
     assert all(len(h) == settings.beam_size for h in want)
-    monkeypatch.setattr(decoder_mod, "whole_table", lambda device: True)  # as on a GPU
     with NoHostSync():  # the product's step (evidence, person floor, every rule) queued without a read
         found = search_on_device(loaded.model.decoder, feats, ids, settings, evidence, check_every=1000)
     same(want, found.hypotheses())
 
 
 def test_no_host_sync_between_checks(monkeypatch):
-    """On a GPU the step's word-gate table is made whole once (model/decoder.whole_table): emulated here."""
-    import captioner.model.decoder as decoder_mod
-
-    monkeypatch.setattr(decoder_mod, "whole_table", lambda device: True)
+    """The step's word-gate table is made whole (Decoder.make_word_gates): no read of which words are known."""
     torch.manual_seed(0)
     dec = Decoder(40, 16, 12, 20, 10, 0.0).eval()
     feats = torch.rand(2, 9, 16)

@@ -31,6 +31,49 @@ def literal_step(dec: Decoder, state, words: torch.Tensor, feats: torch.Tensor, 
     return dec.step(state, emb, dec.gates_embed(emb), feats, dec.attention.project(feats), context, literal=True)
 
 
+@torch.no_grad()
+def test_literal_ignores_both_tables():
+    """Decoder.step(..., literal=True) is the whole oracle: the word-gate and W_z a_i tables a caller passes are not
+    read (garbage in them changes nothing), so a test reaches the equations without avoiding the tables itself."""
+    dec = tiny_decoder(12).eval()
+    feats, words = torch.rand(2, P, D), torch.tensor([4, 5])
+    state, proj = dec.init_state(feats), dec.attention.project(feats)
+    emb, gates = dec.embed(words)
+    want = dec.step(state, emb, gates, feats, proj, literal=True)
+    got = dec.step(state, emb, torch.full_like(gates, 1e3), feats, proj, ctx_gates=torch.full((2, P, gates.shape[1]),
+                   -1e3), literal=True)
+    for a, b in zip(want[:3], got[:3]):
+        assert torch.equal(a, b)
+
+
+def test_the_context_table_refuses_a_bias():
+    """The W_z a_i table holds only because W_z has no bias: a decoder given one is refused, not silently wrong."""
+    dec = tiny_decoder(12)
+    dec.gates_context.bias = torch.nn.Parameter(torch.zeros(dec.gates_context.out_features))
+    with pytest.raises(ValueError, match="without a bias"):
+        dec.context_gates(torch.rand(1, P, D))
+
+
+def test_inference_mode_and_ordinary_calls_mix():
+    """The word-gate table made under torch.inference_mode serves later no_grad calls and autograd calls still get
+    gradients, in any order (the table is never an inference tensor that autograd would have to read)."""
+    dec = tiny_decoder(12)
+    words = torch.tensor([[4, 5, 4], [7, 4, 11]])
+    want = lambda: dec.gates_embed(dec.embedding(words))  # noqa: E731 - the plain product
+    with torch.inference_mode():
+        torch.testing.assert_close(dec.embed(words)[1], want())
+    with torch.no_grad():
+        torch.testing.assert_close(dec.embed(torch.tensor([5, 6, 9]))[1], dec.gates_embed(dec.embedding(
+            torch.tensor([5, 6, 9]))))
+    dec.embed(words)[1].sum().backward()
+    assert dec.gates_embed.weight.grad is not None
+    with torch.no_grad():
+        dec.gates_embed.weight.add_(0.25)
+        torch.testing.assert_close(dec.embed(words)[1], want())
+    with torch.inference_mode():
+        torch.testing.assert_close(dec.embed(words)[1], want())
+
+
 @pytest.mark.parametrize("hard", [False, True])
 def test_the_step_equals_the_literal_step(hard, monkeypatch):
     """Decoder.step as decoding runs it on a CPU (sigmoid form in blocks, few-row products, word-gate lookup,
@@ -91,7 +134,7 @@ def test_beam_search_on_real_photos_equals_the_literal_step(bundled, flickr, one
     step = Decoder.step
 
     def literal(self, state, emb, emb_gates, feats, feat_proj, context="expected", ctx_gates=None):
-        return step(self, state, emb, self.gates_embed(emb), feats, feat_proj, context, None, literal=True)
+        return step(self, state, emb, emb_gates, feats, feat_proj, context, ctx_gates, literal=True)  # tables ignored
     monkeypatch.setattr(Decoder, "step", literal)
     ref_beam, ref_greedy = caption_photos(bundled, photos), caption_photos(bundled, photos, beam_size=1)
     for a, b in zip(fast_beam + fast_greedy, ref_beam + ref_greedy):

@@ -159,7 +159,7 @@ def _confidence(sure: dict) -> dict:
     """The confidence map judged out of fold on each set, its threshold, and the map fitted on every photo."""
     import dataclasses as dc
 
-    from captioner.evaluation.confidence_fit import fit, out_of_fold, summary, threshold
+    from captioner.evaluation.confidence_fit import fit_sets, out_of_fold, summary, threshold
 
     oof = out_of_fold(sure)
     at = threshold(oof)
@@ -174,8 +174,7 @@ def _confidence(sure: dict) -> dict:
                                        for k, v in s["coverage"].items()))
         print("  reliability " + ", ".join(f"{r['bin']}: {r['photos']} at {r['confidence']:.2f} -> {r['good']:.2f}"
                                           for r in s["reliability"]))
-    every = [r for rows in sure.values() for r in rows]
-    fitted = dc.replace(fit(every), sure_at=at)
+    fitted = dc.replace(fit_sets(sure), sure_at=at)
     report["decode"] = fitted.as_settings()
     report["rows"] = {n: [{"image": r.image_id, "caption": r.caption, "cider": r.cider, "confidence": c,
                            "hallucinates": r.hallucinates, "signals": r.signals} for r, c in zip(rows, oof[n])]

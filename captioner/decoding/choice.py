@@ -128,7 +128,7 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
     if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
         return [list(h) for h in hyps]
     # what to compute: the choice's signals, and with how_sure those the confidence reads (weight 0: no effect)
-    needed = Weights(tuple(v or float(how_sure and s in ("wide", "agreement", "log_prob", "objects"))
+    needed = Weights(tuple(v or float(how_sure and s in ("consensus", "wide", "agreement", "log_prob", "objects"))
                            for s, v in zip(SIGNALS, weights.values)))
     k = int(settings.consensus_k)
     cosines, nearest = memory.nearest_with_cosines(feats, WIDE * k if needed["wide"] else k)  # (B, k') nearest first
@@ -152,9 +152,8 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
             h.signals = dict(zip(SIGNALS, row))
         ordered = [cands[i] for i in sorted(range(len(cands)), key=lambda i: -total[i])]  # stable on ties
         if how_sure:
-            top_p = 0.0 if probs is None else float(probs[image].max())
             best = ordered[0]
-            best.sure_signals = sure_signals(ordered, float(cosines[image, 0]), top_p)
+            best.sure_signals = sure_signals(ordered, float(cosines[image, 0]), p, categories, who)
             best.confidence = None if fitted is None else fitted(best.sure_signals)
         out.append(ordered)
     return out

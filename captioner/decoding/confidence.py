@@ -7,6 +7,7 @@ least GOOD_CIDER, estimated by a logistic map of cheap signals of the chosen cap
 
     wide       CIDEr-D of the caption with the captions of the WIDE x consensus_k nearest training photos
                (choice.py): what people said of photos like this one
+    consensus  the same with the consensus_k nearest: what people said of the photos most like this one
     nearest    cosine of the photo's pooled features with its nearest training photo (consensus.py): how unlike
                anything learned the photo is
     agreement  CIDEr-D of the caption with the beam's other candidates: whether the beam hesitated
@@ -14,6 +15,8 @@ least GOOD_CIDER, estimated by a logistic map of cheap signals of the chosen cap
     log_prob   the model's log-probability per token (<end> included)
     min_word   the least probable word's log-probability
     objects    sum over the COCO categories the caption names of P(category) - OBJECT_P (choice.py)
+    weakest_object  the least P(category) among the categories the caption names (a person word: the person
+               detector's P where the file has one), 1 when it names none: the object most likely not there
     top_p      the encoder's head's largest P(category): whether it sees anything it knows
     length     words
 
@@ -31,10 +34,13 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import torch
+
 from ..config import DecodeConfig
 from .hypotheses import Hypothesis
 
-SIGNALS = ("wide", "nearest", "agreement", "margin", "log_prob", "min_word", "objects", "top_p", "length")
+SIGNALS = ("wide", "consensus", "nearest", "agreement", "margin", "log_prob", "min_word", "objects", "weakest_object",
+           "top_p", "length")
 GOOD_CIDER = 0.5  # the label: a caption is good where its per-photo CIDEr-D is at least this
 
 
@@ -65,17 +71,34 @@ class ConfidenceMap:
                 "sure_at": round(self.sure_at, 6)}
 
 
-def signals(ordered: Sequence[Hypothesis], nearest_cosine: float, top_p: float) -> dict[str, float]:
+def signals(ordered: Sequence[Hypothesis], nearest_cosine: float, probs: torch.Tensor | None,
+            categories: torch.Tensor | None, person: tuple[float, torch.Tensor] | None) -> dict[str, float]:
     """The signals of a photo's chosen caption (`ordered[0]`, the choice's order, every choice signal computed:
     choice.signals) -> {signal: value}. nearest_cosine: the photo's cosine with its nearest training photo;
-    top_p: the head's largest P(category) (0 without a head)."""
+    probs (C,): the head's P(category), or None without a head; categories (V, C) bool: which words name which
+    category; person: (P(person), the person words (V,) 0/1) from the file's person detector, or None."""
     best, s = ordered[0], ordered[0].signals or {}
     lps = best.word_logps
-    return {"wide": s.get("wide", 0.0), "nearest": float(nearest_cosine), "agreement": s.get("agreement", 0.0),
+    return {"wide": s.get("wide", 0.0), "consensus": s.get("consensus", 0.0), "nearest": float(nearest_cosine),
+            "agreement": s.get("agreement", 0.0),
             "margin": float(best.choice - ordered[1].choice) if len(ordered) > 1 and best.choice is not None else 0.0,
             "log_prob": s.get("log_prob", best.log_prob / (len(best.tokens) + 1)),
             "min_word": float(lps.min()) if lps is not None and len(lps) else 0.0,
-            "objects": s.get("objects", 0.0), "top_p": float(top_p), "length": float(len(best.tokens))}
+            "objects": s.get("objects", 0.0), "weakest_object": weakest_object(best.tokens, probs, categories, person),
+            "top_p": 0.0 if probs is None else float(probs.max()), "length": float(len(best.tokens))}
+
+
+def weakest_object(tokens: Sequence[int], probs: torch.Tensor | None, categories: torch.Tensor | None,
+                   person: tuple[float, torch.Tensor] | None) -> float:
+    """The least P among the categories the words name (person words: the person detector's P), 1 for none."""
+    if probs is None or categories is None or not tokens:
+        return 1.0
+    ids = torch.tensor(list(tokens))  # (L,)
+    named = categories[ids].amax(0) > 0  # (C,)
+    out = [float(probs[named].min())] if bool(named.any()) else []
+    if person is not None and bool(person[1][ids].any()):
+        out.append(float(person[0]))
+    return min(out, default=1.0)
 
 
 # below these a signal is weak (about the val sets' lowest third of good captions): what why_unsure names

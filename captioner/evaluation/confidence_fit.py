@@ -43,11 +43,14 @@ def _matrix(rows: Sequence[Row]) -> torch.Tensor:
     return torch.tensor([[r.signals[s] for s in SIGNALS] for r in rows], dtype=torch.float64)  # (N, S)
 
 
-def fit(rows: Sequence[Row], ridge: float = 1e-2, sure_at: float = 0.5) -> ConfidenceMap:
+def fit(rows: Sequence[Row], ridge: float = 1e-2, sure_at: float = 0.5,
+        weights: Sequence[float] | None = None) -> ConfidenceMap:
     """The logistic map fitted on `rows` by Newton's method (L2 penalty `ridge` x N on the standardised weights,
-    none on the bias)."""
+    none on the bias); weights (N,): each row's weight in the likelihood (balanced_weights: each set alike)."""
     x = _matrix(rows)
     y = torch.tensor([float(r.cider >= GOOD_CIDER) for r in rows], dtype=torch.float64)  # (N,)
+    v = torch.ones(len(rows), dtype=x.dtype) if weights is None else torch.tensor(list(weights), dtype=x.dtype)
+    v = v * len(rows) / v.sum()  # (N,) summing to N: the ridge means the same with or without weights
     mean, scale = x.mean(0), x.std(0).clamp_min(1e-9)  # (S,)
     xs = torch.cat([torch.ones(len(x), 1, dtype=x.dtype), (x - mean) / scale], 1)  # (N, 1 + S)
     penalty = ridge * len(x) * torch.eye(xs.shape[1], dtype=x.dtype)
@@ -55,8 +58,8 @@ def fit(rows: Sequence[Row], ridge: float = 1e-2, sure_at: float = 0.5) -> Confi
     beta = torch.zeros(xs.shape[1], dtype=x.dtype)
     for _ in range(50):
         p = torch.sigmoid(xs @ beta)  # (N,)
-        grad = xs.T @ (p - y) + penalty @ beta
-        hess = (xs * (p * (1 - p)).unsqueeze(1)).T @ xs + penalty
+        grad = xs.T @ (v * (p - y)) + penalty @ beta
+        hess = (xs * (v * p * (1 - p)).unsqueeze(1)).T @ xs + penalty
         step = torch.linalg.solve(hess, grad)
         beta = beta - step
         if float(step.abs().max()) < 1e-10:
@@ -65,16 +68,32 @@ def fit(rows: Sequence[Row], ridge: float = 1e-2, sure_at: float = 0.5) -> Confi
     return ConfidenceMap(float(beta[0] - (w * mean).sum()), tuple(w.tolist()), sure_at)
 
 
+def balanced_weights(sets: dict[str, list[Row]]) -> dict[str, float]:
+    """Each set's row weight so that every set counts alike in the fit (Flickr8k's 1,000 val photos would
+    otherwise set the base rate that COCO's few hundred are calibrated to)."""
+    return {name: 1.0 / (len(sets) * len(rows)) for name, rows in sets.items() if rows}
+
+
+def fit_sets(sets: dict[str, list[Row]], ridge: float = 1e-2, sure_at: float = 0.5) -> ConfidenceMap:
+    """The map fitted on every set's rows, each set weighed alike."""
+    w = balanced_weights(sets)
+    return fit([r for rows in sets.values() for r in rows], ridge, sure_at,
+               [w[n] for n, rows in sets.items() for _ in rows])
+
+
 def out_of_fold(sets: dict[str, list[Row]], folds: int = 5, seed: int = 0, ridge: float = 1e-2
                 ) -> dict[str, list[float]]:
-    """Each photo's confidence from a map fitted without it (k folds over every set's photos at once)."""
+    """Each photo's confidence from a map fitted without it (k folds over every set's photos at once, each set
+    weighed alike)."""
+    w = balanced_weights(sets)
     items = [(name, i) for name, rows in sets.items() for i in range(len(rows))]
     order = list(range(len(items)))
     random.Random(seed).shuffle(order)
     fold_of = {j: f % folds for f, j in enumerate(order)}
     out = {name: [0.0] * len(rows) for name, rows in sets.items()}
     for f in range(folds):
-        fitted = fit([sets[n][i] for j, (n, i) in enumerate(items) if fold_of[j] != f], ridge)
+        train = [(n, i) for j, (n, i) in enumerate(items) if fold_of[j] != f]
+        fitted = fit([sets[n][i] for n, i in train], ridge, weights=[w[n] for n, _ in train])
         for j, (n, i) in enumerate(items):
             if fold_of[j] == f:
                 out[n][i] = fitted(sets[n][i].signals)

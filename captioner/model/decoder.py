@@ -24,9 +24,8 @@ eq. 4-6):
   sum_i alpha_ti a_i is linear in the a_i, so W_z z_t = beta_t sum_i alpha_ti (W_z a_i): a beam step reads
   a (P, 4H) table per image instead of multiplying its rows by W_z, the step's largest product (so does
   teacher forcing of a few sentences without autograd: explain, grounding);
-- each word's W_e E y computed once without autograd (`embed`): a (V, 4H) table kept by the decoder, filled
-  as words first occur (on a CPU) or whole at once (elsewhere: reading back which words are known would wait
-  for the device at every step), dropped when either weight changes or moves.
+- each word's W_e E y computed once without autograd (`embed`): a (V, 4H) table kept by the decoder, made whole
+  at load (`make_word_gates`) and again when either weight changes or moves.
 
 Hard attention (model.attention=hard, section 4.1) changes only how `recur` forms z_t: its `context`
 argument says expected (soft), sampled or argmax location (attention.locate). Training samples
@@ -48,12 +47,6 @@ from .packed_linear import linear
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
 FEW_SENTENCES = 16  # teacher forcing of up to this many sentences without autograd reads the W_z a_i table
-
-
-def whole_table(device: torch.device) -> bool:
-    """Whether the word-gate table is made whole the first time (a GPU: no read of which words are known, a
-    host sync per step) rather than filled as words occur (a CPU: a few rows per step are cheaper)."""
-    return device.type != "cpu"
 
 
 class TeacherForced(NamedTuple):
@@ -84,7 +77,7 @@ class Decoder(nn.Module):
         self.out_context = nn.Linear(feat_dim, embed_dim)  # L_z
         self.dropout = nn.Dropout(dropout)
         self.out_vocab = nn.Linear(embed_dim, vocab_size)  # L_o
-        self._word_gates: tuple | None = None  # (key of the weights, (V, 4H) W_e E y, (V,) rows known): `embed`
+        self._word_gates: tuple | None = None  # (key of the weights, (V, 4H) W_e E y): `embed` without autograd
         if self.hard:  # REINFORCE baseline b of log p(y|s,a) (loss.py); a buffer, so checkpoints and resume keep it
             self.register_buffer("reinforce_baseline", torch.zeros(()))
         self.reset_parameters()
@@ -109,26 +102,28 @@ class Decoder(nn.Module):
 
     def _word_gates_of(self, words: torch.Tensor) -> torch.Tensor:
         """W_e E y of `words` (...,) -> (..., 4H) from the (V, 4H) table: a beam step looks its K rows up instead
-        of a (K, E) x (E, 4H) product. Dropped when either weight changes (training steps bump their versions)
-        or moves; rows are written before they are marked known, and identical values may be written twice
-        (concurrent callers)."""
+        of a (K, E) x (E, 4H) product. The table is made whole (make_word_gates: at load, and again when either
+        weight has changed or moved since: a training step bumps its version)."""
         w_emb, w_gate = self.embedding.weight, self.gates_embed.weight
         key = (w_emb._version, w_gate._version, w_emb.data_ptr(), w_gate.data_ptr(), w_gate.dtype, w_gate.device)
-        whole = whole_table(w_gate.device)
         if self._word_gates is None or self._word_gates[0] != key:
-            table = (linear(self.gates_embed, w_emb) if whole
-                     else w_gate.new_empty(self.vocab_size, w_gate.shape[0]))  # (V, 4H)
-            self._word_gates = key, table, torch.full((self.vocab_size,), whole, dtype=torch.bool, device=w_gate.device)
-        _, table, known = self._word_gates
-        if not whole and not bool(known[words].all()):  # whole: no read of `known` (a host sync per step on a GPU)
-            new = words[~known[words]].unique()  # (n,) words seen for the first time
-            table[new] = linear(self.gates_embed, self.embedding(new))  # (n, 4H)
-            known[new] = True
-        return table[words]  # (..., 4H)
+            self.make_word_gates()
+        return self._word_gates[1][words]  # (..., 4H)
+
+    @torch.no_grad()
+    def make_word_gates(self) -> None:
+        """The word-gate table W_e E y of every word at once (V, 4H), one product (api.Captioner calls it at load).
+        Made as an ordinary tensor even under torch.inference_mode, so later calls in either mode may read it."""
+        w_emb, w_gate = self.embedding.weight, self.gates_embed.weight
+        key = (w_emb._version, w_gate._version, w_emb.data_ptr(), w_gate.data_ptr(), w_gate.dtype, w_gate.device)
+        with torch.inference_mode(False), torch.no_grad():
+            self._word_gates = key, linear(self.gates_embed, w_emb.clone() if w_emb.is_inference() else w_emb)
 
     def context_gates(self, feats: torch.Tensor) -> torch.Tensor:
         """W_z a_i for every region: feats (B, P, D) -> (B, P, 4H), once per image, for the `ctx_gates` of
         `recur` and `step` (beam search: its K rows per image read it at every step)."""
+        if self.gates_context.bias is not None:  # beta sum_i alpha_i (W_z a_i + b) = W_z z + beta b, not W_z z + b
+            raise ValueError("the W_z a_i table needs gates_context without a bias (the LSTM's bias is W_hh's)")
         return linear(self.gates_context, feats)  # (B, P, 4H)
 
     def recur(self, state: State, emb_gates: torch.Tensor, feats: torch.Tensor, feat_proj: torch.Tensor,
@@ -145,7 +140,10 @@ class Decoder(nn.Module):
         where = locate(alpha, context)  # (B*G,) or None
         weights = alpha if where is None else F.one_hot(where, alpha.shape[1]).to(alpha.dtype)  # (B*G, P)
         z = glimpse(feats, weights, beta)  # (B*G, D): eq. 6 (or 8)
-        z_gates = linear(self.gates_context, z, literal) if ctx_gates is None else glimpse(ctx_gates, weights, beta)  # W_z z
+        if ctx_gates is None or literal:  # literal: the oracle never reads the table
+            z_gates = linear(self.gates_context, z, literal)  # (B*G, 4H): W_z z
+        else:
+            z_gates = glimpse(ctx_gates, weights, beta)  # (B*G, 4H): beta sum_i alpha_i (W_z a_i) = W_z z
         gates = emb_gates + z_gates + linear(self.gates_hidden, h, literal)  # (B*G, 4H): eq. 1, W [E y; z; h] + b
         i, f, g, o = gates.chunk(4, dim=1)  # input, forget, candidate, output: (B*G, H) each
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B*G, H): c_t
@@ -171,6 +169,8 @@ class Decoder(nn.Module):
         """One word: recur then output. emb (B*G, E), emb_gates (B*G, 4H) from `embed`, the rest as in
         `recur` -> logits (B*G, V), alpha (B*G, P), beta (B*G,), new state. context: how a hard model
         attends (decode.hard_context, or "sample"); a soft model always uses the expected context."""
+        if literal:  # the oracle: W_e E y by a plain product, never the word-gate table
+            emb_gates = F.linear(emb, self.gates_embed.weight, self.gates_embed.bias)  # (B*G, 4H)
         z, alpha, beta, _, state = self.recur(state, emb_gates, feats, feat_proj, context if self.hard else "expected",
                                               ctx_gates, literal)
         return self.output(emb, state[0], z, literal), alpha, beta, state
