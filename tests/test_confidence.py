@@ -96,13 +96,13 @@ def _caption(confidence: float | None, sure_at: float = 0.5, **signals: float) -
 
     cap = Caption("a dog on the grass", ["a", "dog", "on", "the", "grass"], np.zeros((5, 1, 1)), -3.0,
                   [("a cat on the grass", -3.5)], confidence=confidence,
-                  sure_signals=_signals(**{"nearest": 0.9, "agreement": 0.8, "wide": 0.5, **signals}))
+                  sure_signals=_signals(**{"nearest": 0.9, "agreement": 6.0, "wide": 0.5, **signals}))
     cap.settings = dataclasses.asdict(DecodeConfig(sure_at=sure_at))
     return cap
 
 
 def test_a_caption_says_how_sure_and_why_not():
-    sure, unsure, none = _caption(0.8), _caption(0.2, agreement=0.1), _caption(None)
+    sure, unsure, none = _caption(0.8), _caption(0.2, agreement=1.0), _caption(None)
     assert sure.sure is True and sure.doubt is None
     assert unsure.sure is False and "a cat on the grass" in unsure.doubt  # it hesitated between the two
     assert none.sure is None and none.doubt is None

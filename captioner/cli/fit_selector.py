@@ -159,11 +159,14 @@ def _confidence(sure: dict) -> dict:
     """The confidence map judged out of fold on each set, its threshold, and the map fitted on every photo."""
     import dataclasses as dc
 
-    from captioner.evaluation.confidence_fit import fit_sets, out_of_fold, summary, threshold
+    from captioner.evaluation.confidence_fit import fit_sets, kept_signals, out_of_fold, summary, threshold
 
-    oof = out_of_fold(sure)
+    kept, table = kept_signals(sure)
+    print("out-of-fold mean AUROC (bottom third of CIDEr): " + ", ".join(f"{k} {v:.3f}" for k, v in table.items()))
+    print(f"kept: {', '.join(kept)}")
+    oof = out_of_fold(sure, use=kept)
     at = threshold(oof)
-    report = {"sure_at": at, "out of fold": {}}
+    report = {"signals": table, "kept": kept, "sure_at": at, "out of fold": {}}
     for name, rows in sure.items():
         s = report["out of fold"][name] = summary(oof[name], rows, at)
         print(f"{name}: {s['photos']} photos, good {s['good']:.2f}, AUROC {s['AUROC good']:.3f} (bottom third "
@@ -174,7 +177,7 @@ def _confidence(sure: dict) -> dict:
                                        for k, v in s["coverage"].items()))
         print("  reliability " + ", ".join(f"{r['bin']}: {r['photos']} at {r['confidence']:.2f} -> {r['good']:.2f}"
                                           for r in s["reliability"]))
-    fitted = dc.replace(fit_sets(sure), sure_at=at)
+    fitted = dc.replace(fit_sets(sure, use=kept), sure_at=at)
     report["decode"] = fitted.as_settings()
     report["rows"] = {n: [{"image": r.image_id, "caption": r.caption, "cider": r.cider, "confidence": c,
                            "hallucinates": r.hallucinates, "signals": r.signals} for r, c in zip(rows, oof[n])]

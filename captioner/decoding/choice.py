@@ -127,9 +127,10 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
     how_sure = fitted is not None if how_sure is None else how_sure
     if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
         return [list(h) for h in hyps]
-    # what to compute: the choice's signals, and with how_sure those the confidence reads (weight 0: no effect)
-    needed = Weights(tuple(v or float(how_sure and s in ("consensus", "wide", "agreement", "log_prob", "objects"))
-                           for s, v in zip(SIGNALS, weights.values)))
+    # what to compute: the choice's signals, and with how_sure those the confidence reads or names when unsure
+    # (a fitted map: its weighed signals and the agreement; none: every one, as the fit needs); weight 0 adds nothing
+    sure_needs = {s for s in SIGNALS if how_sure and (fitted is None or s == "agreement" or fitted.weighs(s))}
+    needed = Weights(tuple(v or float(s in sure_needs) for s, v in zip(SIGNALS, weights.values)))
     k = int(settings.consensus_k)
     cosines, nearest = memory.nearest_with_cosines(feats, WIDE * k if needed["wide"] else k)  # (B, k') nearest first
     nearest = nearest.tolist()

@@ -64,6 +64,10 @@ class ConfidenceMap:
         z = self.bias + sum(w * signals[s] for s, w in zip(SIGNALS, self.weights))
         return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
 
+    def weighs(self, signal: str) -> bool:
+        """Whether the map reads this signal (a weight other than 0; a signal it does not know: False)."""
+        return signal in SIGNALS and self.weights[SIGNALS.index(signal)] != 0
+
     def as_settings(self) -> dict[str, float | bool]:
         """The decode settings that store this map (captioner-export --set decode.<key>=<value>)."""
         return {"confidence_fitted": True, "confidence_bias": round(self.bias, 6),
@@ -101,11 +105,12 @@ def weakest_object(tokens: Sequence[int], probs: torch.Tensor | None, categories
     return min(out, default=1.0)
 
 
-# below these a signal is weak (about the val sets' lowest third of good captions): what why_unsure names
-FEW_LIKE = 0.80  # nearest: the photo's cosine with its nearest training photo
-HESITATED = 0.5  # agreement: CIDEr-D with the beam's other candidates
-GUESSED = -3.0  # min_word: a word the model gave under 5%
-UNLIKE_PEOPLE = 0.3  # wide: CIDEr-D with what people said of the nearest training photos
+# below these a signal is weak: about the lowest tenth of the val sets' photos (coco-paired val, Flickr8k val,
+# coco-mini), what why_unsure names
+FEW_LIKE = 0.55  # nearest: the photo's cosine with its nearest training photo (val medians .60-.68)
+HESITATED = 3.0  # agreement: CIDEr-D with the beam's other candidates (val medians 5.3-5.8)
+GUESSED = -3.5  # min_word: its least probable word under 3% (val medians -2.1 to -2.9)
+UNLIKE_PEOPLE = 0.2  # wide: CIDEr-D with what people said of the nearest training photos (val medians .35-.40)
 
 
 def why_unsure(signals: dict[str, float], alternative: str | None) -> str:
