@@ -107,7 +107,8 @@ class TrainConfig:
     lr_patience: int = 1  # ... for this many epochs
     warmup_steps: int = 0  # the lr rises linearly over the first N optimizer steps (any schedule; 0 = off)
     min_lr: float = 0.0  # cosine/linear: the lr of the run's last step (encoder_lr ends at the same fraction)
-    accumulate: int = 1  # micro-batches of batch_images summed into one optimizer step (effective batch: k x B)
+    accumulate: int = 1  # k: batches of k x batch_images, each read as k micro-batches of batch_images whose
+    # gradients are summed into one optimizer step (the run of a k-times batch on the memory of one)
     ema_decay: float = 0.0  # an exponential moving average of the trained weights (e.g. 0.999; 0 = off): validation,
     # best.safetensors and the kept epochs use the average (training/ema.py)
     early_stop_patience: int = 4  # stop after this many epochs without improvement
@@ -129,7 +130,7 @@ class TrainConfig:
     extend_vocab: bool = False  # with init_from: + the captions' new words (old words keep ids, rows: new_words.py)
     new_words_lr_factor: float = 1.0  # with extend_vocab: Adam's steps on the new words' rows x this
     new_words_only: bool = False  # with extend_vocab: only the new words' rows move (the rest stays the start's)
-    min_epoch_batches: int = 0  # a small training set is passed over again until an epoch has this many batches
+    min_epoch_batches: int = 0  # a small training set is passed over again until an epoch has this many steps
     scst_samples: int = 5  # K sampled captions per image
     scst_baseline: str = "mean"  # SCST_BASELINES: mean (of the image's other samples) | greedy (greedy caption's reward)
     scst_max_len: int = 20  # longest sampled caption (words + <end>)

@@ -117,6 +117,55 @@ def test_two_accumulated_half_batches_make_the_full_batch_step(clip):
         assert torch.allclose(a, b, rtol=0, atol=1e-6)
     assert float(halves.grad_norm) == pytest.approx(float(full.grad_norm), rel=1e-5) and float(full.grad_norm) > clip
     assert halves.weight == full.weight and halves.logs["xent"] == pytest.approx(full.logs["xent"], rel=1e-5)
+    # the penalty is per caption: 6 and 12 captions, whose token counts are in another ratio, log the 18's mean
+    assert halves.logs["penalty"] == pytest.approx(full.logs["penalty"], rel=1e-5)
+    assert halves.counts["penalty"] == len(collate(samples).lengths) == 18
+
+
+def test_the_sampler_forms_each_step_at_the_accumulated_batch_and_splits_it_in_turn():
+    """k micro-batches of B per step read exactly the photos of the kB batch (sorted, shuffled and sharded at kB),
+    in order; a step with fewer photos than kB (the epoch's last) splits into fewer micro-batches."""
+    from captioner.data.dataset import BucketBatchSampler
+    from captioner.data.loader import MicroBatches, RankBatches
+
+    lengths = [float(3 + (i * 7) % 11) for i in range(41)]
+    big = BucketBatchSampler(lengths, 8, seed=5)
+    split = MicroBatches(lambda samples: list(samples), 2)  # "collate": the samples themselves
+    for rank in (0, 1):
+        steps = list(RankBatches(big, rank, 2))
+        assert steps and all(sum(split(s), []) == s for s in steps)
+        assert all(len(m) == 2 for s in steps for m in split(s)[:-1])
+    last = split(list(range(5)))
+    assert [len(m) for m in last] == [2, 2, 1]
+    assert MicroBatches(lambda samples: None, 2)(list(range(4))) == []  # all unreadable: no micro-batch
+
+
+@pytest.mark.slow
+def test_an_accumulated_run_logs_the_large_batch_run_step_by_step(tmp_path):
+    """configs/tiny.yaml on 8 real photos for two epochs: batch_images=2 accumulate=2 and batch_images=4 train on the
+    same photos in the same steps, so every step logs the same cross-entropy, attention penalty, gradient norm and
+    rate to float rounding, and the epochs' averages agree too."""
+    from captioner.logs import read_jsonl
+    from captioner.training.engine import fit
+
+    from .conftest import need_flickr
+
+    def run(out: str, *sets: str) -> list[dict]:
+        cfg = load_config("configs/tiny.yaml", [
+            f"data.root={need_flickr()}", f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path / out}",
+            "train.val_limit=2", "train.tensorboard=false", "train.checkpoint_every=0", *sets])
+        fit(cfg, log=lambda _: None, progress=False)
+        return read_jsonl(tmp_path / out / "metrics.jsonl")
+
+    small = run("accumulated", "train.batch_images=2", "train.accumulate=2")
+    large = run("large", "train.batch_images=4")
+    steps = [r for r in large if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    for a, b in zip(small, large, strict=True):
+        assert (a["kind"], a["step"]) == (b["kind"], b["step"])
+        for key in ("xent", "penalty", "grad_norm", "lr", "train_xent", "train_penalty"):
+            if key in b:
+                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), (a["step"], key)
 
 
 def test_bf16_where_the_gpu_has_it_else_fp16_with_a_scaler():

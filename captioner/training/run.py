@@ -48,7 +48,7 @@ class TrainState:
     an epoch's steps but before its validation ends (validating) resumes with that validation."""
 
     epoch: int = 0  # epochs whose steps are done
-    batch_in_epoch: int = 0  # batches done in the current epoch (mid-epoch resume)
+    batch_in_epoch: int = 0  # optimizer steps' batches done in the current epoch (mid-epoch resume)
     step: int = 0
     lr: float = 0.0
     best_metric: float = -math.inf
@@ -61,6 +61,7 @@ class TrainState:
     # the current epoch's running sums (saved mid-epoch: a resumed epoch averages what an uninterrupted one does)
     epoch_sums: dict[str, float] = field(default_factory=dict)
     epoch_weight: int = 0
+    epoch_counts: dict[str, float] = field(default_factory=dict)  # what each sum's log is a mean over (Terms.count)
     epoch_batches: int = 0
     epoch_seconds: float = 0.0
     epoch_stats: dict[str, float] = field(default_factory=dict)  # the finished epoch's averages, for validation
@@ -91,7 +92,7 @@ class Run:
     dataset: Any  # FeatureDataset | ImageDataset | ActivationDataset
     collate_fn: Callable
     sampler: BucketBatchSampler
-    batches: RankBatches  # this rank's share of the sampler's batches
+    batches: RankBatches  # this rank's share of the sampler's batches (one per optimizer step)
     val_sets: list[ValSet]  # one per caption set: cached features/activations, or None (encode the images each time)
     # where the run stands (saved with every resumable checkpoint)
     state: TrainState
@@ -262,8 +263,11 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     train, val, start = _begin(cfg, place)
     model = _placed_model(cfg, start, place)
     data = build_data(cfg, model, start.vocab, train, val, place)
-    sampler = BucketBatchSampler(data.mean_lengths, cfg.train.batch_images, seed=cfg.train.seed,
-                                 weights=data.weights or None, min_batches=cfg.train.min_epoch_batches)
+    # one batch per optimizer step (batch_images x accumulate), split into micro-batches as it is read (loader.py):
+    # length sorting, shuffling and sharding see the step's batch, so accumulation k is the k-times batch's run
+    sampler = BucketBatchSampler(data.mean_lengths, cfg.train.batch_images * cfg.train.accumulate,
+                                 seed=cfg.train.seed, weights=data.weights or None,
+                                 min_batches=cfg.train.min_epoch_batches)
     train_module, optimizer, new_words = _model_side(cfg, place, model, start, data)
     _random_states(cfg, start.resume, place)
     out = Path(cfg.train.out_dir)
