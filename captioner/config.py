@@ -111,7 +111,7 @@ class TrainConfig:
     # gradients are summed into one optimizer step (the run of a k-times batch on the memory of one)
     ema_decay: float = 0.0  # an exponential moving average of the trained weights (e.g. 0.999; 0 = off): validation,
     # best.safetensors and the kept epochs use the average (training/ema.py)
-    early_stop_patience: int = 4  # stop after this many epochs without improvement
+    early_stop_patience: int = 4  # stop after this many epochs without improvement; 0 = off (train every epoch)
     val_metric: str = "Bleu_4"  # one of VAL_METRICS, computed on decoded captions
     val_beam_size: int = 1  # 1 = greedy during validation (fast); the metric is still a real decoding metric
     val_limit: int = 0  # validate on the first N val images (0 = all)
@@ -143,6 +143,11 @@ class TrainConfig:
     hard_reinforce: float = 1.0  # lambda_r of eq. 12 (arctic-captions: 1/10, on a per-step reward)
     hard_entropy: float = 0.002  # lambda_e: entropy bonus (arctic-captions alpha_entropy_c=0.002)
     hard_baseline_decay: float = 0.9  # b <- decay * b + (1 - decay) * mean log p(y|s,a) of the batch
+
+    def out_of_patience(self, bad_epochs: int) -> bool:
+        """Whether early stopping ends the run after `bad_epochs` epochs without improvement (never when
+        early_stop_patience is 0: off)."""
+        return bool(self.early_stop_patience) and bad_epochs >= self.early_stop_patience
 
 
 @dataclass
@@ -420,5 +425,8 @@ def check_steps(train: TrainConfig, source: str = "config") -> None:
         raise ValueError(f"{source}: train.warmup_steps must be >= 0, got {train.warmup_steps}")
     if not 0 <= train.ema_decay < 1:
         raise ValueError(f"{source}: train.ema_decay must lie in [0, 1) (0 = no average), got {train.ema_decay:g}")
+    if train.early_stop_patience < 0:
+        raise ValueError(f"{source}: train.early_stop_patience must be >= 0 (0 = no early stopping), "
+                         f"got {train.early_stop_patience}")
     if not 0 <= train.min_lr <= train.lr:
         raise ValueError(f"{source}: train.min_lr must lie in [0, train.lr={train.lr:g}], got {train.min_lr:g}")

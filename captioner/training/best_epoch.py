@@ -66,7 +66,7 @@ def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
             state.since_decay = 0
             log(f"  no improvement: learning rate x{cfg.train.lr_decay} -> {run.optimizer.param_groups[0]['lr']:.2e}")
     state.lr = run.optimizer.param_groups[0]["lr"]
-    stop = state.bad_epochs >= cfg.train.early_stop_patience or hit_max
+    stop = cfg.train.out_of_patience(state.bad_epochs) or hit_max
     if stop:
         log(f"reached train.max_steps={cfg.train.max_steps}" if hit_max else
             f"early stopping: no {cfg.train.val_metric} improvement for {state.bad_epochs} epoch(s)")
@@ -84,7 +84,7 @@ def why_finished(state: TrainState, cfg: Config) -> str:
     """Which stopping rule ended a finished run, and the setting that would let it go on."""
     if cfg.train.max_steps and state.step >= cfg.train.max_steps:
         return f"train.max_steps={cfg.train.max_steps} reached: raise it to go on"
-    if state.bad_epochs >= cfg.train.early_stop_patience:
+    if cfg.train.out_of_patience(state.bad_epochs):
         return (f"stopped early after {state.bad_epochs} epoch(s) without improvement: raise "
                 "train.early_stop_patience to go on")
     return f"{state.epoch} of train.epochs={cfg.train.epochs} done: raise train.epochs to train longer"

@@ -71,7 +71,7 @@ def reopen(state: Any, cfg: Config, log: Callable[[str], None]) -> None:
     if not state.finished:
         return
     t = cfg.train
-    done = (state.epoch >= t.epochs or state.bad_epochs >= t.early_stop_patience
+    done = (state.epoch >= t.epochs or t.out_of_patience(state.bad_epochs)
             or bool(t.max_steps and state.step >= t.max_steps))
     if not done:
         state.finished = False
