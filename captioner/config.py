@@ -106,7 +106,8 @@ class TrainConfig:
     lr_decay: float = 0.8  # plateau: multiply lr by this when val metric does not improve ...
     lr_patience: int = 1  # ... for this many epochs
     warmup_steps: int = 0  # the lr rises linearly over the first N optimizer steps (any schedule; 0 = off)
-    min_lr: float = 0.0  # cosine/linear: the lr of the run's last step (encoder_lr ends at the same fraction)
+    min_lr: float = 0.0  # cosine/linear: the lr one step after the run's last, so the last step still learns
+    # (encoder_lr ends at the same fraction)
     accumulate: int = 1  # k: batches of k x batch_images, each read as k micro-batches of batch_images whose
     # gradients are summed into one optimizer step (the run of a k-times batch on the memory of one)
     ema_decay: float = 0.0  # an exponential moving average of the trained weights (e.g. 0.999; 0 = off): validation,

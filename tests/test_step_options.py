@@ -31,11 +31,16 @@ def test_cosine_and_linear_follow_their_formulas_after_a_linear_warmup():
     assert [lr_scale(t, s, total) for s in range(10)] == pytest.approx([(s + 1) / 10 for s in range(10)])
     assert lr_scale(t, 10, total) == pytest.approx(1.0)  # the first step after warmup: the full rate
     for s in (10, 35, 60, 85, 109):
-        p = (s - 10) / (total - 10 - 1)
+        p = (s - 10) / (total - 10)
         assert lr_scale(t, s, total) == pytest.approx(floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p)))
-    assert lr_scale(t, 109, total) * t.lr == pytest.approx(t.min_lr)  # the last step runs at min_lr
-    t.schedule = "linear"
-    assert lr_scale(t, 60, total) == pytest.approx(1 - (1 - floor) * 50 / 99)
+    assert lr_scale(t, 110, total) * t.lr == pytest.approx(t.min_lr)  # min_lr one step after the last ...
+    t.min_lr = 0.0
+    for schedule in ("cosine", "linear"):  # ... so with min_lr=0 the last step still learns, below every other step
+        t.schedule = schedule
+        rates = [lr_scale(t, s, total) for s in range(total)]
+        assert 0 < rates[-1] < min(rates[:-1]) and rates[-1] < 0.02
+    t.min_lr = 1e-4
+    assert lr_scale(t, 60, total) == pytest.approx(1 - (1 - floor) * 50 / 100)
     assert lr_scale(t, 500, total) == pytest.approx(floor)  # past the end (more epochs later): stays at the floor
 
 
@@ -247,4 +252,5 @@ def test_a_stopped_accumulating_cosine_run_resumes_to_the_same_numbers(tmp_path,
     assert [r[0] for r in reference] == [1, 2, 3, 4] and rows("stopped") == reference
     t = cfg("x").train
     assert [r[3] for r in reference] == pytest.approx([t.lr * lr_scale(t, s, 4) for s in range(4)])
-    assert [r[3] for r in reference] == pytest.approx([t.lr / 2, t.lr, t.lr, t.min_lr])  # warmup 2, then cosine 1 -> floor
+    # warmup 2, then cosine from 1 towards the floor, reached one step after the last
+    assert [r[3] for r in reference] == pytest.approx([t.lr / 2, t.lr, t.lr, t.min_lr + (t.lr - t.min_lr) / 2])

@@ -159,11 +159,8 @@ def _restore(cfg: Config, place: Place, train_records: Sequence[ImageRecord]) ->
         if not resume.train_state or "state" not in resume.train_state:
             raise TrainingError(f"{last_path} has no training state (is it an exported model?). Move it away "
                                 "or choose another train.out_dir.")
-        saved_by = len(resume.train_state.get("rng") or [])  # one random state per process that saved it
-        if saved_by and saved_by != world_size:  # each process's batches and generators: another count replays batches
-            raise TrainingError(f"{last_path} was saved by {saved_by} process(es) and this command runs {world_size}: "
-                                f"resume with the same number (torchrun --nproc_per_node={saved_by}) or choose "
-                                "another train.out_dir")
+        if refused := processes_refused(last_path, resume.train_state, world_size):
+            raise TrainingError(refused)
         changed = check_resume(resume.config, cfg, str(last_path), log)  # ValueError: an unsafe change
         state = TrainState(**resume.train_state["state"])
         reopen(state, cfg, log)
@@ -188,6 +185,17 @@ def _restore(cfg: Config, place: Place, train_records: Sequence[ImageRecord]) ->
     if place.main:
         log(str(vocab.stats(captions, cfg.data.max_caption_len)))
     return Start(None, vocab, state)
+
+
+def processes_refused(last_path: Path, train_state: dict[str, Any] | None, world_size: int) -> str:
+    """Why a stopped run cannot resume with `world_size` processes ("" where it can): each process saved its random
+    states and its share of the batches, so another count would replay batches and draw other samples. The command
+    asks before the process group starts (cli/train.py: rank 0 says it, once); _restore asks again (the library)."""
+    saved_by = len((train_state or {}).get("rng") or [])  # one random state per process that saved it
+    if not saved_by or saved_by == world_size:
+        return ""
+    return (f"{last_path} was saved by {saved_by} process(es) and this command runs {world_size}: resume with the "
+            f"same number (torchrun --nproc_per_node={saved_by}) or choose another train.out_dir")
 
 
 def run_vocabulary(cfg: Config, captions: Sequence[str], init_vocab: Vocab | None) -> Vocab:
