@@ -25,6 +25,7 @@ SCST_BASELINES = ("mean", "greedy")  # train.scst_baseline
 HARD_CONTEXTS = ("expected", "argmax")  # decode.hard_context
 BN_MODES = ("frozen", "train")  # train.encoder_bn
 SCHEDULES = ("plateau", "cosine", "linear")  # train.schedule
+OPTIMIZERS = ("adam", "adamw")  # train.optimizer
 DTYPES = ("float32", "bfloat16")  # the compute type of a loaded model (api.load, --dtype)
 
 
@@ -98,7 +99,9 @@ class TrainConfig:
     alpha_cam: float = 0.0  # + this x cross-entropy of a concept word's attention to its class activation map
     cam_min_prob: float = 0.1  # supervise a concept word's attention only where P(category) >= this
     cam_person: bool = False  # also person words, towards the map of the clothes people wear (coco-mini lift 1.27 only)
-    weight_decay: float = 0.0
+    optimizer: str = "adam"  # OPTIMIZERS: adam (weight_decay as L2 on every gradient) | adamw (decoupled decay,
+    # none on biases, norm weights and embeddings: training/optimizer.py); fixed for a run
+    weight_decay: float = 0.0  # adamw: e.g. 0.01 (nanoGPT: 0.1); adam: an L2 term (the bundled models: 0)
     grad_clip: float = 5.0
     alpha_c: float = 1.0  # lambda of the doubly stochastic attention penalty
     label_smoothing: float = 0.0
@@ -123,6 +126,7 @@ class TrainConfig:
     log_every: int = 50  # a log line (loss, lr, grad norm, captions/s, ETA) and a metrics.jsonl record every N steps
     checkpoint_every: int = 200  # also save a resumable checkpoint every N steps inside an epoch
     keep_epochs: int = 0  # keep the last k epochs' weights (epoch_E.safetensors: captioner-export --average)
+    keep_best: int = 0  # keep the k best validated weights by val_metric (best_step<S>.safetensors; 0 = off)
     tensorboard: bool = True  # TensorBoard events in <out_dir>/tensorboard (needs the tensorboard package)
     max_steps: int = 0  # stop after this many optimizer steps in total (0 = no limit); for tests
     objective: str = "xe"  # OBJECTIVES: xe (cross-entropy, teacher forcing) | scst (self-critical on CIDEr-D)
@@ -331,6 +335,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.encoder": ENCODERS, "model.attention": ATTENTIONS, "data.dataset": DATASETS,
     "train.val_metric": VAL_METRICS, "train.objective": OBJECTIVES, "train.scst_baseline": SCST_BASELINES,
     "decode.hard_context": HARD_CONTEXTS, "train.encoder_bn": BN_MODES, "train.schedule": SCHEDULES,
+    "train.optimizer": OPTIMIZERS,
 }
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 
@@ -426,6 +431,8 @@ def check_steps(train: TrainConfig, source: str = "config") -> None:
         raise ValueError(f"{source}: train.warmup_steps must be >= 0, got {train.warmup_steps}")
     if not 0 <= train.ema_decay < 1:
         raise ValueError(f"{source}: train.ema_decay must lie in [0, 1) (0 = no average), got {train.ema_decay:g}")
+    if train.keep_best < 0:
+        raise ValueError(f"{source}: train.keep_best must be >= 0 (0 = off), got {train.keep_best}")
     if train.early_stop_patience < 0:
         raise ValueError(f"{source}: train.early_stop_patience must be >= 0 (0 = no early stopping), "
                          f"got {train.early_stop_patience}")

@@ -254,3 +254,62 @@ def test_a_stopped_accumulating_cosine_run_resumes_to_the_same_numbers(tmp_path,
     assert [r[3] for r in reference] == pytest.approx([t.lr * lr_scale(t, s, 4) for s in range(4)])
     # warmup 2, then cosine from 1 towards the floor, reached one step after the last
     assert [r[3] for r in reference] == pytest.approx([t.lr / 2, t.lr, t.lr, t.min_lr + (t.lr - t.min_lr) / 2])
+
+
+def _tiny_model(optimizer: str, weight_decay: float = 0.1):
+    cfg = Config()
+    cfg.model.embed_dim, cfg.model.hidden_dim, cfg.model.attention_dim, cfg.model.pretrained = 16, 32, 16, False
+    cfg.model.dropout, cfg.train.optimizer, cfg.train.weight_decay = 0.0, optimizer, weight_decay
+    return cfg, build_model(cfg.model, 20)
+
+
+def test_adamw_decays_the_matrices_only_and_resumes_exactly():
+    """adamw: biases, 1-D weights and the embedding table are not decayed, every other matrix is; the optimiser
+    saved as tensors + JSON (as last.safetensors holds it) and restored steps exactly as the one that never stopped,
+    and a resumed command's new weight_decay reaches only the decayed groups."""
+    import json
+
+    from captioner.checkpoint import optimizer_from_tensors, optimizer_to_tensors
+    from captioner.training.optimizer import build_optimizer, keep_roles
+    from captioner.training.resume import apply_to_optimizer
+
+    cfg, model = _tiny_model("adamw")
+    opt = build_optimizer(cfg.train, model, [("decoder", list(model.decoder.parameters()), 1e-2)])
+    assert isinstance(opt, torch.optim.AdamW) and [g["decay"] for g in opt.param_groups] == [True, False]
+    decayed, kept = ({id(p) for p in g["params"]} for g in opt.param_groups)
+    named = dict(model.decoder.named_parameters())
+    assert id(named["embedding.weight"]) in kept and all(id(p) in kept for n, p in named.items() if p.ndim < 2)
+    assert all(id(p) in decayed for n, p in named.items() if p.ndim >= 2 and n != "embedding.weight")
+    assert opt.param_groups[0]["weight_decay"] == 0.1 and opt.param_groups[1]["weight_decay"] == 0.0
+    objective, samples = CrossEntropy(cfg), collate(_tiny_batch(4))
+
+    def step(m, o):
+        return train_step(lambda b: objective(m, b), o, samples, cfg, torch.device("cpu"))
+
+    for _ in range(2):
+        step(model, opt)
+    tensors, info = optimizer_to_tensors(opt)
+    twin = copy.deepcopy(model)
+    again = build_optimizer(cfg.train, twin, [("decoder", list(twin.decoder.parameters()), 1e-2)])
+    roles = [(g["role"], g["decay"]) for g in again.param_groups]
+    # copies, as a file gives them (restored tensors of the same type are taken as they are, not copied)
+    optimizer_from_tensors(again, {k: v.clone() for k, v in tensors.items()}, json.loads(json.dumps(info)))
+    keep_roles(again, roles)
+    for _ in range(2):
+        step(model, opt), step(twin, again)
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
+    apply_to_optimizer(again, {"train.weight_decay": (0.1, 0.05), "train.lr": (1e-2, 5e-3)})
+    assert [(g["weight_decay"], g["lr"]) for g in again.param_groups] == [(0.05, 5e-3), (0.0, 5e-3)]
+
+
+def test_adam_keeps_one_group_per_rate_with_l2_on_every_parameter():
+    from captioner.training.optimizer import build_optimizer
+
+    cfg, model = _tiny_model("adam", 1e-4)
+    opt = build_optimizer(cfg.train, model, [("decoder", list(model.decoder.parameters()), 1e-3),
+                                             ("encoder", list(model.encoder.parameters()), 1e-4)])
+    assert type(opt) is torch.optim.Adam and [(g["role"], g["weight_decay"]) for g in opt.param_groups] == [
+        ("decoder", 1e-4), ("encoder", 1e-4)]
+    with pytest.raises(ValueError, match="train.optimizer must be one of adam, adamw"):
+        load_config(None, ["train.optimizer=sgd"])

@@ -384,3 +384,26 @@ def test_early_stop_patience_zero_trains_every_epoch(tmp_path, patience, stops_a
     assert patience or not any("early stopping" in line for line in said)
     with pytest.raises(ValueError, match="train.early_stop_patience must be >= 0"):
         load_config(None, ["train.early_stop_patience=-1"])
+
+
+def test_keep_best_keeps_the_k_best_validations_files(tmp_path, monkeypatch):
+    """train.keep_best=2: best_step<S>.safetensors of the two best val metrics so far, the others deleted; the list
+    lives in the train state (a resumed run keeps the same files)."""
+    from types import SimpleNamespace
+
+    import captioner.training.best_epoch as best_epoch
+    from captioner.config import Config
+    from captioner.training.run import TrainState
+
+    monkeypatch.setattr(best_epoch, "save_checkpoint", lambda path, *a, **k: path.write_text("weights"))
+    cfg = Config()
+    cfg.train.keep_best, cfg.train.epochs, cfg.train.early_stop_patience = 2, 6, 0
+    run = SimpleNamespace(cfg=cfg, state=TrainState(history=[{}]), out=tmp_path, vocab=None,
+                          model=SimpleNamespace(state_dict=dict), place=SimpleNamespace(log=lambda _: None, main=True),
+                          val_sets=[SimpleNamespace(records=[None] * 50)], best_path=tmp_path / "best.safetensors",
+                          optimizer=SimpleNamespace(param_groups=[{"lr": 1e-3}]))
+    for epoch, value in enumerate([0.2, 0.5, 0.3, 0.1, 0.4], start=1):
+        run.state.epoch, run.state.step = epoch, 10 * epoch
+        best_epoch.end_epoch(run, value, hit_max=False)
+    assert sorted(p.name for p in tmp_path.glob("best_step*")) == ["best_step20.safetensors", "best_step50.safetensors"]
+    assert run.state.kept_best == [[0.5, 20], [0.4, 50]]

@@ -25,11 +25,13 @@ SAFE_TO_CHANGE = frozenset(
         "early_stop_patience", "val_beam_size", "val_limit", "amp", "cpu_amp", "compile", "log_every",
         "checkpoint_every", "max_steps", "scst_samples", "scst_baseline", "scst_max_len", "scst_bad_ending_penalty",
         "scst_dropout", "scst_xent", "scst_reward_end", "hard_expected_prob", "hard_reinforce", "hard_entropy",
-        "hard_baseline_decay", "new_words_lr_factor", "keep_epochs", "tensorboard")]
+        "hard_baseline_decay", "new_words_lr_factor", "keep_epochs", "keep_best", "tensorboard")]
     + [f"data.{k}" for k in ("cache_dir", "num_workers", "max_caption_len")]
     + ["decode.*"])
 PATH_KEYS = ("data.root", "data.images", "data.annotations", "data.val_images", "data.val_annotations")
-OPTIMIZER_KEYS = {"train.lr": (0, "lr"), "train.encoder_lr": (1, "lr"), "train.weight_decay": (None, "weight_decay")}
+# a changed key -> (the role of the groups it sets, or None: every group that decays; the group's entry)
+OPTIMIZER_KEYS = {"train.lr": ("decoder", "lr"), "train.encoder_lr": ("encoder", "lr"),
+                  "train.weight_decay": (None, "weight_decay")}
 
 
 def _flat(cfg: Config) -> dict[str, Any]:
@@ -103,11 +105,11 @@ def reopen(state: Any, cfg: Config, log: Callable[[str], None]) -> None:
 
 
 def apply_to_optimizer(optimizer: Any, changed: dict[str, tuple[Any, Any]]) -> None:
-    """A changed train.lr / encoder_lr / weight_decay replaces the value the optimiser was restored with."""
-    for key, (group, name) in OPTIMIZER_KEYS.items():
-        if key in changed:
-            groups = optimizer.param_groups if group is None else optimizer.param_groups[group:group + 1]
-            for g in groups:
+    """A changed train.lr / encoder_lr / weight_decay replaces the value the optimiser was restored with: the rates
+    in the groups of their role (optimizer.py), the decay in the groups that decay."""
+    for g in optimizer.param_groups:
+        for key, (role, name) in OPTIMIZER_KEYS.items():
+            if key in changed and (role == g.get("role") if role else g.get("decay", True)):
                 g[name] = changed[key][1]
 
 

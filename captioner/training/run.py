@@ -24,6 +24,7 @@ from .place import Log, Place
 from .sources import Mix, RunData, ValSet, build_data
 from .objectives import Terms, batch_features, build_objective
 from .ema import EMA, PREFIX as EMA_PREFIX
+from .optimizer import build_optimizer, keep_roles
 from .precision import grad_scaler
 from .resume import apply_to_optimizer, check_init, check_resume, reopen
 from .rng import restore as restore_rng, seed_everything
@@ -65,6 +66,7 @@ class TrainState:
     epoch_batches: int = 0
     epoch_seconds: float = 0.0
     epoch_stats: dict[str, float] = field(default_factory=dict)  # the finished epoch's averages, for validation
+    kept_best: list[list[float]] = field(default_factory=list)  # train.keep_best: [val metric, step] of each file
 
     def stopped_at(self) -> str:
         """The resume point in words, for the line a stop prints."""
@@ -232,15 +234,19 @@ def _model(cfg: Config, vocab_size: int, weights: dict | None, fresh: bool, log:
 
 def _optimizer(cfg: Config, model: ShowAttendTell, resume: Any, device: torch.device,
                changed: dict[str, Any]) -> torch.optim.Optimizer:
-    groups = [{"params": list(model.decoder.parameters()), "lr": cfg.train.lr}]
+    """train.optimizer (optimizer.py) over the decoder and what of the encoder trains, with the stopped run's
+    moments when resuming."""
+    parts = [("decoder", list(model.decoder.parameters()), cfg.train.lr)]
     if cfg.model.fine_tune_encoder:
-        groups.append({"params": list(model.encoder.parameters()), "lr": cfg.train.encoder_lr})
+        parts.append(("encoder", list(model.encoder.parameters()), cfg.train.encoder_lr))
     elif cfg.model.tune_stages:
-        groups.append({"params": tuned_parameters(cfg, model), "lr": cfg.train.encoder_lr})
-    optimizer = torch.optim.Adam(groups, weight_decay=cfg.train.weight_decay)
+        parts.append(("encoder", tuned_parameters(cfg, model), cfg.train.encoder_lr))
+    optimizer = build_optimizer(cfg.train, model, parts)
+    roles = [(g["role"], g["decay"]) for g in optimizer.param_groups]
     if resume is not None and resume.optimizer_tensors:  # (the weights' averages travel with them: ema.PREFIX)
         optimizer_from_tensors(optimizer, {k: v.to(device) for k, v in resume.optimizer_tensors.items()
                                            if not k.startswith(EMA_PREFIX)}, resume.train_state["optimizer"])
+        keep_roles(optimizer, roles)
     apply_to_optimizer(optimizer, changed)  # a new train.lr / encoder_lr / weight_decay replaces the stored one
     return optimizer
 
