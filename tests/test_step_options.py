@@ -213,8 +213,8 @@ def test_a_grad_scaler_step_matches_the_plain_step_and_its_state_is_json():
 
 @pytest.mark.slow
 def test_a_stopped_accumulating_cosine_run_resumes_to_the_same_numbers(tmp_path, monkeypatch):
-    """Warmup + cosine with 2 micro-batches per step (dropout on, 8 real photos): stopped after its second step
-    and resumed, the run logs the losses, norms and rates of an uninterrupted one; the rates follow the formula."""
+    """Warmup + cosine with 2 micro-batches per step and AdamW (dropout on, 8 real photos): stopped after its second
+    step and resumed, the run logs the losses, norms and rates of an uninterrupted one; the rates follow the formula."""
     import signal
 
     import captioner.training.engine as engine
@@ -228,7 +228,7 @@ def test_a_stopped_accumulating_cosine_run_resumes_to_the_same_numbers(tmp_path,
             f"data.root={need_flickr()}", f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path / out}",
             "model.dropout=0.5", "train.batch_images=1", "train.accumulate=2", "train.epochs=1", "train.val_limit=2",
             "train.schedule=cosine", "train.warmup_steps=2", "train.min_lr=3e-4", "train.tensorboard=false",
-            "train.checkpoint_every=0"])
+            "train.checkpoint_every=0", "train.optimizer=adamw", "train.weight_decay=0.01"])
 
     def rows(out: str) -> list[tuple]:
         return [(r["step"], r["xent"], r["grad_norm"], r["lr"]) for r in read_jsonl(tmp_path / out / "metrics.jsonl")
