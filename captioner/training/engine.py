@@ -130,7 +130,8 @@ def _close_epoch(run: Run) -> bool:
 
 def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str, float]:
     """One pass over `loader` (already starting at batch `skip` when resuming) -> epoch averages of
-    the objective's logged terms (each weighted by what it is a mean over: Terms.count), seconds and batches. The sums live in the train state,
+    the objective's logged terms (each weighted by what it is a mean over: Terms.count), seconds and batches.
+    The sums live in the train state,
     so an epoch stopped and resumed averages exactly what an uninterrupted one does. A stop request is
     honoured after the step it arrives in: that step is saved, then Interrupted is raised."""
     from tqdm import tqdm
@@ -196,11 +197,11 @@ def train_step(objective: Callable[[Any], Terms], optimizer: torch.optim.Optimiz
                scaler: torch.amp.GradScaler | None = None) -> Terms:
     """THE optimiser step (fit, the benchmark and the tests all call it): objective(batch) under the
     run's autocast, a finite-loss check, backward, gradient clipping over the optimiser's parameters
-    (train.grad_clip), Adam at each group's lr x `lr_scale` (schedule.lr_scale). `batch` may be a list of
-    micro-batches (train.accumulate): their gradients are summed, each loss weighted by its share of the
-    step's normaliser (micro_shares), so k micro-batches of B make the step one batch of kB would; clipping
-    sees the summed gradient. `scaler`: fp16's GradScaler (grad_scaler). `where` ("at step 12 (epoch 1)")
-    goes into the error messages."""
+    (train.grad_clip), the optimiser (Adam or AdamW: optimizer.py) at each group's lr x `lr_scale`
+    (schedule.lr_scale). `batch` may be a list of micro-batches (train.accumulate): their gradients are summed,
+    each loss weighted by its share of the step's normaliser (micro_shares), so k micro-batches of B make the
+    step one batch of kB would; clipping sees the summed gradient. `scaler`: fp16's GradScaler (grad_scaler).
+    `where` ("at step 12 (epoch 1)") goes into the error messages."""
     micro = list(batch) if isinstance(batch, (list, tuple)) else [batch]
     shares = micro_shares(micro, cfg) if len(micro) > 1 else [1.0]
     optimizer.zero_grad(set_to_none=True)
