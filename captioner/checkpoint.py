@@ -156,6 +156,19 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
     return tensors, meta
 
 
+def read_train_state(path: str | Path) -> dict[str, Any] | None:
+    """The training state of a resumable checkpoint from its JSON header alone (no tensor is read: a COCO
+    last.safetensors is most of a GB); None where the file is missing, unreadable or holds none."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            state = json.loads((f.metadata() or {}).get("train_state", "null"))
+    except (SafetensorError, OSError, ValueError, RuntimeError, TypeError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
     """Read a checkpoint written by save_checkpoint. Never unpickles; every problem is a CheckpointError."""
     tensors, meta = read_safetensors(path)

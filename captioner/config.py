@@ -25,6 +25,7 @@ SCST_BASELINES = ("mean", "greedy")  # train.scst_baseline
 HARD_CONTEXTS = ("expected", "argmax")  # decode.hard_context
 BN_MODES = ("frozen", "train")  # train.encoder_bn
 SCHEDULES = ("plateau", "cosine", "linear")  # train.schedule
+OPTIMIZERS = ("adam", "adamw")  # train.optimizer
 DTYPES = ("float32", "bfloat16")  # the compute type of a loaded model (api.load, --dtype)
 
 
@@ -98,7 +99,9 @@ class TrainConfig:
     alpha_cam: float = 0.0  # + this x cross-entropy of a concept word's attention to its class activation map
     cam_min_prob: float = 0.1  # supervise a concept word's attention only where P(category) >= this
     cam_person: bool = False  # also person words, towards the map of the clothes people wear (coco-mini lift 1.27 only)
-    weight_decay: float = 0.0
+    optimizer: str = "adam"  # OPTIMIZERS: adam (weight_decay as L2 on every gradient) | adamw (decoupled decay,
+    # none on biases, norm weights and embeddings: training/optimizer.py); fixed for a run
+    weight_decay: float = 0.0  # adamw: e.g. 0.01 (nanoGPT: 0.1); adam: an L2 term (the bundled models: 0)
     grad_clip: float = 5.0
     alpha_c: float = 1.0  # lambda of the doubly stochastic attention penalty
     label_smoothing: float = 0.0
@@ -106,11 +109,13 @@ class TrainConfig:
     lr_decay: float = 0.8  # plateau: multiply lr by this when val metric does not improve ...
     lr_patience: int = 1  # ... for this many epochs
     warmup_steps: int = 0  # the lr rises linearly over the first N optimizer steps (any schedule; 0 = off)
-    min_lr: float = 0.0  # cosine/linear: the lr of the run's last step (encoder_lr ends at the same fraction)
-    accumulate: int = 1  # micro-batches of batch_images summed into one optimizer step (effective batch: k x B)
+    min_lr: float = 0.0  # cosine/linear: the lr one step after the run's last, so the last step still learns
+    # (encoder_lr ends at the same fraction)
+    accumulate: int = 1  # k: batches of k x batch_images, each read as k micro-batches of batch_images whose
+    # gradients are summed into one optimizer step (the run of a k-times batch on the memory of one)
     ema_decay: float = 0.0  # an exponential moving average of the trained weights (e.g. 0.999; 0 = off): validation,
     # best.safetensors and the kept epochs use the average (training/ema.py)
-    early_stop_patience: int = 4  # stop after this many epochs without improvement
+    early_stop_patience: int = 4  # stop after this many epochs without improvement; 0 = off (train every epoch)
     val_metric: str = "Bleu_4"  # one of VAL_METRICS, computed on decoded captions
     val_beam_size: int = 1  # 1 = greedy during validation (fast); the metric is still a real decoding metric
     val_limit: int = 0  # validate on the first N val images (0 = all)
@@ -121,6 +126,7 @@ class TrainConfig:
     log_every: int = 50  # a log line (loss, lr, grad norm, captions/s, ETA) and a metrics.jsonl record every N steps
     checkpoint_every: int = 200  # also save a resumable checkpoint every N steps inside an epoch
     keep_epochs: int = 0  # keep the last k epochs' weights (epoch_E.safetensors: captioner-export --average)
+    keep_best: int = 0  # keep the k best validated weights by val_metric (best_step<S>.safetensors; 0 = off)
     tensorboard: bool = True  # TensorBoard events in <out_dir>/tensorboard (needs the tensorboard package)
     max_steps: int = 0  # stop after this many optimizer steps in total (0 = no limit); for tests
     objective: str = "xe"  # OBJECTIVES: xe (cross-entropy, teacher forcing) | scst (self-critical on CIDEr-D)
@@ -129,7 +135,7 @@ class TrainConfig:
     extend_vocab: bool = False  # with init_from: + the captions' new words (old words keep ids, rows: new_words.py)
     new_words_lr_factor: float = 1.0  # with extend_vocab: Adam's steps on the new words' rows x this
     new_words_only: bool = False  # with extend_vocab: only the new words' rows move (the rest stays the start's)
-    min_epoch_batches: int = 0  # a small training set is passed over again until an epoch has this many batches
+    min_epoch_batches: int = 0  # a small training set is passed over again until an epoch has this many steps
     scst_samples: int = 5  # K sampled captions per image
     scst_baseline: str = "mean"  # SCST_BASELINES: mean (of the image's other samples) | greedy (greedy caption's reward)
     scst_max_len: int = 20  # longest sampled caption (words + <end>)
@@ -142,6 +148,11 @@ class TrainConfig:
     hard_reinforce: float = 1.0  # lambda_r of eq. 12 (arctic-captions: 1/10, on a per-step reward)
     hard_entropy: float = 0.002  # lambda_e: entropy bonus (arctic-captions alpha_entropy_c=0.002)
     hard_baseline_decay: float = 0.9  # b <- decay * b + (1 - decay) * mean log p(y|s,a) of the batch
+
+    def out_of_patience(self, bad_epochs: int) -> bool:
+        """Whether early stopping ends the run after `bad_epochs` epochs without improvement (never when
+        early_stop_patience is 0: off)."""
+        return bool(self.early_stop_patience) and bad_epochs >= self.early_stop_patience
 
 
 @dataclass
@@ -341,6 +352,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.encoder": ENCODERS, "model.attention": ATTENTIONS, "data.dataset": DATASETS,
     "train.val_metric": VAL_METRICS, "train.objective": OBJECTIVES, "train.scst_baseline": SCST_BASELINES,
     "decode.hard_context": HARD_CONTEXTS, "train.encoder_bn": BN_MODES, "train.schedule": SCHEDULES,
+    "train.optimizer": OPTIMIZERS,
 }
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 
@@ -436,5 +448,10 @@ def check_steps(train: TrainConfig, source: str = "config") -> None:
         raise ValueError(f"{source}: train.warmup_steps must be >= 0, got {train.warmup_steps}")
     if not 0 <= train.ema_decay < 1:
         raise ValueError(f"{source}: train.ema_decay must lie in [0, 1) (0 = no average), got {train.ema_decay:g}")
+    if train.keep_best < 0:
+        raise ValueError(f"{source}: train.keep_best must be >= 0 (0 = off), got {train.keep_best}")
+    if train.early_stop_patience < 0:
+        raise ValueError(f"{source}: train.early_stop_patience must be >= 0 (0 = no early stopping), "
+                         f"got {train.early_stop_patience}")
     if not 0 <= train.min_lr <= train.lr:
         raise ValueError(f"{source}: train.min_lr must lie in [0, train.lr={train.lr:g}], got {train.min_lr:g}")

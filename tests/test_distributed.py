@@ -131,3 +131,32 @@ def test_the_refusal_without_a_cache_is_said_by_rank_0_alone(monkeypatch, capsys
         assert _processes(Config(), args) is None
         said.append(capsys.readouterr().err)
     assert "torchrun needs the feature caches first" in said[0] and "flickr8k_train_x" in said[0] and said[1] == ""
+
+
+def test_a_resume_with_another_process_count_is_refused_by_rank_0_alone(tmp_path, monkeypatch, capsys):
+    """A run saved by one process, resumed by torchrun with two: every rank refuses before the process group starts
+    (exit 2), reading only the checkpoint's header, and rank 0 alone says why in one line."""
+    import argparse
+    import json
+
+    import torch
+
+    import captioner.training.sources
+    from captioner.checkpoint import write_safetensors
+    from captioner.cli.train import _processes
+    from captioner.config import Config
+
+    monkeypatch.setattr(captioner.training.sources, "missing_caches", lambda cfg: [])
+    cfg = Config()
+    cfg.train.out_dir = str(tmp_path)
+    write_safetensors(tmp_path / "last.safetensors", {"w": torch.zeros(1)},
+                      {"train_state": json.dumps({"state": {}, "rng": [{}]})})
+    args = argparse.Namespace(device="cpu", set=[], config="configs/tiny.yaml")
+    said = []
+    for rank in ("0", "1"):
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("RANK", rank)
+        assert _processes(cfg, args) is None
+        said.append(capsys.readouterr().err)
+    assert said[0].count("\n") == 1 and "saved by 1 process(es) and this command runs 2" in said[0]
+    assert "--nproc_per_node=1" in said[0] and said[1] == ""

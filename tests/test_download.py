@@ -33,7 +33,18 @@ def test_the_plan_says_what_is_already_there(tmp_path):
     (tmp_path / "train2014").mkdir()
     (tmp_path / "val2014.zip.part").write_bytes(b"x" * (3 << 20))
     lines = plan(tmp_path)
-    assert lines[0].endswith("unpacked)") and "3 MiB of it downloaded, resumes" in lines[1] and "to fetch" in lines[2]
+    assert lines[0].endswith("train2014 is there: skipped)") and "to fetch" in lines[2]
+    assert "3 MiB of it fetched into val2014.zip.part: the download resumes there" in lines[1]
+
+
+def test_the_plan_never_calls_a_file_it_did_not_check_downloaded(tmp_path):
+    """A 1 MiB file at a 13 GB zip's final name is a file of that size, to be checked, not a finished download."""
+    (tmp_path / "train2014.zip").write_bytes(b"x" * (1 << 20))
+    (tmp_path / "caption_datasets.zip").write_bytes(b"x" * (1 << 20))
+    lines = plan(tmp_path)
+    assert not any("downloaded" in line for line in lines)
+    assert "a 1.0 MiB file is there: its md5 is checked before it is unpacked" in lines[0]
+    assert "a 1.0 MiB file is there: unpacked as it is (nothing to check it against)" in lines[3]
 
 
 def test_unpacking_keeps_only_the_named_members_and_leaves_no_temporary_folder(tmp_path):

@@ -25,6 +25,21 @@ def test_config_changes_sorts_safe_from_unsafe():
     assert unsafe == {"data.limit": (8, 12), "model.hidden_dim": (128, 256)}  # the same folder by another path is no change
 
 
+def test_the_refusal_says_what_each_changed_setting_fixes():
+    """A changed ema_decay or accumulate is refused with what it really fixes, not as a change of the model or data."""
+    from captioner.training.resume import check_resume
+
+    stored = load_config("configs/tiny.yaml")
+    cmd = load_config("configs/tiny.yaml", ["train.ema_decay=0.99", "train.accumulate=2", "model.hidden_dim=256"])
+    with pytest.raises(ValueError) as refused:
+        check_resume(stored, cmd, "runs/x/last.safetensors", lambda _: None)
+    said = str(refused.value)
+    assert "train.ema_decay: 0.0 (stored) vs 0.99 (this command), it fixes the weights' average" in said
+    assert "train.accumulate: 1 (stored) vs 2 (this command), it fixes which photos make each step" in said
+    assert "model.hidden_dim: 128 (stored) vs 256 (this command), it fixes the model" in said
+    assert "change the model, the data or the vocabulary" not in said and "\n" not in said
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> list[str]:
     """A tiny run trained for one epoch; returns its train.py command (without --set extras)."""

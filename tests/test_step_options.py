@@ -31,11 +31,16 @@ def test_cosine_and_linear_follow_their_formulas_after_a_linear_warmup():
     assert [lr_scale(t, s, total) for s in range(10)] == pytest.approx([(s + 1) / 10 for s in range(10)])
     assert lr_scale(t, 10, total) == pytest.approx(1.0)  # the first step after warmup: the full rate
     for s in (10, 35, 60, 85, 109):
-        p = (s - 10) / (total - 10 - 1)
+        p = (s - 10) / (total - 10)
         assert lr_scale(t, s, total) == pytest.approx(floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p)))
-    assert lr_scale(t, 109, total) * t.lr == pytest.approx(t.min_lr)  # the last step runs at min_lr
-    t.schedule = "linear"
-    assert lr_scale(t, 60, total) == pytest.approx(1 - (1 - floor) * 50 / 99)
+    assert lr_scale(t, 110, total) * t.lr == pytest.approx(t.min_lr)  # min_lr one step after the last ...
+    t.min_lr = 0.0
+    for schedule in ("cosine", "linear"):  # ... so with min_lr=0 the last step still learns, below every other step
+        t.schedule = schedule
+        rates = [lr_scale(t, s, total) for s in range(total)]
+        assert 0 < rates[-1] < min(rates[:-1]) and rates[-1] < 0.02
+    t.min_lr = 1e-4
+    assert lr_scale(t, 60, total) == pytest.approx(1 - (1 - floor) * 50 / 100)
     assert lr_scale(t, 500, total) == pytest.approx(floor)  # past the end (more epochs later): stays at the floor
 
 
@@ -117,6 +122,55 @@ def test_two_accumulated_half_batches_make_the_full_batch_step(clip):
         assert torch.allclose(a, b, rtol=0, atol=1e-6)
     assert float(halves.grad_norm) == pytest.approx(float(full.grad_norm), rel=1e-5) and float(full.grad_norm) > clip
     assert halves.weight == full.weight and halves.logs["xent"] == pytest.approx(full.logs["xent"], rel=1e-5)
+    # the penalty is per caption: 6 and 12 captions, whose token counts are in another ratio, log the 18's mean
+    assert halves.logs["penalty"] == pytest.approx(full.logs["penalty"], rel=1e-5)
+    assert halves.counts["penalty"] == len(collate(samples).lengths) == 18
+
+
+def test_the_sampler_forms_each_step_at_the_accumulated_batch_and_splits_it_in_turn():
+    """k micro-batches of B per step read exactly the photos of the kB batch (sorted, shuffled and sharded at kB),
+    in order; a step with fewer photos than kB (the epoch's last) splits into fewer micro-batches."""
+    from captioner.data.dataset import BucketBatchSampler
+    from captioner.data.loader import MicroBatches, RankBatches
+
+    lengths = [float(3 + (i * 7) % 11) for i in range(41)]
+    big = BucketBatchSampler(lengths, 8, seed=5)
+    split = MicroBatches(lambda samples: list(samples), 2)  # "collate": the samples themselves
+    for rank in (0, 1):
+        steps = list(RankBatches(big, rank, 2))
+        assert steps and all(sum(split(s), []) == s for s in steps)
+        assert all(len(m) == 2 for s in steps for m in split(s)[:-1])
+    last = split(list(range(5)))
+    assert [len(m) for m in last] == [2, 2, 1]
+    assert MicroBatches(lambda samples: None, 2)(list(range(4))) == []  # all unreadable: no micro-batch
+
+
+@pytest.mark.slow
+def test_an_accumulated_run_logs_the_large_batch_run_step_by_step(tmp_path):
+    """configs/tiny.yaml on 8 real photos for two epochs: batch_images=2 accumulate=2 and batch_images=4 train on the
+    same photos in the same steps, so every step logs the same cross-entropy, attention penalty, gradient norm and
+    rate to float rounding, and the epochs' averages agree too."""
+    from captioner.logs import read_jsonl
+    from captioner.training.engine import fit
+
+    from .conftest import need_flickr
+
+    def run(out: str, *sets: str) -> list[dict]:
+        cfg = load_config("configs/tiny.yaml", [
+            f"data.root={need_flickr()}", f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path / out}",
+            "train.val_limit=2", "train.tensorboard=false", "train.checkpoint_every=0", *sets])
+        fit(cfg, log=lambda _: None, progress=False)
+        return read_jsonl(tmp_path / out / "metrics.jsonl")
+
+    small = run("accumulated", "train.batch_images=2", "train.accumulate=2")
+    large = run("large", "train.batch_images=4")
+    steps = [r for r in large if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    for a, b in zip(small, large, strict=True):
+        assert (a["kind"], a["step"]) == (b["kind"], b["step"])
+        for key in ("xent", "penalty", "grad_norm", "lr", "train_xent", "train_penalty"):
+            if key in b:
+                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), (a["step"], key)
 
 
 def test_bf16_where_the_gpu_has_it_else_fp16_with_a_scaler():
@@ -159,8 +213,8 @@ def test_a_grad_scaler_step_matches_the_plain_step_and_its_state_is_json():
 
 @pytest.mark.slow
 def test_a_stopped_accumulating_cosine_run_resumes_to_the_same_numbers(tmp_path, monkeypatch):
-    """Warmup + cosine with 2 micro-batches per step (dropout on, 8 real photos): stopped after its second step
-    and resumed, the run logs the losses, norms and rates of an uninterrupted one; the rates follow the formula."""
+    """Warmup + cosine with 2 micro-batches per step and AdamW (dropout on, 8 real photos): stopped after its second
+    step and resumed, the run logs the losses, norms and rates of an uninterrupted one; the rates follow the formula."""
     import signal
 
     import captioner.training.engine as engine
@@ -174,7 +228,7 @@ def test_a_stopped_accumulating_cosine_run_resumes_to_the_same_numbers(tmp_path,
             f"data.root={need_flickr()}", f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path / out}",
             "model.dropout=0.5", "train.batch_images=1", "train.accumulate=2", "train.epochs=1", "train.val_limit=2",
             "train.schedule=cosine", "train.warmup_steps=2", "train.min_lr=3e-4", "train.tensorboard=false",
-            "train.checkpoint_every=0"])
+            "train.checkpoint_every=0", "train.optimizer=adamw", "train.weight_decay=0.01"])
 
     def rows(out: str) -> list[tuple]:
         return [(r["step"], r["xent"], r["grad_norm"], r["lr"]) for r in read_jsonl(tmp_path / out / "metrics.jsonl")
@@ -198,4 +252,64 @@ def test_a_stopped_accumulating_cosine_run_resumes_to_the_same_numbers(tmp_path,
     assert [r[0] for r in reference] == [1, 2, 3, 4] and rows("stopped") == reference
     t = cfg("x").train
     assert [r[3] for r in reference] == pytest.approx([t.lr * lr_scale(t, s, 4) for s in range(4)])
-    assert [r[3] for r in reference] == pytest.approx([t.lr / 2, t.lr, t.lr, t.min_lr])  # warmup 2, then cosine 1 -> floor
+    # warmup 2, then cosine from 1 towards the floor, reached one step after the last
+    assert [r[3] for r in reference] == pytest.approx([t.lr / 2, t.lr, t.lr, t.min_lr + (t.lr - t.min_lr) / 2])
+
+
+def _tiny_model(optimizer: str, weight_decay: float = 0.1):
+    cfg = Config()
+    cfg.model.embed_dim, cfg.model.hidden_dim, cfg.model.attention_dim, cfg.model.pretrained = 16, 32, 16, False
+    cfg.model.dropout, cfg.train.optimizer, cfg.train.weight_decay = 0.0, optimizer, weight_decay
+    return cfg, build_model(cfg.model, 20)
+
+
+def test_adamw_decays_the_matrices_only_and_resumes_exactly():
+    """adamw: biases, 1-D weights and the embedding table are not decayed, every other matrix is; the optimiser
+    saved as tensors + JSON (as last.safetensors holds it) and restored steps exactly as the one that never stopped,
+    and a resumed command's new weight_decay reaches only the decayed groups."""
+    import json
+
+    from captioner.checkpoint import optimizer_from_tensors, optimizer_to_tensors
+    from captioner.training.optimizer import build_optimizer, keep_roles
+    from captioner.training.resume import apply_to_optimizer
+
+    cfg, model = _tiny_model("adamw")
+    opt = build_optimizer(cfg.train, model, [("decoder", list(model.decoder.parameters()), 1e-2)])
+    assert isinstance(opt, torch.optim.AdamW) and [g["decay"] for g in opt.param_groups] == [True, False]
+    decayed, kept = ({id(p) for p in g["params"]} for g in opt.param_groups)
+    named = dict(model.decoder.named_parameters())
+    assert id(named["embedding.weight"]) in kept and all(id(p) in kept for n, p in named.items() if p.ndim < 2)
+    assert all(id(p) in decayed for n, p in named.items() if p.ndim >= 2 and n != "embedding.weight")
+    assert opt.param_groups[0]["weight_decay"] == 0.1 and opt.param_groups[1]["weight_decay"] == 0.0
+    objective, samples = CrossEntropy(cfg), collate(_tiny_batch(4))
+
+    def step(m, o):
+        return train_step(lambda b: objective(m, b), o, samples, cfg, torch.device("cpu"))
+
+    for _ in range(2):
+        step(model, opt)
+    tensors, info = optimizer_to_tensors(opt)
+    twin = copy.deepcopy(model)
+    again = build_optimizer(cfg.train, twin, [("decoder", list(twin.decoder.parameters()), 1e-2)])
+    roles = [(g["role"], g["decay"]) for g in again.param_groups]
+    # copies, as a file gives them (restored tensors of the same type are taken as they are, not copied)
+    optimizer_from_tensors(again, {k: v.clone() for k, v in tensors.items()}, json.loads(json.dumps(info)))
+    keep_roles(again, roles)
+    for _ in range(2):
+        step(model, opt), step(twin, again)
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
+    apply_to_optimizer(again, {"train.weight_decay": (0.1, 0.05), "train.lr": (1e-2, 5e-3)})
+    assert [(g["weight_decay"], g["lr"]) for g in again.param_groups] == [(0.05, 5e-3), (0.0, 5e-3)]
+
+
+def test_adam_keeps_one_group_per_rate_with_l2_on_every_parameter():
+    from captioner.training.optimizer import build_optimizer
+
+    cfg, model = _tiny_model("adam", 1e-4)
+    opt = build_optimizer(cfg.train, model, [("decoder", list(model.decoder.parameters()), 1e-3),
+                                             ("encoder", list(model.encoder.parameters()), 1e-4)])
+    assert type(opt) is torch.optim.Adam and [(g["role"], g["weight_decay"]) for g in opt.param_groups] == [
+        ("decoder", 1e-4), ("encoder", 1e-4)]
+    with pytest.raises(ValueError, match="train.optimizer must be one of adam, adamw"):
+        load_config(None, ["train.optimizer=sgd"])

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from captioner.checkpoint import load_checkpoint
+from captioner.config import load_config
 from captioner.logs import read_jsonl
 
 from .conftest import ROOT, need_flickr
@@ -354,3 +355,55 @@ def test_an_augmented_run_with_loader_workers_resumes_to_the_same_numbers(tmp_pa
     assert load_checkpoint(tmp_path / "stopped" / "last.safetensors").train_state["state"]["step"] == 3
     fit(cfg("stopped"), **quiet)
     assert losses(tmp_path / "stopped") == losses(tmp_path / "reference")
+
+
+@pytest.mark.parametrize("patience, stops_after", [(0, None), (2, 3)])
+def test_early_stop_patience_zero_trains_every_epoch(tmp_path, patience, stops_after):
+    """train.early_stop_patience=0 is off: six epochs that never beat the first do not stop the run (and a finished
+    one is not called stopped early); 2 stops it after the second epoch without improvement."""
+    from types import SimpleNamespace
+
+    from captioner.config import Config
+    from captioner.training.best_epoch import end_epoch, why_finished
+    from captioner.training.run import TrainState
+
+    cfg = Config()
+    cfg.train.early_stop_patience, cfg.train.epochs, cfg.train.schedule = patience, 6, "cosine"
+    said = []
+    run = SimpleNamespace(cfg=cfg, state=TrainState(), place=SimpleNamespace(log=said.append, main=False),
+                          val_sets=[SimpleNamespace(records=[None] * 50)], best_path=tmp_path / "best.safetensors",
+                          optimizer=SimpleNamespace(param_groups=[{"lr": 1e-3}]))
+    stopped = None
+    for epoch, value in enumerate([0.5, 0.4, 0.3, 0.3, 0.2, 0.1], start=1):
+        run.state.epoch = epoch
+        if end_epoch(run, value, hit_max=False):
+            stopped = epoch
+            break
+    assert stopped == stops_after and run.state.finished
+    assert ("stopped early" in why_finished(run.state, cfg)) == bool(patience)
+    assert patience or not any("early stopping" in line for line in said)
+    with pytest.raises(ValueError, match="train.early_stop_patience must be >= 0"):
+        load_config(None, ["train.early_stop_patience=-1"])
+
+
+def test_keep_best_keeps_the_k_best_validations_files(tmp_path, monkeypatch):
+    """train.keep_best=2: best_step<S>.safetensors of the two best val metrics so far, the others deleted; the list
+    lives in the train state (a resumed run keeps the same files)."""
+    from types import SimpleNamespace
+
+    import captioner.training.best_epoch as best_epoch
+    from captioner.config import Config
+    from captioner.training.run import TrainState
+
+    monkeypatch.setattr(best_epoch, "save_checkpoint", lambda path, *a, **k: path.write_text("weights"))
+    cfg = Config()
+    cfg.train.keep_best, cfg.train.epochs, cfg.train.early_stop_patience = 2, 6, 0
+    run = SimpleNamespace(cfg=cfg, state=TrainState(history=[{}]), out=tmp_path, vocab=None,
+                          model=SimpleNamespace(state_dict=dict), place=SimpleNamespace(log=lambda _: None, main=True),
+                          val_sets=[SimpleNamespace(records=[None] * 50)], best_path=tmp_path / "best.safetensors",
+                          optimizer=SimpleNamespace(param_groups=[{"lr": 1e-3}]))
+    for epoch, value in enumerate([0.2, 0.5, 0.3, 0.1, 0.4], start=1):
+        run.state.epoch, run.state.step = epoch, 10 * epoch
+        best_epoch.end_epoch(run, value, hit_max=False)
+    assert sorted(p.name for p in tmp_path.glob("best_step*")) == ["best_step20.safetensors", "best_step50.safetensors"]
+    assert run.state.kept_best == [[0.5, 20], [0.4, 50]]

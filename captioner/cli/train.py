@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from captioner.cli import device_refused
 
@@ -137,6 +138,8 @@ def _processes(cfg, args) -> tuple[str, int, int] | None:
     A multi-process run needs its feature caches built first: without them every rank refuses (None) before
     the process group starts, so no rank waits on a barrier while another builds them."""
     from captioner.api import default_device
+    from captioner.checkpoint import read_train_state
+    from captioner.training.run import processes_refused
     from captioner.training.sources import missing_caches
 
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
@@ -145,11 +148,12 @@ def _processes(cfg, args) -> tuple[str, int, int] | None:
         return device, rank, world
     if missing := missing_caches(cfg):  # every rank finds them missing; rank 0 alone says so (the same exit code)
         sets = " ".join(f"--set {s}" for s in args.set)
-        if rank == 0:
-            print(f"error: torchrun needs the feature caches first ({', '.join(missing)} missing in {cfg.data.cache_dir}). "
-                  f"Build them in one process: captioner-prepare --config {args.config} {sets}; then rerun torchrun.",
-                  file=sys.stderr)
-        return None
+        return _refused(rank, f"torchrun needs the feature caches first ({', '.join(missing)} missing in "
+                        f"{cfg.data.cache_dir}). Build them in one process: captioner-prepare --config {args.config} "
+                        f"{sets}; then rerun torchrun.")
+    last = Path(cfg.train.out_dir) / "last.safetensors"  # every rank reads the same header: all refuse, rank 0 says it
+    if refused := processes_refused(last, read_train_state(last) if last.is_file() else None, world):
+        return _refused(rank, refused)
     import torch
     import torch.distributed as dist
 
@@ -158,6 +162,15 @@ def _processes(cfg, args) -> tuple[str, int, int] | None:
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
         torch.cuda.set_device(device)
     return device, rank, world
+
+
+def _refused(rank: int, why: str) -> None:
+    """A refusal every rank of a torchrun group reaches before the process group starts: rank 0 alone prints it
+    (one line, not one per rank); every rank then exits 2. (torchrun itself reports a group whose processes exit
+    non-zero with a summary of its own after it.)"""
+    if rank == 0:
+        print(f"error: {why}", file=sys.stderr)
+    return None
 
 
 if __name__ == "__main__":

@@ -48,13 +48,24 @@ def plan(dest: Path) -> list[str]:
     """One line per file: what is fetched from where, its checksum, and what is already there."""
     lines = []
     for d in COCO_2014:
-        state = ("unpacked" if (dest / d.unpacks_to).exists() else
-                 "downloaded" if (dest / d.name).is_file() else
-                 f"{(dest / (d.name + '.part')).stat().st_size / 2**20:,.0f} MiB of it downloaded, resumes"
-                 if (dest / (d.name + ".part")).is_file() else "to fetch")
         check = f"md5 {d.md5}" if d.md5 else "no published checksum"
-        lines.append(f"{d.url} -> {dest / d.name} ({d.size}, {check}; {state})")
+        lines.append(f"{d.url} -> {dest / d.name} ({d.size}, {check}; {_found(d, dest)})")
     return lines
+
+
+def _found(d: Download, dest: Path) -> str:
+    """What `dest` already holds of one download, in words that claim no more than the files show: a file at the
+    final name is only a file of that size until its checksum is read (the real run reads it before unpacking)."""
+    done, part = dest / d.name, dest / (d.name + ".part")
+    if (dest / d.unpacks_to).exists():
+        return f"{d.unpacks_to} is there: skipped"
+    if done.is_file():
+        mib = f"a {done.stat().st_size / 2**20:,.1f} MiB file is there"
+        return (f"{mib}: its md5 is checked before it is unpacked (a wrong one is set aside and fetched again)"
+                if d.md5 else f"{mib}: unpacked as it is (nothing to check it against)")
+    if part.is_file():
+        return f"{part.stat().st_size / 2**20:,.0f} MiB of it fetched into {part.name}: the download resumes there"
+    return "to fetch"
 
 
 def fetch_all(dest: Path, log: Log, keep_zips: bool = False) -> None:

@@ -1,5 +1,9 @@
 """How a training epoch's batches are read: each rank's share of the bucketed batch order, from a
 feature memory map (a slice per batch, no worker processes) or from images (a DataLoader with workers).
+
+One item of the order is one optimizer step's photos (train.batch_images x train.accumulate): the sampler
+length-sorts, shuffles and shards at that size, and MicroBatches splits each into micro-batches of
+train.batch_images, so a run with accumulation k trains on exactly the photos of the run with a k-times batch.
 """
 from __future__ import annotations
 
@@ -14,8 +18,8 @@ from .dataset import BucketBatchSampler, FeatureDataset, ignore_stop_signals
 
 
 class RankBatches:
-    """Every rank takes its share of the same batch order; all ranks run the same number of steps.
-    `start` skips the batches of the epoch already done (mid-epoch resume)."""
+    """Every rank takes its share of the same batch order (one batch per optimizer step); all ranks run the same
+    number of steps. `start` skips the steps of the epoch already done (mid-epoch resume)."""
 
     def __init__(self, sampler: BucketBatchSampler, rank: int, world: int):
         self.sampler, self.rank, self.world = sampler, rank, world
@@ -29,6 +33,19 @@ class RankBatches:
 
     def __len__(self) -> int:
         return len(self.sampler) // self.world - self.start
+
+
+class MicroBatches:
+    """A collate function for one optimizer step's samples: the collated micro-batches of `size` samples each, in
+    the step's order (train.accumulate; one batch when the step has no more than `size`). A micro-batch whose
+    images were all unreadable (collate_skip_missing's None) is left out."""
+
+    def __init__(self, collate_fn: Callable, size: int):
+        self.collate_fn, self.size = collate_fn, size
+
+    def __call__(self, samples: list) -> list[Any]:
+        parts = (self.collate_fn(samples[k:k + self.size]) for k in range(0, len(samples), self.size))
+        return [b for b in parts if b is not None]
 
 
 class FeatureBatches:
@@ -46,7 +63,9 @@ class FeatureBatches:
 
     def _read(self, idx: list[int]) -> Any:
         batch = self.collate_fn([self.dataset[i] for i in idx])
-        return batch.pin_memory() if self.pin_memory and batch is not None else batch
+        if not self.pin_memory or batch is None:
+            return batch
+        return [b.pin_memory() for b in batch] if isinstance(batch, list) else batch.pin_memory()
 
     def __iter__(self) -> Iterator[Any]:
         if self.prefetch < 1:
@@ -89,9 +108,11 @@ class FeatureBatches:
 
 
 def epoch_loader(dataset: Any, batches: RankBatches, collate_fn: Callable, from_features: bool,
-                 num_workers: int, pin_memory: bool, seed: int = 0) -> Any:
-    """The iterable of one epoch's batches (starting at batches.start). An image loader takes its workers'
+                 num_workers: int, pin_memory: bool, seed: int = 0, micro: int = 0) -> Any:
+    """The iterable of one epoch's steps (starting at batches.start): each a list of micro-batches of `micro`
+    samples (MicroBatches), or one collated batch where `micro` is 0. An image loader takes its workers'
     seeds from a generator of its own (`seed`): the global one stays the training's alone."""
+    collate_fn = MicroBatches(collate_fn, micro) if micro else collate_fn
     if from_features:  # activations draw their mirror images from Python's random state, which a checkpoint saves:
         # read ahead, they would draw before the saved state, so only features (no randomness) are read ahead
         return FeatureBatches(dataset, batches, collate_fn, pin_memory, prefetch=2 if isinstance(dataset, FeatureDataset) else 0)

@@ -65,13 +65,36 @@ def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
                 g["lr"] *= cfg.train.lr_decay
             state.since_decay = 0
             log(f"  no improvement: learning rate x{cfg.train.lr_decay} -> {run.optimizer.param_groups[0]['lr']:.2e}")
+    if not (few and state.epoch == 0):
+        keep_best(run, value, few)
     state.lr = run.optimizer.param_groups[0]["lr"]
-    stop = state.bad_epochs >= cfg.train.early_stop_patience or hit_max
+    stop = cfg.train.out_of_patience(state.bad_epochs) or hit_max
     if stop:
         log(f"reached train.max_steps={cfg.train.max_steps}" if hit_max else
             f"early stopping: no {cfg.train.val_metric} improvement for {state.bad_epochs} epoch(s)")
     state.finished = stop or state.epoch >= cfg.train.epochs
     return stop
+
+
+def keep_best(run: Run, value: float, few: int) -> None:
+    """train.keep_best=k: the k best validated weights by the val metric as best_step<S>.safetensors (S the optimizer
+    step), the others deleted; their (value, step) list is in the train state, so a resumed run keeps the same
+    files. With too few val photos to choose by (few) the last k are kept."""
+    k, state = run.cfg.train.keep_best, run.state
+    if not k:
+        return
+    score = float(state.step) if few else value  # recency where the scores cannot choose
+    kept = sorted(state.kept_best + [[score, state.step]], key=lambda e: (-e[0], -e[1]))
+    state.kept_best, dropped = kept[:k], kept[k:]
+    if not run.place.main:
+        return
+    if [score, state.step] in state.kept_best:
+        meta = {"val": state.history[-1], "epoch": state.epoch, "step": state.step,
+                "objective": run.cfg.train.objective}
+        save_checkpoint(run.out / f"best_step{state.step}.safetensors", run.cfg, run.vocab, run.model.state_dict(),
+                        metrics=meta, then=RESUMES)
+    for _, step in dropped:
+        (run.out / f"best_step{step}.safetensors").unlink(missing_ok=True)
 
 
 def validate_warm_start(run: Run) -> None:
@@ -84,7 +107,7 @@ def why_finished(state: TrainState, cfg: Config) -> str:
     """Which stopping rule ended a finished run, and the setting that would let it go on."""
     if cfg.train.max_steps and state.step >= cfg.train.max_steps:
         return f"train.max_steps={cfg.train.max_steps} reached: raise it to go on"
-    if state.bad_epochs >= cfg.train.early_stop_patience:
+    if cfg.train.out_of_patience(state.bad_epochs):
         return (f"stopped early after {state.bad_epochs} epoch(s) without improvement: raise "
                 "train.early_stop_patience to go on")
     return f"{state.epoch} of train.epochs={cfg.train.epochs} done: raise train.epochs to train longer"

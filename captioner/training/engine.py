@@ -117,7 +117,7 @@ def _close_epoch(run: Run) -> bool:
     with averaged(run.ema, run.model):  # train.ema_decay: the average is validated, kept as best and per epoch
         stop = end_epoch(run, validate(run, state.epoch_stats), hit_max)
         keep_epoch(run)
-    state.validating, state.epoch_stats, state.epoch_sums = False, {}, {}
+    state.validating, state.epoch_stats, state.epoch_sums, state.epoch_counts = False, {}, {}, {}
     state.epoch_weight = state.epoch_batches = 0
     state.epoch_seconds = 0.0
     save_last(run)
@@ -130,7 +130,8 @@ def _close_epoch(run: Run) -> bool:
 
 def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str, float]:
     """One pass over `loader` (already starting at batch `skip` when resuming) -> epoch averages of
-    the objective's logged terms (weighted by tokens), seconds and batches. The sums live in the train state,
+    the objective's logged terms (each weighted by what it is a mean over: Terms.count), seconds and batches.
+    The sums live in the train state,
     so an epoch stopped and resumed averages exactly what an uninterrupted one does. A stop request is
     honoured after the step it arrives in: that step is saved, then Interrupted is raised."""
     from tqdm import tqdm
@@ -140,20 +141,14 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
     encoder_train_mode(cfg, model)  # frozen (or BN-frozen tuned) encoder: batch-norm statistics stay ImageNet's
     t0, n = time.time(), len(loader) + skip
     bar = tqdm(total=n, initial=skip, desc=f"epoch {state.epoch + 1}", disable=not (place.progress and place.main),
-               unit="batch")
+               unit="step")
     run.watch.restart_clock()
-    k, micro = cfg.train.accumulate, []
     with run.stop.deferred():
-        for i, batch in enumerate(loader, start=skip):
+        for i, micro in enumerate(loader, start=skip):  # one optimizer step's micro-batches (train.accumulate)
             bar.update(1)
-            if batch is not None:  # None: every image of this batch was unreadable
-                micro.append(batch)
-            if (i + 1) % k and i + 1 < n:  # train.accumulate: the step's micro-batches are not all read yet
-                continue  # (steps end at fixed positions, so a resumed epoch groups its batches as before)
             state.batch_in_epoch = i + 1
-            if micro:
-                _one_step(run, micro, -(-n // k) - -(-(i + 1) // k), -(-n // k))
-            micro = []
+            if micro:  # empty: every image of this step was unreadable
+                _one_step(run, micro, n - (i + 1), n)
             if cfg.train.max_steps and state.step >= cfg.train.max_steps:
                 break
             if signum := run.stop.pending(place.world_size, place.device):
@@ -162,26 +157,29 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
                 raise Interrupted(signum, f"stopped at epoch {state.epoch + 1}, step {state.step}")
     bar.close()
     state.epoch_seconds += time.time() - t0
-    weight = max(state.epoch_weight, 1)
-    return {**{k: v / weight for k, v in state.epoch_sums.items()}, "seconds": state.epoch_seconds,
+    # (a checkpoint from before per-log counts has none: its sums were weighted by tokens)
+    counts = {k: state.epoch_counts.get(k, state.epoch_weight) for k in state.epoch_sums}
+    return {**{k: v / max(counts[k], 1) for k, v in state.epoch_sums.items()}, "seconds": state.epoch_seconds,
             "batches": state.epoch_batches}
 
 
 def _one_step(run: Run, micro: list[Any], steps_left: int, per_epoch: int) -> None:
-    """An optimizer step over the read micro-batches (one unless train.accumulate) and its bookkeeping: the
-    epoch's sums, the watcher's line, the periodic checkpoint. steps_left, per_epoch: optimizer steps."""
+    """An optimizer step over the step's micro-batches (one unless train.accumulate) and its bookkeeping: the
+    epoch's sums, the watcher's line, the periodic checkpoint. steps_left, per_epoch: optimizer steps. The
+    micro-batches go to the device one at a time (train_step), so only one micro-batch is there at once."""
     cfg, state, device = run.cfg, run.state, run.place.device
-    moved = [b.to(device, non_blocking=True) for b in micro]
     scale = lr_scale(cfg.train, state.step, total_steps(cfg.train, per_epoch))
-    terms = train_step(run.train_module, run.optimizer, moved[0] if len(moved) == 1 else moved, cfg, device,
+    batch = micro[0].to(device, non_blocking=True) if len(micro) == 1 else micro
+    terms = train_step(run.train_module, run.optimizer, batch, cfg, device,
                        f" at step {state.step} (epoch {state.epoch + 1})", scale, run.scaler)
     if run.ema is not None:
         run.ema.update(run.model)
-    state.step, state.epoch_batches = state.step + 1, state.epoch_batches + len(moved)
+    state.step, state.epoch_batches = state.step + 1, state.epoch_batches + len(micro)
     state.epoch_weight += terms.weight
-    for k, v in terms.logs.items():
-        state.epoch_sums[k] = state.epoch_sums.get(k, 0.0) + v * terms.weight
-    run.watch.count(sum(len(b.visual) for b in moved), sum(len(b.inputs) for b in moved))
+    for k, v in terms.logs.items():  # each log weighted by what it is a mean over (Terms.count)
+        state.epoch_sums[k] = state.epoch_sums.get(k, 0.0) + v * terms.count(k)
+        state.epoch_counts[k] = state.epoch_counts.get(k, 0.0) + terms.count(k)
+    run.watch.count(sum(len(b.visual) for b in micro), sum(len(b.inputs) for b in micro))
     if state.step % cfg.train.log_every == 0:
         lr = run.optimizer.param_groups[0]["lr"] * scale  # the rate this step used
         rec = {"kind": "train", "epoch": state.epoch + 1, "step": state.step, **terms.logs, "lr": lr,
@@ -199,11 +197,11 @@ def train_step(objective: Callable[[Any], Terms], optimizer: torch.optim.Optimiz
                scaler: torch.amp.GradScaler | None = None) -> Terms:
     """THE optimiser step (fit, the benchmark and the tests all call it): objective(batch) under the
     run's autocast, a finite-loss check, backward, gradient clipping over the optimiser's parameters
-    (train.grad_clip), Adam at each group's lr x `lr_scale` (schedule.lr_scale). `batch` may be a list of
-    micro-batches (train.accumulate): their gradients are summed, each loss weighted by its share of the
-    step's normaliser (micro_shares), so k micro-batches of B make the step one batch of kB would; clipping
-    sees the summed gradient. `scaler`: fp16's GradScaler (grad_scaler). `where` ("at step 12 (epoch 1)")
-    goes into the error messages."""
+    (train.grad_clip), the optimiser (Adam or AdamW: optimizer.py) at each group's lr x `lr_scale`
+    (schedule.lr_scale). `batch` may be a list of micro-batches (train.accumulate): their gradients are summed,
+    each loss weighted by its share of the step's normaliser (micro_shares), so k micro-batches of B make the
+    step one batch of kB would; clipping sees the summed gradient. `scaler`: fp16's GradScaler (grad_scaler).
+    `where` ("at step 12 (epoch 1)") goes into the error messages."""
     micro = list(batch) if isinstance(batch, (list, tuple)) else [batch]
     shares = micro_shares(micro, cfg) if len(micro) > 1 else [1.0]
     optimizer.zero_grad(set_to_none=True)
@@ -243,11 +241,14 @@ def micro_shares(micro: Sequence[Any], cfg: Config) -> list[float]:
 
 
 def _merged(parts: Sequence[Terms], shares: Sequence[float]) -> Terms:
-    """One step's Terms from its micro-batches': the weights add up, logs are averaged by weight (as the epoch's are)."""
+    """One step's Terms from its micro-batches': the weights and counts add up, and each log is the mean over what
+    it counts (Terms.count: tokens for the cross-entropy, captions for the attention penalty), so the step logs what
+    one batch of all its micro-batches logs."""
     weight = sum(t.weight for t in parts)
-    logs = {k: sum(t.logs.get(k, 0.0) * t.weight for t in parts) / max(weight, 1) for k in parts[0].logs}
+    counts = {k: sum(t.count(k) for t in parts) for k in parts[0].logs}
+    logs = {k: sum(t.logs.get(k, 0.0) * t.count(k) for t in parts) / max(counts[k], 1) for k in parts[0].logs}
     total = sum(t.total.detach() * s for t, s in zip(parts, shares))
-    return Terms(total, weight, logs)
+    return Terms(total, weight, logs, counts=counts)
 
 
 def _sync_unless(objective: Any, last: bool):
@@ -332,7 +333,8 @@ def _accumulated(cfg: Config) -> str:
     t = cfg.train
     if t.accumulate == 1:
         return ""
-    return f" of {t.batch_images} images, {t.accumulate} per optimizer step ({t.accumulate * t.batch_images} images)"
+    return (f" of {t.accumulate * t.batch_images} images, each read as {t.accumulate} micro-batches of "
+            f"{t.batch_images} (train.accumulate)")
 
 
 def _source(cfg: Config) -> str:
@@ -348,4 +350,4 @@ def _loader(run: Run) -> Any:
     if isinstance(run.dataset, ImageDataset):  # its augmentations are drawn per (seed, epoch, image), in any worker
         run.dataset.set_epoch(run.state.epoch)
     return epoch_loader(run.dataset, run.batches, run.collate_fn, not run.cfg.encoder_in_loop,
-                        run.cfg.data.num_workers, run.place.device.type == "cuda", seed)
+                        run.cfg.data.num_workers, run.place.device.type == "cuda", seed, run.cfg.train.batch_images)

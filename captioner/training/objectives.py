@@ -37,9 +37,16 @@ from ..vocab import FUNCTION_WORDS, SpecialIds, Vocab
 @dataclass
 class Terms:
     total: torch.Tensor  # what backward() sees
-    weight: int  # how much this batch counts in the epoch's averages (tokens)
+    weight: int  # the objective's divisor (tokens): the batch's share of an accumulated step and of the epoch
     logs: dict[str, float] = field(default_factory=dict)  # per-batch scalars for metrics.jsonl
     grad_norm: Any = 0.0  # the gradients' norm before clipping (engine.train_step sets it; a tensor, read when logged)
+    # what each log is a mean over, where that is not `weight`'s tokens (the attention penalty: captions): a step's
+    # micro-batches and an epoch's steps are combined by these counts, so an accumulated step logs the large batch's
+    counts: dict[str, float] = field(default_factory=dict)
+
+    def count(self, key: str) -> float:
+        """How many things log `key` is the mean over (tokens unless `counts` says otherwise)."""
+        return self.counts.get(key, self.weight)
 
 
 def batch_features(model: ShowAttendTell, batch: Batch, cfg: Config) -> torch.Tensor:
@@ -67,14 +74,14 @@ class EncoderTerms:
                 self.word_cats[:, MAP_CATEGORIES.index("person")] = 0
 
     def __call__(self, model: ShowAttendTell, batch: Batch, feats: torch.Tensor, alphas: torch.Tensor | None,
-                 n_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+                 n_tokens: int) -> tuple[torch.Tensor, dict[str, float], dict[str, float]]:
         """feats (Bi, P, D); alphas (B, T, P) the teacher-forced attention of the batch's references (None:
         not computed, allowed without alpha_cam); n_tokens: the objective's per-token divisor
-        -> (what to add to its total, logs)."""
+        -> (what to add to its total, logs, what each log is a mean over: Terms.counts)."""
         t = self.cfg.train
-        total, logs = feats.new_zeros(()).float(), {}
+        total, logs, counts = feats.new_zeros(()).float(), {}, {}
         if not (t.alpha_cam or t.alpha_head):
-            return total, logs
+            return total, logs, counts
         head = encoder_head(model)
         if t.alpha_cam:
             with torch.no_grad():  # the map is the target: the classifier's view, not pulled towards the attention
@@ -83,11 +90,12 @@ class EncoderTerms:
                               t.cam_min_prob)
             total = total + t.alpha_cam * cam * n / max(n_tokens, 1)  # per token, like the cross-entropy
             logs.update({"cam": cam.item(), "cam_words": n / max(n_tokens, 1)})
+            counts.update({"cam": n, "cam_words": n_tokens})  # cam: per supervised word; cam_words: a share of tokens
         if t.alpha_head:
             kl = head_kl(head, feats, batch.teacher_logits)
             total = total + t.alpha_head * kl
-            logs["head_kl"] = kl.item()
-        return total, logs
+            logs["head_kl"], counts["head_kl"] = kl.item(), len(feats)  # per photo
+        return total, logs, counts
 
 
 class CrossEntropy:
@@ -107,23 +115,26 @@ class CrossEntropy:
         logits, alphas, _, loc_logp = dec.teacher_force(feats, batch.inputs, batch.lengths, batch.image_index,
                                                      "sample" if sampled else "expected")
         c = caption_loss(logits, alphas, batch.targets, batch.lengths, t.alpha_c, t.label_smoothing)
-        logs = {"xent": c.xent.item(), "penalty": c.penalty.item()}
-        extra, extra_logs = self.encoder_terms(model, batch, feats, alphas, c.n_tokens)
-        c.total, logs = c.total + extra, {**logs, **extra_logs}
+        logs = {"xent": c.xent.item(), "penalty": c.penalty.item()}  # xent per token, the penalty per caption
+        captions = len(batch.lengths)
+        extra, extra_logs, counts = self.encoder_terms(model, batch, feats, alphas, c.n_tokens)
+        c.total, logs, counts = c.total + extra, {**logs, **extra_logs}, {"penalty": captions, **counts}
         if not dec.hard:
-            return Terms(c.total, c.n_tokens, logs)
+            return Terms(c.total, c.n_tokens, logs, counts=counts)
         # hard models log the same keys on every batch, so epoch averages are over all batches
         baseline = dec.reinforce_baseline
         logs.update({"sampled": float(sampled), "baseline": baseline.item(), "reinforce": 0.0,
                      "entropy": attention_entropy(alphas.detach()).mean().item()})
+        # per caption; the draw and the baseline once per batch
+        counts.update({"reinforce": captions, "entropy": captions, "sampled": 1, "baseline": 1})
         if not sampled:  # expected context: the plain soft loss, no REINFORCE term
-            return Terms(c.total, c.n_tokens, logs)
+            return Terms(c.total, c.n_tokens, logs, counts=counts)
         log_lik = caption_log_likelihood(logits, batch.targets, batch.lengths)  # (B,)
         h = hard_attention_terms(log_lik, loc_logp, alphas, baseline, c.n_tokens, t.hard_reinforce, t.hard_entropy)
         logs["reinforce"] = h.reinforce.item()
         total = c.total + h.total  # with the baseline before this batch; then b moves towards this batch's mean
         update_baseline(baseline, log_lik, t.hard_baseline_decay)
-        return Terms(total, c.n_tokens, logs)
+        return Terms(total, c.n_tokens, logs, counts=counts)
 
 
 def mean_of_others(reward: torch.Tensor) -> torch.Tensor:
@@ -190,15 +201,17 @@ class SelfCritical:
         total = pg + t.alpha_c * penalty.sum() / n_tokens
         logs = {"reward": reward.mean().item(), "baseline": baseline.mean().item(),
                 "sample_len": n_tokens / s.mask.shape[0], "penalty": t.alpha_c * penalty.mean().item()}
+        samples = s.mask.shape[0]  # Bi x K: the reward, its baseline, the length and the penalty are per sample
+        counts = {"reward": samples, "baseline": samples, "sample_len": samples, "penalty": samples}
         if t.scst_xent:  # mixed objective: the references' likelihood keeps the policy near fluent captions
             logits, alphas, _, _ = model.decoder.teacher_force(feats, batch.inputs, batch.lengths, batch.image_index)
             xent = caption_loss(logits, alphas, batch.targets, batch.lengths, 0.0).xent
             total = total + t.scst_xent * xent
-            logs["xent"] = xent.item()
-            extra, extra_logs = self.encoder_terms(model, batch, feats, alphas, int(batch.lengths.sum()))
+            logs["xent"], counts["xent"] = xent.item(), int(batch.lengths.sum())  # per reference token
+            extra, extra_logs, extra_counts = self.encoder_terms(model, batch, feats, alphas, int(batch.lengths.sum()))
         else:  # alpha_cam needs the references' attention (checked in __init__); alpha_head does not
-            extra, extra_logs = self.encoder_terms(model, batch, feats, None, n_tokens)
-        return Terms(total + extra, n_tokens, {**logs, **extra_logs})
+            extra, extra_logs, extra_counts = self.encoder_terms(model, batch, feats, None, n_tokens)
+        return Terms(total + extra, n_tokens, {**logs, **extra_logs}, counts={**counts, **extra_counts})
 
     @torch.no_grad()
     def _greedy_reward(self, model: ShowAttendTell, feats: torch.Tensor, refs: list[list[list[int]]]) -> torch.Tensor:

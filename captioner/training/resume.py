@@ -6,8 +6,9 @@ where things are written): applied, one logged line per changed key. A larger tr
 early_stop_patience, or max_steps) reopens a finished run; a new train.lr / encoder_lr /
 weight_decay replaces the optimiser's stored (possibly decayed) value.
 Anything else (model.*, the data and vocabulary: data.dataset, root, limit, min_word_count ...,
-batch size and seed, which fix the mid-epoch position, the objective, the validation metric the
-best checkpoint was chosen on) would silently mix two runs: refused, with the differing keys named.
+batch size, accumulation and seed, which fix the mid-epoch position, the weights' average, the objective,
+the validation metric the best checkpoint was chosen on) would silently mix two runs: refused, with the
+differing keys named and what each fixes (FIXED_BY).
 """
 from __future__ import annotations
 
@@ -24,11 +25,13 @@ SAFE_TO_CHANGE = frozenset(
         "early_stop_patience", "val_beam_size", "val_limit", "amp", "cpu_amp", "compile", "log_every",
         "checkpoint_every", "max_steps", "scst_samples", "scst_baseline", "scst_max_len", "scst_bad_ending_penalty",
         "scst_dropout", "scst_xent", "scst_reward_end", "hard_expected_prob", "hard_reinforce", "hard_entropy",
-        "hard_baseline_decay", "new_words_lr_factor", "keep_epochs", "tensorboard")]
+        "hard_baseline_decay", "new_words_lr_factor", "keep_epochs", "keep_best", "tensorboard")]
     + [f"data.{k}" for k in ("cache_dir", "num_workers", "max_caption_len")]
     + ["decode.*"])
 PATH_KEYS = ("data.root", "data.images", "data.annotations", "data.val_images", "data.val_annotations")
-OPTIMIZER_KEYS = {"train.lr": (0, "lr"), "train.encoder_lr": (1, "lr"), "train.weight_decay": (None, "weight_decay")}
+# a changed key -> (the role of the groups it sets, or None: every group that decays; the group's entry)
+OPTIMIZER_KEYS = {"train.lr": ("decoder", "lr"), "train.encoder_lr": ("encoder", "lr"),
+                  "train.weight_decay": (None, "weight_decay")}
 
 
 def _flat(cfg: Config) -> dict[str, Any]:
@@ -52,14 +55,37 @@ def config_changes(stored: Config, cfg: Config) -> tuple[dict[str, tuple[Any, An
     return safe, unsafe
 
 
+# what an unsafe key fixes in a run (the refusal says it per key): a section's entry unless the key has its own
+FIXED_BY = {
+    "model": "the model the checkpoint's weights are",
+    "data": "the photos, captions and vocabulary the run trains on",
+    "train.batch_images": "which photos make each step, and so where the stopped epoch stands",
+    "train.accumulate": "which photos make each step (a step's batch is batch_images x accumulate), and so where "
+                        "the stopped epoch stands",
+    "train.min_epoch_batches": "the epoch's batches, and so where the stopped epoch stands",
+    "train.seed": "the batch order and every random draw of the run",
+    "train.ema_decay": "the weights' average the checkpoint holds (validated, kept as best and per epoch)",
+    "train.optimizer": "the optimiser whose moments the checkpoint holds",
+    "train.objective": "what the run optimises",
+    "train.val_metric": "the metric best.safetensors and keep_best were chosen on",
+    "train.init_from": "what the run started from", "train.init_encoder": "what the run started from",
+    "train.extend_vocab": "the vocabulary", "train.new_words_only": "which weights the run trains",
+}
+
+
+def fixed_by(key: str) -> str:
+    """What a setting that cannot change on resume fixes in the run, in words (FIXED_BY)."""
+    return FIXED_BY.get(key) or FIXED_BY.get(key.split(".")[0]) or "how the stopped run was built"
+
+
 def check_resume(stored: Config, cfg: Config, source: str, log: Callable[[str], None]) -> dict[str, tuple[Any, Any]]:
-    """The safe changes (logged, one line each); a ValueError naming every unsafe one."""
+    """The safe changes (logged, one line each); a ValueError naming every unsafe one and what it fixes."""
     safe, unsafe = config_changes(stored, cfg)
     if unsafe:
-        listed = "; ".join(f"{k}: {a!r} (stored) vs {b!r} (this command)" for k, (a, b) in unsafe.items())
-        raise ValueError(f"cannot resume {source} with other settings: {listed}. These change the model, the data "
-                         "or the vocabulary the run was built with. Use the stored values, or start a new run in "
-                         "another train.out_dir (train.init_from can start it from this run's weights).")
+        listed = "; ".join(f"{k}: {a!r} (stored) vs {b!r} (this command), it fixes {fixed_by(k)}"
+                           for k, (a, b) in unsafe.items())
+        raise ValueError(f"cannot resume {source} with other settings: {listed}. Use the stored values, or start a "
+                         "new run in another train.out_dir (train.init_from can start it from this run's weights).")
     for key, (a, b) in safe.items():
         log(f"resume: {key} {a!r} -> {b!r} (changed by this command; applied)")
     return safe
@@ -71,7 +97,7 @@ def reopen(state: Any, cfg: Config, log: Callable[[str], None]) -> None:
     if not state.finished:
         return
     t = cfg.train
-    done = (state.epoch >= t.epochs or state.bad_epochs >= t.early_stop_patience
+    done = (state.epoch >= t.epochs or t.out_of_patience(state.bad_epochs)
             or bool(t.max_steps and state.step >= t.max_steps))
     if not done:
         state.finished = False
@@ -79,11 +105,11 @@ def reopen(state: Any, cfg: Config, log: Callable[[str], None]) -> None:
 
 
 def apply_to_optimizer(optimizer: Any, changed: dict[str, tuple[Any, Any]]) -> None:
-    """A changed train.lr / encoder_lr / weight_decay replaces the value the optimiser was restored with."""
-    for key, (group, name) in OPTIMIZER_KEYS.items():
-        if key in changed:
-            groups = optimizer.param_groups if group is None else optimizer.param_groups[group:group + 1]
-            for g in groups:
+    """A changed train.lr / encoder_lr / weight_decay replaces the value the optimiser was restored with: the rates
+    in the groups of their role (optimizer.py), the decay in the groups that decay."""
+    for g in optimizer.param_groups:
+        for key, (role, name) in OPTIMIZER_KEYS.items():
+            if key in changed and (role == g.get("role") if role else g.get("decay", True)):
                 g[name] = changed[key][1]
 
 

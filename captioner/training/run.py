@@ -24,6 +24,7 @@ from .place import Log, Place
 from .sources import Mix, RunData, ValSet, build_data
 from .objectives import Terms, batch_features, build_objective
 from .ema import EMA, PREFIX as EMA_PREFIX
+from .optimizer import build_optimizer, keep_roles
 from .precision import grad_scaler
 from .resume import apply_to_optimizer, check_init, check_resume, reopen
 from .rng import restore as restore_rng, seed_everything
@@ -48,7 +49,7 @@ class TrainState:
     an epoch's steps but before its validation ends (validating) resumes with that validation."""
 
     epoch: int = 0  # epochs whose steps are done
-    batch_in_epoch: int = 0  # batches done in the current epoch (mid-epoch resume)
+    batch_in_epoch: int = 0  # optimizer steps' batches done in the current epoch (mid-epoch resume)
     step: int = 0
     lr: float = 0.0
     best_metric: float = -math.inf
@@ -61,9 +62,11 @@ class TrainState:
     # the current epoch's running sums (saved mid-epoch: a resumed epoch averages what an uninterrupted one does)
     epoch_sums: dict[str, float] = field(default_factory=dict)
     epoch_weight: int = 0
+    epoch_counts: dict[str, float] = field(default_factory=dict)  # what each sum's log is a mean over (Terms.count)
     epoch_batches: int = 0
     epoch_seconds: float = 0.0
     epoch_stats: dict[str, float] = field(default_factory=dict)  # the finished epoch's averages, for validation
+    kept_best: list[list[float]] = field(default_factory=list)  # train.keep_best: [val metric, step] of each file
 
     def stopped_at(self) -> str:
         """The resume point in words, for the line a stop prints."""
@@ -91,7 +94,7 @@ class Run:
     dataset: Any  # FeatureDataset | ImageDataset | ActivationDataset
     collate_fn: Callable
     sampler: BucketBatchSampler
-    batches: RankBatches  # this rank's share of the sampler's batches
+    batches: RankBatches  # this rank's share of the sampler's batches (one per optimizer step)
     val_sets: list[ValSet]  # one per caption set: cached features/activations, or None (encode the images each time)
     # where the run stands (saved with every resumable checkpoint)
     state: TrainState
@@ -158,11 +161,8 @@ def _restore(cfg: Config, place: Place, train_records: Sequence[ImageRecord]) ->
         if not resume.train_state or "state" not in resume.train_state:
             raise TrainingError(f"{last_path} has no training state (is it an exported model?). Move it away "
                                 "or choose another train.out_dir.")
-        saved_by = len(resume.train_state.get("rng") or [])  # one random state per process that saved it
-        if saved_by and saved_by != world_size:  # each process's batches and generators: another count replays batches
-            raise TrainingError(f"{last_path} was saved by {saved_by} process(es) and this command runs {world_size}: "
-                                f"resume with the same number (torchrun --nproc_per_node={saved_by}) or choose "
-                                "another train.out_dir")
+        if refused := processes_refused(last_path, resume.train_state, world_size):
+            raise TrainingError(refused)
         changed = check_resume(resume.config, cfg, str(last_path), log)  # ValueError: an unsafe change
         state = TrainState(**resume.train_state["state"])
         reopen(state, cfg, log)
@@ -187,6 +187,17 @@ def _restore(cfg: Config, place: Place, train_records: Sequence[ImageRecord]) ->
     if place.main:
         log(str(vocab.stats(captions, cfg.data.max_caption_len)))
     return Start(None, vocab, state)
+
+
+def processes_refused(last_path: Path, train_state: dict[str, Any] | None, world_size: int) -> str:
+    """Why a stopped run cannot resume with `world_size` processes ("" where it can): each process saved its random
+    states and its share of the batches, so another count would replay batches and draw other samples. The command
+    asks before the process group starts (cli/train.py: rank 0 says it, once); _restore asks again (the library)."""
+    saved_by = len((train_state or {}).get("rng") or [])  # one random state per process that saved it
+    if not saved_by or saved_by == world_size:
+        return ""
+    return (f"{last_path} was saved by {saved_by} process(es) and this command runs {world_size}: resume with the "
+            f"same number (torchrun --nproc_per_node={saved_by}) or choose another train.out_dir")
 
 
 def run_vocabulary(cfg: Config, captions: Sequence[str], init_vocab: Vocab | None) -> Vocab:
@@ -223,15 +234,19 @@ def _model(cfg: Config, vocab_size: int, weights: dict | None, fresh: bool, log:
 
 def _optimizer(cfg: Config, model: ShowAttendTell, resume: Any, device: torch.device,
                changed: dict[str, Any]) -> torch.optim.Optimizer:
-    groups = [{"params": list(model.decoder.parameters()), "lr": cfg.train.lr}]
+    """train.optimizer (optimizer.py) over the decoder and what of the encoder trains, with the stopped run's
+    moments when resuming."""
+    parts = [("decoder", list(model.decoder.parameters()), cfg.train.lr)]
     if cfg.model.fine_tune_encoder:
-        groups.append({"params": list(model.encoder.parameters()), "lr": cfg.train.encoder_lr})
+        parts.append(("encoder", list(model.encoder.parameters()), cfg.train.encoder_lr))
     elif cfg.model.tune_stages:
-        groups.append({"params": tuned_parameters(cfg, model), "lr": cfg.train.encoder_lr})
-    optimizer = torch.optim.Adam(groups, weight_decay=cfg.train.weight_decay)
+        parts.append(("encoder", tuned_parameters(cfg, model), cfg.train.encoder_lr))
+    optimizer = build_optimizer(cfg.train, model, parts)
+    roles = [(g["role"], g["decay"]) for g in optimizer.param_groups]
     if resume is not None and resume.optimizer_tensors:  # (the weights' averages travel with them: ema.PREFIX)
         optimizer_from_tensors(optimizer, {k: v.to(device) for k, v in resume.optimizer_tensors.items()
                                            if not k.startswith(EMA_PREFIX)}, resume.train_state["optimizer"])
+        keep_roles(optimizer, roles)
     apply_to_optimizer(optimizer, changed)  # a new train.lr / encoder_lr / weight_decay replaces the stored one
     return optimizer
 
@@ -262,8 +277,11 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     train, val, start = _begin(cfg, place)
     model = _placed_model(cfg, start, place)
     data = build_data(cfg, model, start.vocab, train, val, place)
-    sampler = BucketBatchSampler(data.mean_lengths, cfg.train.batch_images, seed=cfg.train.seed,
-                                 weights=data.weights or None, min_batches=cfg.train.min_epoch_batches)
+    # one batch per optimizer step (batch_images x accumulate), split into micro-batches as it is read (loader.py):
+    # length sorting, shuffling and sharding see the step's batch, so accumulation k is the k-times batch's run
+    sampler = BucketBatchSampler(data.mean_lengths, cfg.train.batch_images * cfg.train.accumulate,
+                                 seed=cfg.train.seed, weights=data.weights or None,
+                                 min_batches=cfg.train.min_epoch_batches)
     train_module, optimizer, new_words = _model_side(cfg, place, model, start, data)
     _random_states(cfg, start.resume, place)
     out = Path(cfg.train.out_dir)

@@ -7,8 +7,12 @@ and stored levels are the stopped run's) uses exactly the rates an uninterrupted
 scheduler object to save. With plateau and no warmup the scale is 1: today's behaviour, number for number.
 
     warmup   s < W:  (s + 1) / W                       (the first step already moves, at lr / W)
-    cosine   after:  m + (1 - m) (1 + cos(pi p)) / 2   p = (s - W) / (total - W - 1): 0 -> 1, min_lr at the last
+    cosine   after:  m + (1 - m) (1 + cos(pi p)) / 2   p = (s - W) / (total - W): 0 at the first step after warmup
     linear   after:  1 - (1 - m) p                     m = min_lr / lr (encoder_lr ends at the same fraction)
+
+p reaches 1 (the rate min_lr) one step after the run's last, as in Hugging Face's cosine and linear schedules: with
+the default min_lr=0 the last step still learns, at a small rate (a schedule ending at min_lr ON the last step would
+spend that step at lr 0 and change nothing).
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ def lr_scale(train: TrainConfig, step: int, total: int) -> float:
     if train.schedule == "plateau":
         return 1.0
     floor = train.min_lr / train.lr if train.lr else 0.0
-    p = min(max((step - warm) / max(total - warm - 1, 1), 0.0), 1.0)
+    p = min(max((step - warm) / max(total - warm, 1), 0.0), 1.0)
     if train.schedule == "cosine":
         return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * p))
     return 1.0 - (1.0 - floor) * p
