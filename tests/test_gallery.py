@@ -25,10 +25,18 @@ ITEMS = [("a.jpg", cap("a cat on a wall", [("cat", 0.87), ("person", 0.19)])),
 
 def test_csv_has_one_row_per_photo_with_its_caption_concepts_and_notes():
     rows = list(csv.reader(io.StringIO(gallery.batch_csv(ITEMS).decode("utf-8"))))
-    assert rows[0] == ["image", "caption", "log_prob", "concepts", "notes"]
+    assert rows[0] == ["image", "caption", "log_prob", "confidence", "sure", "concepts", "notes"]
     assert [r[0] for r in rows[1:]] == ["a.jpg", "b,c.png", "tiny.png"]  # a comma in a name stays one field
-    assert rows[1][1] == "a cat on a wall" and rows[1][3] == "cat 0.87; person 0.19"
-    assert rows[3][4].startswith("The photo is only 6x6 pixels") and rows[1][4] == ""
+    assert rows[1][1] == "a cat on a wall" and rows[1][5] == "cat 0.87; person 0.19"
+    assert rows[3][6].startswith("The photo is only 6x6 pixels") and rows[1][6] == ""
+    assert rows[1][3:5] == ["", ""]  # no fitted confidence: empty, never an invented number
+
+
+def test_csv_says_how_sure_each_caption_is():
+    sure, unsure = cap("a cat on a wall"), cap("a dog, running")
+    sure.confidence, unsure.confidence = 0.9, 0.1
+    rows = list(csv.reader(io.StringIO(gallery.batch_csv([("a.jpg", sure), ("b.jpg", unsure)]).decode("utf-8"))))
+    assert [r[3:5] for r in rows[1:]] == [["0.9000", "true"], ["0.1000", "false"]]
 
 
 def test_json_is_the_one_caption_shape_per_photo():

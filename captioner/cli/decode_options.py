@@ -43,7 +43,11 @@ def describe(settings, sampling: bool = False, consensus: bool = True) -> str:
     without `consensus` (the model file has no consensus memory beside it) consensus_k and consensus_weight,
     and the line says the rerank is off instead."""
     skip = (SEARCH_ONLY if sampling else ()) + (() if consensus else CONSENSUS)
-    text = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(settings).items() if k not in skip)
+    values = dataclasses.asdict(settings)
+    text = ", ".join(f"{k} {v}" for k, v in values.items() if k not in skip and not k.startswith("confidence_")
+                     and k != "sure_at")
+    if values["confidence_fitted"] and not sampling:  # the map's weights are the fit's, not settings to read
+        text += f", confidence map fitted (sure at {values['sure_at']:g})"
     return text if consensus or sampling else f"{text}, no consensus rerank (no consensus memory beside the file)"
 
 

@@ -148,13 +148,16 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
         who = None if person is None or p is None else (float(person[0][image]), person[1].cpu().bool())
         x = signals(cands, nearest[image][:k], nearest[image], p, categories, memory, needed, who)  # (n, S)
         total = (x @ w).tolist()  # (n,)
-        for h, t, row in zip(cands, total, x.tolist()):
-            h.choice = t
-            h.signals = dict(zip(SIGNALS, row))
-        ordered = [cands[i] for i in sorted(range(len(cands)), key=lambda i: -total[i])]  # stable on ties
+        order = sorted(range(len(cands)), key=lambda i: -total[i])  # stable on ties
+        if not weights.beam_order:  # what chose; the beam's own order (how_sure alone) leaves them None
+            for h, t, row in zip(cands, total, x.tolist()):
+                h.choice, h.signals = t, dict(zip(SIGNALS, row))
+        ordered = [cands[i] for i in order]
         if how_sure:
             best = ordered[0]
-            best.sure_signals = sure_signals(ordered, float(cosines[image, 0]), p, categories, who)
+            best.sure_signals = sure_signals(ordered[0], dict(zip(SIGNALS, x[order[0]].tolist())),
+                                             total[order[0]] - total[order[1]], float(cosines[image, 0]), p,
+                                             categories, who)
             best.confidence = None if fitted is None else fitted(best.sure_signals)
         out.append(ordered)
     return out

@@ -75,20 +75,19 @@ class ConfidenceMap:
                 "sure_at": round(self.sure_at, 6)}
 
 
-def signals(ordered: Sequence[Hypothesis], nearest_cosine: float, probs: torch.Tensor | None,
-            categories: torch.Tensor | None, person: tuple[float, torch.Tensor] | None) -> dict[str, float]:
-    """The signals of a photo's chosen caption (`ordered[0]`, the choice's order, every choice signal computed:
-    choice.signals) -> {signal: value}. nearest_cosine: the photo's cosine with its nearest training photo;
-    probs (C,): the head's P(category), or None without a head; categories (V, C) bool: which words name which
-    category; person: (P(person), the person words (V,) 0/1) from the file's person detector, or None."""
-    best, s = ordered[0], ordered[0].signals or {}
+def signals(best: Hypothesis, choice: dict[str, float], margin: float, nearest_cosine: float,
+            probs: torch.Tensor | None, categories: torch.Tensor | None,
+            person: tuple[float, torch.Tensor] | None) -> dict[str, float]:
+    """The signals of a photo's chosen caption -> {signal: value}. choice: its choice signals (choice.signals,
+    every one the map reads computed); margin: its choice score over the runner-up's; nearest_cosine: the photo's
+    cosine with its nearest training photo; probs (C,): the head's P(category), or None without a head;
+    categories (V, C) bool: which words name which category; person: (P(person), the person words (V,) 0/1)
+    from the file's person detector, or None."""
     lps = best.word_logps
-    return {"wide": s.get("wide", 0.0), "consensus": s.get("consensus", 0.0), "nearest": float(nearest_cosine),
-            "agreement": s.get("agreement", 0.0),
-            "margin": float(best.choice - ordered[1].choice) if len(ordered) > 1 and best.choice is not None else 0.0,
-            "log_prob": s.get("log_prob", best.log_prob / (len(best.tokens) + 1)),
+    return {"wide": choice["wide"], "consensus": choice["consensus"], "nearest": float(nearest_cosine),
+            "agreement": choice["agreement"], "margin": float(margin), "log_prob": choice["log_prob"],
             "min_word": float(lps.min()) if lps is not None and len(lps) else 0.0,
-            "objects": s.get("objects", 0.0), "weakest_object": weakest_object(best.tokens, probs, categories, person),
+            "objects": choice["objects"], "weakest_object": weakest_object(best.tokens, probs, categories, person),
             "top_p": 0.0 if probs is None else float(probs.max()), "length": float(len(best.tokens))}
 
 
