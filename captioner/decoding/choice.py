@@ -127,14 +127,15 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
     how_sure = fitted is not None if how_sure is None else how_sure
     if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
         return [list(h) for h in hyps]
-    # what to compute: the choice's signals, and with how_sure those the confidence reads or names when unsure
-    # (a fitted map: its weighed signals and the agreement; none: every one, as the fit needs); weight 0 adds nothing
-    sure_needs = {s for s in SIGNALS if how_sure and (fitted is None or s == "agreement" or fitted.weighs(s))}
-    needed = Weights(tuple(v or float(s in sure_needs) for s, v in zip(SIGNALS, weights.values)))
+    # what the confidence reads beyond the choice's own signals, computed for the chosen caption alone (a fitted map:
+    # the signals it weighs; none: every one, as the fit needs); the agreement for "it hesitated" separately
+    sure_extra = Weights(tuple(float(how_sure and not v and s != "agreement" and (fitted is None or fitted.weighs(s)))
+                               for s, v in zip(SIGNALS, weights.values)))
     k = int(settings.consensus_k)
-    cosines, nearest = memory.nearest_with_cosines(feats, WIDE * k if needed["wide"] else k)  # (B, k') nearest first
+    wide = weights["wide"] or sure_extra["wide"]
+    cosines, nearest = memory.nearest_with_cosines(feats, WIDE * k if wide else k)  # (B, k') nearest first
     nearest = nearest.tolist()
-    if not (needed["objects"] or needed["top_object"]):
+    if not (weights["objects"] or weights["top_object"] or how_sure):
         categories = None
     else:
         categories = (word_categories(vocab) if categories is None else categories).cpu().to(torch.bool)  # (V, C)
@@ -146,18 +147,23 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
             continue
         p = None if probs is None or categories is None else probs[image].float().cpu()  # (C,)
         who = None if person is None or p is None else (float(person[0][image]), person[1].cpu().bool())
-        x = signals(cands, nearest[image][:k], nearest[image], p, categories, memory, needed, who)  # (n, S)
-        total = (x @ w).tolist()  # (n,)
-        order = sorted(range(len(cands)), key=lambda i: -total[i])  # stable on ties
-        if not weights.beam_order:  # what chose; the beam's own order (how_sure alone) leaves them None
+        near = nearest[image]
+        if weights.beam_order:  # how_sure alone: the beam's order, no choice score
+            order, total = list(range(len(cands))), None
+        else:
+            x = signals(cands, near[:k], near, p, categories, memory, weights, who)  # (n, S)
+            total = (x @ w).tolist()  # (n,)
+            order = sorted(range(len(cands)), key=lambda i: -total[i])  # stable on ties
             for h, t, row in zip(cands, total, x.tolist()):
                 h.choice, h.signals = t, dict(zip(SIGNALS, row))
         ordered = [cands[i] for i in order]
         if how_sure:
             best = ordered[0]
-            best.sure_signals = sure_signals(ordered[0], dict(zip(SIGNALS, x[order[0]].tolist())),
-                                             total[order[0]] - total[order[1]], float(cosines[image, 0]), p,
-                                             categories, who)
+            extra = dict(zip(SIGNALS, signals([best], near[:k], near, p, categories, memory, sure_extra, who)[0].tolist()))
+            row = {s: extra[s] if sure_extra[s] or best.signals is None else best.signals[s] for s in SIGNALS}
+            row["agreement"] = memory.cider.agreement(best.tokens, [[c.tokens for c in ordered[1:]]])
+            margin = 0.0 if total is None else total[order[0]] - total[order[1]]
+            best.sure_signals = sure_signals(best, row, margin, float(cosines[image, 0]), p, categories, who)
             best.confidence = None if fitted is None else fitted(best.sure_signals)
         out.append(ordered)
     return out
