@@ -15,11 +15,13 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import BinaryIO, Union
+from typing import TYPE_CHECKING, BinaryIO, Union
 
 import numpy as np
-import torch
 from PIL import Image, ImageFile, UnidentifiedImageError
+
+if TYPE_CHECKING:
+    import torch
 
 ImageInput = Union[str, os.PathLike, bytes, bytearray, memoryview, BinaryIO, Image.Image]
 
@@ -273,6 +275,8 @@ def _to_rgb(img: Image.Image) -> Image.Image:
 def preprocess(img: Image.Image, image_size: int, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
     """Whole image -> (3, S, S) normalised tensor. No crop: the attention grid covers the full picture
     (a non-square photo is resized anisotropically; overlays stretch the grid back onto it)."""
+    import torch  # here, not at the top: a command checks its image files without waiting for torch to load
+
     img = img.resize((image_size, image_size), Image.BILINEAR, reducing_gap=None)
     x = torch.from_numpy(np.array(img)).permute(2, 0, 1).float().div_(255.0)  # (3, S, S)
     return x.sub_(torch.tensor(mean).view(3, 1, 1)).div_(torch.tensor(std).view(3, 1, 1))  # in place, same numbers

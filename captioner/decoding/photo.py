@@ -18,7 +18,7 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from ..concepts.imagenet import Concepts
-from ..config import DecodeConfig
+from ..config import SAMPLE_TEMPERATURE, SAMPLE_TOP_P, DecodeConfig  # the sampling defaults: read there
 from ..vocab import Vocab
 from .captions import Caption, captions_from_features, photo_notes, sampled_captions
 from .evidence import photo_evidence
@@ -26,14 +26,6 @@ from .explain import explain_features, sentence_words
 from .reading import HeadReading, annotate, photo_concepts
 from .sampling import Draw, SampleSettings
 
-
-# Photo.sample's defaults, the API's and captioner-caption --sample's. Drawn from the model's own distribution
-# (temperature 1, no cut), 58 of 60 samples of the bundled model's example photos hold a word it gives under 1%
-# ("a bird is standing in front of a celebrate gnawing around her leaves"), the worst averaging exp(-5.2) per
-# word; sharper and cut to the nucleus they read as captions (worst exp(-2.8)) and still differ from one another
-# (tests/test_sampling_api.py)
-SAMPLE_TEMPERATURE = 0.6
-SAMPLE_TOP_P = 0.9
 
 
 class Loaded(Protocol):
