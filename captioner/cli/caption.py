@@ -34,6 +34,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -298,10 +299,13 @@ def main(argv: list[str] | None = None) -> int:
     ready = setup(args)
     if ready is None:
         return 2
+    start = time.perf_counter()
     failed = caption_all(args, *ready, planned, progress=rank == 0 and sys.stderr.isatty())
     if args.output:
-        who = f"rank {rank} of {world}: " if world > 1 else ""
-        print(f"{who}{len(planned.paths) - failed} photo(s) captioned into {args.output}", file=sys.stderr)
+        who, done, took = f"rank {rank} of {world}: " if world > 1 else "", len(planned.paths) - failed, \
+            time.perf_counter() - start
+        print(f"{who}{done} photo(s) captioned into {args.output} in {took:.1f} s ({done / took:.2f} photos/s, "
+              "the model's loading not counted)", file=sys.stderr)
     return 1 if failed or planned.missing else 0
 
 
