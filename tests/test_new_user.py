@@ -216,3 +216,35 @@ def test_a_bare_train_command_says_what_it_will_do_before_it_starts(tmp_path, mo
     assert main(["--config", "configs/tiny.yaml", "--set", f"data.root={flickr}", f"data.cache_dir={tmp_path / 'c'}",
                  f"train.out_dir={tmp_path / 'tiny'}", "--device", "cpu"]) == 0
     assert "no --config" not in started[1]  # a recipe says what it is itself
+
+
+def test_an_annotations_file_that_is_not_json_is_named_in_the_error(tmp_path):
+    """`captioner-evaluate --annotations notes.jpg` said only "Expecting value: line 1 column 1"."""
+    from captioner.data.coco import load_coco
+    from captioner.data.karpathy import load_karpathy
+    from captioner.evaluation.boxes import load_instances
+
+    notes = tmp_path / "notes.jpg"
+    notes.write_bytes(CAT.read_bytes()[:500])  # not text at all
+    text = tmp_path / "notes.json"
+    text.write_text("my notes, not JSON")
+    for bad in (notes, text):
+        for read, what in ((lambda p: load_coco(tmp_path, p), "COCO captions"), (load_instances, "COCO instances"),
+                           (lambda p: load_karpathy(tmp_path, p, "test"), "Karpathy split")):
+            with pytest.raises(ValueError) as e:
+                read(bad)
+            assert str(bad) in str(e.value) and what in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_captioner_evaluate_names_an_unreadable_annotations_file(tmp_path, capsys):
+    from captioner.cli.evaluate import main
+    from captioner.evaluation.metrics import java_available
+
+    if not java_available():
+        pytest.skip("captioner-evaluate needs java (pycocoevalcap)")
+    notes = tmp_path / "notes.jpg"
+    notes.write_text("not json")
+    assert main(["--dataset", "coco", "--images", str(tmp_path), "--annotations", str(notes)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and str(notes) in err and "Traceback" not in err
