@@ -3,6 +3,7 @@
     import captioner
     model = captioner.load()                 # the bundled default model
     cap = model.caption("photo.jpg")         # PIL image, path or bytes: read(image).caption()
+    caps = model.caption(["a.jpg", "b.jpg"]) # a list in, a list out (= caption_batch: read and decoded together)
     cap.text, cap.words, cap.alphas, cap.betas, cap.log_prob, cap.word_log_probs, cap.concepts
     model.explain("photo.jpg", "a dog runs on the grass")   # any sentence, as a Caption (maps, probabilities)
     photo = model.read("photo.jpg")          # the encoder and its heads once; then ask the photo:
@@ -163,9 +164,13 @@ class Captioner:
         return [Photo(self, feats[i:i + 1], reading.rows(i, i + 1), size, side, names[i], file_size, clear)
                 for i, (size, file_size, clear) in enumerate(sizes)]
 
-    def caption(self, image: ImageInput, **overrides: Any) -> Caption:
-        """One image -> Caption (`read(image).caption()`); decode settings are the model file's unless
-        overridden (decode_settings)."""
+    def caption(self, image: ImageInput | list[ImageInput] | tuple[ImageInput, ...], **overrides: Any
+                ) -> Caption | list[Caption]:
+        """One image -> Caption (`read(image).caption()`); a list (or tuple) of images -> a list of Captions, one
+        per image in order (caption_batch), as image pipelines take either. Decode settings are the model file's
+        unless overridden (decode_settings)."""
+        if isinstance(image, (list, tuple)):
+            return self.caption_batch(image, **overrides)
         return self.read(image).caption(**overrides)
 
     def caption_batch(self, images: Sequence[ImageInput], **overrides: Any) -> list[Caption]:

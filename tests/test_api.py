@@ -43,6 +43,19 @@ def test_batch_equals_single():
         assert single.words == cap.words and single.log_prob == pytest.approx(cap.log_prob, abs=1e-4)
 
 
+def test_a_list_of_images_in_gives_a_list_of_captions_out():
+    """`Captioner.caption([a, b])` said "expected a PIL image, a path or bytes, got list": a list (or tuple) in gives
+    one Caption per image, in order, the same as caption_batch and as each image alone."""
+    model = tiny_captioner()
+    imgs = [photo(120, 80), photo(60, 200)]
+    caps = model.caption(imgs, beam_size=2, max_len=6)
+    assert isinstance(caps, list) and len(caps) == 2 and all(isinstance(c, captioner.Caption) for c in caps)
+    assert [c.words for c in caps] == [c.words for c in model.caption_batch(imgs, beam_size=2, max_len=6)]
+    assert [c.words for c in caps] == [model.caption(i, beam_size=2, max_len=6).words for i in imgs]
+    assert [c.words for c in model.caption(tuple(imgs), beam_size=2, max_len=6)] == [c.words for c in caps]
+    assert model.caption([], beam_size=2) == []
+
+
 def test_image_error_is_a_value_error():
     with pytest.raises(captioner.ImageError, match="not an image") as e:
         tiny_captioner().caption(b"this is text, not a picture")
