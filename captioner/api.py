@@ -36,7 +36,7 @@ from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save
 from .config import DTYPES as DTYPE_NAMES
 from .config import Config, DecodeConfig, set_value
 from .decoding.explain import NoWordsError
-from .images import ImageError, ImageInput, load_image, original_size, was_transparent
+from .images import ImageError, ImageInput, flat_colour, load_image, original_size, was_transparent
 from .model.show_attend_tell import ShowAttendTell, build_model
 from .model.encoder import Preprocess, build_preprocess
 from .model.packed_linear import prepare
@@ -156,13 +156,13 @@ class Captioner:
         sizes, inputs = [], []
         for im in images:  # one decoded photo held at a time: upright RGB as preprocess reads it, its sizes noted
             img = load_image(im)
-            sizes.append((img.size, original_size(img), was_transparent(img)))
+            sizes.append((img.size, original_size(img), was_transparent(img), flat_colour(img)))
             inputs.append(self.preprocess(img))  # (3, S, S)
         feats = self.encode(torch.stack(inputs))  # (B, P, D)
         reading = read_heads(self.model, feats)
         side, names = int(self.config.model.image_size), list(names or [None] * len(images))
-        return [Photo(self, feats[i:i + 1], reading.rows(i, i + 1), size, side, names[i], file_size, clear)
-                for i, (size, file_size, clear) in enumerate(sizes)]
+        return [Photo(self, feats[i:i + 1], reading.rows(i, i + 1), size, side, names[i], file_size, clear, flat)
+                for i, (size, file_size, clear, flat) in enumerate(sizes)]
 
     def caption(self, image: ImageInput | list[ImageInput] | tuple[ImageInput, ...], **overrides: Any
                 ) -> Caption | list[Caption]:

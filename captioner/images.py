@@ -28,6 +28,9 @@ ImageInput = Union[str, os.PathLike, bytes, bytearray, memoryview, BinaryIO, Ima
 MAX_PIXELS = 100_000_000  # decoded pixel count above which we refuse (checked from the header, before decoding)
 MAX_FILE_BYTES = 50 * 1024 * 1024
 WORKING_SIDE = 1024  # images are downscaled so the longer side is at most this
+# a photo whose pixels spread less than this (standard deviation, 0-255, in every channel) is one flat colour: a
+# flat colour saved as JPEG spreads 0-1; the flattest of 2,697 Flickr8k photos (every third) spreads 19.6
+FLAT_STD = 4.0
 # Formats we parse (Pillow's name -> the name people read, the file extensions an uploader accepts): the one
 # list behind the parser, the error messages and the app's uploader (format_names, file_extensions).
 # Everything else is refused before any plugin-specific code runs: Pillow also knows EPS (runs
@@ -218,6 +221,15 @@ def was_transparent(img: Image.Image) -> bool:
     """Whether a load_image result came from a fully transparent file (fully_transparent, before its white
     background was put in): a photo read twice (the app's, then the Captioner's) keeps the fact."""
     return isinstance(img, Image.Image) and isinstance(img.info, dict) and bool(img.info.get("transparent"))
+
+
+def flat_colour(img: Image.Image) -> bool:
+    """Whether a photo is one flat colour (every channel's pixel standard deviation below FLAT_STD of 255): a
+    plain orange square has nothing to caption, and the model still says "a person sitting in a blue sky".
+    Measured on the whole picture as read (at most WORKING_SIDE a side), so fine detail is never averaged away."""
+    from PIL import ImageStat
+
+    return max(ImageStat.Stat(img.convert("RGB")).stddev) < FLAT_STD
 
 
 def original_size(img: Image.Image) -> tuple[int, int]:

@@ -280,6 +280,33 @@ def test_a_photo_far_smaller_than_the_input_gets_a_note():
     assert any(n.startswith(note) for n in model.explain(photo(10, 10), "a dog").notes)
 
 
+def test_a_single_flat_colour_photo_gets_a_note():
+    """A plain orange 10000x10000 image got "a person sitting in a blue sky" and no note: a photo of one flat
+    colour (images.flat_colour) says there is nothing to caption, in Caption.notes, the JSON and Photo.notes;
+    a photo with anything in it (noise, a gradient, one small mark) does not."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    model = tiny_captioner()
+    flat_note = "The photo is a single flat colour"
+    jpeg = io.BytesIO()
+    Image.new("RGB", (3000, 2000), (255, 140, 0)).save(jpeg, "JPEG", quality=75)
+    orange, png = model.caption([jpeg.getvalue(), Image.new("RGB", (300, 300), (20, 30, 200))], beam_size=1, max_len=4)
+    for cap in (orange, png):
+        assert any(n.startswith(flat_note) for n in cap.notes) and cap.to_dict(maps=False)["notes"] == cap.notes
+    assert any(n.startswith(flat_note) for n in model.read(jpeg.getvalue()).notes)
+    gradient = Image.fromarray(np.tile(np.linspace(0, 255, 300, dtype=np.uint8)[None, :, None], (300, 1, 3)))
+    marked = Image.new("RGB", (300, 300), (255, 140, 0))
+    ImageDraw.Draw(marked).ellipse((100, 100, 160, 160), fill=(0, 0, 0))  # one dark spot on the orange
+    for img in (photo(), gradient, marked):
+        assert not any(n.startswith(flat_note) for n in model.caption(img, beam_size=1, max_len=4).notes)
+    see_through = io.BytesIO()
+    Image.new("RGBA", (300, 300), (0, 0, 0, 0)).save(see_through, "PNG")
+    notes = model.caption(see_through.getvalue(), beam_size=1, max_len=4).notes
+    assert any("fully transparent" in n for n in notes) and not any(n.startswith(flat_note) for n in notes)
+
+
 def test_alternatives_carry_the_score_they_were_ranked_by():
     """Beam search ranks by log_prob / (words + 1) ** length_penalty; the app listed only log-probs, so a
     lower-ranked alternative with a better log-prob looked like a mistake."""
