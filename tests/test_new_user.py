@@ -248,3 +248,30 @@ def test_captioner_evaluate_names_an_unreadable_annotations_file(tmp_path, capsy
     assert main(["--dataset", "coco", "--images", str(tmp_path), "--annotations", str(notes)]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and str(notes) in err and "Traceback" not in err
+
+
+def test_a_missing_photo_that_empties_val_is_said_by_prepare_and_by_training(tmp_path, capsys):
+    """10 photos, the only val one (the 6th by name) missing on disk: --skip-missing left val empty and
+    captioner-train said only "error: no predictions to score" after an epoch."""
+    from types import SimpleNamespace
+
+    from captioner.cli.prepare import main
+    from captioner.config import Config
+    from captioner.data.records import ImageRecord
+    from captioner.training.sources import _per_set
+    from captioner.vocab import Vocab
+
+    root = _own_folder(tmp_path / "mine", bom=False)
+    (root / "Images" / "p05.jpg").unlink()
+    args = ["--config", "configs/own_photos.yaml", "--set", f"data.root={root}", "--no-features", "--device", "cpu",
+            "--skip-missing"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "val" in err and "p05.jpg" in err and "every 10th photo" in err, err
+    val = [ImageRecord("p05.jpg", root / "Images" / "p05.jpg", ["a cat"])]  # the cache could not read it
+    train = [ImageRecord("p00.jpg", root / "Images" / "p00.jpg", ["a cat"])]
+    cache = SimpleNamespace(missing=["p05.jpg"], features=None)
+    src = SimpleNamespace(name="own_photos", weight=1.0)
+    with pytest.raises(ValueError, match=r"own_photos: none of the val split's 1 photo\(s\) could be read \(p05.jpg"):
+        _per_set(Config(), Vocab(["<pad>", "<start>", "<end>", "<unk>", "a", "cat"]), [(src, train)], [(src, val)],
+                 lambda s, splits: {"train": SimpleNamespace(missing=[], features=None), "val": cache}, print)
