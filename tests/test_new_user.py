@@ -275,3 +275,14 @@ def test_a_missing_photo_that_empties_val_is_said_by_prepare_and_by_training(tmp
     with pytest.raises(ValueError, match=r"own_photos: none of the val split's 1 photo\(s\) could be read \(p05.jpg"):
         _per_set(Config(), Vocab(["<pad>", "<start>", "<end>", "<unk>", "a", "cat"]), [(src, train)], [(src, val)],
                  lambda s, splits: {"train": SimpleNamespace(missing=[], features=None), "val": cache}, print)
+
+
+def test_a_wrong_data_root_for_own_photos_talks_of_the_own_photos_layout(tmp_path, capsys):
+    """`captioner-prepare --config configs/own_photos.yaml --set data.root=nothere` talked of Kaggle and Flickr8k."""
+    from captioner.cli.prepare import main
+
+    for root, says in ((tmp_path / "nothere", "no such folder"), (tmp_path, "no captions.txt found")):
+        assert main(["--config", "configs/own_photos.yaml", "--set", f"data.root={root}", "--no-features"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("error:") == 1 and says in err and "Train on your own photos" in err, err
+        assert "Images/ and captions.txt" in err and "Kaggle layout" not in err
