@@ -150,13 +150,16 @@ def emit(args: argparse.Namespace, path: str, cap: Any) -> str | None:
     return None
 
 
-def draw(img: Any, cap: Any, figure: Path | None = None, animation: Path | None = None) -> None:
-    """Write one caption's attention figure and animation, where asked."""
+def draw(img: Any, cap: Any, figure: Path | None = None, animation: Path | None = None,
+         sentence: str | None = None) -> None:
+    """Write one caption's attention figure and animation, where asked; an explained `sentence`'s figure is
+    titled as one (visualize.explained_title), never as a caption the model wrote."""
     if figure is not None:
-        from captioner.ui.visualize import attention_figure, figure_png
+        from captioner.ui.visualize import attention_figure, explained_title, figure_png
 
         figure.parent.mkdir(parents=True, exist_ok=True)
-        figure.write_bytes(figure_png(attention_figure(img, cap)))
+        title = None if sentence is None else explained_title(cap.text)
+        figure.write_bytes(figure_png(attention_figure(img, cap, title=title)))
     if animation is not None:
         from captioner.ui.animate import caption_animation
 
@@ -267,7 +270,7 @@ def caption_all(args: argparse.Namespace, loaded: Any, settings: dict[str, Any],
                 for i, cap in enumerate(image_caps, 1):
                     paths = numbered([planned.figures.get(path), planned.animations.get(path)], i, request)
                     lines.append(emit(args, path, cap))
-                    draw(img, cap, *paths)
+                    draw(img, cap, *paths, sentence=args.explain)
                 if args.output:
                     append_lines(args.output, lines)
         bar.update(len(batch))
