@@ -12,9 +12,12 @@ detail finer than a cell. mode="nearest" draws the cells as flat blocks (the map
 resolution included). A Gaussian blur (smooth > 0, in cells) is available for the paper's look.
 
 The gate beta. The context that reaches a word is z = beta * sum_i alpha_i a_i (Xu et al. 4.2.1), so
-beta * alpha is what the word actually took from each region: the overlay's heat opacity is
-multiplied by beta (a word with beta 0.1 shows the photo nearly bare), and in figures a word with beta
-below LOW_BETA gets a grey title. Titles read "dog  β=0.82". Nothing here calls plt.show().
+beta * alpha is what the word actually took from each region: the overlay's effect is multiplied by beta
+(a word with beta 0.1 shows the photo nearly bare), and in figures a word with beta below LOW_BETA gets a grey
+title. Titles read "dog  p=0.61  β=0.82" (its probability, its gate). Nothing here calls plt.show().
+
+The overlay (LIGHT, the paper's own figures): the photo dimmed where the word looked little, in its own colours
+where it looked most; a figure's scale says so. A colour map name blends a heat map instead.
 """
 from __future__ import annotations
 
