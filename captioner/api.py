@@ -3,7 +3,7 @@
     import captioner
     model = captioner.load()                 # the bundled default model
     cap = model.caption("photo.jpg")         # PIL image, path or bytes: read(image).caption()
-    caps = model.caption(["a.jpg", "b.jpg"]) # a list in, a list out (= caption_batch: read and decoded together)
+    caps = model.caption([img1, img2])       # a list in, a list out (= caption_batch: read and decoded together)
     cap.text, cap.words, cap.alphas, cap.betas, cap.log_prob, cap.word_log_probs, cap.concepts
     model.explain("photo.jpg", "a dog runs on the grass")   # any sentence, as a Caption (maps, probabilities)
     photo = model.read("photo.jpg")          # the encoder and its heads once; then ask the photo:
