@@ -3,6 +3,7 @@
     import captioner
     model = captioner.load()                 # the bundled default model
     cap = model.caption("photo.jpg")         # PIL image, path or bytes: read(image).caption()
+    caps = model.caption([img1, img2])       # a list in, a list out (= caption_batch: read and decoded together)
     cap.text, cap.words, cap.alphas, cap.betas, cap.log_prob, cap.word_log_probs, cap.concepts
     model.explain("photo.jpg", "a dog runs on the grass")   # any sentence, as a Caption (maps, probabilities)
     photo = model.read("photo.jpg")          # the encoder and its heads once; then ask the photo:
@@ -35,7 +36,7 @@ from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save
 from .config import DTYPES as DTYPE_NAMES
 from .config import Config, DecodeConfig, set_value
 from .decoding.explain import NoWordsError
-from .images import ImageError, ImageInput, load_image, original_size, was_transparent
+from .images import ImageError, ImageInput, flat_colour, load_image, original_size, was_transparent
 from .model.show_attend_tell import ShowAttendTell, build_model
 from .model.encoder import Preprocess, build_preprocess
 from .model.packed_linear import prepare
@@ -156,17 +157,21 @@ class Captioner:
         sizes, inputs = [], []
         for im in images:  # one decoded photo held at a time: upright RGB as preprocess reads it, its sizes noted
             img = load_image(im)
-            sizes.append((img.size, original_size(img), was_transparent(img)))
+            sizes.append((img.size, original_size(img), was_transparent(img), flat_colour(img)))
             inputs.append(self.preprocess(img))  # (3, S, S)
         feats = self.encode(torch.stack(inputs))  # (B, P, D)
         reading = read_heads(self.model, feats)
         side, names = int(self.config.model.image_size), list(names or [None] * len(images))
-        return [Photo(self, feats[i:i + 1], reading.rows(i, i + 1), size, side, names[i], file_size, clear)
-                for i, (size, file_size, clear) in enumerate(sizes)]
+        return [Photo(self, feats[i:i + 1], reading.rows(i, i + 1), size, side, names[i], file_size, clear, flat)
+                for i, (size, file_size, clear, flat) in enumerate(sizes)]
 
-    def caption(self, image: ImageInput, **overrides: Any) -> Caption:
-        """One image -> Caption (`read(image).caption()`); decode settings are the model file's unless
-        overridden (decode_settings)."""
+    def caption(self, image: ImageInput | list[ImageInput] | tuple[ImageInput, ...], **overrides: Any
+                ) -> Caption | list[Caption]:
+        """One image -> Caption (`read(image).caption()`); a list (or tuple) of images -> a list of Captions, one
+        per image in order (caption_batch), as image pipelines take either. Decode settings are the model file's
+        unless overridden (decode_settings)."""
+        if isinstance(image, (list, tuple)):
+            return self.caption_batch(image, **overrides)
         return self.read(image).caption(**overrides)
 
     def caption_batch(self, images: Sequence[ImageInput], **overrides: Any) -> list[Caption]:

@@ -62,14 +62,21 @@ def singular(word: str, known: Container[str]) -> str:
     return next((c for c in cands if len(c) >= 3 and c in known and c not in FUNCTION_WORDS), word)
 
 
+def stutters(first: str, second: str) -> bool:
+    """Whether `second`, right after `first`, says `first` again as the start of a longer word: "a bath
+    bathroom", "a snow snowboarder" (`first` a content word of 3+ letters, `second` longer by 3+ letters)."""
+    return (len(first) >= 3 and len(second) >= len(first) + 3 and second.startswith(first)
+            and first not in FUNCTION_WORDS)
+
+
 def repeats(words: Sequence[str]) -> dict[str, bool]:
     """Which kinds of repeated word a caption (its words) has: `adjacent` a word twice back to back ("an
-    airplane airplane"), `x_and_x` a word again after "and"/"or" ("a black and black dog"), `content` a
+    airplane airplane") or again as the start of the next word ("a bath bathroom", stutters), `x_and_x` a word again after "and"/"or" ("a black and black dog"), `content` a
     content word (not in FUNCTION_WORDS) said twice anywhere, its plural included ("a kitchen that is in the
     kitchen", "a track tracks"). Decoding with decode.block_repeats writes none of them (decoding/rules.py)."""
     said = set(words)
     counts = Counter(singular(w, said) for w in words if w not in FUNCTION_WORDS)
-    return {"adjacent": any(a == b for a, b in zip(words, words[1:])),
+    return {"adjacent": any(a == b or stutters(a, b) for a, b in zip(words, words[1:])),
             "x_and_x": any(a == c and b in REPEAT_JOINERS for a, b, c in zip(words, words[1:], words[2:])),
             "content": bool(counts) and max(counts.values()) >= 2}
 
@@ -258,6 +265,8 @@ class SpecialIds:
     # (word, family) ids: a word and its plural (vocab.singular), a taught word and its source (Vocab.aliases)
     # are one family, named by its smallest id; saying one member is saying them all (block_content_repeats)
     twins: tuple[tuple[int, int], ...] = ()
+    # (word, longer word) ids where the longer one right after the word stutters ("bath", "bathroom"): vocab.stutters
+    stutters: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(cls, vocab: "Vocab", forbid_unk: bool = True) -> "SpecialIds":
@@ -268,7 +277,7 @@ class SpecialIds:
         known = lambda words: tuple(sorted(vocab.stoi[w] for w in words if w in vocab.stoi))  # noqa: E731
         return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None, function, bad_last, joiners,
                    articles=known(ARTICLES), colours=known(COLOUR_WORDS), not_after_colour=known(NOT_AFTER_COLOUR),
-                   twins=word_families(vocab))
+                   twins=word_families(vocab), stutters=stutter_pairs(vocab))
 
 
 def word_families(vocab: Vocab) -> tuple[tuple[int, int], ...]:
@@ -277,6 +286,19 @@ def word_families(vocab: Vocab) -> tuple[tuple[int, int], ...]:
     smallest id, and chains join ("stallions" -> "stallion" -> "horse"). Built once per vocabulary and its
     aliases (a loop over every word's plural form, which each decode asked for again)."""
     return _word_families(tuple(vocab.itos), tuple(sorted(vocab.aliases.items())))
+
+
+def stutter_pairs(vocab: Vocab) -> tuple[tuple[int, int], ...]:
+    """(word id, longer word id) for every pair of vocabulary words where the longer one, right after the word,
+    stutters (stutters: "bath" then "bathroom"), made once per vocabulary."""
+    return _stutter_pairs(tuple(vocab.itos))
+
+
+@lru_cache(maxsize=8)
+def _stutter_pairs(itos: tuple[str, ...]) -> tuple[tuple[int, int], ...]:
+    stoi = {w: i for i, w in enumerate(itos)}
+    return tuple((stoi[w[:k]], i) for i, w in enumerate(itos) for k in range(3, len(w) - 2)
+                 if w[:k] in stoi and stutters(w[:k], w))
 
 
 @lru_cache(maxsize=8)

@@ -26,6 +26,7 @@ import json
 import random
 import re
 import shutil
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,6 +156,29 @@ def new_word_use(model_file: Path | str | None, folder: Path, word: str | None =
             "other": (sum(s and not t for s, t in zip(said, thing)), len(names) - sum(thing))}
 
 
+def folder_word(folder: Path) -> str | None:
+    """The thing (a WORDS key) whose new words a folder's captions say most often; None when they say none (not a
+    folder this script wrote)."""
+    caps = read_captions(folder)
+    counts = {k: sum(names_thing(c, set(w.new.values())) > 0 for c in caps.values()) for k, w in WORDS.items()}
+    best = max(counts, key=counts.get)
+    return best if counts[best] else None
+
+
+def check_word(folder: Path, word: str | None) -> str:
+    """The word to check a folder for: `word` when the folder's captions say its new words, else (without
+    --word) the one they say; a ValueError, in one line, for a folder that says another thing's or none."""
+    found = folder_word(folder)
+    if found is None:
+        said = ", ".join(n for w in WORDS.values() for n in w.new.values())
+        raise ValueError(f"{folder}: its captions say none of the new words this script teaches ({said}): check "
+                         "a folder it wrote (or its --held-out folder)")
+    if word is not None and word != found:
+        raise ValueError(f"{folder} teaches {' or '.join(WORDS[found].new.values())} for the {found}, not "
+                         f"{' or '.join(WORDS[word].new.values())}: pass --word {found} or leave --word out")
+    return found
+
+
 def load_paired_val(data: Path = DATA) -> list:
     """coco-paired's val split as records (image_id: the COCO id, as captioner-evaluate names them)."""
     from captioner.data import load_coco
@@ -203,7 +227,8 @@ def cider_as_old(captions_json: Path, word: str, data: Path = DATA) -> tuple[flo
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, nargs="?", help="the folder to write (Images/ + captions.txt), or to check (--check)")
-    p.add_argument("--word", choices=sorted(WORDS), default="horse", help="the thing to teach a new word for")
+    p.add_argument("--word", choices=sorted(WORDS), default=None, help="the thing to teach a new word for "
+                   "(default horse; with --check: the one the folder's captions say)")
     p.add_argument("--check", metavar="MODEL", default=None,
                    help="write nothing: count the photos of folder OUT whose caption by MODEL says a new word")
     p.add_argument("--unrelated", metavar="MODEL", default=None,
@@ -219,6 +244,13 @@ def main(argv: list[str] | None = None) -> int:
                    "coco-paired and coco-mini are looked for beside it")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
+    if a.check and a.out is not None:
+        try:
+            a.word = check_word(a.out, a.word)  # before the model loads: a folder of another thing is said at once
+        except (ValueError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    a.word = a.word or "horse"
     new = " or ".join(WORDS[a.word].new.values())
     if a.unrelated:
         use = unrelated_use(a.unrelated, a.word, a.flickr.parent)

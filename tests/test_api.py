@@ -43,6 +43,19 @@ def test_batch_equals_single():
         assert single.words == cap.words and single.log_prob == pytest.approx(cap.log_prob, abs=1e-4)
 
 
+def test_a_list_of_images_in_gives_a_list_of_captions_out():
+    """`Captioner.caption([a, b])` said "expected a PIL image, a path or bytes, got list": a list (or tuple) in gives
+    one Caption per image, in order, the same as caption_batch and as each image alone."""
+    model = tiny_captioner()
+    imgs = [photo(120, 80), photo(60, 200)]
+    caps = model.caption(imgs, beam_size=2, max_len=6)
+    assert isinstance(caps, list) and len(caps) == 2 and all(isinstance(c, captioner.Caption) for c in caps)
+    assert [c.words for c in caps] == [c.words for c in model.caption_batch(imgs, beam_size=2, max_len=6)]
+    assert [c.words for c in caps] == [model.caption(i, beam_size=2, max_len=6).words for i in imgs]
+    assert [c.words for c in model.caption(tuple(imgs), beam_size=2, max_len=6)] == [c.words for c in caps]
+    assert model.caption([], beam_size=2) == []
+
+
 def test_image_error_is_a_value_error():
     with pytest.raises(captioner.ImageError, match="not an image") as e:
         tiny_captioner().caption(b"this is text, not a picture")
@@ -265,6 +278,33 @@ def test_a_photo_far_smaller_than_the_input_gets_a_note():
     assert any("300x111 pixels" in n for n in narrow.notes) and enough.notes == []
     assert model.caption(photo(), beam_size=1, max_len=4).notes == []  # 320x200: no note
     assert any(n.startswith(note) for n in model.explain(photo(10, 10), "a dog").notes)
+
+
+def test_a_single_flat_colour_photo_gets_a_note():
+    """A plain orange 10000x10000 image got "a person sitting in a blue sky" and no note: a photo of one flat
+    colour (images.flat_colour) says there is nothing to caption, in Caption.notes, the JSON and Photo.notes;
+    a photo with anything in it (noise, a gradient, one small mark) does not."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    model = tiny_captioner()
+    flat_note = "The photo is a single flat colour"
+    jpeg = io.BytesIO()
+    Image.new("RGB", (3000, 2000), (255, 140, 0)).save(jpeg, "JPEG", quality=75)
+    orange, png = model.caption([jpeg.getvalue(), Image.new("RGB", (300, 300), (20, 30, 200))], beam_size=1, max_len=4)
+    for cap in (orange, png):
+        assert any(n.startswith(flat_note) for n in cap.notes) and cap.to_dict(maps=False)["notes"] == cap.notes
+    assert any(n.startswith(flat_note) for n in model.read(jpeg.getvalue()).notes)
+    gradient = Image.fromarray(np.tile(np.linspace(0, 255, 300, dtype=np.uint8)[None, :, None], (300, 1, 3)))
+    marked = Image.new("RGB", (300, 300), (255, 140, 0))
+    ImageDraw.Draw(marked).ellipse((100, 100, 160, 160), fill=(0, 0, 0))  # one dark spot on the orange
+    for img in (photo(), gradient, marked):
+        assert not any(n.startswith(flat_note) for n in model.caption(img, beam_size=1, max_len=4).notes)
+    see_through = io.BytesIO()
+    Image.new("RGBA", (300, 300), (0, 0, 0, 0)).save(see_through, "PNG")
+    notes = model.caption(see_through.getvalue(), beam_size=1, max_len=4).notes
+    assert any("fully transparent" in n for n in notes) and not any(n.startswith(flat_note) for n in notes)
 
 
 def test_alternatives_carry_the_score_they_were_ranked_by():

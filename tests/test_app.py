@@ -667,11 +667,14 @@ def test_click_a_region_ranks_words_by_attention_there(app):
 
 def cell_shown(at: AppTest) -> tuple[int, int]:
     """The (row, column) the region view says is picked (a caption under the clickable photo, or the
-    photo's own caption without the click component)."""
+    photo's own caption without the click component), 0-based as the maps index them: the page numbers cells
+    from 1, as it numbers the words, and so does its row menu."""
     texts = [c.value for c in at.caption] + [c for im in at.image for c in im.captions]
-    found = [re.fullmatch(r"cell row (\d+), column (\d+)", t) for t in texts]
+    found = [re.fullmatch(r"cell row (\d+), column (\d+) of (\d+)", t) for t in texts]
     (m,) = [m for m in found if m]
-    return int(m.group(1)), int(m.group(2))
+    row_menu = next(s for s in at.selectbox if s.label == "Row")
+    assert row_menu.options[0] == "1" and row_menu.options[-1] == m.group(3)  # the menu counts from 1 too
+    return int(m.group(1)) - 1, int(m.group(2)) - 1
 
 
 def test_a_click_on_the_photo_picks_its_cell(app):
@@ -926,11 +929,14 @@ def test_several_photos_make_a_gallery_and_one_opens_below(bundled, app):
 
 
 def test_more_photos_than_a_batch_holds_get_a_message(app):
+    """... and while the gallery shows, the example menu is off (it stayed live and changed nothing)."""
     at = app.run()
+    example_menu = lambda: next(s for s in at.selectbox if s.label.startswith("... or pick an example"))  # noqa: E731
+    assert not example_menu().disabled
     tiny = png_bytes_of(Image.new("RGB", (40, 30), (200, 10, 10)))
     n = gallery.MAX_PHOTOS + 2
     at.file_uploader[1].set_value([(f"p{i}.png", tiny, "image/png") for i in range(n)]).run()
-    assert not at.exception
+    assert not at.exception and example_menu().disabled
     assert any(f"{n} photos chosen: at most {gallery.MAX_PHOTOS}" in w.value for w in at.warning)
     assert any(h.value == f"{gallery.MAX_PHOTOS} photos" for h in at.header)
 

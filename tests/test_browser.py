@@ -409,7 +409,7 @@ def test_workbench_views_in_chromium(app_url, sync_playwright, tmp_path):
             img.wait_for(timeout=WAIT_MS)
             w = img.bounding_box()["width"]
             img.click(position={"x": w - 3, "y": 3})
-            page.get_by_text(f"cell row 0, column {G - 1}").wait_for(timeout=WAIT_MS)
+            page.get_by_text(f"cell row 1, column {G} of {G}").wait_for(timeout=WAIT_MS)  # numbered from 1
             _settle(page)
             strip = page.locator(".cell-strip .cell-word").all_inner_texts()
             assert [s.split()[0] for s in strip] == expected.words

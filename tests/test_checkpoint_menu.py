@@ -29,3 +29,11 @@ def test_operator_folders_come_from_the_server_side():
     assert operator_folders([], None) == ["runs"]
     assert operator_folders(["--checkpoints", "a", "b", "--other"], "x") == ["a", "b"]
     assert operator_folders([], os.pathsep.join(["m1", "m2"])) == ["m1", "m2"]
+
+
+def test_a_consensus_memory_is_not_offered_as_a_model(tmp_path):
+    """captioner-build-consensus writes <model>.consensus.safetensors beside the model: loading it as a model
+    fails ("unknown format tag"), so the menu offers the model alone (its memory comes with it)."""
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    (tmp_path / "model.consensus.safetensors").write_bytes(b"x")
+    assert [p.name for p in find_model_files([tmp_path]).files] == ["model.safetensors"]

@@ -56,3 +56,14 @@ def test_zip_holds_one_figure_per_photo_with_unique_names():
 def test_thumbnails_share_the_width_and_stay_small():
     assert gallery.thumbnail_side(2, 4) == 320 and gallery.thumbnail_side(12, 4) == 240
     assert 120 <= gallery.thumbnail_side(100, 8) <= gallery.THUMB_MAX
+
+
+def test_cards_and_csv_list_every_concept_the_single_view_and_json_show():
+    """A photo with four concepts: the gallery's card and CSV dropped the 4th that the single view and the JSON
+    showed."""
+    four = [("dog", 0.9), ("frisbee", 0.7), ("person", 0.5), ("grass", 0.31)]
+    item = ("d.jpg", cap("a dog catches a frisbee", four))
+    row = list(csv.reader(io.StringIO(gallery.batch_csv([item]).decode("utf-8"))))[1]
+    listed = [c.split()[0] for c in row[3].split("; ")]
+    assert listed == [c for c, _ in four] == [c["category"] for c in json.loads(gallery.batch_json([item]))[0]["concepts"]]
+    assert gallery.top_concepts(item[1]) == row[3]

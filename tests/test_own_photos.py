@@ -190,6 +190,24 @@ def test_coco_paired_folders_hold_train_split_photos_and_keep_the_held_out_apart
             assert (n in got["thing"] + got["held_out_thing"]) or not words & w.near
 
 
+def test_check_on_a_folder_of_another_thing_says_so_before_any_model(tmp_path, capsys):
+    """`--check MODEL giraffes/` with --word's default (horse) printed "says stallion ... on 0 of 0 photos of the
+    horse": the folder's own word is found from its captions; a --word it does not teach, or a folder of none,
+    is one line naming the folder (the model is never loaded: MODEL need not exist)."""
+    from scripts.make_new_word_folder import check_word, main
+
+    folder = tmp_path / "giraffes"
+    (folder / "Images").mkdir(parents=True)
+    (folder / "captions.txt").write_text("image,caption\na.jpg,a gombla eats leaves\nb.jpg,a dog on the grass\n")
+    assert check_word(folder, None) == check_word(folder, "giraffe") == "giraffe"
+    assert main([str(folder), "--check", str(tmp_path / "no-model.safetensors"), "--word", "horse"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "gombla" in err and "--word giraffe" in err and "no-model" not in err
+    (folder / "captions.txt").write_text("image,caption\na.jpg,a dog on the grass\n")
+    assert main([str(folder), "--check", str(tmp_path / "no-model.safetensors")]) == 2
+    assert "its captions say none of the new words" in capsys.readouterr().err
+
+
 def _epochs(photos: int, values: list[float], lr_decay: float = 0.5) -> tuple[object, list[str]]:
     """end_epoch over a warm start (epoch 0) and trained epochs scoring `values` on `photos` val photos, with no
     model file written (not the main rank): the run's state and its log lines, the last one chosen's."""

@@ -126,6 +126,32 @@ def test_a_word_and_its_plural_are_one_content_word():
     assert (logp[2, 5:11] > float("-inf")).all()  # a row that said none of them may say any
 
 
+def test_a_word_said_again_as_the_start_of_the_next_is_a_repeat():
+    """"a bath bathroom with a sink in the background" slipped past the rules: a word right after itself as the
+    start of a longer word (vocab.stutters) is an adjacent repeat, counted and never written with block_repeats;
+    apart, or the other way round, or a short ending ("dog dogs": the plural rule's), it is not."""
+    from captioner.vocab import Vocab, stutter_pairs, stutters
+
+    assert repeats("a bath bathroom with a sink in the background".split())["adjacent"]
+    assert repeats("a snow snowboarder".split())["adjacent"]
+    for fine in ("a bath in a bathroom", "a bathroom bath mat", "a dog dogs", "a man in an office",
+                 "a basketball game"):
+        assert not repeats(fine.split())["adjacent"], fine
+    assert not stutters("in", "inside") and not stutters("ba", "bath")  # a function word, a short stem
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", "a", "bath", "bathroom", "bathtub", "sink", "dog", "dogs",
+                   "in", "inside"])
+    s = vocab.stoi
+    ids = SpecialIds.of(vocab)
+    assert set(stutter_pairs(vocab)) == set(ids.stutters) == {(s["bath"], s["bathroom"]), (s["bath"], s["bathtub"])}
+    tokens = torch.tensor([[s["a"], s["bath"]], [s["a"], s["bathroom"]], [s["a"], s["dog"]]])
+    logp = word_logp(torch.zeros(3, len(vocab)), ids, off(block_repeats=True), tokens)
+    assert logp[0, s["bathroom"]] == float("-inf") and logp[0, s["bathtub"]] == float("-inf")
+    assert logp[0, s["sink"]] > float("-inf") and logp[1, s["bath"]] > float("-inf")  # only the stutter
+    assert (logp[2, [s["bath"], s["bathroom"], s["bathtub"]]] > float("-inf")).all()
+    unruled_logp = word_logp(torch.zeros(3, len(vocab)), ids, off(), tokens)
+    assert unruled_logp[0, s["bathroom"]] > float("-inf")  # the rule is block_repeats'
+
+
 def test_a_colour_after_an_article_is_followed_by_a_noun():
     """"a white sitting on a toilet": after "a white" no verb or preposition (decode.block_salad); "a white dog",
     "a white and black dog" and "a man in white sitting" stay allowed, and vocab.is_salad counts the same."""

@@ -136,7 +136,7 @@ def test_word_titles_never_overlap_the_row_above(size):
     canvas = FigureCanvasAgg(fig)  # as figure_png draws it
     canvas.draw()
     renderer = canvas.get_renderer()
-    image_axes = [ax for ax in fig.axes if ax.images]
+    image_axes = [ax for ax in fig.axes if ax.images and ax.get_title()]  # the panels, not the scale below
     rows = sorted({round(ax.get_position().y0, 3) for ax in image_axes}, reverse=True)
     assert len(rows) == 2
     top = [ax for ax in image_axes if round(ax.get_position().y0, 3) == rows[0]]
@@ -146,3 +146,26 @@ def test_word_titles_never_overlap_the_row_above(size):
         assert ax.title.get_window_extent(renderer).y1 <= top_bottom, ax.get_title()
     suptitle = fig._suptitle.get_window_extent(renderer)
     assert all(ax.title.get_window_extent(renderer).y1 <= suptitle.y0 for ax in top)
+
+
+def test_the_light_mask_dims_without_tinting_and_figures_carry_a_scale_and_probabilities():
+    """Figures as clear as the paper's: the photo dimmed where the word looked little, never tinted (jet's blue
+    turned white areas cyan), each panel titled with its word's probability, a scale below; an explained
+    sentence's figure says it is one."""
+    white = Image.new("RGB", (60, 60), (255, 255, 255))
+    a = np.zeros((3, 3), np.float32)
+    a[0, 0] = 1.0
+    lit = np.asarray(visualize.overlay(white, a, opacity=0.6), np.int32)
+    assert (lit[..., 0] == lit[..., 1]).all() and (lit[..., 1] == lit[..., 2]).all()  # grey levels only: no tint
+    assert lit[5, 5, 0] == 255 and abs(lit[55, 55, 0] - 255 * 0.4) <= 1  # the peak as is, the rest dimmed by 0.6
+    cap = caption()
+    cap.word_log_probs = np.log(np.array([0.5, 0.25], np.float32))
+    fig = visualize.attention_figure(photo(), cap, title=visualize.explained_title("a dog"))
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert "a  p=0.50  β=0.90" in titles and "dog  p=0.25  β=0.10" in titles
+    assert fig._suptitle.get_text().startswith('explained: "a dog"')
+    scale = [ax for ax in fig.axes if ax.images and not ax.get_title()]
+    assert len(scale) == 1 and scale[0].get_label() == "scale"
+    assert any("looked least" in t.get_text() for t in fig.texts) and any("looked most" in t.get_text() for t in fig.texts)
+    assert visualize.word_title("cup", None, 0.003) == "cup  p=3e-03"  # a tiny probability is not "0.00"
+    assert visualize.attention_figure(photo(), cap)._suptitle.get_text() == cap.text  # a caption: as written

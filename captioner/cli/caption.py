@@ -2,6 +2,8 @@
 
     captioner-caption photo.jpg other.png [--beam-size 3] [--json] [--attention-dir out/] [--animate anim/]
     captioner-caption photos/ [--recursive] [--batch-size 16] [--json [--maps]]
+    captioner-caption photos/ --output captions.jsonl     # appended as it goes; a rerun captions only new photos
+    torchrun --nproc-per-node 2 -m captioner.cli.caption photos/ --output captions.jsonl   # a share per process
     captioner-caption photo.jpg --explain "a dog runs on the grass" [--json]
     captioner-caption photo.jpg --sample 5 [--temperature 0.6] [--top-k 0] [--top-p 0.9] [--seed 0] [--json]
 
@@ -17,23 +19,32 @@ model), betas (each word's gate), log_prob and every decode setting; --maps adds
 Unreadable images get a message on stderr and a non-zero exit code; the others are still captioned.
 --attention-dir writes one figure per image and --animate one animation (a frame per word), never two to
 one file (see their help), and marks the folder so that a later --recursive search does not read them as photos.
+
+--output FILE.jsonl appends each photo's --json line(s) to FILE as the photo is done and skips the photos FILE
+already names, so a rerun resumes; under torchrun each process captions its own share into the same file
+(jsonl_output.py). A progress bar with its ETA shows on stderr when stderr is a terminal.
+
+Everything that needs no model (the options, the sentence, the input files and folders, the output paths) is
+checked before the model loads: a mistake is answered at once, in one line.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from captioner.cli.inputs import (FIGURE_MARK, figure_paths, find_images, image_extensions, loaded_batches,
                                   unsearched_subfolders)
+from captioner.cli.jsonl_output import append_lines, share, torchrun_place, written_images
 from captioner.cli.sample_options import add_sample_options, numbered, request_samples, sample_request, sampling_line
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    import captioner
     from captioner.cli.decode_options import add_decode_options
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,7 +55,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_decode_options(p)
     p.add_argument("--json", action="store_true", help="one JSON object per image: image, caption, words, "
                    "word_log_probs, word_probs, betas, log_prob and every decode setting used")
-    p.add_argument("--maps", action="store_true", help="with --json: add each word's attention map (alphas)")
+    p.add_argument("--maps", action="store_true", help="with --json or --output: add each word's attention map "
+                   "(alphas)")
+    p.add_argument("--output", default=None, metavar="FILE.jsonl", help="append each photo's JSON line(s) to this "
+                   "file as it goes (nothing on stdout); photos the file already names are skipped, so a rerun "
+                   "resumes and a grown folder captions only its new photos; under torchrun every process "
+                   "captions its own share into this one file")
     p.add_argument("--explain", default=None, metavar="SENTENCE",
                    help="instead of captioning, explain this sentence on each image (Captioner.explain): each word's "
                    "probability and attention; a sentence with no words is an error")
@@ -54,11 +70,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "x.png_attention.png); later folder searches skip this folder")
     p.add_argument("--animate", default=None, metavar="DIR", help="write the caption as it is written per image "
                    "here: NAME_caption.gif, a frame per word with its attention (folders mirrored as --attention-dir)")
-    p.add_argument("--device", default=captioner.default_device(), help="cpu, cuda, cuda:1 ... "
-                   "(default: cuda when available, else cpu)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available, else "
+                   "cpu; under torchrun with GPUs, each process its own: cuda:LOCAL_RANK)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "auto"], default="float32",
                    help="compute type (auto: bfloat16 where the CPU/GPU computes it natively, 2-3x faster)")
     return p.parse_args(argv)
+
+
+def check_options(args: argparse.Namespace) -> bool:
+    """False after printing (one line) why the options cannot work; needs no model, so runs before it loads."""
+    from captioner.cli.decode_options import check_decode_options
+
+    problem = None
+    if args.batch_size < 1:
+        problem = "--batch-size must be at least 1"
+    elif args.maps and not (args.json or args.output):
+        problem = "--maps adds the attention maps to JSON lines: add --json (or --output FILE.jsonl)"
+    for flag, folder in (("--attention-dir", args.attention_dir), ("--animate", args.animate)):
+        if problem is None and folder and Path(folder).exists() and not Path(folder).is_dir():
+            problem = f"{flag} {folder} is a file; name a folder (it is made when missing) for the figures"
+    if problem is None and args.output and Path(args.output).is_dir():
+        problem = f"--output {args.output} is a folder; name a file, e.g. {Path(args.output) / 'captions.jsonl'}"
+    try:
+        if problem is None:
+            sample_request(args)
+            check_decode_options(args)
+    except (ValueError, TypeError) as e:
+        problem = str(e)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+    return problem is None and check_sentence(args.explain)
 
 
 def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
@@ -66,11 +107,9 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
     import captioner
     from captioner.cli.decode_options import decode_settings, describe, has_memory
 
-    if args.batch_size < 1:  # --beam-size and --max-len: checked with every decode setting (DecodeConfig.checked)
-        print("error: --batch-size must be at least 1", file=sys.stderr)
-        return None
     try:
         request = sample_request(args)
+        args.device = args.device or captioner.default_device()
         dtype = captioner.preferred_dtype(args.device) if args.dtype == "auto" else args.dtype
         loaded = captioner.load(args.checkpoint, device=args.device, dtype=dtype)
         used = decode_settings(loaded, args)
@@ -97,12 +136,14 @@ def sure_column(cap: Any) -> str:
     return f"\tsure {cap.confidence:.2f}" if cap.sure else f"\tunsure {cap.confidence:.2f} ({cap.doubt})"
 
 
-def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict[str, Any],
-         figure: Path | None = None, animation: Path | None = None) -> None:
-    """Print one image's line (text or JSON) and write its figure (when asked) to `figure`. An explained
-    sentence's text line adds its log-probability and each word's probability (unknown words marked)."""
+def emit(args: argparse.Namespace, path: str, cap: Any) -> str | None:
+    """Print one image's line (text or JSON). An explained
+    sentence's text line adds its log-probability and each word's probability (unknown words marked). With
+    --output nothing is printed: the JSON line is returned, for the file."""
     import numpy as np
 
+    if args.output:
+        return json.dumps(cap.to_dict(path, maps=args.maps))  # notes included, as in a --json line
     if args.json:
         print(json.dumps(cap.to_dict(path, maps=args.maps)), flush=True)  # its own settings and model file
     elif args.explain is not None:
@@ -116,11 +157,19 @@ def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict
     if not args.json:  # the JSON carries them; beside the text line they go to stderr, as the command's other notes
         for note in cap.notes:  # e.g. a photo far smaller than the model's input, or shrunk on reading
             print(f"note: {path}: {note}", file=sys.stderr, flush=True)
+    return None
+
+
+def draw(img: Any, cap: Any, figure: Path | None = None, animation: Path | None = None,
+         sentence: str | None = None) -> None:
+    """Write one caption's attention figure and animation, where asked; an explained `sentence`'s figure is
+    titled as one (visualize.explained_title), never as a caption the model wrote."""
     if figure is not None:
-        from captioner.ui.visualize import attention_figure, figure_png
+        from captioner.ui.visualize import attention_figure, explained_title, figure_png
 
         figure.parent.mkdir(parents=True, exist_ok=True)
-        figure.write_bytes(figure_png(attention_figure(img, cap)))
+        title = None if sentence is None else explained_title(cap.text)
+        figure.write_bytes(figure_png(attention_figure(img, cap, title=title)))
     if animation is not None:
         from captioner.ui.animate import caption_animation
 
@@ -128,16 +177,17 @@ def emit(args: argparse.Namespace, path: str, img: Any, cap: Any, settings: dict
         animation.write_bytes(caption_animation(img, cap))
 
 
-def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Path], dict[str, Path]] | None:
-    """(the images to caption, image -> figure path, image -> animation path), or None after printing why
-    not. The figure folders are marked (FIGURE_MARK) so that a later folder search skips them."""
-    try:
-        found, skipped = find_images(args.images, args.recursive, args.attention_dir)
-        figures = figure_paths(found, args.attention_dir) if args.attention_dir else {}
-        animations = figure_paths(found, args.animate, "_caption.gif") if args.animate else {}
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return None
+@dataclasses.dataclass
+class Plan:
+    paths: list[str]  # this process's photos still to caption, in order
+    figures: dict[str, Path]  # image -> its figure (--attention-dir)
+    animations: dict[str, Path]  # image -> its animation (--animate)
+    missing: int = 0  # input files that are not there (each named on stderr)
+    written: int = 0  # this process's photos the --output file already holds (skipped)
+
+
+def folder_notes(args: argparse.Namespace, skipped: list[Path]) -> None:
+    """Say which folders were not searched: figure folders, and subfolders without --recursive."""
     for folder in skipped:
         print(f"note: skipping {folder}: a figure folder (--attention-dir), not input", file=sys.stderr)
     if not args.recursive:
@@ -147,12 +197,35 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Path], dict[str
                 print(f"note: {item} has {len(subs)} subfolder(s) that were not searched ({', '.join(subs[:3])}"
                       f"{' ...' if len(subs) > 3 else ''}): add --recursive to caption their images too",
                       file=sys.stderr)
-    for out in (args.attention_dir, args.animate):
-        if out and found:
-            Path(out).mkdir(parents=True, exist_ok=True)
-            (Path(out) / FIGURE_MARK).write_text("figures written by captioner-caption; folder searches skip this "
-                                                 "folder\n")
-    return [path for path, _ in found], figures, animations
+
+
+def plan(args: argparse.Namespace, rank: int = 0, world: int = 1) -> Plan | int:
+    """This process's photos still to caption and where their figures go, or the exit code after printing why
+    there is nothing to do; needs no model. Missing input files are named here; a folder with no photos is an
+    error; photos the --output file already names are skipped; under torchrun this rank takes its share
+    (jsonl_output.share). The figure folders are marked (FIGURE_MARK) so that a later folder search skips them."""
+    try:
+        found, skipped = find_images(args.images, args.recursive, args.attention_dir)
+        figures = figure_paths(found, args.attention_dir) if args.attention_dir else {}
+        animations = figure_paths(found, args.animate, "_caption.gif") if args.animate else {}
+        done = written_images(args.output) if args.output else set()
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    folder_notes(args, skipped)
+    if not found:
+        print("error: no images found (folders are searched for "
+              f"{' '.join(image_extensions())}; --recursive for subfolders)", file=sys.stderr)
+        return 1
+    missing = {path for path, _ in found if not os.path.exists(path)}
+    for path in sorted(missing):
+        print(f"error: {path}: no such file", file=sys.stderr)
+    mine = share([path for path, _ in found if path not in missing], rank, world)
+    todo = [path for path in mine if path not in done]
+    if args.output and len(todo) < len(mine):
+        print(f"note: {len(mine) - len(todo)} of {len(mine)} photo(s) are already in {args.output}: skipped",
+              file=sys.stderr)
+    return Plan(todo, figures, animations, len(missing), len(mine) - len(todo))
 
 
 def describe(loaded: Any, images: list[Any], settings: dict[str, Any], sentence: str | None,
@@ -165,9 +238,9 @@ def describe(loaded: Any, images: list[Any], settings: dict[str, Any], sentence:
     return [[loaded.explain(img, sentence, hard_context=settings["hard_context"])] for img in images]
 
 
-def check_sentence(loaded: Any, sentence: str | None) -> bool:
-    """--explain: False after printing why a sentence cannot be explained. Its unknown words are noted once,
-    with each photo's line (the Caption's notes: emit)."""
+def check_sentence(sentence: str | None) -> bool:
+    """--explain: False after printing why a sentence cannot be explained (needs no model). Its unknown words
+    are noted once, with each photo's line (the Caption's notes: emit)."""
     if sentence is None:
         return True
     from captioner.decoding.explain import NoWordsError, sentence_words
@@ -180,35 +253,73 @@ def check_sentence(loaded: Any, sentence: str | None) -> bool:
     return True
 
 
+def caption_all(args: argparse.Namespace, loaded: Any, settings: dict[str, Any], planned: Plan,
+                progress: bool) -> int:
+    """Caption the planned photos a batch at a time (the next batch loading meanwhile), each photo's lines
+    printed or appended to --output as soon as it is done; a bar with its ETA on stderr when `progress`.
+    Returns how many photos could not be read (each named on stderr)."""
+    from tqdm import tqdm
+
+    request, failed = sample_request(args), 0  # checked by check_options
+    for out in (args.attention_dir, args.animate):
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / FIGURE_MARK).write_text("figures written by captioner-caption; folder searches skip this "
+                                                 "folder\n")
+    bar = tqdm(total=len(planned.paths), desc="captioning", unit="photo", file=sys.stderr, disable=not progress)
+    for batch in loaded_batches(planned.paths, args.batch_size):
+        good = [(path, img) for path, img in batch if not isinstance(img, Exception)]
+        caps = describe(loaded, [img for _, img in good], settings, args.explain, request)
+        with tqdm.external_write_mode(file=sys.stdout):  # the bar steps aside for the lines
+            for path, err in batch:
+                if isinstance(err, Exception):
+                    print(f"error: {err}", file=sys.stderr)
+                    failed += 1
+            for (path, img), image_caps in zip(good, caps):
+                lines = []
+                for i, cap in enumerate(image_caps, 1):
+                    paths = numbered([planned.figures.get(path), planned.animations.get(path)], i, request)
+                    lines.append(emit(args, path, cap))
+                    draw(img, cap, *paths, sentence=args.explain)
+                if args.output:
+                    append_lines(args.output, lines)
+        bar.update(len(batch))
+    bar.close()
+    return failed
+
+
+def torch_gpus() -> bool:
+    """Whether torch sees a CUDA GPU here."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def main(argv: list[str] | None = None) -> int:
     from captioner.cli import torchvision_refused
 
-    args = parse_args(argv)
+    args = parse_args(argv)  # then everything that needs no torch, so that a mistake is answered at once
+    rank, world = torchrun_place(dict(os.environ))  # (0, 1) outside torchrun
+    planned = plan(args, rank, world) if check_options(args) else 2
+    if isinstance(planned, int):
+        return planned
+    if not planned.paths:  # everything already in --output, or this rank's share is empty
+        return 1 if planned.missing else 0
     if torchvision_refused():
         return 2
+    if world > 1 and args.device in (None, "cuda") and torch_gpus():  # one GPU per process, as torchrun numbers them
+        args.device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     ready = setup(args)
-    planned = plan(args) if ready is not None and check_sentence(ready[0], args.explain) else None
-    if planned is None:
+    if ready is None:
         return 2
-    loaded, settings = ready
-    request = sample_request(args)  # checked by setup
-    paths, figures, animations = planned
-    failed = 0
-    for batch in loaded_batches(paths, args.batch_size):
-        good = [(path, img) for path, img in batch if not isinstance(img, Exception)]
-        for path, err in batch:
-            if isinstance(err, Exception):
-                print(f"error: {err}", file=sys.stderr)
-                failed += 1
-        caps = describe(loaded, [img for _, img in good], settings, args.explain, request)
-        for (path, img), image_caps in zip(good, caps):
-            for i, cap in enumerate(image_caps, 1):
-                emit(args, path, img, cap, settings, *numbered([figures.get(path), animations.get(path)], i, request))
-    if not paths:
-        print("error: no images found (folders are searched for "
-              f"{' '.join(image_extensions())}; --recursive for subfolders)", file=sys.stderr)
-        return 1
-    return 1 if failed else 0
+    start = time.perf_counter()
+    failed = caption_all(args, *ready, planned, progress=rank == 0 and sys.stderr.isatty())
+    if args.output:
+        who, done, took = f"rank {rank} of {world}: " if world > 1 else "", len(planned.paths) - failed, \
+            time.perf_counter() - start
+        print(f"{who}{done} photo(s) captioned into {args.output} in {took:.1f} s ({done / took:.2f} photos/s, "
+              "the model's loading not counted)", file=sys.stderr)
+    return 1 if failed or planned.missing else 0
 
 
 if __name__ == "__main__":

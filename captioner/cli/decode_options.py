@@ -15,21 +15,44 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
                    help="any decode setting (config.decode), e.g. block_trigrams=false; repeatable")
 
 
-def decode_settings(model: Any, args: argparse.Namespace):
-    """The model file's decode settings with --beam-size/--max-len/--length-penalty and every --decode
-    KEY=VALUE applied (typed and checked like a config file's decode section). ValueError/TypeError
-    say what was wrong."""
-    from captioner.config import Config, set_value
+def _apply_decode_options(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Every --decode KEY=VALUE set on `cfg` (typed like a config file's decode section), and the explicit
+    --beam-size/--max-len/--length-penalty that were given."""
+    from captioner.config import set_value
 
-    cfg = Config(decode=dataclasses.replace(model.config.decode))
     for item in args.decode:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--decode expects KEY=VALUE, got '{item}'")
         set_value(cfg, f"decode.{key.strip()}", value, "--decode")
     explicit = {"beam_size": args.beam_size, "max_len": args.max_len, "length_penalty": args.length_penalty}
-    return model.decode_settings(**{**dataclasses.asdict(cfg.decode), **{k: v for k, v in explicit.items()
-                                                                          if v is not None}})
+    return {k: v for k, v in explicit.items() if v is not None}
+
+
+def check_decode_options(args: argparse.Namespace) -> None:
+    """The decode options checked without a model (types, config.DecodeConfig.LIMITS, choices), so that a bad one
+    ("--beam-size 0") is refused before the model loads. ValueError/TypeError say what was wrong."""
+    from captioner.config import Config
+
+    cfg = Config()
+    explicit = _apply_decode_options(cfg, args)
+    try:
+        dataclasses.replace(cfg.decode, **explicit).checked()
+    except ValueError as e:  # in the option's own name where it was given as one
+        key = str(e).split()[0].removeprefix("decode.")
+        raise ValueError(str(e).replace(f"decode.{key}", f"--{key.replace('_', '-')}", 1) if key in explicit
+                         else str(e)) from None
+
+
+def decode_settings(model: Any, args: argparse.Namespace):
+    """The model file's decode settings with --beam-size/--max-len/--length-penalty and every --decode
+    KEY=VALUE applied (typed and checked like a config file's decode section). ValueError/TypeError
+    say what was wrong."""
+    from captioner.config import Config
+
+    cfg = Config(decode=dataclasses.replace(model.config.decode))
+    explicit = _apply_decode_options(cfg, args)
+    return model.decode_settings(**{**dataclasses.asdict(cfg.decode), **explicit})
 
 
 # settings only beam search reads: a sampled caption is drawn word by word, never searched nor reranked

@@ -60,7 +60,7 @@ def _main(argv: list[str] | None) -> int:
         missing = [r.image_id for r in recs if not r.path.is_file()]
         print(f"{name} {split}: {len(recs)} images, {sum(len(r.captions) for r in recs)} captions"
               + (f"; {len(missing)} image files missing, e.g. {', '.join(missing[:5])}" if missing else ""))
-    if _missing_refused(records, args.skip_missing):
+    if _missing_refused(records, args.skip_missing) or _emptied(records):
         return 2
     if "train" in mix:
         _report_vocabulary(cfg, [c for _, recs in mix["train"] for r in recs for c in r.captions], args.vocab_out)
@@ -120,6 +120,19 @@ def _missing_refused(records: dict, skip: bool) -> bool:
           "folder, remove their lines from the captions file, or pass --skip-missing to prepare without them",
           file=sys.stderr)
     return True
+
+
+def _emptied(records: dict) -> bool:
+    """Whether leaving out the photos missing on disk (--skip-missing) empties a split: said in one line (the
+    run would fail later, at its first validation, with "no predictions to score") -> whether prepare stops."""
+    for (name, split), recs in records.items():
+        if recs and not any(r.path.is_file() for r in recs):
+            gone = ", ".join(r.image_id for r in recs[:5]) + (" ..." if len(recs) > 5 else "")
+            print(f"error: {name} {split}: every photo of the split is missing on disk ({gone}), so --skip-missing "
+                  f"leaves it empty; put them back, or add captioned photos (without split files every 10th photo "
+                  "by name goes to val and to test)", file=sys.stderr)
+            return True
+    return False
 
 
 def _report_vocabulary(cfg, caps: list[str], vocab_out: str | None) -> None:

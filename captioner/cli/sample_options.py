@@ -18,7 +18,7 @@ OPTIONS = {"n": "--sample", "temperature": "--temperature", "top_k": "--top-k", 
 
 
 def add_sample_options(p: argparse.ArgumentParser) -> None:
-    from captioner.decoding.photo import SAMPLE_TEMPERATURE, SAMPLE_TOP_P
+    from captioner.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_P
 
     p.add_argument("--sample", type=int, default=None, metavar="N",
                    help="draw N captions per image from the model instead of decoding one (see --temperature, "
@@ -37,15 +37,16 @@ def add_sample_options(p: argparse.ArgumentParser) -> None:
 def sample_request(args: argparse.Namespace) -> Any:
     """--sample's SampleSettings (checked: a ValueError names the option out of range), or None without --sample.
     A drawing option without --sample is a ValueError: the caption would be decoded as if it were not there."""
-    from captioner.decoding.photo import SAMPLE_TEMPERATURE, SAMPLE_TOP_P
-    from captioner.decoding.sampling import Draw, SampleSettings
-
     if args.sample is None:
         given = [OPTIONS[k] for k in ("temperature", "top_k", "top_p", "seed") if getattr(args, k) is not None]
         if given:
-            raise ValueError(f"{', '.join(given)} only apply with --sample N (drawn captions); add --sample N or "
-                             f"leave {'them' if len(given) > 1 else 'it'} out")
+            many = len(given) > 1
+            raise ValueError(f"{', '.join(given)} only appl{'y' if many else 'ies'} with --sample N (drawn captions); "
+                             f"add --sample N or leave {'them' if many else 'it'} out")
         return None
+    from captioner.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_P
+    from captioner.decoding.sampling import Draw, SampleSettings
+
     if args.explain is not None:
         raise ValueError("--sample draws captions and --explain scores a given sentence: use one of them")
     draw = Draw(SAMPLE_TEMPERATURE if args.temperature is None else args.temperature,

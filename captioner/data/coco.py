@@ -17,16 +17,27 @@ def read_split_file(path: str | Path) -> list[str]:
     return [n.strip() for n in path.read_text(encoding="utf-8-sig").splitlines() if n.strip()]
 
 
+def open_coco(path: Path, what: str):
+    """pycocotools' COCO of a JSON file, quietly; a file that is not JSON (or not readable) is a ValueError that
+    names it and says what it should be (json's own "Expecting value: line 1 column 1" names neither)."""
+    from pycocotools.coco import COCO
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress chatter
+            coco = COCO(str(path))
+    except (ValueError, UnicodeDecodeError, OSError, TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"{path} could not be read as {what} ({type(e).__name__}: {e}); pass the JSON file "
+                         "from cocodataset.org's annotations") from None
+    return coco
+
+
 def load_coco(images: str | Path, annotations: str | Path, only: list[str] | None = None) -> list[ImageRecord]:
     """The images of the annotation file that have captions, sorted by image id; with `only` (file names
     from a split file) just those, each of which must have captions in the file and a photo in `images`."""
-    from pycocotools.coco import COCO
-
     annotations = Path(annotations)
     if not annotations.is_file():
         raise FileNotFoundError(f"COCO caption annotations not found: {annotations}")
-    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress chatter
-        coco = COCO(str(annotations))
+    coco = open_coco(annotations, "a COCO captions_*.json")
     records = []
     for img_id in sorted(coco.getImgIds()):
         info = coco.loadImgs(img_id)[0]

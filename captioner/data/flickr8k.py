@@ -46,11 +46,14 @@ def read_captions(root: Path) -> dict[str, list[str]]:
             if "\t" in line:
                 key, caption = line.split("\t", 1)
                 caps[key.split("#")[0].strip()].append(caption.strip())
+    elif not Path(root).is_dir():
+        raise FileNotFoundError(f"{root}: no such folder. Set data.root to the folder that holds Images/ and "
+                                "captions.txt: your own photos (README 'Train on your own photos') or Flickr8k")
     else:
         raise FileNotFoundError(
-            f"{root}: no captions.txt (Kaggle layout) or Flickr8k.token.txt (original release) found. "
-            "Point data.root at the folder that holds the Flickr8k captions."
-        )
+            f"{root}: no captions.txt found. A folder of photos holds Images/ and captions.txt, a CSV with the header "
+            "'image,caption' and a line per caption (README 'Train on your own photos'; Flickr8k's Kaggle download "
+            "is laid out so too, its original release has Flickr8k.token.txt instead)")
     return caps
 
 

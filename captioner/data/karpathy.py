@@ -15,8 +15,11 @@ def load_karpathy(images: str | Path, annotations: str | Path, split: str) -> li
     want = {"train": ("train", "restval"), "val": ("val",), "test": ("test",)}
     if split not in want:
         raise ValueError(f"split must be train, val or test, got '{split}'")
-    data = json.loads(Path(annotations).read_text())
-    if "images" not in data:
+    try:
+        data = json.loads(Path(annotations).read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{annotations} could not be read as a Karpathy split JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict) or "images" not in data:
         raise ValueError(f"{annotations}: not a Karpathy split file (no 'images' list)")
     records = []
     for item in data["images"]:

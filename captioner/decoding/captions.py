@@ -98,6 +98,7 @@ class Caption:
     # the note names the size a person knows); and whether the file was fully transparent (no picture at all)
     file_size: tuple[int, int] | None = None
     transparent: bool = False
+    flat: bool = False  # the photo is one flat colour (images.flat_colour): nothing to caption
     # the decode settings this caption was made with (config.decode's fields; for an explained sentence
     # the settings it was scored under) and the model file it came from, when known: every JSON says them
     settings: dict = field(default_factory=dict)
@@ -168,15 +169,19 @@ class Caption:
             out.append(f"The sentence's log-probability is not comparable with other sentences' (such as the "
                        f"model's own caption): {names} scored as <unk>, the probability of any unknown word, "
                        "not of this one.")
-        return out + photo_notes(self.photo_size, self.input_side, self.file_size, self.transparent)
+        return out + photo_notes(self.photo_size, self.input_side, self.file_size, self.transparent, self.flat)
 
 
 def photo_notes(size: tuple[int, int] | None, input_side: int | None, file_size: tuple[int, int] | None = None,
-                transparent: bool = False) -> list[str]:
+                transparent: bool = False, flat: bool = False) -> list[str]:
     """Remarks on the photo itself, for a Photo and each of its Captions: a fully transparent file (no picture:
-    the caption is of its blank white background), a photo far smaller than the model's input (small_photo_note)."""
+    the caption is of its blank white background), a photo of one flat colour (nothing to caption), a photo far
+    smaller than the model's input (small_photo_note)."""
     out = ["The image is fully transparent: it holds no picture, so the caption describes an empty white "
            "image."] if transparent else []
+    if flat and not transparent:
+        out.append("The photo is a single flat colour: there is nothing in it to caption, so the caption is the "
+                   "model's guess at an empty picture, not a description.")
     small = small_photo_note(size, input_side, file_size)
     return out + ([small] if small else [])
 

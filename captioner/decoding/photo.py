@@ -18,7 +18,7 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from ..concepts.imagenet import Concepts
-from ..config import DecodeConfig
+from ..config import SAMPLE_TEMPERATURE, SAMPLE_TOP_P, DecodeConfig  # the sampling defaults: read there
 from ..vocab import Vocab
 from .captions import Caption, captions_from_features, photo_notes, sampled_captions
 from .evidence import photo_evidence
@@ -26,14 +26,6 @@ from .explain import explain_features, sentence_words
 from .reading import HeadReading, annotate, photo_concepts
 from .sampling import Draw, SampleSettings
 
-
-# Photo.sample's defaults, the API's and captioner-caption --sample's. Drawn from the model's own distribution
-# (temperature 1, no cut), 58 of 60 samples of the bundled model's example photos hold a word it gives under 1%
-# ("a bird is standing in front of a celebrate gnawing around her leaves"), the worst averaging exp(-5.2) per
-# word; sharper and cut to the nucleus they read as captions (worst exp(-2.8)) and still differ from one another
-# (tests/test_sampling_api.py)
-SAMPLE_TEMPERATURE = 0.6
-SAMPLE_TOP_P = 0.9
 
 
 class Loaded(Protocol):
@@ -49,23 +41,23 @@ class Loaded(Protocol):
 class Photo:
     """One photo as a Captioner read it: `size` (width, height) as the model received it, `file_size` as the file
     had it (larger when it was shrunk on reading: images.WORKING_SIDE), `transparent` (the file was fully
-    transparent), `notes` (e.g. far smaller than the model's input), `features` (1, P, D), `reading` (the heads'
+    transparent), `flat` (one flat colour), `notes` (e.g. far smaller than the model's input), `features` (1, P, D), `reading` (the heads'
     outputs), `concepts`; `caption(**settings)` and `explain(text)` decode from these, never from the image again."""
 
     def __init__(self, loaded: Loaded, features: torch.Tensor, reading: HeadReading, size: tuple[int, int],
                  input_side: int, name: str | None = None, file_size: tuple[int, int] | None = None,
-                 transparent: bool = False):
+                 transparent: bool = False, flat: bool = False):
         self.loaded, self.features, self.reading = loaded, features, reading  # (1, P, D)
         self.size, self.input_side, self.name = (int(size[0]), int(size[1])), int(input_side), name
         self.file_size = self.size if file_size is None else (int(file_size[0]), int(file_size[1]))
-        self.transparent = bool(transparent)
+        self.transparent, self.flat = bool(transparent), bool(flat)
         self._concepts: Concepts | None = None
 
     @property
     def notes(self) -> list[str]:
-        """Remarks on the photo itself: a fully transparent file holds no picture; a photo far smaller than the
-        model's input is enlarged a lot."""
-        return photo_notes(self.size, self.input_side, self.file_size, self.transparent)
+        """Remarks on the photo itself: a fully transparent file holds no picture; a photo of one flat colour has
+        nothing to caption; a photo far smaller than the model's input is enlarged a lot."""
+        return photo_notes(self.size, self.input_side, self.file_size, self.transparent, self.flat)
 
     @property
     def concepts(self) -> Concepts:
@@ -113,6 +105,7 @@ class Photo:
     def _own(self, cap: Caption, settings: DecodeConfig) -> Caption:
         cap.photo_size, cap.input_side, cap.file_size, cap.transparent = (self.size, self.input_side, self.file_size,
                                                                            self.transparent)
+        cap.flat = self.flat
         cap.settings = {**cap.settings, **dataclasses.asdict(settings)}  # a sample's "sample" entry kept
         cap.model_file = self.loaded.source
         return cap

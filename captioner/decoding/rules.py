@@ -87,10 +87,11 @@ def _among(words: tuple[int, ...], vocab_size: int, device: torch.device) -> tor
 
 
 @lru_cache(maxsize=16)
-def _families(twins: tuple[tuple[int, int], ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(m,) the members and (m,) the families of vocab.word_families' pairs, made once per vocabulary."""
-    return (torch.tensor([a for a, _ in twins], dtype=torch.long, device=device),
-            torch.tensor([b for _, b in twins], dtype=torch.long, device=device))
+def _pairs(pairs: tuple[tuple[int, int], ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m,) the first and (m,) the second ids of id pairs (vocab.word_families' members and families,
+    vocab.stutter_pairs' words and longer words), made once per vocabulary."""
+    return (torch.tensor([a for a, _ in pairs], dtype=torch.long, device=device),
+            torch.tensor([b for _, b in pairs], dtype=torch.long, device=device))
 
 
 def _ban(logp: torch.Tensor, words: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
@@ -123,8 +124,9 @@ def _ban_salad(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds) -> tor
 
 def _ban_repeats(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds, close: bool, content: bool
                  ) -> torch.Tensor:
-    """logp (N, V), tokens (N, t) -> with `close`, -inf for the last word again ("an airplane airplane")
-    and for X after "X and" / "X or" ("a black and black dog"); with `content`, for every content word
+    """logp (N, V), tokens (N, t) -> with `close`, -inf for the last word again ("an airplane airplane"), for
+    a longer word that starts with it ("a bath bathroom": ids.stutters) and for X after "X and" / "X or" ("a
+    black and black dog"); with `content`, for every content word
     already written ("a kitchen that is in the kitchen"), its family included (ids.twins: no "horse" after
     "stallion", no "tracks" after "track"). vocab.repeats names these three kinds."""
     t = tokens.shape[1]
@@ -132,13 +134,16 @@ def _ban_repeats(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds, clos
         return logp
     if close:  # back to back
         logp[torch.arange(len(tokens), device=tokens.device), tokens[:, -1]] = float("-inf")
+    if close and ids.stutters:  # the last word again as the start of a longer one
+        first, longer = _pairs(ids.stutters, tokens.device)  # (m,), (m,)
+        logp = _ban(logp, longer.expand(len(tokens), -1), tokens[:, -1:] == first)  # where: (N, m)
     if close and t >= 2:
         joined = _among(ids.joiners, logp.shape[1], tokens.device)[tokens[:, -1]]  # (N,) rows ending "X and"
         logp = _ban(logp, tokens[:, -2:-1], joined.unsqueeze(1))
     if content:
         said = torch.zeros_like(logp, dtype=torch.bool).scatter_(1, tokens, True)  # (N, V)
         if ids.twins:  # a word, its plural, its taught twin name one thing: one said bans the whole family
-            member, family = _families(ids.twins, tokens.device)
+            member, family = _pairs(ids.twins, tokens.device)
             said = said.float().index_add_(1, family, said[:, member].float()) > 0  # (N, V): families said
             said[:, member] = said[:, family]
         logp = logp.masked_fill(said & ~_among(ids.function_words, logp.shape[1], tokens.device), float("-inf"))

@@ -2,8 +2,6 @@
 COCO instance annotations (pycocotools)."""
 from __future__ import annotations
 
-import contextlib
-import io
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,15 +65,14 @@ def instances_path_for(captions_json: str | Path) -> Path:
 
 def load_instances(path: str | Path) -> Instances:
     """A COCO instances_*.json (through pycocotools) -> boxes per image and category."""
-    from pycocotools.coco import COCO
+    from ..data.coco import open_coco
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"COCO instance annotations not found: {path}. Download annotations_trainval2017.zip "
                                 "from cocodataset.org (it holds instances_*.json beside captions_*.json) or pass "
                                 "--instances PATH.")
-    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress chatter
-        coco = COCO(str(path))
+    coco = open_coco(path, "a COCO instances_*.json")
     if not coco.dataset.get("categories"):
         raise ValueError(f"{path} has no 'categories': is it an instances_*.json (not captions_*.json)?")
     names = {c["id"]: c["name"] for c in coco.loadCats(coco.getCatIds())}

@@ -121,6 +121,8 @@ def _per_set(cfg: Config, vocab: Vocab, train: Mix, val: Mix, caches_of: Caches,
         rows += [(k, i) for i in keep]
         weights += [src.weight] * len(keep)
         val_keep = _kept(val_records, v.missing, cfg.train.val_limit)  # the cache covers all val images
+        if val_records and not val_keep:  # ("no predictions to score", at the end of the first epoch, said none of it)
+            raise ValueError(no_val_photo(src.name, val_records))
         val_records = [val_records[i] for i in val_keep]
         if isinstance(c, FeatureCache):
             parts.append(c.features)
@@ -129,6 +131,14 @@ def _per_set(cfg: Config, vocab: Vocab, train: Mix, val: Mix, caches_of: Caches,
             parts.append((c.acts, c.flipped, c.logits))
             val_sets.append(ValSet(src.name, val_records, v.acts[val_keep], v.logits[val_keep, 0]))
     return parts, rows, caps, weights, val_sets
+
+
+def no_val_photo(name: str, val_records: list[ImageRecord]) -> str:
+    """Why a run cannot validate: every photo of a caption set's val split is unreadable or missing on disk."""
+    names = ", ".join(r.image_id for r in val_records[:5]) + (" ..." if len(val_records) > 5 else "")
+    return (f"{name}: none of the val split's {len(val_records)} photo(s) could be read ({names}: missing on disk or "
+            "not an image), so there is nothing to validate on; put them back, or add captioned photos so that the "
+            "val split (every 10th by name, without split files) holds readable ones, then rerun captioner-prepare")
 
 
 def _activation_caches(cfg: Config, model: ShowAttendTell, place: Place) -> Caches:

@@ -83,6 +83,8 @@ def caption_animation(image: Image.Image, caption: "Caption", fmt: str = "gif", 
     size = (max(f.width for f in frames), max(f.height for f in frames))
     frames = [_padded(f, size) for f in frames]
     durations = [frame_ms] * (len(frames) - 1) + [LAST_MS]
+    if fmt == "gif":  # each frame its own 256 colours, undithered: Pillow's fixed web palette banded the photo
+        frames = [f.quantize(256, Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE) for f in frames]
     buf = io.BytesIO()
     frames[0].save(buf, FORMATS[fmt], save_all=True, append_images=frames[1:], duration=durations, loop=0)
     return buf.getvalue()

@@ -30,7 +30,8 @@ def _inside(path: Path, root: Path) -> bool:
 def find_model_files(folders: Sequence[str | Path], max_depth: int = MAX_DEPTH, max_files: int = MAX_FILES,
                      max_seconds: float = MAX_SECONDS) -> Found:
     """*.safetensors under the allowed folders (at most `max_depth` levels down, `max_files` files,
-    `max_seconds`), each resolving inside the folder it was found in (a link out of it is skipped)."""
+    `max_seconds`), each resolving inside the folder it was found in (a link out of it is skipped). A model's
+    consensus memory (<model>.consensus.safetensors, beside the model it serves) is not a model: left out."""
     found, seen, start = Found(), set(), time.monotonic()
     for folder in folders:
         root = Path(folder).expanduser()
@@ -53,13 +54,21 @@ def find_model_files(folders: Sequence[str | Path], max_depth: int = MAX_DEPTH, 
                     continue  # a link out of the allowed folder
                 if e.is_dir() and depth < max_depth:
                     stack.append((p, depth + 1))
-                elif e.name.endswith(".safetensors") and e.is_file() and p.resolve() not in seen:
+                elif _model_name(e.name) and e.is_file() and p.resolve() not in seen:
                     seen.add(p.resolve())
                     found.files.append(p)
                     if len(found.files) >= max_files:
                         found.stopped = f"the search stopped at {max_files} model files"
                         return _sorted(found)
     return _sorted(found)
+
+
+def _model_name(name: str) -> bool:
+    """Whether a file name may be a model file: *.safetensors, but not a consensus memory (loaded with the
+    model beside it, never picked on its own)."""
+    from captioner.decoding.consensus import SUFFIX
+
+    return name.endswith(".safetensors") and not name.endswith(SUFFIX)
 
 
 def _sorted(found: Found) -> Found:

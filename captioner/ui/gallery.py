@@ -20,13 +20,13 @@ if TYPE_CHECKING:
     from ..decoding.captions import Caption
 
 MAX_PHOTOS = 12  # photos one upload may hold: decoded together, each kept with its reading while on screen
-TOP_CONCEPTS = 3  # concepts a gallery card and a CSV row list
 THUMB_MAX = 320  # a gallery thumbnail's longer side, at most
 
 
-def top_concepts(cap: "Caption", k: int = TOP_CONCEPTS) -> str:
-    """'cat 0.87; person 0.19': what the encoder's heads see, most probable first ('' for none)."""
-    return "; ".join(f"{c} {p:.2f}" for c, p in cap.concepts[:k])
+def top_concepts(cap: "Caption") -> str:
+    """'cat 0.87; person 0.31': what the encoder's heads see, most probable first ('' for none): every concept
+    the caption carries (Caption.concepts, P >= THRESHOLD), as the single photo's view and the JSON list them."""
+    return "; ".join(f"{c} {p:.2f}" for c, p in cap.concepts)
 
 
 def batch_csv(items: Sequence[tuple[str, "Caption"]]) -> bytes:

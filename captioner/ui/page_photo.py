@@ -24,9 +24,13 @@ def photo_input(settings: Settings) -> Shown:
     col_upload, col_example = st.columns([3, 2])
     with col_upload:
         uploaded = st.file_uploader(f"Upload a photo ({format_names(' or ')})", type=UPLOAD_TYPES)
+    # the batch and the camera come below: their last values say whether one of them is what the page shows
+    elsewhere = bool(st.session_state.get("batch_upload")) or bool(st.session_state.get("camera_on") and
+                                                                   st.session_state.get("camera_shot") is not None)
     with col_example:
         example = st.selectbox("... or pick an example photo", list(EXAMPLES), index=0,
-                               disabled=uploaded is not None, help="Used when no photo is uploaded.")
+                               disabled=uploaded is not None or elsewhere,
+                               help="Used when no photo is uploaded, no gallery is shown and no camera photo taken.")
     batch = st.file_uploader(f"... or several photos at once (up to {gallery.MAX_PHOTOS}): a gallery",
                              type=UPLOAD_TYPES, accept_multiple_files=True, key="batch_upload") or []
     shot = None

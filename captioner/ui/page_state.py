@@ -113,7 +113,7 @@ def get_explanation(path: str, mtime: float, dtype: str, digest: str, text: str,
                     _image) -> captioner.Caption:
     """A typed sentence teacher-forced on one photo (Photo.explain), cached per model, photo and text."""
     cap = get_photo(path, mtime, dtype, digest, _image).explain(text, hard_context=hard_context)
-    cap.photo_size, cap.transparent = None, False  # the photo's notes are shown once, by the caption
+    cap.photo_size, cap.transparent, cap.flat = None, False, False  # the photo's notes: shown once, by the caption
     return cap
 
 

@@ -58,21 +58,23 @@ def region_view(explained: captioner.Caption | None, thumb, grid: int) -> None:
     """Click a region: pick a cell of the attention grid (a click or the menus), and the explained
     sentence's words ranked by their attention there."""
     st.header("Click a region")
-    st.caption(f"Click the photo (or pick a row and column) to choose a cell of the {grid}x{grid} attention grid: "
-               "the words of the sentence above are ranked by how much attention they paid to it (lift: times a "
+    st.caption(f"Click the photo (or pick a row and column, numbered from 1 at the top left, as the words are) to "
+               f"choose a cell of the {grid}x{grid} attention grid: the words of the sentence above are ranked by how much attention they paid to it (lift: times a "
                "uniform map's share).")
     follow_click(grid)
     col_cell, col_rank = st.columns([1, 1])
     with col_cell:
         pick_row, pick_col = st.columns(2)
-        row = pick_row.selectbox("Row", list(range(grid)), key="region_row")
-        column = pick_col.selectbox("Column", list(range(grid)), key="region_col")
+        # the menus hold 0-based cells (the maps' indices) and show them from 1, as the word positions are shown
+        row = pick_row.selectbox("Row", list(range(grid)), key="region_row", format_func=lambda i: str(i + 1))
+        column = pick_col.selectbox("Column", list(range(grid)), key="region_col", format_func=lambda i: str(i + 1))
         marked = workbench.mark_cell(thumb, grid, row, column)
+        said = f"cell row {row + 1}, column {column + 1} of {grid}"
         if streamlit_image_coordinates is not None:
             streamlit_image_coordinates(marked, key="region_click", width="stretch", cursor="crosshair")
-            st.caption(f"cell row {row}, column {column}")
+            st.caption(said)
         else:
-            st.image(marked, caption=f"cell row {row}, column {column}", width="stretch")
+            st.image(marked, caption=said, width="stretch")
     with col_rank:
         if explained is not None:
             st.markdown(html_parts.cell_strip(explained, row, column), unsafe_allow_html=True)

@@ -12,9 +12,12 @@ detail finer than a cell. mode="nearest" draws the cells as flat blocks (the map
 resolution included). A Gaussian blur (smooth > 0, in cells) is available for the paper's look.
 
 The gate beta. The context that reaches a word is z = beta * sum_i alpha_i a_i (Xu et al. 4.2.1), so
-beta * alpha is what the word actually took from each region: the overlay's heat opacity is
-multiplied by beta (a word with beta 0.1 shows the photo nearly bare), and in figures a word with beta
-below LOW_BETA gets a grey title. Titles read "dog  β=0.82". Nothing here calls plt.show().
+beta * alpha is what the word actually took from each region: the overlay's effect is multiplied by beta
+(a word with beta 0.1 shows the photo nearly bare), and in figures a word with beta below LOW_BETA gets a grey
+title. Titles read "dog  p=0.61  β=0.82" (its probability, its gate). Nothing here calls plt.show().
+
+The overlay (LIGHT, the paper's own figures): the photo dimmed where the word looked little, in its own colours
+where it looked most; a figure's scale says so. A colour map name blends a heat map instead.
 """
 from __future__ import annotations
 
@@ -33,11 +36,13 @@ if TYPE_CHECKING:
     from ..api import Caption
 
 
+LIGHT = "light"  # overlay's default: the paper's light mask (the photo dimmed where the word looked little)
 LOW_BETA = 0.5  # below this gate value a word's figure title is grey: it used the image little
 MAX_ASPECT = 3.0  # figure panels: a photo longer than 3:1 (either way) is letterboxed to 3:1
 PANEL_PIXELS = 640  # the longer side of the photo drawn in a figure panel (its overlays are computed there)
 MAX_FIGURE_PIXELS = 12_000_000  # figure_png lowers its dpi so that no PNG exceeds this many pixels
 TITLE_INCHES, CAPTION_INCHES = 0.45, 0.4  # a figure's room for each row's word titles and for the caption on top
+SCALE_INCHES = 0.42  # a figure's room at the bottom for its scale (what the dimming means)
 # zlib level of a figure's PNG: 1 instead of 6 encodes a 1 MB figure in a third of the time, 9% larger (a figure
 # is mostly photo, which zlib barely shrinks at any level)
 PNG_COMPRESSION = 1
@@ -64,19 +69,25 @@ def upsample_alpha(alpha: np.ndarray, width: int, height: int, smooth: float = 0
 
 
 def overlay(image: Image.Image, alpha: np.ndarray, opacity: float = 0.6, smooth: float = 0.0,
-            cmap: str = "jet", beta: float | None = None, mode: str = "bilinear") -> Image.Image:
-    """The photo with one word's attention drawn over it as a heat map, same size as the photo.
-    beta (the word's gate, None = unknown) scales the heat's opacity: what reached the word is beta * alpha."""
-    from matplotlib import colormaps
-
+            cmap: str = LIGHT, beta: float | None = None, mode: str = "bilinear") -> Image.Image:
+    """The photo with one word's attention drawn on it, same size as the photo. The default (LIGHT) is the
+    paper's light mask: the photo dimmed where the word looked little (by `opacity` where it looked least), in
+    its own colours where it looked most, so nothing is tinted (a heat map's blue turned white walls cyan).
+    Any matplotlib colour map name (e.g. "inferno") blends that heat map over the photo instead.
+    beta (the word's gate, None = unknown) scales the effect: what reached the word is beta * alpha."""
     image = image.convert("RGB")
     w, h = image.size
-    m = upsample_alpha(alpha, w, h, smooth, mode)  # (H, W)
-    heat = (colormaps[cmap](m)[..., :3] * 255).astype(np.float32)  # (H, W, 3)
-    base = np.asarray(image, dtype=np.float32)
+    m = upsample_alpha(alpha, w, h, smooth, mode)[..., None]  # (H, W, 1), 1 where the word looked most
+    base = np.asarray(image, dtype=np.float32)  # (H, W, 3)
     gate = 1.0 if beta is None else float(np.clip(beta, 0.0, 1.0))
-    weight = gate * opacity * (0.25 + 0.75 * m[..., None])  # strongest where the model looked
-    out = base * (1 - weight) + heat * weight
+    if cmap == LIGHT:
+        out = base * (1 - gate * opacity * (1 - m))  # dimmed where it looked little
+    else:
+        from matplotlib import colormaps
+
+        heat = (colormaps[cmap](m[..., 0])[..., :3] * 255).astype(np.float32)  # (H, W, 3)
+        weight = gate * opacity * (0.25 + 0.75 * m)  # strongest where the model looked
+        out = base * (1 - weight) + heat * weight
     return Image.fromarray(out.clip(0, 255).astype(np.uint8))
 
 
@@ -105,9 +116,17 @@ def shown_beta(caption: "Caption", i: int) -> float | None:
     return None if gate_open(caption) else word_beta(caption, i)
 
 
-def word_title(word: str, beta: float | None) -> str:
-    """'dog  β=0.82' (just the word when beta is unknown)."""
-    return word if beta is None else f"{word}  β={beta:.2f}"
+def word_title(word: str, beta: float | None, prob: float | None = None) -> str:
+    """'dog  p=0.61  β=0.82': the word, its probability under the model and its gate (each left out when
+    unknown)."""
+    p = "" if prob is None else f"  p={prob:.2f}" if prob >= 0.01 else f"  p={prob:.0e}"  # "p=3e-03", never "p=0.00"
+    return word + p + ("" if beta is None else f"  β={beta:.2f}")
+
+
+def word_prob(caption: "Caption", i: int) -> float | None:
+    """The model's probability of word i (exp of its log-probability), None when the caption carries none."""
+    lps = getattr(caption, "word_log_probs", None)
+    return float(np.exp(lps[i])) if lps is not None and len(lps) == len(caption.words) else None
 
 
 def letterbox(image: Image.Image, max_aspect: float = MAX_ASPECT, fill: tuple[int, int, int] = (255, 255, 255)
@@ -123,10 +142,26 @@ def letterbox(image: Image.Image, max_aspect: float = MAX_ASPECT, fill: tuple[in
     return canvas
 
 
+def _scale(fig: "Figure", height: float, opacity: float) -> None:
+    """The figure's scale, at its bottom: the light mask's brightness from the least to the most attention of a
+    word (each map is drawn relative to its own peak)."""
+    bottom, tall = 0.12 / height, 0.16 / height
+    ax = fig.add_axes((0.35, bottom, 0.3, tall))
+    ramp = np.linspace(1 - opacity, 1, 256, dtype=np.float32)[None, :]  # (1, 256): brightness kept
+    ax.imshow(ramp, cmap="gray", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_label("scale")
+    fig.text(0.34, bottom + tall / 2, "attention: looked least", ha="right", va="center", fontsize=9)
+    fig.text(0.66, bottom + tall / 2, "looked most (each word's own peak)", ha="left", va="center", fontsize=9)
+
+
 def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opacity: float = 0.6,
-                     smooth: float = 0.0, panel_width: float = 2.6, mode: str = "bilinear") -> "Figure":
-    """One panel per word (plus the photo), each the photo with that word's attention, titled with
-    the word and its gate beta (grey below LOW_BETA; heat opacity scaled by beta). Each panel shows the
+                     smooth: float = 0.0, panel_width: float = 2.6, mode: str = "bilinear",
+                     title: str | None = None) -> "Figure":
+    """One panel per word (plus the photo), each the photo under that word's light mask (overlay), titled with
+    the word, its probability and its gate beta (grey below LOW_BETA; the mask scaled by beta), the caption on top
+    (or `title`: an explained sentence says it is one) and a scale below. Each panel shows the
     photo at most PANEL_PIXELS on its longer side, letterboxed to at most MAX_ASPECT:1 (an extreme
     photo keeps its shape inside a white band instead of making the figure a strip or a tower)."""
     import matplotlib
@@ -145,9 +180,10 @@ def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opac
     # photos for the word titles (tight_layout let the second row's titles run into the first row's photos) and
     # the caption CAPTION_INCHES on top. Matplotlib's constrained layout found the same places by measuring every
     # title at every draw, a large share of a figure's time (measured with PNG_COMPRESSION: docs/performance.md)
-    height = rows * (panel_h + TITLE_INCHES) + CAPTION_INCHES
+    height = rows * (panel_h + TITLE_INCHES) + CAPTION_INCHES + SCALE_INCHES
     fig = Figure(figsize=(cols * panel_width, height))
-    fig.subplots_adjust(left=0.005, right=0.995, bottom=0.005, top=1 - (CAPTION_INCHES + TITLE_INCHES) / height,
+    fig.subplots_adjust(left=0.005, right=0.995, bottom=SCALE_INCHES / height,
+                        top=1 - (CAPTION_INCHES + TITLE_INCHES) / height,
                         wspace=0.04, hspace=TITLE_INCHES / panel_h)
     for k in range(rows * cols):
         ax = fig.add_subplot(rows, cols, k + 1)
@@ -159,10 +195,18 @@ def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opac
             beta = word_beta(caption, k - 1)
             ax.imshow(letterbox(overlay(image, caption.alphas[k - 1], opacity, smooth, beta=beta, mode=mode)))
             low = beta is not None and beta < LOW_BETA
-            ax.set_title(word_title(caption.words[k - 1], shown_beta(caption, k - 1)), fontsize=11,
-                         color="0.55" if low else "black")
-    fig.suptitle(caption.text, fontsize=12, y=1 - 0.08 / height, va="top")
+            ax.set_title(word_title(caption.words[k - 1], shown_beta(caption, k - 1), word_prob(caption, k - 1)),
+                         fontsize=10, color="0.55" if low else "black")
+    fig.suptitle(caption.text if title is None else title, fontsize=12, y=1 - 0.08 / height, va="top")
+    _scale(fig, height, opacity)
     return fig
+
+
+def explained_title(sentence: str) -> str:
+    """An explained sentence's figure title: 'explained: "a dog runs"', so that it never reads as a caption the
+    model wrote."""
+    return f'explained: "{sentence}" (each word\'s probability and attention as the model reads it)'
+
 
 
 def figure_png(fig: "Figure", dpi: int = 100) -> bytes:
