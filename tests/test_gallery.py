@@ -64,6 +64,6 @@ def test_cards_and_csv_list_every_concept_the_single_view_and_json_show():
     four = [("dog", 0.9), ("frisbee", 0.7), ("person", 0.5), ("grass", 0.31)]
     item = ("d.jpg", cap("a dog catches a frisbee", four))
     row = list(csv.reader(io.StringIO(gallery.batch_csv([item]).decode("utf-8"))))[1]
-    listed = [c.split()[0] for c in row[3].split("; ")]
+    listed = [c.split()[0] for c in row[5].split("; ")]
     assert listed == [c for c, _ in four] == [c["category"] for c in json.loads(gallery.batch_json([item]))[0]["concepts"]]
-    assert gallery.top_concepts(item[1]) == row[3]
+    assert gallery.top_concepts(item[1]) == row[5]

@@ -156,18 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         from captioner.evaluation.metrics import score_captions
 
         scores.update(score_captions(preds, {r.image_id: r.captions for r in scored}, metrics=(), spice=True, log=say))
-    grounding = {}
-    if instances is not None:
-        from captioner.concepts.imagenet import imagenet_head_or_none
-        from captioner.evaluation.grounding import ground_captions, ground_concept_maps, ground_references
-
-        if args.grounding:
-            grounding = {"grounding_generated": ground_captions(caps, scored, instances),
-                         "grounding_teacher_forced": ground_references(loaded, feats, scored, instances)}
-            if imagenet_head_or_none(loaded.model) is not None:  # the ceiling of train.alpha_cam: the classifier's own maps
-                grounding["grounding_concept_maps"] = ground_concept_maps(loaded, feats, scored, instances)
-    if args.hallucination:
-        grounding.update(hallucination_report(preds, scored, instances))
+    grounding = _grounding(args, loaded, feats, scored, caps, preds, instances)
     if args.coverage:
         scores["coverage"] = coverage_report(caps, scored, instances, used.sure_at, say)
     _write(args, label, used, scores, grounding, preds)
@@ -219,6 +208,22 @@ def _write(args: argparse.Namespace, label: str, used, scores: dict, grounding: 
     for k, g in grounding.items():
         label = k.replace("grounding_", "grounding (") + ")" if k.startswith("grounding_") else k
         print(f"{label:28s} {g}")
+
+
+def _grounding(args: argparse.Namespace, loaded, feats, scored: list, caps: list, preds: dict, instances) -> dict:
+    """--grounding (attention in the boxes of the words' objects) and --hallucination (CHAIR), each where asked."""
+    grounding = {}
+    if instances is not None and args.grounding:
+        from captioner.concepts.imagenet import imagenet_head_or_none
+        from captioner.evaluation.grounding import ground_captions, ground_concept_maps, ground_references
+
+        grounding = {"grounding_generated": ground_captions(caps, scored, instances),
+                     "grounding_teacher_forced": ground_references(loaded, feats, scored, instances)}
+        if imagenet_head_or_none(loaded.model) is not None:  # the ceiling of train.alpha_cam: the classifier's own maps
+            grounding["grounding_concept_maps"] = ground_concept_maps(loaded, feats, scored, instances)
+    if args.hallucination:
+        grounding.update(hallucination_report(preds, scored, instances))
+    return grounding
 
 
 def hallucination_report(preds: dict, records: list, instances) -> dict:
