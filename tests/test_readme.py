@@ -70,7 +70,7 @@ SCRIPT_ONLY = {"gpu_check.py", "make_new_word_folder.py"}
 
 
 def test_every_console_command_is_a_script_of_the_same_name_and_back():
-    """captioner-X (pyproject.toml) and scripts/X.py (dashes as underscores) run the same main, one to one."""
+    """captioner-<x> (pyproject.toml) and scripts/<x>.py (dashes as underscores) run the same main, one to one."""
     wrappers = {p.name: p.read_text() for p in (ROOT / "scripts").glob("*.py") if p.name not in SCRIPT_ONLY}
     expected = {name.removeprefix("captioner-").replace("-", "_") + ".py": target for name, target in SCRIPTS.items()}
     assert sorted(wrappers) == sorted(expected), "scripts/*.py and pyproject.toml's [project.scripts] differ"
