@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Thin wrapper: see captioner/cli/download_coco.py."""
+"""Thin wrapper: see captioner/cli/download_coco.py (also installed as `captioner-download-coco`)."""
 import sys
 
 from captioner.cli.download_coco import main

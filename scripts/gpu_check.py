@@ -97,13 +97,13 @@ def _training_chain(py: str, out: Path, device: str, figures: dict) -> list[tupl
     xe = [*common, f"train.out_dir={out / 'xe'}", "train.epochs=3", "model.dropout=0.5"]
     rows = []
     for name, cmd, stop in [
-            ("prepare", [py, "scripts/prepare_data.py", "--device", device, "--no-progress", *common], ""),
+            ("prepare", [py, "scripts/prepare.py", "--device", device, "--no-progress", *common], ""),
             ("train, SIGINT at step 3", [py, "scripts/train.py", "--device", device, "--no-progress", *xe], "step 3:"),
             ("train, resumed", [py, "scripts/train.py", "--device", device, "--no-progress", *xe], ""),
             ("SCST from it", [py, "scripts/train.py", "--device", device, "--no-progress", *common,
                               f"train.out_dir={out / 'scst'}", f"train.init_from={out / 'xe' / 'best.safetensors'}",
                               "train.objective=scst", "train.epochs=1", "train.lr=5e-5"], ""),
-            ("export", [py, "scripts/export_model.py", str(out / "scst" / "best.safetensors"), str(out / "model.safetensors"),
+            ("export", [py, "scripts/export.py", str(out / "scst" / "best.safetensors"), str(out / "model.safetensors"),
                         "--half"], ""),
             ("caption", [py, "scripts/caption.py", "--device", device, "--checkpoint", str(out / "model.safetensors"),
                          "captioner/assets/examples/cat.jpg"], ""),

@@ -56,7 +56,7 @@ def test_torchrun_without_a_cache_is_refused_then_two_cpu_ranks_stay_in_sync(tmp
     assert refused.stderr.count("torchrun needs the feature caches first") == 1  # rank 0 says it, not every rank
     assert "captioner-prepare" in refused.stderr
     assert "Timeout" not in refused.stderr and not (tmp_path / "run").exists()
-    prepare = [sys.executable, "scripts/prepare_data.py", "--config", "configs/tiny.yaml", "--no-progress",
+    prepare = [sys.executable, "scripts/prepare.py", "--config", "configs/tiny.yaml", "--no-progress",
                "--set", *settings]
     assert subprocess.run(prepare, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300).returncode == 0
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
@@ -82,7 +82,7 @@ def test_torchrun_ctrl_c_stops_every_rank_at_one_step_and_resumes_to_the_same_nu
     flickr = need_flickr()
     base = [f"data.root={flickr}", f"data.cache_dir={tmp_path / 'cache'}", "data.limit=40", "train.batch_images=2",
             "train.epochs=1", "train.val_limit=2", "train.log_every=1", "model.dropout=0.5"]
-    prepare = [sys.executable, "scripts/prepare_data.py", "--config", "configs/tiny.yaml", "--no-progress", "--set", *base]
+    prepare = [sys.executable, "scripts/prepare.py", "--config", "configs/tiny.yaml", "--no-progress", "--set", *base]
     assert subprocess.run(prepare, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300).returncode == 0
 
     def torchrun(out: str, port: int) -> list[str]:

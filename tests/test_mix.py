@@ -194,7 +194,7 @@ def test_tiny_mixed_run_trains_exports_and_captions(tmp_path):
     assert {"flickr8k/CIDEr", "coco_paired/CIDEr", "CIDEr"} <= set(val)
     assert val["CIDEr"] == pytest.approx((val["flickr8k/CIDEr"] + val["coco_paired/CIDEr"]) / 2)
     model = tmp_path / "model.safetensors"
-    run("scripts/export_model.py", str(tmp_path / "run" / "best.safetensors"), str(model))
+    run("scripts/export.py", str(tmp_path / "run" / "best.safetensors"), str(model))
     photo = str(PAIRED / "images" / (PAIRED / "split_val.txt").read_text().split()[0])
     cap = run("scripts/caption.py", photo, "--checkpoint", str(model), "--json")
     assert json.loads(cap.stdout.splitlines()[0])["caption"]
@@ -232,7 +232,7 @@ def test_tiny_mixed_run_tunes_the_top_from_each_sets_activation_cache(tmp_path):
     common = ["--config", "configs/tiny.yaml", "--set", f"data.sources={sources}", f"data.cache_dir={cache}",
               "model.image_size=128", "model.grid_size=4", "model.tune_stages=1", "data.flip=true", "data.limit=4",
               "train.val_limit=2", "train.val_metric=CIDEr", "train.alpha_head=1.0", "train.alpha_cam=1.0"]
-    prep = run("scripts/prepare_data.py", *common, "--no-progress")
+    prep = run("scripts/prepare.py", *common, "--no-progress")
     for name in ("flickr8k", "coco_paired"):
         assert f"{name} train: activations (4, " in prep.stdout and f"{name} val: activations (4, " in prep.stdout
         assert (cache / f"{name}-train4-efficientnet_lite0-128px-act{_split_block()}-flip.npy").is_file()
@@ -253,7 +253,7 @@ def test_tiny_mixed_run_tunes_the_top_from_each_sets_activation_cache(tmp_path):
     for name in ("flickr8k", "coco_paired"):
         assert 0.0 <= val[-1][f"{name}/head_top1_agreement"] <= 1.0 and f"{name}/CIDEr" in val[-1]
     model = tmp_path / "model.safetensors"
-    run("scripts/export_model.py", str(out / "best.safetensors"), str(model))
+    run("scripts/export.py", str(out / "best.safetensors"), str(model))
     photo = str(PAIRED / "images" / (PAIRED / "split_val.txt").read_text().split()[0])
     assert json.loads(run("scripts/caption.py", photo, "--checkpoint", str(model), "--json").stdout.splitlines()[0])[
         "caption"]

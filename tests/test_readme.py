@@ -63,3 +63,18 @@ def test_the_set_up_installs_every_entry_point_readme_uses():
     used = {shlex.split(line)[0].removeprefix(".venv/bin/") for line in _command_lines()}
     missing = sorted(n for n in used if not (venv / n).exists())
     assert not missing, f"README uses {missing}, which `pip install -e .` did not install into .venv/bin"
+
+
+# scripts that are tools of this repository, not commands a user installs (README, "Command line", names them)
+SCRIPT_ONLY = {"gpu_check.py", "make_new_word_folder.py"}
+
+
+def test_every_console_command_is_a_script_of_the_same_name_and_back():
+    """captioner-<x> (pyproject.toml) and scripts/<x>.py (dashes as underscores) run the same main, one to one."""
+    wrappers = {p.name: p.read_text() for p in (ROOT / "scripts").glob("*.py") if p.name not in SCRIPT_ONLY}
+    expected = {name.removeprefix("captioner-").replace("-", "_") + ".py": target for name, target in SCRIPTS.items()}
+    assert sorted(wrappers) == sorted(expected), "scripts/*.py and pyproject.toml's [project.scripts] differ"
+    for script, target in expected.items():
+        module, func = target.split(":")
+        assert f"from {module} import {func}" in wrappers[script], f"scripts/{script} does not run {target}"
+    assert all((ROOT / "scripts" / s).is_file() for s in SCRIPT_ONLY)  # the allow-list names real scripts

@@ -7,12 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from captioner.checkpoint import load_checkpoint
 from captioner.config import load_config
 from captioner.training.resume import config_changes
 
-from .conftest import need_flickr, run
+from .conftest import need_bundled, need_flickr, run
 
 
 def test_config_changes_sorts_safe_from_unsafe():
@@ -38,6 +39,52 @@ def test_the_refusal_says_what_each_changed_setting_fixes():
     assert "train.accumulate: 1 (stored) vs 2 (this command), it fixes which photos make each step" in said
     assert "model.hidden_dim: 128 (stored) vs 256 (this command), it fixes the model" in said
     assert "change the model, the data or the vocabulary" not in said and "\n" not in said
+
+
+def test_the_epoch_tally_adds_averages_resets_and_reads_a_flat_checkpoint():
+    """TrainState.tally holds the epoch's sums: a step adds to it, validation reads its averages, reset empties it
+    whole; a checkpoint from before the tally (its fields flat, epoch_sums ...) resumes with the same averages."""
+    import json
+
+    from captioner.training.objectives import Terms
+    from captioner.training.run import EpochTally, TrainState
+
+    state = TrainState()
+    state.tally.add(Terms(torch.tensor(2.0), 10, {"xent": 2.0, "att": 0.5}, counts={"xent": 10, "att": 2}), 1)
+    state.tally.add(Terms(torch.tensor(1.0), 30, {"xent": 1.0, "att": 0.1}, counts={"xent": 30, "att": 6}), 2)
+    state.tally.seconds = 3.0
+    means = {"xent": (20 + 30) / 40, "att": (1.0 + 0.6) / 8, "seconds": 3.0, "batches": 3}
+    assert state.tally.averages() == pytest.approx(means)
+    saved = json.loads(json.dumps(state.to_dict()))  # what a checkpoint holds
+    assert TrainState.from_dict(saved) == state
+    flat = {k: v for k, v in saved.items() if k != "tally"}
+    flat.update({f"epoch_{k}": v for k, v in saved["tally"].items()}, epoch_stats=means)
+    assert TrainState.from_dict(flat) == state
+    state.tally.reset()
+    assert state.tally == EpochTally() and state.tally.averages() == {"seconds": 0.0, "batches": 0}
+
+
+def test_the_starting_file_is_read_once_per_run(monkeypatch):
+    """train.init_from is read where the run starts, and what reads it later (the new words, validation's decode
+    settings and detectors) is handed that reading; a resumed run reads it only where it needs it."""
+    import captioner.training.as_exported as as_exported
+    import captioner.training.run as run_module
+    from captioner.config import Config
+
+    reads = []
+    monkeypatch.setattr(run_module, "load_checkpoint", lambda path: reads.append(path) or f"file {path}")
+    cfg = Config()
+    cfg.train.init_from = "start.safetensors"
+    assert run_module.start_file_of(cfg, resuming=False) == "file start.safetensors" and len(reads) == 1
+    assert run_module.start_file_of(cfg, resuming=True) is None and len(reads) == 1  # nothing of it is needed
+    cfg.train.extend_vocab = True
+    assert run_module.start_file_of(cfg, resuming=True) == "file start.safetensors" and len(reads) == 2
+    held = load_checkpoint(need_bundled())  # validation's decode settings and detectors from the run's reading
+    monkeypatch.setattr(as_exported, "load_checkpoint", lambda path: pytest.fail(f"{path} read again"))
+    monkeypatch.setattr(as_exported, "taught_from", lambda c: Path(c.train.init_from))
+    cfg.train.init_encoder = True
+    assert as_exported.exported_decode(cfg, held) == held.config.decode
+    assert as_exported.export_detectors(cfg, held)[1] == held.config.decode.person_floor
 
 
 @pytest.fixture(scope="module")

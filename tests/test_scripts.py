@@ -16,12 +16,12 @@ from .conftest import ENV, ROOT, need_bundled, need_coco, need_flickr, run
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """prepare_data + train with the tiny recipe on 8 real images; returns the run folder."""
+    """prepare + train with the tiny recipe on 8 real images; returns the run folder."""
     flickr = need_flickr()
     tmp = tmp_path_factory.mktemp("run")
     common = ["--config", "configs/tiny.yaml", "--set", f"data.root={flickr}", f"data.cache_dir={tmp / 'cache'}",
               f"train.out_dir={tmp / 'run'}"]
-    prep = run("scripts/prepare_data.py", *common, "--no-progress")
+    prep = run("scripts/prepare.py", *common, "--no-progress")
     assert "vocabulary:" in prep.stdout and "UNK rate" in prep.stdout and "features (8, 49, 1280)" in prep.stdout
     out = run("scripts/train.py", *common, "--no-progress")
     assert "epoch 2:" in out.stdout and "Bleu_4" in out.stdout
@@ -142,7 +142,7 @@ def test_export_compact_model(trained, tmp_path):
     scores.write_text(json.dumps({"dataset": "flickr8k", "split": "test", "beam_size": 3, "length_penalty": 0.0,
                                   "scores": {"Bleu_4": 0.25}}))
     out = tmp_path / "model.safetensors"
-    run("scripts/export_model.py", str(trained / "best.safetensors"), str(out), "--half", "--metrics", str(scores),
+    run("scripts/export.py", str(trained / "best.safetensors"), str(out), "--half", "--metrics", str(scores),
         "--set", "decode.length_penalty=0.5")
     import captioner
     import torch
@@ -158,7 +158,7 @@ def test_export_compact_model(trained, tmp_path):
     assert small.metrics["flickr8k_test_beam3"]["scores"]["Bleu_4"] == 0.25
     photo = sorted((need_flickr() / "Images").glob("*.jpg"))[0]
     assert small.caption(photo, length_penalty=0.0).words == full.caption(photo, length_penalty=0.0).words
-    bad = run("scripts/export_model.py", str(trained / "best.safetensors"), str(out), "--set", "train.lr=1", ok=False)
+    bad = run("scripts/export.py", str(trained / "best.safetensors"), str(out), "--set", "train.lr=1", ok=False)
     assert bad.returncode == 2 and "only decode" in bad.stderr
 
 
@@ -175,7 +175,7 @@ def test_export_reports_the_dtypes_the_file_holds_and_names_bad_metrics_files(tm
 
     need_bundled()
     out = tmp_path / "again.safetensors"
-    printed = run("scripts/export_model.py", str(captioner.DEFAULT_CHECKPOINT), str(out)).stdout
+    printed = run("scripts/export.py", str(captioner.DEFAULT_CHECKPOINT), str(out)).stdout
     with safe_open(str(out), "pt") as f:
         held = Counter((k.split(".")[0], str(f.get_slice(k).get_dtype())) for k in f.keys())
     assert held[("decoder", "F16")] > 0  # the bundled decoder's fp16 tensors are kept as they are ...
@@ -183,11 +183,11 @@ def test_export_reports_the_dtypes_the_file_holds_and_names_bad_metrics_files(tm
     assert f"encoder {held[('encoder', 'F32')]} fp32" in printed
     npy = tmp_path / "x.npy"
     np.save(npy, np.arange(40.0))
-    bad = run("scripts/export_model.py", str(captioner.DEFAULT_CHECKPOINT), str(tmp_path / "o.safetensors"),
+    bad = run("scripts/export.py", str(captioner.DEFAULT_CHECKPOINT), str(tmp_path / "o.safetensors"),
               "--metrics", str(npy), ok=False)
     assert bad.returncode == 2 and f"--metrics {npy}: not a JSON file" in bad.stderr and "Traceback" not in bad.stderr
     (tmp_path / "list.json").write_text("[1, 2]")
-    no_scores = run("scripts/export_model.py", str(captioner.DEFAULT_CHECKPOINT), str(tmp_path / "o.safetensors"),
+    no_scores = run("scripts/export.py", str(captioner.DEFAULT_CHECKPOINT), str(tmp_path / "o.safetensors"),
                     "--metrics", str(tmp_path / "list.json"), ok=False)
     assert no_scores.returncode == 2 and 'list.json: no "scores" object' in no_scores.stderr
     assert not (tmp_path / "o.safetensors").exists()
@@ -199,7 +199,7 @@ def test_export_weight_averaging(trained, tmp_path):
     import torch
 
     out = tmp_path / "avg.safetensors"
-    run("scripts/export_model.py", str(trained / "best.safetensors"), str(out), "--average",
+    run("scripts/export.py", str(trained / "best.safetensors"), str(out), "--average",
         str(trained / "last.safetensors"))
     a, b, avg = (captioner.load(p) for p in (trained / "best.safetensors", trained / "last.safetensors", out))
     sa, sb, s = a.model.state_dict(), b.model.state_dict(), avg.model.state_dict()

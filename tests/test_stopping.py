@@ -2,7 +2,7 @@
 and exit 130 / 143 without a traceback; the rerun's logged losses equal an uninterrupted run's (dropout 0.5:
 every random state is saved); a run that built its feature cache trains on what a later run reads; prepare
 leaves no temporary file after SIGTERM, and a start sweeps what a kill -9 left. Real subprocesses
-(scripts/train.py, scripts/prepare_data.py) on a few Flickr8k photos."""
+(scripts/train.py, scripts/prepare.py) on a few Flickr8k photos."""
 from __future__ import annotations
 
 import os
@@ -177,7 +177,7 @@ def test_a_finished_run_writes_its_settings_and_val_metrics_to_the_hparams_tab(r
 
 
 def _prepare(tmp: Path, limit: int) -> list[str]:
-    return [sys.executable, "scripts/prepare_data.py", "--config", "configs/tiny.yaml", "--no-progress", "--set",
+    return [sys.executable, "scripts/prepare.py", "--config", "configs/tiny.yaml", "--no-progress", "--set",
             f"data.root={need_flickr()}", f"data.cache_dir={tmp / 'cache'}", f"data.limit={limit}",
             "data.num_workers=0", "--splits", "train"]
 

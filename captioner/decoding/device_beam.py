@@ -3,7 +3,7 @@ never waits for the device inside the loop.
 
 search.beam_search drops finished images from the batch and keeps finished hypotheses in Python lists: every
 step reads values back (which images are done, which rows just ended). On a CPU that costs nothing; on a GPU
-each read waits for the queue, and one photo's caption was slower on an H100 than on a 2-core CPU (docs/performance.md).
+each read waits for the queue, and one photo's caption was slower on an H100 than on a 2-core CPU (docs/history.md).
 Here every image keeps its K rows to the end, an image that is done only stops adding hypotheses, and each
 image's K best finished hypotheses live in device tensors (its ranking: search's, by normalised score). The
 host reads `active.any()` once every `check_every` steps (to stop early) and the results once at the end.

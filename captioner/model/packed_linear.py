@@ -9,7 +9,7 @@ layer(x) = x W^T + b is computed by a fixed rule, never by timing:
 
 A fixed rule means every process computes the same numbers: the same photo gives bit-identical captions,
 log-probs and choice scores in every process and at any thread count (tests/test_fast_decoding.py). The packed
-product is faster than F.linear for the step's products at every row count measured (docs/performance.md). `prepare(module)` makes the packed copies of a module's layers when a model is loaded
+product pays at the beam's few rows and not at one row (the figures: docs/performance.md). `prepare(module)` makes the packed copies of a module's layers when a model is loaded
 (api.Captioner), so the first caption does not pay for them; `way()` names the rule's pick on this torch.
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Iterator
 
 from torch import nn
 
-from ..checkpoint import load_checkpoint
+from ..checkpoint import Checkpoint, load_checkpoint
 from ..concepts.detectors import WordDetectors, attach, detectors_of
 from ..config import Config, DecodeConfig
 
@@ -34,34 +34,43 @@ def taught_from(cfg: Config) -> Path | None:
     return path if path.is_file() else None
 
 
-def exported_decode(cfg: Config) -> DecodeConfig:
+def exported_decode(cfg: Config, start_file: Checkpoint | None = None) -> DecodeConfig:
     """The decode settings captioner-export writes for this run (before its --set): for a taught run the
     starting file's own (taught_from: its rules, evidence, floors and whether the veto reads its word detectors,
     as that file decodes, older files' unstored settings filled in as checkpoint.load_checkpoint fills them),
-    for any other the run's decode section."""
+    for any other the run's decode section. `start_file`: that file already read (a training run holds it)."""
     start = taught_from(cfg)
-    return dataclasses.replace(load_checkpoint(start).config.decode if start else cfg.decode)
+    if not start:
+        return dataclasses.replace(cfg.decode)
+    return dataclasses.replace((start_file or load_checkpoint(start)).config.decode)
 
 
-def export_detectors(cfg: Config) -> tuple[WordDetectors, float] | None:
-    """The starting file's word detectors and its person floor, when the run reads its encoder unchanged
-    (the detectors read that encoder's annotation vectors); None otherwise or when it has none."""
+def lends_detectors(cfg: Config) -> bool:
+    """Whether the run reads the starting file's encoder unchanged, so that its word detectors (which read that
+    encoder's annotation vectors) still hold for the trained model (export_detectors)."""
     frozen = cfg.train.init_encoder and not cfg.encoder_in_loop and cfg.model.tune_stages == 0
-    if not (cfg.train.init_from and frozen):
+    return bool(cfg.train.init_from and frozen)
+
+
+def export_detectors(cfg: Config, start_file: Checkpoint | None = None) -> tuple[WordDetectors, float] | None:
+    """The starting file's word detectors and its person floor, when the run reads its encoder unchanged
+    (lends_detectors); None otherwise or when it has none. `start_file`: that file already read."""
+    if not lends_detectors(cfg):
         return None
-    donor = load_checkpoint(cfg.train.init_from)
+    donor = start_file or load_checkpoint(cfg.train.init_from)
     if donor.detector_info is None:
         return None
     return WordDetectors.from_state(donor.detector_tensors, donor.detector_info), donor.config.decode.person_floor
 
 
 @contextmanager
-def decoding_as_exported(model: nn.Module, cfg: Config) -> Iterator[DecodeConfig]:
+def decoding_as_exported(model: nn.Module, cfg: Config, start_file: Checkpoint | None = None
+                         ) -> Iterator[DecodeConfig]:
     """with decoding_as_exported(model, cfg) as settings: decode val -> exported_decode(cfg) at train.val_beam_size, and
     (when export_detectors has them and the model carries none) the starting file's detectors on the model
-    and its person floor in the settings, until the block ends."""
-    settings = dataclasses.replace(exported_decode(cfg), beam_size=cfg.train.val_beam_size)
-    lent = None if detectors_of(model) is not None else export_detectors(cfg)
+    and its person floor in the settings, until the block ends. `start_file`: train.init_from already read."""
+    settings = dataclasses.replace(exported_decode(cfg, start_file), beam_size=cfg.train.val_beam_size)
+    lent = None if detectors_of(model) is not None else export_detectors(cfg, start_file)
     if lent is None:
         yield settings
         return

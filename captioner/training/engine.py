@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from ..checkpoint import optimizer_to_tensors, save_checkpoint
 from ..config import Config
-from ..data.dataset import ImageDataset
+from ..data.dataset import Batch, ImageDataset
 from ..data.loader import epoch_loader
 from ..logs import plot_history
 from . import rng
@@ -75,9 +75,9 @@ def _train(run: Run) -> dict[str, Any]:
     if state.finished:
         place.log(f"{run.last_path}: this run already finished (best {cfg.train.val_metric} "
                   f"{state.best_metric:.4f} at epoch {state.best_epoch}; {why_finished(state, cfg)}); nothing to do")
-        return state.__dict__
+        return state.to_dict()
     place.log(f"training on {place.device}: {len(run.dataset)} images, objective {cfg.train.objective}, "
-              f"{len(run.sampler) // place.world_size} batches/epoch/rank{_accumulated(cfg)}, {_source(cfg)}, "
+              f"{run.steps_per_epoch} batches/epoch/rank{_accumulated(cfg)}, {_source(cfg)}, "
               f"{describe(place.device, cfg)}, "
               f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
     place.log(f"(attention penalty = train.alpha_c {cfg.train.alpha_c:g} x sum over the {cfg.model.grid_size ** 2} regions "
@@ -92,7 +92,7 @@ def _train(run: Run) -> dict[str, Any]:
             break
     run.watch.hparams(*hparams_of(cfg.to_dict(), state.history, state.best_epoch), state.step)
     place.log(f"done: {best_epoch_line(run)} -> {run.best_path}")
-    return state.__dict__
+    return state.to_dict()
 
 
 def _train_epoch(run: Run) -> None:
@@ -101,12 +101,12 @@ def _train_epoch(run: Run) -> None:
     state, place = run.state, run.place
     run.sampler.set_epoch(state.epoch)
     skip = run.batches.start = state.batch_in_epoch
-    stats = train_one_epoch(run, _loader(run), skip=skip)
+    train_one_epoch(run, _loader(run), skip=skip)
     _check_weights_finite(run.model, state.step)
     if place.world_size > 1:
         check_ranks_in_sync(run.model, place.world_size)
         place.log(f"parameters identical across {place.world_size} ranks after step {state.step}")
-    state.epoch, state.batch_in_epoch, state.validating, state.epoch_stats = state.epoch + 1, 0, True, stats
+    state.epoch, state.batch_in_epoch, state.validating = state.epoch + 1, 0, True
     save_last(run)
 
 
@@ -115,11 +115,10 @@ def _close_epoch(run: Run) -> bool:
     cfg, state = run.cfg, run.state
     hit_max = bool(cfg.train.max_steps and state.step >= cfg.train.max_steps)
     with averaged(run.ema, run.model):  # train.ema_decay: the average is validated, kept as best and per epoch
-        stop = end_epoch(run, validate(run, state.epoch_stats), hit_max)
+        stop = end_epoch(run, validate(run, state.tally.averages()), hit_max)
         keep_epoch(run)
-    state.validating, state.epoch_stats, state.epoch_sums, state.epoch_counts = False, {}, {}, {}
-    state.epoch_weight = state.epoch_batches = 0
-    state.epoch_seconds = 0.0
+    state.validating = False
+    state.tally.reset()
     save_last(run)
     if run.place.main:
         plot_history(run.out / "metrics.jsonl", run.out / "training.png")
@@ -131,16 +130,17 @@ def _close_epoch(run: Run) -> bool:
 def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str, float]:
     """One pass over `loader` (already starting at batch `skip` when resuming) -> epoch averages of
     the objective's logged terms (each weighted by what it is a mean over: Terms.count), seconds and batches.
-    The sums live in the train state,
-    so an epoch stopped and resumed averages exactly what an uninterrupted one does. A stop request is
-    honoured after the step it arrives in: that step is saved, then Interrupted is raised."""
+    The sums live in the train state (its tally), so an epoch stopped and resumed averages exactly what an
+    uninterrupted one does. A stop request is honoured after the step it arrives in: that step is saved, then
+    Interrupted is raised."""
     from tqdm import tqdm
 
     cfg, state, model, place = run.cfg, run.state, run.model, run.place
     model.train()
     encoder_train_mode(cfg, model)  # frozen (or BN-frozen tuned) encoder: batch-norm statistics stay ImageNet's
-    t0, n = time.time(), len(loader) + skip
-    bar = tqdm(total=n, initial=skip, desc=f"epoch {state.epoch + 1}", disable=not (place.progress and place.main),
+    t0, per_epoch = time.time(), run.steps_per_epoch
+    total = total_steps(cfg.train, per_epoch)  # the schedule's length (cosine, linear)
+    bar = tqdm(total=per_epoch, initial=skip, desc=f"epoch {state.epoch + 1}", disable=not (place.progress and place.main),
                unit="step")
     run.watch.restart_clock()
     with run.stop.deferred():
@@ -148,37 +148,31 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
             bar.update(1)
             state.batch_in_epoch = i + 1
             if micro:  # empty: every image of this step was unreadable
-                _one_step(run, micro, n - (i + 1), n)
+                _one_step(run, micro, per_epoch - (i + 1), per_epoch, total)
             if cfg.train.max_steps and state.step >= cfg.train.max_steps:
                 break
             if signum := run.stop.pending(place.world_size, place.device):
-                state.epoch_seconds += time.time() - t0
+                state.tally.seconds += time.time() - t0
                 save_last(run)
                 raise Interrupted(signum, f"stopped at epoch {state.epoch + 1}, step {state.step}")
     bar.close()
-    state.epoch_seconds += time.time() - t0
-    # (a checkpoint from before per-log counts has none: its sums were weighted by tokens)
-    counts = {k: state.epoch_counts.get(k, state.epoch_weight) for k in state.epoch_sums}
-    return {**{k: v / max(counts[k], 1) for k, v in state.epoch_sums.items()}, "seconds": state.epoch_seconds,
-            "batches": state.epoch_batches}
+    state.tally.seconds += time.time() - t0
+    return state.tally.averages()
 
 
-def _one_step(run: Run, micro: list[Any], steps_left: int, per_epoch: int) -> None:
+def _one_step(run: Run, micro: list[Any], steps_left: int, per_epoch: int, total: int) -> None:
     """An optimizer step over the step's micro-batches (one unless train.accumulate) and its bookkeeping: the
-    epoch's sums, the watcher's line, the periodic checkpoint. steps_left, per_epoch: optimizer steps. The
-    micro-batches go to the device one at a time (train_step), so only one micro-batch is there at once."""
+    epoch's tally, the watcher's line, the periodic checkpoint. steps_left, per_epoch: this epoch's optimizer
+    steps; total: the run's (schedule.total_steps). train_step moves the micro-batches to the device, one at a
+    time, so only one micro-batch is there at once."""
     cfg, state, device = run.cfg, run.state, run.place.device
-    scale = lr_scale(cfg.train, state.step, total_steps(cfg.train, per_epoch))
-    batch = micro[0].to(device, non_blocking=True) if len(micro) == 1 else micro
-    terms = train_step(run.train_module, run.optimizer, batch, cfg, device,
+    scale = lr_scale(cfg.train, state.step, total)
+    terms = train_step(run.train_module, run.optimizer, micro, cfg, device,
                        f" at step {state.step} (epoch {state.epoch + 1})", scale, run.scaler)
     if run.ema is not None:
         run.ema.update(run.model)
-    state.step, state.epoch_batches = state.step + 1, state.epoch_batches + len(micro)
-    state.epoch_weight += terms.weight
-    for k, v in terms.logs.items():  # each log weighted by what it is a mean over (Terms.count)
-        state.epoch_sums[k] = state.epoch_sums.get(k, 0.0) + v * terms.count(k)
-        state.epoch_counts[k] = state.epoch_counts.get(k, 0.0) + terms.count(k)
+    state.step += 1
+    state.tally.add(terms, len(micro))  # each log weighted by what it is a mean over (Terms.count)
     run.watch.count(sum(len(b.visual) for b in micro), sum(len(b.inputs) for b in micro))
     if state.step % cfg.train.log_every == 0:
         lr = run.optimizer.param_groups[0]["lr"] * scale  # the rate this step used
@@ -201,13 +195,14 @@ def train_step(objective: Callable[[Any], Terms], optimizer: torch.optim.Optimiz
     (schedule.lr_scale). `batch` may be a list of micro-batches (train.accumulate): their gradients are summed,
     each loss weighted by its share of the step's normaliser (micro_shares), so k micro-batches of B make the
     step one batch of kB would; clipping sees the summed gradient. `scaler`: fp16's GradScaler (grad_scaler).
+    Each micro-batch (a Batch) goes to `device` here, one at a time: the loop hands over the batches as read.
     `where` ("at step 12 (epoch 1)") goes into the error messages."""
     micro = list(batch) if isinstance(batch, (list, tuple)) else [batch]
     shares = micro_shares(micro, cfg) if len(micro) > 1 else [1.0]
     optimizer.zero_grad(set_to_none=True)
     parts = []
     for i, (b, share) in enumerate(zip(micro, shares)):
-        b = b.to(device, non_blocking=True) if len(micro) > 1 else b
+        b = b.to(device, non_blocking=True) if isinstance(b, Batch) else b
         with _sync_unless(objective, i == len(micro) - 1):  # DDP: one all-reduce per step, after the last micro-batch
             with training_autocast(device, cfg):
                 terms = objective(b)
@@ -310,7 +305,7 @@ def save_last(run: Run) -> None:
     if run.ema is not None:  # the weights' averages: training tensors like Adam's moments
         opt_tensors.update(run.ema.tensors())
     save_checkpoint(run.last_path, run.cfg, run.vocab, run.model.state_dict(),
-                    train_state={"state": run.state.__dict__, "optimizer": opt_info, "rng": states,
+                    train_state={"state": run.state.to_dict(), "optimizer": opt_info, "rng": states,
                                  **({"scaler": run.scaler.state_dict()} if run.scaler is not None else {})},
                     optimizer_tensors=opt_tensors, then=RESUMES)
 

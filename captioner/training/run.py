@@ -5,14 +5,14 @@ another model file or nothing), the model side (model, vocabulary, optimiser, ob
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import load_checkpoint, load_model_state, optimizer_from_tensors
+from ..checkpoint import Checkpoint, load_checkpoint, load_model_state, optimizer_from_tensors
 from ..config import Config
 from ..data import ImageRecord, build_mix
 from ..data.dataset import BucketBatchSampler
@@ -26,6 +26,7 @@ from .objectives import Terms, batch_features, build_objective
 from .ema import EMA, PREFIX as EMA_PREFIX
 from .optimizer import build_optimizer, keep_roles
 from .precision import grad_scaler
+from .as_exported import lends_detectors
 from .resume import apply_to_optimizer, check_init, check_resume, reopen
 from .rng import restore as restore_rng, seed_everything
 from .stopping import NEVER, StopSignal
@@ -40,6 +41,36 @@ BASELINE = "decoder.reinforce_baseline"  # hard attention's moving-average basel
 
 class TrainingError(RuntimeError):
     """Training cannot go on (e.g. the loss became NaN); the message says what happened."""
+
+
+@dataclass
+class EpochTally:
+    """The current epoch's running sums, saved mid-epoch so that a resumed epoch averages what an uninterrupted one
+    does; kept until the epoch's validation has read them (averages), then reset."""
+
+    sums: dict[str, float] = field(default_factory=dict)  # each logged term x what it is a mean over
+    counts: dict[str, float] = field(default_factory=dict)  # what each sum's log is a mean over (Terms.count)
+    weight: int = 0  # the steps' Terms.weight (what a checkpoint from before per-log counts weighted by)
+    batches: int = 0  # micro-batches trained on
+    seconds: float = 0.0
+
+    def add(self, terms: Terms, batches: int) -> None:
+        """One optimizer step's terms over its `batches` micro-batches."""
+        self.batches += batches
+        self.weight += terms.weight
+        for k, v in terms.logs.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v * terms.count(k)
+            self.counts[k] = self.counts.get(k, 0.0) + terms.count(k)
+
+    def averages(self) -> dict[str, float]:
+        """The epoch's mean of each logged term, its seconds and batches (what validation logs beside its scores)."""
+        counts = {k: self.counts.get(k, self.weight) for k in self.sums}
+        return {**{k: v / max(counts[k], 1) for k, v in self.sums.items()}, "seconds": self.seconds,
+                "batches": self.batches}
+
+    def reset(self) -> None:
+        """Every field back to its start, for the next epoch."""
+        self.__dict__.update(vars(EpochTally()))
 
 
 @dataclass
@@ -59,13 +90,7 @@ class TrainState:
     history: list[dict[str, Any]] = field(default_factory=list)
     finished: bool = False
     validating: bool = False  # the epoch's steps are done and saved, its validation is not (a stop came)
-    # the current epoch's running sums (saved mid-epoch: a resumed epoch averages what an uninterrupted one does)
-    epoch_sums: dict[str, float] = field(default_factory=dict)
-    epoch_weight: int = 0
-    epoch_counts: dict[str, float] = field(default_factory=dict)  # what each sum's log is a mean over (Terms.count)
-    epoch_batches: int = 0
-    epoch_seconds: float = 0.0
-    epoch_stats: dict[str, float] = field(default_factory=dict)  # the finished epoch's averages, for validation
+    tally: EpochTally = field(default_factory=EpochTally)  # the current epoch's sums, until its validation
     kept_best: list[list[float]] = field(default_factory=list)  # train.keep_best: [val metric, step] of each file
 
     def stopped_at(self) -> str:
@@ -73,6 +98,22 @@ class TrainState:
         if self.validating:
             return f"stopped at epoch {self.epoch}, step {self.step}, while validating (its steps are saved)"
         return f"stopped at step {self.step}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """What a checkpoint saves (plain JSON values)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> "TrainState":
+        """A saved state. A checkpoint written before the tally holds its fields flat (epoch_sums, epoch_counts,
+        epoch_weight, epoch_batches, epoch_seconds) and the finished epoch's averages (epoch_stats), which the
+        tally's own averages reproduce."""
+        saved = dict(saved)
+        flat = {k: saved.pop(f"epoch_{k}") for k in ("sums", "counts", "weight", "batches", "seconds")
+                if f"epoch_{k}" in saved}
+        saved.pop("epoch_stats", None)
+        tally = EpochTally(**(saved.pop("tally", None) or flat))
+        return cls(**saved, tally=tally)
 
 
 @dataclass
@@ -90,6 +131,7 @@ class Run:
     scaler: torch.amp.GradScaler | None  # fp16 autocast's loss scaler (precision.py); None: bf16 or float32
     ema: EMA | None  # train.ema_decay: the weights' moving average (ema.py); None: off
     new_words: list[str]  # train.extend_vocab: the words the starting file lacked
+    start_file: Checkpoint | None  # train.init_from, read once (its weights left out): start_file_of
     # the data side
     dataset: Any  # FeatureDataset | ImageDataset | ActivationDataset
     collate_fn: Callable
@@ -108,6 +150,12 @@ class Run:
         return Path(self.cfg.train.out_dir)
 
     @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in one epoch on this rank: the sampler's batches (batch_images x accumulate photos each)
+        shared among the ranks."""
+        return len(self.sampler) // self.place.world_size
+
+    @property
     def last_path(self) -> Path:
         return self.out / "last.safetensors"
 
@@ -119,13 +167,15 @@ class Run:
 @dataclass
 class Start:
     """What a run starts from: the stopped run's checkpoint (resume; None for a new run), the vocabulary, the
-    state, the initial weights (None: a fresh model) and the settings this command changed (key -> (stored, new))."""
+    state, the initial weights (None: a fresh model), the settings this command changed (key -> (stored, new))
+    and the train.init_from file where the run reads it (start_file_of)."""
 
     resume: Any
     vocab: Vocab
     state: TrainState
     weights: dict | None = None
     changed: dict[str, Any] = field(default_factory=dict)
+    init: Checkpoint | None = None
 
 
 class ObjectiveModule(torch.nn.Module):
@@ -164,29 +214,38 @@ def _restore(cfg: Config, place: Place, train_records: Sequence[ImageRecord]) ->
         if refused := processes_refused(last_path, resume.train_state, world_size):
             raise TrainingError(refused)
         changed = check_resume(resume.config, cfg, str(last_path), log)  # ValueError: an unsafe change
-        state = TrainState(**resume.train_state["state"])
+        state = TrainState.from_dict(resume.train_state["state"])
         reopen(state, cfg, log)
         if not state.finished:
             log(f"resuming from {last_path}: epoch {state.epoch + 1}, batch {state.batch_in_epoch}, step {state.step}")
-        return Start(resume, resume.vocab, state, resume.model_state, changed)
+        return Start(resume, resume.vocab, state, resume.model_state, changed, start_file_of(cfg, resuming=True))
     state = TrainState(lr=cfg.train.lr)
     captions = [c for r in train_records for c in r.captions]
-    if cfg.train.init_from:  # e.g. SCST starts from a cross-entropy model: its weights AND its vocabulary
-        init = load_checkpoint(cfg.train.init_from)
+    init = start_file_of(cfg, resuming=False)
+    if init is not None:  # e.g. SCST starts from a cross-entropy model: its weights AND its vocabulary
         check_init(init.config, cfg, cfg.train.init_from)  # names the model settings that differ
         log(f"starting from the weights of {cfg.train.init_from}")
         if not cfg.train.extend_vocab:
-            return Start(None, init.vocab, state, init.model_state)
+            return Start(None, init.vocab, state, init.model_state, init=init)
         vocab = run_vocabulary(cfg, captions, init.vocab)
         log(f"vocabulary extended from {len(init.vocab)} to {len(vocab)} words (old words keep their ids and rows; "
             f"new: {', '.join(vocab.itos[len(init.vocab):len(init.vocab) + 12])} ...)")
         if place.main:
             log(str(vocab.stats(captions, cfg.data.max_caption_len)))
-        return Start(None, vocab, state, grow_vocabulary(init.model_state, len(vocab), cfg.train.seed))
+        return Start(None, vocab, state, grow_vocabulary(init.model_state, len(vocab), cfg.train.seed), init=init)
     vocab = run_vocabulary(cfg, captions, None)
     if place.main:
         log(str(vocab.stats(captions, cfg.data.max_caption_len)))
     return Start(None, vocab, state)
+
+
+def start_file_of(cfg: Config, resuming: bool) -> Checkpoint | None:
+    """train.init_from, read once for the whole run: a new run takes its weights and vocabulary; a run that teaches
+    new words counts them from its vocabulary (_new_words), resumed or not; and validation decodes as the export
+    will (as_exported.py: its decode settings, its word detectors). None where the run needs nothing of it."""
+    if not cfg.train.init_from or (resuming and not (cfg.train.extend_vocab or lends_detectors(cfg))):
+        return None
+    return load_checkpoint(cfg.train.init_from)
 
 
 def processes_refused(last_path: Path, train_state: dict[str, Any] | None, world_size: int) -> str:
@@ -288,7 +347,7 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     return Run(cfg, place,
                model=model, vocab=start.vocab, optimizer=optimizer, train_module=train_module,
                scaler=_scaler(cfg, place, start.resume), ema=_ema(cfg, model, start.resume, place.device),
-               new_words=new_words,
+               new_words=new_words, start_file=_without_weights(start.init),
                dataset=data.dataset, collate_fn=data.collate, sampler=sampler,
                batches=RankBatches(sampler, rank, world_size), val_sets=data.val_sets,
                state=start.state,
@@ -335,7 +394,7 @@ def _model_side(cfg: Config, place: Place, model: ShowAttendTell, start: Start, 
         module = DDP(module, device_ids=[place.device.index] if place.device.type == "cuda" else None)
     optimizer = _optimizer(cfg, model, start.resume, place.device, start.changed)
     start.state.lr = optimizer.param_groups[0]["lr"]
-    new_words = _new_words(cfg, model, start.vocab, data, optimizer, start.resume is None, place)
+    new_words = _new_words(cfg, model, start, data, optimizer, place)
     return module, optimizer, new_words
 
 
@@ -382,14 +441,14 @@ def _random_states(cfg: Config, resume: Any, place: Place) -> None:
     seed_everything(cfg.train.seed + place.rank + 7919 * (resume is not None))
 
 
-def _new_words(cfg: Config, model: ShowAttendTell, vocab: Vocab, data: RunData, optimizer: torch.optim.Optimizer,
-               fresh: bool, place: Place) -> list[str]:
-    """train.extend_vocab: the words the starting file lacks. A fresh run starts each as the old word the
-    starting model says in its place (new_words.py); train.new_words_lr_factor speeds up their rows."""
+def _new_words(cfg: Config, model: ShowAttendTell, start: Start, data: RunData, optimizer: torch.optim.Optimizer,
+               place: Place) -> list[str]:
+    """train.extend_vocab: the words the starting file (start.init) lacks. A fresh run starts each as the old word
+    the starting model says in its place (new_words.py); train.new_words_lr_factor speeds up their rows."""
     if not (cfg.train.init_from and cfg.train.extend_vocab):
         return []
-    old_size = len(load_checkpoint(cfg.train.init_from).vocab)
-    if fresh and len(vocab) > old_size:
+    vocab, old_size = start.vocab, len(start.init.vocab)
+    if start.resume is None and len(vocab) > old_size:
         votes, said = substitutes(model.decoder, data.dataset, data.collate, lambda b: batch_features(model, b, cfg),
                                   old_size, place.device, cfg.train.batch_images)
         place.log("new words start as the old word the starting model says in their place: "
@@ -397,6 +456,11 @@ def _new_words(cfg: Config, model: ShowAttendTell, vocab: Vocab, data: RunData, 
     if (cfg.train.new_words_lr_factor != 1 or cfg.train.new_words_only) and len(vocab) > old_size:
         NewWordRows(optimizer, model.decoder, old_size, cfg.train.new_words_lr_factor, cfg.train.new_words_only)
     return vocab.itos[old_size:]
+
+
+def _without_weights(init: Checkpoint | None) -> Checkpoint | None:
+    """The train.init_from file as the run keeps it: its weights are in the model already."""
+    return None if init is None else replace(init, model_state={}, optimizer_tensors={})
 
 
 def check_ranks_in_sync(model: torch.nn.Module, world_size: int) -> None:

@@ -72,7 +72,7 @@ def _validate_set(run: Run, vs: Any, metrics: list[str]) -> tuple[dict[str, floa
         agreement = {"head_top1_agreement": head_agreement(run.model, feats, vs.teacher)}
     # decoded as the exported file will (as_exported.py); the Python PTB tokenizer: validation needs no Java
     # (a GPU machine often has none); METEOR still does
-    with decoding_as_exported(run.model, cfg) as settings:
+    with decoding_as_exported(run.model, cfg, run.start_file) as settings:
         scores, preds, caps = evaluate_model(run.model, run.vocab, feats, records, settings, metrics,
                                              log=run.place.log, tokenizer="python")
     loss = {"val_loss": val_loss(run, feats, records)}
