@@ -150,3 +150,31 @@ def test_every_json_line_carries_confidence_and_sure(tmp_path):
         text = run("scripts/caption.py", str(EXAMPLES[0]))
         assert text.stdout.split("\t")[2].split()[0] in ("sure", "unsure")
     assert fitted.confidence_fitted
+
+
+def test_evaluate_coverage_reports_the_surest_shares_or_says_why_not():
+    """captioner-evaluate --coverage: per-photo CIDEr-D and CHAIR beside each caption's confidence -> the coverage
+    table, AUROC and calibration; captions without a confidence -> None and one line that says why."""
+    from captioner.cli.evaluate import coverage_report
+    from captioner.data.records import ImageRecord
+    from captioner.evaluation.metrics import java_available
+
+    if not java_available():
+        pytest.skip("no Java: pycocoevalcap's PTB tokenizer (captioner-evaluate's scores) needs it")
+    refs = {"1": ["a dog runs on the grass", "a brown dog on grass"], "2": ["a cat sits on a sofa", "a cat on a couch"],
+            "3": ["a man rides a bike", "a person on a bicycle"], "4": ["two birds on a wire", "birds sit on a wire"]}
+    texts = {"1": "a dog runs on the grass", "2": "a cat sits on a sofa", "3": "a pizza on a table", "4": "a cat on a bed"}
+    records = [ImageRecord(i, Path(f"{i}.jpg"), r) for i, r in refs.items()]
+    said = []
+    caps = [_caption(None) for _ in records]
+    assert coverage_report(caps, records, None, 0.5, said.append) is None and "not measured" in said[0]
+    caps = []
+    for i, conf in zip(refs, (0.9, 0.8, 0.2, 0.1)):  # sure of the two right ones
+        c = _caption(conf)
+        c.text, c.words = texts[i], texts[i].split()
+        caps.append(c)
+    out = coverage_report(caps, records, None, 0.5, said.append)
+    assert out["AUROC good"] == 1.0 and out["sure"]["share"] == 0.5
+    assert out["coverage"]["50%"]["CIDEr"] > out["coverage"]["100%"]["CIDEr"]
+    assert out["coverage"]["50%"]["CHAIR-s"] == 0.0 < out["coverage"]["100%"]["CHAIR-s"]  # the pizza and the cat
+    assert any(line.startswith("coverage") for line in said) and any("AUROC" in line for line in said)
