@@ -84,6 +84,10 @@ def _train(run: Run) -> dict[str, Any]:
               f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
     place.log(f"(attention penalty = train.alpha_c {cfg.train.alpha_c:g} x sum over the {cfg.model.grid_size ** 2} regions "
               "of (1 - attention the caption gave it)^2, per caption: the paper's doubly stochastic term, eq. 14)")
+    if n := cfg.train.val_every_steps:  # with N processes an epoch has 1/N of the steps: say how often that is
+        place.log(f"validating every {n} optimizer steps ({run.steps_per_epoch / n:.2f} times an epoch of "
+                  f"{run.steps_per_epoch} steps) and at the run's end (train.val_every_steps); the learning rate's "
+                  f"plateau decay and early stopping count validations")
     announce_small_val(run)
     if run.new_words and state.step == 0 and not state.history:
         validate_warm_start(run)
