@@ -128,7 +128,7 @@ def _validates_at_epoch_end(run: Run) -> bool:
     """Whether an epoch's end is validated: always per epoch (train.val_every_steps 0); with val_every_steps where
     the step is due, and at the run's end (its last epoch, train.max_steps), so the last steps are validated too."""
     t, state = run.cfg.train, run.state
-    return (not t.val_every_steps or state.step % t.val_every_steps == 0 or state.epoch >= t.epochs
+    return (not t.val_every_steps or _validates_at_step(run.cfg, state.step) or state.epoch >= t.epochs
             or bool(t.max_steps and state.step >= t.max_steps))
 
 
@@ -156,7 +156,8 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
     the objective's logged terms (each weighted by what it is a mean over: Terms.count), seconds and batches.
     The sums live in the train state (its tally), so an epoch stopped and resumed averages exactly what an
     uninterrupted one does. A stop request is honoured after the step it arrives in: that step is saved, then
-    Interrupted is raised."""
+    Interrupted is raised. A step due for validation inside the epoch (train.val_every_steps) ends the pass there:
+    saved with state.validating set, for _train to validate before the epoch reads on."""
     from tqdm import tqdm
 
     cfg, state, model, place = run.cfg, run.state, run.model, run.place
@@ -193,6 +194,7 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
 
 
 def _validates_at_step(cfg: Config, step: int) -> bool:
+    """Whether optimizer step `step` is due for validation by train.val_every_steps."""
     return bool(cfg.train.val_every_steps) and step % cfg.train.val_every_steps == 0
 
 
