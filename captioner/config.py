@@ -107,7 +107,7 @@ class TrainConfig:
     label_smoothing: float = 0.0
     schedule: str = "plateau"  # SCHEDULES: plateau (the decay below) | cosine, linear (per step from lr to min_lr)
     lr_decay: float = 0.8  # plateau: multiply lr by this when val metric does not improve ...
-    lr_patience: int = 1  # ... for this many epochs
+    lr_patience: int = 1  # ... for this many validations (epochs, unless val_every_steps)
     warmup_steps: int = 0  # the lr rises linearly over the first N optimizer steps (any schedule; 0 = off)
     min_lr: float = 0.0  # cosine/linear: the lr one step after the run's last, so the last step still learns
     # (encoder_lr ends at the same fraction)
@@ -115,10 +115,13 @@ class TrainConfig:
     # gradients are summed into one optimizer step (the run of a k-times batch on the memory of one)
     ema_decay: float = 0.0  # an exponential moving average of the trained weights (e.g. 0.999; 0 = off): validation,
     # best.safetensors and the kept epochs use the average (training/ema.py)
-    early_stop_patience: int = 4  # stop after this many epochs without improvement; 0 = off (train every epoch)
+    early_stop_patience: int = 4  # stop after this many validations (epochs, unless val_every_steps) without
+    # improvement; 0 = off (train every epoch)
     val_metric: str = "Bleu_4"  # one of VAL_METRICS, computed on decoded captions
     val_beam_size: int = 1  # 1 = greedy during validation (fast); the metric is still a real decoding metric
     val_limit: int = 0  # validate on the first N val images (0 = all)
+    val_every_steps: int = 0  # validate every N optimizer steps, inside epochs too, and at the run's end
+    # (0 = after each epoch); best, keep_best, plateau decay and early stopping then count validations
     amp: bool = True  # CUDA: bf16 autocast where the GPU has bf16, else fp16 with a GradScaler (T4, V100)
     cpu_amp: bool = False  # bf16 autocast on CPU too (opt-in: it pays only where the CPU has AVX512-BF16/AMX)
     compile: bool = False  # torch.compile the decoder (CUDA)
@@ -449,7 +452,7 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
 
 def check_steps(train: TrainConfig, source: str = "config") -> None:
     """A ValueError for step settings no run can use: accumulation below 1, negative warmup, a final
-    learning rate above the starting one, an average's decay outside [0, 1)."""
+    learning rate above the starting one, an average's decay outside [0, 1), a negative count."""
     if train.accumulate < 1:
         raise ValueError(f"{source}: train.accumulate must be >= 1 (micro-batches per optimizer step), "
                          f"got {train.accumulate}")
@@ -457,6 +460,9 @@ def check_steps(train: TrainConfig, source: str = "config") -> None:
         raise ValueError(f"{source}: train.warmup_steps must be >= 0, got {train.warmup_steps}")
     if not 0 <= train.ema_decay < 1:
         raise ValueError(f"{source}: train.ema_decay must lie in [0, 1) (0 = no average), got {train.ema_decay:g}")
+    if train.val_every_steps < 0:
+        raise ValueError(f"{source}: train.val_every_steps must be >= 0 (0 = validate after each epoch), "
+                         f"got {train.val_every_steps}")
     if train.keep_best < 0:
         raise ValueError(f"{source}: train.keep_best must be >= 0 (0 = off), got {train.keep_best}")
     if train.early_stop_patience < 0:

@@ -17,15 +17,16 @@ class JsonlLogger:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
 
-    def rewind(self, step: int, epochs_done: int) -> int:
-        """Before a resumed run goes on from a checkpoint at `step` with `epochs_done` complete
-        epochs: drop what the interrupted run logged after that point (the resumed run logs it
-        again), so each step and epoch appears once. Returns how many records were dropped."""
+    def rewind(self, step: int, validation_owed: bool) -> int:
+        """Before a resumed run goes on from a checkpoint at `step` (with that step's validation still owed, or not):
+        drop what the interrupted run logged after that point (the resumed run logs it again), so each step and
+        each validation appears once. Returns how many records were dropped."""
         if not self.enabled or not self.path.is_file():
             return 0
         rows = read_jsonl(self.path)
         keep = [r for r in rows if not (r.get("kind") == "train" and r.get("step", 0) > step)
-                and not (r.get("kind") == "val" and r.get("epoch", 0) > epochs_done)]
+                and not (r.get("kind") == "val" and (r.get("step", 0) > step
+                                                     or (r.get("step", 0) == step and validation_owed)))]
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
         tmp.replace(self.path)  # atomic: a crash here leaves the old log, never half of one

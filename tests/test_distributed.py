@@ -43,6 +43,24 @@ def test_our_frames_are_told_by_where_the_file_lies_not_by_a_word_in_its_path(tm
     assert our_frames("\n".join(theirs)) == []
 
 
+def test_a_refusal_before_the_group_starts_is_said_once_and_is_torchruns_root_cause(tmp_path, monkeypatch, capsys):
+    """Every rank reaches the refusal; rank 0 alone prints its line and writes it to the error file torchrun gives
+    it, which torchrun's failure report then shows as the root cause (read here by torch's own ProcessFailure)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from captioner.cli.train import _refused
+
+    files = {rank: tmp_path / f"error{rank}.json" for rank in (0, 1)}
+    for rank, file in files.items():
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(file))
+        assert _refused(rank, "saved by 1 process(es) and this command runs 2") is None
+    assert capsys.readouterr().err == "error: saved by 1 process(es) and this command runs 2\n"
+    assert not files[1].exists()
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(files[0]))
+    report = ChildFailedError("scripts/train.py", {0: failure}).format_msg()
+    assert "traceback : error: saved by 1 process(es) and this command runs 2" in report
+
+
 @pytest.mark.slow
 def test_torchrun_without_a_cache_is_refused_then_two_cpu_ranks_stay_in_sync(tmp_path):
     flickr = need_flickr()
@@ -53,7 +71,9 @@ def test_torchrun_without_a_cache_is_refused_then_two_cpu_ranks_stay_in_sync(tmp
     t = time.time()
     refused = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert refused.returncode != 0 and time.time() - t < 120
-    assert refused.stderr.count("torchrun needs the feature caches first") == 1  # rank 0 says it, not every rank
+    said = [x for x in refused.stderr.splitlines() if x.startswith("error:")]
+    assert len(said) == 1 and "torchrun needs the feature caches first" in said[0]  # rank 0 says it, not every rank
+    assert f"traceback : {said[0]}" in refused.stderr  # torchrun's own report names it as the root cause
     assert "captioner-prepare" in refused.stderr
     assert "Timeout" not in refused.stderr and not (tmp_path / "run").exists()
     prepare = [sys.executable, "scripts/prepare.py", "--config", "configs/tiny.yaml", "--no-progress",

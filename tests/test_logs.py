@@ -16,13 +16,19 @@ def test_rewind_drops_what_the_interrupted_run_logged_after_its_checkpoint(tmp_p
     with open(log.path, "a") as f:
         f.write('{"kind": "train", "st')  # a line cut by kill -9
     # checkpoint: step 5, one epoch complete -> steps 6 and the epoch-2 validation will be logged again
-    assert log.rewind(step=5, epochs_done=1) == 2
+    assert log.rewind(step=5, validation_owed=False) == 2
     rows = read_jsonl(log.path)
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4, 5]
     assert [r["epoch"] for r in rows if r["kind"] == "val"] == [1]
     assert all(json.loads(line) for line in log.path.read_text().splitlines())  # the cut line is gone too
-    assert log.rewind(step=5, epochs_done=1) == 0  # idempotent
-    assert JsonlLogger(tmp_path / "absent.jsonl").rewind(3, 0) == 0
+    assert log.rewind(step=5, validation_owed=False) == 0  # idempotent
+    assert JsonlLogger(tmp_path / "absent.jsonl").rewind(3, False) == 0
+    # a checkpoint saved before the validation of its own step (an epoch's end, or train.val_every_steps): that
+    # validation's record, written before a stop cut it short, goes too; after it, it stays
+    log.write({"kind": "val", "epoch": 1.25, "step": 5})
+    assert log.rewind(step=5, validation_owed=False) == 0
+    assert log.rewind(step=5, validation_owed=True) == 1
+    assert [r["step"] for r in read_jsonl(log.path) if r["kind"] == "val"] == [4]
 
 
 def test_a_short_run_draws_its_epoch_losses(tmp_path):

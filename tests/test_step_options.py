@@ -86,6 +86,10 @@ def test_step_settings_are_checked_when_read(tmp_path):
         load_config(None, ["train.accumulate=0"])
     with pytest.raises(ValueError, match="train.min_lr must lie in"):
         load_config(None, ["train.min_lr=1"])
+    with pytest.raises(ValueError, match=r"train.val_every_steps must be >= 0 \(0 = validate after each epoch\), got -5"):
+        load_config(None, ["train.val_every_steps=-5"])
+    with pytest.raises(ValueError, match="train.val_every_steps expects int, got '2k'"):
+        load_config(None, ["train.val_every_steps=2k"])
     cfg = load_config(None, ["train.schedule=linear", "train.warmup_steps=100", "train.accumulate=4"])
     assert (cfg.train.schedule, cfg.train.warmup_steps, cfg.train.accumulate) == ("linear", 100, 4)
 

@@ -13,10 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from captioner.checkpoint import load_checkpoint
 from captioner.config import load_config
 from captioner.logs import read_jsonl
+from captioner.training.stopping import Interrupted
 
 from .conftest import ROOT, need_flickr
 
@@ -407,3 +409,94 @@ def test_keep_best_keeps_the_k_best_validations_files(tmp_path, monkeypatch):
         best_epoch.end_epoch(run, value, hit_max=False)
     assert sorted(p.name for p in tmp_path.glob("best_step*")) == ["best_step20.safetensors", "best_step50.safetensors"]
     assert run.state.kept_best == [[0.5, 20], [0.4, 50]]
+
+
+STEP_VALIDATION = ["data.limit=20", "train.val_limit=20", "train.batch_images=4", "train.epochs=2", "model.dropout=0.5",
+                   "train.lr=1e-2", "train.val_metric=Bleu_1", "train.val_every_steps=3", "train.early_stop_patience=0",
+                   "train.keep_best=2", "train.checkpoint_every=0", "train.tensorboard=false", "decode.beam_size=1"]
+
+
+def _step_validated(tmp: Path, out: str):
+    """configs/tiny.yaml on 20 photos, 5 steps an epoch, two epochs, validated every 3 steps (20 val photos: the
+    scores choose), the plateau decay and keep_best reading them."""
+    return load_config("configs/tiny.yaml", [f"data.root={need_flickr()}", f"data.cache_dir={tmp / 'cache'}",
+                                             f"train.out_dir={tmp / out}", *STEP_VALIDATION])
+
+
+def _records(run_dir: Path) -> tuple[list[tuple], list[tuple]]:
+    """(every logged step's terms and rate, every validation's position, train averages, rate and scores)."""
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    train = [(r["step"], r["epoch"], r["xent"], r["penalty"], r["grad_norm"], r["lr"]) for r in rows
+             if r["kind"] == "train"]
+    val = [(r["step"], r["epoch"], r["train_xent"], r["train_penalty"], r["lr"], r["val_loss"], r["Bleu_1"],
+            r["ROUGE_L"]) for r in rows if r["kind"] == "val"]
+    return train, val
+
+
+def _kept(run_dir: Path) -> dict:
+    """The best checkpoint (its weights and record), the kept best files and the final state's choices."""
+    best = load_checkpoint(run_dir / "best.safetensors")
+    state = load_checkpoint(run_dir / "last.safetensors").train_state["state"]
+    return {"best": {k: v.clone() for k, v in best.model_state.items()}, "best_val": best.metrics["val"]["Bleu_1"],
+            "best_step": best.metrics["step"], "files": sorted(p.name for p in run_dir.glob("best_step*")),
+            "state": {k: state[k] for k in ("best_metric", "best_epoch", "best_step", "kept_best", "lr", "step")}}
+
+
+@pytest.fixture(scope="module")
+def step_reference(tmp_path_factory) -> Path:
+    from captioner.training.engine import fit
+
+    tmp = tmp_path_factory.mktemp("step_val")
+    fit(_step_validated(tmp, "reference"), log=lambda _: None, progress=False)
+    return tmp
+
+
+@pytest.mark.slow
+def test_validation_every_n_steps_falls_inside_epochs_and_at_the_runs_end(step_reference):
+    """train.val_every_steps=3 over 2 epochs of 5 steps: validations at steps 3, 6 and 9 (inside the epochs, their
+    records carry the step and the fractional epoch) and at the run's last step 10; epoch 1's end (step 5) is not
+    validated. Each record's train averages are those of the steps since the previous validation."""
+    train, val = _records(step_reference / "reference")
+    assert [(v[0], v[1]) for v in val] == [(3, 0.6), (6, 1.2), (9, 1.8), (10, 2)]
+    by_step = {t[0]: t for t in train}
+    since = [by_step[s][2] for s in (4, 5, 6)]  # a mean over their tokens lies between their means
+    assert min(since) <= val[1][2] <= max(since)
+    state = _kept(step_reference / "reference")["state"]
+    assert state["step"] == 10 and state["best_step"] in (3, 6, 9, 10) and len(state["kept_best"]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["with its validation owed", "after the validation, before its save",
+                                   "the step after a validation"])
+def test_a_run_validated_every_n_steps_resumes_to_the_same_numbers_and_best(step_reference, monkeypatch, where):
+    """Stopped at step 3 where its validation inside epoch 1 is due, or after that validation ran but before it was
+    saved, or at step 4 just after it: the resumed run logs every step's loss and rate, every validation's record,
+    and keeps the same best checkpoint (bit for bit) and the same keep_best files as the uninterrupted run."""
+    import captioner.training.engine as engine
+
+    tmp, out = step_reference, f"stopped_{where.replace(' ', '_').replace(',', '')}"
+    quiet = {"log": lambda _: None, "progress": False}
+    if where == "after the validation, before its save":
+        stop, real = StopAfter(0), engine.end_epoch
+
+        def end_then_stop(run, value, hit_max):
+            decided = real(run, value, hit_max)
+            if run.state.step == 3:
+                stop.inner.request(signal.SIGINT)  # outside a step: raised at once
+            return decided
+
+        monkeypatch.setattr(engine, "end_epoch", end_then_stop)
+    else:
+        stop = StopAfter(3 if where == "with its validation owed" else 4)
+    with pytest.raises(Interrupted):
+        engine.fit(_step_validated(tmp, out), stop=stop, **quiet)
+    saved = load_checkpoint(tmp / out / "last.safetensors").train_state["state"]
+    owed = where != "the step after a validation"
+    assert (saved["step"], saved["validating"]) == ((3, True) if owed else (4, False)) and saved["epoch"] == 0
+    monkeypatch.undo()
+    engine.fit(_step_validated(tmp, out), **quiet)
+    assert _records(tmp / out) == _records(tmp / "reference")
+    kept, reference = _kept(tmp / out), _kept(tmp / "reference")
+    assert kept["best"].keys() == reference["best"].keys()
+    assert all(torch.equal(kept["best"][k], reference["best"][k]) for k in reference["best"])
+    assert {k: v for k, v in kept.items() if k != "best"} == {k: v for k, v in reference.items() if k != "best"}

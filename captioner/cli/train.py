@@ -166,10 +166,20 @@ def _processes(cfg, args) -> tuple[str, int, int] | None:
 
 def _refused(rank: int, why: str) -> None:
     """A refusal every rank of a torchrun group reaches before the process group starts: rank 0 alone prints it
-    (one line, not one per rank); every rank then exits 2. (torchrun itself reports a group whose processes exit
-    non-zero with a summary of its own after it.)"""
+    (one line, not one per rank); every rank then exits 2. torchrun reports any group with a non-zero exit in a
+    summary of its own after it (its traceback and a box; docs/training.md says why it stays): rank 0 writes the line
+    to the error file torchrun names (TORCHELASTIC_ERROR_FILE), so that summary's root cause is this refusal rather
+    than a pointer to how to enable tracebacks."""
     if rank == 0:
         print(f"error: {why}", file=sys.stderr)
+        if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
+            import json
+            import time
+
+            # the layout torch's own @record writes (its launcher reads py_callstack as the failure's traceback)
+            line = f"error: {why}"
+            Path(error_file).write_text(json.dumps({"message": {"message": line, "extraInfo": {
+                "py_callstack": line, "timestamp": str(int(time.time()))}}}))
     return None
 
 

@@ -1,5 +1,6 @@
-"""The epoch's decisions (engine.fit calls end_epoch after each validation): which epoch `best.safetensors`
-holds, when the learning rate decays and when the run stops early, and the log lines that say why.
+"""The decisions after each validation (engine.fit calls end_epoch; a validation ends an epoch, or falls every
+train.val_every_steps steps, inside epochs too): which validation's weights `best.safetensors` holds, when the
+learning rate decays and when the run stops early (patience counted in validations), and the log lines that say why.
 
 The validation metric chooses only where it can: with fewer val photos than evaluation.metrics.MIN_VAL_PHOTOS
 (tens of own photos split by name leave a handful) one caption moves the score by more than epochs differ, so the
@@ -12,7 +13,7 @@ from __future__ import annotations
 from ..checkpoint import save_checkpoint
 from ..config import Config
 from ..evaluation.metrics import MIN_VAL_PHOTOS
-from .run import RESUMES, Run, TrainState
+from .run import RESUMES, Run, TrainState, epoch_position
 from .validation import validate
 
 
@@ -41,20 +42,22 @@ def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
     is validated for comparison only. Otherwise a warm start's epoch 0 is the first best, and the log says so."""
     cfg, state, log = run.cfg, run.state, run.place.log
     few, name = few_val_photos(run), cfg.train.val_metric
-    if few and state.epoch == 0:
+    at, starting = epoch_position(run), state.epoch == 0 and not state.batch_in_epoch  # (a warm start's epoch 0)
+    if few and starting:
         log(f"  the starting model's {name} {value:.4f}, for comparison only: {few} val photos are too few to "
             "choose by, so best.safetensors will be the last trained epoch")
     elif few or value > state.best_metric:
-        state.best_metric, state.best_epoch, state.bad_epochs, state.since_decay = value, state.epoch, 0, 0
+        state.best_metric, state.best_epoch, state.best_step = value, at, state.step
+        state.bad_epochs, state.since_decay = 0, 0
         if run.place.main:
-            meta = {"val": state.history[-1], "epoch": state.epoch, "objective": cfg.train.objective}
+            meta = {"val": state.history[-1], "epoch": at, "step": state.step, "objective": cfg.train.objective}
             save_checkpoint(run.best_path, cfg, run.vocab, run.model.state_dict(), metrics=meta, then=RESUMES)
         if few:  # (the log says nothing on other ranks)
             log(f"  kept the last epoch ({name} {value:.4f}; {few} val photos are too few to compare epochs) "
                 f"-> {run.best_path}")
         else:
             start = (" (the starting model before any step: a trained epoch replaces it only if it does better)"
-                     if state.epoch == 0 else "")
+                     if starting else "")
             log(f"  new best {name} {value:.4f} -> {run.best_path}{start}")
     else:
         state.bad_epochs += 1
@@ -65,13 +68,13 @@ def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
                 g["lr"] *= cfg.train.lr_decay
             state.since_decay = 0
             log(f"  no improvement: learning rate x{cfg.train.lr_decay} -> {run.optimizer.param_groups[0]['lr']:.2e}")
-    if not (few and state.epoch == 0):
+    if not (few and starting):
         keep_best(run, value, few)
     state.lr = run.optimizer.param_groups[0]["lr"]
     stop = cfg.train.out_of_patience(state.bad_epochs) or hit_max
     if stop:
         log(f"reached train.max_steps={cfg.train.max_steps}" if hit_max else
-            f"early stopping: no {cfg.train.val_metric} improvement for {state.bad_epochs} epoch(s)")
+            f"early stopping: no {cfg.train.val_metric} improvement for {state.bad_epochs} {validations(cfg)}")
     state.finished = stop or state.epoch >= cfg.train.epochs
     return stop
 
@@ -89,7 +92,7 @@ def keep_best(run: Run, value: float, few: int) -> None:
     if not run.place.main:
         return
     if [score, state.step] in state.kept_best:
-        meta = {"val": state.history[-1], "epoch": state.epoch, "step": state.step,
+        meta = {"val": state.history[-1], "epoch": epoch_position(run), "step": state.step,
                 "objective": run.cfg.train.objective}
         save_checkpoint(run.out / f"best_step{state.step}.safetensors", run.cfg, run.vocab, run.model.state_dict(),
                         metrics=meta, then=RESUMES)
@@ -103,12 +106,17 @@ def validate_warm_start(run: Run) -> None:
     end_epoch(run, validate(run, {"seconds": 0.0, "batches": 0}), False)
 
 
+def validations(cfg: Config) -> str:
+    """What early stopping and plateau decay count: epochs, or validations every train.val_every_steps steps."""
+    return f"validation(s) (every {cfg.train.val_every_steps} steps)" if cfg.train.val_every_steps else "epoch(s)"
+
+
 def why_finished(state: TrainState, cfg: Config) -> str:
     """Which stopping rule ended a finished run, and the setting that would let it go on."""
     if cfg.train.max_steps and state.step >= cfg.train.max_steps:
         return f"train.max_steps={cfg.train.max_steps} reached: raise it to go on"
     if cfg.train.out_of_patience(state.bad_epochs):
-        return (f"stopped early after {state.bad_epochs} epoch(s) without improvement: raise "
+        return (f"stopped early after {state.bad_epochs} {validations(cfg)} without improvement: raise "
                 "train.early_stop_patience to go on")
     return f"{state.epoch} of train.epochs={cfg.train.epochs} done: raise train.epochs to train longer"
 
@@ -118,6 +126,8 @@ def best_epoch_line(run: Run) -> str:
     named as such, so that a run whose trained epochs all lost to it never looks like a trained one."""
     cfg, state = run.cfg, run.state
     best = f"best {cfg.train.val_metric} {state.best_metric:.4f} at epoch {state.best_epoch}"
+    if cfg.train.val_every_steps and state.best_step >= 0:
+        best = f"best {cfg.train.val_metric} {state.best_metric:.4f} at step {state.best_step} (epoch {state.best_epoch})"
     if few := few_val_photos(run):
         return f"{best}, the last trained epoch ({few} val photos are too few to choose by their scores)"
     if state.best_epoch == 0:

@@ -3,9 +3,10 @@
     fit(cfg)                    build_run (run.py): the run's context, one object (Run): the config, the
                                 place (place.py: device, rank, log), the model and data sides, the state
       _train(run)               while epochs remain:
-        _train_epoch(run)         the epoch's steps, unless the resume point says they are done
+        _train_epoch(run)         the epoch's steps up to its end or the next validation (train.val_every_steps),
+                                  unless the resume point says a validation is owed
           train_one_epoch           batch by batch from the resume point -> _one_step -> train_step
-        _close_epoch(run)         validate (validation.py), keep best / decay / stop (best_epoch.py), save
+        _close_validation(run)    validate (validation.py), keep best / decay / stop (best_epoch.py), save
 
 Beside the loop, not threaded through it: stopping.py (a stop request becomes a saved step and Interrupted),
 watch.py (log lines, TensorBoard), save_last / keep_epoch (checkpoints), rng.py (every random state).
@@ -13,7 +14,8 @@ watch.py (log lines, TensorBoard), save_last / keep_epoch (checkpoints), rng.py 
 The objective (objectives.py: cross-entropy or self-critical) is a callable of one shape, so the loop
 never branches on what it optimises. fit() resumes from `last.safetensors` after an interruption,
 keeps `best.safetensors` chosen on the validation metric of DECODED captions (validation.py, never
-teacher-forced scores), decays the learning rate and stops early on that metric (best_epoch.py: with too few val
+teacher-forced scores) after each epoch or every train.val_every_steps steps, decays the learning rate and
+stops early on that metric (best_epoch.py: with too few val
 photos the metric chooses nothing, the last epoch is kept, and the log says so) or decays it per step
 (schedule.py: warmup, cosine, linear), and writes
 metrics.jsonl, TensorBoard events (watch.py) and training.png next to the checkpoints. A stop request
@@ -82,13 +84,17 @@ def _train(run: Run) -> dict[str, Any]:
               f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
     place.log(f"(attention penalty = train.alpha_c {cfg.train.alpha_c:g} x sum over the {cfg.model.grid_size ** 2} regions "
               "of (1 - attention the caption gave it)^2, per caption: the paper's doubly stochastic term, eq. 14)")
+    if n := cfg.train.val_every_steps:  # with N processes an epoch has 1/N of the steps: say how often that is
+        place.log(f"validating every {n} optimizer steps ({run.steps_per_epoch / n:.2f} times an epoch of "
+                  f"{run.steps_per_epoch} steps) and at the run's end (train.val_every_steps); the learning rate's "
+                  f"plateau decay and early stopping count validations")
     announce_small_val(run)
     if run.new_words and state.step == 0 and not state.history:
         validate_warm_start(run)
     while state.validating or state.epoch < cfg.train.epochs:
-        if not state.validating:  # the resume point (TrainState): this epoch's steps are not all done yet
+        if not state.validating:  # the resume point (TrainState): steps remain before the next validation
             _train_epoch(run)
-        if _close_epoch(run):
+        if state.validating and _close_validation(run):
             break
     run.watch.hparams(*hparams_of(cfg.to_dict(), state.history, state.best_epoch), state.step)
     place.log(f"done: {best_epoch_line(run)} -> {run.best_path}")
@@ -96,27 +102,45 @@ def _train(run: Run) -> dict[str, Any]:
 
 
 def _train_epoch(run: Run) -> None:
-    """The epoch's steps from where it stands (a resumed epoch starts at state.batch_in_epoch), then saved: its
-    steps are on disk before its validation, which a stop may cut short."""
+    """The epoch's steps from where it stands (a resumed epoch, or one that went on after a validation inside it,
+    starts at state.batch_in_epoch) to its end or to a validation due inside it (train.val_every_steps), then saved:
+    the steps are on disk before their validation, which a stop may cut short. An epoch that goes on after such a
+    validation reads on from there as a resumed one does, so a stop at any step resumes to the same numbers."""
     state, place = run.state, run.place
     run.sampler.set_epoch(state.epoch)
     skip = run.batches.start = state.batch_in_epoch
     train_one_epoch(run, _loader(run), skip=skip)
+    if state.validating:  # a validation inside the epoch (saved by train_one_epoch)
+        return
     _check_weights_finite(run.model, state.step)
     if place.world_size > 1:
         check_ranks_in_sync(run.model, place.world_size)
         place.log(f"parameters identical across {place.world_size} ranks after step {state.step}")
-    state.epoch, state.batch_in_epoch, state.validating = state.epoch + 1, 0, True
+    state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+    state.validating = _validates_at_epoch_end(run)
+    if not state.validating:  # train.val_every_steps: an epoch's end between validations still keeps its weights
+        with averaged(run.ema, run.model):
+            keep_epoch(run)
     save_last(run)
 
 
-def _close_epoch(run: Run) -> bool:
-    """Validate the epoch just trained, keep/decay/stop, save -> stop?"""
+def _validates_at_epoch_end(run: Run) -> bool:
+    """Whether an epoch's end is validated: always per epoch (train.val_every_steps 0); with val_every_steps where
+    the step is due, and at the run's end (its last epoch, train.max_steps), so the last steps are validated too."""
+    t, state = run.cfg.train, run.state
+    return (not t.val_every_steps or _validates_at_step(run.cfg, state.step) or state.epoch >= t.epochs
+            or bool(t.max_steps and state.step >= t.max_steps))
+
+
+def _close_validation(run: Run) -> bool:
+    """Validate where the run stands (an epoch's end, or a step inside an epoch), keep/decay/stop, save -> stop?
+    The tally's averages are the training terms since the previous validation."""
     cfg, state = run.cfg, run.state
     hit_max = bool(cfg.train.max_steps and state.step >= cfg.train.max_steps)
     with averaged(run.ema, run.model):  # train.ema_decay: the average is validated, kept as best and per epoch
         stop = end_epoch(run, validate(run, state.tally.averages()), hit_max)
-        keep_epoch(run)
+        if not state.batch_in_epoch:  # at an epoch's end
+            keep_epoch(run)
     state.validating = False
     state.tally.reset()
     save_last(run)
@@ -132,7 +156,8 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
     the objective's logged terms (each weighted by what it is a mean over: Terms.count), seconds and batches.
     The sums live in the train state (its tally), so an epoch stopped and resumed averages exactly what an
     uninterrupted one does. A stop request is honoured after the step it arrives in: that step is saved, then
-    Interrupted is raised."""
+    Interrupted is raised. A step due for validation inside the epoch (train.val_every_steps) ends the pass there:
+    saved with state.validating set, for _train to validate before the epoch reads on."""
     from tqdm import tqdm
 
     cfg, state, model, place = run.cfg, run.state, run.model, run.place
@@ -151,18 +176,44 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
                 _one_step(run, micro, per_epoch - (i + 1), per_epoch, total)
             if cfg.train.max_steps and state.step >= cfg.train.max_steps:
                 break
+            # train.val_every_steps inside the epoch (its last step is the epoch's end: _train_epoch)
+            state.validating = bool(micro) and i + 1 < per_epoch and _validates_at_step(cfg, state.step)
+            saved = _save_after_step(run, micro, t0)
+            t0 = time.time() if saved else t0
             if signum := run.stop.pending(place.world_size, place.device):
-                state.tally.seconds += time.time() - t0
-                save_last(run)
-                raise Interrupted(signum, f"stopped at epoch {state.epoch + 1}, step {state.step}")
+                if not saved:
+                    state.tally.seconds += time.time() - t0
+                    save_last(run)
+                raise Interrupted(signum, state.stopped_at() if state.validating
+                                  else f"stopped at epoch {state.epoch + 1}, step {state.step}")
+            if state.validating:
+                break
     bar.close()
     state.tally.seconds += time.time() - t0
     return state.tally.averages()
 
 
+def _validates_at_step(cfg: Config, step: int) -> bool:
+    """Whether optimizer step `step` is due for validation by train.val_every_steps."""
+    return bool(cfg.train.val_every_steps) and step % cfg.train.val_every_steps == 0
+
+
+def _save_after_step(run: Run, micro: list[Any], t0: float) -> bool:
+    """The checkpoint after a step, where one is due: before a validation inside the epoch (state.validating), or
+    every train.checkpoint_every steps -> saved?"""
+    cfg, state = run.cfg, run.state
+    periodic = bool(micro and cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0)
+    if not (state.validating or periodic):
+        return False
+    _check_weights_finite(run.model, state.step)
+    state.tally.seconds += time.time() - t0
+    save_last(run)
+    return True
+
+
 def _one_step(run: Run, micro: list[Any], steps_left: int, per_epoch: int, total: int) -> None:
     """An optimizer step over the step's micro-batches (one unless train.accumulate) and its bookkeeping: the
-    epoch's tally, the watcher's line, the periodic checkpoint. steps_left, per_epoch: this epoch's optimizer
+    epoch's tally, the watcher's line. steps_left, per_epoch: this epoch's optimizer
     steps; total: the run's (schedule.total_steps). train_step moves the micro-batches to the device, one at a
     time, so only one micro-batch is there at once."""
     cfg, state, device = run.cfg, run.state, run.place.device
@@ -179,9 +230,6 @@ def _one_step(run: Run, micro: list[Any], steps_left: int, per_epoch: int, total
         rec = {"kind": "train", "epoch": state.epoch + 1, "step": state.step, **terms.logs, "lr": lr,
                "grad_norm": float(terms.grad_norm), "time": time.time()}
         run.logger.write(run.watch.report(rec, steps_left, steps_left + per_epoch * (cfg.train.epochs - state.epoch - 1)))
-    if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
-        _check_weights_finite(run.model, state.step)
-        save_last(run)
 
 
 # ---------------------------------------------------------------- one optimiser step
@@ -312,12 +360,13 @@ def save_last(run: Run) -> None:
 
 def keep_epoch(run: Run) -> None:
     """train.keep_epochs: the weights after each epoch as epoch_E.safetensors, the last k kept (for
-    captioner-export --average); older ones are deleted."""
+    captioner-export --average); older ones are deleted. Its "val" is the latest validation's record."""
     k = run.cfg.train.keep_epochs
     if not (k and run.place.main):
         return
     save_checkpoint(run.out / f"epoch_{run.state.epoch}.safetensors", run.cfg, run.vocab, run.model.state_dict(),
-                    metrics={"val": run.state.history[-1], "epoch": run.state.epoch}, then=RESUMES)
+                    metrics={"val": run.state.history[-1] if run.state.history else {}, "epoch": run.state.epoch},
+                    then=RESUMES)
     for old in sorted(run.out.glob("epoch_*.safetensors"), key=lambda p: int(p.stem.split("_")[1]))[:-k]:
         old.unlink(missing_ok=True)
 

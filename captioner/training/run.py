@@ -77,14 +77,16 @@ class EpochTally:
 class TrainState:
     """Where a run stands, saved with every resumable checkpoint. Its resume point is (epoch, batch_in_epoch,
     validating): a run stopped mid-epoch resumes at batch `batch_in_epoch` of epoch `epoch + 1`; one stopped after
-    an epoch's steps but before its validation ends (validating) resumes with that validation."""
+    the steps before a validation (an epoch's end, or train.val_every_steps inside an epoch) but before that
+    validation ends (validating) resumes with that validation, then the steps after it."""
 
     epoch: int = 0  # epochs whose steps are done
     batch_in_epoch: int = 0  # optimizer steps' batches done in the current epoch (mid-epoch resume)
     step: int = 0
     lr: float = 0.0
     best_metric: float = -math.inf
-    best_epoch: int = -1
+    best_epoch: float = -1  # where the best validation stood in epochs (epoch_position: 1.5 inside epoch 2)
+    best_step: int = -1  # its optimizer step
     bad_epochs: int = 0
     since_decay: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -96,7 +98,8 @@ class TrainState:
     def stopped_at(self) -> str:
         """The resume point in words, for the line a stop prints."""
         if self.validating:
-            return f"stopped at epoch {self.epoch}, step {self.step}, while validating (its steps are saved)"
+            at = f"epoch {self.epoch + 1}, batch {self.batch_in_epoch}" if self.batch_in_epoch else f"epoch {self.epoch}"
+            return f"stopped at {at}, step {self.step}, while validating (its steps are saved)"
         return f"stopped at step {self.step}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,6 +117,15 @@ class TrainState:
         saved.pop("epoch_stats", None)
         tally = EpochTally(**(saved.pop("tally", None) or flat))
         return cls(**saved, tally=tally)
+
+
+def epoch_position(run: Any) -> float:
+    """Where the run stands in epochs: the completed ones, plus the share done of the current one's steps where a
+    validation falls inside an epoch (train.val_every_steps: 1.2825 is batch 2000 of 7081 in epoch 2)."""
+    state = run.state
+    if not state.batch_in_epoch:
+        return state.epoch
+    return round(state.epoch + state.batch_in_epoch / run.steps_per_epoch, 4)
 
 
 @dataclass
@@ -217,7 +229,8 @@ def _restore(cfg: Config, place: Place, train_records: Sequence[ImageRecord]) ->
         state = TrainState.from_dict(resume.train_state["state"])
         reopen(state, cfg, log)
         if not state.finished:
-            log(f"resuming from {last_path}: epoch {state.epoch + 1}, batch {state.batch_in_epoch}, step {state.step}")
+            log(f"resuming from {last_path}: epoch {state.epoch + 1}, batch {state.batch_in_epoch}, step {state.step}"
+                + (", with the validation it owes first" if state.validating else ""))
         return Start(resume, resume.vocab, state, resume.model_state, changed, start_file_of(cfg, resuming=True))
     state = TrainState(lr=cfg.train.lr)
     captions = [c for r in train_records for c in r.captions]
@@ -402,7 +415,7 @@ def _logger(out: Path, place: Place, start: Start) -> JsonlLogger:
     """metrics.jsonl, written by the main process; a resumed run drops the lines logged after its checkpoint."""
     logger = JsonlLogger(out / "metrics.jsonl", enabled=place.main)
     if start.resume is not None:
-        logger.rewind(start.state.step, start.state.epoch - start.state.validating)
+        logger.rewind(start.state.step, start.state.validating)
     return logger
 
 

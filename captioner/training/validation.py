@@ -16,7 +16,7 @@ from ..model.encoder import build_preprocess
 from .as_exported import decoding_as_exported
 from .loss import caption_loss
 from .new_words import NEW_WORDS_METRIC, new_word_scores
-from .run import Run
+from .run import Run, epoch_position
 from .watch import attention_figure, readable
 
 EXAMPLES = 4  # val captions shown in TensorBoard each epoch
@@ -40,7 +40,7 @@ def validate(run: Run, stats: dict[str, float]) -> float:
             scores[cfg.train.val_metric] = sum(s[cfg.train.val_metric] for s, _ in per_set.values()) / len(per_set)
             shown = {k: [x for _, sh in per_set.values() for x in sh[k]] for k in ("examples", "figures")}
         value = scores[cfg.train.val_metric]
-        rec = {"kind": "val", "epoch": state.epoch, "step": state.step,
+        rec = {"kind": "val", "epoch": epoch_position(run), "step": state.step,  # (epoch 1.5: inside epoch 2)
                **{f"train_{k}": v for k, v in stats.items() if k not in ("seconds", "batches")},
                "epoch_seconds": stats["seconds"], "lr": run.optimizer.param_groups[0]["lr"], **scores}
         run.logger.write(rec)
@@ -48,7 +48,7 @@ def validate(run: Run, stats: dict[str, float]) -> float:
         run.watch.epoch(rec, shown["examples"], shown["figures"][0] if shown["figures"] else None)
         train_txt = ", ".join(f"{readable(k)} {v:.3f}" for k, v in stats.items() if k not in ("seconds", "batches"))
         example = " | ".join(c for _, c, _ in shown["examples"][:1 if len(per_set) == 1 else None:EXAMPLES])
-        place.log(f"epoch {state.epoch}: train {train_txt} ({stats['seconds']:.0f}s) | val "
+        place.log(f"{_where(run)}: train {train_txt} ({stats['seconds']:.0f}s) | val "
                   + " ".join(f"{k} {v:.4f}" for k, v in scores.items() if not k.endswith("n_images"))
                   + f" | e.g. '{example}'")
     if place.world_size > 1:
@@ -56,6 +56,17 @@ def validate(run: Run, stats: dict[str, float]) -> float:
         dist.broadcast_object_list(box, src=0)
         value = box[0]
     return value
+
+
+def _where(run: Run) -> str:
+    """Where a validation stands, for its log line: "epoch 3"; with train.val_every_steps "step 6000 (epoch 1,
+    batch 6000 of 7081)" inside an epoch, "step 7081 (end of epoch 1)" at its end."""
+    state = run.state
+    if state.batch_in_epoch:
+        return f"step {state.step} (epoch {state.epoch + 1}, batch {state.batch_in_epoch} of {run.steps_per_epoch})"
+    if run.cfg.train.val_every_steps and state.step:
+        return f"step {state.step} (end of epoch {state.epoch})"
+    return f"epoch {state.epoch}"
 
 
 def _validate_set(run: Run, vs: Any, metrics: list[str]) -> tuple[dict[str, float], dict[str, list]]:

@@ -70,10 +70,12 @@ class Watch:
 
     def epoch(self, record: dict[str, Any], examples: Sequence[tuple[str, str, Sequence[str]]],
               figure: Any = None) -> None:
-        """After validation: the val record's numbers, captions (id, caption, references) and a figure."""
+        """After validation: the val record's numbers at its step (its epoch too: val/epoch), captions (id, caption,
+        references) and a figure."""
         if self.writer is None:
             return
         step = record["step"]
+        self.writer.add_scalar("val/epoch", record["epoch"], step)  # where it stands (1.5: inside epoch 2)
         for k, v in record.items():
             if k not in ("kind", "epoch", "step") and isinstance(v, (int, float)) and math.isfinite(v):
                 self.writer.add_scalar(f"val/{k}" if not k.startswith("train_") else f"epoch/{k}", v, step)
