@@ -66,3 +66,29 @@ def test_the_app_says_it_in_one_line(broken_pair):
     at = testing.AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
     assert not at.exception and len(at.error) == 1, [e.value for e in at.error]
     _says_the_pair_and_the_fix(at.error[0].value)
+
+
+def test_a_stop_during_the_import_is_the_stop_not_a_mismatch(monkeypatch):
+    """A Ctrl-C that lands inside `import torchvision` can leave a broken import that fails with a RecursionError or
+    an ImportError: the stop it was raised while handling goes through, never "torch and torchvision do not work
+    together"."""
+    import builtins
+
+    import pytest
+
+    from captioner.model import vision
+
+    real = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name == "torchvision":
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise RecursionError("maximum recursion depth exceeded")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.delitem(__import__("sys").modules, "torchvision", raising=False)
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        vision.import_torchvision()

@@ -32,12 +32,26 @@ def import_torchvision() -> ModuleType:
     try:
         import torchvision
     except (RuntimeError, ImportError, AttributeError) as e:
+        stop = _stop_behind(e)
+        if stop is not None:  # a Ctrl-C arrived mid-import and left a broken import behind it: the stop, not a mismatch
+            raise stop from None
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise TorchvisionMismatch(
             f"torch {torch.__version__} and torchvision {_installed('torchvision')} do not work together "
             f"({reason}); reinstall the pair from one index, e.g. .venv/bin/pip install --force-reinstall "
             f"torch torchvision --index-url {CPU_INDEX}") from None
     return torchvision
+
+
+def _stop_behind(error: BaseException) -> BaseException | None:
+    """The stop request (a BaseException that is no Exception: KeyboardInterrupt, a training stop) among the
+    exceptions `error` was raised while handling, if any."""
+    seen, e = 0, error.__context__ or error.__cause__
+    while e is not None and seen < 100:
+        if not isinstance(e, Exception):
+            return e
+        e, seen = e.__context__ or e.__cause__, seen + 1
+    return None
 
 
 def torchvision_problem() -> str | None:
