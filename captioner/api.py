@@ -120,6 +120,7 @@ class Captioner:
         self.device = torch.device(device)
         self.model = _ready(model, self.device, self.dtype)
         prepare(self.model.decoder)  # the packed copies of the step's weights, made before a caption
+        prepare(self.model.encoder.pointwise_convs())  # and of the encoder's 1x1 convolutions
         self.model.decoder.make_word_gates()  # and the word-gate table
         self.vocab, self.config, self.metrics = vocab, config, metrics or {}
         self.source = source  # the model file it was loaded from (None: built in memory); each Caption names it

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from ..config import ENCODERS, ModelConfig
 from ..images import ImageInput, load_image, preprocess
+from .packed_linear import is_pointwise, pointwise
 
 # EfficientNet base stages: (repeats, kernel, stride, expand ratio, in, out)
 _STAGES = [
@@ -43,9 +44,13 @@ def _round_filters(filters: int, width: float) -> int:
 
 
 class SameConv2d(nn.Conv2d):
-    """Conv2d with TensorFlow 'SAME' padding (asymmetric for stride 2), as the weights expect."""
+    """Conv2d with TensorFlow 'SAME' padding (asymmetric for stride 2), as the weights expect. A 1x1 one (the
+    expand, project and head convolutions) needs no padding and is computed as a product on each pixel's row
+    (packed_linear.pointwise): the same numbers at any thread count and batch size."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if is_pointwise(self):
+            return pointwise(self, x)  # (B, out, h, w)
         ih, iw = x.shape[-2:]
         kh, kw = self.weight.shape[-2:]
         sh, sw = self.stride
@@ -246,6 +251,11 @@ class Encoder(nn.Module):
         if isinstance(self.backbone, EfficientNetLite):
             return self.backbone.features(images)  # (B, D, h, w)
         return self.backbone(images)  # (B, D, h, w)
+
+    def pointwise_convs(self) -> nn.ModuleList:
+        """The convolutions computed as packed products (packed_linear.pointwise): Lite's 1x1 ones; none in
+        ResNet (torchvision's convolutions are oneDNN's, whose sums may differ with the thread count)."""
+        return nn.ModuleList(m for m in self.backbone.modules() if isinstance(m, SameConv2d) and is_pointwise(m))
 
     def _grid(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.grid_size or x.shape[-2] != self.grid_size:

@@ -1,4 +1,4 @@
-"""A linear layer without autograd on a CPU: oneDNN's product with the weight packed once.
+"""Linear layers and pointwise convolutions without autograd on a CPU: oneDNN's product with the weight packed once.
 
 layer(x) = x W^T + b is computed by a fixed rule, never by timing:
 - on a CPU, in float32, without autograd, where this torch has oneDNN: oneDNN's product with W reordered once
@@ -7,10 +7,18 @@ layer(x) = x W^T + b is computed by a fixed rule, never by timing:
   step bumps its version) or moves;
 - everywhere else (autograd, a GPU, bf16, a torch without oneDNN, `plain=True`): F.linear.
 
+A pointwise convolution (1x1 kernel, stride 1, ungrouped, no padding: the encoder's expand, project and head
+convolutions) is the same product on rows: every pixel of x (B, C, h, w) is a row of C numbers, and
+`pointwise(conv, x)` computes them by the same rule (elsewhere: F.conv2d). oneDNN's own convolution is not used
+there because it splits its sums over channels differently at 1 and 2 threads, and at 16 photos than at 1 (the
+features differed by up to 2.6e-5); the packed product sums every row in the same order at any thread count and
+in any batch, and costs no more time (model/encoder.py says what was measured).
+
 A fixed rule means every process computes the same numbers: the same photo gives bit-identical captions,
 log-probs and choice scores in every process and at any thread count (tests/test_fast_decoding.py). The packed
-product is faster than F.linear for the step's products at every row count measured (docs/performance.md). `prepare(module)` makes the packed copies of a module's layers when a model is loaded
-(api.Captioner), so the first caption does not pay for them; `way()` names the rule's pick on this torch.
+product is faster than F.linear for the step's products at every row count measured (docs/performance.md).
+`prepare(module)` makes the packed copies of a module's linear layers and pointwise convolutions when a model is
+loaded (api.Captioner), so the first caption does not pay for them; `way()` names the rule's pick on this torch.
 """
 from __future__ import annotations
 
@@ -43,32 +51,60 @@ def way() -> str:
 
 
 def packed_weight(w: torch.Tensor) -> torch.Tensor:
-    """w (out, in) reordered for oneDNN's product, made once per weight version and address."""
+    """w (out, in), or a pointwise convolution's (out, in, 1, 1), reordered for oneDNN's product: made once per
+    weight version and address."""
     key = (w._version, w.data_ptr())
     hit = _packed.get(w)
     if hit is None or hit[0] != key:
-        hit = key, torch.ops.mkldnn._reorder_linear_weight(w.detach())
+        hit = key, torch.ops.mkldnn._reorder_linear_weight(w.detach().flatten(1))
         _packed[w] = hit
     return hit[1]
+
+
+def packs(x: torch.Tensor, w: torch.Tensor, plain: bool = False) -> bool:
+    """The rule: whether x's product with the weight w runs as oneDNN's packed product."""
+    return not (plain or torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32
+                or w.dtype != torch.float32 or x.numel() == 0 or not has_onednn())
+
+
+def _rows_product(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """rows (N, in) -> (N, out) by oneDNN's packed product: each row summed in one order, whatever N or threads."""
+    return torch.ops.mkldnn._linear_pointwise(rows.contiguous(), packed_weight(w), bias, "none", [], "")
 
 
 def linear(layer: nn.Linear, x: torch.Tensor, plain: bool = False) -> torch.Tensor:
     """layer(x) for x (..., in) -> (..., out); leading dimensions are rows. plain: F.linear (the oracle)."""
     w = layer.weight
-    if (plain or torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32
-            or w.dtype != torch.float32 or x.numel() == 0 or not has_onednn()):
+    if not packs(x, w, plain):
         return F.linear(x, w, layer.bias)
-    rows = x.reshape(-1, x.shape[-1]).contiguous()  # (N, in)
-    y = torch.ops.mkldnn._linear_pointwise(rows, packed_weight(w), layer.bias, "none", [], "")  # (N, out)
+    y = _rows_product(x.reshape(-1, x.shape[-1]), w, layer.bias)  # (N, out)
     return y.view(*x.shape[:-1], w.shape[0])
+
+
+def is_pointwise(conv: nn.Module) -> bool:
+    """A convolution that is a linear layer on each pixel: 1x1 kernel, stride 1, ungrouped, no padding."""
+    return (isinstance(conv, nn.Conv2d) and conv.kernel_size == (1, 1) and conv.stride == (1, 1)
+            and conv.groups == 1 and conv.padding in ((0, 0), "valid"))
+
+
+def pointwise(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """conv(x) for a pointwise convolution (is_pointwise): x (B, C, h, w) -> (B, out, h, w), each pixel a row.
+    A channels-last x needs no copy, and the result is channels-last."""
+    if not packs(x, conv.weight):
+        return F.conv2d(x, conv.weight, conv.bias)
+    b, c, h, w = x.shape
+    rows = x.permute(0, 2, 3, 1).reshape(b * h * w, c)  # (B*h*w, C): a view when x is channels-last
+    y = _rows_product(rows, conv.weight, conv.bias)  # (B*h*w, out)
+    return y.view(b, h, w, -1).permute(0, 3, 1, 2)  # (B, out, h, w), channels-last
 
 
 @torch.no_grad()
 def prepare(module: nn.Module) -> None:
-    """Make the packed copy of every linear layer in `module` that sits on a CPU in float32 (a no-op elsewhere or
-    without oneDNN): done at load, not in the first caption."""
+    """Make the packed copy of every linear layer and pointwise convolution in `module` that sits on a CPU in
+    float32 (a no-op elsewhere or without oneDNN): done at load, not in the first caption."""
     if not has_onednn():
         return
     for layer in module.modules():
-        if isinstance(layer, nn.Linear) and layer.weight.device.type == "cpu" and layer.weight.dtype == torch.float32:
+        if ((isinstance(layer, nn.Linear) or is_pointwise(layer)) and layer.weight.device.type == "cpu"
+                and layer.weight.dtype == torch.float32):
             packed_weight(layer.weight)
