@@ -261,6 +261,22 @@ def test_a_row_gives_the_same_numbers_alone_or_among_others():
     assert torch.equal(packed_linear.linear(layer, x), whole)
 
 
+def test_a_pointwise_convolution_as_rows_equals_conv2d():
+    """packed_linear.pointwise gives a 1x1 convolution's numbers to float rounding for channels-last and contiguous
+    input, a row alone or among others the same; only 1x1, stride-1, ungrouped, unpadded convolutions qualify."""
+    conv = torch.nn.Conv2d(24, 40, 1)
+    x = torch.randn(3, 24, 7, 5)
+    with torch.no_grad():
+        for inp in (x, x.contiguous(memory_format=torch.channels_last)):
+            torch.testing.assert_close(packed_linear.pointwise(conv, inp), conv(inp), atol=1e-5, rtol=1e-5)
+        assert torch.equal(packed_linear.pointwise(conv, x[1:2]), packed_linear.pointwise(conv, x)[1:2])
+    assert packed_linear.pointwise(conv, x.requires_grad_(True)).requires_grad  # autograd: F.conv2d
+    assert packed_linear.is_pointwise(conv)
+    for other in (torch.nn.Conv2d(24, 40, 3), torch.nn.Conv2d(24, 40, 1, stride=2), torch.nn.Conv2d(24, 40, 1, groups=8),
+                  torch.nn.Conv2d(24, 40, 1, padding=1), torch.nn.Linear(24, 40)):
+        assert not packed_linear.is_pointwise(other), other
+
+
 @torch.no_grad()
 def test_the_packed_copy_follows_the_weight():
     """The packed copy is made again when the weight changes in place or the layer is copied, and the module
