@@ -272,8 +272,9 @@ def test_a_pointwise_convolution_as_rows_equals_conv2d():
         assert torch.equal(packed_linear.pointwise(conv, x[1:2]), packed_linear.pointwise(conv, x)[1:2])
     assert packed_linear.pointwise(conv, x.requires_grad_(True)).requires_grad  # autograd: F.conv2d
     assert packed_linear.is_pointwise(conv)
-    for other in (torch.nn.Conv2d(24, 40, 3), torch.nn.Conv2d(24, 40, 1, stride=2), torch.nn.Conv2d(24, 40, 1, groups=8),
-                  torch.nn.Conv2d(24, 40, 1, padding=1), torch.nn.Linear(24, 40)):
+    Conv = torch.nn.Conv2d
+    for other in (Conv(24, 40, 3), Conv(24, 40, 1, stride=2), Conv(24, 40, 1, groups=8), Conv(24, 40, 1, padding=1),
+                  torch.nn.Linear(24, 40)):
         assert not packed_linear.is_pointwise(other), other
 
 
