@@ -14,11 +14,11 @@ bit-identical at 1 and 2 threads and alone or in any batch (tests/test_encoder.p
 not: at 1 to 4 photos its 1x1 convolutions sum differently at 2 threads than at 1, and at 16 photos differently
 than at 1 (Lite2 at 260 px: the project convolutions from block 5 on and the head, each up to 1.3e-5 apart; the
 features up to 2.6e-5). The stem and the depthwise convolutions were identical already. Folding the batch norms
-and relu6 into the product saves their passes over the activations, so the rule is no slower than the three layers it replaces, at 1
-and 2 threads, one photo or 16. The features move by float rounding (up to 4.9e-5); a feature cache
-(data/features.py) is keyed by the weights, not by how they are computed, and stays valid (it stores float16,
-whose step is far coarser). Autograd (tuning the top stages), a batch norm in training mode, bf16 and GPUs keep
-the layers as written. ResNet's convolutions are torchvision's (oneDNN's), not covered by the rule.
+and relu6 into the product saves their passes over the activations, so the rule is no slower than the three
+layers it replaces, at 1 and 2 threads, one photo or 16. The features move by float rounding (up to 4.9e-5); a
+feature cache (data/features.py) is keyed by the weights, not by how they are computed, and stays valid (it
+stores float16, whose step is far coarser). Autograd (tuning the top stages), a batch norm in training mode, bf16
+and GPUs keep the layers as written. ResNet's convolutions are torchvision's (oneDNN's), not covered by the rule.
 """
 from __future__ import annotations
 
