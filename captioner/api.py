@@ -119,7 +119,8 @@ class Captioner:
         self.dtype = resolve_dtype(dtype)  # the whole model (encoder and decoder) computes in this type
         self.device = torch.device(device)
         self.model = _ready(model, self.device, self.dtype)
-        prepare(self.model.decoder)  # the packed copies of the step's weights, made before a caption
+        # the packed copies of the step's weights and of the encoder's 1x1 convolutions, made before a caption
+        prepare(self.model.decoder, self.model.encoder.pointwise_layers())
         self.model.decoder.make_word_gates()  # and the word-gate table
         self.vocab, self.config, self.metrics = vocab, config, metrics or {}
         self.source = source  # the model file it was loaded from (None: built in memory); each Caption names it

@@ -1,11 +1,17 @@
 """The offline ImageNet weights are really loaded (strictly) and really work on real photos."""
 from __future__ import annotations
 
+import functools
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from captioner.images import load_image, preprocess
+from captioner.model import encoder as encoder_module, packed_linear
 from captioner.model.encoder import LITE_VARIANTS, Encoder, build_lite, lite_weights_path, normalization
+from .conftest import ENV, ROOT, need_bundled
 
 DOG_CLASSES = range(151, 269)  # ImageNet classes 151..268 are dog breeds
 
@@ -105,3 +111,52 @@ def test_output_stride_is_checked_and_names_its_own_cache():
     fine = ModelConfig(encoder="efficientnet_lite2", image_size=260, grid_size=17, output_stride=16)
     assert build_preprocess(base).cache_name("flickr8k", "train") == "flickr8k-train-efficientnet_lite2-260px-g9"
     assert build_preprocess(fine).cache_name("flickr8k", "train").endswith("-g17-os16")
+
+
+def _coco_photos(root, n: int) -> list:
+    return sorted((root / "train2017").glob("*.jpg"))[:n]
+
+
+@torch.no_grad()
+def test_a_photo_gives_the_same_features_at_any_thread_count_and_in_any_batch(bundled, coco_mini, monkeypatch):
+    """The encoder's 1x1 convolutions, each with its batch norm folded in, are packed products on each pixel's row
+    (packed_linear.pointwise): a photo's features are bit-identical at 1 and 2 threads and alone or in a batch of
+    3 (oneDNN's own convolution gave features up to 2.6e-5 apart), and within float rounding of that convolution
+    followed by its batch norm."""
+    if not packed_linear.has_onednn():
+        pytest.skip("this torch has no oneDNN: the encoder's convolutions are F.conv2d")
+    x = torch.stack([bundled.preprocess(p) for p in _coco_photos(coco_mini, 3)])  # (3, 3, S, S)
+    old, got = torch.get_num_threads(), {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            got[threads, "alone"] = bundled.encode(x[1:2])[0]  # (P, D)
+            got[threads, "among 3"] = bundled.encode(x)[1]
+    finally:
+        torch.set_num_threads(old)
+    want = got[1, "alone"]
+    assert all(torch.equal(f, want) for f in got.values()), {k: float((f - want).abs().max()) for k, f in got.items()}
+    plain = functools.partial(packed_linear.pointwise, plain=True)  # oneDNN's convolution, batch norm, relu6
+    monkeypatch.setattr(encoder_module, "pointwise", plain)
+    oracle = bundled.encode(x[1:2])[0]
+    assert not torch.equal(oracle, want)  # the oracle computes another way ...
+    torch.testing.assert_close(oracle, want, atol=1e-4, rtol=1e-4)  # ... to float rounding
+
+
+@pytest.mark.slow
+def test_captions_are_byte_identical_at_1_and_2_threads(coco_mini, tmp_path):
+    """scripts/caption.py --json on coco-mini photos prints the same bytes at OMP_NUM_THREADS=1 and 2: captions,
+    log-probs, word log-probs and choice scores do not depend on the thread count."""
+    need_bundled()
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for p in _coco_photos(coco_mini, 6):
+        (folder / p.name).symlink_to(p)
+    out = {}
+    for threads in ("1", "2"):
+        proc = subprocess.run([sys.executable, "scripts/caption.py", str(folder), "--json", "--batch-size", "4"],
+                              cwd=ROOT, env={**ENV, "OMP_NUM_THREADS": threads}, capture_output=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr.decode()
+        out[threads] = proc.stdout
+    assert out["1"].count(b"\n") == 6
+    assert out["1"] == out["2"]

@@ -261,6 +261,44 @@ def test_a_row_gives_the_same_numbers_alone_or_among_others():
     assert torch.equal(packed_linear.linear(layer, x), whole)
 
 
+def test_a_pointwise_convolution_as_rows_equals_conv2d():
+    """packed_linear.pointwise gives a 1x1 convolution's numbers to float rounding for channels-last and contiguous
+    input, a row alone or among others the same; only 1x1, stride-1, ungrouped, unpadded convolutions qualify."""
+    conv = torch.nn.Conv2d(24, 40, 1)
+    x = torch.randn(3, 24, 7, 5)
+    with torch.no_grad():
+        for inp in (x, x.contiguous(memory_format=torch.channels_last)):
+            torch.testing.assert_close(packed_linear.pointwise(conv, inp), conv(inp), atol=1e-5, rtol=1e-5)
+        assert torch.equal(packed_linear.pointwise(conv, x[1:2]), packed_linear.pointwise(conv, x)[1:2])
+    assert packed_linear.pointwise(conv, x.requires_grad_(True)).requires_grad  # autograd: F.conv2d
+    assert packed_linear.is_pointwise(conv)
+    Conv = torch.nn.Conv2d
+    for other in (Conv(24, 40, 3), Conv(24, 40, 1, stride=2), Conv(24, 40, 1, groups=8), Conv(24, 40, 1, padding=1),
+                  torch.nn.Linear(24, 40)):
+        assert not packed_linear.is_pointwise(other), other
+
+
+@torch.no_grad()
+def test_a_pointwise_convolution_with_its_batch_norm_folded_in_equals_the_three_layers():
+    """pointwise(conv, x, bn, relu6=True) is relu6(bn(conv(x))) to float rounding, with the batch norm folded into
+    the packed weight; the folded copy follows a change of the batch norm's statistics; a batch norm in training
+    mode (batch statistics) is not folded: the three layers as written, bit for bit."""
+    conv, bn = torch.nn.Conv2d(24, 40, 1, bias=False), torch.nn.BatchNorm2d(40).eval()
+    for t, low, high in ((bn.running_mean, -1, 1), (bn.running_var, 0.5, 2), (bn.weight, 0.5, 2), (bn.bias, -3, 3)):
+        t.uniform_(low, high)
+    x = torch.randn(2, 24, 6, 6).contiguous(memory_format=torch.channels_last) * 4
+    layers = lambda: torch.nn.functional.relu6(bn(conv(x)))  # noqa: E731
+    for relu6 in (False, True):
+        want = layers() if relu6 else bn(conv(x))
+        torch.testing.assert_close(packed_linear.pointwise(conv, x, bn, relu6), want, atol=1e-5, rtol=1e-5)
+    bn.running_mean.add_(1.0)  # as a training step's statistics do
+    folded = packed_linear.pointwise(conv, x, bn, True)
+    torch.testing.assert_close(folded, layers(), atol=1e-5, rtol=1e-5)
+    assert torch.equal(packed_linear.pointwise(conv, x, bn, True, plain=True), layers())  # the oracle: as written
+    bn.train()
+    assert torch.equal(packed_linear.pointwise(conv, x, bn, True), layers())
+
+
 @torch.no_grad()
 def test_the_packed_copy_follows_the_weight():
     """The packed copy is made again when the weight changes in place or the layer is copied, and the module

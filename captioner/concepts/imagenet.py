@@ -31,6 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..model.packed_linear import linear
+
 # COCO category -> the ImageNet-1k classes (exact names of torchvision's meta "categories") that are
 # instances of it. "A..B" is the inclusive run of classes from A to B in ImageNet's order.
 CATEGORY_CLASSES: dict[str, tuple[str, ...]] = {
@@ -232,8 +234,11 @@ def encoder_head(model: nn.Module) -> nn.Linear:
 
 def imagenet_logits(head: nn.Linear, feats: torch.Tensor) -> torch.Tensor:
     """Annotation vectors (B, P, D) -> the classifier's ImageNet logits (B, K), in float32. Exact when
-    the grid is the backbone's own (no adaptive pooling to another grid size)."""
+    the grid is the backbone's own (no adaptive pooling to another grid size). A float32 head is the packed
+    product (model/packed_linear.py): a photo's logits are the same whatever other photos share its batch."""
     pooled = feats.float().mean(1)  # (B, D): the classifier's global average pool
+    if head.weight.dtype == torch.float32:
+        return linear(head, pooled)  # (B, K)
     return F.linear(pooled, head.weight.float(), None if head.bias is None else head.bias.float())  # (B, K)
 
 

@@ -1,4 +1,4 @@
-"""A linear layer without autograd on a CPU: oneDNN's product with the weight packed once.
+"""Linear layers and 1x1 convolutions without autograd on a CPU: oneDNN's product with the weight packed once.
 
 layer(x) = x W^T + b is computed by a fixed rule, never by timing:
 - on a CPU, in float32, without autograd, where this torch has oneDNN: oneDNN's product with W reordered once
@@ -7,12 +7,24 @@ layer(x) = x W^T + b is computed by a fixed rule, never by timing:
   step bumps its version) or moves;
 - everywhere else (autograd, a GPU, bf16, a torch without oneDNN, `plain=True`): F.linear.
 
+A pointwise convolution (1x1 kernel, stride 1, ungrouped, no padding: the encoder's expand, project and head
+convolutions) is the same product on rows: every pixel of x (B, C, h, w) is a row of C numbers. `pointwise(conv, x,
+bn, relu6)` computes it by the same rule, with an eval-mode batch norm after it folded into the packed weight and
+bias and relu6 as oneDNN's clamp of the result (elsewhere: F.conv2d, the batch norm, relu6). oneDNN's own
+convolution is not used there because it splits its sums over channels differently at 1 and 2 threads, and at 16
+photos than at 1 (the features differed by up to 2.6e-5); the packed product sums every row in the same order at any
+thread count and in any batch, and with the batch norms folded in it is no slower (model/encoder.py).
+
 A fixed rule means every process computes the same numbers: the same photo gives bit-identical captions,
 log-probs and choice scores in every process and at any thread count (tests/test_fast_decoding.py). The packed
-product pays at the beam's few rows and not at one row (the figures: docs/performance.md). `prepare(module)` makes the packed copies of a module's layers when a model is loaded
-(api.Captioner), so the first caption does not pay for them; `way()` names the rule's pick on this torch.
+product pays at the beam's few rows and not at one row (the figures: docs/performance.md).
+`prepare(module, pointwise_layers)` makes the packed copies of a module's linear layers and of the encoder's
+pointwise convolutions (batch norms folded in) when a model is loaded (api.Captioner), so the first caption does not
+pay for them; `way()` names the rule's pick on this torch.
 """
 from __future__ import annotations
+
+from typing import Iterable
 
 import torch
 import torch.nn as nn
@@ -42,33 +54,84 @@ def way() -> str:
     return "packed" if has_onednn() else "plain"
 
 
-def packed_weight(w: torch.Tensor) -> torch.Tensor:
-    """w (out, in) reordered for oneDNN's product, made once per weight version and address."""
-    key = (w._version, w.data_ptr())
+def _fold(w: torch.Tensor, bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (out, in) and the eval-mode batch norm after its product -> (w', b') with bn(x w^T) = x w'^T + b'."""
+    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)  # (out,)
+    return w * scale[:, None], bn.bias - bn.running_mean * scale
+
+
+def packed_weight(w: torch.Tensor, bn: nn.BatchNorm2d | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """w (out, in), or a pointwise convolution's (out, in, 1, 1), reordered for oneDNN's product, with the bias of
+    the batch norm `bn` folded in (None without one): made once per version and address of w and bn's tensors."""
+    tensors = (w,) if bn is None else (w, bn.weight, bn.bias, bn.running_mean, bn.running_var)
+    key = tuple((t._version, t.data_ptr()) for t in tensors)
     hit = _packed.get(w)
     if hit is None or hit[0] != key:
-        hit = key, torch.ops.mkldnn._reorder_linear_weight(w.detach())
+        w2, bias = w.detach().flatten(1), None  # (out, in)
+        if bn is not None:
+            w2, bias = (t.detach() for t in _fold(w2, bn))
+        hit = key, torch.ops.mkldnn._reorder_linear_weight(w2), bias
         _packed[w] = hit
-    return hit[1]
+    return hit[1], hit[2]
+
+
+def packs(x: torch.Tensor, w: torch.Tensor, plain: bool = False) -> bool:
+    """The rule: whether x's product with the weight w runs as oneDNN's packed product."""
+    return not (plain or torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32
+                or w.dtype != torch.float32 or x.numel() == 0 or not has_onednn())
+
+
+def _rows_product(rows: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """rows (N, in) -> (N, out) by oneDNN's packed product: each row summed in one order, whatever N or threads."""
+    return torch.ops.mkldnn._linear_pointwise(rows.contiguous(), packed_weight(w)[0], bias, "none", [], "")
 
 
 def linear(layer: nn.Linear, x: torch.Tensor, plain: bool = False) -> torch.Tensor:
     """layer(x) for x (..., in) -> (..., out); leading dimensions are rows. plain: F.linear (the oracle)."""
     w = layer.weight
-    if (plain or torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32
-            or w.dtype != torch.float32 or x.numel() == 0 or not has_onednn()):
+    if not packs(x, w, plain):
         return F.linear(x, w, layer.bias)
-    rows = x.reshape(-1, x.shape[-1]).contiguous()  # (N, in)
-    y = torch.ops.mkldnn._linear_pointwise(rows, packed_weight(w), layer.bias, "none", [], "")  # (N, out)
+    y = _rows_product(x.reshape(-1, x.shape[-1]), w, layer.bias)  # (N, out)
     return y.view(*x.shape[:-1], w.shape[0])
 
 
+def is_pointwise(conv: nn.Module) -> bool:
+    """A convolution that is a linear layer on each pixel: 1x1 kernel, stride 1, ungrouped, no padding."""
+    return (isinstance(conv, nn.Conv2d) and conv.kernel_size == (1, 1) and conv.stride == (1, 1)
+            and conv.groups == 1 and conv.padding in ((0, 0), "valid"))
+
+
+def _folds(bn: nn.BatchNorm2d | None) -> bool:
+    """Whether a batch norm can be folded into the product before it: in eval mode, with its scale and statistics."""
+    return bn is None or (not bn.training and bn.affine and bn.running_var is not None)
+
+
+def pointwise(conv: nn.Conv2d, x: torch.Tensor, bn: nn.BatchNorm2d | None = None, relu6: bool = False,
+              plain: bool = False) -> torch.Tensor:
+    """relu6(bn(conv(x))) for a pointwise convolution (is_pointwise), bn and relu6 when given: x (B, C, h, w) ->
+    (B, out, h, w), each pixel a row. By the rule one product: the eval-mode batch norm folded into the packed
+    weight and bias, relu6 as oneDNN's clamp of the result. A channels-last x needs no copy; the result is
+    channels-last. Elsewhere, and with plain=True (the oracle), the three layers as written."""
+    if not (packs(x, conv.weight, plain) and _folds(bn)) or (bn is not None and conv.bias is not None):
+        y = F.conv2d(x, conv.weight, conv.bias)
+        y = y if bn is None else bn(y)
+        return F.relu6(y) if relu6 else y
+    b, c, h, w = x.shape
+    rows = x.permute(0, 2, 3, 1).reshape(b * h * w, c)  # (B*h*w, C): a view when x is channels-last
+    weight, bias = packed_weight(conv.weight, bn)
+    clamp = ("hardtanh", [0.0, 6.0]) if relu6 else ("none", [])
+    y = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), weight, conv.bias if bn is None else bias, *clamp, "")
+    return y.view(b, h, w, -1).permute(0, 3, 1, 2)  # (B, out, h, w), channels-last (B*h*w rows of out)
+
+
 @torch.no_grad()
-def prepare(module: nn.Module) -> None:
-    """Make the packed copy of every linear layer in `module` that sits on a CPU in float32 (a no-op elsewhere or
-    without oneDNN): done at load, not in the first caption."""
+def prepare(module: nn.Module, pointwise_layers: Iterable[tuple[nn.Conv2d, nn.BatchNorm2d | None]] = ()) -> None:
+    """Make the packed copy of every linear layer in `module`, and of each (pointwise convolution, batch norm after
+    it or None) in `pointwise_layers`, that sits on a CPU in float32 (a no-op elsewhere or without oneDNN): done
+    at load, not in the first caption."""
     if not has_onednn():
         return
-    for layer in module.modules():
-        if isinstance(layer, nn.Linear) and layer.weight.device.type == "cpu" and layer.weight.dtype == torch.float32:
-            packed_weight(layer.weight)
+    pairs = [(layer, None) for layer in module.modules() if isinstance(layer, nn.Linear)] + list(pointwise_layers)
+    for layer, bn in pairs:
+        if layer.weight.device.type == "cpu" and layer.weight.dtype == torch.float32 and _folds(bn):
+            packed_weight(layer.weight, bn)
