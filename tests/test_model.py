@@ -117,6 +117,30 @@ def test_captions_share_their_image_projection():
     assert torch.allclose(shared, copied, atol=1e-6)
 
 
+def test_gradients_of_shared_images_are_the_same_every_time_at_2_threads():
+    """Five captions an image, as in training: the gradient that flows back to each image's annotations (and to
+    W_a a_i) is summed over its captions in one order at 2 threads, so two identical steps give bit-identical
+    gradients. Indexing with repeated indices (feats[image_index]) summed them by racing atomic adds, in a
+    different order each time, and a resumed run drifted from the uninterrupted one."""
+    V, images, per_image, p, d = 12, 4, 5, 49, 64
+    dec = Decoder(V, d, embed_dim=8, hidden_dim=10, attention_dim=64).train()
+    feats = torch.randn(images, p, d)
+    inputs, targets, lengths, mask = batch(V, [6] * images * per_image)
+    index = torch.arange(images).repeat_interleave(per_image)[torch.randperm(images * per_image)]  # (B,) mixed
+    old, grads = torch.get_num_threads(), set()
+    try:
+        torch.set_num_threads(2)
+        for _ in range(6):
+            f = feats.clone().requires_grad_()
+            torch.manual_seed(0)  # the same dropout masks
+            logits = dec.teacher_force(f, inputs, lengths, image_index=index).logits  # (B, T, V)
+            logits[mask].logsumexp(-1).sum().backward()
+            grads.add(f.grad.numpy().tobytes())
+    finally:
+        torch.set_num_threads(old)
+    assert len(grads) == 1
+
+
 def test_untrained_loss_is_about_log_vocab():
     V = 1000
     dec = Decoder(V, 64, 32, 32, 32, dropout=0.0)

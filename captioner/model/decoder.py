@@ -199,12 +199,12 @@ class Decoder(nn.Module):
             image_index = torch.arange(B, device=feats.device)
         if bool((lengths[1:] > lengths[:-1]).any()):
             raise ValueError("lengths must be sorted in descending order")
-        feat_proj = self.attention.project(feats)[image_index]  # (B, P, A): once per image, shared by its captions
+        feat_proj = self.attention.project(feats).index_select(0, image_index)  # (B, P, A): once per image, shared
         # W_z a_i once per image for a few sentences without autograd (explain): their steps would read all of W_z
         # for a row or two; many rows a step (validation) or autograd (training): the product, cheaper there
         few = not torch.is_grad_enabled() and B <= FEW_SENTENCES
-        ctx_gates = self.context_gates(feats)[image_index] if few else None  # (B, P, 4H)
-        feats = feats[image_index]  # (B, P, D)
+        ctx_gates = self.context_gates(feats).index_select(0, image_index) if few else None  # (B, P, 4H)
+        feats = feats.index_select(0, image_index)  # (B, P, D)
         h, c = self.init_state(feats)
         emb, emb_gates = self.embed(inputs)  # (B, T, E), (B, T, 4H): all steps in one product
         n_active = (lengths.unsqueeze(0) > torch.arange(T, device=lengths.device).unsqueeze(1)).sum(1).tolist()
