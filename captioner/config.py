@@ -120,8 +120,9 @@ class TrainConfig:
     val_metric: str = "Bleu_4"  # one of VAL_METRICS, computed on decoded captions
     val_beam_size: int = 1  # 1 = greedy during validation (fast); the metric is still a real decoding metric
     val_limit: int = 0  # validate on the first N val images (0 = all)
-    val_every_steps: int = 0  # validate every N optimizer steps, inside epochs too, and at the run's end
-    # (0 = after each epoch); best, keep_best, plateau decay and early stopping then count validations
+    val_every_steps: int = 0  # validate every N optimizer steps of one process, inside epochs too, and at the
+    # run's end (0 = after each epoch); best, keep_best, plateau decay and early stopping then count validations.
+    # N processes read N batches a step: they validate every N-th as many steps (val_interval), as often an epoch
     amp: bool = True  # CUDA: bf16 autocast where the GPU has bf16, else fp16 with a GradScaler (T4, V100)
     cpu_amp: bool = False  # bf16 autocast on CPU too (opt-in: it pays only where the CPU has AVX512-BF16/AMX)
     compile: bool = False  # torch.compile the decoder (CUDA)
@@ -151,6 +152,15 @@ class TrainConfig:
     hard_reinforce: float = 1.0  # lambda_r of eq. 12 (arctic-captions: 1/10, on a per-step reward)
     hard_entropy: float = 0.002  # lambda_e: entropy bonus (arctic-captions alpha_entropy_c=0.002)
     hard_baseline_decay: float = 0.9  # b <- decay * b + (1 - decay) * mean log p(y|s,a) of the batch
+
+    def val_interval(self, world_size: int) -> int:
+        """The optimizer steps between validations on `world_size` processes (0: after each epoch): val_every_steps
+        counts one process's steps, and N processes take a step over N batches, so they validate every
+        val_every_steps / N steps (rounded, at least 1): the same photos read between validations, and the same
+        number of validations an epoch, on 1 or 8 GPUs."""
+        if not self.val_every_steps:
+            return 0
+        return max(1, round(self.val_every_steps / max(world_size, 1)))
 
     def out_of_patience(self, bad_epochs: int) -> bool:
         """Whether early stopping ends the run after `bad_epochs` epochs without improvement (never when

@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 import captioner
+import captioner.cli  # noqa: F401  MKL's sums in one order (cli.sum_in_one_order), set before the first product
 from captioner.config import Config
 from captioner.model.decoder import Decoder
 from captioner.vocab import SpecialIds

@@ -127,7 +127,7 @@ def test_a_finished_run_is_extended_with_the_new_learning_rate(finished_run):
     assert "continuing a finished run: 1 epoch(s) done" in longer.stdout and "epoch 2:" in longer.stdout
     rows = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows if r["kind"] == "val"] == [1, 2]
-    assert {r["lr"] for r in rows if r["kind"] == "train" and r["epoch"] == 2} == {1e-3}  # the new rate, applied
+    assert {r["lr"] for r in rows if r["kind"] == "train" and r["epoch"] > 1} == {1e-3}  # the new rate, applied
     st = _state(finished_run)["state"]
     assert st["epoch"] == 2 and st["finished"]
     again = run(*finished_run, "train.epochs=2", "train.lr=1e-3")

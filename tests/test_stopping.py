@@ -388,9 +388,9 @@ def test_early_stop_patience_zero_trains_every_epoch(tmp_path, patience, stops_a
         load_config(None, ["train.early_stop_patience=-1"])
 
 
-def test_keep_best_keeps_the_k_best_validations_files(tmp_path, monkeypatch):
-    """train.keep_best=2: best_step<S>.safetensors of the two best val metrics so far, the others deleted; the list
-    lives in the train state (a resumed run keeps the same files)."""
+def _keep_best_run(tmp_path, monkeypatch, values: list[float]):
+    """end_epoch after validations scoring `values` at steps 10, 20 ... with train.keep_best=2 (files written as
+    text) -> the run."""
     from types import SimpleNamespace
 
     import captioner.training.best_epoch as best_epoch
@@ -404,16 +404,52 @@ def test_keep_best_keeps_the_k_best_validations_files(tmp_path, monkeypatch):
                           model=SimpleNamespace(state_dict=dict), place=SimpleNamespace(log=lambda _: None, main=True),
                           val_sets=[SimpleNamespace(records=[None] * 50)], best_path=tmp_path / "best.safetensors",
                           optimizer=SimpleNamespace(param_groups=[{"lr": 1e-3}]))
-    for epoch, value in enumerate([0.2, 0.5, 0.3, 0.1, 0.4], start=1):
+    for epoch, value in enumerate(values, start=1):
         run.state.epoch, run.state.step = epoch, 10 * epoch
         best_epoch.end_epoch(run, value, hit_max=False)
+    return run
+
+
+def test_keep_best_keeps_the_k_best_validations_files(tmp_path, monkeypatch):
+    """train.keep_best=2: best_step<S>.safetensors of the two best val metrics so far, the others deleted; the list
+    lives in the train state (a resumed run keeps the same files)."""
+    run = _keep_best_run(tmp_path, monkeypatch, [0.2, 0.5, 0.3, 0.1, 0.4])
     assert sorted(p.name for p in tmp_path.glob("best_step*")) == ["best_step20.safetensors", "best_step50.safetensors"]
     assert run.state.kept_best == [[0.5, 20], [0.4, 50]]
 
 
+def test_on_a_tie_the_best_file_is_one_of_the_kept_ones(tmp_path, monkeypatch):
+    """Three validations tie: best.safetensors keeps the first (only a better value replaces it), and keep_best ranks
+    ties by the same rule, so the kept files are the first two of them, the best among them."""
+    run = _keep_best_run(tmp_path, monkeypatch, [0.2, 0.5, 0.5, 0.1, 0.5])
+    assert run.state.best_step == 20
+    assert run.state.kept_best == [[0.5, 20], [0.5, 30]]
+    assert sorted(p.name for p in tmp_path.glob("best_step*")) == ["best_step20.safetensors", "best_step30.safetensors"]
+
+
+@pytest.mark.parametrize("every, photos_a_step, photos", [(3, 4, 40), (2000, 16, 113_296), (7, 2, 30)])
+def test_validations_an_epoch_are_the_same_on_1_2_and_8_processes(every, photos_a_step, photos):
+    """train.val_every_steps counts one process's steps: N processes, whose step reads N batches, validate every
+    N-th as many steps, so an epoch holds as many validations on any number of processes (within one: the rounding).
+    The COCO recipe's 2000 on 8 GPUs: every 250 steps of 885, as often as every 2000 of 7081 on one."""
+    from types import SimpleNamespace
+
+    from captioner.config import Config
+    from captioner.training.engine import _validates_at_step
+
+    cfg = Config()
+    cfg.train.val_every_steps = every
+    counts = {}
+    for world in (1, 2, 8):
+        run = SimpleNamespace(cfg=cfg, place=SimpleNamespace(world_size=world))
+        steps = -(-photos // (photos_a_step * world))  # an epoch's optimizer steps on `world` processes
+        counts[world] = sum(_validates_at_step(run, s) for s in range(1, steps + 1))
+    assert max(counts.values()) - min(counts.values()) <= 1 and counts[1] >= 1, counts
+
+
 STEP_VALIDATION = ["data.limit=20", "train.val_limit=20", "train.batch_images=4", "train.epochs=2", "model.dropout=0.5",
                    "train.lr=1e-2", "train.val_metric=Bleu_1", "train.val_every_steps=3", "train.early_stop_patience=0",
-                   "train.keep_best=2", "train.checkpoint_every=0", "train.tensorboard=false", "decode.beam_size=1"]
+                   "train.keep_best=2", "train.checkpoint_every=0", "decode.beam_size=1"]
 
 
 def _step_validated(tmp: Path, out: str):
@@ -459,6 +495,7 @@ def test_validation_every_n_steps_falls_inside_epochs_and_at_the_runs_end(step_r
     train, val = _records(step_reference / "reference")
     assert [(v[0], v[1]) for v in val] == [(3, 0.6), (6, 1.2), (9, 1.8), (10, 2)]
     by_step = {t[0]: t for t in train}
+    assert all(by_step[v[0]][1] == v[1] for v in val)  # a step's train and val records say the same epoch
     since = [by_step[s][2] for s in (4, 5, 6)]  # a mean over their tokens lies between their means
     assert min(since) <= val[1][2] <= max(since)
     state = _kept(step_reference / "reference")["state"]
@@ -500,3 +537,14 @@ def test_a_run_validated_every_n_steps_resumes_to_the_same_numbers_and_best(step
     assert kept["best"].keys() == reference["best"].keys()
     assert all(torch.equal(kept["best"][k], reference["best"][k]) for k in reference["best"])
     assert {k: v for k, v in kept.items() if k != "best"} == {k: v for k, v in reference.items() if k != "best"}
+    assert _scalar_steps(tmp / out) == _scalar_steps(tmp / "reference")  # each scalar once a step, as uninterrupted
+
+
+def _scalar_steps(run_dir: Path) -> dict[str, list[int]]:
+    """Every TensorBoard scalar's steps as TensorBoard reads them (its purge marks applied), each tag's steps unique."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard")).Reload()
+    steps = {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    assert all(len(set(s)) == len(s) for s in steps.values()), {t: s for t, s in steps.items() if len(set(s)) < len(s)}
+    return steps

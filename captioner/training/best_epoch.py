@@ -82,12 +82,14 @@ def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
 def keep_best(run: Run, value: float, few: int) -> None:
     """train.keep_best=k: the k best validated weights by the val metric as best_step<S>.safetensors (S the optimizer
     step), the others deleted; their (value, step) list is in the train state, so a resumed run keeps the same
-    files. With too few val photos to choose by (few) the last k are kept."""
+    files. With too few val photos to choose by (few) the last k are kept. Tied values rank by the rule that picks
+    best.safetensors (end_epoch: only a better value replaces it): the earlier first, so the best file is always
+    one of the kept ones."""
     k, state = run.cfg.train.keep_best, run.state
     if not k:
         return
     score = float(state.step) if few else value  # recency where the scores cannot choose
-    kept = sorted(state.kept_best + [[score, state.step]], key=lambda e: (-e[0], -e[1]))
+    kept = sorted(state.kept_best + [[score, state.step]], key=lambda e: (-e[0], e[1]))
     state.kept_best, dropped = kept[:k], kept[k:]
     if not run.place.main:
         return

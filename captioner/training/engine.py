@@ -42,7 +42,8 @@ from .objectives import Terms
 from .ema import averaged
 from .precision import amp_dtype, describe, grad_scaler, training_autocast
 from .schedule import lr_scale, total_steps
-from .run import RESUMES, Log, Run, TrainingError, TrainState, build_run, check_ranks_in_sync, encoder_train_mode
+from .run import (RESUMES, Log, Run, TrainingError, TrainState, build_run, check_ranks_in_sync, encoder_train_mode,
+                  epoch_position)
 from .best_epoch import announce_small_val, best_epoch_line, end_epoch, validate_warm_start, why_finished
 from .stopping import NEVER, Interrupted, StopSignal
 from .validation import validate
@@ -84,10 +85,10 @@ def _train(run: Run) -> dict[str, Any]:
               f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
     place.log(f"(attention penalty = train.alpha_c {cfg.train.alpha_c:g} x sum over the {cfg.model.grid_size ** 2} regions "
               "of (1 - attention the caption gave it)^2, per caption: the paper's doubly stochastic term, eq. 14)")
-    if n := cfg.train.val_every_steps:  # with N processes an epoch has 1/N of the steps: say how often that is
+    if n := cfg.train.val_interval(place.world_size):
         place.log(f"validating every {n} optimizer steps ({run.steps_per_epoch / n:.2f} times an epoch of "
-                  f"{run.steps_per_epoch} steps) and at the run's end (train.val_every_steps); the learning rate's "
-                  f"plateau decay and early stopping count validations")
+                  f"{run.steps_per_epoch} steps{_scaled(cfg, place.world_size)}) and at the run's end; the learning "
+                  "rate's plateau decay and early stopping count validations")
     announce_small_val(run)
     if run.new_words and state.step == 0 and not state.history:
         validate_warm_start(run)
@@ -128,7 +129,7 @@ def _validates_at_epoch_end(run: Run) -> bool:
     """Whether an epoch's end is validated: always per epoch (train.val_every_steps 0); with val_every_steps where
     the step is due, and at the run's end (its last epoch, train.max_steps), so the last steps are validated too."""
     t, state = run.cfg.train, run.state
-    return (not t.val_every_steps or _validates_at_step(run.cfg, state.step) or state.epoch >= t.epochs
+    return (not t.val_every_steps or _validates_at_step(run, state.step) or state.epoch >= t.epochs
             or bool(t.max_steps and state.step >= t.max_steps))
 
 
@@ -177,7 +178,7 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
             if cfg.train.max_steps and state.step >= cfg.train.max_steps:
                 break
             # train.val_every_steps inside the epoch (its last step is the epoch's end: _train_epoch)
-            state.validating = bool(micro) and i + 1 < per_epoch and _validates_at_step(cfg, state.step)
+            state.validating = bool(micro) and i + 1 < per_epoch and _validates_at_step(run, state.step)
             saved = _save_after_step(run, micro, t0)
             t0 = time.time() if saved else t0
             if signum := run.stop.pending(place.world_size, place.device):
@@ -193,9 +194,19 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
     return state.tally.averages()
 
 
-def _validates_at_step(cfg: Config, step: int) -> bool:
-    """Whether optimizer step `step` is due for validation by train.val_every_steps."""
-    return bool(cfg.train.val_every_steps) and step % cfg.train.val_every_steps == 0
+def _validates_at_step(run: Run, step: int) -> bool:
+    """Whether optimizer step `step` is due for validation by train.val_every_steps (TrainConfig.val_interval: one
+    process's steps, so N processes validate every N-th as many of theirs)."""
+    n = run.cfg.train.val_interval(run.place.world_size)
+    return bool(n) and step % n == 0
+
+
+def _scaled(cfg: Config, world_size: int) -> str:
+    """The log's word on train.val_every_steps counting one process's steps, where N processes scale it."""
+    if world_size == 1:
+        return ", train.val_every_steps"
+    return (f"; train.val_every_steps={cfg.train.val_every_steps} counts one process's steps, and each of these "
+            f"{world_size} processes' steps reads {world_size} batches")
 
 
 def _save_after_step(run: Run, micro: list[Any], t0: float) -> bool:
@@ -227,9 +238,11 @@ def _one_step(run: Run, micro: list[Any], steps_left: int, per_epoch: int, total
     run.watch.count(sum(len(b.visual) for b in micro), sum(len(b.inputs) for b in micro))
     if state.step % cfg.train.log_every == 0:
         lr = run.optimizer.param_groups[0]["lr"] * scale  # the rate this step used
-        rec = {"kind": "train", "epoch": state.epoch + 1, "step": state.step, **terms.logs, "lr": lr,
+        # "epoch": where the run stands in epochs (epoch_position), as in the val records: 0.7 after batch 7 of 10
+        rec = {"kind": "train", "epoch": epoch_position(run), "step": state.step, **terms.logs, "lr": lr,
                "grad_norm": float(terms.grad_norm), "time": time.time()}
-        run.logger.write(run.watch.report(rec, steps_left, steps_left + per_epoch * (cfg.train.epochs - state.epoch - 1)))
+        run.logger.write(run.watch.report(rec, state.epoch + 1, steps_left,
+                                          steps_left + per_epoch * (cfg.train.epochs - state.epoch - 1)))
 
 
 # ---------------------------------------------------------------- one optimiser step

@@ -18,7 +18,7 @@ from ..data import ImageRecord, build_mix
 from ..data.dataset import BucketBatchSampler
 from ..data.loader import RankBatches
 from ..evaluation.metrics import java_available, missing_java
-from ..logs import JsonlLogger
+from ..logs import JsonlLogger, read_jsonl
 from ..model.show_attend_tell import ShowAttendTell, build_model
 from .place import Log, Place
 from .sources import Mix, RunData, ValSet, build_data
@@ -364,8 +364,7 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
                dataset=data.dataset, collate_fn=data.collate, sampler=sampler,
                batches=RankBatches(sampler, rank, world_size), val_sets=data.val_sets,
                state=start.state,
-               logger=_logger(out, place, start),
-               watch=Watch(out, place.main, cfg.train.tensorboard, start.state.step, place.log), stop=stop)
+               logger=_logger(out, place, start), watch=_watch(cfg, out, place, start), stop=stop)
 
 
 def _begin(cfg: Config, place: Place) -> tuple[Mix, Mix, Start]:
@@ -417,6 +416,17 @@ def _logger(out: Path, place: Place, start: Start) -> JsonlLogger:
     if start.resume is not None:
         logger.rewind(start.state.step, start.state.validating)
     return logger
+
+
+def _watch(cfg: Config, out: Path, place: Place, start: Start) -> Watch:
+    """Throughput, ETA and TensorBoard; a resumed run's writer drops the events logged after its checkpoint, as
+    metrics.jsonl drops its lines (_logger, which runs first: the step's own train record is read from there)."""
+    step, owed = start.state.step, start.resume is not None and start.state.validating
+    record = None
+    if owed and place.main and (out / "metrics.jsonl").is_file():
+        record = next((r for r in read_jsonl(out / "metrics.jsonl") if r.get("kind") == "train"
+                       and r.get("step") == step), None)
+    return Watch(out, place.main, cfg.train.tensorboard, step, place.log, owed, record)
 
 
 def _scaler(cfg: Config, place: Place, resume: Any) -> torch.amp.GradScaler | None:

@@ -34,9 +34,18 @@ def duration(seconds: float) -> str:
 class Watch:
     """Throughput, ETA and the TensorBoard writer of one rank-0 process (other ranks: an idle Watch)."""
 
-    def __init__(self, out: Path, enabled: bool, tensorboard: bool, start_step: int, log: Callable[[str], None]):
+    def __init__(self, out: Path, enabled: bool, tensorboard: bool, start_step: int, log: Callable[[str], None],
+                 validation_owed: bool = False, record_at_start: dict[str, Any] | None = None):
+        """start_step: the checkpoint a resumed run starts from (0: a new run). Its writer drops the events the
+        stopped run logged after that step; where the step's validation is owed (it runs again, and the stopped
+        run may have logged it), from that step itself, and its train record (`record_at_start`, from
+        metrics.jsonl) is written again: each scalar once at each step."""
         self.enabled, self.log = enabled, log
-        self.writer = _writer(out / "tensorboard", start_step, log) if enabled and tensorboard else None
+        self.writer = None
+        if enabled and tensorboard:
+            self.writer = _writer(out / "tensorboard", start_step + (not validation_owed) if start_step else 0, log)
+            if self.writer is not None and validation_owed and record_at_start is not None:
+                self._train_scalars(record_at_start)
         self._t, self._captions, self._images, self._steps = time.time(), 0, 0, 0
 
     def restart_clock(self) -> None:
@@ -46,9 +55,11 @@ class Watch:
     def count(self, images: int, captions: int) -> None:
         self._images, self._captions, self._steps = self._images + images, self._captions + captions, self._steps + 1
 
-    def report(self, record: dict[str, Any], steps_left_epoch: int, steps_left_run: int) -> dict[str, Any]:
-        """The log_every line: `record` (kind train: epoch, step, the objective's terms, lr, grad_norm) plus
-        throughput and ETA since the last report; returns the record with them added (for metrics.jsonl)."""
+    def report(self, record: dict[str, Any], epoch: int, steps_left_epoch: int, steps_left_run: int
+               ) -> dict[str, Any]:
+        """The log_every line of a step in epoch `epoch` (from 1): `record` (kind train: epoch (the run's position
+        in epochs), step, the objective's terms, lr, grad_norm) plus throughput and ETA since the last report;
+        returns the record with them added (for metrics.jsonl)."""
         seconds = max(time.time() - self._t, 1e-9)
         per_step = seconds / max(self._steps, 1)
         record = {**record, "captions_per_s": self._captions / seconds, "images_per_s": self._images / seconds}
@@ -56,17 +67,20 @@ class Watch:
         if not self.enabled:
             return record
         terms = " ".join(f"{readable(k)} {v:.4g}" for k, v in record.items() if k in term_keys(record))
-        self.log(f"epoch {record['epoch']} step {record['step']}: {terms} | lr {record['lr']:.2e} | grad norm "
+        self.log(f"epoch {epoch} step {record['step']}: {terms} | lr {record['lr']:.2e} | grad norm "
                  f"{record['grad_norm']:.3g} | {record['captions_per_s']:.0f} captions/s | epoch ETA "
                  f"{duration(per_step * steps_left_epoch)}, run ETA {duration(per_step * steps_left_run)} "
                  "(training steps only; validation adds to it)")
-        if self.writer is not None:
-            step = record["step"]
-            for k in term_keys(record):
-                self.writer.add_scalar(f"train/{k}", record[k], step)
-            for k in ("lr", "grad_norm", "captions_per_s", "images_per_s"):
-                self.writer.add_scalar(f"train/{k}", record[k], step)
+        self._train_scalars(record)
         return record
+
+    def _train_scalars(self, record: dict[str, Any]) -> None:
+        """A train record's terms, rate and throughput as TensorBoard scalars at its step."""
+        if self.writer is None:
+            return
+        for k in [*term_keys(record), "lr", "grad_norm", "captions_per_s", "images_per_s"]:
+            if k in record:
+                self.writer.add_scalar(f"train/{k}", record[k], record["step"])
 
     def epoch(self, record: dict[str, Any], examples: Sequence[tuple[str, str, Sequence[str]]],
               figure: Any = None) -> None:
@@ -132,16 +146,16 @@ def hparams_of(config: dict[str, dict[str, Any]], history: Sequence[dict[str, An
     return settings, metrics
 
 
-def _writer(folder: Path, start_step: int, log: Callable[[str], None]) -> Any:
-    """A TensorBoard SummaryWriter that drops the events a stopped run logged after its checkpoint at `start_step`:
-    the purge starts at start_step + 1, because the checkpoint's own step was logged before it was saved and is
-    not logged again (as metrics.jsonl keeps it: logs.JsonlLogger.rewind)."""
+def _writer(folder: Path, purge_from: int, log: Callable[[str], None]) -> Any:
+    """A TensorBoard SummaryWriter that drops the events a stopped run logged at step `purge_from` and after (0:
+    none; as metrics.jsonl drops its lines: logs.JsonlLogger.rewind): TensorBoard discards them when it reads the
+    purge mark."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # torch's writer needs the tensorboard package
         log("note: the tensorboard package is not installed: no TensorBoard events (pip install tensorboard)")
         return None
-    return SummaryWriter(str(folder), purge_step=start_step + 1 if start_step else None)
+    return SummaryWriter(str(folder), purge_step=purge_from or None)
 
 
 def attention_figure(image_path: str | Path, words: Sequence[str], alphas: Any, grid: int, columns: int = 5):
