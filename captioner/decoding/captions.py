@@ -33,6 +33,13 @@ from ..vocab import Vocab
 SMALL_PHOTO = 0.5  # a photo whose shorter side is below this share of the model's input side gets a note
 
 
+REPR_PART = 240  # characters of a Caption's repr for its text, and for its words: the whole repr stays a line or two
+
+
+def _clipped(text: str) -> str:
+    return text if len(text) <= REPR_PART else text[:REPR_PART - 3] + "..."
+
+
 class Alternative(NamedTuple):
     """Another finished beam hypothesis: its text, log-probability and the score beam search ranked it by
     (log_prob / (words + 1) ** decode.length_penalty; the log-probability itself when the penalty is 0;
@@ -106,6 +113,15 @@ class Caption:
 
     def __post_init__(self) -> None:
         self.alternatives = [Alternative(*a) for a in self.alternatives]  # (text, log_prob) pairs still welcome
+
+    def __repr__(self) -> str:
+        """One line (the dataclass's own repr printed every attention map): the text, how sure, the words."""
+        sure = "" if self.confidence is None else f", confidence={self.confidence:.2f}, sure={self.sure}"
+        words, cut = repr(self.words), repr(self.words).rfind(", ", 0, REPR_PART - 5)
+        if len(words) > REPR_PART:
+            words = words[:cut] + ", ...]" if cut > 0 else f"<{len(self.words)} words>"
+        return (f"Caption({_clipped(self.text)!r}{sure}, log_prob={self.log_prob:.2f}, words={words}, "
+                f"maps={tuple(np.shape(self.alphas))})")
 
     @property
     def sure(self) -> bool | None:
