@@ -18,6 +18,7 @@ import torch
 
 from ..concepts.imagenet import imagenet_head_or_none
 from ..config import DecodeConfig
+from ..logs import progress as progress_of
 from ..vocab import SpecialIds
 from .search import Hypothesis, decode
 from .consensus import memory_of
@@ -269,12 +270,10 @@ def captions_from_features(model: ShowAttendTell, feats: np.ndarray | torch.Tens
     of `batch_size` images on the decoder's device and in its dtype: decode, then dress. Where the encoder
     keeps its ImageNet head, settings.evidence biases the words and each Caption carries its photo's reading
     (reading.annotate); `reading`: the photos' HeadReading when already made (Photo), else read per batch."""
-    from tqdm import tqdm
-
     param = next(model.decoder.eval().parameters())
     _check_evidence(model, settings)
     out: list[Caption] = []
-    for k in tqdm(range(0, len(feats), batch_size), desc="decoding", disable=not progress, unit="batch"):
+    for k in progress_of(range(0, len(feats), batch_size), "decoding", enabled=progress):
         x = feats[k:k + batch_size]
         x = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x, dtype=np.float32))
         x = x.to(param.device, param.dtype)  # (b, P, D)
