@@ -233,7 +233,7 @@ def plan(args: argparse.Namespace, rank: int = 0, world: int = 1) -> Plan | int:
     return Plan(todo, figures, animations, len(missing), len(mine) - len(todo))
 
 
-def describe(loaded: Any, images: list[Any], settings: dict[str, Any], sentence: str | None,
+def captions_for(loaded: Any, images: list[Any], settings: dict[str, Any], sentence: str | None,
              request: Any = None) -> list[list[Any]]:
     """Each image's captions: one decoded, --sample's drawn ones, or (--explain) the sentence explained on it."""
     if request is not None:
@@ -274,7 +274,7 @@ def caption_all(args: argparse.Namespace, loaded: Any, settings: dict[str, Any],
     bar = tqdm(total=len(planned.paths), desc="captioning", unit="photo", file=sys.stderr, disable=not progress)
     for batch in loaded_batches(planned.paths, args.batch_size):
         good = [(path, img) for path, img in batch if not isinstance(img, Exception)]
-        caps = describe(loaded, [img for _, img in good], settings, args.explain, request)
+        caps = captions_for(loaded, [img for _, img in good], settings, args.explain, request)
         with tqdm.external_write_mode(file=sys.stdout):  # the bar steps aside for the lines
             for path, err in batch:
                 if isinstance(err, Exception):

@@ -11,9 +11,9 @@ A pointwise convolution (1x1 kernel, stride 1, ungrouped, no padding: the encode
 convolutions) is the same product on rows: every pixel of x (B, C, h, w) is a row of C numbers. `pointwise(conv, x,
 bn, relu6)` computes it by the same rule, with an eval-mode batch norm after it folded into the packed weight and
 bias and relu6 as oneDNN's clamp of the result (elsewhere: F.conv2d, the batch norm, relu6). oneDNN's own
-convolution is not used there because it splits its sums over channels differently at 1 and 2 threads, and at 16
-photos than at 1 (the features differed by up to 2.6e-5); the packed product sums every row in the same order at any
-thread count and in any batch, and with the batch norms folded in it is no slower (model/encoder.py).
+convolution is not used there because it splits its sums over channels by thread count and batch size; the packed
+product sums every row in the same order at any thread count and in any batch, and with the batch norms folded in
+it is no slower (model/encoder.py; the measurements: docs/performance.md).
 
 A fixed rule means every process computes the same numbers: the same photo gives bit-identical captions,
 log-probs and choice scores in every process and at any thread count (tests/test_fast_decoding.py). The packed
