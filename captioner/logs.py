@@ -1,9 +1,16 @@
-"""Run logs: one JSON object per line (metrics.jsonl) and a PNG plot of loss and val metrics."""
+"""Run logs: one JSON object per line (metrics.jsonl), a PNG plot of loss and val metrics, and progress over a
+long loop: a bar on a terminal, plain lines in a log file or a pipe."""
 from __future__ import annotations
 
 import json
+import sys
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+LINE_EVERY_S = 60.0  # without a terminal, a progress line at least this often (and at each tenth of the way)
 
 
 class JsonlLogger:
@@ -92,3 +99,39 @@ def plot_history(jsonl: str | Path, png: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)
+
+
+def progress(items: Iterable[T], desc: str, total: int | None = None, enabled: bool = True,
+             unit: str = "batch") -> Iterable[T]:
+    """`items`, with their progress on stderr: a tqdm bar where stderr is a terminal; elsewhere (a log file, a
+    pipe, a job's captured output, where a bar's carriage returns show nothing until the end) a line at each tenth
+    of the way and at least every LINE_EVERY_S seconds (progress_line)."""
+    if not enabled:
+        return items
+    total = total if total is not None else (len(items) if hasattr(items, "__len__") else None)  # type: ignore[arg-type]
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        return tqdm(items, desc=desc, total=total, unit=unit, file=sys.stderr)
+    return _progress_lines(items, desc, total, unit)
+
+
+def _progress_lines(items: Iterable[T], desc: str, total: int | None, unit: str) -> Iterator[T]:
+    t0 = last = time.monotonic()
+    tenth = 0
+    for k, item in enumerate(items, 1):
+        yield item  # the caller's work on it is done when it asks for the next one
+        now = time.monotonic()
+        step = k * 10 // total if total else 0
+        if step > tenth or now - last >= LINE_EVERY_S or k == total:
+            print(progress_line(desc, k, total, unit, now - t0), file=sys.stderr, flush=True)
+            tenth, last = step, now
+
+
+def progress_line(desc: str, done: int, total: int | None, unit: str, seconds: float) -> str:
+    """'decoding: 3/10 batch (30%)', the seconds since the start and the time left at that pace (without a total:
+    the count and the seconds)."""
+    if not total:
+        return f"{desc}: {done} {unit}, {seconds:.0f} s"
+    left = seconds / done * (total - done)
+    return f"{desc}: {done}/{total} {unit} ({100 * done // total}%), {seconds:.0f} s, about {left:.0f} s left"

@@ -9,38 +9,99 @@ Rows: the benchmark (captions/s, fraction of the GPU's peak, caption() ms, the C
 that fits this GPU's memory (computed by bench/memory.py, then one step at that batch measured), and the training
 chain on a folder made from the bundled example photos (no dataset needed: the device machine has none):
 prepare -> train (stopped by SIGINT mid-run, resumed) -> SCST -> export -> caption, and torchrun over every GPU.
-Each row gives the command's exit code; the JSON of all of it goes to --out.
+Each row is one command in its own process group, killed when it runs past its time limit (a silent hang too);
+a row passes when it exits 0, or 130 for the one row stopped by SIGINT on purpose (and only if it was). The table
+gives each row's verdict, exit code and seconds; the JSON of all of it goes to --out; the exit code is 0 only when
+every row passed.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+INTERRUPTED = 130  # a command stopped by SIGINT (128 + 2), as train.py exits after saving
 
 
-def run(cmd: list[str], timeout: float = 600, stop_after: str = "") -> tuple[int, str, float]:
-    """(exit code, output, seconds); with `stop_after`, SIGINT once that text is printed (then wait)."""
-    t = time.time()
-    p = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = []
-    for line in p.stdout:  # type: ignore[union-attr]
-        out.append(line)
-        if stop_after and stop_after in line:
-            p.send_signal(signal.SIGINT)
-            stop_after = ""
-        if time.time() - t > timeout:
-            p.kill()
-    p.wait()
-    return p.returncode, "".join(out), time.time() - t
+@dataclass
+class Row:
+    """One command of the check: it passes with exit code 0, or 130 when `stop_after` asks for a SIGINT."""
+    name: str
+    cmd: list[str]
+    timeout: float = 600  # seconds before the command's whole process group is killed
+    stop_after: str = ""  # send SIGINT once a line of output contains this
+    summarise: Callable[[dict], str] | None = None  # the command prints JSON: its figures' summary for the table
+
+
+@dataclass
+class Outcome:
+    code: int  # the exit code (negative: killed by that signal)
+    output: str
+    seconds: float
+    timed_out: bool
+    interrupted: bool  # the SIGINT `stop_after` asked for was sent
+
+
+def run(row: Row) -> Outcome:
+    """Run the row's command, its output read by a thread so the time limit holds while nothing is printed."""
+    t = time.monotonic()
+    p = subprocess.Popen(row.cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)  # its own process group: a timeout kills torchrun's ranks too
+    lines: list[str] = []
+    sent = threading.Event()
+
+    def read() -> None:
+        for line in p.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if row.stop_after and row.stop_after in line and not sent.is_set():
+                sent.set()
+                p.send_signal(signal.SIGINT)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        p.wait(row.timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:  # a timeout, a Ctrl-C of this script, or a child left holding the output: end the group
+        _kill_group(p)
+    reader.join(5)
+    return Outcome(p.wait(), "".join(lines), time.monotonic() - t, timed_out, sent.is_set())
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # the group has ended
+        pass
+
+
+def verdict(row: Row, res: Outcome) -> str:
+    """"ok", or what went wrong: a timeout, an exit code other than the row's, a SIGINT that was never sent."""
+    if res.timed_out:
+        return f"killed after {row.timeout:.0f} s"
+    if row.stop_after and not res.interrupted:
+        return f"never printed {row.stop_after!r} (no SIGINT sent)"
+    want = INTERRUPTED if row.stop_after else 0
+    return "ok" if res.code == want else f"exit {res.code}, expected {want}"
+
+
+def settings(values: dict[str, object]) -> list[str]:
+    """A --set argument from named settings: {"train.epochs": 3} -> ["--set", "train.epochs=3"]."""
+    return ["--set", *(f"{k}={v}" for k, v in values.items())]
 
 
 def photo_folder(folder: Path, copies: int) -> Path:
@@ -62,60 +123,82 @@ def photo_folder(folder: Path, copies: int) -> Path:
     return folder
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default="gpu_check", help="folder for the JSON and the runs (replaced)")
-    p.add_argument("--quick", action="store_true", help="tiny benchmark counts (a smoke run)")
-    args = p.parse_args()
+    p.add_argument("--quick", action="store_true", help="tiny benchmark counts (a smoke run: about a minute on a CPU)")
+    p.add_argument("--memory-row", action="store_true", help="only print the memory row's JSON (the check runs this "
+                   "in a process of its own)")
+    args = p.parse_args(argv)
+    if args.memory_row:
+        import torch
+
+        from captioner.bench.memory import memory_report
+
+        print(json.dumps(memory_report(torch.device(args.device))))
+        return 0
     out = Path(args.out).absolute()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    py, rows, figures = sys.executable, [], {}
-    bench = [py, "scripts/benchmark.py", "--device", args.device, "--json"] + (
-        ["--quick"] if args.quick else ["--preset", "coco", "--compile", "--coco-epoch"])
-    code, text, secs = run(bench, 900)
-    (out / "benchmark.log").write_text(text)
-    figures["benchmark"] = _last_json(text)
-    rows.append(("benchmark " + " ".join(bench[3:]), code, secs, _bench_summary(figures["benchmark"])))
-    code, text, secs = run([py, "-c", MEMORY, args.device], 300)
-    figures["memory"] = _last_json(text)
-    rows.append(("batch for this device's memory (bench/memory.py)", code, secs, _memory_summary(figures["memory"])))
-    rows += _training_chain(py, out, args.device, figures)
-    print("\n| command | exit | seconds | figures |\n|---|---|---|---|")
-    for cmd, code, secs, note in rows:
-        print(f"| {cmd} | {code} | {secs:.0f} | {note} |")
-    (out / "gpu_check.json").write_text(json.dumps({"rows": rows, "figures": figures}, indent=1, default=str))
-    return 0 if all(code in (0, 130) for _, code, _, _ in rows) else 1
+    py, table, figures = sys.executable, [], {}
+    bench = ["--device", args.device, "--json", *(["--quick"] if args.quick else
+                                                  ["--preset", "coco", "--compile", "--coco-epoch"])]
+    rows = [Row("benchmark " + " ".join(bench[1:]), [py, "scripts/benchmark.py", *bench], 900, "", _bench_summary),
+            Row("batch for this device's memory (bench/memory.py)",
+                [py, "scripts/gpu_check.py", "--memory-row", "--device", args.device], 300, "", _memory_summary),
+            *_training_chain(py, out, args.device)]
+    for row in rows:
+        res = run(row)
+        (out / f"{_file_name(row.name)}.log").write_text(res.output)
+        figures[row.name] = _figures(row, res)
+        table.append({"command": row.name, "verdict": verdict(row, res), "exit": res.code,
+                      "seconds": round(res.seconds, 1), "figures": _summary(row, figures[row.name], res.output)})
+    print("\n| command | verdict | exit | seconds | figures |\n|---|---|---|---|---|")
+    for r in table:
+        print(f"| {r['command']} | {r['verdict']} | {r['exit']} | {r['seconds']:.0f} | {r['figures']} |")
+    (out / "gpu_check.json").write_text(json.dumps({"rows": table, "figures": figures}, indent=1, default=str))
+    return 0 if all(r["verdict"] == "ok" for r in table) else 1
 
 
-def _training_chain(py: str, out: Path, device: str, figures: dict) -> list[tuple]:
+def _file_name(name: str) -> str:
+    """A row's log file name: "train, SIGINT at step 3" -> "train_SIGINT_at_step_3"."""
+    return re.sub(r"\W+", "_", name.split(" (")[0]).strip("_")
+
+
+def _figures(row: Row, res: Outcome) -> dict | str:
+    return _last_json(res.output) if row.summarise else res.output[-1500:]
+
+
+def _summary(row: Row, figures: dict | str, text: str) -> str:
+    if row.summarise:
+        return row.summarise(figures) if figures else f"no JSON (see {_file_name(row.name)}.log)"  # type: ignore[arg-type]
+    lines = [x for x in text.splitlines() if "captions/s" in x or "Rerun" in x or x.startswith(("epoch", "done"))]
+    last = lines or text.strip().splitlines() or [""]
+    return last[-1][:160]
+
+
+def _training_chain(py: str, out: Path, device: str) -> list[Row]:
+    """prepare -> train (SIGINT at step 3) -> resumed -> SCST -> export -> caption, and torchrun over every GPU."""
     folder = photo_folder(out / "photos", 12)
-    common = ["--config", "configs/tiny.yaml", "--set", f"data.root={folder}", f"data.cache_dir={out / 'cache'}",
-              "data.limit=0", "train.batch_images=4", "train.log_every=1", "train.checkpoint_every=1000",
-              "train.val_metric=CIDEr", "train.val_limit=0"]
-    xe = [*common, f"train.out_dir={out / 'xe'}", "train.epochs=3", "model.dropout=0.5"]
-    rows = []
-    for name, cmd, stop in [
-            ("prepare", [py, "scripts/prepare.py", "--device", device, "--no-progress", *common], ""),
-            ("train, SIGINT at step 3", [py, "scripts/train.py", "--device", device, "--no-progress", *xe], "step 3:"),
-            ("train, resumed", [py, "scripts/train.py", "--device", device, "--no-progress", *xe], ""),
-            ("SCST from it", [py, "scripts/train.py", "--device", device, "--no-progress", *common,
-                              f"train.out_dir={out / 'scst'}", f"train.init_from={out / 'xe' / 'best.safetensors'}",
-                              "train.objective=scst", "train.epochs=1", "train.lr=5e-5"], ""),
-            ("export", [py, "scripts/export.py", str(out / "scst" / "best.safetensors"), str(out / "model.safetensors"),
-                        "--half"], ""),
-            ("caption", [py, "scripts/caption.py", "--device", device, "--checkpoint", str(out / "model.safetensors"),
-                         "captioner/assets/examples/cat.jpg"], ""),
-            ("torchrun, every GPU", [py, "-m", "torch.distributed.run", f"--nproc_per_node={_gpus(device)}",
-                                     "scripts/train.py", "--device", device, "--no-progress", *xe[:-2],
-                                     f"train.out_dir={out / 'ddp'}", "train.epochs=1"], "")]:
-        code, text, secs = run(cmd, 600, stop)
-        (out / f"{name.replace(',', '').replace(' ', '_')}.log").write_text(text)
-        figures[name] = text[-1500:]
-        lines = [x for x in text.splitlines() if "captions/s" in x or "Rerun" in x or x.startswith(("epoch", "done"))]
-        rows.append((name, code, secs, (lines[-1][:160] if lines else text.strip().splitlines()[-1][:160] if text.strip() else "")))
-    return rows
+    common = {"data.root": folder, "data.cache_dir": out / "cache", "data.limit": 0, "train.batch_images": 4,
+              "train.log_every": 1, "train.checkpoint_every": 1000, "train.val_metric": "CIDEr", "train.val_limit": 0}
+    xe = settings({**common, "train.out_dir": out / "xe", "train.epochs": 3, "model.dropout": 0.5})
+    scst = settings({**common, "train.out_dir": out / "scst", "train.init_from": out / "xe" / "best.safetensors",
+                     "train.objective": "scst", "train.epochs": 1, "train.lr": 5e-5})
+    ddp = settings({**common, "train.out_dir": out / "ddp", "train.epochs": 1})
+    train = ["scripts/train.py", "--device", device, "--no-progress", "--config", "configs/tiny.yaml"]
+    model = str(out / "model.safetensors")
+    return [Row("prepare", [py, "scripts/prepare.py", "--device", device, "--no-progress", "--config",
+                            "configs/tiny.yaml", *settings(common)]),
+            Row("train, SIGINT at step 3", [py, *train, *xe], stop_after="step 3:"),
+            Row("train, resumed", [py, *train, *xe]),
+            Row("SCST from it", [py, *train, *scst]),
+            Row("export", [py, "scripts/export.py", str(out / "scst" / "best.safetensors"), model, "--half"]),
+            Row("caption", [py, "scripts/caption.py", "--device", device, "--checkpoint", model,
+                            "captioner/assets/examples/cat.jpg"]),
+            Row("torchrun, every GPU", [py, "-m", "torch.distributed.run", f"--nproc_per_node={_gpus(device)}",
+                                        *train, *ddp])]
 
 
 def _gpus(device: str) -> int:
@@ -138,8 +221,6 @@ def _last_json(text: str) -> dict:
 
 def _bench_summary(res: dict) -> str:
     """The figures the docs leave unmeasured: throughput, fraction of peak, latency medians, the COCO epoch."""
-    if not res:
-        return "no JSON (see benchmark.log)"
     flat: dict[str, float] = {}
 
     def walk(prefix: str, v) -> None:
@@ -153,39 +234,11 @@ def _bench_summary(res: dict) -> str:
     return "; ".join(f"{k} {v:.4g}" for k, v in flat.items())
 
 
-WANTED = ("captions_per_s", "images_per_s", "p50", "minutes", "cold_ms", "peak_fraction", "fraction_of_peak", "tflops")
-
-
 def _memory_summary(res: dict) -> str:
-    return "; ".join(f"{k}: {v}" for k, v in res.items()) if res else "no JSON (see the log)"
+    return "; ".join(f"{k}: {v}" for k, v in res.items())
 
 
-MEMORY = """
-import json, sys, torch
-from captioner.bench.memory import training_memory
-from captioner.bench.synthetic import PRESETS
-device = torch.device(sys.argv[1])
-m = training_memory(PRESETS["coco"])
-res = {"fixed_MiB": round(m.fixed_bytes / 2**20), "KiB_per_token": round(m.bytes_per_token / 1024)}
-for gib in (16, 24, 40, 80):
-    res[f"batch_images_{gib}GiB_p99_captions"] = m.batch_images(gib * 2**30, 23)
-if device.type == "cuda":
-    from captioner.bench.training import _decoder_model
-    from captioner.bench.synthetic import make_batches
-    from captioner.config import Config
-    from captioner.training.objectives import CrossEntropy
-    total = torch.cuda.get_device_properties(device).total_memory
-    n = m.batch_images(total, 23)
-    model = _decoder_model(PRESETS["coco"], False).to(device).train()
-    batch = make_batches(PRESETS["coco"], 1, n, True, 5)[0].to(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = CrossEntropy(Config())(model, batch).total
-    loss.backward()
-    res.update({"this_gpu_GiB": round(total / 2**30, 1), "computed_batch_images": n,
-                "measured_peak_GiB_at_it": round(torch.cuda.max_memory_allocated(device) / 2**30, 2)})
-print(json.dumps(res))
-"""
+WANTED = ("captions_per_s", "images_per_s", "p50", "minutes", "cold_ms", "peak_fraction", "fraction_of_peak", "tflops")
 
 
 if __name__ == "__main__":

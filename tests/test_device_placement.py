@@ -10,7 +10,7 @@ import torch
 
 import captioner.cli.benchmark as benchmark
 from captioner.bench.synthetic import Preset, install_length_counter, make_batches
-from captioner.bench.training import _decoder_model, _train_config
+from captioner.bench.training import decoder_model, _train_config
 
 from .conftest import ROOT
 from .device_check import DeviceMismatch, HostTensors
@@ -31,7 +31,7 @@ def test_the_checker_catches_a_host_tensor_written_into_the_model():
 
 
 def test_the_length_counter_makes_its_tensors_on_the_decoders_device():
-    model = _decoder_model(SMALL, False)
+    model = decoder_model(SMALL, False)
     batch = make_batches(SMALL, 1, 2, True)[0]
     with HostTensors(model, batch.visual):
         install_length_counter(model.decoder, batch.visual, 1.5)

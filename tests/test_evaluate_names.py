@@ -3,9 +3,14 @@ best.safetensors never overwrite each other's results (they were both evaluation
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
+import pytest
+
 from captioner.cli.evaluate import default_output
+
+from .conftest import need_coco
 
 
 def named(checkpoint: str | None, dataset: str = "flickr8k", label: str = "test", limit: int | None = None) -> Path:
@@ -51,3 +56,22 @@ def test_a_folder_of_the_same_name_elsewhere_never_replaces_the_earlier_result(t
     assert named(str(first)) == name  # the same model file: its own result, rewritten
     other = named(str(second))
     assert other != name and other.name.startswith("a-best_flickr8k_test-") and other.parent == name.parent
+
+
+@pytest.mark.slow
+def test_captioner_evaluate_prints_progress_lines_without_a_terminal(tmp_path, capsys):
+    """stderr captured (not a terminal): the encoding and the decoding each say how far they are in lines, with
+    --json too (the JSON alone on stdout)."""
+    from captioner.cli.evaluate import main
+    from captioner.evaluation.metrics import java_available
+
+    if not java_available():
+        pytest.skip("captioner-evaluate needs java (pycocoevalcap)")
+    mini = need_coco()
+    assert main(["--dataset", "coco", "--images", str(mini / "train2017"), "--annotations",
+                 str(mini / "annotations" / "captions_train2017.json"), "--limit", "3", "--batch-size", "1",
+                 "--beam-size", "1", "--json", "--device", "cpu", "--output", str(tmp_path / "e.json")]) == 0
+    out, err = capsys.readouterr()
+    assert "CIDEr" in json.loads(out)
+    assert "encoding: 1/1 batch (100%)" in err and "decoding: 3/3 batch (100%)" in err and "\r" not in err, err
+    assert "decoding: 1/3 batch (33%)" in err

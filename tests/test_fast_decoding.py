@@ -326,6 +326,37 @@ def test_a_torch_without_onednn_computes_plain(monkeypatch):
     assert packed_linear.way() == "plain"
 
 
+@pytest.mark.parametrize("broken", ["none", "hardtanh"])
+@torch.no_grad()
+def test_a_torch_whose_private_op_fails_one_form_computes_plain(monkeypatch, broken):
+    """The probe tries both forms the products call (the plain one and relu6's clamp, each with a bias): where either
+    fails, has_onednn() says no and every product falls back to F.linear / F.conv2d, which give the packed
+    product's numbers to float rounding."""
+    if not packed_linear.has_onednn():
+        pytest.skip("this torch has no oneDNN packed product to compare the fallback with")
+    layer, x = torch.nn.Linear(32, 64), torch.randn(5, 32)
+    conv, bn = torch.nn.Conv2d(32, 48, 1, bias=False), torch.nn.BatchNorm2d(48).eval()
+    bn.running_var.uniform_(0.5, 2)
+    img = torch.randn(2, 32, 4, 4) * 4
+    packed = packed_linear.linear(layer, x), packed_linear.pointwise(conv, img, bn, True)
+    real = torch.ops.mkldnn._linear_pointwise
+
+    def failing(rows, w, b, attr, scalars, algorithm):
+        if attr == broken:
+            raise RuntimeError(f"mkldnn::_linear_pointwise: {attr} is not supported")
+        return real(rows, w, b, attr, scalars, algorithm)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", failing)
+    monkeypatch.setattr(packed_linear, "_has_onednn", None)  # probe again
+    assert not packed_linear.has_onednn() and packed_linear.way() == "plain"
+    plain = packed_linear.linear(layer, x), packed_linear.pointwise(conv, img, bn, True)
+    assert torch.equal(plain[0], torch.nn.functional.linear(x, layer.weight, layer.bias))
+    assert torch.equal(plain[1], torch.nn.functional.relu6(bn(conv(img))))
+    for got, want in zip(plain, packed):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert (packed[1] == 6).any() and (packed[1] == 0).any()  # the clamp was exercised at both ends
+
+
 @pytest.mark.parametrize("bonus", [0.0, 3.0])
 def test_word_bias_at_once_equals_the_bias_of_each_step(bonus):
     """Evidence.word_bias (what a caption's log-probs are corrected by) computes every word's bias at once;

@@ -45,3 +45,18 @@ def test_a_short_run_draws_its_epoch_losses(tmp_path):
     assert loss_points(steps) == steps  # logged steps win when there are enough
     plot_history(log.path, tmp_path / "training.png")
     assert (tmp_path / "training.png").stat().st_size > 0
+
+
+def test_progress_without_a_terminal_prints_a_line_at_each_tenth(capsys):
+    """Where stderr is not a terminal (here: pytest's capture) progress is plain lines, never a bar's carriage
+    returns: one at each tenth of the way, the last one at the end, every item still yielded in order."""
+    from captioner.logs import progress
+
+    assert list(progress(range(25), "decoding")) == list(range(25))
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert "\r" not in err and 10 <= len(lines) <= 11, err
+    assert lines[-1].startswith("decoding: 25/25 batch (100%)") and all(line.startswith("decoding: ") for line in lines)
+    assert list(progress(iter(range(3)), "reading", enabled=False)) == [0, 1, 2] and capsys.readouterr().err == ""
+    list(progress(iter(range(3)), "reading", unit="photo"))  # no length: the count alone
+    assert capsys.readouterr().err.splitlines() == []  # no tenth to reach, and the minute has not passed

@@ -4,6 +4,7 @@ captioner-train will use, and captioner-caption's plain output carries a photo's
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,36 @@ def test_caption_prints_a_tiny_photos_note_beside_the_plain_caption(tmp_path, ca
     out, err = capsys.readouterr()
     assert out.startswith(str(tmp_path / "dot.png") + "\t")  # the caption line is unchanged ...
     assert "note: " in err and "dot.png" in err and "1x1" in err, err  # ... and the note says what was done
+
+
+def test_a_plain_caption_run_says_little_on_stderr_and_verbose_says_every_setting(capsys):
+    """`captioner-caption photo.jpg`: at most 400 characters on stderr, one short line that names the beam and
+    says --verbose lists every setting; a changed setting is named; --verbose prints each of them."""
+    from captioner.cli.caption import main
+    from captioner.config import DecodeConfig
+
+    assert main([str(CAT)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(str(CAT)) and len(err) <= 400 and "beam_size" in err and "--verbose" in err, err
+    assert main([str(CAT), "--decode", "block_trigrams=false"]) == 0
+    brief = capsys.readouterr().err
+    assert "block_trigrams False" in brief and "block_bigrams" not in brief and len(brief) <= 400, brief
+    assert main([str(CAT), "--verbose"]) == 0
+    verbose = capsys.readouterr().err
+    assert len(verbose) > 400 and all(f.name in verbose for f in dataclasses.fields(DecodeConfig)
+                                      if not f.name.startswith(("confidence_", "consensus_", "sure_at"))), verbose
+
+
+def test_a_captions_repr_is_a_line_or_two(capsys):
+    """repr(Caption) in a REPL: its text, how sure and its words, in at most 600 characters (the attention maps
+    and every other field stay in the object), also for a long explained sentence."""
+    model = captioner.load()
+    cap = model.caption(CAT)
+    text = repr(cap)
+    assert len(text) <= 600 and text.count("\n") <= 1 and cap.text in text and "confidence" in text, text
+    assert all(w in text for w in cap.words) and "array" not in text
+    long = model.explain(CAT, " ".join(["a cat sitting on a wall"] * 40))
+    assert len(repr(long)) <= 600 and repr(long).startswith("Caption("), repr(long)
 
 
 def test_explain_notes_an_unknown_word_once(capsys):

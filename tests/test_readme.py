@@ -78,3 +78,15 @@ def test_every_console_command_is_a_script_of_the_same_name_and_back():
         module, func = target.split(":")
         assert f"from {module} import {func}" in wrappers[script], f"scripts/{script} does not run {target}"
     assert all((ROOT / "scripts" / s).is_file() for s in SCRIPT_ONLY)  # the allow-list names real scripts
+
+
+def test_the_set_up_is_two_visible_commands_and_the_cpu_install_its_own():
+    """The set-up's first block: the install and the app's start, one line each (not one chained line); the
+    CPU-only install is a block of its own a reader can copy, not a command inside prose."""
+    setup = README.split("## Set-up", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.strip().splitlines() for b in re.findall(r"```bash\n(.*?)```", setup, re.S)]
+    assert blocks[0] == ["python3 -m venv .venv && .venv/bin/pip install -e .", ".venv/bin/streamlit run app.py"]
+    cpu = [b for b in blocks if any("download.pytorch.org/whl/cpu" in line for line in b)]
+    assert len(cpu) == 1 and len(cpu[0]) == 1 and cpu[0][0].endswith(".venv/bin/pip install -e .")
+    prose = re.sub(r"```.*?```", "", setup, flags=re.S)
+    assert "whl/cpu" not in prose

@@ -104,7 +104,7 @@ def test_caption_cli(trained, tmp_path):
     bad.write_text("not a photo")
     out = run("scripts/caption.py", str(photos[0]), str(bad), str(photos[1]), "--checkpoint",
               str(trained / "best.safetensors"), "--json", "--beam-size", "3", "--attention-dir", str(tmp_path / "att"),
-              ok=False)
+              "--verbose", ok=False)
     assert out.returncode != 0  # one image failed ...
     assert "notes.jpg" in out.stderr and "not an image" in out.stderr  # ... with a clear message ...
     lines = [json.loads(line) for line in out.stdout.splitlines()]

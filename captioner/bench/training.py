@@ -86,7 +86,7 @@ def _train_step(model, optimizer, batch, cfg, fast: bool, device, scaler=None) -
     train_step(objective, optimizer, batch, cfg, device, scaler=scaler)
 
 
-def _decoder_model(preset: Preset, compile_step: bool):
+def decoder_model(preset: Preset, compile_step: bool):
     from ..model.show_attend_tell import ShowAttendTell
     from ..model.decoder import Decoder
 
@@ -114,7 +114,7 @@ def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp
             batches = [naive_batch(b) for b in batches]
         batches = [b.to(device) for b in batches]
         torch.manual_seed(0)
-        model = _decoder_model(preset, compile_step).to(device).train()
+        model = decoder_model(preset, compile_step).to(device).train()
         optimizer = torch.optim.Adam(model.decoder.parameters(), lr=cfg.train.lr)
         reset_peak(device)
         log(f"train_cached/{mode}: {warmup} warm-up + {n_steps} timed steps of {n_caps} captions")
@@ -247,7 +247,7 @@ def bench_train_scst(preset: Preset, counts: Counts, device: torch.device, amp: 
     vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(preset.vocab - 4)])
     objective = SelfCritical(cfg, vocab, CiderD(refs))
     torch.manual_seed(0)
-    model = _decoder_model(preset, False).to(device).train()
+    model = decoder_model(preset, False).to(device).train()
     optimizer = torch.optim.Adam(model.decoder.parameters(), lr=5e-5)
     lengths: list[float] = []
     scaler = _scaler(device, cfg)

@@ -12,7 +12,8 @@ A FOLDER argument stands for its images (every format the parser reads: images.F
 captions the previous batch (caption_batch, --batch-size images at a time).
 
 Decode settings left out are the model file's own (its config.decode); --decode KEY=VALUE sets any of
-them. Every setting in use is printed on stderr (with --json: recorded in every line). A --json line
+them. One short line on stderr names the beam and the settings changed from the file's; --verbose prints every
+setting in use (with --json: recorded in every line). A --json line
 carries image, caption, words, word_log_probs and word_probs (each word's probability under the
 model), betas (each word's gate), log_prob and every decode setting; --maps adds the attention maps.
 
@@ -74,6 +75,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "cpu; under torchrun with GPUs, each process its own: cuda:LOCAL_RANK)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "auto"], default="float32",
                    help="compute type (auto: bfloat16 where the CPU/GPU computes it natively, 2-3x faster)")
+    p.add_argument("--verbose", action="store_true", help="print every decode setting in use on stderr (by "
+                   "default one short line: the beam and the settings changed from the model file's)")
     return p.parse_args(argv)
 
 
@@ -105,7 +108,7 @@ def check_options(args: argparse.Namespace) -> bool:
 def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
     """The model and the decode settings in use, or None after printing why not (exit code 2)."""
     import captioner
-    from captioner.cli.decode_options import decode_settings, describe, has_memory
+    from captioner.cli.decode_options import decode_settings, describe, describe_briefly, has_memory
 
     try:
         request = sample_request(args)
@@ -116,10 +119,12 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
     except (captioner.CheckpointError, OSError, ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return None
+    brief = describe_briefly(used, loaded.decode_settings(), sampling=request is not None)
     if request is not None:
-        print(sampling_line(request, describe(used, sampling=True)), file=sys.stderr)
+        print(sampling_line(request, describe(used, sampling=True) if args.verbose else brief), file=sys.stderr)
     elif args.explain is None:
-        print(f"decoding with {describe(used, consensus=has_memory(loaded))}", file=sys.stderr)
+        print(f"decoding with {describe(used, consensus=has_memory(loaded)) if args.verbose else brief}",
+              file=sys.stderr)
         if not used.confidence_fitted:
             print("note: this model file has no fitted confidence map: captions carry no confidence "
                   "(captioner-fit-selector --confidence fits one)", file=sys.stderr)
@@ -228,7 +233,7 @@ def plan(args: argparse.Namespace, rank: int = 0, world: int = 1) -> Plan | int:
     return Plan(todo, figures, animations, len(missing), len(mine) - len(todo))
 
 
-def describe(loaded: Any, images: list[Any], settings: dict[str, Any], sentence: str | None,
+def captions_for(loaded: Any, images: list[Any], settings: dict[str, Any], sentence: str | None,
              request: Any = None) -> list[list[Any]]:
     """Each image's captions: one decoded, --sample's drawn ones, or (--explain) the sentence explained on it."""
     if request is not None:
@@ -269,7 +274,7 @@ def caption_all(args: argparse.Namespace, loaded: Any, settings: dict[str, Any],
     bar = tqdm(total=len(planned.paths), desc="captioning", unit="photo", file=sys.stderr, disable=not progress)
     for batch in loaded_batches(planned.paths, args.batch_size):
         good = [(path, img) for path, img in batch if not isinstance(img, Exception)]
-        caps = describe(loaded, [img for _, img in good], settings, args.explain, request)
+        caps = captions_for(loaded, [img for _, img in good], settings, args.explain, request)
         with tqdm.external_write_mode(file=sys.stdout):  # the bar steps aside for the lines
             for path, err in batch:
                 if isinstance(err, Exception):

@@ -74,6 +74,18 @@ def describe(settings, sampling: bool = False, consensus: bool = True) -> str:
     return text if consensus or sampling else f"{text}, no consensus rerank (no consensus memory beside the file)"
 
 
+def describe_briefly(settings, stored, sampling: bool = False) -> str:
+    """'beam_size 5, max_len 30 (the model file's settings; --verbose lists every one)': the one short line a
+    command prints by default. It names the search's size and every setting the command line changed from the model
+    file's `stored` ones (describe lists them all); with `sampling`, none of the beam's (SEARCH_ONLY)."""
+    now, before = dataclasses.asdict(settings), dataclasses.asdict(stored)
+    changed = [k for k in now if now[k] != before.get(k) and not (sampling and k in SEARCH_ONLY)]
+    first = ("max_len",) if sampling else ("beam_size", "max_len")
+    text = ", ".join(f"{k} {now[k]}" for k in [*first, *(k for k in changed if k not in first)])
+    source = f"{len(changed)} changed from the model file's" if changed else "the model file's settings"
+    return f"{text} ({source}; --verbose lists every one)"
+
+
 def has_memory(loaded: Any) -> bool:
     """Whether a loaded Captioner carries a consensus memory (decoding reranks its beams only then)."""
     from captioner.decoding.consensus import memory_of

@@ -15,6 +15,9 @@ captions (captioner/evaluation/grounding.py). The boxes come from instances_X.js
 
 Decode settings left out are the model file's own (its config.decode); --decode KEY=VALUE sets any of
 them (e.g. --decode block_trigrams=false); the output JSON records every setting used. COCO results are labelled with the annotation file's split (captions_val2017.json -> val2017).
+
+Progress goes to stderr: a bar on a terminal, else a line at each tenth of the encoding and of the decoding
+(logs.progress), so a log file or a pipe shows how far it is.
 """
 from __future__ import annotations
 
@@ -55,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=captioner.default_device(), help="default: cuda when available, else cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="compute type of the whole model (bfloat16: faster on CPUs with AVX512-BF16/AMX and on GPUs)")
-    p.add_argument("--json", action="store_true", help="print one JSON object with the scores")
+    p.add_argument("--json", action="store_true", help="print one JSON object with the scores (the other lines "
+                   "and the progress go to stderr)")
     p.add_argument("--grounding", action="store_true",
                    help="coco: also the attention mass inside the boxes of the objects each word names")
     p.add_argument("--hallucination", action="store_true",
@@ -103,11 +107,12 @@ def _features(args: argparse.Namespace, loaded, records: list, label: str, say) 
     from captioner.evaluation.scoring import encode_records
 
     if not args.cache_dir:
-        return encode_records(loaded.model, records, loaded.preprocess, args.device, num_workers=2)
+        return encode_records(loaded.model, records, loaded.preprocess, args.device, num_workers=2,
+                              progress=True)
     part = f"{label}-first{args.limit}" if args.limit else label  # "val2017-first2", not "val20172"
     name = loaded.preprocess.cache_name(args.dataset, part, args.dtype)
     cache = build_cache(args.cache_dir, name, loaded.model.encoder, loaded.preprocess, records, args.device,
-                        log=say, progress=not args.json)
+                        log=say, progress=True)
     keep = [i for i, r in enumerate(records) if r.image_id not in set(cache.missing)]
     return (cache.features[keep] if len(keep) < len(records) else cache.features), keep
 
@@ -149,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"WARNING: {len(bad)} image(s) could not be read and are not scored: {', '.join(bad[:10])}")
     scored, t1 = [records[i] for i in keep], time.time()
     scores, preds, caps = evaluate_model(loaded.model, loaded.vocab, feats, scored, used, METRIC_KEYS, args.batch_size,
-                                         progress=not args.json, log=say)
+                                         progress=True, log=say)
     say(f"encoded {len(keep)} images in {t1 - t0:.1f}s, decoded (beam {used.beam_size}) and scored in "
         f"{time.time() - t1:.1f}s; captions -> {args.output}")
     if args.spice:

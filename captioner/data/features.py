@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 
 from ..config import ModelConfig
 from ..diskspace import reserve
+from ..logs import progress as progress_of
 from ..model.encoder import Encoder, Preprocess, build_preprocess
 from .cache_writer import cache_base, photo_loader, write_cache
 from .records import ImageRecord
@@ -130,13 +131,11 @@ def _encode_into(tmp: Path, shape: tuple[int, int, int], encoder: Encoder, loade
                  log: Callable[[str], None]) -> np.ndarray:
     """Encode every image into a new float16 .npy memory map at `tmp` (disk space reserved first;
     float32 from the first batch float16 cannot hold); which rows were filled (N,) bool."""
-    from tqdm import tqdm
-
     out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=shape)  # (N, P, D)
     reserve(tmp, out.offset + out.nbytes)
     seen = np.zeros(shape[0], dtype=bool)
     t0, done = time.time(), 0
-    for k, batch in enumerate(tqdm(loader, desc=desc, disable=not progress, unit="batch")):
+    for k, batch in enumerate(progress_of(loader, desc, enabled=progress)):
         if k == 3 and done:  # the first batches' pace (after warm-up) -> how long the whole cache takes
             rate = done / (time.time() - t0)
             log(f"{desc}: {rate:.1f} photos/s here, about {(shape[0] - done) / rate / 60:.1f} min for the rest "

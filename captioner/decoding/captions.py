@@ -18,6 +18,7 @@ import torch
 
 from ..concepts.imagenet import imagenet_head_or_none
 from ..config import DecodeConfig
+from ..logs import progress as progress_of
 from ..vocab import SpecialIds
 from .search import Hypothesis, decode
 from .consensus import memory_of
@@ -31,6 +32,13 @@ from ..model.show_attend_tell import ShowAttendTell
 from ..vocab import Vocab
 
 SMALL_PHOTO = 0.5  # a photo whose shorter side is below this share of the model's input side gets a note
+
+
+REPR_PART = 240  # characters of a Caption's repr for its text, and for its words: the whole repr stays a line or two
+
+
+def _clipped(text: str) -> str:
+    return text if len(text) <= REPR_PART else text[:REPR_PART - 3] + "..."
 
 
 class Alternative(NamedTuple):
@@ -106,6 +114,15 @@ class Caption:
 
     def __post_init__(self) -> None:
         self.alternatives = [Alternative(*a) for a in self.alternatives]  # (text, log_prob) pairs still welcome
+
+    def __repr__(self) -> str:
+        """One line (the dataclass's own repr printed every attention map): the text, how sure, the words."""
+        sure = "" if self.confidence is None else f", confidence={self.confidence:.2f}, sure={self.sure}"
+        words, cut = repr(self.words), repr(self.words).rfind(", ", 0, REPR_PART - 5)
+        if len(words) > REPR_PART:
+            words = words[:cut] + ", ...]" if cut > 0 else f"<{len(self.words)} words>"
+        return (f"Caption({_clipped(self.text)!r}{sure}, log_prob={self.log_prob:.2f}, words={words}, "
+                f"maps={tuple(np.shape(self.alphas))})")
 
     @property
     def sure(self) -> bool | None:
@@ -253,12 +270,10 @@ def captions_from_features(model: ShowAttendTell, feats: np.ndarray | torch.Tens
     of `batch_size` images on the decoder's device and in its dtype: decode, then dress. Where the encoder
     keeps its ImageNet head, settings.evidence biases the words and each Caption carries its photo's reading
     (reading.annotate); `reading`: the photos' HeadReading when already made (Photo), else read per batch."""
-    from tqdm import tqdm
-
     param = next(model.decoder.eval().parameters())
     _check_evidence(model, settings)
     out: list[Caption] = []
-    for k in tqdm(range(0, len(feats), batch_size), desc="decoding", disable=not progress, unit="batch"):
+    for k in progress_of(range(0, len(feats), batch_size), "decoding", enabled=progress):
         x = feats[k:k + batch_size]
         x = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x, dtype=np.float32))
         x = x.to(param.device, param.dtype)  # (b, P, D)

@@ -16,6 +16,7 @@ from ..decoding.captions import Caption, captions_from_features
 from ..config import DecodeConfig
 from ..data import ImageRecord
 from ..data.dataset import ImageDataset, readable
+from ..logs import progress as progress_of
 from .metrics import METRIC_KEYS, caption_defects, reference_repeats, score_captions
 from ..model.show_attend_tell import ShowAttendTell
 from ..model.encoder import Preprocess
@@ -26,15 +27,16 @@ Log = Callable[[str], None]
 
 @torch.no_grad()
 def encode_records(model: ShowAttendTell, records: Sequence[ImageRecord], preprocess: Preprocess, device: torch.device,
-                   batch_size: int = 32, num_workers: int = 0) -> tuple[torch.Tensor, list[int]]:
-    """Images -> features (N', P, D) for the readable ones, and their indices in `records`."""
+                   batch_size: int = 32, num_workers: int = 0, progress: bool = False) -> tuple[torch.Tensor, list[int]]:
+    """Images -> features (N', P, D) for the readable ones, and their indices in `records`; with `progress`, a bar
+    or lines on stderr (logs.progress)."""
     p = preprocess
     loader = DataLoader(ImageDataset(records, p.image_size, p.mean, p.std), batch_size=batch_size,
                         num_workers=num_workers, collate_fn=readable)
     model.eval()
     dtype = next(model.encoder.parameters()).dtype
     feats, idx = [], []
-    for batch in loader:
+    for batch in progress_of(loader, "encoding", enabled=progress):
         if batch:
             x = torch.stack([s[0] for s in batch]).to(device, dtype)  # (b, 3, S, S) in the model's dtype
             x = x.contiguous(memory_format=torch.channels_last)

@@ -11,14 +11,13 @@ The same photo, the same features: on a CPU in float32 without autograd, Efficie
 each pixel's row, with the batch norm after each folded into the product's weight and bias and relu6 as the
 product's clamp (packed_linear.pointwise). The product sums every row in one order: a photo's features are
 bit-identical at 1 and 2 threads and alone or in any batch (tests/test_encoder.py). oneDNN's own convolution is
-not: at 1 to 4 photos its 1x1 convolutions sum differently at 2 threads than at 1, and at 16 photos differently
-than at 1 (Lite2 at 260 px: the project convolutions from block 5 on and the head, each up to 1.3e-5 apart; the
-features up to 2.6e-5). The stem and the depthwise convolutions were identical already. Folding the batch norms
-and relu6 into the product saves their passes over the activations, so the rule is no slower than the three
-layers it replaces, at 1 and 2 threads, one photo or 16. The features move by float rounding (up to 4.9e-5); a
-feature cache (data/features.py) is keyed by the weights, not by how they are computed, and stays valid (it
-stores float16, whose step is far coarser). Autograd (tuning the top stages), a batch norm in training mode, bf16
-and GPUs keep the layers as written. ResNet's convolutions are torchvision's (oneDNN's), not covered by the rule.
+not: it splits its 1x1 convolutions' sums by thread count and batch size (the stem and the depthwise convolutions
+do not). Folding the batch norms and relu6 into the product saves their passes over the activations, so the rule
+is no slower than the three layers it replaces. The features move by float rounding; a feature cache
+(data/features.py) is keyed by the weights, not by how they are computed, and stays valid (it stores float16,
+whose step is far coarser). The measurements: docs/performance.md, "The same numbers at any thread count".
+Autograd (tuning the top stages), a batch norm in training mode, bf16 and GPUs keep the layers as written. ResNet's
+convolutions are torchvision's (oneDNN's), not covered by the rule.
 """
 from __future__ import annotations
 

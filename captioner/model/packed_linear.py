@@ -11,9 +11,9 @@ A pointwise convolution (1x1 kernel, stride 1, ungrouped, no padding: the encode
 convolutions) is the same product on rows: every pixel of x (B, C, h, w) is a row of C numbers. `pointwise(conv, x,
 bn, relu6)` computes it by the same rule, with an eval-mode batch norm after it folded into the packed weight and
 bias and relu6 as oneDNN's clamp of the result (elsewhere: F.conv2d, the batch norm, relu6). oneDNN's own
-convolution is not used there because it splits its sums over channels differently at 1 and 2 threads, and at 16
-photos than at 1 (the features differed by up to 2.6e-5); the packed product sums every row in the same order at any
-thread count and in any batch, and with the batch norms folded in it is no slower (model/encoder.py).
+convolution is not used there because it splits its sums over channels by thread count and batch size; the packed
+product sums every row in the same order at any thread count and in any batch, and with the batch norms folded in
+it is no slower (model/encoder.py; the measurements: docs/performance.md).
 
 A fixed rule means every process computes the same numbers: the same photo gives bit-identical captions,
 log-probs and choice scores in every process and at any thread count (tests/test_fast_decoding.py). The packed
@@ -36,17 +36,27 @@ _has_onednn: bool | None = None  # whether this torch runs the packed product (p
 
 
 def has_onednn() -> bool:
-    """Whether this build of torch has oneDNN's packed product (x86 and some ARM builds do)."""
+    """Whether this build of torch runs oneDNN's packed product in both forms used here (x86 and some ARM builds
+    do): the plain product and the clamped one (relu6), each with a bias. The ops are private (torch.ops.mkldnn),
+    so both forms are tried once on a small product with known results; where either fails or differs, every
+    product here is F.linear (or F.conv2d)."""
     global _has_onednn
     if _has_onednn is None:
-        try:
-            w = torch.ones(2, 2)
-            torch.ops.mkldnn._linear_pointwise(torch.ones(1, 2), torch.ops.mkldnn._reorder_linear_weight(w), None,
-                                               "none", [], "")
-            _has_onednn = torch.backends.mkldnn.is_available()
-        except (RuntimeError, AttributeError, NotImplementedError):  # not in this build of torch
-            _has_onednn = False
+        _has_onednn = torch.backends.mkldnn.is_available() and _probe()
     return _has_onednn
+
+
+def _probe() -> bool:
+    """Both forms of the private ops as `linear` and `pointwise` call them, checked against F.linear exactly."""
+    x, w, b = torch.tensor([[1.0, -2.0]]), torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([0.5, 12.0])
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w)
+        plain = torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+        clamped = torch.ops.mkldnn._linear_pointwise(x, packed, b, "hardtanh", [0.0, 6.0], "")
+    except (RuntimeError, AttributeError, NotImplementedError, TypeError):  # not in this build of torch
+        return False
+    want = F.linear(x, w, b)  # [[-2.5, 7.0]]: the clamp moves both ends
+    return torch.equal(plain, want) and torch.equal(clamped, want.clamp(0.0, 6.0))
 
 
 def way() -> str:

@@ -4,7 +4,12 @@
             before AdamW trained; with the default weight_decay 0 the two differ only in the split below)
     adamw   torch.optim.AdamW: decoupled weight decay (Loshchilov & Hutter 2019) on the matrices that multiply
             (linear, LSTM and convolution weights) only; biases, normalisation weights (every 1-D parameter) and
-            the word embeddings are not decayed, as in nanoGPT, timm and Hugging Face
+            the word embeddings are not decayed
+
+The embeddings are this project's own exception: nanoGPT decays every tensor of 2+ dimensions, embeddings
+included (its configure_optimizers), and timm and Hugging Face's Trainer leave out only biases and normalisation
+weights. Here a word's row gets a gradient only in the steps whose captions use the word, while decoupled decay
+shrinks every row at every step, so a rare word's row would shrink between its uses (docs/training.md).
 
 One group per learning rate (the decoder's train.lr, the encoder's train.encoder_lr), split in two by decay under
 adamw. Each group carries its `role` and whether it `decay`s, so a resumed command's new train.lr, encoder_lr or
