@@ -162,10 +162,10 @@ class TrainConfig:
             return 0
         return max(1, round(self.val_every_steps / max(world_size, 1)))
 
-    def out_of_patience(self, bad_epochs: int) -> bool:
-        """Whether early stopping ends the run after `bad_epochs` epochs without improvement (never when
+    def out_of_patience(self, bad_validations: int) -> bool:
+        """Whether early stopping ends the run after `bad_validations` epochs without improvement (never when
         early_stop_patience is 0: off)."""
-        return bool(self.early_stop_patience) and bad_epochs >= self.early_stop_patience
+        return bool(self.early_stop_patience) and bad_validations >= self.early_stop_patience
 
 
 @dataclass

@@ -209,12 +209,12 @@ def test_check_on_a_folder_of_another_thing_says_so_before_any_model(tmp_path, c
 
 
 def _epochs(photos: int, values: list[float], lr_decay: float = 0.5) -> tuple[object, list[str]]:
-    """end_epoch over a warm start (epoch 0) and trained epochs scoring `values` on `photos` val photos, with no
+    """after_validation over a warm start (epoch 0) and trained epochs scoring `values` on `photos` val photos, with no
     model file written (not the main rank): the run's state and its log lines, the last one chosen's."""
     from types import SimpleNamespace
 
     from captioner.config import Config
-    from captioner.training.best_epoch import best_epoch_line, end_epoch
+    from captioner.training.after_validation import best_line, after_validation
     from captioner.training.run import TrainState
     from captioner.training.sources import ValSet
 
@@ -226,15 +226,15 @@ def _epochs(photos: int, values: list[float], lr_decay: float = 0.5) -> tuple[ob
                           optimizer=SimpleNamespace(param_groups=[{"lr": 1e-3}]))
     for epoch, value in enumerate(values):
         run.state.epoch = epoch
-        end_epoch(run, value, False)
-    return run, logs + [best_epoch_line(run)]
+        after_validation(run, value, False)
+    return run, logs + [best_line(run)]
 
 
 def test_a_val_split_too_small_to_choose_keeps_the_last_epoch_and_says_so():
     """Five val photos (one a bus) chose epoch 0, the starting file before any step, and four minutes of training
     were thrown away without a sign. Below MIN_VAL_PHOTOS the last trained epoch is kept (no decay, no early stop)."""
     run, logs = _epochs(5, [1.666, 0.5, 0.4, 0.3])
-    assert run.state.best_epoch == 3 and run.optimizer.param_groups[0]["lr"] == 1e-3 and run.state.bad_epochs == 0
+    assert run.state.best_position == 3 and run.optimizer.param_groups[0]["lr"] == 1e-3 and run.state.bad_validations == 0
     assert logs[0].startswith("  the starting model's CIDEr 1.6660, for comparison only: 5 val photos are too few")
     assert logs[-2].startswith("  kept the last epoch (CIDEr 0.3000; 5 val photos are too few to compare epochs)")
     assert logs[-1] == ("best CIDEr 0.3000 at epoch 3, the last trained epoch (5 val photos are too few to choose by "
@@ -243,11 +243,11 @@ def test_a_val_split_too_small_to_choose_keeps_the_last_epoch_and_says_so():
 
 def test_the_starting_model_is_kept_only_with_a_log_that_says_why():
     run, logs = _epochs(50, [1.0, 0.5, 0.6])
-    assert run.state.best_epoch == 0 and "(the starting model before any step" in logs[0]
+    assert run.state.best_position == 0 and "(the starting model before any step" in logs[0]
     assert logs[-1].startswith("best CIDEr 1.0000 at epoch 0: the starting model (start.safetensors) before any "
                                "step, because none of the 2 trained epoch(s) beat it on the 50 val photos")
     run, logs = _epochs(50, [1.0, 1.2, 0.6])
-    assert run.state.best_epoch == 1 and logs[-1] == "best CIDEr 1.2000 at epoch 1"
+    assert run.state.best_position == 1 and logs[-1] == "best CIDEr 1.2000 at epoch 1"
 
 
 def test_a_taught_model_is_exported_with_its_starting_models_decode_settings_and_consensus_memory(tmp_path, capsys):

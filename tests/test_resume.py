@@ -47,7 +47,7 @@ def test_the_epoch_tally_adds_averages_resets_and_reads_a_flat_checkpoint():
     import json
 
     from captioner.training.objectives import Terms
-    from captioner.training.run import EpochTally, TrainState
+    from captioner.training.run import StepTally, TrainState
 
     state = TrainState()
     state.tally.add(Terms(torch.tensor(2.0), 10, {"xent": 2.0, "att": 0.5}, counts={"xent": 10, "att": 2}), 1)
@@ -61,7 +61,7 @@ def test_the_epoch_tally_adds_averages_resets_and_reads_a_flat_checkpoint():
     flat.update({f"epoch_{k}": v for k, v in saved["tally"].items()}, epoch_stats=means)
     assert TrainState.from_dict(flat) == state
     state.tally.reset()
-    assert state.tally == EpochTally() and state.tally.averages() == {"seconds": 0.0, "batches": 0}
+    assert state.tally == StepTally() and state.tally.averages() == {"seconds": 0.0, "batches": 0}
 
 
 def test_the_starting_file_is_read_once_per_run(monkeypatch):

@@ -5,6 +5,7 @@ leaves no temporary file after SIGTERM, and a start sweeps what a kill -9 left. 
 (scripts/train.py, scripts/prepare.py) on a few Flickr8k photos."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -172,7 +173,7 @@ def test_a_finished_run_writes_its_settings_and_val_metrics_to_the_hparams_tab(r
     assert {"hparam/final/CIDEr", "hparam/best/CIDEr", "hparam/final/val_loss", "hparam/best/epoch"} <= tags
     assert tags <= set(events.Tags()["scalars"])  # the tab shows a metric only where it is a scalar
     val = {r["epoch"]: r for r in read_jsonl(reference / "reference" / "metrics.jsonl") if r["kind"] == "val"}
-    best = load_checkpoint(reference / "reference" / "last.safetensors").train_state["state"]["best_epoch"]
+    best = load_checkpoint(reference / "reference" / "last.safetensors").train_state["state"]["best_position"]
     assert events.Scalars("hparam/final/CIDEr")[-1].value == pytest.approx(val[max(val)]["CIDEr"])
     assert events.Scalars("hparam/best/epoch")[-1].value == best
     assert events.Scalars("hparam/best/Bleu_4")[-1].value == pytest.approx(val[best]["Bleu_4"])
@@ -366,7 +367,7 @@ def test_early_stop_patience_zero_trains_every_epoch(tmp_path, patience, stops_a
     from types import SimpleNamespace
 
     from captioner.config import Config
-    from captioner.training.best_epoch import end_epoch, why_finished
+    from captioner.training.after_validation import after_validation, why_finished
     from captioner.training.run import TrainState
 
     cfg = Config()
@@ -378,7 +379,7 @@ def test_early_stop_patience_zero_trains_every_epoch(tmp_path, patience, stops_a
     stopped = None
     for epoch, value in enumerate([0.5, 0.4, 0.3, 0.3, 0.2, 0.1], start=1):
         run.state.epoch = epoch
-        if end_epoch(run, value, hit_max=False):
+        if after_validation(run, value, hit_max=False):
             stopped = epoch
             break
     assert stopped == stops_after and run.state.finished
@@ -389,15 +390,15 @@ def test_early_stop_patience_zero_trains_every_epoch(tmp_path, patience, stops_a
 
 
 def _keep_best_run(tmp_path, monkeypatch, values: list[float]):
-    """end_epoch after validations scoring `values` at steps 10, 20 ... with train.keep_best=2 (files written as
+    """after_validation after validations scoring `values` at steps 10, 20 ... with train.keep_best=2 (files written as
     text) -> the run."""
     from types import SimpleNamespace
 
-    import captioner.training.best_epoch as best_epoch
+    import captioner.training.after_validation as after_validation
     from captioner.config import Config
     from captioner.training.run import TrainState
 
-    monkeypatch.setattr(best_epoch, "save_checkpoint", lambda path, *a, **k: path.write_text("weights"))
+    monkeypatch.setattr(after_validation, "save_checkpoint", lambda path, *a, **k: path.write_text("weights"))
     cfg = Config()
     cfg.train.keep_best, cfg.train.epochs, cfg.train.early_stop_patience = 2, 6, 0
     run = SimpleNamespace(cfg=cfg, state=TrainState(history=[{}]), out=tmp_path, vocab=None,
@@ -406,7 +407,7 @@ def _keep_best_run(tmp_path, monkeypatch, values: list[float]):
                           optimizer=SimpleNamespace(param_groups=[{"lr": 1e-3}]))
     for epoch, value in enumerate(values, start=1):
         run.state.epoch, run.state.step = epoch, 10 * epoch
-        best_epoch.end_epoch(run, value, hit_max=False)
+        after_validation.after_validation(run, value, hit_max=False)
     return run
 
 
@@ -435,15 +436,18 @@ def test_validations_an_epoch_are_the_same_on_1_2_and_8_processes(every, photos_
     from types import SimpleNamespace
 
     from captioner.config import Config
-    from captioner.training.engine import _validates_at_step
+    from captioner.training.engine import _validation_due
+    from captioner.training.run import TrainState
 
     cfg = Config()
-    cfg.train.val_every_steps = every
+    cfg.train.val_every_steps, cfg.train.epochs = every, 3
     counts = {}
     for world in (1, 2, 8):
-        run = SimpleNamespace(cfg=cfg, place=SimpleNamespace(world_size=world))
+        run = SimpleNamespace(cfg=cfg, place=SimpleNamespace(world_size=world), state=TrainState())
         steps = -(-photos // (photos_a_step * world))  # an epoch's optimizer steps on `world` processes
-        counts[world] = sum(_validates_at_step(run, s) for s in range(1, steps + 1))
+        counts[world] = 0
+        for run.state.step in range(1, steps + 1):  # the first of three epochs: its end is not the run's
+            counts[world] += _validation_due(run, epoch_end=run.state.step == steps)
     assert max(counts.values()) - min(counts.values()) <= 1 and counts[1] >= 1, counts
 
 
@@ -475,7 +479,7 @@ def _kept(run_dir: Path) -> dict:
     state = load_checkpoint(run_dir / "last.safetensors").train_state["state"]
     return {"best": {k: v.clone() for k, v in best.model_state.items()}, "best_val": best.metrics["val"]["Bleu_1"],
             "best_step": best.metrics["step"], "files": sorted(p.name for p in run_dir.glob("best_step*")),
-            "state": {k: state[k] for k in ("best_metric", "best_epoch", "best_step", "kept_best", "lr", "step")}}
+            "state": {k: state[k] for k in ("best_metric", "best_position", "best_step", "kept_best", "lr", "step")}}
 
 
 @pytest.fixture(scope="module")
@@ -514,7 +518,7 @@ def test_a_run_validated_every_n_steps_resumes_to_the_same_numbers_and_best(step
     tmp, out = step_reference, f"stopped_{where.replace(' ', '_').replace(',', '')}"
     quiet = {"log": lambda _: None, "progress": False}
     if where == "after the validation, before its save":
-        stop, real = StopAfter(0), engine.end_epoch
+        stop, real = StopAfter(0), engine.after_validation
 
         def end_then_stop(run, value, hit_max):
             decided = real(run, value, hit_max)
@@ -522,7 +526,7 @@ def test_a_run_validated_every_n_steps_resumes_to_the_same_numbers_and_best(step
                 stop.inner.request(signal.SIGINT)  # outside a step: raised at once
             return decided
 
-        monkeypatch.setattr(engine, "end_epoch", end_then_stop)
+        monkeypatch.setattr(engine, "after_validation", end_then_stop)
     else:
         stop = StopAfter(3 if where == "with its validation owed" else 4)
     with pytest.raises(Interrupted):
@@ -548,3 +552,29 @@ def _scalar_steps(run_dir: Path) -> dict[str, list[int]]:
     steps = {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
     assert all(len(set(s)) == len(s) for s in steps.values()), {t: s for t, s in steps.items() if len(set(s)) < len(s)}
     return steps
+
+
+@pytest.mark.slow
+def test_a_checkpoint_saved_with_the_counts_named_for_epochs_resumes_to_the_same_numbers(step_reference):
+    """A last.safetensors whose train state still says bad_epochs and best_epoch (the layout before the counts were
+    named for validations: bad_validations, best_position) resumes as today's does: the same records and best."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    import captioner.training.engine as engine
+    from captioner.training.run import RENAMED
+
+    tmp, out = step_reference, "stopped_old_layout"
+    with pytest.raises(Interrupted):
+        engine.fit(_step_validated(tmp, out), stop=StopAfter(4), log=lambda _: None, progress=False)
+    last = tmp / out / "last.safetensors"
+    with safe_open(str(last), framework="pt") as f:
+        meta = dict(f.metadata())
+    state = json.loads(meta["train_state"])
+    old = {v: k for k, v in RENAMED.items()}
+    state["state"] = {old.get(k, k): v for k, v in state["state"].items()}
+    assert {"bad_epochs", "best_epoch"} <= set(state["state"]) and "bad_validations" not in state["state"]
+    save_file(load_file(str(last)), str(last), metadata={**meta, "train_state": json.dumps(state)})
+    engine.fit(_step_validated(tmp, out), log=lambda _: None, progress=False)
+    assert _records(tmp / out) == _records(tmp / "reference")
+    assert _kept(tmp / out)["state"] == _kept(tmp / "reference")["state"]

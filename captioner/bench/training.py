@@ -166,7 +166,7 @@ def bench_train_encoder(preset: Preset, counts: Counts, device: torch.device, am
             groups.append({"params": list(enc.parameters()), "lr": cfg.train.encoder_lr})
         else:
             enc.requires_grad_(False)
-            enc.eval()  # frozen: ImageNet batch-norm statistics, as train_one_epoch does
+            enc.eval()  # frozen: ImageNet batch-norm statistics, as train_to_validation does
         optimizer = torch.optim.Adam(groups)
         warmup = counts.warmup
         shapes = Preset(preset.name, preset.vocab, encoder, image_size, grid, enc.out_dim, preset.embed_dim,

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
             code = _train(argv, stop)
             returning = True
         return code
-    except Interrupted as e:  # Ctrl-C or SIGTERM: a step in training is saved first (engine.train_one_epoch)
+    except Interrupted as e:  # Ctrl-C or SIGTERM: a step in training is saved first (engine.train_to_validation)
         return _stopped(e.name, e.where or STARTING, e.code)
     except KeyboardInterrupt:
         if not returning:  # with the handler in place a signal never raises it: code raised it, let it through

@@ -1,12 +1,14 @@
-"""Training engine, read top-down: the whole run, one epoch, one optimiser step, then the checkpoints.
+"""Training engine, read top-down: the whole run, its steps up to each validation, one optimiser step, then the
+checkpoints. Like nanoGPT's one step loop with its eval_interval, validation falls where one rule says
+(_validation_due: after each epoch, or every train.val_every_steps steps and at the run's end):
 
     fit(cfg)                    build_run (run.py): the run's context, one object (Run): the config, the
                                 place (place.py: device, rank, log), the model and data sides, the state
-      _train(run)               while epochs remain:
-        _train_epoch(run)         the epoch's steps up to its end or the next validation (train.val_every_steps),
-                                  unless the resume point says a validation is owed
-          train_one_epoch           batch by batch from the resume point -> _one_step -> train_step
-        _close_validation(run)    validate (validation.py), keep best / decay / stop (best_epoch.py), save
+      _train(run)               until the run is finished:
+        _train_steps(run)         the steps from where the run stands to the next validation due or the epoch's end,
+                                  unless the resume point says a validation is owed (state.validating)
+          train_to_validation       batch by batch from the resume point -> _one_step -> train_step
+        _close_validation(run)    validate (validation.py), keep best / decay / stop (after_validation.py), save
 
 Beside the loop, not threaded through it: stopping.py (a stop request becomes a saved step and Interrupted),
 watch.py (log lines, TensorBoard), save_last / keep_epoch (checkpoints), rng.py (every random state).
@@ -14,8 +16,8 @@ watch.py (log lines, TensorBoard), save_last / keep_epoch (checkpoints), rng.py 
 The objective (objectives.py: cross-entropy or self-critical) is a callable of one shape, so the loop
 never branches on what it optimises. fit() resumes from `last.safetensors` after an interruption,
 keeps `best.safetensors` chosen on the validation metric of DECODED captions (validation.py, never
-teacher-forced scores) after each epoch or every train.val_every_steps steps, decays the learning rate and
-stops early on that metric (best_epoch.py: with too few val
+teacher-forced scores) at each validation, decays the learning rate and
+stops early on that metric (after_validation.py: with too few val
 photos the metric chooses nothing, the last epoch is kept, and the log says so) or decays it per step
 (schedule.py: warmup, cosine, linear), and writes
 metrics.jsonl, TensorBoard events (watch.py) and training.png next to the checkpoints. A stop request
@@ -44,13 +46,13 @@ from .precision import amp_dtype, describe, grad_scaler, training_autocast
 from .schedule import lr_scale, total_steps
 from .run import (RESUMES, Log, Run, TrainingError, TrainState, build_run, check_ranks_in_sync, encoder_train_mode,
                   epoch_position)
-from .best_epoch import announce_small_val, best_epoch_line, end_epoch, validate_warm_start, why_finished
+from .after_validation import announce_small_val, best_line, after_validation, validate_warm_start, why_finished
 from .stopping import NEVER, Interrupted, StopSignal
 from .validation import validate
 from .watch import hparams_of
 
-__all__ = ["TrainingError", "TrainState", "Interrupted", "fit", "train_one_epoch", "train_step", "validate",
-           "end_epoch", "training_autocast", "amp_dtype", "grad_scaler"]
+__all__ = ["TrainingError", "TrainState", "Interrupted", "fit", "train_to_validation", "train_step", "validate",
+           "after_validation", "training_autocast", "amp_dtype", "grad_scaler"]
 
 
 # ---------------------------------------------------------------- the whole run
@@ -77,7 +79,7 @@ def _train(run: Run) -> dict[str, Any]:
     cfg, state, place = run.cfg, run.state, run.place
     if state.finished:
         place.log(f"{run.last_path}: this run already finished (best {cfg.train.val_metric} "
-                  f"{state.best_metric:.4f} at epoch {state.best_epoch}; {why_finished(state, cfg)}); nothing to do")
+                  f"{state.best_metric:.4f} at epoch {state.best_position}; {why_finished(state, cfg)}); nothing to do")
         return state.to_dict()
     place.log(f"training on {place.device}: {len(run.dataset)} images, objective {cfg.train.objective}, "
               f"{run.steps_per_epoch} batches/epoch/rank{_accumulated(cfg)}, {_source(cfg)}, "
@@ -94,43 +96,49 @@ def _train(run: Run) -> dict[str, Any]:
         validate_warm_start(run)
     while state.validating or state.epoch < cfg.train.epochs:
         if not state.validating:  # the resume point (TrainState): steps remain before the next validation
-            _train_epoch(run)
+            _train_steps(run)
         if state.validating and _close_validation(run):
             break
-    run.watch.hparams(*hparams_of(cfg.to_dict(), state.history, state.best_epoch), state.step)
-    place.log(f"done: {best_epoch_line(run)} -> {run.best_path}")
+    run.watch.hparams(*hparams_of(cfg.to_dict(), state.history, state.best_position), state.step)
+    place.log(f"done: {best_line(run)} -> {run.best_path}")
     return state.to_dict()
 
 
-def _train_epoch(run: Run) -> None:
-    """The epoch's steps from where it stands (a resumed epoch, or one that went on after a validation inside it,
-    starts at state.batch_in_epoch) to its end or to a validation due inside it (train.val_every_steps), then saved:
-    the steps are on disk before their validation, which a stop may cut short. An epoch that goes on after such a
-    validation reads on from there as a resumed one does, so a stop at any step resumes to the same numbers."""
+def _train_steps(run: Run) -> None:
+    """The steps from where the run stands (a resumed epoch, or one that goes on after a validation inside it,
+    starts at state.batch_in_epoch) to the next validation due (_validation_due) or the epoch's end, then saved:
+    the steps are on disk before their validation, which a stop may cut short. An epoch that goes on after a
+    validation inside it reads on from there as a resumed one does, so a stop at any step resumes to the same
+    numbers."""
     state, place = run.state, run.place
     run.sampler.set_epoch(state.epoch)
     skip = run.batches.start = state.batch_in_epoch
-    train_one_epoch(run, _loader(run), skip=skip)
-    if state.validating:  # a validation inside the epoch (saved by train_one_epoch)
+    train_to_validation(run, _loader(run), skip=skip)
+    if state.validating:  # a validation inside the epoch (saved by train_to_validation)
         return
     _check_weights_finite(run.model, state.step)
     if place.world_size > 1:
         check_ranks_in_sync(run.model, place.world_size)
         place.log(f"parameters identical across {place.world_size} ranks after step {state.step}")
     state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-    state.validating = _validates_at_epoch_end(run)
+    state.validating = _validation_due(run, epoch_end=True)
     if not state.validating:  # train.val_every_steps: an epoch's end between validations still keeps its weights
         with averaged(run.ema, run.model):
             keep_epoch(run)
     save_last(run)
 
 
-def _validates_at_epoch_end(run: Run) -> bool:
-    """Whether an epoch's end is validated: always per epoch (train.val_every_steps 0); with val_every_steps where
-    the step is due, and at the run's end (its last epoch, train.max_steps), so the last steps are validated too."""
+def _validation_due(run: Run, epoch_end: bool) -> bool:
+    """THE rule for when the run validates, asked after each step inside an epoch and at each epoch's end: at every
+    epoch's end (train.val_every_steps 0); else every TrainConfig.val_interval steps (one process's
+    val_every_steps, scaled by the number of processes), inside epochs too, and at the run's end (its last epoch,
+    train.max_steps), so the last steps are validated too."""
     t, state = run.cfg.train, run.state
-    return (not t.val_every_steps or _validates_at_step(run, state.step) or state.epoch >= t.epochs
-            or bool(t.max_steps and state.step >= t.max_steps))
+    every = t.val_interval(run.place.world_size)
+    if not every:
+        return epoch_end
+    run_ends = (epoch_end and state.epoch >= t.epochs) or bool(t.max_steps and state.step >= t.max_steps)
+    return state.step % every == 0 or run_ends
 
 
 def _close_validation(run: Run) -> bool:
@@ -139,7 +147,7 @@ def _close_validation(run: Run) -> bool:
     cfg, state = run.cfg, run.state
     hit_max = bool(cfg.train.max_steps and state.step >= cfg.train.max_steps)
     with averaged(run.ema, run.model):  # train.ema_decay: the average is validated, kept as best and per epoch
-        stop = end_epoch(run, validate(run, state.tally.averages()), hit_max)
+        stop = after_validation(run, validate(run, state.tally.averages()), hit_max)
         if not state.batch_in_epoch:  # at an epoch's end
             keep_epoch(run)
     state.validating = False
@@ -150,15 +158,16 @@ def _close_validation(run: Run) -> bool:
     return stop
 
 
-# ---------------------------------------------------------------- one epoch: its steps in order
+# ---------------------------------------------------------------- the steps up to a validation, in order
 
-def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str, float]:
-    """One pass over `loader` (already starting at batch `skip` when resuming) -> epoch averages of
-    the objective's logged terms (each weighted by what it is a mean over: Terms.count), seconds and batches.
-    The sums live in the train state (its tally), so an epoch stopped and resumed averages exactly what an
+def train_to_validation(run: Run, loader: Sequence | Any, skip: int = 0) -> None:
+    """The epoch's steps over `loader` (already starting at batch `skip` when resuming) up to a step due for
+    validation inside the epoch (_validation_due) or the epoch's end. A step due for validation ends the pass
+    there, saved with state.validating set, for _train to validate before the epoch reads on. The objective's
+    logged terms are summed in the train state (its tally, each weighted by what it is a mean over:
+    Terms.count) until the validation reads them, so a run stopped and resumed averages exactly what an
     uninterrupted one does. A stop request is honoured after the step it arrives in: that step is saved, then
-    Interrupted is raised. A step due for validation inside the epoch (train.val_every_steps) ends the pass there:
-    saved with state.validating set, for _train to validate before the epoch reads on."""
+    Interrupted is raised."""
     from tqdm import tqdm
 
     cfg, state, model, place = run.cfg, run.state, run.model, run.place
@@ -177,8 +186,8 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
                 _one_step(run, micro, per_epoch - (i + 1), per_epoch, total)
             if cfg.train.max_steps and state.step >= cfg.train.max_steps:
                 break
-            # train.val_every_steps inside the epoch (its last step is the epoch's end: _train_epoch)
-            state.validating = bool(micro) and i + 1 < per_epoch and _validates_at_step(run, state.step)
+            # a validation inside the epoch (its last step is the epoch's end: _train_steps)
+            state.validating = bool(micro) and i + 1 < per_epoch and _validation_due(run, epoch_end=False)
             saved = _save_after_step(run, micro, t0)
             t0 = time.time() if saved else t0
             if signum := run.stop.pending(place.world_size, place.device):
@@ -191,14 +200,6 @@ def train_one_epoch(run: Run, loader: Sequence | Any, skip: int = 0) -> dict[str
                 break
     bar.close()
     state.tally.seconds += time.time() - t0
-    return state.tally.averages()
-
-
-def _validates_at_step(run: Run, step: int) -> bool:
-    """Whether optimizer step `step` is due for validation by train.val_every_steps (TrainConfig.val_interval: one
-    process's steps, so N processes validate every N-th as many of theirs)."""
-    n = run.cfg.train.val_interval(run.place.world_size)
-    return bool(n) and step % n == 0
 
 
 def _scaled(cfg: Config, world_size: int) -> str:
@@ -280,7 +281,7 @@ def train_step(objective: Callable[[Any], Terms], optimizer: torch.optim.Optimiz
     # the norm before clipping (logged); max_norm inf when clipping is off: measured, not clipped
     terms.grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf)
     try:
-        _adam_step(optimizer, lr_scale, scaler)
+        _optimizer_step(optimizer, lr_scale, scaler)
     except RuntimeError as e:  # e.g. overflow with an absurd learning rate
         raise TrainingError(f"optimizer step failed{where} ({e}); the last good checkpoint is kept. "
                             "Check train.lr.") from None
@@ -313,7 +314,7 @@ def _sync_unless(objective: Any, last: bool):
     return contextlib.nullcontext() if last or no_sync is None else no_sync()
 
 
-def _adam_step(optimizer: torch.optim.Optimizer, lr_scale: float, scaler: torch.amp.GradScaler | None) -> None:
+def _optimizer_step(optimizer: torch.optim.Optimizer, lr_scale: float, scaler: torch.amp.GradScaler | None) -> None:
     """optimizer.step() at each group's lr x lr_scale; the groups keep their levels (plateau decays, a resumed
     command's new train.lr), so the schedule stays a function of the step alone."""
     levels = [g["lr"] for g in optimizer.param_groups]

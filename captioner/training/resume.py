@@ -97,7 +97,7 @@ def reopen(state: Any, cfg: Config, log: Callable[[str], None]) -> None:
     if not state.finished:
         return
     t = cfg.train
-    done = (state.epoch >= t.epochs or t.out_of_patience(state.bad_epochs)
+    done = (state.epoch >= t.epochs or t.out_of_patience(state.bad_validations)
             or bool(t.max_steps and state.step >= t.max_steps))
     if not done:
         state.finished = False

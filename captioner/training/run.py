@@ -44,9 +44,10 @@ class TrainingError(RuntimeError):
 
 
 @dataclass
-class EpochTally:
-    """The current epoch's running sums, saved mid-epoch so that a resumed epoch averages what an uninterrupted one
-    does; kept until the epoch's validation has read them (averages), then reset."""
+class StepTally:
+    """The running sums of the steps since the previous validation, saved with every checkpoint so that a resumed
+    run averages what an uninterrupted one does; kept until the next validation has read them (averages), then
+    reset."""
 
     sums: dict[str, float] = field(default_factory=dict)  # each logged term x what it is a mean over
     counts: dict[str, float] = field(default_factory=dict)  # what each sum's log is a mean over (Terms.count)
@@ -63,14 +64,17 @@ class EpochTally:
             self.counts[k] = self.counts.get(k, 0.0) + terms.count(k)
 
     def averages(self) -> dict[str, float]:
-        """The epoch's mean of each logged term, its seconds and batches (what validation logs beside its scores)."""
+        """The steps' mean of each logged term, their seconds and batches (what validation logs beside its scores)."""
         counts = {k: self.counts.get(k, self.weight) for k in self.sums}
         return {**{k: v / max(counts[k], 1) for k, v in self.sums.items()}, "seconds": self.seconds,
                 "batches": self.batches}
 
     def reset(self) -> None:
-        """Every field back to its start, for the next epoch."""
-        self.__dict__.update(vars(EpochTally()))
+        """Every field back to its start, for the steps up to the next validation."""
+        self.__dict__.update(vars(StepTally()))
+
+
+RENAMED = {"bad_epochs": "bad_validations", "best_epoch": "best_position"}  # a saved state's old keys -> today's
 
 
 @dataclass
@@ -85,14 +89,14 @@ class TrainState:
     step: int = 0
     lr: float = 0.0
     best_metric: float = -math.inf
-    best_epoch: float = -1  # where the best validation stood in epochs (epoch_position: 1.5 inside epoch 2)
+    best_position: float = -1  # where the best validation stood in epochs (epoch_position: 1.5 inside epoch 2)
     best_step: int = -1  # its optimizer step
-    bad_epochs: int = 0
-    since_decay: int = 0
+    bad_validations: int = 0  # validations since the best (early stopping counts them)
+    since_decay: int = 0  # validations since the learning rate last decayed (plateau decay counts them)
     history: list[dict[str, Any]] = field(default_factory=list)
     finished: bool = False
-    validating: bool = False  # the epoch's steps are done and saved, its validation is not (a stop came)
-    tally: EpochTally = field(default_factory=EpochTally)  # the current epoch's sums, until its validation
+    validating: bool = False  # a validation is due here: the steps before it are saved, it has not ended
+    tally: StepTally = field(default_factory=StepTally)  # the sums of the steps since the previous validation
     kept_best: list[list[float]] = field(default_factory=list)  # train.keep_best: [val metric, step] of each file
 
     def stopped_at(self) -> str:
@@ -108,14 +112,15 @@ class TrainState:
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> "TrainState":
-        """A saved state. A checkpoint written before the tally holds its fields flat (epoch_sums, epoch_counts,
-        epoch_weight, epoch_batches, epoch_seconds) and the finished epoch's averages (epoch_stats), which the
-        tally's own averages reproduce."""
-        saved = dict(saved)
+        """A saved state. Older checkpoints still resume: one written while the counts were named for epochs holds
+        bad_epochs and best_epoch (now bad_validations and best_position, RENAMED); one written before the tally
+        holds its fields flat (epoch_sums, epoch_counts, epoch_weight, epoch_batches, epoch_seconds) and the
+        finished epoch's averages (epoch_stats), which the tally's own averages reproduce."""
+        saved = {RENAMED.get(k, k): v for k, v in saved.items()}
         flat = {k: saved.pop(f"epoch_{k}") for k in ("sums", "counts", "weight", "batches", "seconds")
                 if f"epoch_{k}" in saved}
         saved.pop("epoch_stats", None)
-        tally = EpochTally(**(saved.pop("tally", None) or flat))
+        tally = StepTally(**(saved.pop("tally", None) or flat))
         return cls(**saved, tally=tally)
 
 

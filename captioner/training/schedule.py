@@ -1,7 +1,7 @@
 """The learning rate per optimizer step (train.schedule, train.warmup_steps, train.min_lr).
 
 The optimiser's param groups hold each group's LEVEL: train.lr and train.encoder_lr, multiplied by
-train.lr_decay at each plateau (best_epoch.end_epoch, schedule plateau only). The rate a step uses is
+train.lr_decay at each plateau (after_validation.after_validation, schedule plateau only). The rate a step uses is
 level x lr_scale(step): a pure function of the step about to be taken, so a resumed run (whose state.step
 and stored levels are the stopped run's) uses exactly the rates an uninterrupted one does, with no
 scheduler object to save. With plateau and no warmup the scale is 1: today's behaviour, number for number.

@@ -130,15 +130,15 @@ BOOKKEEPING = {"kind", "epoch", "step", "lr", "grad_norm", "time", "captions_per
 NOT_METRICS = {"kind", "epoch", "step", "time", "seconds", "batches"}  # a val record's bookkeeping
 
 
-def hparams_of(config: dict[str, dict[str, Any]], history: Sequence[dict[str, Any]], best_epoch: int
+def hparams_of(config: dict[str, dict[str, Any]], history: Sequence[dict[str, Any]], best_position: float
                ) -> tuple[dict[str, Any], dict[str, float]]:
     """(settings, metrics) for the HParams tab: every scalar setting of the resolved config ("train.lr": 3e-3;
     lists and unset values are left out) and the val metrics of the last epoch ("hparam/final/CIDEr") and of the
     best one ("hparam/best/CIDEr", and its epoch) from the run's history of val records."""
     settings = {f"{section}.{k}": v for section, values in config.items() for k, v in values.items()
                 if isinstance(v, (bool, int, float, str))}
-    best = next((r for r in history if r.get("epoch") == best_epoch), None)
-    metrics = {"hparam/best/epoch": float(best_epoch)} if best else {}
+    best = next((r for r in history if r.get("epoch") == best_position), None)
+    metrics = {"hparam/best/epoch": float(best_position)} if best else {}
     for which, record in (("final", history[-1] if history else None), ("best", best)):
         for k, v in (record or {}).items():
             if k not in NOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):

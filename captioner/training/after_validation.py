@@ -1,6 +1,7 @@
-"""The decisions after each validation (engine.fit calls end_epoch; a validation ends an epoch, or falls every
-train.val_every_steps steps, inside epochs too): which validation's weights `best.safetensors` holds, when the
-learning rate decays and when the run stops early (patience counted in validations), and the log lines that say why.
+"""The decisions after each validation (engine._close_validation calls after_validation; engine._validation_due says
+when one falls: at each epoch's end, or every train.val_every_steps steps, inside epochs too): which validation's
+weights `best.safetensors` holds, when the learning rate decays and when the run stops early (patience counted in
+validations), and the log lines that say why.
 
 The validation metric chooses only where it can: with fewer val photos than evaluation.metrics.MIN_VAL_PHOTOS
 (tens of own photos split by name leave a handful) one caption moves the score by more than epochs differ, so the
@@ -35,7 +36,7 @@ def announce_small_val(run: Run) -> None:
                       + "a split file, or more photos in the folder) let the scores choose")
 
 
-def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
+def after_validation(run: Run, value: float, hit_max: bool) -> bool:
     """Keep the best checkpoint, decay the learning rate, decide on early stopping -> stop?
     With too few val photos (few_val_photos) the scores choose nothing: the last trained epoch is kept, the
     learning rate never decays and no epoch stops the run early; the starting model (epoch 0 of a warm start)
@@ -47,8 +48,8 @@ def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
         log(f"  the starting model's {name} {value:.4f}, for comparison only: {few} val photos are too few to "
             "choose by, so best.safetensors will be the last trained epoch")
     elif few or value > state.best_metric:
-        state.best_metric, state.best_epoch, state.best_step = value, at, state.step
-        state.bad_epochs, state.since_decay = 0, 0
+        state.best_metric, state.best_position, state.best_step = value, at, state.step
+        state.bad_validations, state.since_decay = 0, 0
         if run.place.main:
             meta = {"val": state.history[-1], "epoch": at, "step": state.step, "objective": cfg.train.objective}
             save_checkpoint(run.best_path, cfg, run.vocab, run.model.state_dict(), metrics=meta, then=RESUMES)
@@ -60,7 +61,7 @@ def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
                      if starting else "")
             log(f"  new best {name} {value:.4f} -> {run.best_path}{start}")
     else:
-        state.bad_epochs += 1
+        state.bad_validations += 1
         state.since_decay += 1
         plateau = cfg.train.schedule == "plateau"  # cosine/linear decay per step (schedule.py), not here
         if plateau and state.since_decay >= cfg.train.lr_patience and cfg.train.lr_decay < 1:
@@ -71,10 +72,10 @@ def end_epoch(run: Run, value: float, hit_max: bool) -> bool:
     if not (few and starting):
         keep_best(run, value, few)
     state.lr = run.optimizer.param_groups[0]["lr"]
-    stop = cfg.train.out_of_patience(state.bad_epochs) or hit_max
+    stop = cfg.train.out_of_patience(state.bad_validations) or hit_max
     if stop:
         log(f"reached train.max_steps={cfg.train.max_steps}" if hit_max else
-            f"early stopping: no {cfg.train.val_metric} improvement for {state.bad_epochs} {validations(cfg)}")
+            f"early stopping: no {cfg.train.val_metric} improvement for {state.bad_validations} {validations(cfg)}")
     state.finished = stop or state.epoch >= cfg.train.epochs
     return stop
 
@@ -83,7 +84,7 @@ def keep_best(run: Run, value: float, few: int) -> None:
     """train.keep_best=k: the k best validated weights by the val metric as best_step<S>.safetensors (S the optimizer
     step), the others deleted; their (value, step) list is in the train state, so a resumed run keeps the same
     files. With too few val photos to choose by (few) the last k are kept. Tied values rank by the rule that picks
-    best.safetensors (end_epoch: only a better value replaces it): the earlier first, so the best file is always
+    best.safetensors (after_validation: only a better value replaces it): the earlier first, so the best file is always
     one of the kept ones."""
     k, state = run.cfg.train.keep_best, run.state
     if not k:
@@ -104,8 +105,8 @@ def keep_best(run: Run, value: float, few: int) -> None:
 
 def validate_warm_start(run: Run) -> None:
     """train.extend_vocab: epoch 0 is the warm start before any step, validated like an epoch (how often it
-    says the new words on val before training) and the first best where the scores can choose (end_epoch)."""
-    end_epoch(run, validate(run, {"seconds": 0.0, "batches": 0}), False)
+    says the new words on val before training) and the first best where the scores can choose (after_validation)."""
+    after_validation(run, validate(run, {"seconds": 0.0, "batches": 0}), False)
 
 
 def validations(cfg: Config) -> str:
@@ -117,22 +118,22 @@ def why_finished(state: TrainState, cfg: Config) -> str:
     """Which stopping rule ended a finished run, and the setting that would let it go on."""
     if cfg.train.max_steps and state.step >= cfg.train.max_steps:
         return f"train.max_steps={cfg.train.max_steps} reached: raise it to go on"
-    if cfg.train.out_of_patience(state.bad_epochs):
-        return (f"stopped early after {state.bad_epochs} {validations(cfg)} without improvement: raise "
+    if cfg.train.out_of_patience(state.bad_validations):
+        return (f"stopped early after {state.bad_validations} {validations(cfg)} without improvement: raise "
                 "train.early_stop_patience to go on")
     return f"{state.epoch} of train.epochs={cfg.train.epochs} done: raise train.epochs to train longer"
 
 
-def best_epoch_line(run: Run) -> str:
+def best_line(run: Run) -> str:
     """Which epoch best.safetensors holds and why, for the run's last line: the starting model (epoch 0) is
     named as such, so that a run whose trained epochs all lost to it never looks like a trained one."""
     cfg, state = run.cfg, run.state
-    best = f"best {cfg.train.val_metric} {state.best_metric:.4f} at epoch {state.best_epoch}"
+    best = f"best {cfg.train.val_metric} {state.best_metric:.4f} at epoch {state.best_position}"
     if cfg.train.val_every_steps and state.best_step >= 0:
-        best = f"best {cfg.train.val_metric} {state.best_metric:.4f} at step {state.best_step} (epoch {state.best_epoch})"
+        best = f"best {cfg.train.val_metric} {state.best_metric:.4f} at step {state.best_step} (epoch {state.best_position})"
     if few := few_val_photos(run):
         return f"{best}, the last trained epoch ({few} val photos are too few to choose by their scores)"
-    if state.best_epoch == 0:
+    if state.best_position == 0:
         photos = sum(len(vs.records) for vs in run.val_sets)
         return (f"{best}: the starting model ({cfg.train.init_from or 'train.init_from'}) before any step, because "
                 f"none of the {state.epoch} trained epoch(s) beat it on the {photos} val photos (the last one's weights "
