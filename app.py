@@ -20,6 +20,7 @@ import sys
 import streamlit as st
 
 from captioner.ui import checkpoints
+from captioner.ui.html import PAGE_STYLE
 from captioner.ui.page_photo import caption_panel
 from captioner.ui.page_sidebar import sidebar
 from captioner.ui.page_workbench import compare_panel, workbench_panel
@@ -28,6 +29,7 @@ from captioner.ui.page_workbench import compare_panel, workbench_panel
 def main() -> None:
     """The page, top to bottom (Streamlit runs this file again on every interaction)."""
     st.set_page_config(page_title="Show, Attend and Tell", page_icon=":frame_with_picture:", layout="wide")
+    st.html(PAGE_STYLE)  # no blank band above the title
     st.title("Show, Attend and Tell")
     st.caption("Image captioning with soft attention: for every word, the heat map shows where in the photo "
                "the model was looking when it chose that word.")

@@ -179,8 +179,13 @@ def shown_beta(caption: "Caption", i: int) -> float | None:
 def word_title(word: str, beta: float | None, prob: float | None = None) -> str:
     """'dog  p=0.61  β=0.82': the word, its probability under the model and its gate (each left out when
     unknown)."""
-    p = "" if prob is None else f"  p={prob:.2f}" if prob >= 0.01 else f"  p={prob:.0e}"  # "p=3e-03", never "p=0.00"
+    p = "" if prob is None else f"  {prob_text(prob)}"
     return word + p + ("" if beta is None else f"  β={beta:.2f}")
+
+
+def prob_text(prob: float) -> str:
+    """'p=0.61'; a tiny probability as 'p=3e-03', never 'p=0.00'."""
+    return f"p={prob:.2f}" if prob >= 0.01 else f"p={prob:.0e}"
 
 
 def word_prob(caption: "Caption", i: int) -> float | None:
@@ -241,7 +246,7 @@ def scale_png(width: float = 7.0) -> bytes:
 
 def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opacity: float = 1.0,
                      smooth: float = 0.0, panel_width: float = 2.6, mode: str = "bilinear",
-                     title: str | None = None) -> "Figure":
+                     title: str | None = None, outline: bool = True) -> "Figure":
     """One panel per word (plus the photo), each the photo under that word's light mask (overlay), titled with
     the word, its probability and its gate beta (grey below LOW_BETA; the mask scaled by beta), the caption on top
     (or `title`: an explained sentence says it is one) and a scale below. Each panel shows the
@@ -276,7 +281,8 @@ def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opac
             ax.set_title("input", fontsize=10)
         elif k < n:
             beta = word_beta(caption, k - 1)
-            ax.imshow(letterbox(overlay(image, caption.alphas[k - 1], opacity, smooth, beta=beta, mode=mode)))
+            ax.imshow(letterbox(overlay(image, caption.alphas[k - 1], opacity, smooth, beta=beta, mode=mode,
+                                                 outline=outline)))
             low = beta is not None and beta < LOW_BETA
             ax.set_title(word_title(caption.words[k - 1], shown_beta(caption, k - 1), word_prob(caption, k - 1)),
                          fontsize=10, color="0.55" if low else "black")
