@@ -31,7 +31,7 @@ def main() -> None:
     st.set_page_config(page_title="Show, Attend and Tell", page_icon=":frame_with_picture:", layout="wide")
     st.html(PAGE_STYLE)  # no blank band above the title
     st.title("Show, Attend and Tell")
-    st.caption("Image captioning with soft attention: for every word, the heat map shows where in the photo "
+    st.caption("Image captioning with soft attention: for every word, the lit part of the photo shows where "
                "the model was looking when it chose that word.")
     # the operator, not a visitor, decides which folders the page may load from (README: deploying the app)
     folders = tuple(checkpoints.operator_folders(sys.argv[1:], os.environ.get("CAPTIONER_CHECKPOINT_DIRS")))

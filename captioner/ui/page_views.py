@@ -84,7 +84,7 @@ def caption_summary(cap: captioner.Caption, evidence: bool, length_penalty: floa
         st.markdown(line, unsafe_allow_html=True)
         st.caption("β: the gate that scales how much of the attended image reaches each word (Xu et al. 2015, "
                    "4.2.1). Faint words (low β) drew less on the photo than the others; their "
-                   "heat maps are drawn fainter in proportion.")
+                   "overlays are drawn fainter in proportion.")
     elif visualize.gate_open(cap):
         st.caption(f"The gate β (Xu et al. 2015, 4.2.1: how much of the attended image reaches a word) is open for "
                    f"every word of this caption (β ≥ {visualize.GATE_OPEN}): each word saw the whole attended "
