@@ -33,7 +33,7 @@ SCALE_CAPTION = ("Lit and outlined: the smallest part of the photo that holds ha
 
 def scale_legend() -> None:
     """The overlays' scale (the figures' own, visualize.scale_png) with its words."""
-    st.image(visualize.scale_png(), caption=SCALE_CAPTION, width=560)
+    st.image(visualize.scale_png(), caption=SCALE_CAPTION, width=720)
 
 
 def draw(image, alpha, view: View, beta: float | None = None):

@@ -218,29 +218,31 @@ def scale_rows(n: int = 256) -> np.ndarray:
     return np.concatenate([brightness(m, np.ones_like(m, bool)), brightness(m, np.zeros_like(m, bool))])
 
 
-def _scale(fig: "Figure", bottom: float, tall: float) -> None:
-    """The light mask's scale in the figure band [bottom, bottom + tall] (figure fractions): a ramp per row
-    (the half-attention region, the rest) from no attention to the word's own peak, with its words."""
-    ax = fig.add_axes((0.4, bottom, 0.22, tall))
+def _scale(fig: "Figure", bottom: float, tall: float, left: float = 0.4, wide: float = 0.22) -> None:
+    """The light mask's scale in the figure band [bottom, bottom + tall] (figure fractions), its ramp at
+    [left, left + wide]: a ramp per row (the half-attention region, the rest) from no attention to the word's own
+    peak, with its words either side."""
+    ax = fig.add_axes((left, bottom, wide, tall))
     ax.imshow(scale_rows(), cmap="gray", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_label("scale")
     for row, words in enumerate(SCALE_WORDS[:2]):
-        fig.text(0.39, bottom + tall * (0.75 - 0.5 * row), words, ha="right", va="center", fontsize=9)
-    fig.text(0.63, bottom + tall / 2, SCALE_WORDS[2], ha="left", va="center", fontsize=9)
+        fig.text(left - 0.01, bottom + tall * (0.75 - 0.5 * row), words, ha="right", va="center", fontsize=9)
+    fig.text(left + wide + 0.01, bottom + tall / 2, SCALE_WORDS[2], ha="left", va="center", fontsize=9)
 
 
 @functools.lru_cache(maxsize=1)
-def scale_png(width: float = 7.0) -> bytes:
-    """The figures' scale alone (the app shows it beside its overlays), as PNG bytes."""
+def scale_png(width: float = 9.0) -> bytes:
+    """The figures' scale alone (the app shows it beside its overlays), as PNG bytes: its words fit `width`
+    inches."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, SCALE_INCHES))
-    _scale(fig, 0.2, 0.6)
+    _scale(fig, 0.2, 0.6, left=0.28, wide=0.22)
     return figure_png(fig, dpi=110)
 
 
