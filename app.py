@@ -21,6 +21,7 @@ import streamlit as st
 
 from captioner.cli import sum_in_one_order
 from captioner.ui import checkpoints
+from captioner.ui.html import PAGE_STYLE
 from captioner.ui.page_photo import caption_panel
 from captioner.ui.page_sidebar import sidebar
 from captioner.ui.page_workbench import compare_panel, workbench_panel
@@ -30,8 +31,9 @@ def main() -> None:
     """The page, top to bottom (Streamlit runs this file again on every interaction)."""
     sum_in_one_order()  # before the first product: the same numbers at any thread count
     st.set_page_config(page_title="Show, Attend and Tell", page_icon=":frame_with_picture:", layout="wide")
+    st.html(PAGE_STYLE)  # no blank band above the title
     st.title("Show, Attend and Tell")
-    st.caption("Image captioning with soft attention: for every word, the heat map shows where in the photo "
+    st.caption("Image captioning with soft attention: for every word, the lit part of the photo shows where "
                "the model was looking when it chose that word.")
     # the operator, not a visitor, decides which folders the page may load from (README: deploying the app)
     folders = tuple(checkpoints.operator_folders(sys.argv[1:], os.environ.get("CAPTIONER_CHECKPOINT_DIRS")))

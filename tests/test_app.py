@@ -20,6 +20,7 @@ from PIL import Image
 
 import captioner
 from captioner.ui import gallery
+from captioner.ui.page_views import SCALE_CAPTION
 from captioner import images
 
 pytest.importorskip("streamlit.testing.v1", reason="streamlit's AppTest is not available")
@@ -70,13 +71,14 @@ def sure_lines(at: AppTest) -> list[str]:
     return [x for x in said if x.startswith(("Sure: ", "Not sure (")) or x == NO_CONFIDENCE]
 
 
-BETA = re.compile(r" \(β=(\d\.\d\d)\)$")  # the gate beta after a word: "3. dog (β=0.82)"
+BETA = re.compile(r" \(β=(\d\.\d\d)\)$")  # the gate beta after a word: "3. dog p=0.61 (β=0.82)"
+PROB = re.compile(r" p=(\d\.\d\d|\de-\d\d)\b")  # the word's probability: "3. dog p=0.61", "p=3e-03"
 
 
 def word_overlays(at: AppTest) -> list[str]:
-    """Captions of the per-word grid images without their beta, '1. word', '2. word', ..."""
+    """Captions of the per-word grid images without their probability and beta, '1. word', '2. word', ..."""
     caps = [c for im in at.image for c in im.captions]
-    return [BETA.sub("", c) for c in caps if c.split(". ", 1)[0].isdigit()]
+    return [PROB.sub("", BETA.sub("", c)) for c in caps if c.split(". ", 1)[0].isdigit()]
 
 
 def overlay_betas(at: AppTest) -> list[float]:
@@ -124,6 +126,10 @@ def check_captioned(at: AppTest, require_words: bool = True) -> list[str]:
         assert beta_line(at) == list(zip(words, betas))
     large = [c for im in at.image for c in im.captions if c.startswith("where “") and " looked (word " in c]
     assert len(large) == (1 if words else 0)
+    if words:  # the views carry what the figure carries: each word's probability and the overlays' scale
+        grid = [c for im in at.image for c in im.captions if c.split(". ", 1)[0].isdigit()]
+        assert all(PROB.search(c) for c in grid + large), grid + large
+        assert len([im for im in at.image if SCALE_CAPTION in im.captions]) >= 2  # the word view's, each grid's
     labels = [b.label for b in at.download_button]
     assert any("PNG" in lb for lb in labels) and any("JSON" in lb for lb in labels), labels
     return words
@@ -926,6 +932,39 @@ def test_several_photos_make_a_gallery_and_one_opens_below(bundled, app):
     opener = next(s for s in at.selectbox if s.label.startswith("Open a photo"))
     opener.set_value(1).run()
     assert caption_text(at) == expected[1].text and photo_caption(at).startswith("coffee.jpg (600x400)")
+
+
+def test_an_unsure_card_in_the_gallery_looks_different_from_a_sure_one(bundled, app):
+    """A sure caption is a plain line with a quiet note under it; an unsure one is a warning box that says
+    "Not sure" and why (they looked alike)."""
+    at = app.run()
+    noise = Image.fromarray(np.random.default_rng(0).integers(0, 255, (200, 260, 3), dtype=np.uint8))
+    files = [("cat.jpg", (EXAMPLES / "cat.jpg").read_bytes(), "image/jpeg"), ("noise.png", png_bytes_of(noise), "image/png")]
+    sure, unsure = bundled.caption_batch([EXAMPLES / "cat.jpg", noise])
+    assert sure.sure is True and unsure.sure is False  # the bundled model's own verdicts on these two
+    at.file_uploader[1].set_value(files).run()
+    no_problems(at)
+    plain = [m.value for m in at.markdown if m.value.startswith("“")]
+    boxed = [w.value for w in at.warning if f"“{unsure.text}”" in w.value]
+    assert f"“{sure.text}”" in plain and f"“{unsure.text}”" not in plain
+    assert len(boxed) == 1 and boxed[0].startswith("**Not sure:**") and unsure.doubt in boxed[0]
+    assert not any(f"“{sure.text}”" in w.value for w in at.warning)
+
+
+def test_the_last_uploader_given_files_is_the_photo_on_screen(app):
+    """A gallery empties the single uploader (it kept its old file beside the gallery), and a single photo
+    given while the gallery shows empties the gallery's uploader and opens that photo."""
+    at = app.run()
+    cat, coffee = ((n, (EXAMPLES / n).read_bytes(), "image/jpeg") for n in ("cat.jpg", "coffee.jpg"))
+    at.file_uploader[0].set_value(cat).run()
+    assert photo_caption(at).startswith("cat.jpg")
+    at.file_uploader[1].set_value([cat, coffee]).run()
+    no_problems(at)
+    assert any(h.value == "2 photos" for h in at.header) and not at.file_uploader[0].value
+    at.file_uploader[0].set_value(coffee).run()
+    no_problems(at)
+    assert not any(h.value.endswith(" photos") for h in at.header) and not at.file_uploader[1].value
+    assert photo_caption(at).startswith("coffee.jpg")
 
 
 def test_more_photos_than_a_batch_holds_get_a_message(app):

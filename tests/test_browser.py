@@ -150,13 +150,15 @@ def _caption_shown(page) -> str:
     return head.inner_text().split("”")[0].lstrip("“").strip()
 
 
-BETA = re.compile(r" \(β=(\d\.\d\d)\)$")  # the gate beta after a word: "3. dog (β=0.82)"
+BETA = re.compile(r" \(β=(\d\.\d\d)\)$")  # the gate beta after a word: "3. dog p=0.61 (β=0.82)"
+PROB = re.compile(r" p=(\d\.\d\d|\de-\d\d)\b")  # the word's probability: "3. dog p=0.61"
 
 
 def _overlay_captions(page, with_beta: bool = False) -> list[str]:
     caps = page.locator('[data-testid="stImageCaption"]').all_inner_texts()
     caps = [c.strip() for c in caps if c.strip().split(". ", 1)[0].isdigit()]
-    return caps if with_beta else [BETA.sub("", c) for c in caps]
+    assert all(PROB.search(c) for c in caps), caps  # every word's probability, as the figure's titles
+    return caps if with_beta else [PROB.sub("", BETA.sub("", c)) for c in caps]
 
 
 def _check_betas(page, words: list[str]) -> list[float] | None:
@@ -221,7 +223,9 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             betas = _check_betas(page, words)
             # every overlay is a loaded picture with the photo's aspect ratio (600x400)
             # (the animation, folded in its expander, has its own frame size: not one of these)
-            images = page.locator('[data-testid="stImage"]').filter(has_not_text="word by word").locator("img")
+            # (the overlays' scale, shown with its words under the large view and above each grid, neither)
+            images = page.locator('[data-testid="stImage"]').filter(has_not_text="word by word").filter(
+                has_not_text="Lit and outlined").locator("img")
             # the explained sentence's grid is folded away (a shorter page); opened, it streams in after the
             # caption's: wait for its last word's overlay
             page.get_by_text("Where each word of the sentence looked").first.click()

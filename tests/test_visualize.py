@@ -155,9 +155,10 @@ def test_the_light_mask_dims_without_tinting_and_figures_carry_a_scale_and_proba
     white = Image.new("RGB", (60, 60), (255, 255, 255))
     a = np.zeros((3, 3), np.float32)
     a[0, 0] = 1.0
-    lit = np.asarray(visualize.overlay(white, a, opacity=0.6), np.int32)
+    lit = np.asarray(visualize.overlay(white, a, outline=False), np.int32)
     assert (lit[..., 0] == lit[..., 1]).all() and (lit[..., 1] == lit[..., 2]).all()  # grey levels only: no tint
-    assert lit[5, 5, 0] == 255 and abs(lit[55, 55, 0] - 255 * 0.4) <= 1  # the peak as is, the rest dimmed by 0.6
+    # the peak as is, the rest (outside the half-attention region, no attention) dimmed to the scale's darkest
+    assert lit[5, 5, 0] == 255 and abs(lit[55, 55, 0] - 255 * visualize.scale_rows()[1, 0]) <= 1
     cap = caption()
     cap.word_log_probs = np.log(np.array([0.5, 0.25], np.float32))
     fig = visualize.attention_figure(photo(), cap, title=visualize.explained_title("a dog"))
@@ -166,6 +167,38 @@ def test_the_light_mask_dims_without_tinting_and_figures_carry_a_scale_and_proba
     assert fig._suptitle.get_text().startswith('explained: "a dog"')
     scale = [ax for ax in fig.axes if ax.images and not ax.get_title()]
     assert len(scale) == 1 and scale[0].get_label() == "scale"
-    assert any("looked least" in t.get_text() for t in fig.texts) and any("looked most" in t.get_text() for t in fig.texts)
+    words = [t.get_text() for t in fig.texts]
+    assert all(w in words for w in visualize.SCALE_WORDS) and "peak" in visualize.SCALE_WORDS[2]
     assert visualize.word_title("cup", None, 0.003) == "cup  p=3e-03"  # a tiny probability is not "0.00"
     assert visualize.attention_figure(photo(), cap)._suptitle.get_text() == cap.text  # a caption: as written
+
+
+def test_the_half_attention_region_is_lit_and_the_rest_dimmed():
+    """A synthetic map whose half of the attention sits in a known block of cells: that block, and only it, is
+    the half-attention region, and the default overlay draws it at least 2.5x brighter than the rest on a
+    uniform photo (the contrast the app promises: bench/overlay_contrast.py measures it on real photos)."""
+    from captioner.bench.overlay_contrast import region_contrast, word_contrast
+
+    a = np.full((7, 7), 0.5 / 45, np.float32)  # the other half spread over 45 cells ...
+    a[2:4, 3:5] = 0.5 / 4  # ... half of it in these 4 cells
+    cells = visualize.half_mass_cells(a)
+    assert cells.sum() == 4 and cells[2:4, 3:5].all()
+    region = visualize.cells_on_photo(cells, 70, 70)
+    assert region.sum() == 400 and region[20:40, 30:50].all()
+    grey = Image.new("RGB", (70, 70), (180, 180, 180))
+    assert region_contrast(grey, region) == pytest.approx(1.0)  # the bare photo does not tell them apart
+    for mode in visualize.MODES:
+        drawn = lambda im, al, b, mode=mode: visualize.overlay(im, al, beta=b, mode=mode)  # noqa: E731
+        assert word_contrast(grey, a, None, drawn) >= 2.5, mode
+    assert word_contrast(grey, a, 0.0) == pytest.approx(1.0)  # a closed gate: nothing drawn
+    # a flat map: no region stands out and the drawing invents none
+    flat = visualize.overlay(grey, np.full((7, 7), 1 / 49, np.float32))
+    assert np.ptp(np.asarray(flat, np.int32)) <= 1
+
+
+def test_the_light_mask_is_linear_in_attention_on_each_side_of_the_region():
+    """No contrast curve: along a ramp of attention the kept brightness rises in equal steps (linear in the
+    word's attention relative to its peak) inside the region and outside it, and never falls."""
+    rows = visualize.scale_rows(11)
+    assert np.allclose(np.diff(rows[0]), np.diff(rows[0])[0]) and np.allclose(np.diff(rows[1]), np.diff(rows[1])[0])
+    assert rows[0, -1] == pytest.approx(1.0) and (rows[1] < rows[0]).all() and (np.diff(rows) > 0).all()

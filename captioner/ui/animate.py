@@ -41,7 +41,7 @@ def _text_lines(draw: ImageDraw.ImageDraw, words: list[str], font, width: int) -
     return lines
 
 
-def frame(image: Image.Image, caption: "Caption", k: int, opacity: float = 0.6, side: int = SIDE) -> Image.Image:
+def frame(image: Image.Image, caption: "Caption", k: int, opacity: float = 1.0, side: int = SIDE) -> Image.Image:
     """The frame of word k: the photo (longer side `side`) with word k's attention over it, and below it the
     words 1..k of the caption, word k in bold colour, the rest of the sentence not yet written."""
     photo = image.convert("RGB")
@@ -70,7 +70,7 @@ def frame(image: Image.Image, caption: "Caption", k: int, opacity: float = 0.6, 
     return out
 
 
-def caption_animation(image: Image.Image, caption: "Caption", fmt: str = "gif", opacity: float = 0.6,
+def caption_animation(image: Image.Image, caption: "Caption", fmt: str = "gif", opacity: float = 1.0,
                       side: int = SIDE, frame_ms: int = FRAME_MS) -> bytes:
     """The animation's bytes: one frame per caption word (an empty caption: one frame of the photo)."""
     if fmt not in FORMATS:

@@ -63,3 +63,8 @@ def cell_strip(cap: "Caption", row: int, col: int) -> str:
              f'background:rgba(255,80,0,{a / top:.2f})">{html.escape(w)}<br><small>{a:.3f}</small></span>'
              for w, a in zip(cap.words, att)]
     return f'<div class="cell-strip" style="font-size:1.1em;line-height:1.3">{"".join(boxes)}</div>'
+
+
+# the page's own style: Streamlit leaves a blank band (6rem) above the first element, the title, under its small
+# toolbar; 2.5rem keeps clear of the toolbar
+PAGE_STYLE = "<style>[data-testid='stMainBlockContainer'] { padding-top: 2.5rem; }</style>"

@@ -23,22 +23,38 @@ def photo_input(settings: Settings) -> Shown:
     MAX_PHOTO_MB, is an error (a stop when it is the only photo)."""
     col_upload, col_example = st.columns([3, 2])
     with col_upload:
-        uploaded = st.file_uploader(f"Upload a photo ({format_names(' or ')})", type=UPLOAD_TYPES)
+        uploaded = st.file_uploader(f"Upload a photo ({format_names(' or ')})", type=UPLOAD_TYPES,
+                                    key=uploader_key("upload"), on_change=empty_uploader,
+                                    args=("upload", "batch_upload"))
     # the batch and the camera come below: their last values say whether one of them is what the page shows
-    elsewhere = bool(st.session_state.get("batch_upload")) or bool(st.session_state.get("camera_on") and
-                                                                   st.session_state.get("camera_shot") is not None)
+    elsewhere = bool(st.session_state.get(uploader_key("batch_upload"))) or bool(
+        st.session_state.get("camera_on") and st.session_state.get("camera_shot") is not None)
     with col_example:
         example = st.selectbox("... or pick an example photo", list(EXAMPLES), index=0,
                                disabled=uploaded is not None or elsewhere,
                                help="Used when no photo is uploaded, no gallery is shown and no camera photo taken.")
     batch = st.file_uploader(f"... or several photos at once (up to {gallery.MAX_PHOTOS}): a gallery",
-                             type=UPLOAD_TYPES, accept_multiple_files=True, key="batch_upload") or []
+                             type=UPLOAD_TYPES, accept_multiple_files=True, key=uploader_key("batch_upload"),
+                             on_change=empty_uploader, args=("batch_upload", "upload")) or []
     shot = None
     if st.toggle("Take a photo with the camera", value=False, key="camera_on",
                  help="The browser asks for the camera only when this is on; the photo taken is used instead of "
                       "an upload or an example."):
         shot = st.camera_input("Camera", key="camera_shot")
     return chosen_photo(settings, shot, uploaded, batch, example)
+
+
+def uploader_key(name: str) -> str:
+    """The widget key of an uploader ("upload": one photo, "batch_upload": the gallery's), renewed by
+    empty_uploader."""
+    return f"{name}_{st.session_state.get(name + '_round', 0)}"
+
+
+def empty_uploader(given: str, other: str) -> None:
+    """When uploader `given` is given files, empties the `other` (a new key is a new, empty widget): the single
+    uploader kept its old file while the gallery showed, and a new single photo was hidden behind the gallery."""
+    if st.session_state.get(uploader_key(given)):
+        st.session_state[other + "_round"] = st.session_state.get(other + "_round", 0) + 1
 
 
 def chosen_photo(settings: Settings, shot, uploaded, batch: list, example: str) -> Shown:
@@ -86,15 +102,8 @@ def gallery_panel(settings: Settings, photos: list[Shown]) -> Shown:
     side = gallery.thumbnail_side(len(photos), GALLERY_COLUMNS)
     columns = st.columns(GALLERY_COLUMNS)
     for i, (photo, cap) in enumerate(zip(photos, caps)):
-        with columns[i % GALLERY_COLUMNS]:
-            st.image(shrink(photo.image, side), caption=f"{i + 1}. {photo.name}")
-            st.markdown(f"“{html.escape(cap.text)}”" if cap.words else "“” (empty caption)")
-            if cap.confidence is not None:
-                st.caption(texts.sure_line(cap.confidence, cap.sure, cap.doubt))
-            if cap.concepts:
-                st.caption(f"sees (P ≥ {THRESHOLD}) " + gallery.top_concepts(cap))
-            for note in cap.notes:
-                st.caption(note)
+        with columns[i % GALLERY_COLUMNS], st.container(border=True):
+            gallery_card(f"{i + 1}. {photo.name}", shrink(photo.image, side), cap)
     items = [(p.name, c) for p, c in zip(photos, caps)]
     csv_col, json_col, zip_col = st.columns(3)
     csv_col.download_button("Download all captions (CSV)", data=gallery.batch_csv(items), file_name="captions.csv",
@@ -109,6 +118,24 @@ def gallery_panel(settings: Settings, photos: list[Shown]) -> Shown:
     k = st.selectbox("Open a photo: its overlays and workbench below", range(len(photos)),
                      format_func=lambda i: f"{i + 1}. {photos[i].name}", key="gallery_open")
     return photos[k]
+
+
+def gallery_card(label: str, thumb, cap: captioner.Caption) -> None:
+    """One photo of the gallery: its thumbnail, caption, how sure, concepts and notes. An unsure caption is a
+    warning box with the reason, marked "Not sure", never the plain line a sure one is."""
+    st.image(thumb, caption=label)
+    said = f"“{html.escape(cap.text)}”" if cap.words else "“” (empty caption)"
+    if cap.sure is False:
+        st.warning(f"**Not sure:** {said}  \n{texts.sure_line(cap.confidence, cap.sure, cap.doubt)}",
+                   icon=":material/help:")
+    else:
+        st.markdown(said)
+        if cap.confidence is not None:
+            st.caption(texts.sure_line(cap.confidence, cap.sure, cap.doubt))
+    if cap.concepts:
+        st.caption(f"sees (P ≥ {THRESHOLD}) " + gallery.top_concepts(cap))
+    for note in cap.notes:
+        st.caption(note)
 
 
 def caption_or_stop(settings: Settings, photo: Shown) -> captioner.Caption:

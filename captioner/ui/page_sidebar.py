@@ -81,9 +81,13 @@ def decode_settings(loaded: captioner.Captioner) -> Decode:
 
 
 def view_settings() -> View:
-    """The "Attention maps" widgets: opacity, smoothing and rendering of every overlay on the page."""
+    """The "Attention maps" widgets: opacity, outline, smoothing and rendering of every overlay on the page."""
     st.header("Attention maps")
-    opacity = st.slider("Overlay opacity", min_value=0.0, max_value=1.0, value=0.6, step=0.05)
+    opacity = st.slider("Overlay opacity", min_value=0.0, max_value=1.0, value=1.0, step=0.05,
+                        help="How strongly the photo is dimmed outside where each word looked (0: the bare photo).")
+    outline = st.toggle("Outline where half of each word's attention is", value=True,
+                        help="The smallest region of the photo that holds half the word's attention, lit and "
+                             "outlined; the rest dimmed.")
     smooth = st.slider("Smoothing (grid cells)", min_value=0.0, max_value=2.0, value=0.0, step=0.1,
                        help="Gaussian blur of the upsampled attention map, in units of one attention cell.")
     mode = st.selectbox("Map rendering", list(visualize.MODES),
@@ -91,4 +95,4 @@ def view_settings() -> View:
                         help="How the coarse attention grid is stretched over the photo: bilinear interpolation "
                              "between cell centres, or each cell as a flat block (the grid as computed). Neither "
                              "invents detail finer than one cell.")
-    return View(opacity, smooth, mode)
+    return View(opacity, smooth, mode, outline)

@@ -30,7 +30,7 @@ EXAMPLES = {"Cat": "cat.jpg", "Coffee": "coffee.jpg", "Astronaut": "astronaut.jp
 # page, so the box showed the refused file beside the last one and the page the last photo's error.
 MAX_PHOTO_MB = 20
 UPLOAD_TYPES = file_extensions()  # exactly what load_image reads (images.FORMATS), as its errors list them
-GRID_COLUMNS = 4
+GRID_COLUMNS = 3  # the per-word grid: three a row, so that each word's region reads at a glance
 GRID_SIDE = 320  # grid overlays are drawn on a copy of the photo at most this many pixels on a side
 FIGURE_SIDE = 400  # the downloadable figure's panels likewise
 GALLERY_COLUMNS = 4  # cards per row when several photos are uploaded
@@ -45,6 +45,7 @@ class View(NamedTuple):
     opacity: float
     smooth: float
     mode: str  # one of visualize.MODES
+    outline: bool = True  # outline each word's half-attention region
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ def shrink(image, side: int):
 def figure_bytes(image, cap: captioner.Caption, view: View) -> bytes:
     """The downloadable figure, drawn only when the button is clicked."""
     return visualize.figure_png(visualize.attention_figure(image, cap, opacity=view.opacity, smooth=view.smooth,
-                                                           mode=view.mode))
+                                                           mode=view.mode, outline=view.outline))
 
 
 def has_head(loaded: captioner.Captioner) -> bool:

@@ -20,20 +20,36 @@ from .page_state import FIGURE_SIDE, GRID_COLUMNS, Shown, View, figure_bytes, sh
 
 
 def word_label(cap: captioner.Caption, i: int) -> str:
-    """'dog (β=0.82)', or just 'dog' when the caption carries no betas."""
-    b = visualize.shown_beta(cap, i)  # None where the gate is open for every word: nothing varies to show
-    return cap.words[i] if b is None else f"{cap.words[i]} (β={b:.2f})"
+    """'dog p=0.61 (β=0.82)': the word, its probability and its gate (each left out when the caption carries
+    none; the gate also where it is open for every word)."""
+    p, b = visualize.word_prob(cap, i), visualize.shown_beta(cap, i)  # b None: the gate open, nothing to show
+    return cap.words[i] + ("" if p is None else f" {visualize.prob_text(p)}") + ("" if b is None else f" (β={b:.2f})")
+
+
+SCALE_CAPTION = ("Lit and outlined: the smallest part of the photo that holds half of the word's attention; "
+                 "dimmed: the rest. On both sides brighter means more attention, relative to that word's own peak "
+                 "(each map is scaled to its own maximum: compare where words looked, not how much).")
+
+
+def scale_legend() -> None:
+    """The overlays' scale (the figures' own, visualize.scale_png) with its words."""
+    st.image(visualize.scale_png(), caption=SCALE_CAPTION, width=720)
+
+
+def draw(image, alpha, view: View, beta: float | None = None):
+    """One overlay as every view of the page draws it: visualize.overlay at the sidebar's view."""
+    return visualize.overlay(image, alpha, view.opacity, view.smooth, beta=beta, mode=view.mode, outline=view.outline)
 
 
 def overlay_grid(image, cap: captioner.Caption, labels: list[str], view: View, columns: int = GRID_COLUMNS) -> None:
     """One small overlay per word (the caption's "All words" and an explained sentence's alike), titled
-    by `labels`."""
-    opacity, smooth, mode = view
+    by `labels`, under the overlays' scale."""
+    scale_legend()
     for start in range(0, len(cap.words), columns):
         for col, i in zip(st.columns(columns), range(start, min(start + columns, len(cap.words)))):
             with col:
-                st.image(visualize.overlay(image, cap.alphas[i], opacity, smooth, beta=visualize.word_beta(cap, i),
-                                           mode=mode), caption=labels[i], width="stretch")
+                st.image(draw(image, cap.alphas[i], view, visualize.word_beta(cap, i)), caption=labels[i],
+                         width="stretch")
 
 
 def explanation_labels(cap: captioner.Caption) -> list[str]:
@@ -68,7 +84,7 @@ def caption_summary(cap: captioner.Caption, evidence: bool, length_penalty: floa
         st.markdown(line, unsafe_allow_html=True)
         st.caption("β: the gate that scales how much of the attended image reaches each word (Xu et al. 2015, "
                    "4.2.1). Faint words (low β) drew less on the photo than the others; their "
-                   "heat maps are drawn fainter in proportion.")
+                   "overlays are drawn fainter in proportion.")
     elif visualize.gate_open(cap):
         st.caption(f"The gate β (Xu et al. 2015, 4.2.1: how much of the attended image reaches a word) is open for "
                    f"every word of this caption (β ≥ {visualize.GATE_OPEN}): each word saw the whole attended "
@@ -161,14 +177,16 @@ def word_view(image, cap: captioner.Caption, view: View) -> None:
     else:
         k = 0
     beta_k = visualize.word_beta(cap, k)
-    looked = visualize.overlay(image, cap.alphas[k], view.opacity, view.smooth, beta=beta_k, mode=view.mode)
+    looked = draw(image, cap.alphas[k], view, beta_k)
+    p = visualize.word_prob(cap, k)
     looked_caption = (f"where “{cap.words[k]}” looked (word {k + 1} of {n}"
+                      + ("" if p is None else f", {visualize.prob_text(p)}")
                       + ("" if visualize.shown_beta(cap, k) is None else f", β={beta_k:.2f}") + ")")
     if k in cap.concept_maps:  # the word names something the ImageNet classifier sees: its map beside the word's
         category, p, cmap = cap.concept_maps[k]
         seen, word_col = st.columns(2)
         what = "the clothes people wear" if category == "person" else f"a {category}"
-        seen.image(visualize.overlay(image, cmap, view.opacity, view.smooth, mode=view.mode),
+        seen.image(draw(image, cmap, view),
                    caption=f"where the classifier sees {what} (P={p:.2f})", width="stretch")
         word_col.image(looked, caption=looked_caption, width="stretch")
         st.caption("Left: the encoder's ImageNet classifier applied to every region (a class activation map), "
@@ -176,3 +194,4 @@ def word_view(image, cap: captioner.Caption, view: View) -> None:
                    "word.")
     else:
         st.image(looked, caption=looked_caption, width=min(900, max(600, image.width)))
+    scale_legend()

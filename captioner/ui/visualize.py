@@ -16,11 +16,17 @@ beta * alpha is what the word actually took from each region: the overlay's effe
 (a word with beta 0.1 shows the photo nearly bare), and in figures a word with beta below LOW_BETA gets a grey
 title. Titles read "dog  p=0.61  β=0.82" (its probability, its gate). Nothing here calls plt.show().
 
-The overlay (LIGHT, the paper's own figures): the photo dimmed where the word looked little, in its own colours
-where it looked most; a figure's scale says so. A colour map name blends a heat map instead.
+The overlay (LIGHT, the paper's own figures): where the word looked lit, the rest dimmed, nothing tinted. Each map
+is normalised to the word's own peak (m = alpha / max alpha). The half-attention region is the smallest set of cells
+holding half the word's attention (half_mass_cells); the drawn map at or above its weakest cell's level is that
+region, outlined. The photo keeps LIT_FLOOR + (1 - LIT_FLOOR) m of its brightness inside the region and DIMMED times
+that outside (brightness): linear in m on each side, so the region reads at a glance (measured: bench/overlay_contrast.py)
+and nothing finer than the map is drawn. A figure's scale and the app say so in words. A colour map name blends a
+heat map instead.
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
 from typing import TYPE_CHECKING, Any
@@ -36,13 +42,17 @@ if TYPE_CHECKING:
     from ..api import Caption
 
 
-LIGHT = "light"  # overlay's default: the paper's light mask (the photo dimmed where the word looked little)
+LIGHT = "light"  # overlay's default: the paper's light mask (where the word looked lit, the rest dimmed)
+LIT_FLOOR = 0.3  # the light mask keeps this share of the photo's brightness where the word looked not at all ...
+DIMMED = 0.45  # ... and this share more outside the half-attention region (brightness)
+OUTLINE_SHARE = 0.006  # the half-attention region's outline: this share of the photo's shorter side wide
+OUTLINE_GREY = 235  # the outline's grey level (0-255)
 LOW_BETA = 0.5  # below this gate value a word's figure title is grey: it used the image little
 MAX_ASPECT = 3.0  # figure panels: a photo longer than 3:1 (either way) is letterboxed to 3:1
 PANEL_PIXELS = 640  # the longer side of the photo drawn in a figure panel (its overlays are computed there)
 MAX_FIGURE_PIXELS = 12_000_000  # figure_png lowers its dpi so that no PNG exceeds this many pixels
 TITLE_INCHES, CAPTION_INCHES = 0.45, 0.4  # a figure's room for each row's word titles and for the caption on top
-SCALE_INCHES = 0.42  # a figure's room at the bottom for its scale (what the dimming means)
+SCALE_INCHES = 0.5  # a figure's room at the bottom for its scale (what the light mask means)
 # zlib level of a figure's PNG: 1 instead of 6 encodes a 1 MB figure in a third of the time, 9% larger (a figure
 # is mostly photo, which zlib barely shrinks at any level)
 PNG_COMPRESSION = 1
@@ -68,25 +78,75 @@ def upsample_alpha(alpha: np.ndarray, width: int, height: int, smooth: float = 0
     return m / max(float(m.max()), 1e-12)
 
 
-def overlay(image: Image.Image, alpha: np.ndarray, opacity: float = 0.6, smooth: float = 0.0,
-            cmap: str = LIGHT, beta: float | None = None, mode: str = "bilinear") -> Image.Image:
+def half_mass_cells(alpha: np.ndarray, mass: float = 0.5) -> np.ndarray:
+    """(G, G) bool: the smallest set of cells holding at least `mass` of the word's attention (its largest cells,
+    taken in order until their sum reaches mass x the map's total; ties broken by position; a float32 map that sums to exactly half is within 1e-6 of it)."""
+    a = np.asarray(alpha, dtype=np.float64)
+    flat = a.ravel()
+    order = np.argsort(-flat, kind="stable")  # largest first
+    cum = np.cumsum(flat[order])
+    n = int(np.searchsorted(cum, mass * cum[-1] * (1 - 1e-6))) + 1  # cells needed to reach the mass
+    keep = np.zeros(flat.shape, dtype=bool)
+    keep[order[:n]] = True
+    return keep.reshape(a.shape)
+
+
+def cells_on_photo(cells: np.ndarray, width: int, height: int) -> np.ndarray:
+    """(G, G) bool -> (height, width) bool: each cell as the block of the photo it covers (pixel-centre
+    alignment, as upsample_alpha's mode="nearest")."""
+    c = torch.as_tensor(np.asarray(cells, dtype=np.float32))[None, None]  # (1, 1, G, G)
+    return F.interpolate(c, size=(height, width), mode="nearest-exact")[0, 0].numpy() > 0.5
+
+
+def half_level(alpha: np.ndarray) -> float:
+    """The level of the half-attention region relative to the word's peak: its weakest cell over the strongest.
+    The drawn map at or above it is the region (exactly its cells with mode="nearest"; with bilinear, the same
+    cells' centres joined smoothly)."""
+    a = np.asarray(alpha, dtype=np.float64)
+    return float(a[half_mass_cells(a)].min() / max(float(a.max()), 1e-12))
+
+
+def brightness(m: np.ndarray, inside: np.ndarray) -> np.ndarray:
+    """The light mask: the share of the photo's brightness kept at attention m (relative to the word's peak, in
+    [0, 1]), LIT_FLOOR at none rising linearly to 1 at the peak, times DIMMED outside the half-attention region.
+    Linear in m on each side of the region's edge: no contrast curve, no level the map does not have."""
+    return (LIT_FLOOR + (1 - LIT_FLOOR) * m) * np.where(inside, 1.0, DIMMED)
+
+
+def _outline(inside: np.ndarray) -> np.ndarray:
+    """(H, W) bool: a line just outside the region's edge, about OUTLINE_SHARE of the photo's shorter side wide
+    (at least one pixel)."""
+    width = max(1, round(min(inside.shape) * OUTLINE_SHARE))
+    grown = Image.fromarray(inside.astype(np.uint8) * 255, mode="L").filter(ImageFilter.MaxFilter(2 * width + 1))
+    return (np.asarray(grown) > 0) & ~inside
+
+
+def overlay(image: Image.Image, alpha: np.ndarray, opacity: float = 1.0, smooth: float = 0.0,
+            cmap: str = LIGHT, beta: float | None = None, mode: str = "bilinear", outline: bool = True
+            ) -> Image.Image:
     """The photo with one word's attention drawn on it, same size as the photo. The default (LIGHT) is the
-    paper's light mask: the photo dimmed where the word looked little (by `opacity` where it looked least), in
-    its own colours where it looked most, so nothing is tinted (a heat map's blue turned white walls cyan).
+    paper's light mask: the smallest region holding half the word's attention (half_mass_cells) lit, the rest
+    dimmed, brighter with more attention on either side (brightness; nothing tinted), the region outlined
+    (outline=False leaves the line out). `opacity` scales the whole effect (0: the bare photo).
     Any matplotlib colour map name (e.g. "inferno") blends that heat map over the photo instead.
     beta (the word's gate, None = unknown) scales the effect: what reached the word is beta * alpha."""
     image = image.convert("RGB")
     w, h = image.size
-    m = upsample_alpha(alpha, w, h, smooth, mode)[..., None]  # (H, W, 1), 1 where the word looked most
+    m = upsample_alpha(alpha, w, h, smooth, mode)  # (H, W), 1 where the word looked most
     base = np.asarray(image, dtype=np.float32)  # (H, W, 3)
-    gate = 1.0 if beta is None else float(np.clip(beta, 0.0, 1.0))
+    strength = float(np.clip(opacity, 0.0, 1.0)) * (1.0 if beta is None else float(np.clip(beta, 0.0, 1.0)))
     if cmap == LIGHT:
-        out = base * (1 - gate * opacity * (1 - m))  # dimmed where it looked little
+        # (H, W): the half-attention region; blurred, the smallest part of the blurred map holding half its mass
+        inside = m >= half_level(m if smooth > 0 else alpha) - 1e-6
+        out = base * (1 - strength * (1 - brightness(m, inside)))[..., None]
+        if outline and strength > 0 and not inside.all():
+            line = _outline(inside)
+            out[line] = out[line] * (1 - strength) + np.float32(OUTLINE_GREY) * strength
     else:
         from matplotlib import colormaps
 
-        heat = (colormaps[cmap](m[..., 0])[..., :3] * 255).astype(np.float32)  # (H, W, 3)
-        weight = gate * opacity * (0.25 + 0.75 * m)  # strongest where the model looked
+        heat = (colormaps[cmap](m)[..., :3] * 255).astype(np.float32)  # (H, W, 3)
+        weight = (strength * (0.25 + 0.75 * m))[..., None]  # strongest where the model looked
         out = base * (1 - weight) + heat * weight
     return Image.fromarray(out.clip(0, 255).astype(np.uint8))
 
@@ -119,8 +179,13 @@ def shown_beta(caption: "Caption", i: int) -> float | None:
 def word_title(word: str, beta: float | None, prob: float | None = None) -> str:
     """'dog  p=0.61  β=0.82': the word, its probability under the model and its gate (each left out when
     unknown)."""
-    p = "" if prob is None else f"  p={prob:.2f}" if prob >= 0.01 else f"  p={prob:.0e}"  # "p=3e-03", never "p=0.00"
+    p = "" if prob is None else f"  {prob_text(prob)}"
     return word + p + ("" if beta is None else f"  β={beta:.2f}")
+
+
+def prob_text(prob: float) -> str:
+    """'p=0.61'; a tiny probability as 'p=3e-03', never 'p=0.00'."""
+    return f"p={prob:.2f}" if prob >= 0.01 else f"p={prob:.0e}"
 
 
 def word_prob(caption: "Caption", i: int) -> float | None:
@@ -142,23 +207,48 @@ def letterbox(image: Image.Image, max_aspect: float = MAX_ASPECT, fill: tuple[in
     return canvas
 
 
-def _scale(fig: "Figure", height: float, opacity: float) -> None:
-    """The figure's scale, at its bottom: the light mask's brightness from the least to the most attention of a
-    word (each map is drawn relative to its own peak)."""
-    bottom, tall = 0.12 / height, 0.16 / height
-    ax = fig.add_axes((0.35, bottom, 0.3, tall))
-    ramp = np.linspace(1 - opacity, 1, 256, dtype=np.float32)[None, :]  # (1, 256): brightness kept
-    ax.imshow(ramp, cmap="gray", vmin=0, vmax=1, aspect="auto")
+SCALE_WORDS = ("half the attention (outlined)", "the rest",
+               "brighter = more attention, up to the word's own peak")  # what the scale's two rows and ramp mean
+
+
+def scale_rows(n: int = 256) -> np.ndarray:
+    """(2, n) brightness kept from no attention to the word's peak (left to right): inside the half-attention
+    region (row 0) and outside it (row 1): the light mask's own rule (brightness), for the scale."""
+    m = np.linspace(0, 1, n, dtype=np.float32)[None, :]  # (1, n)
+    return np.concatenate([brightness(m, np.ones_like(m, bool)), brightness(m, np.zeros_like(m, bool))])
+
+
+def _scale(fig: "Figure", bottom: float, tall: float, left: float = 0.4, wide: float = 0.22) -> None:
+    """The light mask's scale in the figure band [bottom, bottom + tall] (figure fractions), its ramp at
+    [left, left + wide]: a ramp per row (the half-attention region, the rest) from no attention to the word's own
+    peak, with its words either side."""
+    ax = fig.add_axes((left, bottom, wide, tall))
+    ax.imshow(scale_rows(), cmap="gray", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_label("scale")
-    fig.text(0.34, bottom + tall / 2, "attention: looked least", ha="right", va="center", fontsize=9)
-    fig.text(0.66, bottom + tall / 2, "looked most (each word's own peak)", ha="left", va="center", fontsize=9)
+    for row, words in enumerate(SCALE_WORDS[:2]):
+        fig.text(left - 0.01, bottom + tall * (0.75 - 0.5 * row), words, ha="right", va="center", fontsize=9)
+    fig.text(left + wide + 0.01, bottom + tall / 2, SCALE_WORDS[2], ha="left", va="center", fontsize=9)
 
 
-def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opacity: float = 0.6,
+@functools.lru_cache(maxsize=1)
+def scale_png(width: float = 9.0) -> bytes:
+    """The figures' scale alone (the app shows it beside its overlays), as PNG bytes: its words fit `width`
+    inches."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, SCALE_INCHES))
+    _scale(fig, 0.2, 0.6, left=0.28, wide=0.22)
+    return figure_png(fig, dpi=110)
+
+
+def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opacity: float = 1.0,
                      smooth: float = 0.0, panel_width: float = 2.6, mode: str = "bilinear",
-                     title: str | None = None) -> "Figure":
+                     title: str | None = None, outline: bool = True) -> "Figure":
     """One panel per word (plus the photo), each the photo under that word's light mask (overlay), titled with
     the word, its probability and its gate beta (grey below LOW_BETA; the mask scaled by beta), the caption on top
     (or `title`: an explained sentence says it is one) and a scale below. Each panel shows the
@@ -193,12 +283,13 @@ def attention_figure(image: Image.Image, caption: "Caption", cols: int = 5, opac
             ax.set_title("input", fontsize=10)
         elif k < n:
             beta = word_beta(caption, k - 1)
-            ax.imshow(letterbox(overlay(image, caption.alphas[k - 1], opacity, smooth, beta=beta, mode=mode)))
+            ax.imshow(letterbox(overlay(image, caption.alphas[k - 1], opacity, smooth, beta=beta, mode=mode,
+                                                 outline=outline)))
             low = beta is not None and beta < LOW_BETA
             ax.set_title(word_title(caption.words[k - 1], shown_beta(caption, k - 1), word_prob(caption, k - 1)),
                          fontsize=10, color="0.55" if low else "black")
     fig.suptitle(caption.text if title is None else title, fontsize=12, y=1 - 0.08 / height, va="top")
-    _scale(fig, height, opacity)
+    _scale(fig, 0.1 / height, (SCALE_INCHES - 0.16) / height)
     return fig
 
 
