@@ -19,7 +19,6 @@ import sys
 
 import streamlit as st
 
-from captioner.cli import sum_in_one_order
 from captioner.ui import checkpoints
 from captioner.ui.html import PAGE_STYLE
 from captioner.ui.page_photo import caption_panel
@@ -29,7 +28,6 @@ from captioner.ui.page_workbench import compare_panel, workbench_panel
 
 def main() -> None:
     """The page, top to bottom (Streamlit runs this file again on every interaction)."""
-    sum_in_one_order()  # before the first product: the same numbers at any thread count
     st.set_page_config(page_title="Show, Attend and Tell", page_icon=":frame_with_picture:", layout="wide")
     st.html(PAGE_STYLE)  # no blank band above the title
     st.title("Show, Attend and Tell")

@@ -9,11 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from PIL import Image
+
+from captioner.model.blas import sum_in_one_order
+
+sum_in_one_order()  # MKL's sums in one order, as the commands ask, before any product (model/blas.py)
+
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
 
 import captioner
-import captioner.cli  # noqa: F401  MKL's sums in one order (cli.sum_in_one_order), set before the first product
 from captioner.config import Config
 from captioner.model.decoder import Decoder
 from captioner.vocab import SpecialIds

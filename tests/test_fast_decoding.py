@@ -5,6 +5,8 @@ evidence bias as a lookup, the copy-less preprocessing, and captioning or explai
 features."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from PIL import Image
@@ -389,3 +391,31 @@ def test_teacher_forcing_without_autograd_equals_it_with_autograd(captions):
         got = dec.teacher_force(feats, inputs, lengths, image_index)
     for a, b in zip(got[:3], want[:3]):
         torch.testing.assert_close(a, b.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_mkl_sums_the_attentions_products_in_one_order_at_1_and_2_threads():
+    """The products left to MKL (the attention's context: 5 beams x 81 locations x 1280, its W_z table, the evidence
+    map) are the same at 1 and 2 threads under MKL's strict mode, which the commands, the app and these tests ask
+    for before their first product (model/blas.py); MKL's default split them differently (5.7e-6 on an AMD EPYC)."""
+    import subprocess
+    import sys
+
+    assert os.environ.get("MKL_CBWR") == "AUTO,STRICT"  # conftest asked, as every command does
+    gen = torch.Generator().manual_seed(0)
+    old, got = torch.get_num_threads(), {}
+    try:
+        for m, k, n in [(5, 81, 1280), (5, 81, 2048), (5, 61, 2847)]:
+            a, b = torch.randn(1, m, k, generator=gen), torch.randn(1, k, n, generator=gen)
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                got[threads] = torch.bmm(a, b)
+            assert torch.equal(got[1], got[2]), (m, k, n)
+    finally:
+        torch.set_num_threads(old)
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    said = subprocess.run([sys.executable, "-c", "import os, captioner.cli, sys; print(os.environ['MKL_CBWR']); "
+                           "print('torch' in sys.modules)"], env=env, capture_output=True, text=True, check=True)
+    assert said.stdout.split() == ["AUTO,STRICT", "False"]  # a command asks before torch is even imported
+    kept = subprocess.run([sys.executable, "-c", "import os, captioner.cli; print(os.environ['MKL_CBWR'])"],
+                          env={**env, "MKL_CBWR": "AVX2"}, capture_output=True, text=True, check=True)
+    assert kept.stdout.strip() == "AVX2"  # the user's own choice is kept

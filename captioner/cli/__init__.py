@@ -1,22 +1,8 @@
 """Command-line programs; scripts/*.py and the console entry points call their main().
 
-Importing this package asks MKL for sums in one order (sum_in_one_order): every command imports it before its
-first product, and so the same photo gives the same numbers at any thread count."""
-import os
-
-MKL_STRICT = "AUTO,STRICT"  # MKL's strict conditional numerical reproducibility, on the CPU's own code branch
-
-
-def sum_in_one_order() -> None:
-    """Ask MKL, unless the user chose otherwise, for its strict reproducible mode (MKL_CBWR=AUTO,STRICT): its
-    matrix products, which are the products that do not run on oneDNN's packed product (model/packed_linear.py:
-    the attention's batched products, autograd's), then sum in the same order at any thread count. Without it
-    MKL splits a product such as the attention's context (5 beams x 81 locations x 1280) differently at 1 and 2
-    threads (up to 5.7e-6 apart, on an AMD EPYC too). MKL reads the setting at its first product and cannot
-    change it later, so the commands and the app call this before they load a model; a Python program that
-    imports captioner sets MKL_CBWR in its environment instead (docs/performance.md)."""
-    os.environ.setdefault("MKL_CBWR", MKL_STRICT)
-
+Importing this package asks MKL for sums in one order (model/blas.py) before any command's first product: the same
+photo gives the same numbers at any thread count."""
+from captioner.model.blas import sum_in_one_order
 
 sum_in_one_order()
 

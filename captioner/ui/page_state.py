@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import streamlit as st
 
 import captioner
+from captioner.model.blas import sum_in_one_order
 from ..concepts.imagenet import imagenet_head_or_none
 from ..evaluation.metrics import MIN_VAL_PHOTOS, val_photos
 from ..images import file_extensions, original_size
@@ -90,7 +91,8 @@ class Shown:
 @st.cache_resource(show_spinner="Loading model ...", max_entries=4)
 def get_model(path: str, mtime: float, dtype: str = "float32") -> captioner.Captioner:
     """One model per checkpoint file and precision per process (mtime in the key: a rewritten file
-    is reloaded)."""
+    is reloaded). MKL is asked for sums in one order first (model/blas.py): the app's first product comes here."""
+    sum_in_one_order()
     return captioner.load(path, dtype=dtype)
 
 
