@@ -34,6 +34,7 @@ SALAD_REPEATS = 3
 # "a white sitting on a toilet": a colour right after an article names a thing next ("a white dog", "a white and
 # black dog"), never a verb or a preposition (an adjective with no noun: salad too)
 ARTICLES = frozenset({"a", "an", "the"})
+SINGULAR_ARTICLES = frozenset({"a", "an"})  # never right before a plural ("a skis", "an elephants"): a_plural
 NOT_AFTER_COLOUR = (FUNCTION_WORDS - {"and", "or"}) | frozenset(
     "sitting standing laying lying running walking riding playing jumping holding looking eating flying swimming "
     "sits stands lays lies runs walks rides plays jumps holds looks eats flies swims".split())
@@ -81,14 +82,22 @@ def repeats(words: Sequence[str]) -> dict[str, bool]:
             "content": bool(counts) and max(counts.values()) >= 2}
 
 
-def is_salad(words: Sequence[str]) -> bool:
+def is_salad(words: Sequence[str], known: Container[str] = ()) -> bool:
     """Whether a caption (its words) is word salad: empty, ending on a function word or a colour, a colour
-    after an article with no noun ("a white sitting", NOT_AFTER_COLOUR), or naming one content word
-    SALAD_REPEATS times. Decoding with decode.block_salad never writes one."""
+    after an article with no noun ("a white sitting", NOT_AFTER_COLOUR), "a" or "an" before a plural of a word in
+    `known` (a vocabulary: a_plural), or naming one content word SALAD_REPEATS times. Decoding with
+    decode.block_salad never writes one."""
     if not words or words[-1] in BAD_LAST_WORDS or any(bare_colour(words[k - 2:k + 1]) for k in range(2, len(words))):
+        return True
+    if any(a_plural(words[k:k + 2], known) for k in range(len(words) - 1)):
         return True
     counts = Counter(w for w in words if w not in FUNCTION_WORDS)
     return bool(counts) and max(counts.values()) >= SALAD_REPEATS
+
+
+def a_plural(two: Sequence[str], known: Container[str]) -> bool:
+    """"a" or "an" and then a plural whose singular is in `known` (vocab.singular): ("a", "skis") where "ski" is."""
+    return len(two) == 2 and two[0] in SINGULAR_ARTICLES and singular(two[1], known) != two[1]
 
 
 def bare_colour(three: Sequence[str]) -> bool:
@@ -265,6 +274,9 @@ class SpecialIds:
     # (word, family) ids: a word and its plural (vocab.singular), a taught word and its source (Vocab.aliases)
     # are one family, named by its smallest id; saying one member is saying them all (block_content_repeats)
     twins: tuple[tuple[int, int], ...] = ()
+    # "a" and "an" (SINGULAR_ARTICLES), and the plurals of the vocabulary's words: never one right after the other
+    singular_articles: tuple[int, ...] = ()
+    plurals: tuple[int, ...] = ()
     # (word, longer word) ids where the longer one right after the word stutters ("bath", "bathroom"): vocab.stutters
     stutters: tuple[tuple[int, int], ...] = ()
 
@@ -277,7 +289,8 @@ class SpecialIds:
         known = lambda words: tuple(sorted(vocab.stoi[w] for w in words if w in vocab.stoi))  # noqa: E731
         return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None, function, bad_last, joiners,
                    articles=known(ARTICLES), colours=known(COLOUR_WORDS), not_after_colour=known(NOT_AFTER_COLOUR),
-                   twins=word_families(vocab), stutters=stutter_pairs(vocab))
+                   twins=word_families(vocab), stutters=stutter_pairs(vocab),
+                   singular_articles=known(SINGULAR_ARTICLES), plurals=_plurals(tuple(vocab.itos)))
 
 
 def word_families(vocab: Vocab) -> tuple[tuple[int, int], ...]:
@@ -292,6 +305,13 @@ def stutter_pairs(vocab: Vocab) -> tuple[tuple[int, int], ...]:
     """(word id, longer word id) for every pair of vocabulary words where the longer one, right after the word,
     stutters (stutters: "bath" then "bathroom"), made once per vocabulary."""
     return _stutter_pairs(tuple(vocab.itos))
+
+
+@lru_cache(maxsize=8)
+def _plurals(itos: tuple[str, ...]) -> tuple[int, ...]:
+    """The ids of the vocabulary's plurals whose singular it holds (vocab.singular), made once per vocabulary."""
+    known = frozenset(itos)
+    return tuple(i for i, w in enumerate(itos) if singular(w, known) != w)
 
 
 @lru_cache(maxsize=8)

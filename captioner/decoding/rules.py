@@ -104,7 +104,8 @@ def _ban(logp: torch.Tensor, words: torch.Tensor, where: torch.Tensor) -> torch.
 def _ban_salad(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds) -> torch.Tensor:
     """logp (N, V), tokens (N, t) -> -inf for <end> first or after a function word or colour ("... in front
     of a", "a black and"), for a verb or preposition right after an article and a colour ("a white sitting",
-    vocab.bare_colour), and for a content word already written SALAD_REPEATS - 1 times (vocab.is_salad)."""
+    vocab.bare_colour), for a plural right after "a" or "an" ("a skis": vocab.a_plural), and for a content word
+    already written SALAD_REPEATS - 1 times (vocab.is_salad)."""
     if tokens.shape[1] == 0:  # nor a caption without words
         logp[:, ids.end] = float("-inf")
         return logp
@@ -116,6 +117,9 @@ def _ban_salad(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds) -> tor
         bare = among(ids.articles)[tokens[:, -2]] & among(ids.colours)[tokens[:, -1]]  # (N,)
         words = ids_of(ids.not_after_colour).expand(len(tokens), -1)  # (N, m)
         logp = _ban(logp, words, bare.unsqueeze(1).expand_as(words))
+    if ids.singular_articles and ids.plurals:  # "a skis"
+        after_a = among(ids.singular_articles)[tokens[:, -1]]  # (N,) rows ending on "a" or "an"
+        logp = logp.masked_fill(after_a.unsqueeze(1) & among(ids.plurals).unsqueeze(0), float("-inf"))
     if tokens.shape[1] >= SALAD_REPEATS - 1:
         counts = torch.zeros_like(logp).scatter_add_(1, tokens, torch.ones_like(tokens, dtype=logp.dtype))  # (N, V)
         logp = logp.masked_fill((counts >= SALAD_REPEATS - 1) & ~among(ids.function_words), float("-inf"))
