@@ -204,7 +204,8 @@ class Decoder(nn.Module):
         # for a row or two; many rows a step (validation) or autograd (training): the product, cheaper there
         few = not torch.is_grad_enabled() and B <= FEW_SENTENCES
         ctx_gates = self.context_gates(feats).index_select(0, image_index) if few else None  # (B, P, 4H)
-        feats = feats.index_select(0, image_index)  # (B, P, D)
+        feats = feats.index_select(0, image_index)  # (B, P, D); not feats[image_index], whose gradient sums a
+        # shared image's captions by racing atomic adds at 2+ threads (index_select's sums them in one order)
         h, c = self.init_state(feats)
         emb, emb_gates = self.embed(inputs)  # (B, T, E), (B, T, 4H): all steps in one product
         n_active = (lengths.unsqueeze(0) > torch.arange(T, device=lengths.device).unsqueeze(1)).sum(1).tolist()
@@ -221,9 +222,16 @@ class Decoder(nn.Module):
             betas_t.append(beta)
             if where is not None:  # log alpha_t[s_t]; alpha of a sampled location is > 0
                 loc_logps.append(alpha.gather(1, where.unsqueeze(1)).squeeze(1).float().log())  # (n,)
+        return self._padded(B, T, n_active, emb, hs, zs, alphas_t, betas_t, loc_logps)
+
+    def _padded(self, B: int, T: int, n_active: list[int], emb: torch.Tensor, hs: list[torch.Tensor],
+                zs: list[torch.Tensor], alphas_t: list[torch.Tensor], betas_t: list[torch.Tensor],
+                loc_logps: list[torch.Tensor]) -> TeacherForced:
+        """teacher_force's steps, each over its n_active[t] live captions, as (B, T, ...) tensors zero where t >=
+        length: the deep output (eq. 7) once over every real token, then one scatter per result."""
         # real tokens in time-major order: (caption, step) of each packed row
-        rows = torch.cat([torch.arange(n, device=inputs.device) for n in n_active if n])  # (N,)
-        steps = torch.cat([torch.full((n,), t, device=inputs.device) for t, n in enumerate(n_active) if n])
+        rows = torch.cat([torch.arange(n, device=emb.device) for n in n_active if n])  # (N,)
+        steps = torch.cat([torch.full((n,), t, device=emb.device) for t, n in enumerate(n_active) if n])
         logits = self.output(emb[rows, steps], torch.cat(hs), torch.cat(zs))  # (N, V): eq. 7 for every token
         padded = logits.new_zeros(B, T, self.vocab_size).index_put((rows, steps), logits)  # (B, T, V)
         alphas = torch.cat(alphas_t)
