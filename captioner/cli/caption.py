@@ -125,7 +125,7 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
         print(sampling_line(request, describe(used, sampling=True) if args.verbose else brief), file=sys.stderr)
     elif args.explain is None:
         fitted = fitted_of(loaded.model)
-        print(f"decoding with {describe(used, has_memory(loaded), fitted=fitted) if args.verbose else brief}",
+        print(f"decoding with {describe(used, consensus=has_memory(loaded), fitted=fitted) if args.verbose else brief}",
               file=sys.stderr)
         if used.fitted_confidence and fitted.confidence is None:
             print("note: this model file has no fitted confidence map: captions carry no confidence "
