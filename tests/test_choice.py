@@ -151,3 +151,26 @@ def test_fit_selector_runs_end_to_end_on_a_few_real_photos(tmp_path, coco_mini):
         assert Fitted.from_json(report["fitted"]).choice.to_json() == report["fitted"]["choice"]
     else:  # 1: on 8 photos the fit gave the score or the consensus a sign the choice cannot hold: said so
         assert rc == 1 and report["fitted"] is None
+
+
+def test_export_stores_a_reports_fitted_choice_and_keeps_the_rest(tmp_path, bundled):
+    """captioner-export --fitted REPORT: the report's choice replaces the file's, the file's confidence map stays;
+    without --fitted the export keeps the file's fitted data; a report without "fitted" is refused, naming it."""
+    import json
+
+    from captioner.checkpoint import load_checkpoint
+    from captioner.cli.export import main
+
+    own = load_checkpoint(captioner.DEFAULT_CHECKPOINT).fitted
+    report = tmp_path / "selector.json"
+    report.write_text(json.dumps({"fitted": {"choice": {"score": 0.75, "consensus": 0.25, "length": -0.01}}}))
+    assert main([str(captioner.DEFAULT_CHECKPOINT), str(tmp_path / "a.safetensors"), "--fitted", str(report)]) == 0
+    stored = load_checkpoint(tmp_path / "a.safetensors").fitted
+    assert stored["choice"] == {**dict.fromkeys(SIGNALS, 0.0), "score": 0.75, "consensus": 0.25, "length": -0.01}
+    assert stored["confidence"] == own["confidence"]
+    assert main([str(captioner.DEFAULT_CHECKPOINT), str(tmp_path / "b.safetensors")]) == 0
+    assert load_checkpoint(tmp_path / "b.safetensors").fitted == own
+    (tmp_path / "scores.json").write_text(json.dumps({"scores": {}}))
+    assert main([str(captioner.DEFAULT_CHECKPOINT), str(tmp_path / "c.safetensors"), "--fitted",
+                 str(tmp_path / "scores.json")]) == 2
+    assert not (tmp_path / "c.safetensors").exists()
