@@ -13,7 +13,9 @@
 Decode settings (every field of config.decode: beam size, maximum length, length penalty, trigram
 blocking ...) default to the ones stored in the model file; keyword overrides change them for one call:
 `captioner.load().caption(img, beam_size=1)`. Any DecodeConfig field is accepted, so a new decode setting needs
-no new parameter here.
+no new parameter here. What the file fitted to its own captions (the choice among the beam's captions, the
+confidence map: decoding/fitted.py) is its data, not a setting: `fitted_choice=False` / `fitted_confidence=False`
+turn it off for a call.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import torch
 from .decoding.captions import Caption
 from .data.features import encoder_fingerprint
 from .decoding.consensus import ConsensusMemory, attach_memory, memory_of, memory_path
+from .decoding.fitted import Fitted, attach_fitted, fitted_of
 from .decoding.photo import SAMPLE_TEMPERATURE, SAMPLE_TOP_P, Photo, caption_photos
 from .decoding.reading import HeadReading, photo_concepts, read_heads
 from .decoding.sampling import Draw, SampleSettings
@@ -220,7 +223,8 @@ class Captioner:
         state = {k: v.float() if v.is_floating_point() else v for k, v in self.model.state_dict().items()}
         det = detectors_of(self.model)
         save_checkpoint(path, self.config, self.vocab, state, metrics=self.metrics if metrics is None else metrics,
-                        half=half, detector_info=None if det is None else det.info())
+                        half=half, detector_info=None if det is None else det.info(),
+                        fitted=fitted_of(self.model).to_json())
         memory = memory_of(self.model)
         if memory is not None:  # the consensus memory goes beside the file, where load finds it
             memory.save(memory_path(path))
@@ -246,6 +250,10 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
             attach(model, WordDetectors.from_state(ckpt.detector_tensors, ckpt.detector_info))
         except ValueError as e:
             raise CheckpointError(f"{checkpoint}: {e}") from None
+    try:  # what the file fitted to its own captions (decoding/fitted.py)
+        attach_fitted(model, Fitted.from_json(ckpt.fitted, str(checkpoint)))
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     beside = memory_path(checkpoint)  # the consensus rerank's memory (decoding/consensus.py), when there is one
     if beside.is_file():
         memory = ConsensusMemory.load(beside)

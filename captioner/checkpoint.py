@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .config import Config, DecodeConfig, migrate
+from .config import Config, DecodeConfig, migrate, split_fitted
 from .diskspace import FULL, remove_stale_temps, writing
 from .vocab import Vocab
 
@@ -40,15 +40,20 @@ class Checkpoint:
     # files without detectors
     detector_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     detector_info: dict[str, Any] | None = None
+    # what the model file fitted to its own captions (decoding/fitted.py reads it: the choice's weights, the
+    # confidence map and its threshold), JSON under "fitted"; {} where nothing was fitted
+    fitted: dict[str, Any] = field(default_factory=dict)
 
 
 def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state: dict[str, torch.Tensor],
                     metrics: dict[str, Any] | None = None, train_state: dict[str, Any] | None = None,
                     optimizer_tensors: dict[str, torch.Tensor] | None = None, half: bool = False,
-                    detector_info: dict[str, Any] | None = None, then: str = "") -> None:
+                    detector_info: dict[str, Any] | None = None, then: str = "",
+                    fitted: dict[str, Any] | None = None) -> None:
     """`model_state` may hold the word detectors' tensors ("detectors." keys, kept in float32) when
-    `detector_info` describes them; the two come together or not at all. `then` ends the advice of a
-    DiskFullError (what rerunning the command will do)."""
+    `detector_info` describes them; the two come together or not at all. `fitted`: what the file fitted to its
+    own captions (decoding/fitted.py's JSON; always written, {} for none, so a file of this layout is never read
+    as an older one). `then` ends the advice of a DiskFullError (what rerunning the command will do)."""
     if any(k.startswith(DETECTORS) for k in model_state) != (detector_info is not None):
         raise ValueError("word detectors need both their tensors ('detectors.' keys) and detector_info")
     _check_tensors_finite(model_state, f"refusing to save {path}")  # never replace a good checkpoint with a broken one
@@ -65,7 +70,7 @@ def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state:
     for k, v in (optimizer_tensors or {}).items():
         tensors[_OPT + k] = v.detach().cpu().contiguous()
     meta = {"format": FORMAT, "config": json.dumps(config.to_dict()), "vocab": vocab.to_json(),
-            "metrics": json.dumps(metrics or {})}
+            "metrics": json.dumps(metrics or {}), "fitted": json.dumps(fitted or {})}
     if train_state is not None:
         meta["train_state"] = json.dumps(train_state)
     if detector_info is not None:
@@ -180,9 +185,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         if not isinstance(config_dict, dict):
             raise ValueError(f"config must be a JSON object, got {type(config_dict).__name__}")
         config_dict = migrate(config_dict, f"{path} (config)")  # settings renamed or removed since it was written
-        decode = config_dict.get("decode", {})  # settings a file predates: as it has always decoded (the bundled one)
-        if isinstance(decode, dict):
-            config_dict = {**config_dict, "decode": {**DecodeConfig.UNSTORED, **decode}}
+        config_dict, fitted = _with_fitted(config_dict, meta)
         config = Config.from_dict(config_dict, source=f"{path} (config)")
         vocab = Vocab.from_json(meta["vocab"])
         metrics = json.loads(meta.get("metrics", "{}"))
@@ -212,7 +215,23 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
                 f"{path}: shape mismatch: its vocabulary has {len(vocab)} words but {key} has "
                 f"{model_state[key].shape[0]} rows {tuple(model_state[key].shape)}; the metadata and the weights "
                 "come from different models")
-    return Checkpoint(config, vocab, model_state, metrics, train_state, optim, detectors, detector_info)
+    return Checkpoint(config, vocab, model_state, metrics, train_state, optim, detectors, detector_info, fitted)
+
+
+def _with_fitted(config_dict: dict[str, Any], meta: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the stored config, the file's fitted data). A file written before the fitted data had a place of its own
+    (no "fitted" entry) kept it among its decode settings: config.split_fitted moves it out, and the settings the
+    file predates get the values it has always decoded with (DecodeConfig.UNSTORED), so it decodes as it did."""
+    if "fitted" in meta:
+        fitted = json.loads(meta["fitted"])
+        if not isinstance(fitted, dict):
+            raise ValueError(f"fitted must be a JSON object, got {type(fitted).__name__}")
+        return config_dict, fitted
+    decode = config_dict.get("decode", {})
+    if not isinstance(decode, dict):
+        return config_dict, {}
+    decode, fitted = split_fitted(decode)
+    return {**config_dict, "decode": {**DecodeConfig.UNSTORED, **decode}}, fitted
 
 
 _LEGACY_ALIAS, _BACKBONE = "encoder._features.", "encoder.backbone."

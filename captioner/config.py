@@ -170,57 +170,47 @@ class TrainConfig:
 
 @dataclass
 class DecodeConfig:
-    beam_size: int = 3
-    max_len: int = 50
-    length_penalty: float = 0.0  # score = log_prob / len**length_penalty (0 = raw log-prob)
+    """How captions are searched and which words are allowed: the settings a user chooses. The defaults are what a
+    model trained here stores until captioner-export sets others; the bundled model file stores its own, chosen on
+    the val sets (each comment names its value where it differs: docs/architecture.md, "Decode settings"). What the
+    file fitted to its own captions (the choice's weights among the beam's captions, the confidence map and its
+    `sure` threshold) is not a setting: it is the file's data (decoding/fitted.py), which the two fitted_* switches
+    below turn off."""
+
+    beam_size: int = 3  # captions searched side by side (1 = greedy); bundled file: 5
+    max_len: int = 50  # the longest caption, in words; bundled file: 30
+    length_penalty: float = 0.0  # score = log_prob / (words + 1)**length_penalty (0 = raw log-prob); bundled: 1
     forbid_unk: bool = True  # never write "<unk>" in a caption
-    block_trigrams: bool = False  # never repeat a trigram within a caption ("a red shirt ... a red shirt")
-    block_bigrams: bool = False  # never repeat a bigram ending in a content word ("brown and white and white")
+    block_trigrams: bool = False  # never repeat a trigram within a caption ("a red shirt ... a red shirt"); bundled: on
+    block_bigrams: bool = False  # never repeat a bigram ending in a content word ("brown and white and white"); bundled: on
     block_salad: bool = True  # never end on a function word or colour, never a content word 3 times (vocab.is_salad)
-    block_repeats: bool = False  # never a word twice back to back ("airplane airplane") nor "X and X" (vocab.repeats)
-    block_content_repeats: bool = False  # never a content word twice ("a kitchen that is in the kitchen")
+    block_repeats: bool = False  # never a word twice back to back ("airplane airplane") nor "X and X" (vocab.repeats);
+    # bundled: on
+    block_content_repeats: bool = False  # never a content word twice ("a kitchen that is in the kitchen"); bundled: on
     hard_context: str = "expected"  # HARD_CONTEXTS, hard-attention models: expected (paper's test time) | argmax
     # evidence-aware decoding (evidence.py): the encoder's ImageNet head vetoes object words it rules out
-    evidence: bool = False  # on: a word naming a COCO category with P(category) < evidence_floor is penalised
+    evidence: bool = False  # on: a word naming a COCO category with P(category) < evidence_floor is penalised;
+    # bundled: on (it needs an encoder with the ImageNet head: efficientnet_lite0/2)
     evidence_floor: float = 0.05  # P(category) from the ImageNet head below which its words are ruled out
     evidence_penalty: float = 10.0  # subtracted from a ruled-out word's log-probability (large = forbidden)
-    evidence_bonus: float = 0.0  # + bonus * P(category) for the words of categories not ruled out
-    person_floor: float = 0.0  # with evidence + word detectors: person words ruled out where P(person) < this (0 = off)
+    evidence_bonus: float = 0.0  # + bonus * P(category) for the words of categories not ruled out; bundled: 3
+    person_floor: float = 0.0  # with evidence + word detectors: person words ruled out where P(person) < this
+    # (0 = off); bundled: .2
     dog_floor: float = 0.2  # with evidence: dog words ruled out where P(dog) < max(this, evidence_floor)
-    evidence_detectors: bool = True  # the veto also asks the file's word detector of a category (evidence.detected_probs)
-    consensus_k: int = 5  # consensus rerank (decoding/consensus.py; a memory beside the file): k nearest train photos
-    consensus_weight: float = 0.3  # w: (1 - w) * (score - best) + w * CIDEr-D with their captions; 0: the beam's order
-    # the choice among the beam's captions (decoding/choice.py): + select_<signal> * signal, fitted on the val
-    # sets by captioner-fit-selector; 0 = the signal is not computed
-    select_wide: float = 0.0  # CIDEr-D with the captions of the 4 x consensus_k nearest training photos
-    select_agreement: float = 0.0  # CIDEr-D with the photo's other candidates (minimum Bayes risk)
-    select_log_prob: float = 0.0  # the model's log-probability per word
-    select_length: float = 0.0  # words
-    select_objects: float = 0.0  # sum of P(category) - 0.3 (the head's) over the categories the caption names
-    select_top_object: float = 0.0  # 1 when the caption names the head's most probable category
-    # how sure (decoding/confidence.py): confidence = sigmoid(bias + sum_s confidence_<s> * s), the probability
-    # that the caption's per-photo CIDEr-D is >= .5; fitted on the val sets by captioner-fit-selector --confidence
-    confidence_fitted: bool = False  # false: no map, captions carry no confidence
-    confidence_bias: float = 0.0
-    confidence_wide: float = 0.0
-    confidence_consensus: float = 0.0
-    confidence_nearest: float = 0.0
-    confidence_agreement: float = 0.0
-    confidence_margin: float = 0.0
-    confidence_log_prob: float = 0.0
-    confidence_min_word: float = 0.0
-    confidence_objects: float = 0.0
-    confidence_weakest_object: float = 0.0
-    confidence_top_p: float = 0.0
-    confidence_length: float = 0.0
-    sure_at: float = 0.5  # a caption is `sure` where its confidence is at least this (chosen on val)
+    evidence_detectors: bool = True  # the veto also asks the file's word detector of a category
+    # (evidence.detected_probs); bundled: off (the file predates the setting and decodes as it always has: UNSTORED)
+    consensus_k: int = 5  # the fitted choice and confidence read the captions of the k training photos nearest
+    # in pooled features (decoding/consensus.py: a memory beside the model file)
+    fitted_choice: bool = True  # order the beam's captions by the model file's fitted choice (decoding/choice.py:
+    # its weights on the beam's score, the nearest photos' captions, the objects the head sees ...), where the file
+    # has one and a consensus memory beside it; false: the beam's own order
+    fitted_confidence: bool = True  # give each caption the model file's fitted confidence and `sure`
+    # (decoding/confidence.py), where the file has a map and a consensus memory; false: no confidence
     # each numeric setting's range: checked() by the API, every command and decoding; the app's widgets read it
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "beam_size": (1, 16), "max_len": (1, 200), "length_penalty": (0.0, 5.0), "evidence_floor": (0.0, 1.0),
         "evidence_penalty": (0.0, 1e4), "evidence_bonus": (0.0, 100.0), "person_floor": (0.0, 1.0),
-        "dog_floor": (0.0, 1.0), "consensus_k": (1, 100), "consensus_weight": (0.0, 1.0),
-        **{f"select_{s}": (-100.0, 100.0) for s in ("wide", "agreement", "log_prob", "length", "objects", "top_object")},
-        "sure_at": (0.0, 1.0)}
+        "dog_floor": (0.0, 1.0), "consensus_k": (1, 100)}
     # what a file written before these were stored decodes with, as it always did (checkpoint.load_checkpoint)
     UNSTORED: ClassVar[dict[str, Any]] = {"block_repeats": True, "block_content_repeats": True,
                                           "evidence_detectors": False}
@@ -304,6 +294,37 @@ def migrate(d: dict[str, Any], source: str = "config") -> dict[str, Any]:
                 raise ValueError(f"{source}: section '{new_section}' must be a mapping, got {type(target).__name__}")
             target.setdefault(new_key, value)
     return out
+
+
+# ---------------------------------------------------------------- fitted numbers an older file kept as decode settings
+# Before a model file stored what it fitted as its own data (decoding/fitted.py: "fitted" in its metadata), the
+# choice's weights and the confidence map were decode settings: consensus_weight w and select_<signal> (the choice
+# weighs the beam's score by 1 - w), confidence_fitted, confidence_bias, confidence_<signal> and sure_at.
+# split_fitted moves them out of such a file's decode section (the bundled file was one).
+OLD_FITTED_DEFAULTS = {"consensus_weight": 0.3, "sure_at": 0.5}  # what such a file decoded with where it had no key
+
+
+def is_old_fitted_key(key: str) -> bool:
+    """Whether `key` (of the decode section) was one of the fitted numbers older files kept as decode settings."""
+    return key in OLD_FITTED_DEFAULTS or key.startswith(("select_", "confidence_"))
+
+
+def split_fitted(decode: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An older file's stored decode section -> (its settings without the fitted numbers, those numbers as the
+    file's fitted data: {"choice": {signal: weight}, "confidence": {"bias", "weights", "sure_at"}}, each part only
+    where the file had one), so that it decodes exactly as it did: the same weights, the same map, the same sure_at."""
+    settings = {k: v for k, v in decode.items() if not is_old_fitted_key(k)}
+    old = {**OLD_FITTED_DEFAULTS, **{k: v for k, v in decode.items() if is_old_fitted_key(k)}}
+    fitted: dict[str, Any] = {}
+    w = old["consensus_weight"]
+    select = {k[len("select_"):]: v for k, v in old.items() if k.startswith("select_")}
+    if w or any(select.values()):
+        fitted["choice"] = {"score": 1 - w, "consensus": w, **select}
+    if old.get("confidence_fitted"):
+        weights = {k[len("confidence_"):]: v for k, v in old.items()
+                   if k.startswith("confidence_") and k not in ("confidence_fitted", "confidence_bias")}
+        fitted["confidence"] = {"bias": old.get("confidence_bias", 0.0), "weights": weights, "sure_at": old["sure_at"]}
+    return settings, fitted
 
 
 def _sources(value: Any, source: str) -> list[SourceConfig]:
@@ -393,6 +414,11 @@ def set_value(cfg: Config, dotted: str, value: Any, source: str) -> None:
     if dotted == "data.sources":
         section.sources = _sources(value, source)
         return
+    if parts[0] == "decode" and is_old_fitted_key(parts[1]):
+        raise ValueError(f"{source}: '{dotted}' is no longer a decode setting: the choice's weights, the confidence "
+                         "map and sure_at are the model file's fitted data (captioner-fit-selector fits them, "
+                         "captioner-export --fitted stores them); decode.fitted_choice=false keeps the beam's order, "
+                         "decode.fitted_confidence=false gives no confidence")
     _set_typed(section, parts[1], value, dotted, source, f"unknown setting '{dotted}' in [{parts[0]}]")
     check_choice(dotted, getattr(section, parts[1]), source)  # fail when the config is read, not hours into a run
 

@@ -389,3 +389,58 @@ def test_decode_rules_are_stored_with_the_model(tmp_path):
         assert all(stored.get(k, v) == v for k, v in DecodeConfig.UNSTORED.items())  # stored since, or read as so
         bundled = captioner.load().config.decode
         assert all(getattr(bundled, k) == v for k, v in DecodeConfig.UNSTORED.items())
+
+
+# the bundled file's decode section as it was stored before a model file kept what it fitted apart (its "fitted"
+# entry): the choice's weights and the confidence map were decode settings then
+OLD_LAYOUT_DECODE = {
+    "beam_size": 5, "max_len": 30, "length_penalty": 1.0, "forbid_unk": True, "block_trigrams": True,
+    "block_bigrams": True, "block_salad": True, "block_repeats": True, "block_content_repeats": True,
+    "hard_context": "expected", "evidence": True, "evidence_floor": 0.05, "evidence_penalty": 10.0,
+    "evidence_bonus": 3.0, "person_floor": 0.2, "dog_floor": 0.2, "evidence_detectors": False, "consensus_k": 5,
+    "consensus_weight": 0.0, "select_wide": 3.82069, "select_agreement": 0.0, "select_log_prob": 0.0,
+    "select_length": 0.0, "select_objects": 3.0, "select_top_object": 0.0, "confidence_fitted": True,
+    "confidence_bias": -0.123361, "confidence_wide": 1.66427, "confidence_consensus": 1.50423,
+    "confidence_nearest": 0.0, "confidence_agreement": 0.0, "confidence_margin": 0.0, "confidence_log_prob": 1.39193,
+    "confidence_min_word": 0.0, "confidence_objects": 0.0, "confidence_weakest_object": 0.0, "confidence_top_p": 0.0,
+    "confidence_length": 0.0, "sure_at": 0.3709}
+
+
+def test_a_model_file_in_the_old_layout_loads_and_decodes_the_same(tmp_path, bundled):
+    """A file whose decode settings still hold the fitted numbers (decode.consensus_weight, select_*, confidence_*,
+    sure_at) and that has no "fitted" entry, as the bundled file had, loads them as its fitted data
+    (config.split_fitted): the same settings and fitted data as the bundled file now, and the same captions,
+    choices and confidences, number for number. Saved again, it is in the new layout."""
+    import json
+    from pathlib import Path
+
+    from captioner.checkpoint import read_safetensors, write_safetensors
+    from captioner.decoding.consensus import memory_path
+
+    tensors, meta = read_safetensors(captioner.DEFAULT_CHECKPOINT)
+    stored = {**json.loads(meta["config"]), "decode": OLD_LAYOUT_DECODE}
+    old = tmp_path / "old.safetensors"
+    write_safetensors(old, tensors, {**{k: v for k, v in meta.items() if k != "fitted"}, "config": json.dumps(stored)})
+    if memory_path(captioner.DEFAULT_CHECKPOINT).is_file():
+        memory_path(old).symlink_to(memory_path(captioner.DEFAULT_CHECKPOINT))
+    then, now = load_checkpoint(old), load_checkpoint(captioner.DEFAULT_CHECKPOINT)
+    assert then.config == now.config and then.fitted == now.fitted
+    assert then.fitted["choice"]["wide"] == 3.82069 and then.fitted["confidence"]["sure_at"] == 0.3709
+    examples = sorted((Path(captioner.__file__).parent / "assets" / "examples").glob("*.jpg"))
+    again = captioner.load(old)
+    for a, b in zip(again.caption(examples), bundled.caption(examples)):
+        assert {**a.to_dict(maps=False), "model": None} == {**b.to_dict(maps=False), "model": None}
+        assert np.array_equal(a.alphas, b.alphas)
+    again.save(tmp_path / "new.safetensors")
+    assert json.loads(read_safetensors(tmp_path / "new.safetensors")[1]["fitted"]) == now.fitted
+
+
+def test_an_old_file_without_a_fitted_choice_keeps_the_consensus_rerank_it_had():
+    """A file written before the choice's select_* weights stored only consensus_weight (0.3 by default, where
+    it did not store it): it decoded with the consensus rerank, (1 - w) x the beam's score + w x the consensus,
+    and still does; no confidence_fitted: no map."""
+    from captioner.config import split_fitted
+
+    assert split_fitted({"beam_size": 3}) == ({"beam_size": 3}, {"choice": {"score": 1 - 0.3, "consensus": 0.3}})
+    assert split_fitted({"consensus_weight": 0.5, "sure_at": 0.4}) == ({}, {"choice": {"score": 0.5, "consensus": 0.5}})
+    assert split_fitted({"consensus_weight": 0.0, "select_wide": 0.0}) == ({}, {})  # the beam's order: nothing fitted

@@ -1,11 +1,12 @@
 """The choice among the beam's captions (captioner/decoding/choice.py) and its fit (captioner/evaluation/choice_fit.py):
 each signal moves the choice the way its weight says, zero weights keep today's order, the least-squares fit finds
 the weights that made a candidate's CIDEr, out-of-fold choosing beats the beam's order where a signal carries the
-truth, and the fitted weights written as decode settings choose as the fit does. The product path: captions carry
-their choice score and the app's note says why the caption won."""
+truth, and the fitted weights stored as a model file's fitted data choose as the fit does. The product path: captions
+carry their choice score and the app's note says why the caption won."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ from captioner.config import DecodeConfig
 from captioner.decoding.consensus import ConsensusMemory
 from captioner.decoding.hypotheses import Hypothesis
 from captioner.decoding.choice import SIGNALS, Weights, choose, signals
-from captioner.evaluation.choice_fit import Pool, as_settings, fit, out_of_fold
+from captioner.decoding.fitted import Fitted
+from captioner.evaluation.choice_fit import Pool, as_fitted, fit, out_of_fold
 from captioner.vocab import Vocab
 
 EXAMPLES = sorted((Path(captioner.__file__).parent / "assets" / "examples").glob("*.jpg"))
@@ -42,7 +44,7 @@ def _feats(photo: int) -> torch.Tensor:
 
 def test_zero_weights_keep_the_beams_order_and_every_candidate():
     cands = [_hyp("a cat sits on the sofa", -0.5), _hyp("a dog runs on the grass", -0.9)]
-    out = choose([cands], _feats(0), None, _memory(), Vocab(WORDS), DecodeConfig(consensus_weight=0.0))[0]
+    out = choose([cands], _feats(0), None, _memory(), Vocab(WORDS), DecodeConfig())[0]  # no weights: the beam's
     assert out == cands and all(h.choice is None for h in out)
 
 
@@ -56,11 +58,11 @@ def test_each_signal_moves_the_choice_its_way(signal, winner):
              _hyp("a dog runs on the grass", -0.8), _hyp("a cat sits on the grass", -0.9)]
     probs = torch.zeros(len(captioner.concepts.imagenet.CATEGORIES))  # (C,): the head sees a cat only
     probs[captioner.concepts.imagenet.CATEGORIES.index("cat")] = 0.9
-    settings = DecodeConfig(consensus_k=1, consensus_weight=0.0)
+    settings = DecodeConfig(consensus_k=1)
     assert choose([cands], _feats(0), probs[None], _memory(), Vocab(WORDS), settings)[0][0].tokens == cands[0].tokens
-    weighted = (dataclasses.replace(settings, consensus_weight=0.99) if signal == "consensus"
-                else dataclasses.replace(settings, **{f"select_{signal}": 50.0}))
-    out = choose([cands], _feats(0), probs[None], _memory(), Vocab(WORDS), weighted)[0]
+    weighted = Weights.from_json({"score": 0.01, "consensus": 0.99} if signal == "consensus"
+                                 else {"score": 1.0, signal: 50.0})
+    out = choose([cands], _feats(0), probs[None], _memory(), Vocab(WORDS), settings, weights=weighted)[0]
     assert " ".join(Vocab(WORDS).itos[t] for t in out[0].tokens) == winner
     assert out[0].choice == max(h.choice for h in out) and set(out[0].signals) == set(SIGNALS)
 
@@ -98,18 +100,25 @@ def test_out_of_fold_choosing_beats_the_beams_order_where_a_signal_carries_the_t
     assert all(learned[k] > beam[k] + 0.3 for k in sets)
 
 
-def test_fitted_weights_stored_as_decode_settings_choose_as_the_fit_does():
-    """as_settings rescales (1 - w) + w = 1; the choice made with the settings equals the fit's argmax."""
+def test_fitted_weights_stored_as_the_files_fitted_data_choose_as_the_fit_does():
+    """as_fitted rescales score + consensus = 1; the choice made with the stored weights (read back from their JSON,
+    as a model file holds them) equals the fit's argmax; decode.fitted_choice=false keeps the beam's order."""
     weights = torch.tensor([0.8, 0.4, 1.2, -0.3, 0.1, -0.02, 0.5, 0.2], dtype=torch.float64)
-    decode = DecodeConfig(consensus_k=1, **as_settings(weights)).checked()
+    stored = Fitted.from_json(json.loads(json.dumps({"choice": as_fitted(weights)})))
+    decode = DecodeConfig(consensus_k=1)
     cands = [_hyp("a dog on the sofa", -0.3), _hyp("a cat sits on the sofa", -0.6), _hyp("a cat on the grass", -0.65),
              _hyp("a dog runs on the grass", -0.8)]
     probs = torch.rand(1, len(captioner.concepts.imagenet.CATEGORIES), generator=torch.Generator().manual_seed(0))
-    out = choose([cands], _feats(2), probs, _memory(), Vocab(WORDS), decode)[0]
+    out = choose([cands], _feats(2), probs, _memory(), Vocab(WORDS), decode, weights=stored.choice_in_use(decode))[0]
     x = torch.stack([torch.tensor([h.signals[s] for s in SIGNALS], dtype=torch.float64) for h in out])  # (n, S)
-    assert int((x @ weights).argmax()) == 0  # the fit's own favourite is the caption
+    assert int((x @ weights).argmax()) == 0 and out[0] is not cands[0]  # the fit's own favourite, not the beam's
+    off = dataclasses.replace(decode, fitted_choice=False)
+    assert choose([cands], _feats(2), probs, _memory(), Vocab(WORDS), off, weights=stored.choice_in_use(off))[0] == cands
     with pytest.raises(ValueError, match="positive"):
-        as_settings(torch.tensor([-1.0, 0.5, 0, 0, 0, 0, 0, 0]))
+        as_fitted(torch.tensor([-1.0, 0.5, 0, 0, 0, 0, 0, 0]))
+    for bad in ({"choice": {"sharpness": 1.0}}, {"choice": {"wide": float("nan")}}, {"chioce": {}}):
+        with pytest.raises(ValueError, match="fitted data"):
+            Fitted.from_json(bad, "x.safetensors")
 
 
 def test_a_caption_says_why_it_won(bundled):
@@ -121,7 +130,7 @@ def test_a_caption_says_why_it_won(bundled):
     assert "choice (ranks)" in hypothesis_rows(cap)[0] and "runner-up" in choice_note(cap)
     rec = cap.to_dict(maps=False)
     assert rec["choice"] == cap.choice and rec["alternatives"][0]["choice"] == cap.alternatives[0].choice
-    plain = bundled.caption(EXAMPLES[0], consensus_weight=0.0, **{f"select_{s}": 0.0 for s in SIGNALS[2:]})
+    plain = bundled.caption(EXAMPLES[0], fitted_choice=False)
     assert plain.choice is None and choice_note(plain) == "" and "choice (ranks)" not in hypothesis_rows(plain)[0]
 
 
@@ -138,7 +147,30 @@ def test_fit_selector_runs_end_to_end_on_a_few_real_photos(tmp_path, coco_mini):
     assert row["best of pool"] >= max(row["beam's first"], row["random"], row["current choice"]) > 0
     assert set(report["signals"]) >= {"beam score only", "every signal", *(f"without {s}" for s in SIGNALS[1:])}
     assert "score" in report["kept"] and set(report["weights"]) == set(SIGNALS)
-    if rc == 0:  # the weights as decode settings, valid ones
-        DecodeConfig(**report["decode"]).checked()
-    else:  # 1: on 8 photos the fit gave the score or the consensus a sign the settings cannot hold: said so
-        assert rc == 1 and report["decode"] is None
+    if rc == 0:  # the weights as a model file's fitted data, valid ones
+        assert Fitted.from_json(report["fitted"]).choice.to_json() == report["fitted"]["choice"]
+    else:  # 1: on 8 photos the fit gave the score or the consensus a sign the choice cannot hold: said so
+        assert rc == 1 and report["fitted"] is None
+
+
+def test_export_stores_a_reports_fitted_choice_and_keeps_the_rest(tmp_path, bundled):
+    """captioner-export --fitted REPORT: the report's choice replaces the file's, the file's confidence map stays;
+    without --fitted the export keeps the file's fitted data; a report without "fitted" is refused, naming it."""
+    import json
+
+    from captioner.checkpoint import load_checkpoint
+    from captioner.cli.export import main
+
+    own = load_checkpoint(captioner.DEFAULT_CHECKPOINT).fitted
+    report = tmp_path / "selector.json"
+    report.write_text(json.dumps({"fitted": {"choice": {"score": 0.75, "consensus": 0.25, "length": -0.01}}}))
+    assert main([str(captioner.DEFAULT_CHECKPOINT), str(tmp_path / "a.safetensors"), "--fitted", str(report)]) == 0
+    stored = load_checkpoint(tmp_path / "a.safetensors").fitted
+    assert stored["choice"] == {**dict.fromkeys(SIGNALS, 0.0), "score": 0.75, "consensus": 0.25, "length": -0.01}
+    assert stored["confidence"] == own["confidence"]
+    assert main([str(captioner.DEFAULT_CHECKPOINT), str(tmp_path / "b.safetensors")]) == 0
+    assert load_checkpoint(tmp_path / "b.safetensors").fitted == own
+    (tmp_path / "scores.json").write_text(json.dumps({"scores": {}}))
+    assert main([str(captioner.DEFAULT_CHECKPOINT), str(tmp_path / "c.safetensors"), "--fitted",
+                 str(tmp_path / "scores.json")]) == 2
+    assert not (tmp_path / "c.safetensors").exists()

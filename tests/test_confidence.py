@@ -17,6 +17,7 @@ import captioner
 from captioner.config import DecodeConfig
 from captioner.decoding.captions import Caption
 from captioner.decoding.confidence import GOOD_CIDER, SIGNALS, ConfidenceMap, why_unsure
+from captioner.decoding.fitted import Fitted, attach_fitted, fitted_of
 from captioner.evaluation.confidence_fit import Row, auroc, calibration_error, coverage, fit, out_of_fold, threshold
 from captioner.ui.texts import NO_CONFIDENCE, sure_line
 
@@ -55,11 +56,16 @@ def test_the_fit_finds_the_signal_that_carries_the_truth_and_stores_it():
     fitted = fit(_rows(800))
     w = dict(zip(SIGNALS, fitted.weights))
     assert w["wide"] > 2.0 and all(abs(v) < 0.5 for s, v in w.items() if s != "wide"), w
-    settings = DecodeConfig(**fitted.as_settings())
-    again = ConfidenceMap.of(settings)
+    stored = Fitted.from_json(json.loads(json.dumps({"confidence": fitted.rounded().to_json()})))  # as a file holds it
+    again = stored.map_in_use(DecodeConfig())
     row = _signals(wide=0.7, margin=0.2)
     assert abs(again(row) - fitted(row)) < 1e-4
-    assert ConfidenceMap.of(DecodeConfig()) is None  # no fitted map: no confidence
+    assert stored.map_in_use(DecodeConfig(fitted_confidence=False)) is None  # switched off: no confidence
+    assert Fitted().map_in_use(DecodeConfig()) is None  # no fitted map: no confidence
+    for bad in ({"bias": 0.0, "weights": {}, "sure_at": 1.5}, {"bias": "high", "weights": {}, "sure_at": 0.5},
+                {"bias": 0.0, "weights": {"luck": 1.0}, "sure_at": 0.5}, {"bias": 0.0, "weights": {}}):
+        with pytest.raises(ValueError, match="x.safetensors: its fitted data is unusable"):
+            Fitted.from_json({"confidence": bad}, "x.safetensors")
 
 
 def test_out_of_fold_confidence_separates_and_is_calibrated():
@@ -97,7 +103,7 @@ def _caption(confidence: float | None, sure_at: float = 0.5, **signals: float) -
     cap = Caption("a dog on the grass", ["a", "dog", "on", "the", "grass"], np.zeros((5, 1, 1)), -3.0,
                   [("a cat on the grass", -3.5)], confidence=confidence,
                   sure_signals=_signals(**{"nearest": 0.9, "agreement": 6.0, "wide": 0.5, **signals}))
-    cap.settings = dataclasses.asdict(DecodeConfig(sure_at=sure_at))
+    cap.settings, cap.sure_at = dataclasses.asdict(DecodeConfig()), sure_at
     return cap
 
 
@@ -116,19 +122,24 @@ def test_a_caption_says_how_sure_and_why_not():
     assert why_unsure(_signals(nearest=0.5), None).startswith("few photos like this one")
 
 
-def _fitted_settings() -> dict:
+def _fitted_map() -> ConfidenceMap:
     """A map that weighs the wide consensus up (sure where people say such things of photos like it)."""
-    return ConfidenceMap(-1.0, tuple(4.0 if s == "wide" else 0.0 for s in SIGNALS), 0.5).as_settings()
+    return ConfidenceMap(-1.0, tuple(4.0 if s == "wide" else 0.0 for s in SIGNALS), 0.5)
 
 
 def test_the_bundled_model_gives_a_confidence_from_its_signals(bundled):
-    """With a map in the settings every caption of a photo carries confidence and sure; without one, none."""
-    photo = bundled.read(EXAMPLES[0])
-    cap = photo.caption(**_fitted_settings())
-    assert 0.0 <= cap.confidence <= 1.0 and isinstance(cap.sure, bool)
+    """With a map in the model file's fitted data every caption of a photo carries confidence and sure (at the
+    map's sure_at); with decode.fitted_confidence=false, none."""
+    photo, own = bundled.read(EXAMPLES[0]), fitted_of(bundled.model)
+    attach_fitted(bundled.model, dataclasses.replace(own, confidence=_fitted_map()))
+    try:
+        cap = photo.caption()
+    finally:
+        attach_fitted(bundled.model, own)  # the shared fixture as it was
+    assert 0.0 <= cap.confidence <= 1.0 and cap.sure_at == 0.5 and cap.sure == (cap.confidence >= 0.5)
     assert set(cap.sure_signals) == set(SIGNALS) and 0.0 < cap.sure_signals["nearest"] <= 1.0 + 1e-6
     assert abs(cap.confidence - 1 / (1 + math.exp(1.0 - 4.0 * cap.sure_signals["wide"]))) < 1e-9
-    plain = photo.caption(confidence_fitted=False)
+    plain = photo.caption(fitted_confidence=False)
     assert plain.confidence is None and plain.sure is None
     assert plain.text == cap.text  # how sure never changes the caption
 
@@ -141,15 +152,13 @@ def test_every_json_line_carries_confidence_and_sure(tmp_path):
     out = run("scripts/caption.py", *map(str, EXAMPLES[:2]), "--json")
     lines = [json.loads(x) for x in out.stdout.splitlines()]
     assert len(lines) == 2 and all({"confidence", "sure"} <= x.keys() for x in lines)
-    fitted = DecodeConfig(**{k: v for k, v in _fitted_settings().items()})
-    if not captioner.load().config.decode.confidence_fitted:
+    if fitted_of(captioner.load().model).confidence is None:
         assert out.stderr.count("no fitted confidence map") == 1
         assert all(x["confidence"] is None for x in lines)
     else:
         assert all(0 <= x["confidence"] <= 1 and isinstance(x["sure"], bool) for x in lines)
         text = run("scripts/caption.py", str(EXAMPLES[0]))
         assert text.stdout.split("\t")[2].split()[0] in ("sure", "unsure")
-    assert fitted.confidence_fitted
 
 
 def test_evaluate_coverage_reports_the_surest_shares_or_says_why_not():
@@ -167,13 +176,13 @@ def test_evaluate_coverage_reports_the_surest_shares_or_says_why_not():
     records = [ImageRecord(i, Path(f"{i}.jpg"), r) for i, r in refs.items()]
     said = []
     caps = [_caption(None) for _ in records]
-    assert coverage_report(caps, records, None, 0.5, said.append) is None and "not measured" in said[0]
+    assert coverage_report(caps, records, None, said.append) is None and "not measured" in said[0]
     caps = []
     for i, conf in zip(refs, (0.9, 0.8, 0.2, 0.1)):  # sure of the two right ones
         c = _caption(conf)
         c.text, c.words = texts[i], texts[i].split()
         caps.append(c)
-    out = coverage_report(caps, records, None, 0.5, said.append)
+    out = coverage_report(caps, records, None, said.append)
     assert out["AUROC good"] == 1.0 and out["sure"]["share"] == 0.5
     assert out["coverage"]["50%"]["CIDEr"] > out["coverage"]["100%"]["CIDEr"]
     assert out["coverage"]["50%"]["CHAIR-s"] == 0.0 < out["coverage"]["100%"]["CHAIR-s"]  # the pizza and the cat

@@ -183,3 +183,67 @@ def test_a_model_file_with_a_renamed_or_removed_setting_still_loads(tmp_path, mo
     assert loaded.config.to_dict() == load_checkpoint(captioner.DEFAULT_CHECKPOINT).config.to_dict()
     with pytest.raises(ValueError, match="beam_width"):  # a recipe or --set with the old name is still an error
         config.load_config(None, ["decode.beam_width=3"])
+
+
+def _decode_field_lines() -> dict[str, str]:
+    """Each DecodeConfig field -> its line in config.py with the comment lines that follow it (its explanation)."""
+    import dataclasses
+    import inspect
+
+    from captioner.config import DecodeConfig
+
+    lines = inspect.getsource(DecodeConfig).splitlines()
+    names = [f.name for f in dataclasses.fields(DecodeConfig)]
+    out = {}
+    for i, line in enumerate(lines):
+        name = line.strip().split(":")[0]
+        if name in names:
+            more = [x for x in lines[i + 1:i + 3] if x.strip().startswith("#")]
+            out[name] = " ".join([line, *more])
+    return out
+
+
+def test_the_decode_settings_are_few_explained_and_checked():
+    """A user's decode settings: at most 22, each with a comment saying what it does, each number with a range in
+    LIMITS (checked() refuses a value outside it), and none of them a fitted number (those are the model file's
+    data: decoding/fitted.py)."""
+    import dataclasses
+
+    from captioner.config import DecodeConfig, is_old_fitted_key
+
+    fields = dataclasses.fields(DecodeConfig)
+    assert len(fields) <= 22, [f.name for f in fields]
+    lines = _decode_field_lines()
+    assert set(lines) == {f.name for f in fields} and all("#" in line for line in lines.values()), lines
+    numeric = {f.name for f in fields if f.type in ("int", "float")}
+    assert numeric and numeric == set(DecodeConfig.LIMITS), numeric ^ set(DecodeConfig.LIMITS)
+    for key, (low, high) in DecodeConfig.LIMITS.items():
+        with pytest.raises(ValueError, match=f"decode.{key} must lie in"):
+            dataclasses.replace(DecodeConfig(), **{key: type(getattr(DecodeConfig(), key))(high + 1)}).checked()
+    assert not [f.name for f in fields if is_old_fitted_key(f.name)]
+
+
+def test_where_the_bundled_file_stores_another_value_the_setting_says_so():
+    """The config's defaults are what a model trained here stores; each setting the bundled file stores otherwise
+    names the bundled file's value in its comment, so the difference is read where the setting is."""
+    import dataclasses
+
+    from captioner.checkpoint import load_checkpoint
+    from captioner.config import DecodeConfig
+
+    import captioner
+
+    if not captioner.DEFAULT_CHECKPOINT.is_file():
+        pytest.skip("the bundled model file is missing")
+    stored, lines = load_checkpoint(captioner.DEFAULT_CHECKPOINT).config.decode, _decode_field_lines()
+    differ = [f.name for f in dataclasses.fields(DecodeConfig) if getattr(stored, f.name) != getattr(DecodeConfig(), f.name)]
+    assert differ and "evidence_detectors" in differ  # a file that predates the setting: UNSTORED
+    assert [name for name in differ if "bundled" not in lines[name]] == []
+
+
+def test_a_fitted_number_set_as_a_decode_setting_says_where_it_went():
+    """decode.select_wide, consensus_weight, confidence_* and sure_at were decode settings: a recipe or --set naming
+    one is an error that says they are the model file's fitted data now and how to switch them off."""
+    for key in ("select_wide", "consensus_weight", "confidence_bias", "sure_at"):
+        with pytest.raises(ValueError, match="no longer a decode setting.*fitted data.*fitted_choice=false"):
+            load_config(None, [f"decode.{key}=1"])

@@ -11,7 +11,9 @@ import torch
 import captioner
 from captioner.checkpoint import CheckpointError
 from captioner.config import DecodeConfig
+from captioner.decoding.choice import Weights
 from captioner.decoding.consensus import ConsensusMemory, attach_memory, memory_of, memory_path
+from captioner.decoding.fitted import fitted_of
 from captioner.decoding.hypotheses import Hypothesis
 from captioner.decoding.photo import caption_photos
 from captioner.decoding.choice import choose
@@ -32,8 +34,9 @@ def _hyp(tokens: list[int], score: float) -> Hypothesis:
 
 
 def rerank(hyps, feats, memory, k: int, weight: float):
-    """The choice with only the beam's score and the consensus weighted (select_* 0): the consensus rerank."""
-    return choose(hyps, feats, None, memory, None, DecodeConfig(consensus_k=k, consensus_weight=weight))
+    """The choice with only the beam's score and the consensus weighted (1 - weight, weight): the consensus rerank."""
+    return choose(hyps, feats, None, memory, None, DecodeConfig(consensus_k=k),
+                  weights=Weights.from_json({"score": 1 - weight, "consensus": weight}))
 
 
 def _near(pooled_row: torch.Tensor, P: int = 4) -> torch.Tensor:
@@ -110,12 +113,10 @@ def bundled(bundled):
 
 
 def test_weight_zero_gives_todays_captions(bundled):
-    """With decode.consensus_weight=0 and the choice's other weights 0 the product path writes exactly the captions
-    of a model without a memory."""
-    from captioner.decoding.choice import SIGNALS
-
+    """With decode.fitted_choice=false (the beam's own order) the product path writes exactly the captions of a
+    model without a memory."""
     photos = bundled.read_batch(EXAMPLES)
-    off = caption_photos(bundled, photos, consensus_weight=0.0, **{f"select_{s}": 0.0 for s in SIGNALS[2:]})
+    off = caption_photos(bundled, photos, fitted_choice=False)
     memory = memory_of(bundled.model)
     attach_memory(bundled.model, None)
     try:
@@ -123,10 +124,10 @@ def test_weight_zero_gives_todays_captions(bundled):
     finally:
         attach_memory(bundled.model, memory)
     assert [c.text for c in off] == [c.text for c in plain] and [c.score for c in off] == [c.score for c in plain]
-    on = caption_photos(bundled, photos)  # the stored weight: the caption is one of the beam's
+    on = caption_photos(bundled, photos)  # the file's fitted choice: the caption is one of the beam's
     for c, o in zip(on, plain):
         assert c.text in [o.text, *(a.text for a in o.alternatives)]
-        assert c.settings["consensus_weight"] == bundled.config.decode.consensus_weight
+        assert c.weights == fitted_of(bundled.model).choice.to_json()  # each caption says what chose it
 
 
 @pytest.mark.slow
@@ -135,6 +136,7 @@ def test_saving_a_captioner_writes_its_memory_beside_the_file(bundled, tmp_path)
     bundled.save(path)
     again = captioner.load(path)
     assert len(memory_of(again.model)) == len(memory_of(bundled.model))
+    assert fitted_of(again.model) == fitted_of(bundled.model)  # and keeps its fitted data
     photo = again.read(EXAMPLES[0])
     assert photo.caption().text == bundled.read(EXAMPLES[0]).caption().text
 

@@ -261,7 +261,9 @@ def test_a_taught_model_is_exported_with_its_starting_models_decode_settings_and
     from captioner.checkpoint import load_checkpoint
     from captioner.config import Config
     from captioner.data.features import encoder_fingerprint
+    from captioner.decoding.choice import Weights
     from captioner.decoding.consensus import ConsensusMemory, attach_memory, memory_path
+    from captioner.decoding.fitted import Fitted, attach_fitted
     from captioner.model.show_attend_tell import build_model
     from captioner.vocab import Vocab
 
@@ -273,6 +275,7 @@ def test_a_taught_model_is_exported_with_its_starting_models_decode_settings_and
     said = [[[4, 5]], [[6, 7, 8], [4]], [[9]]]  # three photos' captions, in the starting model's ids
     attach_memory(start.model, ConsensusMemory.build(torch.randn(3, dim), said, len(start.vocab),
                                                      encoder_fingerprint(start.model.encoder)))
+    attach_fitted(start.model, Fitted(Weights.from_json({"score": 0.6, "consensus": 0.4})))  # its fitted choice
     start.save(tmp_path / "start.safetensors")
     cfg = Config.from_dict(start.config.to_dict())  # the run: the recipe's decode section, not the starting file's
     cfg.train.init_from, cfg.train.extend_vocab = str(tmp_path / "start.safetensors"), True
@@ -287,17 +290,18 @@ def test_a_taught_model_is_exported_with_its_starting_models_decode_settings_and
     assert "decode settings: the starting model's" in said_out and "consensus memory: the starting model's (3 " \
         "photos, 4 captions)" in said_out, said_out
     assert load_checkpoint(out).config.decode == start.config.decode  # evidence_detectors off, beam 4, as it had
+    assert load_checkpoint(out).fitted == load_checkpoint(tmp_path / "start.safetensors").fitted != {}  # its choice
     memory = ConsensusMemory.load(memory_path(out))
     assert memory.vocab_size == len(vocab) and len(memory) == 3 and memory.encoder == encoder_fingerprint(model.encoder)
     assert [list(map(list, memory.captions_of(j))) for j in range(3)] == said  # ids kept
     assert torch.equal(memory.features, ConsensusMemory.load(memory_path(tmp_path / "start.safetensors")).features)
     assert caption([str(ROOT / "captioner" / "assets" / "examples" / "cat.jpg"), "--checkpoint", str(out),
-                    "--max-len", "3"]) == 0  # loads with its memory: the settings line claims no missing rerank
+                    "--max-len", "3", "--verbose"]) == 0  # loads with its memory: the settings line claims no missing rerank
     err = capsys.readouterr().err
     assert "consensus_k 5" in err and "no consensus rerank" not in err
     out.with_name("bare.safetensors").write_bytes(out.read_bytes())  # the same file with no memory beside it
     assert caption([str(ROOT / "captioner" / "assets" / "examples" / "cat.jpg"), "--checkpoint",
-                    str(out.with_name("bare.safetensors")), "--max-len", "3"]) == 0
+                    str(out.with_name("bare.safetensors")), "--max-len", "3", "--verbose"]) == 0
     err = capsys.readouterr().err
     assert "consensus_k" not in err and "no consensus rerank (no consensus memory beside the file)" in err
 

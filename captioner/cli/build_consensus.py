@@ -6,7 +6,8 @@ finds it (<model>.consensus.safetensors). The bundled model's memory (Flickr8k t
 
 Only the recipe's TRAINING photos go in (never val or test: the rerank is chosen on val). Features come from the
 model's own encoder through the feature caches training uses (built here when missing, the longest part of a
-first run: one encoder pass per training photo). decode.consensus_k / consensus_weight say how the memory is used (0: not at all).
+first run: one encoder pass per training photo). decode.consensus_k and the model file's fitted choice say how the
+memory is used (decode.fitted_choice=false: not at all).
 """
 from __future__ import annotations
 

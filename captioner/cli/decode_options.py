@@ -56,22 +56,34 @@ def decode_settings(model: Any, args: argparse.Namespace):
 
 
 # settings only beam search reads: a sampled caption is drawn word by word, never searched nor reranked
-SEARCH_ONLY = ("beam_size", "length_penalty", "consensus_k", "consensus_weight")
-CONSENSUS = ("consensus_k", "consensus_weight")
+SEARCH_ONLY = ("beam_size", "length_penalty", "consensus_k", "fitted_choice", "fitted_confidence")
+CONSENSUS = ("consensus_k", "fitted_choice", "fitted_confidence")  # what needs the memory beside the file
 
 
-def describe(settings, sampling: bool = False, consensus: bool = True) -> str:
+def describe(settings, sampling: bool = False, consensus: bool = True, fitted=None) -> str:
     """'beam_size 5, max_len 30, ...': every decode setting in use, for the line a command prints. Settings
     that do nothing are left out, so the line never claims them: with `sampling` the beam's (SEARCH_ONLY);
-    without `consensus` (the model file has no consensus memory beside it) consensus_k and consensus_weight,
-    and the line says the rerank is off instead."""
+    without `consensus` (the model file has no consensus memory beside it) the ones that need it (CONSENSUS),
+    and the line says the rerank is off instead. `fitted` (the file's decoding.fitted.Fitted): what of it is in
+    use, the choice's weights and the confidence map's threshold (the numbers are the fit's, not settings)."""
     skip = (SEARCH_ONLY if sampling else ()) + (() if consensus else CONSENSUS)
     values = dataclasses.asdict(settings)
-    text = ", ".join(f"{k} {v}" for k, v in values.items() if k not in skip and not k.startswith("confidence_")
-                     and k != "sure_at")
-    if values["confidence_fitted"] and not sampling:  # the map's weights are the fit's, not settings to read
-        text += f", confidence map fitted (sure at {values['sure_at']:g})"
+    text = ", ".join(f"{k} {v}" for k, v in values.items() if k not in skip)
+    if fitted is not None and consensus and not sampling:
+        text += fitted_words(fitted, settings)
     return text if consensus or sampling else f"{text}, no consensus rerank (no consensus memory beside the file)"
+
+
+def fitted_words(fitted, settings) -> str:
+    """'; the file's fitted choice (score 1, wide 3.82069, objects 3) and confidence map (sure at 0.3709)': what of
+    the model file's fitted data a decode with `settings` uses ("" for none)."""
+    parts = []
+    if settings.fitted_choice and fitted.choice is not None:
+        weights = ", ".join(f"{s} {w:g}" for s, w in fitted.choice.to_json().items() if w)
+        parts.append(f"choice ({weights})")
+    if fitted.map_in_use(settings) is not None:
+        parts.append(f"confidence map (sure at {fitted.confidence.sure_at:g})")
+    return f"; the file's fitted {' and '.join(parts)}" if parts else ""
 
 
 def describe_briefly(settings, stored, sampling: bool = False) -> str:

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         scores.update(score_captions(preds, {r.image_id: r.captions for r in scored}, metrics=(), spice=True, log=say))
     grounding = _grounding(args, loaded, feats, scored, caps, preds, instances)
     if args.coverage:
-        scores["coverage"] = coverage_report(caps, scored, instances, used.sure_at, say)
+        scores["coverage"] = coverage_report(caps, scored, instances, say)
     _write(args, label, used, scores, grounding, preds)
     if args.report:
         _report(args, label, scored, caps, scores, instances, say)
@@ -242,9 +242,10 @@ def hallucination_report(preds: dict, records: list, instances) -> dict:
             "hallucination_references": measure_references(refs, boxed)}
 
 
-def coverage_report(caps: list, records: list, instances, sure_at: float, say) -> dict | None:
+def coverage_report(caps: list, records: list, instances, say) -> dict | None:
     """--coverage: each photo's per-photo CIDEr-D (the set's document frequencies) and CHAIR beside its caption's
-    confidence -> confidence_fit.summary, printed; None (and a line saying why) without confidences."""
+    confidence -> confidence_fit.summary at the file's fitted sure_at, printed; None (and a line saying why) without
+    confidences."""
     from captioner.evaluation.confidence_fit import Row, summary
     from captioner.evaluation.grounding import boxed_categories
     from captioner.evaluation.hallucination import CATEGORY_WORDS, caption_hallucination, word_table
@@ -254,6 +255,7 @@ def coverage_report(caps: list, records: list, instances, sure_at: float, say) -
         say("coverage: not measured: this model file has no fitted confidence map (captioner-fit-selector "
             "--confidence fits one)")
         return None
+    sure_at = next((c.sure_at for c in caps), None)  # the model file's (fitted with its map), on every caption
     refs = {r.image_id: r.captions for r in records}
     cider = cider_per_image({r.image_id: c.text for r, c in zip(records, caps)}, refs)
     boxed = boxed_categories(instances, refs) if instances is not None else None

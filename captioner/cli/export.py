@@ -5,7 +5,9 @@
 
 Keeps only the model tensors (no optimizer state), stores fp16 weights with --half (loaded back as
 fp32; a frozen encoder keeps its exact fp32 weights, so features and feature caches match training), records the evaluation scores given with --metrics inside the file, and can change decode
-settings (chosen on the validation split) so captioner.load() uses them by default.
+settings (chosen on the validation split) so captioner.load() uses them by default. The file keeps what the
+checkpoint fitted to its own captions (decoding/fitted.py: the choice among the beam's captions, the confidence
+map; a taught run: its starting model's); --fitted stores a captioner-fit-selector report's instead.
 """
 from __future__ import annotations
 
@@ -15,12 +17,7 @@ import sys
 from pathlib import Path
 
 
-def main(argv: list[str] | None = None) -> int:
-    from captioner.checkpoint import DETECTORS, CheckpointError, load_checkpoint, save_checkpoint
-    from captioner.config import Config, set_value
-    from captioner.diskspace import FULL
-    from captioner.training.as_exported import exported_decode, taught_from
-
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
     p.add_argument("output")
@@ -29,10 +26,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--half", action="store_true", help="store floating-point tensors as fp16")
     p.add_argument("--metrics", nargs="+", action="extend", default=[], help="JSON files (e.g. evaluate.py --output) to record")
     p.add_argument("--set", nargs="+", action="extend", default=[], metavar="decode.KEY=VALUE", help="change decode settings")
+    p.add_argument("--fitted", nargs="+", action="extend", default=[], metavar="REPORT",
+                   help="store the fitted data of these captioner-fit-selector --output reports (its choice among "
+                        "the beam's captions, its confidence map), each replacing the part it fitted")
     p.add_argument("--detectors-from", default=None, metavar="MODEL",
                    help="carry the word detectors of this model file (captioner-train-detectors) and its "
                         "decode.person_floor; its encoder must be this checkpoint's, weight for weight")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from captioner.checkpoint import DETECTORS, CheckpointError, load_checkpoint, save_checkpoint
+    from captioner.config import Config, set_value
+    from captioner.diskspace import FULL
+    from captioner.training.as_exported import exported_decode, taught_from
+
+    args = _parser().parse_args(argv)
     try:
         ckpt = load_checkpoint(args.checkpoint)
         cfg = Config.from_dict(ckpt.config.to_dict())
@@ -53,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             state = {k: (sum(o.model_state[k].double() for o in others) + v.double()).div(len(others) + 1).to(v.dtype)
                      if v.is_floating_point() else v for k, v in state.items()}
         metrics = exported_metrics(ckpt, args)
+        fitted = exported_fitted(ckpt, args, start)
         if args.detectors_from:
             ckpt = with_detectors_of(ckpt, cfg, load_checkpoint(args.detectors_from), args.detectors_from)
     except (CheckpointError, ValueError, KeyError, OSError) as e:
@@ -62,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         state = {**state, **{DETECTORS + k: v for k, v in ckpt.detector_tensors.items()}}
     try:
         save_checkpoint(args.output, cfg, ckpt.vocab, state, metrics=metrics, half=args.half,
-                        detector_info=ckpt.detector_info, then=": any file already at the output is left as it was.")
+                        detector_info=ckpt.detector_info, then=": any file already at the output is left as it was.",
+                        fitted=fitted)
     except OSError as e:  # a full disk: DiskFullError names the file and the space it needs
         if e.errno not in FULL:
             raise
@@ -100,6 +111,21 @@ def exported_metrics(ckpt, args: argparse.Namespace) -> dict:
         metrics[name] = {"scores": data["scores"], "beam_size": data.get("beam_size"),
                          "length_penalty": data.get("length_penalty")}
     return metrics
+
+
+def exported_fitted(ckpt, args: argparse.Namespace, start: Path | None) -> dict:
+    """What the exported file stores as its fitted data (decoding/fitted.py): the checkpoint's own (a taught run's:
+    its starting model's, as its decode settings), each part a --fitted report fitted replaced by the report's.
+    ValueError naming a report that holds none or an unusable one."""
+    from captioner.checkpoint import load_checkpoint
+    from captioner.decoding.fitted import Fitted
+
+    source = start if start is not None else args.checkpoint
+    out = Fitted.from_json(load_checkpoint(start).fitted if start is not None else ckpt.fitted, str(source))
+    for path in args.fitted:
+        data = read_report(path, "fitted", "--fitted", "captioner-fit-selector --output")
+        out = out.merged(Fitted.from_json(data["fitted"], f"--fitted {path}"))
+    return out.to_json()
 
 
 def taught_memory(output: str, ckpt, start: Path) -> str:
@@ -155,14 +181,20 @@ def with_detectors_of(ckpt, cfg, donor, name: str):
 
 def read_metrics(path: str) -> dict:
     """One --metrics file (evaluate.py --output JSON, with "scores"); a ValueError naming the file otherwise."""
+    return read_report(path, "scores", "--metrics", "evaluate.py --output")
+
+
+def read_report(path: str, key: str, option: str, writer: str) -> dict:
+    """A JSON report holding the object `key` (given with `option`, written by `writer`); a ValueError naming the
+    file and the command that writes one otherwise."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ValueError(f"--metrics {path}: no such file") from None
+        raise ValueError(f"{option} {path}: no such file") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"--metrics {path}: not a JSON file ({e}); pass the file evaluate.py --output wrote") from None
-    if not isinstance(data, dict) or not isinstance(data.get("scores"), dict):
-        raise ValueError(f"--metrics {path}: no \"scores\" object; pass the file evaluate.py --output wrote")
+        raise ValueError(f"{option} {path}: not a JSON file ({e}); pass the file {writer} wrote") from None
+    if not isinstance(data, dict) or not isinstance(data.get(key), dict):
+        raise ValueError(f"{option} {path}: no \"{key}\" object; pass the file {writer} wrote")
     return data
 
 

@@ -13,8 +13,8 @@ candidate gets its signals and its CIDEr against the photo's references, and the
 - the weights fitted on every photo of the kept signals, then CIDEr, CHAIR-s, CHAIR-i and object recall of their
   choices with each --objects weight added (the signal that rewards naming what the encoder's head sees and
   penalises naming what it barely sees: CIDEr hardly notices a wrong object, a person reading the caption does);
-- the kept weights as the --set line of captioner-export that stores them in a model file (they are decode
-  settings: decode.consensus_weight and decode.select_*).
+- the kept weights, under "fitted" in the --output report: `captioner-export MODEL OUT --fitted REPORT` stores
+  them as the model file's fitted data (decoding/fitted.py; they are not decode settings).
 
 A signal is kept when leaving it out lowers the mean out-of-fold CIDEr over the sets (each set weighed alike) by
 more than MIN_GAIN.
@@ -48,14 +48,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="also measure these pools' headroom: beamK (e.g. beam10) or sampleN (N nucleus samples, "
                         "temperature .6, top-p .9, added to the beam's)")
     p.add_argument("--objects", type=float, nargs="+", action="extend", default=[], metavar="W",
-                   help="values of decode.select_objects to try beside the fitted weights (default 0 1 2 3; CIDEr "
+                   help="weights of the objects signal to try beside the fitted weights (default 0 1 2 3; CIDEr "
                         "hardly sees a wrong object, CHAIR does): the one of least CHAIR-s within .005 mean CIDEr of "
                         "the best is kept")
     p.add_argument("--confidence", action="store_true",
                    help="fit how sure a caption is (decoding/confidence.py) instead of the choice: out-of-fold AUROC, "
-                        "calibration, coverage per set, and the --set line that stores the map and sure_at")
+                        "calibration, coverage per set, and the map with its sure_at under \"fitted\" in --output")
     p.add_argument("--limit", type=int, default=None, help="the first N photos of each set (a quick look)")
-    p.add_argument("--output", default=None, help="write the tables and the weights as JSON here")
+    p.add_argument("--output", default=None, help="write the tables and the fitted data (\"fitted\": what "
+                   "captioner-export --fitted stores in a model file) as JSON here")
     return p
 
 
@@ -85,7 +86,7 @@ def _pools(loaded, feats, settings, extra: list[str]) -> dict[str, tuple[list, f
     from captioner.decoding.sampling import Draw, SampleSettings
     from captioner.decoding.search import Hypothesis
 
-    beam = dataclasses.replace(settings, consensus_weight=0.0)  # the beam's own order: the choice is fitted here
+    beam = dataclasses.replace(settings, fitted_choice=False)  # the beam's own order: the choice is fitted here
     out = {}
     for name in [f"beam{settings.beam_size}"] + extra:
         t0, hyps = time.perf_counter(), []
@@ -133,20 +134,27 @@ def main(argv: list[str] | None = None) -> int:
                                                       for key, v in row.items()), flush=True)
     if args.confidence:
         report["confidence"] = _confidence(sure)
+        report["fitted"] = {"confidence": report["confidence"].pop("fitted")}
+        print(_store_line(args))
         _write(args.output, report)
         return 0
     report.update(_signals(fitted))
     report.update(_objects(fitted, truth, report["weights"], args.objects))
     try:
-        report["decode"] = decode = _as_settings(report["weights"])
+        report["fitted"] = {"choice": _as_fitted(report["weights"])}
     except ValueError as e:
-        report["decode"] = decode = None
+        report["fitted"] = None
         print(f"error: {e}", file=sys.stderr)
     else:
-        print("store them: captioner-export MODEL OUT --half --set "
-              + " ".join(f"decode.{k}={v:g}" for k, v in decode.items()))
+        print(f"the choice: {report['fitted']['choice']}; {_store_line(args)}")
     _write(args.output, report)
-    return 0 if decode is not None else 1
+    return 0 if report["fitted"] is not None else 1
+
+
+def _store_line(args: argparse.Namespace) -> str:
+    """How to store the report's fitted data in a model file."""
+    report = args.output or "REPORT.json (rerun with --output REPORT.json)"
+    return f"store it: captioner-export MODEL OUT --half --fitted {report}"
 
 
 def _write(output: str | None, report: dict) -> None:
@@ -177,14 +185,13 @@ def _confidence(sure: dict) -> dict:
                                        for k, v in s["coverage"].items()))
         print("  reliability " + ", ".join(f"{r['bin']}: {r['photos']} at {r['confidence']:.2f} -> {r['good']:.2f}"
                                           for r in s["reliability"]))
-    fitted = dc.replace(fit_sets(sure, use=kept), sure_at=at)
-    report["decode"] = fitted.as_settings()
+    fitted = dc.replace(fit_sets(sure, use=kept), sure_at=at).rounded()
+    report["fitted"] = fitted.to_json()
     report["rows"] = {n: [{"image": r.image_id, "caption": r.caption, "cider": r.cider, "confidence": c,
                            "hallucinates": r.hallucinates, "signals": r.signals} for r, c in zip(rows, oof[n])]
                       for n, rows in sure.items()}
-    print("store it: captioner-export MODEL OUT --half --set "
-          + " ".join(f"decode.{k}={str(v).lower() if isinstance(v, bool) else f'{v:g}'}" for k, v in
-                     report["decode"].items()))
+    print(f"the map: bias {fitted.bias:g}, " + ", ".join(f"{s} {w:g}" for s, w in fitted.to_json()["weights"].items()
+                                                      if w) + f", sure at {fitted.sure_at:g}")
     return report
 
 
@@ -198,11 +205,12 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
     from captioner.data.features import build_cache
     from captioner.decoding.consensus import memory_of
     from captioner.decoding.evidence import photo_evidence
+    from captioner.decoding.fitted import fitted_of
     from captioner.decoding.reading import read_heads
     from captioner.decoding.choice import SIGNALS, WIDE, Weights, choose, signals
     from captioner.evaluation.choice_fit import Pool, baselines, candidate_cider
 
-    memory = memory_of(loaded.model)
+    memory, fitted_now = memory_of(loaded.model), fitted_of(loaded.model)  # the file's current choice and map
     cache = build_cache(args.cache_dir, loaded.preprocess.cache_name(name, "val"), loaded.model.encoder,
                         loaded.preprocess, records, "cpu", num_workers=1, progress=False, log=print)
     keep = [i for i, r in enumerate(records) if r.image_id not in set(cache.missing)]
@@ -223,7 +231,8 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
             hyps = [b + [h for h in s if all(h.tokens != c.tokens for c in b)] for b, s in zip(beam_hyps, hyps)]
         texts = [tuple(" ".join(loaded.vocab.itos[t] for t in h.tokens) for h in hs) for hs in hyps]
         cider = candidate_cider(refs, texts)
-        current = choose(hyps, feats, probs, memory, loaded.vocab, settings, person, how_sure=True)
+        current = choose(hyps, feats, probs, memory, loaded.vocab, settings, person, how_sure=True,
+                         weights=fitted_now.choice_in_use(settings), fitted=fitted_now.map_in_use(settings))
         who = (lambda i: None) if person is None else (lambda i: (float(person[0][i]), person[1].bool()))
         pool = [Pool(signals(hs, near[:k], near, None if probs is None else probs[i].float(), categories, memory, every,
                              who(i)),
@@ -268,8 +277,8 @@ def _objects(fitted: dict, truth: dict, weights: dict[str, float], values: list[
     from captioner.evaluation.hallucination import measure_hallucination
 
     table = {}
-    scale = weights["score"] + weights["consensus"]  # the decode settings' scale: (1 - w) + w = 1
-    for v in values:  # v as decode.select_objects holds it
+    scale = weights["score"] + weights["consensus"]  # the stored choice's scale: score + consensus = 1
+    for v in values:  # v as the stored choice holds it
         w = torch.tensor([v * scale if s == "objects" else weights[s] for s in SIGNALS], dtype=torch.float64)
         row = {}
         for name, pools in fitted.items():
@@ -307,13 +316,13 @@ def _signals(fitted: dict) -> dict:
     return {"signals": table, "kept": kept, "kept out of fold": kept_oof, "weights": dict(zip(SIGNALS, weights.tolist()))}
 
 
-def _as_settings(weights: dict[str, float]) -> dict[str, float]:
+def _as_fitted(weights: dict[str, float]) -> dict[str, float]:
     import torch
 
     from captioner.decoding.choice import SIGNALS
-    from captioner.evaluation.choice_fit import as_settings
+    from captioner.evaluation.choice_fit import as_fitted
 
-    return as_settings(torch.tensor([weights[s] for s in SIGNALS], dtype=torch.float64))
+    return as_fitted(torch.tensor([weights[s] for s in SIGNALS], dtype=torch.float64))
 
 
 def _mean(scores: dict[str, float]) -> float:

@@ -22,9 +22,10 @@ from ..logs import progress as progress_of
 from ..vocab import SpecialIds
 from .search import Hypothesis, decode
 from .consensus import memory_of
-from .choice import choose
+from .choice import SIGNALS, choose
 from .confidence import why_unsure
 from .evidence import Evidence, photo_evidence
+from .fitted import fitted_of
 from .rules import word_logp
 from .sampling import SampleSettings, Samples, sample
 from .reading import HeadReading, annotate, grid_side, read_heads
@@ -92,11 +93,13 @@ class Caption:
     # beam's order was kept
     choice: float | None = None
     signals: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)  # each signal's weight in `choice` (the file's fit)
     # how sure (decoding/confidence.py): the probability that this caption is good (per-photo CIDEr-D >= .5),
     # from the model file's fitted map; None where the file has none (or the caption has no signals: no consensus
     # memory, one candidate, an explained sentence, a sample). sure_signals: what it was computed from
     confidence: float | None = None
     sure_signals: dict[str, float] = field(default_factory=dict)
+    sure_at: float | None = None  # the threshold of `sure`: the model file's, fitted with its map (fitted.py)
     # (width, height) of the photo as the model received it and the model's input side S (model.image_size),
     # when the caller knew them (Captioner.caption / explain, the app): a photo whose shorter side is below
     # SMALL_PHOTO * S is enlarged a lot before the encoder sees it, and `notes` says so
@@ -126,11 +129,11 @@ class Caption:
 
     @property
     def sure(self) -> bool | None:
-        """Whether the caption is sure: confidence at or above the model file's decode.sure_at (None without a
-        confidence)."""
-        if self.confidence is None:
+        """Whether the caption is sure: confidence at or above the model file's fitted sure_at (None without a
+        confidence or a threshold)."""
+        if self.confidence is None or self.sure_at is None:
             return None
-        return self.confidence >= float(self.settings.get("sure_at", DecodeConfig.sure_at))
+        return self.confidence >= self.sure_at
 
     @property
     def doubt(self) -> str | None:
@@ -241,24 +244,32 @@ def decode_photos(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReadi
     """Photos' features (B, P, D) on the decoder's device and their reading -> their hypotheses (best first,
     the model's own log-probs) and their evidence (evidence.photo_evidence: built once here, biasing the
     words only with settings.evidence). Where the model carries a consensus memory, the order is the choice's
-    (choice.py: consensus_weight, the select_* weights and the memory's nearest photos)."""
+    (choice.py: the model file's fitted weights and the memory's nearest photos), and its fitted confidence map says
+    how sure each caption is (fitted.py)."""
     evidence = photo_evidence(reading, model, vocab, settings)  # (B, V) ruled-out words, the bonus table
     hyps = decode(model.decoder, feats, SpecialIds.of(vocab, settings.forbid_unk), settings,
                   evidence if settings.evidence else None)
+    fitted = fitted_of(model)
     return choose(hyps, feats, reading.probs, memory_of(model), vocab, settings,
-                  None if evidence is None else evidence.person, None if evidence is None else evidence.words), evidence
+                  None if evidence is None else evidence.person, None if evidence is None else evidence.words,
+                  weights=fitted.choice_in_use(settings), fitted=fitted.map_in_use(settings)), evidence
 
 
 @torch.no_grad()
 def dress(hyps: Sequence[Sequence[Hypothesis]], evidence: Evidence | None, reading: HeadReading,
           feats: torch.Tensor, model: ShowAttendTell, vocab: Vocab, settings: DecodeConfig) -> list[Caption]:
     """Each photo's hypotheses -> its Caption, dressed with its reading (reading.annotate: concepts,
-    detections, the contradicted words of the evidence's mask, concept maps) and the settings that made it."""
+    detections, the contradicted words of the evidence's mask, concept maps), the settings that made it and what
+    of the model file's fitted data it was chosen and judged by (the choice's weights, sure_at)."""
     caps = [to_caption(h, vocab) for h in hyps]
     annotate(caps, [h[0].tokens for h in hyps], reading, feats, model, vocab,
              None if evidence is None else evidence.ruled_out)
+    fitted = fitted_of(model)
+    weights, sure = dict(zip(SIGNALS, fitted.choice_in_use(settings).values)), fitted.map_in_use(settings)
     for cap in caps:  # each caption says what made it (its JSON carries them)
         cap.settings = dataclasses.asdict(settings)
+        cap.weights = dict(weights) if cap.choice is not None else {}
+        cap.sure_at = None if sure is None else sure.sure_at
     return caps
 
 

@@ -5,9 +5,9 @@ log-probability) is a weak judge of them: on coco-paired val the beam's first ca
 one of its five .66 and the best of the five .89 (docs/results.md, "Choosing the caption"). Each candidate c of a
 photo is described by cheap signals, and the caption is the candidate of highest
 
-    choice(c) = (1 - w) * score(c) + w * consensus(c) + sum_s select_s * s(c)
+    choice(c) = sum_s weight_s * s(c)
 
-with w = decode.consensus_weight and select_s = decode.select_<s> (0: the signal is not computed). The signals:
+with the weights the model file fitted (fitted.py; a weight of 0: the signal is not computed). The signals:
 
     score       the beam's score minus the photo's best: log_prob / (words + 1) ** length_penalty, with the
                 evidence's bias (search.py)
@@ -25,17 +25,17 @@ with w = decode.consensus_weight and select_s = decode.select_<s> (0: the signal
     top_object  1 when the caption names the category the head finds most probable (P >= OBJECT_P), else 0
 
 The weights are fitted by `captioner-fit-selector` on the val sets (never test): least squares predicting each
-candidate's CIDEr relative to its photo's other candidates, judged out of fold (k-fold over photos), and stored in
-the model file's decode settings like any other. A file whose select_* are 0 ranks as the consensus rerank did
-(and without consensus_weight, as the beam did); without a consensus memory beside the file (the CIDEr-D tables
-and the nearest photos come from it) the beam's order is kept.
+candidate's CIDEr relative to its photo's other candidates, judged out of fold (k-fold over photos), and stored as
+the model file's fitted data (fitted.py: captioner-export --fitted). Weights on score and consensus alone are the
+consensus rerank; a file without a fitted choice (or decode.fitted_choice false) keeps the beam's order, and so
+does one without a consensus memory beside it (the CIDEr-D tables and the nearest photos come from it).
 
 Legend: B photos, P regions, D feature dim, n a photo's candidates, C COCO categories, V vocabulary.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -43,13 +43,12 @@ from ..concepts.imagenet import THRESHOLD
 from ..concepts.words import word_categories
 from ..config import DecodeConfig
 from ..vocab import Vocab
-from .confidence import ConfidenceMap
+from .confidence import ConfidenceMap, finite
 from .confidence import signals as sure_signals
 from .consensus import ConsensusMemory
 from .hypotheses import Hypothesis
 
-# every signal, in the order the fitter and the app list them; "score" and "consensus" are weighted by
-# decode.consensus_weight (w), the others by decode.select_<name>
+# every signal, in the order the fitter and the app list them
 SIGNALS = ("score", "consensus", "wide", "agreement", "log_prob", "length", "objects", "top_object")
 WIDE = 4  # the wide neighbourhood: WIDE x consensus_k nearest training photos
 OBJECT_P = THRESHOLD  # the P from which a named category counts for objects and the top category for top_object
@@ -62,9 +61,18 @@ class Weights:
     values: tuple[float, ...]
 
     @classmethod
-    def of(cls, settings: DecodeConfig) -> "Weights":
-        w = float(settings.consensus_weight)
-        return cls((1 - w, w) + tuple(float(getattr(settings, f"select_{s}")) for s in SIGNALS[2:]))
+    def from_json(cls, data: Any) -> "Weights":
+        """The weights as the model file stores them ({signal: weight}; a signal left out weighs 0); a ValueError
+        names an unknown signal or a weight that is not a finite number."""
+        if not isinstance(data, dict) or set(data) - set(SIGNALS):
+            raise ValueError(f"the choice weighs unknown signals {sorted(set(data) - set(SIGNALS))} (known: "
+                             f"{', '.join(SIGNALS)})" if isinstance(data, dict) else
+                             f"the choice's weights must be a mapping, got {data!r}")
+        return cls(tuple(finite(data.get(s, 0.0), s) for s in SIGNALS))
+
+    def to_json(self) -> dict[str, float]:
+        """The weights as the model file stores them (from_json reads them back)."""
+        return dict(zip(SIGNALS, self.values))
 
     def __getitem__(self, signal: str) -> float:
         return self.values[SIGNALS.index(signal)]
@@ -76,6 +84,9 @@ class Weights:
 
     def tensor(self) -> torch.Tensor:
         return torch.tensor(self.values, dtype=torch.float64)  # (S,)
+
+
+BEAM_ORDER = Weights((1.0,) + (0.0,) * (len(SIGNALS) - 1))  # the beam's own score alone: its order kept
 
 
 def signals(cands: Sequence[Hypothesis], near: Sequence[int], wide: Sequence[int], probs: torch.Tensor | None,
@@ -115,15 +126,16 @@ def signals(cands: Sequence[Hypothesis], near: Sequence[int], wide: Sequence[int
 def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: torch.Tensor | None,
            memory: ConsensusMemory | None, vocab: Vocab, settings: DecodeConfig,
            person: tuple[torch.Tensor, torch.Tensor] | None = None,
-           categories: torch.Tensor | None = None, how_sure: bool | None = None) -> list[list[Hypothesis]]:
+           categories: torch.Tensor | None = None, how_sure: bool | None = None, weights: Weights = BEAM_ORDER,
+           fitted: ConfidenceMap | None = None) -> list[list[Hypothesis]]:
     """Each photo's finished hypotheses (best first by beam score) -> reordered by `choice`, highest first, each
     hypothesis's `choice` set (None when the beam's order is kept: no memory, all weights on the score, or one
     hypothesis). feats (B, P, D); probs (B, C): the head's P(category), or None; person: (P(person) (B,), person
     words (V,)) from the file's person detector (Evidence.person), or None; categories (V, C): which words name
     which category, where the caller holds the table already (Evidence.words: built once per decode), else built.
-    how_sure (default: where the settings hold a fitted confidence map): each chosen caption's `sure_signals` set
-    (confidence.signals; every signal they need computed) and, with a map, its `confidence`."""
-    weights, fitted = Weights.of(settings), ConfidenceMap.of(settings)
+    weights: the choice's (the model file's fitted ones: fitted.Fitted.choice_in_use); fitted: the confidence map
+    (Fitted.map_in_use) or None. how_sure (default: where there is a map): each chosen caption's `sure_signals` set
+    (confidence.signals; every signal they need computed) and, with a map, its `confidence`. settings: consensus_k."""
     how_sure = fitted is not None if how_sure is None else how_sure
     if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
         return [list(h) for h in hyps]

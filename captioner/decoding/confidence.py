@@ -20,11 +20,11 @@ least GOOD_CIDER, estimated by a logistic map of cheap signals of the chosen cap
     top_p      the encoder's head's largest P(category): whether it sees anything it knows
     length     words
 
-The map is fitted out of fold on the val sets and stored in the model file's decode settings
-(decode.confidence_*, decode.sure_at) by `captioner-fit-selector --confidence` (evaluation/confidence_fit.py);
-`sure` is confidence >= decode.sure_at. A file without a fitted map (decode.confidence_fitted false), or a
-caption without the signals (no consensus memory beside the file, a single candidate), has no confidence:
-None, never an invented number.
+The map is fitted out of fold on the val sets by `captioner-fit-selector --confidence`
+(evaluation/confidence_fit.py) and stored as the model file's fitted data, with the threshold `sure_at`
+(fitted.py: captioner-export --fitted); `sure` is confidence >= sure_at. A file without a fitted map (or
+decode.fitted_confidence false), or a caption without the signals (no consensus memory beside the file, a single
+candidate), has no confidence: None, never an invented number.
 
 Legend: n a photo's candidates, S the signals here.
 """
@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
-from ..config import DecodeConfig
 from .hypotheses import Hypothesis
 
 SIGNALS = ("wide", "consensus", "nearest", "agreement", "margin", "log_prob", "min_word", "objects", "weakest_object",
@@ -53,12 +52,26 @@ class ConfidenceMap:
     sure_at: float
 
     @classmethod
-    def of(cls, settings: DecodeConfig) -> "ConfidenceMap | None":
-        """The map stored in the decode settings, or None where none was fitted."""
-        if not settings.confidence_fitted:
-            return None
-        return cls(float(settings.confidence_bias),
-                   tuple(float(getattr(settings, f"confidence_{s}")) for s in SIGNALS), float(settings.sure_at))
+    def from_json(cls, data: Any) -> "ConfidenceMap":
+        """The map as the model file stores it ({"bias", "weights": {signal: weight}, "sure_at"}; a signal left out
+        weighs 0); a ValueError names what is wrong (an unknown signal, a number that is not finite, sure_at outside
+        [0, 1])."""
+        if not isinstance(data, dict) or set(data) != {"bias", "weights", "sure_at"}:
+            raise ValueError(f"the confidence map needs exactly bias, weights and sure_at, got {data!r}")
+        weights = data["weights"]
+        if not isinstance(weights, dict) or set(weights) - set(SIGNALS):
+            raise ValueError(f"the confidence map weighs unknown signals {sorted(set(weights) - set(SIGNALS))} "
+                             f"(known: {', '.join(SIGNALS)})" if isinstance(weights, dict) else
+                             f"the confidence map's weights must be a mapping, got {weights!r}")
+        out = cls(finite(data["bias"], "its bias"), tuple(finite(weights.get(s, 0.0), s) for s in SIGNALS),
+                  finite(data["sure_at"], "sure_at"))
+        if not 0.0 <= out.sure_at <= 1.0:
+            raise ValueError(f"the confidence map's sure_at must lie in [0, 1], got {out.sure_at}")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The map as the model file stores it (from_json reads it back)."""
+        return {"bias": self.bias, "weights": dict(zip(SIGNALS, self.weights)), "sure_at": self.sure_at}
 
     def __call__(self, signals: dict[str, float]) -> float:
         z = self.bias + sum(w * signals[s] for s, w in zip(SIGNALS, self.weights))
@@ -68,11 +81,16 @@ class ConfidenceMap:
         """Whether the map reads this signal (a weight other than 0; a signal it does not know: False)."""
         return signal in SIGNALS and self.weights[SIGNALS.index(signal)] != 0
 
-    def as_settings(self) -> dict[str, float | bool]:
-        """The decode settings that store this map (captioner-export --set decode.<key>=<value>)."""
-        return {"confidence_fitted": True, "confidence_bias": round(self.bias, 6),
-                **{f"confidence_{s}": round(w, 6) for s, w in zip(SIGNALS, self.weights)},
-                "sure_at": round(self.sure_at, 6)}
+    def rounded(self) -> "ConfidenceMap":
+        """The map with every number to 6 decimals (as a model file stores a fit)."""
+        return ConfidenceMap(round(self.bias, 6), tuple(round(w, 6) for w in self.weights), round(self.sure_at, 6))
+
+
+def finite(value: Any, name: str) -> float:
+    """A fitted number as a float, or a ValueError naming it (a bool, text, NaN or infinity is no weight)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
 
 
 def signals(best: Hypothesis, choice: dict[str, float], margin: float, nearest_cosine: float,

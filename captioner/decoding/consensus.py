@@ -6,8 +6,8 @@ val photos its second caption scores as well as its first). The photos of the tr
 this one (cosine of the mean annotation vector, the decoder's own summary of a photo) come with captions people
 wrote; a candidate that agrees with them (CIDEr-D, cider.py) says what people say about such photos. The choice
 among a photo's candidates (choice.py) weighs that agreement, CIDEr-D(candidate, captions of the k nearest
-training photos), by decode.consensus_weight beside the beam's own score and the other signals, with k =
-decode.consensus_k.
+training photos), by the model file's fitted weight (fitted.py) beside the beam's own score and the other signals,
+with k = decode.consensus_k.
 
 The memory (ConsensusMemory) is what the rerank needs of the training set: every training photo's pooled
 features as int8 (each row scaled so its largest entry is +-127: of the val photos' 5 nearest, 99.3-99.6% are

@@ -107,16 +107,14 @@ def baselines(pools: Sequence[Pool], seed: int = 0) -> dict[str, float]:
             "current choice": sum(float(p.cider[p.shipped]) for p in pools) / n}
 
 
-def as_settings(weights: torch.Tensor) -> dict[str, float]:
-    """Fitted weights over SIGNALS -> decode settings: consensus_weight w and select_* with (1 - w) the score's
-    weight (a positive scale does not change a choice). ValueError when the fit gives the beam's score no positive
-    weight or the consensus a negative one (the settings cannot express it)."""
+def as_fitted(weights: torch.Tensor) -> dict[str, float]:
+    """Fitted weights over SIGNALS -> the choice as a model file stores it (decoding/fitted.py: {signal: weight}),
+    scaled so that the beam's score and the consensus weigh 1 together (a positive scale does not change a choice).
+    ValueError when the fit gives the beam's score no positive weight or the consensus a negative one (a choice
+    that prefers what the beam finds less likely, or captions unlike what people say: use fewer signals)."""
     w_score, w_cons = float(weights[0]), float(weights[1])
     if w_score <= 0 or w_cons < 0:
-        raise ValueError(f"the fit weighs the beam's score {w_score:.3g} and the consensus {w_cons:.3g}: the decode "
-                         "settings need the first positive and the second not negative (use fewer signals)")
+        raise ValueError(f"the fit weighs the beam's score {w_score:.3g} and the consensus {w_cons:.3g}: the choice "
+                         "needs the first positive and the second not negative (use fewer signals)")
     scale = w_score + w_cons
-    out = {"consensus_weight": round(w_cons / scale, 6)}
-    for s, v in zip(SIGNALS[2:], weights[2:].tolist()):
-        out[f"select_{s}"] = round(v / scale, 6)
-    return out
+    return {s: round(v / scale, 6) for s, v in zip(SIGNALS, weights.tolist())}

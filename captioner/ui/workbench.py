@@ -71,15 +71,13 @@ SIGNAL_WORDS = {"score": "the model's own length-normalised score",
 
 def choice_note(caption: "Caption") -> str:
     """Why the caption won the choice among the beam's candidates: its choice score beside the runner-up's and the
-    signals (weighted as the caption's decode settings weigh them) that made the difference; "" without a choice."""
+    signals (weighted as the model file's fitted choice weighs them) that made the difference; "" without a choice."""
     from ..decoding.choice import SIGNALS
 
     runner = next((a for a in caption.alternatives if a.choice is not None and a.signals), None)
     if caption.choice is None or runner is None or not caption.signals:
         return ""
-    settings = caption.settings
-    w = float(settings.get("consensus_weight", 0.0))
-    weight = {"score": 1 - w, "consensus": w, **{s: float(settings.get(f"select_{s}", 0.0)) for s in SIGNALS[2:]}}
+    weight = {s: float(caption.weights.get(s, 0.0)) for s in SIGNALS}
     gaps = {s: weight[s] * (caption.signals.get(s, 0.0) - runner.signals.get(s, 0.0)) for s in SIGNALS if weight[s]}
     ahead = sorted((s for s in gaps if gaps[s] > 0), key=lambda s: -gaps[s])[:2]
     behind = sorted((s for s in gaps if gaps[s] < 0), key=lambda s: gaps[s])[:1]
@@ -103,7 +101,7 @@ def ranking_note(length_penalty: float, scores: Sequence[float | None] = ()) -> 
                 "and still rank lower.")
     known = [s for s in scores if s is not None]
     if any(a < b for a, b in zip(known, known[1:])):
-        note += (" Then reranked by the choice score (decode.consensus_weight and decode.select_*): the beam's score "
+        note += (" Then reranked by the choice score (the model file's fitted choice): the beam's score "
                  "weighed with agreement with the captions of the most similar training photos and the other "
                  "signals, so a caption of lower score can come first.")
     return note
