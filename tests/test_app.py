@@ -67,8 +67,11 @@ def sure_lines(at: AppTest) -> list[str]:
     """The plain-words line under the caption that says how sure it is (ui/texts.sure_line)."""
     from captioner.ui.texts import NO_CONFIDENCE
 
-    said = [c.value for c in at.caption] + [i.value for i in at.info]
-    return [x for x in said if x.startswith(("Sure: ", "Not sure (")) or x == NO_CONFIDENCE]
+    said = [c.value for c in at.caption] + [b.value for b in [*at.info, *at.warning]]
+    return [x for x in said if x.startswith(LEVEL_LINES) or x == NO_CONFIDENCE]
+
+
+LEVEL_LINES = ("Sure: ", "Probably right (", "May be wrong (", "Probably wrong (")  # ui/texts.sure_line
 
 
 BETA = re.compile(r" \(β=(\d\.\d\d)\)$")  # the gate beta after a word: "3. dog p=0.61 (β=0.82)"
@@ -924,8 +927,9 @@ def test_several_photos_make_a_gallery_and_one_opens_below(bundled, app):
     assert any("broken.jpg" in e.value for e in at.error)  # named; the three photos still shown
     assert any(h.value == "3 photos" for h in at.header)
     expected = bundled.caption_batch([EXAMPLES / n for n, _, _ in files])
-    shown = [m.value for m in at.markdown if m.value.startswith("“")]
-    assert shown[:3] == [f"“{c.text}”" for c in expected]
+    shown = [m.value for m in at.markdown if m.value.startswith("“")]  # a sure caption's plain line
+    shown += [b.value for b in [*at.info, *at.warning] if b.value.startswith("**")]  # an unsure one's box
+    assert all(any(f"“{c.text}”" in x for x in shown) for c in expected)
     labels = [b.label for b in at.download_button]
     for kind in ("CSV", "JSON", "ZIP"):
         assert any(kind in lb for lb in labels), labels
@@ -935,8 +939,8 @@ def test_several_photos_make_a_gallery_and_one_opens_below(bundled, app):
 
 
 def test_an_unsure_card_in_the_gallery_looks_different_from_a_sure_one(bundled, app):
-    """A sure caption is a plain line with a quiet note under it; an unsure one is a warning box that says
-    "Not sure" and why (they looked alike)."""
+    """A sure caption is a plain line with a quiet note under it; an unsure one is a box named by its level (a
+    warning when it may be or probably is wrong, an info box when probably right) and why (they looked alike)."""
     at = app.run()
     noise = Image.fromarray(np.random.default_rng(0).integers(0, 255, (200, 260, 3), dtype=np.uint8))
     files = [("cat.jpg", (EXAMPLES / "cat.jpg").read_bytes(), "image/jpeg"), ("noise.png", png_bytes_of(noise), "image/png")]
@@ -945,10 +949,11 @@ def test_an_unsure_card_in_the_gallery_looks_different_from_a_sure_one(bundled, 
     at.file_uploader[1].set_value(files).run()
     no_problems(at)
     plain = [m.value for m in at.markdown if m.value.startswith("“")]
-    boxed = [w.value for w in at.warning if f"“{unsure.text}”" in w.value]
+    boxes = [*at.info, *at.warning]
+    boxed = [b.value for b in boxes if f"“{unsure.text}”" in b.value]
     assert f"“{sure.text}”" in plain and f"“{unsure.text}”" not in plain
-    assert len(boxed) == 1 and boxed[0].startswith("**Not sure:**") and unsure.doubt in boxed[0]
-    assert not any(f"“{sure.text}”" in w.value for w in at.warning)
+    assert len(boxed) == 1 and boxed[0].startswith(f"**{unsure.level.capitalize()}:**") and unsure.doubt in boxed[0]
+    assert not any(f"“{sure.text}”" in b.value for b in boxes)
 
 
 def test_the_last_uploader_given_files_is_the_photo_on_screen(app):

@@ -203,7 +203,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             page.get_by_text("cat.jpg (451x300)").wait_for(timeout=WAIT_MS)  # the default example photo
             _settle(page)
             # how sure the caption is, in plain words under it (a file without a fitted map says it cannot say)
-            page.get_by_text(re.compile(r"^(Sure: |Not sure \(|This model file has no fitted confidence map)")
+            page.get_by_text(re.compile(r"^(Sure: |Probably right \(|May be wrong \(|Probably wrong \(|This model file has no fitted confidence map)")
                              ).first.wait_for(timeout=WAIT_MS)
 
             # greedy decoding (beam 1): sidebar slider driven with the keyboard

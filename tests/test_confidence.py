@@ -117,8 +117,29 @@ def test_a_caption_says_how_sure_and_why_not():
         assert {"confidence", "sure"} <= d.keys() and d["sure"] == cap.sure
     assert none.to_dict()["confidence"] is None  # never an invented number
     assert sure_line(None, None, None) == NO_CONFIDENCE
-    assert "Not sure" in sure_line(0.2, False, unsure.doubt) and unsure.doubt in sure_line(0.2, False, unsure.doubt)
-    assert sure_line(0.8, True, None).startswith("Sure")
+    said = sure_line(0.2, unsure.level, unsure.doubt)
+    assert said.startswith("Probably wrong (20% likely") and unsure.doubt in said
+    assert sure_line(0.8, "sure", None).startswith("Sure: 80% likely")
+
+
+def test_sure_only_at_60_percent_and_plain_levels_below():
+    """A caption is sure only at the file's sure_at and never below 60% (a file that stores .37 included: "Sure:
+    43% likely" read as a contradiction); below, its level says what to do: probably right from 50%, may be wrong
+    from 30%, probably wrong under it. The JSON says the level too."""
+    from captioner.decoding.confidence import SURE_FLOOR, level
+
+    for sure_at in (0.3709, 0.6, 0.72):
+        for c in (0.0, 0.29, 0.3, 0.43, 0.5, 0.59, 0.6, 0.7, 0.72, 0.9, 1.0):
+            cap = _caption(c, sure_at=sure_at)
+            assert cap.sure == (c >= max(sure_at, SURE_FLOOR)) and (cap.level == "sure") == cap.sure
+            if cap.sure:
+                assert cap.confidence >= 0.6
+            else:
+                want = "probably right" if c >= 0.5 else "may be wrong" if c >= 0.3 else "probably wrong"
+                assert cap.level == want and cap.doubt
+                assert sure_line(c, cap.level, cap.doubt).startswith(want.capitalize())
+            assert cap.to_dict(maps=False)["level"] == cap.level
+    assert level(0.43, 0.3709) == "may be wrong" and _caption(None).level is None
     assert why_unsure(_signals(nearest=0.5), None).startswith("few photos like this one")
 
 
@@ -129,14 +150,14 @@ def _fitted_map() -> ConfidenceMap:
 
 def test_the_bundled_model_gives_a_confidence_from_its_signals(bundled):
     """With a map in the model file's fitted data every caption of a photo carries confidence and sure (at the
-    map's sure_at); with decode.fitted_confidence=false, none."""
+    map's sure_at, never below 60%); with decode.fitted_confidence=false, none."""
     photo, own = bundled.read(EXAMPLES[0]), fitted_of(bundled.model)
     attach_fitted(bundled.model, dataclasses.replace(own, confidence=_fitted_map()))
     try:
         cap = photo.caption()
     finally:
         attach_fitted(bundled.model, own)  # the shared fixture as it was
-    assert 0.0 <= cap.confidence <= 1.0 and cap.sure_at == 0.5 and cap.sure == (cap.confidence >= 0.5)
+    assert 0.0 <= cap.confidence <= 1.0 and cap.sure_at == 0.5 and cap.sure == (cap.confidence >= 0.6)  # the floor
     assert set(cap.sure_signals) == set(SIGNALS) and 0.0 < cap.sure_signals["nearest"] <= 1.0 + 1e-6
     assert abs(cap.confidence - 1 / (1 + math.exp(1.0 - 4.0 * cap.sure_signals["wide"]))) < 1e-9
     plain = photo.caption(fitted_confidence=False)
@@ -151,14 +172,15 @@ def test_every_json_line_carries_confidence_and_sure(tmp_path):
     need_bundled()
     out = run("scripts/caption.py", *map(str, EXAMPLES[:2]), "--json")
     lines = [json.loads(x) for x in out.stdout.splitlines()]
-    assert len(lines) == 2 and all({"confidence", "sure"} <= x.keys() for x in lines)
+    assert len(lines) == 2 and all({"confidence", "sure", "level"} <= x.keys() for x in lines)
     if fitted_of(captioner.load().model).confidence is None:
         assert out.stderr.count("no fitted confidence map") == 1
         assert all(x["confidence"] is None for x in lines)
     else:
         assert all(0 <= x["confidence"] <= 1 and isinstance(x["sure"], bool) for x in lines)
+        assert all(x["level"] in ("sure", "probably right", "may be wrong", "probably wrong") for x in lines)
         text = run("scripts/caption.py", str(EXAMPLES[0]))
-        assert text.stdout.split("\t")[2].split()[0] in ("sure", "unsure")
+        assert text.stdout.split("\t")[2].startswith(("sure ", "probably right ", "may be wrong ", "probably wrong "))
 
 
 def test_evaluate_coverage_reports_the_surest_shares_or_says_why_not():

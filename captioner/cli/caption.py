@@ -137,10 +137,11 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
 
 
 def sure_column(cap: Any) -> str:
-    """The text line's last column: "sure 0.87", or "unsure 0.31 (why)"; nothing without a confidence."""
+    """The text line's last column: "sure 0.87", or the level, the confidence and why ("may be wrong 0.41 (it
+    hesitated between ...)"); nothing without a confidence."""
     if cap.confidence is None:
         return ""
-    return f"\tsure {cap.confidence:.2f}" if cap.sure else f"\tunsure {cap.confidence:.2f} ({cap.doubt})"
+    return f"\tsure {cap.confidence:.2f}" if cap.sure else f"\t{cap.level} {cap.confidence:.2f} ({cap.doubt})"
 
 
 def emit(args: argparse.Namespace, path: str, cap: Any) -> str | None:

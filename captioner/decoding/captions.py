@@ -23,7 +23,7 @@ from ..vocab import SpecialIds
 from .search import Hypothesis, decode
 from .consensus import memory_of
 from .choice import SIGNALS, choose
-from .confidence import why_unsure
+from .confidence import level, sure_threshold, why_unsure
 from .evidence import Evidence, photo_evidence
 from .fitted import fitted_of
 from .rules import word_logp
@@ -129,11 +129,19 @@ class Caption:
 
     @property
     def sure(self) -> bool | None:
-        """Whether the caption is sure: confidence at or above the model file's fitted sure_at (None without a
-        confidence or a threshold)."""
+        """Whether the caption is sure: confidence at or above the model file's fitted sure_at, never below
+        confidence.SURE_FLOOR (None without a confidence or a threshold)."""
         if self.confidence is None or self.sure_at is None:
             return None
-        return self.confidence >= self.sure_at
+        return self.confidence >= sure_threshold(self.sure_at)
+
+    @property
+    def level(self) -> str | None:
+        """What a person should do with it, in words (confidence.level): "sure", "probably right", "may be
+        wrong" (check the alternatives) or "probably wrong"; None without a confidence."""
+        if self.confidence is None or self.sure_at is None:
+            return None
+        return level(self.confidence, self.sure_at)
 
     @property
     def doubt(self) -> str | None:
@@ -161,7 +169,7 @@ class Caption:
                "score": None if self.score is None else float(self.score),
                "choice": None if self.choice is None else float(self.choice), "signals": dict(self.signals),
                "confidence": None if self.confidence is None else round(float(self.confidence), 4),
-               "sure": self.sure, "doubt": self.doubt,
+               "sure": self.sure, "level": self.level, "doubt": self.doubt,
                "words": list(self.words),
                "word_log_probs": lps, "word_probs": [None if x is None else round(math.exp(x), 5) for x in lps],
                "betas": [round(float(b), 5) for b in self.betas] if len(self.betas) == n else [None] * n,

@@ -22,7 +22,9 @@ least GOOD_CIDER, estimated by a logistic map of cheap signals of the chosen cap
 
 The map is fitted out of fold on the val sets by `captioner-fit-selector --confidence`
 (evaluation/confidence_fit.py) and stored as the model file's fitted data, with the threshold `sure_at`
-(fitted.py: captioner-export --fitted); `sure` is confidence >= sure_at. A file without a fitted map (or
+(fitted.py: captioner-export --fitted); `sure` is confidence >= sure_at, and never below SURE_FLOOR whatever
+a file stores. Below it a caption's `level` says in plain words what a person should do with it (LEVELS: the
+confidence is calibrated, so "probably right" is at least an even chance). A file without a fitted map (or
 decode.fitted_confidence false), or a caption without the signals (no consensus memory beside the file, a single
 candidate), has no confidence: None, never an invented number.
 
@@ -41,6 +43,23 @@ from .hypotheses import Hypothesis
 SIGNALS = ("wide", "consensus", "nearest", "agreement", "margin", "log_prob", "min_word", "objects", "weakest_object",
            "top_p", "length")
 GOOD_CIDER = 0.5  # the label: a caption is good where its per-photo CIDEr-D is at least this
+SURE_FLOOR = 0.6  # no caption is called sure below this confidence ("Sure: 43% likely" read as a contradiction)
+# what an unsure caption's confidence says a person should do, from the highest level down (the first whose
+# floor the confidence reaches)
+LEVELS = ((0.5, "probably right"), (0.3, "may be wrong"), (0.0, "probably wrong"))
+SURE = "sure"
+
+
+def sure_threshold(sure_at: float) -> float:
+    """The confidence at which a caption is sure: the file's fitted sure_at, never below SURE_FLOOR."""
+    return max(sure_at, SURE_FLOOR)
+
+
+def level(confidence: float, sure_at: float) -> str:
+    """SURE at or above sure_threshold(sure_at), else the first of LEVELS whose floor the confidence reaches."""
+    if confidence >= sure_threshold(sure_at):
+        return SURE
+    return next(name for floor, name in LEVELS if confidence >= floor)
 
 
 @dataclass(frozen=True)

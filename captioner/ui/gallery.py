@@ -34,10 +34,11 @@ def batch_csv(items: Sequence[tuple[str, "Caption"]]) -> bytes:
     top concepts, notes (UTF-8, with header)."""
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["image", "caption", "log_prob", "confidence", "sure", "concepts", "notes"])
+    w.writerow(["image", "caption", "log_prob", "confidence", "sure", "level", "concepts", "notes"])
     for name, cap in items:
         w.writerow([name, cap.text, f"{cap.log_prob:.4f}", "" if cap.confidence is None else f"{cap.confidence:.4f}",
-                    "" if cap.sure is None else str(cap.sure).lower(), top_concepts(cap), " | ".join(cap.notes)])
+                    "" if cap.sure is None else str(cap.sure).lower(), cap.level or "", top_concepts(cap),
+                    " | ".join(cap.notes)])
     return buf.getvalue().encode("utf-8")
 
 

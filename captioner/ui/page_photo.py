@@ -13,7 +13,7 @@ from ..images import format_names, load_image
 from . import gallery, texts
 from .page_state import (EXAMPLES, EXAMPLES_DIR, FIGURE_SIDE, GALLERY_COLUMNS, MAX_PHOTO_MB, UPLOAD_TYPES, Decode,
                          Settings, Shown, figure_bytes, get_caption, get_model, photo_label, short_error, shrink)
-from .page_views import caption_summary, downloads, overlay_grid, word_label, word_view
+from .page_views import LEVEL_ICONS, caption_summary, downloads, level_box, overlay_grid, word_label, word_view
 
 
 
@@ -121,17 +121,18 @@ def gallery_panel(settings: Settings, photos: list[Shown]) -> Shown:
 
 
 def gallery_card(label: str, thumb, cap: captioner.Caption) -> None:
-    """One photo of the gallery: its thumbnail, caption, how sure, concepts and notes. An unsure caption is a
-    warning box with the reason, marked "Not sure", never the plain line a sure one is."""
+    """One photo of the gallery: its thumbnail, caption, how sure, concepts and notes. An unsure caption is a box
+    named by its level (page_views.level_box: an info box when probably right, a warning when it may be or probably is
+    wrong) with the reason, never the plain line a sure one is."""
     st.image(thumb, caption=label)
     said = f"“{html.escape(cap.text)}”" if cap.words else "“” (empty caption)"
-    if cap.sure is False:
-        st.warning(f"**Not sure:** {said}  \n{texts.sure_line(cap.confidence, cap.sure, cap.doubt)}",
-                   icon=":material/help:")
+    line = texts.sure_line(cap.confidence, cap.level, cap.doubt)
+    if cap.sure is False:  # a box as loud as the doubt (page_views.level_box)
+        level_box(cap.level)(f"**{cap.level.capitalize()}:** {said}  \n{line}", icon=LEVEL_ICONS[cap.level])
     else:
         st.markdown(said)
         if cap.confidence is not None:
-            st.caption(texts.sure_line(cap.confidence, cap.sure, cap.doubt))
+            st.caption(line)
     if cap.concepts:
         st.caption(f"sees (P ≥ {THRESHOLD}) " + gallery.top_concepts(cap))
     for note in cap.notes:

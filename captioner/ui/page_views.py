@@ -109,14 +109,25 @@ def caption_summary(cap: captioner.Caption, evidence: bool, length_penalty: floa
             st.caption(why)
 
 
+# an unsure caption's box, as loud as its level's doubt (Caption.level); st.error stays for what went wrong
+LEVEL_ICONS = {"probably right": ":material/info:", "may be wrong": ":material/help:",
+               "probably wrong": ":material/block:"}
+
+
+def level_box(level: str):
+    """The box an unsure caption's line goes in: st.info when probably right, st.warning when it may be or
+    probably is wrong (LEVEL_ICONS tells those two apart)."""
+    return st.info if level == "probably right" else st.warning
+
+
 def sure_view(cap: captioner.Caption) -> None:
     """How sure, under the caption: a quiet line when sure; when unsure the reason and the beam's other captions
     beside it (not folded away)."""
-    line = texts.sure_line(cap.confidence, cap.sure, cap.doubt)
+    line = texts.sure_line(cap.confidence, cap.level, cap.doubt)
     if cap.sure is not False:
         st.caption(line)
         return
-    st.info(line)
+    level_box(cap.level)(line, icon=LEVEL_ICONS[cap.level])
     if cap.alternatives:
         st.markdown("Other ways it could say it: " + " · ".join(f"“{a.text}”" for a in cap.alternatives[:3]))
 

@@ -44,11 +44,15 @@ NO_CONFIDENCE = ("This model file has no fitted confidence map, so its captions 
                  "(captioner-fit-selector --confidence fits one).")
 
 
-def sure_line(confidence: float | None, sure: bool | None, doubt: str | None) -> str:
-    """The plain-words line under a caption: how sure the model is and, when unsure, why (NO_CONFIDENCE without
-    a confidence). Confidence is the probability that the caption is good (decoding/confidence.py)."""
-    if confidence is None:
+def sure_line(confidence: float | None, level: str | None, doubt: str | None) -> str:
+    """The plain-words line under a caption: its level (Caption.level) with the chance that it is good, what a
+    person should do with it and, when unsure, why (NO_CONFIDENCE without a confidence). Confidence is the
+    probability that the caption is good (decoding/confidence.py); "sure" is said only at the file's threshold,
+    never below 60%."""
+    if confidence is None or level is None:
         return NO_CONFIDENCE
-    if sure:
-        return f"Sure: {confidence:.0%} likely to be a good description of this photo."
-    return f"Not sure ({confidence:.0%} likely to be good): {doubt}."
+    chance = f"{confidence:.0%} likely to be a good description of this photo"
+    return {"sure": f"Sure: {chance}.",
+            "probably right": f"Probably right ({chance}): read it before you publish it; {doubt}.",
+            "may be wrong": f"May be wrong ({chance}): check the alternatives; {doubt}.",
+            "probably wrong": f"Probably wrong ({chance}): do not use it as it is; {doubt}."}[level]
