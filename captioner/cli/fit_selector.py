@@ -173,7 +173,7 @@ def _confidence(sure: dict) -> dict:
     print("out-of-fold mean AUROC (bottom third of CIDEr): " + ", ".join(f"{k} {v:.3f}" for k, v in table.items()))
     print(f"kept: {', '.join(kept)}")
     oof = out_of_fold(sure, use=kept)
-    at = threshold(oof)
+    at = threshold(oof, sure)
     report = {"signals": table, "kept": kept, "sure_at": at, "out of fold": {}}
     for name, rows in sure.items():
         s = report["out of fold"][name] = summary(oof[name], rows, at)

@@ -22,12 +22,12 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.confidence import GOOD_CIDER, SIGNALS, ConfidenceMap
+from ..decoding.confidence import GOOD_CIDER, SIGNALS, SURE_FLOOR, ConfidenceMap
 
 COVERAGES = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
 RIDGE = 0.01  # x N on the standardised weights: a light touch (0.1 shrank a 4-per-sd effect to 1.2 and miscalibrated)
 MIN_GAIN = 0.002  # a signal whose leaving out lowers the sets' mean out-of-fold AUROC by less is not kept
-MIN_SURE = 0.6  # `sure` covers at least this share of every val set's photos
+SURE_PRECISION = 0.85  # the sure captions of every val set are good at least this often (out of fold)
 
 
 @dataclass
@@ -196,7 +196,20 @@ def summary(confidence: Sequence[float], rows: Sequence[Row], sure_at: float | N
     return out
 
 
-def threshold(confidence: dict[str, Sequence[float]], min_share: float = MIN_SURE) -> float:
-    """The highest threshold at which `sure` still covers at least min_share of every set's photos (so its CIDEr
-    is as high as that coverage allows)."""
-    return min(sorted(c, reverse=True)[max(0, int(min_share * len(c) + 0.999) - 1)] for c in confidence.values() if c)
+def threshold(confidence: dict[str, Sequence[float]], rows: dict[str, Sequence[Row]],
+              precision: float = SURE_PRECISION, floor: float = SURE_FLOOR) -> float:
+    """The lowest threshold at or above `floor` at which the sure captions (confidence >= it) are good (per-photo
+    CIDEr-D >= GOOD_CIDER) at least `precision` of the time, each set's share of good sure captions weighed alike
+    (as the map's fit weighs the sets; a set with no sure caption there counts no share): sure means what it says,
+    and covers as many photos as that allows. Where no threshold does, 1.0 (nothing is sure but a certainty)."""
+    good = {name: [r.cider >= GOOD_CIDER for r in rows[name]] for name in confidence}
+
+    def precise(at: float) -> bool:
+        shares = []
+        for name, conf in confidence.items():
+            sure = [g for c, g in zip(conf, good[name]) if c >= at]
+            shares += [sum(sure) / len(sure)] if sure else []
+        return not shares or sum(shares) / len(shares) >= precision
+
+    return next((at for at in sorted({floor, *(c for cs in confidence.values() for c in cs if c >= floor)})
+                 if precise(at)), 1.0)
