@@ -952,7 +952,7 @@ def test_an_unsure_card_in_the_gallery_looks_different_from_a_sure_one(bundled, 
     boxes = [*at.info, *at.warning]
     boxed = [b.value for b in boxes if f"“{unsure.text}”" in b.value]
     assert f"“{sure.text}”" in plain and f"“{unsure.text}”" not in plain
-    assert len(boxed) == 1 and boxed[0].startswith(f"**{unsure.level.capitalize()}:**") and unsure.doubt in boxed[0]
+    assert len(boxed) == 1 and boxed[0].startswith(f"**{unsure.level.capitalize()} (") and unsure.doubt in boxed[0]
     assert not any(f"“{sure.text}”" in b.value for b in boxes)
 
 

@@ -126,13 +126,14 @@ def gallery_card(label: str, thumb, cap: captioner.Caption) -> None:
     wrong) with the reason, never the plain line a sure one is."""
     st.image(thumb, caption=label)
     said = f"“{html.escape(cap.text)}”" if cap.words else "“” (empty caption)"
-    line = texts.sure_line(cap.confidence, cap.level, cap.doubt)
     if cap.sure is False:  # a box as loud as the doubt (page_views.level_box)
-        level_box(cap.level)(f"**{cap.level.capitalize()}:** {said}  \n{line}", icon=LEVEL_ICONS[cap.level])
+        advice = texts.level_advice(cap.level, cap.doubt)
+        level_box(cap.level)(f"**{texts.level_head(cap.confidence, cap.level)}:** {said}  \n"
+                             f"{advice[0].upper()}{advice[1:]}.", icon=LEVEL_ICONS[cap.level])
     else:
         st.markdown(said)
         if cap.confidence is not None:
-            st.caption(line)
+            st.caption(texts.sure_line(cap.confidence, cap.level, cap.doubt))
     if cap.concepts:
         st.caption(f"sees (P ≥ {THRESHOLD}) " + gallery.top_concepts(cap))
     for note in cap.notes:

@@ -44,6 +44,21 @@ NO_CONFIDENCE = ("This model file has no fitted confidence map, so its captions 
                  "(captioner-fit-selector --confidence fits one).")
 
 
+ADVICE = {"probably right": "read it before you publish it", "may be wrong": "check the alternatives",
+          "probably wrong": "do not use it as it is"}  # what a person should do with an unsure caption, by level
+
+
+def level_head(confidence: float, level: str) -> str:
+    """"Probably right (66% likely to be a good description of this photo)"; "Sure: 78% likely ..." when sure."""
+    chance = f"{confidence:.0%} likely to be a good description of this photo"
+    return f"Sure: {chance}" if level == "sure" else f"{level.capitalize()} ({chance})"
+
+
+def level_advice(level: str, doubt: str | None) -> str:
+    """What to do with an unsure caption and why: "check the alternatives; it hesitated between ..."."""
+    return f"{ADVICE[level]}; {doubt}"
+
+
 def sure_line(confidence: float | None, level: str | None, doubt: str | None) -> str:
     """The plain-words line under a caption: its level (Caption.level) with the chance that it is good, what a
     person should do with it and, when unsure, why (NO_CONFIDENCE without a confidence). Confidence is the
@@ -51,8 +66,5 @@ def sure_line(confidence: float | None, level: str | None, doubt: str | None) ->
     never below 60%."""
     if confidence is None or level is None:
         return NO_CONFIDENCE
-    chance = f"{confidence:.0%} likely to be a good description of this photo"
-    return {"sure": f"Sure: {chance}.",
-            "probably right": f"Probably right ({chance}): read it before you publish it; {doubt}.",
-            "may be wrong": f"May be wrong ({chance}): check the alternatives; {doubt}.",
-            "probably wrong": f"Probably wrong ({chance}): do not use it as it is; {doubt}."}[level]
+    head = level_head(confidence, level)
+    return f"{head}." if level == "sure" else f"{head}: {level_advice(level, doubt)}."
