@@ -253,7 +253,7 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
             raise CheckpointError(f"{beside} was built for another model (its vocabulary or encoder differs from "
                                   f"{checkpoint}'s): rebuild it with captioner-build-consensus or remove it")
         attach_memory(model, memory)
-        memory.cider  # noqa: B018  built now (once per file and process), not in the first caption
+        memory.cider_to(device)  # built now (once per file and process), not in the first caption; on the device
     model = model.eval().to(device=torch.device(device), dtype=resolve_dtype(dtype))  # ours: converted in place
     return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype, source=str(checkpoint))
 
