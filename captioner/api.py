@@ -75,6 +75,17 @@ def check_device(device: str | torch.device) -> torch.device:
     return d
 
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """An image as read_batch takes it to the encoder (Captioner.prepare): preprocessed, with its sizes."""
+
+    pixels: torch.Tensor  # (3, S, S) normalised
+    size: tuple[int, int]  # (width, height) as read, upright, at most the working side
+    file_size: tuple[int, int]  # the file's own (width, height), upright
+    clear: bool  # a fully transparent file
+    flat: bool  # one flat colour (images.flat_colour)
+
+
 def _ready(model: ShowAttendTell, device: torch.device, dtype: torch.dtype) -> ShowAttendTell:
     """The caller's model when it is already in eval mode on `device` in `dtype`; otherwise a converted
     COPY: a Captioner never changes the model it was given (its device, dtype or train mode)."""
@@ -146,28 +157,32 @@ class Captioner:
                 set_value(cfg, f"decode.{key}", value, "decode settings")
         return cfg.decode.checked()  # each setting within config.DecodeConfig.LIMITS
 
-    def read(self, image: ImageInput, name: str | None = None) -> Photo:
+    def read(self, image: ImageInput | Prepared, name: str | None = None) -> Photo:
         """One image (PIL image, path or bytes) -> its Photo: opened, preprocessed and encoded once, the
         encoder's heads applied once; ask it for captions, explanations and concepts (decoding/photo.py).
         ImageError for an unusable image."""
         return self.read_batch([image], [name])[0]
 
+    def prepare(self, image: ImageInput) -> Prepared:
+        """One image decoded, made upright RGB and preprocessed for the encoder, its sizes noted: the part of read
+        that needs no model, safe to run in worker threads (PIL and these small CPU tensors release the GIL), so a
+        library's next photos are prepared while the model reads the last ones. ImageError for an unusable image."""
+        img = load_image(image)
+        return Prepared(self.preprocess(img), img.size, original_size(img), was_transparent(img), flat_colour(img))
+
     @torch.no_grad()
-    def read_batch(self, images: Sequence[ImageInput], names: Sequence[str | None] | None = None) -> list[Photo]:
-        """Several images read together (one encoder and one head pass for the batch) -> their Photos.
-        Raises ImageError naming the first unusable image."""
+    def read_batch(self, images: Sequence[ImageInput | Prepared], names: Sequence[str | None] | None = None
+                   ) -> list[Photo]:
+        """Several images (or Prepared ones) read together (one encoder and one head pass for the batch) -> their
+        Photos. Raises ImageError naming the first unusable image."""
         if not images:
             return []
-        sizes, inputs = [], []
-        for im in images:  # one decoded photo held at a time: upright RGB as preprocess reads it, its sizes noted
-            img = load_image(im)
-            sizes.append((img.size, original_size(img), was_transparent(img), flat_colour(img)))
-            inputs.append(self.preprocess(img))  # (3, S, S)
-        feats = self.encode(torch.stack(inputs))  # (B, P, D)
+        ready = [im if isinstance(im, Prepared) else self.prepare(im) for im in images]  # one decoded photo at a time
+        feats = self.encode(torch.stack([r.pixels for r in ready]))  # (B, P, D)
         reading = read_heads(self.model, feats)
         side, names = int(self.config.model.image_size), list(names or [None] * len(images))
-        return [Photo(self, feats[i:i + 1], reading.rows(i, i + 1), size, side, names[i], file_size, clear, flat)
-                for i, (size, file_size, clear, flat) in enumerate(sizes)]
+        return [Photo(self, feats[i:i + 1], reading.rows(i, i + 1), r.size, side, names[i], r.file_size, r.clear,
+                      r.flat) for i, r in enumerate(ready)]
 
     def caption(self, image: ImageInput | list[ImageInput] | tuple[ImageInput, ...], **overrides: Any
                 ) -> Caption | list[Caption]:
@@ -178,7 +193,7 @@ class Captioner:
             return self.caption_batch(image, **overrides)
         return self.read(image).caption(**overrides)
 
-    def caption_batch(self, images: Sequence[ImageInput], **overrides: Any) -> list[Caption]:
+    def caption_batch(self, images: Sequence[ImageInput | Prepared], **overrides: Any) -> list[Caption]:
         """All images read and decoded together (batched over images and beams). Raises ImageError naming
         the first unusable image."""
         return caption_photos(self, self.read_batch(images), **overrides)
@@ -191,7 +206,7 @@ class Captioner:
         SampleSettings(n, Draw(temperature, top_k, top_p), seed).checked()
         return self.read(image).sample(n, temperature, top_k, top_p, seed, **overrides)
 
-    def explain(self, image: ImageInput, text: str, **overrides: Any) -> Caption:
+    def explain(self, image: ImageInput | Prepared, text: str, **overrides: Any) -> Caption:
         """Any sentence about one image -> Caption of exactly its words (vocab.tokenize_typed: each kept as
         typed, in any script, lowercased), teacher-forced: where the model looks for each word and how
         likely it finds each (word_log_probs), with the photo's concepts, contradicted words and concept
@@ -261,11 +276,11 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
             raise CheckpointError(f"{beside} was built for another model (its vocabulary or encoder differs from "
                                   f"{checkpoint}'s): rebuild it with captioner-build-consensus or remove it")
         attach_memory(model, memory)
-        memory.cider  # noqa: B018  built now (once per file and process), not in the first caption
+        memory.cider_to(device)  # built now (once per file and process), not in the first caption; on the device
     model = model.eval().to(device=torch.device(device), dtype=resolve_dtype(dtype))  # ours: converted in place
     return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype, source=str(checkpoint))
 
 
-__all__ = ["Caption", "Captioner", "Photo", "ImageError", "CheckpointError", "NoWordsError", "load", "preferred_dtype", "default_device",
+__all__ = ["Caption", "Captioner", "Photo", "Prepared", "ImageError", "CheckpointError", "NoWordsError", "load", "preferred_dtype", "default_device",
            "check_device", "available_devices",
            "Preprocess", "DEFAULT_CHECKPOINT"]

@@ -1,21 +1,95 @@
-"""CIDEr-D (the SCST reward): its maximum, equality with pycocoevalcap's CIDEr given the same
-document frequencies, ranking agreement with training frequencies, and speed on real captions."""
+"""CIDEr-D (the SCST reward and the consensus agreement): its maximum, equality with the formula's dictionary
+arithmetic on random pools (the oracle below) and with pycocoevalcap's CIDEr given the same document frequencies,
+ranking agreement with training frequencies, and speed on real captions."""
 from __future__ import annotations
 
+import math
 import random
 import time
+from collections import Counter
 
 import pytest
+import torch
+from hypothesis import given, settings, strategies as st
 
 from captioner.decoding.cider import CiderD, ngram_counts
 from captioner.data import build_records
 from captioner.config import DataConfig
 from captioner.vocab import tokenize
 
+from .device_check import HostTensors
+
 
 def test_ngram_counts():
     c = ngram_counts([1, 2, 1, 2], 4)
     assert c[0] == {(1,): 2, (2,): 2} and c[1] == {(1, 2): 2, (2, 1): 1} and c[3] == {(1, 2, 1, 2): 1}
+
+
+def oracle(references, candidate, ref_sets, n=4, sigma=6.0) -> float:
+    """CIDEr-D of candidate against the union of ref_sets, document frequencies from references: the formula in
+    dictionaries, one n-gram at a time (cider.py's docstring)."""
+    df: Counter = Counter()
+    for refs in references:
+        df.update({g for r in refs for counts in ngram_counts(r, n) for g in counts})
+    log_n = math.log(float(len(references)))
+
+    def vector(tokens):
+        vecs = [{g: tf * (log_n - math.log(max(1.0, df[g]))) for g, tf in c.items()} for c in ngram_counts(tokens, n)]
+        return vecs, [math.sqrt(sum(x * x for x in v.values())) for v in vecs]
+
+    c_vecs, c_norms = vector(candidate)
+    total, count = 0.0, 0
+    for r in (r for refs in ref_sets for r in refs):
+        r_vecs, r_norms = vector(r)
+        penalty = math.exp(-((len(candidate) - len(r)) ** 2) / (2 * sigma ** 2))
+        for cv, rv, cn, rn in zip(c_vecs, r_vecs, c_norms, r_norms):
+            if cn and rn:
+                total += penalty * sum(min(x, rv[g]) * rv[g] for g, x in cv.items() if g in rv) / (cn * rn)
+        count += 1
+    return 10.0 * total / (n * count)
+
+
+_words = st.lists(st.integers(0, 6), max_size=9)  # few words: n-grams shared and repeated often
+
+
+@settings(max_examples=60, deadline=None)
+@given(references=st.lists(st.lists(_words, min_size=1, max_size=4), min_size=1, max_size=6),
+       pools=st.lists(st.tuples(_words, st.lists(st.integers(0, 5), min_size=1, max_size=3),
+                                st.lists(_words, max_size=3)), min_size=1, max_size=5))
+def test_agreements_equal_the_dictionary_formula_on_random_pools(references, pools):
+    # each candidate against some training images' references (the bank) and captions of its own (other candidates)
+    scorer = CiderD(references)
+    cands = [c for c, _, _ in pools]
+    ref_sets = [[references[j % len(references)] for j in near] + ([own] if own else []) for _, near, own in pools]
+    ref_sets = [sets if any(sets) else [[[1, 2]]] for sets in ref_sets]
+    batched = scorer.agreements(cands, ref_sets)  # one call for the whole pool
+    assert batched.dtype == torch.float64 and batched.shape == (len(cands),)
+    for i, (c, sets) in enumerate(zip(cands, ref_sets)):
+        want = oracle(references, c, sets)
+        assert float(batched[i]) == pytest.approx(want, abs=1e-6, rel=1e-9)
+        assert scorer.agreement(c, sets) == pytest.approx(want, abs=1e-6, rel=1e-9)  # the per-candidate call
+
+
+def test_agreement_needs_a_reference_and_word_ids_it_can_code():
+    scorer = CiderD([[[1, 2, 3]], [[4, 5]]])
+    with pytest.raises(ValueError, match="at least one reference"):
+        scorer.agreement([1, 2], [[]])
+    with pytest.raises(ValueError, match="word ids"):
+        scorer.agreement([scorer.base], [[[1, 2]]])
+    assert scorer.to("cpu") is scorer
+
+
+def test_agreements_keep_to_the_tables_device():
+    # on a GPU the tables live on the model's device: nothing made on the host may meet them (device_check.py)
+    scorer = CiderD([[[1, 2, 3], [1, 2]], [[4, 5, 1]], [[2, 3, 3]]])
+    bank = scorer._bank
+    tables = [scorer.codes, scorer.idf, bank.row, bank.ids, bank.order, bank.weight, bank.starts, bank.norms,
+              bank.lengths]
+    with HostTensors(*tables):
+        got = scorer.agreements([[1, 2, 3], [3, 3], []], [[[[1, 2, 3], [1, 2]]], [[[2, 3, 3]], [[7, 3]]], [[[1]]]])
+    assert got.tolist() == pytest.approx([oracle([[[1, 2, 3], [1, 2]], [[4, 5, 1]], [[2, 3, 3]]], c, sets)
+                                          for c, sets in (([1, 2, 3], [[[1, 2, 3], [1, 2]]]),
+                                                          ([3, 3], [[[2, 3, 3]], [[7, 3]]]), ([], [[[1]]]))], abs=1e-9)
 
 
 def test_identical_candidate_and_references_score_the_maximum():

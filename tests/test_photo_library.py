@@ -4,14 +4,19 @@ share into one file; and the mistakes a command answers before its model loads."
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 from PIL import Image
 
-from captioner.cli.caption import main
+import captioner
+from captioner.cli.caption import default_batch, main
+from captioner.cli.inputs import read_ahead
+from captioner.images import ImageError
 from captioner.cli.jsonl_output import append_lines, share, written_images
 
 from .conftest import ENV, ROOT, photo, run, tiny_captioner
@@ -47,6 +52,40 @@ def test_output_twice_each_photo_once_and_a_new_photo_alone_is_captioned(library
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["image"] for r in lines] == first + [str(folder / "new.jpg")]  # only the added one, once
     assert "alphas" in lines[-1] and all(r["caption"] for r in lines)
+
+
+def test_read_ahead_hands_batches_over_in_order_and_holds_a_bounded_window():
+    # photos finish in a random order on 4 threads; the batches still come in the library's order, a bad photo in its
+    # place, and no more than (ahead + 1) batches are ever being read or held
+    paths = [f"p{i}.jpg" for i in range(23)]
+    started, lock = [], threading.Lock()
+
+    def read(path):
+        with lock:
+            started.append(path)
+        time.sleep(0.2 if path == "p0.jpg" else random.Random(path).uniform(0, 0.01))  # the first: the slowest
+        if path == "p7.jpg":
+            raise ImageError("p7.jpg: cannot read image")
+        return path.upper()
+
+    seen = []
+    for batch in read_ahead(paths, 5, read, threads=4, ahead=2):
+        with lock:
+            assert len(started) <= len(seen) + 3 * 5  # this batch and the two read ahead
+        seen += batch
+    assert [p for p, _ in seen] == paths and [len(b) for b in read_ahead(paths, 5, str, threads=2)] == [5, 5, 5, 5, 3]
+    assert [r for p, r in seen if p != "p7.jpg"] == [p.upper() for p in paths if p != "p7.jpg"]
+    assert isinstance(dict(seen)["p7.jpg"], ImageError) and sorted(started) == sorted(paths)
+
+
+def test_prepared_photos_caption_as_the_photos_themselves(library):
+    # what the reader threads hand over (Captioner.prepare) is read as the file itself would be
+    folder, model = library
+    loaded = captioner.load(model)
+    files = sorted(str(p) for p in folder.glob("*.jpg"))
+    by_path = [c.to_dict() for c in loaded.caption_batch(files, beam_size=2)]
+    assert [c.to_dict() for c in loaded.caption_batch([loaded.prepare(f) for f in files], beam_size=2)] == by_path
+    assert default_batch("cpu") == 16 and default_batch(None) == 16 and default_batch("cuda:1") >= 64
 
 
 def test_a_half_written_last_line_is_captioned_again_and_cut_off(tmp_path):

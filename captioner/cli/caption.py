@@ -8,8 +8,9 @@
     captioner-caption photo.jpg --sample 5 [--temperature 0.6] [--top-k 0] [--top-p 0.9] [--seed 0] [--json]
 
 A FOLDER argument stands for its images (every format the parser reads: images.FORMATS, sorted by path;
---recursive includes subfolders). Images are loaded by a small thread pool, one batch ahead, while the model
-captions the previous batch (caption_batch, --batch-size images at a time).
+--recursive includes subfolders). Photos are read ahead by a thread pool (decoded, resized and preprocessed in
+parallel: Captioner.prepare; inputs.read_ahead keeps two batches reading) while the model captions the previous
+batch (caption_batch, --batch-size images at a time: by default 16 on a CPU, 64 on a GPU).
 
 Decode settings left out are the model file's own (its config.decode); --decode KEY=VALUE sets any of
 them. One short line on stderr names the beam and the settings changed from the file's; --verbose prints every
@@ -23,7 +24,8 @@ one file (see their help), and marks the folder so that a later --recursive sear
 
 --output FILE.jsonl appends each photo's --json line(s) to FILE as the photo is done and skips the photos FILE
 already names, so a rerun resumes; under torchrun each process captions its own share into the same file
-(jsonl_output.py). A progress bar with its ETA shows on stderr when stderr is a terminal.
+(jsonl_output.py). A progress bar with its ETA shows on stderr when stderr is a terminal; its photos/s are the
+photos finished over the wall time since the start (no smoothing).
 
 Everything that needs no model (the options, the sentence, the input files and folders, the output paths) is
 checked before the model loads: a mistake is answered at once, in one line.
@@ -39,10 +41,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from captioner.cli.inputs import (FIGURE_MARK, figure_paths, find_images, image_extensions, loaded_batches,
+from captioner.cli.inputs import (FIGURE_MARK, figure_paths, find_images, image_extensions, read_ahead,
                                   unsearched_subfolders)
 from captioner.cli.jsonl_output import append_lines, share, torchrun_place, written_images
 from captioner.cli.sample_options import add_sample_options, numbered, request_samples, sample_request, sampling_line
+
+CPU_BATCH, GPU_BATCH = 16, 64  # --batch-size's default
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -51,7 +55,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("images", nargs="+", metavar="IMAGE_OR_FOLDER")
     p.add_argument("--recursive", action="store_true", help="include images in subfolders of a FOLDER")
-    p.add_argument("--batch-size", type=int, default=16, help="images captioned together (default 16)")
+    p.add_argument("--batch-size", type=int, default=None, help=f"images captioned together (default {CPU_BATCH} on "
+                   f"a CPU, {GPU_BATCH} on a GPU)")
     p.add_argument("--checkpoint", default=None, help="model file (default: the bundled model)")
     add_decode_options(p)
     p.add_argument("--json", action="store_true", help="one JSON object per image: image, caption, words, "
@@ -85,7 +90,7 @@ def check_options(args: argparse.Namespace) -> bool:
     from captioner.cli.decode_options import check_decode_options
 
     problem = None
-    if args.batch_size < 1:
+    if args.batch_size is not None and args.batch_size < 1:
         problem = "--batch-size must be at least 1"
     elif args.maps and not (args.json or args.output):
         problem = "--maps adds the attention maps to JSON lines: add --json (or --output FILE.jsonl)"
@@ -261,9 +266,26 @@ def check_sentence(sentence: str | None) -> bool:
     return True
 
 
+def default_batch(device: str | None) -> int:
+    """Photos captioned together when --batch-size is not given: more on a GPU, where a batch costs little more
+    than one photo."""
+    return GPU_BATCH if device and str(device).startswith("cuda") else CPU_BATCH
+
+
+def prepared(loaded: Any, path: str, figures: bool) -> tuple[Any, Any]:
+    """(the decoded picture where figures are drawn, else None; the photo prepared for the model): what a reader
+    thread does for one photo (ImageError for an unusable file)."""
+    from captioner.images import load_image
+
+    if not figures:
+        return None, loaded.prepare(path)
+    img = load_image(path)
+    return img, loaded.prepare(img)
+
+
 def caption_all(args: argparse.Namespace, loaded: Any, settings: dict[str, Any], planned: Plan,
                 progress: bool) -> int:
-    """Caption the planned photos a batch at a time (the next batch loading meanwhile), each photo's lines
+    """Caption the planned photos a batch at a time (the next batches read ahead meanwhile), each photo's lines
     printed or appended to --output as soon as it is done; a bar with its ETA on stderr when `progress`.
     Returns how many photos could not be read (each named on stderr)."""
     from tqdm import tqdm
@@ -274,16 +296,20 @@ def caption_all(args: argparse.Namespace, loaded: Any, settings: dict[str, Any],
             Path(out).mkdir(parents=True, exist_ok=True)
             (Path(out) / FIGURE_MARK).write_text("figures written by captioner-caption; folder searches skip this "
                                                  "folder\n")
-    bar = tqdm(total=len(planned.paths), desc="captioning", unit="photo", file=sys.stderr, disable=not progress)
-    for batch in loaded_batches(planned.paths, args.batch_size):
-        good = [(path, img) for path, img in batch if not isinstance(img, Exception)]
-        caps = captions_for(loaded, [img for _, img in good], settings, args.explain, request)
+    figures = bool(planned.figures or planned.animations)
+    bar = tqdm(total=len(planned.paths), desc="captioning", unit="photo", file=sys.stderr, disable=not progress,
+               smoothing=0)  # photos/s: the photos finished over the wall time since the start
+    batches = read_ahead(planned.paths, args.batch_size or default_batch(args.device),
+                         lambda path: prepared(loaded, path, figures))
+    for batch in batches:
+        good = [(path, item) for path, item in batch if not isinstance(item, Exception)]
+        caps = captions_for(loaded, [ready for _, (_, ready) in good], settings, args.explain, request)
         with tqdm.external_write_mode(file=sys.stdout):  # the bar steps aside for the lines
             for path, err in batch:
                 if isinstance(err, Exception):
                     print(f"error: {err}", file=sys.stderr)
                     failed += 1
-            for (path, img), image_caps in zip(good, caps):
+            for (path, (img, _)), image_caps in zip(good, caps):
                 lines = []
                 for i, cap in enumerate(image_caps, 1):
                     paths = numbered([planned.figures.get(path), planned.animations.get(path)], i, request)

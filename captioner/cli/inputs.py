@@ -1,15 +1,16 @@
 """Which photos captioner-caption reads and where its figures go: the image files of its arguments (a FOLDER
 stands for its images, every format the parser reads: images.FORMATS, sorted by path; --recursive adds its
-subfolders, never a figure folder), the figure and animation path of each, and the photos loaded by a small
-thread pool, one batch ahead of the model."""
+subfolders, never a figure folder), the figure and animation path of each, and the photos read ahead of the model
+by a thread pool (read_ahead: decoded and resized in parallel, PIL releasing the GIL, two batches ahead, handed
+over in the library's order)."""
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-LOAD_THREADS = 2  # threads loading the next batch of photos
+AHEAD = 2  # batches read ahead of the one the model works on
 FIGURE_MARK = ".captioner-figures"  # written into an --attention-dir: folder searches never read it as input
 
 
@@ -83,25 +84,33 @@ def figure_paths(found: list[tuple[str, str]], out_dir: str, suffix: str = "_att
     return out
 
 
-def _load(path: str) -> tuple[str, Any]:
-    """(path, PIL image) or (path, ImageError): a bad file is reported, never raised, from a worker."""
-    from captioner.images import ImageError, load_image
-
-    try:
-        return path, load_image(path)
-    except ImageError as e:
-        return path, e
+def reader_threads() -> int:
+    """Threads reading photos: one per CPU core this process may use (at least 2, at most 16)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(2, min(16, cores))
 
 
-def loaded_batches(paths: list[str], batch_size: int, threads: int = LOAD_THREADS) -> Iterator[list[tuple[str, Any]]]:
-    """Batches of (path, image or ImageError), in order; the next batch loads while the caller
-    works on this one, and at most two batches of images are held at a time."""
-    with ThreadPoolExecutor(threads) as pool:
-        pending = [pool.submit(_load, p) for p in paths[:batch_size]]
-        for k in range(0, len(paths), batch_size):
-            following = [pool.submit(_load, p) for p in paths[k + batch_size:k + 2 * batch_size]]
-            yield [f.result() for f in pending]
-            pending = following
+def read_ahead(paths: list[str], batch_size: int, read: Callable[[str], Any], threads: int | None = None,
+               ahead: int = AHEAD) -> Iterator[list[tuple[str, Any]]]:
+    """Batches of (path, read(path) or the ImageError it raised), in the order of `paths`: every photo of the next
+    `ahead` batches is being read by the pool (each photo on its own, so a slow one holds up no other) while the
+    caller works on this batch, and at most (ahead + 1) batches are held at a time."""
+    from captioner.images import ImageError
+
+    def one(path: str) -> tuple[str, Any]:
+        try:
+            return path, read(path)
+        except ImageError as e:  # a bad file is reported, never raised, from a worker
+            return path, e
+
+    with ThreadPoolExecutor(threads or reader_threads()) as pool:
+        starts = range(0, len(paths), batch_size)
+        pending = [[pool.submit(one, p) for p in paths[k:k + batch_size]] for k in starts[:ahead]]
+        for i, _ in enumerate(starts):
+            if i + ahead < len(starts):  # keep `ahead` batches reading
+                k = starts[i + ahead]
+                pending.append([pool.submit(one, p) for p in paths[k:k + batch_size]])
+            yield [f.result() for f in pending.pop(0)]
 
 
 def unsearched_subfolders(folder: Path) -> list[str]:

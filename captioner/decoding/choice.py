@@ -101,15 +101,16 @@ def signals(cands: Sequence[Hypothesis], near: Sequence[int], wide: Sequence[int
     cider = memory.cider
     near_refs = [memory.captions_of(j) for j in near] if weights["consensus"] else []
     wide_refs = [memory.captions_of(j) for j in wide] if weights["wide"] else []
+    tokens = [h.tokens for h in cands]
+    if near_refs:  # every candidate in one call (CiderD.agreements)
+        out[:, 1] = cider.agreements(tokens, [near_refs] * len(cands))
+    if wide_refs:
+        out[:, 2] = cider.agreements(tokens, [wide_refs] * len(cands))
+    if weights["agreement"] and len(cands) > 1:
+        out[:, 3] = cider.agreements(tokens, [[[c for j, c in enumerate(tokens) if j != i]] for i in range(len(cands))])
     for i, h in enumerate(cands):
         words = len(h.tokens)
         out[i, 0] = h.score - best
-        if near_refs:
-            out[i, 1] = cider.agreement(h.tokens, near_refs)
-        if wide_refs:
-            out[i, 2] = cider.agreement(h.tokens, wide_refs)
-        if weights["agreement"] and len(cands) > 1:
-            out[i, 3] = cider.agreement(h.tokens, [[c.tokens for j, c in enumerate(cands) if j != i]])
         out[i, 4] = h.log_prob / (words + 1)  # <end> included: a per-token mean
         out[i, 5] = words
         if probs is not None and words:

@@ -15,6 +15,12 @@ references. This is coco-caption's CIDEr-D, the reward of self-critical training
 document frequencies from the evaluated set itself; given the same frequencies the two are equal
 (tests/test_cider.py checks it), with the training set's they agree on ranking.
 
+The arithmetic is on tensors, many candidates at once (agreements): each caption's distinct n-grams (their words
+as the digits of one int64 code) with its weights g_n, flat over the captions (Grams); the training references'
+vectors built once (the bank, on the device the CIDEr-D is moved to), and for every (candidate, reference) pair
+the clipped products found by searching the reference's n-grams among the candidate's, summed per pair and n
+(index_add). tests/test_cider.py keeps the dictionary arithmetic of the formula as the oracle it must equal.
+
 Captions are token-id lists without <start>/<end>; references are the training captions as the
 vocabulary encodes them, so a rare word that became <unk> in a reference never matches (sampled
 captions never contain <unk>).
@@ -23,7 +29,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass, replace
 from typing import Sequence
+
+import torch
 
 Caption = Sequence[int]
 NGram = tuple[int, ...]
@@ -35,86 +44,189 @@ def ngram_counts(tokens: Caption, n: int = 4) -> list[Counter]:
     return [Counter(toks[i:i + k] for i in range(len(toks) - k + 1)) for k in range(1, n + 1)]
 
 
-class CiderD:
-    """CIDEr-D with document frequencies fixed at construction (the training references)."""
+@dataclass(frozen=True)
+class Grams:
+    """Captions as TF-IDF n-gram vectors, flat: caption c's entries are rows starts[c]:starts[c + 1], each one
+    n-gram of it (sorted by its code within the caption)."""
 
-    def __init__(self, references: Sequence[Sequence[Caption]], n: int = 4, sigma: float = 6.0):
+    row: torch.Tensor  # (E,) int64: the caption of each entry
+    ids: torch.Tensor  # (E,) int64: its n-gram, an index into CiderD.codes (>= len(codes): one no reference has)
+    order: torch.Tensor  # (E,) int64: n - 1
+    weight: torch.Tensor  # (E,) float64: tf * idf
+    starts: torch.Tensor  # (C + 1,) int64
+    norms: torch.Tensor  # (C, n) float64: each caption's vector length per n
+    lengths: torch.Tensor  # (C,) float64: words
+    width: int  # the ids are below this
+
+    def to(self, device: torch.device) -> "Grams":
+        return replace(self, **{f: getattr(self, f).to(device) for f in ("row", "ids", "order", "weight", "starts",
+                                                                           "norms", "lengths")})
+
+
+def _spans(owner: torch.Tensor, start: torch.Tensor, stop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ranges start[s]:stop[s] owned by owner[s] -> every (owner, index) of them, flat: two (X,) tensors."""
+    count = stop - start  # (S,)
+    span = torch.repeat_interleave(torch.arange(len(count), device=count.device), count)  # (X,)
+    first = (count.cumsum(0) - count)[span]  # (X,) where each span begins in the flat list
+    return owner[span], start[span] + torch.arange(len(span), device=count.device) - first
+
+
+class CiderD:
+    """CIDEr-D with document frequencies fixed at construction (the training references), on tensors: every caption a
+    TF-IDF vector of its n-grams (Grams), the training references' vectors built once (the bank), and the clipped
+    products of many (candidate, reference) pairs computed at once (agreements)."""
+
+    def __init__(self, references: Sequence[Sequence[Caption]], n: int = 4, sigma: float = 6.0,
+                 device: torch.device | str = "cpu"):
         """references: for each training image, its reference captions (token ids)."""
         if not references:
             raise ValueError("CIDEr-D needs the training references to compute document frequencies")
-        self.n, self.sigma = n, sigma
-        df: Counter = Counter()
-        for refs in references:  # each image's distinct n-grams once (zip of shifted copies: no Counter per caption)
-            grams: set[NGram] = set()
-            for r in refs:
-                toks = tuple(r)
-                for k in range(1, n + 1):
-                    grams.update(zip(*(toks[i:] for i in range(k))))
-            df.update(grams)
-        self.df = dict(df)
+        self.n, self.sigma, self.device = n, sigma, torch.device(device)
+        self.base = 1 << (62 // n)  # an n-gram's code: its words + 1 as digits in this base (below 2^62)
         self.log_n = math.log(float(len(references)))
-        self._ref_cache: dict[tuple[Caption, ...], tuple] = {}  # reference set -> its index (_refs)
+        self._sets: dict[tuple[tuple[int, ...], ...], tuple[int, int]] = {}  # a training image's references -> bank rows
+        captions: list[tuple[int, ...]] = []
+        image: list[int] = []
+        for j, refs in enumerate(references):
+            key = tuple(tuple(r) for r in refs)
+            self._sets.setdefault(key, (len(captions), len(captions) + len(key)))
+            captions += key
+            image += [j] * len(key)
+        row, code, order, tf, lengths = self._count(captions)
+        self.codes, inverse = torch.unique(code, return_inverse=True)  # (G,) every reference n-gram, sorted
+        per_image = torch.unique(torch.tensor(image, dtype=torch.int64, device=self.device)[row] * len(self.codes)
+                                 + inverse)  # each image's distinct n-grams once
+        df = torch.bincount(per_image % len(self.codes), minlength=len(self.codes)).to(torch.float64)  # (G,)
+        self.idf = self.log_n - torch.log(df.clamp_min(1.0))  # (G,)
+        self._bank = self._grams(row, code, order, tf, lengths)  # (the references' captions)
 
-    def _vector(self, tokens: Caption) -> tuple[list[dict[NGram, float]], list[float], int]:
-        """TF-IDF vectors per n, their norms, and the caption length."""
-        vecs, norms = [], []
-        for counts in ngram_counts(tokens, self.n):
-            v = {g: tf * (self.log_n - math.log(max(1.0, self.df.get(g, 0.0)))) for g, tf in counts.items()}
-            vecs.append(v)
-            norms.append(math.sqrt(sum(x * x for x in v.values())))
-        return vecs, norms, len(tokens)
+    def to(self, device: torch.device | str) -> "CiderD":
+        """This CIDEr-D with its tables on `device` (itself when they are there already)."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        out = object.__new__(CiderD)
+        out.__dict__.update(self.__dict__, device=device, codes=self.codes.to(device), idf=self.idf.to(device),
+                            _bank=self._bank.to(device))
+        return out
 
-    def _refs(self, refs: Sequence[Caption]) -> tuple[list[dict[NGram, list[tuple[int, float]]]], list[list[float]],
-                                                       list[int]]:
-        """A reference set as an inverted index: per n, each n-gram -> [(reference, its weight)], and each reference's
-        norms and length. A candidate then visits only the references that share its n-grams (a consensus over
-        a hundred captions would otherwise loop over every n-gram of every one)."""
-        key = tuple(tuple(r) for r in refs)
-        hit = self._ref_cache.get(key)
-        if hit is None:
-            if len(self._ref_cache) > 200_000:  # bound memory on huge datasets
-                self._ref_cache.clear()
-            index: list[dict[NGram, list[tuple[int, float]]]] = [{} for _ in range(self.n)]
-            norms, lengths = [], []
-            for j, r in enumerate(key):
-                vecs, r_norms, length = self._vector(r)
-                for n, v in enumerate(vecs):
-                    for g, x in v.items():
-                        index[n].setdefault(g, []).append((j, x))
-                norms.append(r_norms)
-                lengths.append(length)
-            hit = self._ref_cache[key] = (index, norms, lengths)
-        return hit
+    def _count(self, captions: Sequence[Caption]) -> tuple[torch.Tensor, ...]:
+        """Captions -> their distinct n-grams: caption, code, n - 1 and count (E,) each, grouped by caption and sorted
+        by code within it; and each caption's words (C,) float64."""
+        lengths = [len(c) for c in captions]
+        width = max(lengths, default=0)
+        words = torch.tensor([list(c) + [-1] * (width - len(c)) for c in captions], dtype=torch.int64,
+                             device=self.device).view(len(captions), width)  # (C, L), -1 after the end
+        if words.numel() and int(words.max()) >= self.base - 1:
+            raise ValueError(f"CIDEr-D reads word ids 0..{self.base - 2}: a caption holds {int(words.max())}")
+        rows, codes, orders = [], [], []
+        code = torch.zeros_like(words)  # (C, L)
+        for k in range(min(self.n, width)):  # code of the (k+1)-gram starting at i, from the k-gram's
+            code = code[:, :width - k] * self.base + words[:, k:] + 1  # (C, L - k)
+            row, at = (words[:, k:] >= 0).nonzero(as_tuple=True)  # the grams that end before the padding
+            rows.append(row)
+            codes.append(code[row, at])
+            orders.append(torch.full_like(row, k))
+        row, code, order = (torch.cat(x) if x else words.new_zeros(0) for x in (rows, codes, orders))
+        code, by_code = code.sort(stable=True)  # grouped by caption, by code within it
+        row, order = row[by_code], order[by_code]
+        row, by_row = row.sort(stable=True)
+        code, order = code[by_row], order[by_row]
+        new = torch.ones_like(row, dtype=torch.bool)  # (E,) the first of a run of equal (caption, code)
+        new[1:] = (row[1:] != row[:-1]) | (code[1:] != code[:-1])
+        tf = torch.bincount(new.cumsum(0) - 1).to(torch.float64) if len(row) else code.new_zeros(0, dtype=torch.float64)
+        lengths_t = torch.tensor(lengths, dtype=torch.float64, device=self.device)  # (C,)
+        return row[new], code[new], order[new], tf, lengths_t
 
-    def score_one(self, candidate: Caption, refs: Sequence[Caption]) -> float:
-        return self.agreement(candidate, [refs])
+    def _grams(self, row: torch.Tensor, code: torch.Tensor, order: torch.Tensor, tf: torch.Tensor,
+               lengths: torch.Tensor) -> Grams:
+        """Counted n-grams (_count) -> their TF-IDF vectors; an n-gram no reference has is numbered after the
+        references' own (the same number for the same n-gram in one call)."""
+        g = len(self.codes)
+        at = torch.searchsorted(self.codes, code).clamp_(max=max(g - 1, 0))  # (E,)
+        known = self.codes[at] == code if g else torch.zeros_like(code, dtype=torch.bool)
+        idf = torch.where(known, self.idf[at], self.log_n) if g else torch.full_like(tf, self.log_n)  # (E,)
+        ids = torch.where(known, at, g)  # (E,)
+        unknown = torch.unique(code[~known], return_inverse=True)[1]
+        ids[~known] = g + unknown
+        width = g + int(unknown.max()) + 1 if len(unknown) else g
+        weight = tf * idf  # (E,)
+        c = len(lengths)
+        squares = weight.new_zeros(c * self.n).index_add_(0, row * self.n + order, weight * weight)  # (C * n,)
+        starts = torch.cat([row.new_zeros(1), torch.bincount(row, minlength=c).cumsum(0)])  # (C + 1,)
+        return Grams(row, ids, order, weight, starts, squares.sqrt().view(c, self.n), lengths, width)
+
+    def vectors(self, captions: Sequence[Caption]) -> Grams:
+        """Captions -> their TF-IDF vectors (Grams) on this CIDEr-D's device."""
+        return self._grams(*self._count(captions))
+
+    def _pairs(self, cands: Grams, refs: Grams, pc: torch.Tensor, pr: torch.Tensor) -> torch.Tensor:
+        """For each pair p (candidate pc[p] of cands, reference pr[p] of refs), (P,): the sum over n of the clipped
+        product min(g_c, g_r) . g_r over the norms, times the length penalty."""
+        pair, entry = _spans(torch.arange(len(pc), device=pc.device), refs.starts[pr], refs.starts[pr + 1])  # (X,)
+        width = max(cands.width, refs.width)
+        dots = cands.weight.new_zeros(len(pc) * self.n)  # (P * n,)
+        if len(cands.ids) and len(entry):
+            key, by_key = (cands.row * width + cands.ids).sort()  # (Ec,) the candidates' n-grams, findable
+            wanted = pc[pair] * width + refs.ids[entry]  # (X,) the reference's n-gram in its candidate
+            at = torch.searchsorted(key, wanted).clamp_(max=len(key) - 1)  # (X,)
+            g_c, g_r = cands.weight[by_key[at]], refs.weight[entry]  # (X,)
+            clipped = torch.where(key[at] == wanted, torch.minimum(g_c, g_r) * g_r, 0.0)  # (X,)
+            dots.index_add_(0, pair * self.n + refs.order[entry], clipped)
+        norms = cands.norms[pc] * refs.norms[pr]  # (P, n)
+        cosine = torch.where(norms > 0, dots.view(-1, self.n) / norms.clamp_min(1e-300), 0.0)  # (P, n)
+        penalty = torch.exp(-(cands.lengths[pc] - refs.lengths[pr]) ** 2 / (2 * self.sigma ** 2))  # (P,)
+        return penalty * cosine.sum(1)
+
+    def agreements(self, candidates: Sequence[Caption], ref_sets: Sequence[Sequence[Sequence[Caption]]]
+                   ) -> torch.Tensor:
+        """Each candidates[i]'s CIDEr-D against all the references of the sets ref_sets[i] at once (= score_one
+        against their union) -> (N,) float64 on this CIDEr-D's device, in one pass: a set that is a training
+        image's references is read from the bank, any other is made into vectors with the candidates."""
+        if len(candidates) != len(ref_sets):
+            raise ValueError(f"{len(candidates)} candidates but {len(ref_sets)} lists of reference sets")
+        banked: list[tuple[int, int, int]] = []  # (candidate, first, end row) in the bank
+        other: list[tuple[int, int, int]] = []  # ... among the other references
+        others: list[tuple[int, ...]] = []
+        other_at: dict[tuple[tuple[int, ...], ...], tuple[int, int]] = {}
+        count = []
+        for i, sets in enumerate(ref_sets):
+            total = 0
+            for refs in sets:
+                key = tuple(tuple(r) for r in refs)
+                if not key:
+                    continue
+                at = self._sets.get(key)
+                if at is not None:
+                    banked.append((i, *at))
+                else:
+                    if key not in other_at:
+                        other_at[key] = (len(candidates) + len(others), len(candidates) + len(others) + len(key))
+                        others += key
+                    other.append((i, *other_at[key]))
+                total += len(key)
+            if not total:
+                raise ValueError("every candidate needs at least one reference")
+            count.append(total)
+        grams = self.vectors([*candidates, *others])  # candidates first, then the references not in the bank
+        total = torch.zeros(len(candidates), dtype=torch.float64, device=self.device)  # (N,)
+        for refs, spans in ((self._bank, banked), (grams, other)):
+            if spans:
+                owner, first, end = torch.tensor(spans, dtype=torch.int64, device=self.device).unbind(1)  # (S,) each
+                pc, pr = _spans(owner, first, end)  # (P,) each
+                total.index_add_(0, pc, self._pairs(grams, refs, pc, pr))
+        return 10.0 * total / (self.n * torch.tensor(count, dtype=torch.float64, device=self.device))
 
     def agreement(self, candidate: Caption, ref_sets: Sequence[Sequence[Caption]]) -> float:
         """CIDEr-D of `candidate` against all the references of several sets at once (= score_one against their
-        union); each set's index is cached by the set, so a set met again (a training photo's captions) is free."""
-        if not any(ref_sets):
-            raise ValueError("every candidate needs at least one reference")
-        c_vecs, c_norms, c_len = self._vector(candidate)
-        total = 0.0
-        for refs in ref_sets:
-            index, norms, lengths = self._refs(refs)
-            dots = [[0.0] * len(lengths) for _ in range(self.n)]  # (n, refs): clipped counts x reference weights
-            for n, cv in enumerate(c_vecs):
-                postings, dot = index[n], dots[n]
-                for g, x in cv.items():
-                    for j, r in postings.get(g, ()):
-                        dot[j] += min(x, r) * r
-            for j, r_len in enumerate(lengths):
-                penalty = math.exp(-((c_len - r_len) ** 2) / (2 * self.sigma ** 2))
-                for n in range(self.n):
-                    cn, rn = c_norms[n], norms[j][n]
-                    if cn == 0.0 or rn == 0.0:
-                        continue
-                    total += penalty * dots[n][j] / (cn * rn)
-        return 10.0 * total / (self.n * sum(len(refs) for refs in ref_sets))
+        union): agreements of one candidate."""
+        return float(self.agreements([candidate], [ref_sets])[0])
+
+    def score_one(self, candidate: Caption, refs: Sequence[Caption]) -> float:
+        return self.agreement(candidate, [refs])
 
     def score(self, candidates: Sequence[Caption], references: Sequence[Sequence[Caption]]) -> list[float]:
         """candidates[i] scored against references[i] -> one CIDEr-D per candidate."""
         if len(candidates) != len(references):
             raise ValueError(f"{len(candidates)} candidates but {len(references)} reference sets")
-        return [self.score_one(c, r) for c, r in zip(candidates, references)]
+        return self.agreements(candidates, [[r] for r in references]).tolist()

@@ -113,6 +113,12 @@ class ConsensusMemory:
                 _cider_of_file[self.source] = self._cider
         return self._cider
 
+    def cider_to(self, device: torch.device | str) -> CiderD:
+        """The CIDEr-D tables moved to `device` (the model's: the agreements are computed there), built first if
+        needed; the file's CPU copy stays shared by the process's other loads."""
+        self._cider = self.cider.to(device)
+        return self._cider
+
     def save(self, path: str | Path) -> None:
         tensors = {"features": self.features.contiguous(), "tokens": self.tokens.contiguous(),
                    "caption_ends": self.caption_ends.contiguous(), "photo_ends": self.photo_ends.contiguous()}
