@@ -403,7 +403,7 @@ OLD_LAYOUT_DECODE = {
     "confidence_bias": -0.123361, "confidence_wide": 1.66427, "confidence_consensus": 1.50423,
     "confidence_nearest": 0.0, "confidence_agreement": 0.0, "confidence_margin": 0.0, "confidence_log_prob": 1.39193,
     "confidence_min_word": 0.0, "confidence_objects": 0.0, "confidence_weakest_object": 0.0, "confidence_top_p": 0.0,
-    "confidence_length": 0.0, "sure_at": 0.3709}
+    "confidence_length": 0.0, "sure_at": 0.692609}
 
 
 def test_a_model_file_in_the_old_layout_loads_and_decodes_the_same(tmp_path, bundled):
@@ -425,7 +425,7 @@ def test_a_model_file_in_the_old_layout_loads_and_decodes_the_same(tmp_path, bun
         memory_path(old).symlink_to(memory_path(captioner.DEFAULT_CHECKPOINT))
     then, now = load_checkpoint(old), load_checkpoint(captioner.DEFAULT_CHECKPOINT)
     assert then.config == now.config and then.fitted == now.fitted
-    assert then.fitted["choice"]["wide"] == 3.82069 and then.fitted["confidence"]["sure_at"] == 0.3709
+    assert then.fitted["choice"]["wide"] == 3.82069 and then.fitted["confidence"]["sure_at"] == 0.692609
     examples = sorted((Path(captioner.__file__).parent / "assets" / "examples").glob("*.jpg"))
     again = captioner.load(old)
     for a, b in zip(again.caption(examples), bundled.caption(examples)):

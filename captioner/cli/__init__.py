@@ -7,6 +7,14 @@ from captioner.model.blas import sum_in_one_order
 sum_in_one_order()
 
 
+def numpy_before_torch() -> None:
+    """Import numpy before torch, in a command whose stop handler is in place: torch's C extension imports numpy
+    from C and clears any error raised there, so a Ctrl-C landing in that import (Interrupted) was swallowed,
+    numpy stayed half-imported and the command went on, to fail later ("module 'numpy' has no attribute
+    'matrix'"). Imported from Python first, a stop there ends the command in its one line, as anywhere else."""
+    import numpy  # noqa: F401
+
+
 def torchvision_refused() -> bool:
     """Whether torch and torchvision do not work together (model/vision.py); if so, says so and what to
     reinstall in one line on stderr, no traceback (the command then exits with 2)."""

@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from captioner.cli import numpy_before_torch
+
+    numpy_before_torch()
     from captioner.api import default_device
     from captioner.config import load_config
     from captioner.data import build_mix

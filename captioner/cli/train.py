@@ -49,6 +49,9 @@ def _stopped(name: str, where: str, code: int) -> int:
 
 
 def _train(argv: list[str] | None, stop) -> int:
+    from captioner.cli import numpy_before_torch
+
+    numpy_before_torch()
     import torch
 
     from captioner.config import load_config
