@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 from hypothesis import given, settings as hsettings, strategies as st
 
@@ -121,3 +122,39 @@ def test_a_step_costs_the_same_ops_whatever_was_written():
         literal.append(Count.n)
     assert len(set(counts[3:])) == 1, counts
     assert 3 * counts[-1] < 2 * literal[-1], (counts, literal)  # the state's update included: under two thirds
+
+
+def _literal(monkeypatch, ids: SpecialIds, settings: DecodeConfig, evidence) -> None:
+    """Every search scores with rules.word_logp from all the words written (the state ignored)."""
+    import captioner.decoding.processors as processors
+
+    monkeypatch.setattr(processors.Rules, "scores", lambda self, logits, tokens, state, images=None:
+                        word_logp(logits, ids, settings, tokens, evidence, images))
+    monkeypatch.setattr(processors.Rules, "advance", lambda self, state, words, rows=None: state)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam", "device_beam"])
+def test_whole_decodes_write_the_same_captions(monkeypatch, search):
+    """A random decoder, every rule and the evidence's bonus: greedy, beam and the fixed-shape beam search find the
+    same hypotheses (words, scores, word log-probs) with the processors as with the literal rules."""
+    from captioner.decoding.device_beam import beam_search_on_device
+    from captioner.decoding.search import beam_search, greedy_decode
+    from captioner.model.decoder import Decoder
+
+    torch.manual_seed(0)
+    dec = Decoder(V, 16, 12, 20, 10, 0.0).eval()
+    feats = torch.rand(3, 9, 16)
+    ids = _ids(((12, 9), (13, 10)))
+    evidence = _Evidence(torch.Generator().manual_seed(1), 3)
+    settings = DecodeConfig(beam_size=3, max_len=10, evidence=False)
+    run = {"greedy": lambda: [[h] for h in greedy_decode(dec, feats, ids, settings, evidence)],
+           "beam": lambda: beam_search(dec, feats, ids, settings, evidence),
+           "device_beam": lambda: beam_search_on_device(dec, feats, ids, settings, evidence)}[search]
+    got = run()
+    _literal(monkeypatch, ids, settings, evidence)
+    want = run()
+    assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
+    assert sum(len(h.tokens) for hs in got for h in hs) > 6  # real captions were written
+    for hs, ws in zip(got, want):
+        for h, w in zip(hs, ws):
+            assert h.score == w.score and h.log_prob == w.log_prob and torch.equal(h.word_logps, w.word_logps)
