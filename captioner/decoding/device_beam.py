@@ -7,7 +7,7 @@ each read waits for the queue, and one photo's caption was slower on an H100 tha
 Here every image keeps its K rows to the end, an image that is done only stops adding hypotheses, and each
 image's K best finished hypotheses live in device tensors (its ranking: search's, by normalised score). The
 host reads `active.any()` once every `check_every` steps (to stop early) and the results once at the end.
-With decoding/rules.py's masks (no nonzero()) a step is queued without a sync.
+With decoding/processors.py's masks (no nonzero()) a step is queued without a sync.
 
 Legend: B images, K beams, N = B*K rows, T = max_len, P regions, V vocabulary.
 tests/test_device_beam.py: the same hypotheses as search.beam_search (random decoders, and the bundled model
@@ -21,7 +21,7 @@ from ..config import DecodeConfig
 from ..model.decoder import Decoder
 from ..vocab import SpecialIds
 from .evidence import Evidence
-from .rules import word_logp
+from .processors import Rules
 from .hypotheses import History, Hypothesis, alive, candidates, normalise
 
 NEG = float("-inf")
@@ -99,11 +99,13 @@ def search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, set
                     feats.new_zeros(B * K, 0), torch.zeros(B * K, 0, device=device))
     finished = _Finished(B, K, T, P, feats.new_zeros(()))
     active = torch.ones(B, dtype=torch.bool, device=device)  # images still searching (search: still in the batch)
+    rules = Rules(ids, settings, evidence)  # rules.word_logp, step by step
+    said = rules.start(B * K)  # what the rules remember of each row
     for t in range(T):
         emb, emb_gates = decoder.embed(words)
         logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context,
                                                    ctx_gates)
-        logp = word_logp(logits, ids, settings, hist.tokens, evidence, images)  # (N, V)
+        logp = rules.scores(logits, hist.tokens, said, images)  # (N, V)
         top_s, src, word, step_lp = candidates(cum, logp, B, K, K, ids.pad)  # (B, 2K) each
         is_end = word == ids.end
         ends = is_end & (rank < K) & (top_s > NEG) & active.unsqueeze(1)  # (B, 2K)
@@ -122,6 +124,7 @@ def search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, set
         rows = alive_src.reshape(-1)  # (N,)
         words, cum = alive_word.reshape(-1), alive_s.reshape(-1).masked_fill(~active.repeat_interleave(K), NEG)
         hist = hist.extend(rows, words, alpha, beta, alive_lp.reshape(-1))
+        said = rules.advance(said, words, rows)  # the rules' state follows the surviving rows, as hist does
         h, c = h[rows], c[rows]
         if (t + 1) % check_every == 0 and not bool(active.any()):  # the one read inside the loop
             break

@@ -115,9 +115,16 @@ class Evidence:
         """images (N,) the image of each live row, tokens (N, t) its words so far -> (N, V)."""
         if not self.has_bonus:  # no word earns a bonus (evidence_bonus 0): a lookup per step
             return self.penalty[images]  # (N, V)
+        named = self.words[tokens].amax(1) if tokens.shape[1] else None  # (N, C): categories named already
+        return self.bias_after(images, named)
+
+    def bias_after(self, images: torch.Tensor, named: torch.Tensor | None) -> torch.Tensor:
+        """images (N,), the categories each row has named so far (N, C) 0/1 or None (none yet; and without a bonus
+        never read) -> bias's (N, V): processors.py keeps `named` step by step instead of reading every word."""
+        if not self.has_bonus:
+            return self.penalty[images]  # (N, V)
         bonus = self.bonus[images]  # (N, C)
-        if tokens.shape[1]:
-            named = self.words[tokens].amax(1)  # (N, C): categories the row has named already
+        if named is not None:
             bonus = bonus * (1 - named)
         return self.penalty[images] + bonus @ self.words.t()  # (N, V)
 

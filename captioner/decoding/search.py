@@ -8,7 +8,7 @@ context); it picks greedy_decode, beam_search or device_beam's search by device 
 callers take a search directly: SCST's greedy baseline (training/objectives.py: greedy_decode, no rules)
 and the benchmark (bench/inference.py). This module reads the search settings (beam_size, max_len,
 length_penalty, hard_context; photo.py's explain reads hard_context too); the rules on which word may come
-next (block_*, the evidence's bias) are rules.word_logp's; forbid_unk is read by the callers of
+next (block_*, the evidence's bias) are rules.word_logp's, applied step by step (processors.Rules); forbid_unk is read by the callers of
 vocab.SpecialIds.of (captions.py, training/objectives.py, bench/inference.py), evidence* and person_floor
 by evidence.py.
 
@@ -26,7 +26,7 @@ from ..config import DecodeConfig
 from .evidence import Evidence
 from .device_beam import beam_search_on_device
 from .hypotheses import History, Hypothesis, alive, candidates, normalise
-from .rules import word_logp
+from .processors import Rules
 from ..vocab import SpecialIds
 from ..model.decoder import Decoder
 
@@ -47,12 +47,14 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settin
     word_lps: list[list[float]] = [[] for _ in range(B)]
     logps = [0.0] * B
     hist = torch.zeros(B, 0, dtype=torch.long, device=feats.device)  # (N, t) words of the live rows
+    rules = Rules(ids, settings, evidence)  # rules.word_logp, step by step
+    said = rules.start(B)  # what the rules remember of each live row
     for _ in range(settings.max_len):
         emb, emb_gates = decoder.embed(words)
         logits, alpha, beta, state = decoder.step(state, emb, emb_gates, feats, feat_proj, context)
-        logp = word_logp(logits, ids, settings, hist, evidence, rows)  # (N, V)
+        logp = rules.scores(logits, hist, said, rows)  # (N, V)
         best_logp, words = logp.max(dim=-1)  # (N,)
-        hist = torch.cat([hist, words.unsqueeze(1)], 1)
+        hist, said = torch.cat([hist, words.unsqueeze(1)], 1), rules.advance(said, words)
         keep = []
         for j, (img, w, lp) in enumerate(zip(rows.tolist(), words.tolist(), best_logp.tolist())):
             logps[img] += lp
@@ -66,6 +68,7 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settin
         if len(keep) < len(rows):  # drop finished images from the batch
             k = torch.tensor(keep, dtype=torch.long, device=feats.device)
             rows, words, feats, feat_proj, hist = rows[k], words[k], feats[k], feat_proj[k], hist[k]
+            said = said.reindexed(k)
             state = (state[0][k], state[1][k])
         if len(rows) == 0:
             break
@@ -100,12 +103,14 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
     image_ids = torch.arange(B, device=device)  # (n,) original id of each live image
     best_finished = torch.full((B, K), float("-inf"), device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    rules = Rules(ids, settings, evidence)  # rules.word_logp, step by step
+    said = rules.start(B)  # what the rules remember of each live row
     for t in range(max_len):
         n = len(image_ids)
         emb, emb_gates = decoder.embed(words)
         logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context, ctx_gates)
         top_s, src, word, step_lp = candidates(
-            cum, word_logp(logits, ids, settings, hist.tokens, evidence, image_ids.repeat_interleave(G, 0)), n, G, K, ids.pad)
+            cum, rules.scores(logits, hist.tokens, said, image_ids.repeat_interleave(G, 0)), n, G, K, ids.pad)
         is_end = word == end
         best_finished = _record_finished(finished, best_finished[:n], hist, image_ids, top_s, src,
                                          is_end & (rank < K) & (top_s > float("-inf")), t, length_penalty)
@@ -124,6 +129,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
         rows = alive_src[keep].reshape(-1)  # (n' * K,) source rows of the surviving beams
         words, cum = alive_word[keep].reshape(-1), alive_s[keep].reshape(-1)
         hist = hist.extend(rows, words, alpha, beta, alive_lp[keep].reshape(-1))
+        said = rules.advance(said, words, rows)  # the rules' state follows the surviving rows, as hist does
         h, c, G = h[rows], c[rows], K  # from now on each live image has K rows
         if len(keep) < n:  # finished images leave the batch
             feats, feat_proj, ctx_gates = feats[keep], feat_proj[keep], ctx_gates[keep]
