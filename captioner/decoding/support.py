@@ -38,7 +38,7 @@ SUPPORT_FLOOR = 0.1  # an object whose support is below this is "unsupported": t
 TEMPLATE = re.compile(r"\bin (a|an) (\w+ )?(red|blue|green|yellow|pink|black|white|orange|purple|brown|gray|grey"
                       r"|striped|dark|light) (\w+ )?(shirt|t-shirt|jacket|dress|hat|helmet|coat|sweater|top|shorts"
                       r"|uniform|outfit|jersey|suit|swimsuit|cap|costume|bathing)\b")
-MASS = frozenset("water grass snow sand beach street road field food pizza cake bread meat broccoli".split())
+MASS = frozenset("water grass snow sand food bread meat broccoli".split())  # "there is water"
 
 
 @dataclass(frozen=True)
