@@ -133,9 +133,9 @@ def test_the_template_flag_and_judged_rows_matched_by_photo_and_caption():
     assert template("a man in a red jacket") == 1.0 and template("a dog in the red grass") == 0.0
     assert photo_key("COCO_val2014_000000000074.jpg") == photo_key("74") == photo_key("000000000074.jpg") == "74"
     judged = [{"image": "COCO_val2014_000000000074.jpg", "caption": "a dog", "judged": "wrong"},
-              {"image": "x.jpg", "caption": "a cat", "judged": "right"},
-              {"image": "y.jpg", "caption": "a cow", "judged": "partly"}]
-    pairs = matched(judged, [("74", "a dog", 0.8), ("x.jpg", "a cat", 0.9), ("y.jpg", "another caption", 0.1)])
-    assert pairs == [("wrong", 0.8), ("right", 0.9)]  # another caption of y.jpg is not its grade's
+              {"image": "x", "caption": "a cat", "judged": "right"},
+              {"image": "y", "caption": "a cow", "judged": "partly"}]
+    pairs = matched(judged, [("74", "a dog", 0.8), ("x", "a cat", 0.9), ("y", "another caption", 0.1)])
+    assert pairs == [("wrong", 0.8), ("right", 0.9)]  # another caption of photo y is not its grade's
     t = crosstab(pairs, 0.7)
     assert t["sure"] == 2 and t["wrong and sure"] == 1 and t["right and not sure"] == 0 and t["AUROC not wrong"] == 1.0

@@ -1,7 +1,7 @@
 """A person's judgment of captions (docs/data/*_judged.csv: right / partly / wrong) set against a confidence.
 
 Each judged row (image file, caption, judged) is matched to a scored caption of the same photo and the same text
-(a photo is named by its file, "COCO_val2014_000000000074.jpg", or by its COCO id, 74: the number in the name), so
+(a photo is named by its file or by its COCO id, 74: the number in a COCO file's name), so
 a confidence from another decode or another map is never set against a grade of another caption. What is said of
 the matched rows: how many, the AUROC of the confidence for not wrong against wrong and for right against the
 rest, and at a threshold the crosstab a person deciding what to publish wants: how many wrong captions are still
@@ -21,7 +21,7 @@ GRADES = ("right", "partly", "wrong")
 
 def photo_key(name: str) -> str:
     """A photo's name as both sides spell it: a COCO file name or id -> its number without leading zeros, any other
-    name as it is ("1022454332_6af2c1449a.jpg")."""
+    name (a Flickr8k file's) as it is."""
     m = re.fullmatch(r"(?:COCO_\w+?_)?0*(\d+)(?:\.jpg)?", name)
     return m.group(1) if m else name
 
