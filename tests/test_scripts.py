@@ -112,7 +112,8 @@ def test_caption_cli(trained, tmp_path):
     settings = {f.name for f in dataclasses.fields(DecodeConfig)}  # every decode setting in use is recorded
     fields = {"image", "caption", "words", "word_log_probs", "word_probs", "betas", "log_prob", "alternatives",
               "concepts", "detections", "contradicted_words", "unknown_words", "notes", "settings", "grid", "score",
-              "choice", "signals", "comparable", "model", "confidence", "sure", "doubt"}
+              "choice", "signals", "comparable", "model", "confidence", "sure", "level", "doubt",
+              "different_alternatives", "unsupported_words"}
     assert all(set(r) == fields and set(r["settings"]) == settings and r["log_prob"] <= 0
                and r["settings"]["beam_size"] == 3 for r in lines)
     assert "decoding with beam_size 3" in out.stderr and "block_trigrams" in out.stderr

@@ -54,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--confidence", action="store_true",
                    help="fit how sure a caption is (decoding/confidence.py) instead of the choice: out-of-fold AUROC, "
                         "calibration, coverage per set, and the map with its sure_at under \"fitted\" in --output")
+    p.add_argument("--use", nargs="+", action="extend", default=[], metavar="SIGNAL",
+                   help="with --confidence: fit the map on these signals (decoding/confidence.py SIGNALS) instead of "
+                        "those the leave-one-out rule keeps (its table is printed either way)")
+    p.add_argument("--judged", nargs="+", action="extend", default=[], metavar="CSV",
+                   help="with --confidence: person-judged captions (docs/data/*_judged.csv) to set the out-of-fold "
+                        "confidence against (rows matched by photo and caption text)")
     p.add_argument("--limit", type=int, default=None, help="the first N photos of each set (a quick look)")
     p.add_argument("--output", default=None, help="write the tables and the fitted data (\"fitted\": what "
                    "captioner-export --fitted stores in a model file) as JSON here")
@@ -133,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} {pool_name}: " + ", ".join(f"{key} {v:.3f}" if key != "ms per photo" else f"{v:.0f} ms/photo"
                                                       for key, v in row.items()), flush=True)
     if args.confidence:
-        report["confidence"] = _confidence(sure)
+        report["confidence"] = _confidence(sure, args.use, args.judged)
         report["fitted"] = {"confidence": report["confidence"].pop("fitted")}
         print(_store_line(args))
         _write(args.output, report)
@@ -163,15 +169,23 @@ def _write(output: str | None, report: dict) -> None:
         Path(output).write_text(json.dumps(report, indent=1))
 
 
-def _confidence(sure: dict) -> dict:
-    """The confidence map judged out of fold on each set, its threshold, and the map fitted on every photo."""
+def _confidence(sure: dict, use: list[str], judged: list[str]) -> dict:
+    """The confidence map judged out of fold on each set (and against each judged CSV), its threshold, and the map
+    fitted on every photo; use: the signals to fit on (none: those kept_signals keeps)."""
     import dataclasses as dc
 
+    from captioner.decoding.confidence import SIGNALS
     from captioner.evaluation.confidence_fit import fit_sets, kept_signals, out_of_fold, summary, threshold
 
     kept, table = kept_signals(sure)
     print("out-of-fold mean AUROC (bottom third of CIDEr): " + ", ".join(f"{k} {v:.3f}" for k, v in table.items()))
     print(f"kept: {', '.join(kept)}")
+    if use:
+        unknown = sorted(set(use) - set(SIGNALS))
+        if unknown:
+            raise SystemExit(f"error: --use: unknown signals {unknown} (known: {', '.join(SIGNALS)})")
+        kept = [s for s in SIGNALS if s in use]
+        print(f"fitted on (--use): {', '.join(kept)}")
     oof = out_of_fold(sure, use=kept)
     at = threshold(oof, sure)
     report = {"signals": table, "kept": kept, "sure_at": at, "out of fold": {}}
@@ -192,7 +206,23 @@ def _confidence(sure: dict) -> dict:
                       for n, rows in sure.items()}
     print(f"the map: bias {fitted.bias:g}, " + ", ".join(f"{s} {w:g}" for s, w in fitted.to_json()["weights"].items()
                                                       if w) + f", sure at {fitted.sure_at:g}")
+    report["judged"] = _judged(judged, report["rows"], at)
     return report
+
+
+def _judged(paths: list[str], rows: dict, at: float) -> dict:
+    """Each judged CSV's rows matched to the out-of-fold confidences: AUROCs and the crosstab at `at`."""
+    from captioner.evaluation.judged import crosstab, matched, read_judged
+
+    scored = [(r["image"], r["caption"], r["confidence"]) for rs in rows.values() for r in rs]
+    out = {}
+    for path in paths:
+        t = out[path] = crosstab(matched(read_judged(path), scored), at)
+        print(f"{path}: {t['rows']} judged captions matched, AUROC not wrong {t['AUROC not wrong']:.3f}, right "
+              f"{t['AUROC right']:.3f}; sure {t['sure']}, wrong and sure {t['wrong and sure']} of {t['wrong']}, right "
+              f"and not sure {t['right and not sure']} of {t['right']}, P(not wrong | sure) "
+              f"{t['P(not wrong | sure)']:.2f}")
+    return out
 
 
 def _measure(loaded, name: str, records: list, settings, args: argparse.Namespace) -> tuple[dict, list, tuple]:
@@ -232,7 +262,8 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
         texts = [tuple(" ".join(loaded.vocab.itos[t] for t in h.tokens) for h in hs) for hs in hyps]
         cider = candidate_cider(refs, texts)
         current = choose(hyps, feats, probs, memory, loaded.vocab, settings, person, how_sure=True,
-                         weights=fitted_now.choice_in_use(settings), fitted=fitted_now.map_in_use(settings))
+                         weights=fitted_now.choice_in_use(settings), fitted=fitted_now.map_in_use(settings),
+                         check=None if evidence is None else evidence.check)
         who = (lambda i: None) if person is None else (lambda i: (float(person[0][i]), person[1].bool()))
         pool = [Pool(signals(hs, near[:k], near, None if probs is None else probs[i].float(), categories, memory, every,
                              who(i)),

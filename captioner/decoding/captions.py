@@ -23,6 +23,7 @@ from ..vocab import SpecialIds
 from .search import Hypothesis, decode
 from .consensus import memory_of
 from .choice import SIGNALS, choose
+from .alternatives import different
 from .confidence import level, sure_threshold, why_unsure
 from .evidence import Evidence, photo_evidence
 from .fitted import fitted_of
@@ -100,6 +101,12 @@ class Caption:
     confidence: float | None = None
     sure_signals: dict[str, float] = field(default_factory=dict)
     sure_at: float | None = None  # the threshold of `sure`: the model file's, fitted with its map (fitted.py)
+    # each weighed signal's share of the confidence's log-odds against the val mean (ConfidenceMap.contributions),
+    # empty for a map stored without means: the most negative is the reason an unsure caption gives
+    contributions: dict[str, float] = field(default_factory=dict)
+    # indices of words naming an object the heads barely see (support.py: support below SUPPORT_FLOOR), least
+    # supported first: what an unsure caption's reason names first ("it is not sure there is a cake")
+    unsupported: list[int] = field(default_factory=list)
     # (width, height) of the photo as the model received it and the model's input side S (model.image_size),
     # when the caller knew them (Captioner.caption / explain, the app): a photo whose shorter side is below
     # SMALL_PHOTO * S is enlarged a lot before the encoder sees it, and `notes` says so
@@ -148,7 +155,15 @@ class Caption:
         """Why an unsure caption is unsure, in plain words (None when sure or without a confidence)."""
         if self.sure is not False:
             return None
-        return why_unsure(self.sure_signals, self.alternatives[0].text if self.alternatives else None)
+        others = self.different_alternatives or [a.text for a in self.alternatives[:1]]
+        return why_unsure(self.sure_signals, others[0] if others else None, self.contributions,
+                          [self.words[i] for i in self.unsupported])
+
+    @property
+    def different_alternatives(self) -> list[str]:
+        """The alternatives that say something else (alternatives.different: each names a content word the
+        caption and those before it do not), at most alternatives.SHOWN: what to show beside an unsure caption."""
+        return different(self.text, [a.text for a in self.alternatives])
 
     @property
     def comparable(self) -> bool:
@@ -176,6 +191,8 @@ class Caption:
                "alternatives": [{"caption": a.text, "log_prob": float(a.log_prob),
                                  "score": None if a.score is None else float(a.score),
                                  "choice": None if a.choice is None else float(a.choice)} for a in self.alternatives],
+               "different_alternatives": self.different_alternatives,
+               "unsupported_words": [self.words[i] for i in self.unsupported],
                "concepts": [{"category": c, "prob": round(float(q), 5)} for c, q in self.concepts],
                "detections": [{"word": w, "prob": round(float(q), 5)} for w, q in self.detections],
                "contradicted_words": [self.words[i] for i in self.contradicted],
@@ -260,7 +277,8 @@ def decode_photos(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReadi
     fitted = fitted_of(model)
     return choose(hyps, feats, reading.probs, memory_of(model), vocab, settings,
                   None if evidence is None else evidence.person, None if evidence is None else evidence.words,
-                  weights=fitted.choice_in_use(settings), fitted=fitted.map_in_use(settings)), evidence
+                  weights=fitted.choice_in_use(settings), fitted=fitted.map_in_use(settings),
+                  check=None if evidence is None else evidence.check), evidence
 
 
 @torch.no_grad()
@@ -268,16 +286,20 @@ def dress(hyps: Sequence[Sequence[Hypothesis]], evidence: Evidence | None, readi
           feats: torch.Tensor, model: ShowAttendTell, vocab: Vocab, settings: DecodeConfig) -> list[Caption]:
     """Each photo's hypotheses -> its Caption, dressed with its reading (reading.annotate: concepts,
     detections, the contradicted words of the evidence's mask, concept maps), the settings that made it and what
-    of the model file's fitted data it was chosen and judged by (the choice's weights, sure_at)."""
+    of the model file's fitted data it was chosen and judged by (the choice's weights, sure_at, the map's
+    contributions) and the objects its heads barely see (support.py)."""
     caps = [to_caption(h, vocab) for h in hyps]
     annotate(caps, [h[0].tokens for h in hyps], reading, feats, model, vocab,
              None if evidence is None else evidence.ruled_out)
     fitted = fitted_of(model)
     weights, sure = dict(zip(SIGNALS, fitted.choice_in_use(settings).values)), fitted.map_in_use(settings)
-    for cap in caps:  # each caption says what made it (its JSON carries them)
+    for n, (cap, h) in enumerate(zip(caps, hyps)):  # each caption says what made it (its JSON carries them)
         cap.settings = dataclasses.asdict(settings)
         cap.weights = dict(weights) if cap.choice is not None else {}
         cap.sure_at = None if sure is None else sure.sure_at
+        cap.contributions = {} if sure is None or not cap.sure_signals else sure.contributions(cap.sure_signals)
+        if evidence is not None and evidence.check is not None:
+            cap.unsupported = evidence.check.row(n).unsupported(h[0].tokens)
     return caps
 
 

@@ -47,6 +47,7 @@ from .confidence import ConfidenceMap, finite
 from .confidence import signals as sure_signals
 from .consensus import ConsensusMemory
 from .hypotheses import Hypothesis
+from .support import ObjectCheck
 
 # every signal, in the order the fitter and the app list them
 SIGNALS = ("score", "consensus", "wide", "agreement", "log_prob", "length", "objects", "top_object")
@@ -128,7 +129,7 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
            memory: ConsensusMemory | None, vocab: Vocab, settings: DecodeConfig,
            person: tuple[torch.Tensor, torch.Tensor] | None = None,
            categories: torch.Tensor | None = None, how_sure: bool | None = None, weights: Weights = BEAM_ORDER,
-           fitted: ConfidenceMap | None = None) -> list[list[Hypothesis]]:
+           fitted: ConfidenceMap | None = None, check: ObjectCheck | None = None) -> list[list[Hypothesis]]:
     """Each photo's finished hypotheses (best first by beam score) -> reordered by `choice`, highest first, each
     hypothesis's `choice` set (None when the beam's order is kept: no memory, all weights on the score, or one
     hypothesis). feats (B, P, D); probs (B, C): the head's P(category), or None; person: (P(person) (B,), person
@@ -136,7 +137,8 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
     which category, where the caller holds the table already (Evidence.words: built once per decode), else built.
     weights: the choice's (the model file's fitted ones: fitted.Fitted.choice_in_use); fitted: the confidence map
     (Fitted.map_in_use) or None. how_sure (default: where there is a map): each chosen caption's `sure_signals` set
-    (confidence.signals; every signal they need computed) and, with a map, its `confidence`. settings: consensus_k."""
+    (confidence.signals; every signal they need computed) and, with a map, its `confidence`; check: the photos'
+    objects check (support.py: Evidence.check), or None. settings: consensus_k."""
     how_sure = fitted is not None if how_sure is None else how_sure
     if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
         return [list(h) for h in hyps]
@@ -176,7 +178,9 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
             row = {s: extra[s] if sure_extra[s] or best.signals is None else best.signals[s] for s in SIGNALS}
             row["agreement"] = memory.cider.agreement(best.tokens, [[c.tokens for c in ordered[1:]]])
             margin = 0.0 if total is None else total[order[0]] - total[order[1]]
-            best.sure_signals = sure_signals(best, row, margin, float(cosines[image, 0]), p, categories, who)
+            best.sure_signals = sure_signals(best, row, margin, float(cosines[image, 0]), p, categories, who,
+                                             None if check is None else check.row(image),
+                                             [c.tokens for c in ordered[1:]], " ".join(vocab.itos[t] for t in best.tokens))
             best.confidence = None if fitted is None else fitted(best.sure_signals)
         out.append(ordered)
     return out

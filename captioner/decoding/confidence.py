@@ -19,6 +19,10 @@ least GOOD_CIDER, estimated by a logistic map of cheap signals of the chosen cap
                detector's P where the file has one), 1 when it names none: the object most likely not there
     top_p      the encoder's head's largest P(category): whether it sees anything it knows
     length     words
+    support, unsupported, disagreement, head_entropy, template
+               the objects check (support.py): the least support the heads give an object the caption names,
+               how many it names that they barely see, how often the beam's other candidates name other objects,
+               how spread the head's P is, and Flickr8k's "in a <colour> <garment>"
 
 The map is fitted out of fold on the val sets by `captioner-fit-selector --confidence`
 (evaluation/confidence_fit.py) and stored as the model file's fitted data, with the threshold `sure_at`
@@ -39,9 +43,10 @@ from typing import Any, Sequence
 import torch
 
 from .hypotheses import Hypothesis
+from .support import PhotoCheck, doubt_of_objects, object_signals, template
 
 SIGNALS = ("wide", "consensus", "nearest", "agreement", "margin", "log_prob", "min_word", "objects", "weakest_object",
-           "top_p", "length")
+           "top_p", "length", "support", "unsupported", "disagreement", "head_entropy", "template")
 GOOD_CIDER = 0.5  # the label: a caption is good where its per-photo CIDEr-D is at least this
 SURE_FLOOR = 0.6  # no caption is called sure below this confidence ("Sure: 43% likely" read as a contradiction)
 # what an unsure caption's confidence says a person should do, from the highest level down (the first whose
@@ -69,28 +74,39 @@ class ConfidenceMap:
     bias: float
     weights: tuple[float, ...]  # SIGNALS order
     sure_at: float
+    # each signal's mean over the val photos it was fitted on (SIGNALS order), what a caption's contributions are
+    # measured against; None in files fitted before they were stored (why_unsure then names the first weak signal)
+    means: tuple[float, ...] | None = None
 
     @classmethod
     def from_json(cls, data: Any) -> "ConfidenceMap":
-        """The map as the model file stores it ({"bias", "weights": {signal: weight}, "sure_at"}; a signal left out
-        weighs 0); a ValueError names what is wrong (an unknown signal, a number that is not finite, sure_at outside
-        [0, 1])."""
-        if not isinstance(data, dict) or set(data) != {"bias", "weights", "sure_at"}:
-            raise ValueError(f"the confidence map needs exactly bias, weights and sure_at, got {data!r}")
+        """The map as the model file stores it ({"bias", "weights": {signal: weight}, "sure_at"} and optionally
+        "means": {signal: val mean}; a signal left out weighs 0, its mean is 0); a ValueError names what is wrong
+        (an unknown signal, a number that is not finite, sure_at outside [0, 1])."""
+        if not isinstance(data, dict) or not {"bias", "weights", "sure_at"} <= set(data) <= {"bias", "weights",
+                                                                                             "sure_at", "means"}:
+            raise ValueError(f"the confidence map needs bias, weights and sure_at (and may hold means), got {data!r}")
         weights = data["weights"]
         if not isinstance(weights, dict) or set(weights) - set(SIGNALS):
             raise ValueError(f"the confidence map weighs unknown signals {sorted(set(weights) - set(SIGNALS))} "
                              f"(known: {', '.join(SIGNALS)})" if isinstance(weights, dict) else
                              f"the confidence map's weights must be a mapping, got {weights!r}")
+        means = data.get("means")
+        if means is not None and (not isinstance(means, dict) or set(means) - set(SIGNALS)):
+            raise ValueError(f"the confidence map's means must be a mapping of known signals, got {means!r}")
         out = cls(finite(data["bias"], "its bias"), tuple(finite(weights.get(s, 0.0), s) for s in SIGNALS),
-                  finite(data["sure_at"], "sure_at"))
+                  finite(data["sure_at"], "sure_at"),
+                  None if means is None else tuple(finite(means.get(s, 0.0), f"the mean of {s}") for s in SIGNALS))
         if not 0.0 <= out.sure_at <= 1.0:
             raise ValueError(f"the confidence map's sure_at must lie in [0, 1], got {out.sure_at}")
         return out
 
     def to_json(self) -> dict[str, Any]:
         """The map as the model file stores it (from_json reads it back)."""
-        return {"bias": self.bias, "weights": dict(zip(SIGNALS, self.weights)), "sure_at": self.sure_at}
+        out = {"bias": self.bias, "weights": dict(zip(SIGNALS, self.weights)), "sure_at": self.sure_at}
+        if self.means is not None:
+            out["means"] = dict(zip(SIGNALS, self.means))
+        return out
 
     def __call__(self, signals: dict[str, float]) -> float:
         z = self.bias + sum(w * signals[s] for s, w in zip(SIGNALS, self.weights))
@@ -102,7 +118,15 @@ class ConfidenceMap:
 
     def rounded(self) -> "ConfidenceMap":
         """The map with every number to 6 decimals (as a model file stores a fit)."""
-        return ConfidenceMap(round(self.bias, 6), tuple(round(w, 6) for w in self.weights), round(self.sure_at, 6))
+        return ConfidenceMap(round(self.bias, 6), tuple(round(w, 6) for w in self.weights), round(self.sure_at, 6),
+                             None if self.means is None else tuple(round(m, 6) for m in self.means))
+
+    def contributions(self, signals: dict[str, float]) -> dict[str, float]:
+        """Each weighed signal's share of this caption's log-odds against the val photos' mean,
+        w_s * (s - mean_s): the most negative is what lowered its confidence most. {} without stored means."""
+        if self.means is None:
+            return {}
+        return {s: w * (signals[s] - m) for s, w, m in zip(SIGNALS, self.weights, self.means) if w and s in signals}
 
 
 def finite(value: Any, name: str) -> float:
@@ -114,18 +138,21 @@ def finite(value: Any, name: str) -> float:
 
 def signals(best: Hypothesis, choice: dict[str, float], margin: float, nearest_cosine: float,
             probs: torch.Tensor | None, categories: torch.Tensor | None,
-            person: tuple[float, torch.Tensor] | None) -> dict[str, float]:
+            person: tuple[float, torch.Tensor] | None, check: PhotoCheck | None = None,
+            others: Sequence[Sequence[int]] = (), text: str = "") -> dict[str, float]:
     """The signals of a photo's chosen caption -> {signal: value}. choice: its choice signals (choice.signals,
     every one the map reads computed); margin: its choice score over the runner-up's; nearest_cosine: the photo's
     cosine with its nearest training photo; probs (C,): the head's P(category), or None without a head;
     categories (V, C) bool: which words name which category; person: (P(person), the person words (V,) 0/1)
-    from the file's person detector, or None."""
+    from the file's person detector, or None; check: the photo's objects check (support.py), or None; others: the
+    beam's other candidates' tokens; text: the caption (its template)."""
     lps = best.word_logps
     return {"wide": choice["wide"], "consensus": choice["consensus"], "nearest": float(nearest_cosine),
             "agreement": choice["agreement"], "margin": float(margin), "log_prob": choice["log_prob"],
             "min_word": float(lps.min()) if lps is not None and len(lps) else 0.0,
             "objects": choice["objects"], "weakest_object": weakest_object(best.tokens, probs, categories, person),
-            "top_p": 0.0 if probs is None else float(probs.max()), "length": float(len(best.tokens))}
+            "top_p": 0.0 if probs is None else float(probs.max()), "length": float(len(best.tokens)),
+            **object_signals(best.tokens, others, check, probs), "template": template(text)}
 
 
 def weakest_object(tokens: Sequence[int], probs: torch.Tensor | None, categories: torch.Tensor | None,
@@ -142,16 +169,46 @@ def weakest_object(tokens: Sequence[int], probs: torch.Tensor | None, categories
 
 
 # below these a signal is weak: about the lowest tenth of the val sets' photos (coco-paired val, Flickr8k val,
-# coco-mini), what why_unsure names
+# coco-mini), what why_unsure names for a map fitted before the val means were stored
 FEW_LIKE = 0.55  # nearest: the photo's cosine with its nearest training photo (val medians .60-.68)
 HESITATED = 3.0  # agreement: CIDEr-D with the beam's other candidates (val medians 5.3-5.8)
 GUESSED = -3.5  # min_word: its least probable word under 3% (val medians -2.1 to -2.9)
 UNLIKE_PEOPLE = 0.2  # wide: CIDEr-D with what people said of the nearest training photos (val medians .35-.40)
+# what each signal says when it lowered a caption's confidence most, in words a person can act on ("agreement":
+# the hesitation, with the alternative where there is one)
+REASONS = {"wide": "people described photos like this one differently",
+           "consensus": "people described the photos most like this one differently",
+           "nearest": "few photos like this one among those it learned from",
+           "agreement": "the beam's captions disagree with this one",
+           "margin": "it barely preferred this caption to another",
+           "log_prob": "the model found these words unlikely for this photo",
+           "min_word": "some of its words are guesses",
+           "objects": "the encoder barely sees the objects it names",
+           "weakest_object": "the encoder barely sees one of the objects it names",
+           "support": "the encoder barely sees one of the objects it names",
+           "unsupported": "the encoder barely sees one of the objects it names",
+           "top_p": "the encoder recognises little in this photo",
+           "length": "good captions are rarely this long or short",
+           "disagreement": "its other captions name other things",
+           "head_entropy": "the encoder is torn between what this photo might show",
+           "template": "it reads like a stock phrase (a person in a coloured garment)"}
 
 
-def why_unsure(signals: dict[str, float], alternative: str | None) -> str:
-    """A plain-words reason for an unsure caption: the first weak signal, in the order a person can act on (an
-    unusual photo, a hesitation between two captions, a guessed word, a caption unlike what people say)."""
+def why_unsure(signals: dict[str, float], alternative: str | None, contributions: dict[str, float] | None = None,
+               unsupported: Sequence[str] = ()) -> str:
+    """A plain-words reason for an unsure caption. An object the check found unsupported comes first ("it is not
+    sure there is a cake": support.doubt_of_objects); then, with the map's contributions (ConfidenceMap.
+    contributions: w_s * (s - val mean)), the signal that lowered the confidence most (REASONS; the hesitation
+    names the alternative); without them (a map fitted before the means were stored) the first weak signal, in the
+    order a person can act on (an unusual photo, a hesitation, a guessed word, a caption unlike what people say)."""
+    if unsupported:
+        return doubt_of_objects(unsupported)
+    if contributions:
+        worst = min(contributions, key=contributions.__getitem__)
+        if contributions[worst] < 0:
+            if worst == "agreement" and alternative:
+                return f"it hesitated between this and “{alternative}”"
+            return REASONS[worst]
     if signals.get("nearest", 1.0) < FEW_LIKE:
         return "few photos like this one among those it learned from"
     if alternative and signals.get("agreement", 1.0) < HESITATED:

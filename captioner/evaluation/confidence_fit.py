@@ -7,7 +7,8 @@ ridge of
 
     P(CIDEr >= confidence.GOOD_CIDER)  ~  sigmoid(bias + sum_s w_s * s)
 
-on standardised signals, the standardisation folded back into the stored weights. It is judged on photos it was
+on standardised signals, the standardisation folded back into the stored weights; the map keeps every signal's
+mean over the photos it was fitted on (each set weighed alike), against which a caption's reason is measured. It is judged on photos it was
 not fitted on (k folds over the photos of every set at once): AUROC (good against not, and the bottom third of
 CIDEr against the rest), the calibration error (10 equal-width bins), a reliability table, and CIDEr / CHAIR-s of
 the surest captions at each coverage.
@@ -71,7 +72,8 @@ def fit(rows: Sequence[Row], ridge: float = RIDGE, sure_at: float = 0.5,
     w = beta[1:] / scale  # (S',)
     full = torch.zeros(len(SIGNALS), dtype=x.dtype)
     full[cols] = w
-    return ConfidenceMap(float(beta[0] - (w * mean).sum()), tuple(full.tolist()), sure_at)
+    means = (_matrix(rows) * v[:, None]).sum(0) / v.sum()  # (S,) every signal's (weighed) mean: the reasons' origin
+    return ConfidenceMap(float(beta[0] - (w * mean).sum()), tuple(full.tolist()), sure_at, tuple(means.tolist()))
 
 
 def balanced_weights(sets: dict[str, list[Row]]) -> dict[str, float]:

@@ -128,8 +128,8 @@ def sure_view(cap: captioner.Caption) -> None:
         st.caption(line)
         return
     level_box(cap.level)(line, icon=LEVEL_ICONS[cap.level])
-    if cap.alternatives:
-        st.markdown("Other ways it could say it: " + " · ".join(f"“{a.text}”" for a in cap.alternatives[:3]))
+    if cap.different_alternatives:  # those that say something else, not five near-identical lines
+        st.markdown("Other ways it could say it: " + " · ".join(f"“{a}”" for a in cap.different_alternatives))
 
 
 def downloads(photo: Shown, cap: captioner.Caption, view: View) -> None:

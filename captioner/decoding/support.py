@@ -1,0 +1,156 @@
+"""Objects checked: whether the encoder sees each object a caption names, before the caption is called sure.
+
+A word names an object when it is a one-word name of a COCO category (concepts/words.py: "cake", "dog") or a word
+of one of the model file's word detectors (concepts/detectors.py: "man" -> person, "shirt", "grass"). Its support
+on a photo is the strongest evidence the encoder's heads hold for it:
+
+    support[b, w] = max( max_c  P_head(c | b)      over the categories c that w names,
+                         max_k  P_detector(k | b)  over the detector groups k that w belongs to )
+
+(a person word: the person detector's P, which already reads the head's clothes classes). `word_support` builds the
+(B, V) table once per decode from the photos' reading; what the confidence reads of one caption
+(confidence.signals) comes from `object_signals`:
+
+    support       the least support among the objects the caption names (1 when it names none)
+    unsupported   how many objects it names with support below SUPPORT_FLOOR
+    disagreement  the share of the beam's other candidates that name another set of objects
+    head_entropy  the entropy of the head's P over the COCO categories and "none of them" (nats)
+
+and `template` flags Flickr8k's habit, "a <person> in a <colour> <garment>", which the COCO photos rarely earn.
+An object below SUPPORT_FLOOR is what the reason of an unsure caption names first ("it is not sure there is a
+cake": `doubt_of_objects`).
+
+Legend: B photos, C COCO categories, K detector groups, V vocabulary, M = C + K object columns, L words.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+import torch
+
+from ..concepts.detectors import WordDetectors
+from ..vocab import Vocab
+
+SUPPORT_FLOOR = 0.1  # an object whose support is below this is "unsupported": the heads barely see it
+TEMPLATE = re.compile(r"\bin (a|an) (\w+ )?(red|blue|green|yellow|pink|black|white|orange|purple|brown|gray|grey"
+                      r"|striped|dark|light) (\w+ )?(shirt|t-shirt|jacket|dress|hat|helmet|coat|sweater|top|shorts"
+                      r"|uniform|outfit|jersey|suit|swimsuit|cap|costume|bathing)\b")
+MASS = frozenset("water grass snow sand food bread meat broccoli".split())  # "there is water"
+
+
+@dataclass(frozen=True)
+class ObjectCheck:
+    """The photos' object evidence: support (B, V) per word (0 where the word names no object) and columns
+    (V, M) bool: which categories and detector groups each word names (no column: not an object word)."""
+
+    support: torch.Tensor  # (B, V)
+    columns: torch.Tensor  # (V, M) bool
+
+    def row(self, image: int) -> "PhotoCheck":
+        return PhotoCheck(self.support[image].float().cpu(), self.columns.cpu())
+
+
+@dataclass(frozen=True)
+class PhotoCheck:
+    """One photo's object evidence: support (V,) and columns (V, M) bool."""
+
+    support: torch.Tensor  # (V,)
+    columns: torch.Tensor  # (V, M) bool
+
+    def named(self, tokens: Sequence[int]) -> list[int]:
+        """The positions of the words that name an object."""
+        return [i for i, t in enumerate(tokens) if bool(self.columns[t].any())]
+
+    def unsupported(self, tokens: Sequence[int], floor: float = SUPPORT_FLOOR) -> list[int]:
+        """The positions of the object words whose support is below floor, least supported first."""
+        weak = [i for i in self.named(tokens) if float(self.support[tokens[i]]) < floor]
+        return sorted(weak, key=lambda i: float(self.support[tokens[i]]))
+
+    def objects(self, tokens: Sequence[int]) -> frozenset[int]:
+        """The object columns (categories, detector groups) the words name."""
+        if not tokens:
+            return frozenset()
+        return frozenset(torch.nonzero(self.columns[torch.tensor(list(tokens))].any(0)).flatten().tolist())
+
+
+def membership(vocab: Vocab, categories: torch.Tensor, det: WordDetectors | None) -> torch.Tensor:
+    """(V, M) bool: the categories each word names (categories (V, C), concepts/words.word_categories) and, with
+    detectors, the groups it belongs to (a taught word: its source word's)."""
+    cols = [categories.bool().cpu()]
+    if det is not None:
+        taught = tuple((w, vocab.source(w)) for w in sorted(vocab.aliases))
+        members = tuple(frozenset(det.members.get(g, ())) for g in det.groups)
+        cols.append(_groups(tuple(vocab.itos), members, taught))
+    return torch.cat(cols, 1)  # (V, M)
+
+
+@lru_cache(maxsize=8)
+def _groups(itos: tuple[str, ...], members: tuple[frozenset[str], ...], taught: tuple[tuple[str, str], ...]
+            ) -> torch.Tensor:
+    source = dict(taught)
+    return torch.tensor([[source.get(w, w) in names for names in members] for w in itos], dtype=torch.bool)  # (V, K)
+
+
+def word_support(probs: torch.Tensor, seen: torch.Tensor | None, columns: torch.Tensor) -> ObjectCheck:
+    """probs (B, C) the head's P(category), seen (B, K) the detectors' P(group) or None, columns (V, M) ->
+    the ObjectCheck: each word's support, the largest P among its columns."""
+    evidence = probs.float() if seen is None else torch.cat([probs.float(), seen.float().to(probs.device)], 1)  # (B, M)
+    cols = columns[:, :evidence.shape[1]].to(evidence.device)  # (V, M)
+    support = (evidence[:, None, :] * cols[None].float()).amax(-1)  # (B, V)
+    return ObjectCheck(support, cols.bool())
+
+
+def object_signals(tokens: Sequence[int], others: Sequence[Sequence[int]], check: PhotoCheck | None,
+                   probs: torch.Tensor | None) -> dict[str, float]:
+    """support, unsupported, disagreement (see the module's doc) of a caption's tokens against its photo's check,
+    the beam's other candidates `others`; head_entropy of probs (C,). Without a check: no object is doubted
+    (support 1, unsupported 0, disagreement 0)."""
+    out = {"support": 1.0, "unsupported": 0.0, "disagreement": 0.0, "head_entropy": entropy(probs)}
+    if check is None:
+        return out
+    named = check.named(tokens)
+    if named:
+        out["support"] = float(check.support[torch.tensor([tokens[i] for i in named])].min())
+        out["unsupported"] = float(len(check.unsupported(tokens)))
+    if others:
+        mine = check.objects(tokens)
+        out["disagreement"] = sum(check.objects(o) != mine for o in others) / len(others)
+    return out
+
+
+def entropy(probs: torch.Tensor | None) -> float:
+    """The entropy (nats) of the head's P over the COCO categories and the rest ("none of them"); 0 without a head."""
+    if probs is None:
+        return 0.0
+    p = probs.double().clamp_min(0)  # (C,)
+    p = torch.cat([p, (1 - p.sum()).clamp_min(0).reshape(1)])  # (C + 1,)
+    p = p / p.sum().clamp_min(1e-12)
+    return float(-(p * p.clamp_min(1e-12).log()).sum())
+
+
+def template(text: str) -> float:
+    """1.0 where the caption has Flickr8k's "in a <colour> <garment>", else 0.0."""
+    return float(bool(TEMPLATE.search(text)))
+
+
+def doubt_of_objects(words: Sequence[str]) -> str:
+    """The reason an unsure caption gives for the objects the check found unsupported (least supported first):
+    "it is not sure there is a cake" (or "... a cake or a table")."""
+    return "it is not sure there " + ("are " if _plural(words[0]) else "is ") + " or ".join(_phrase(w) for w in words)
+
+
+def _plural(word: str) -> bool:
+    return word.endswith("s") and not word.endswith("ss") and word not in MASS
+
+
+def _phrase(word: str) -> str:
+    if _plural(word) or word in MASS:
+        return word
+    return ("an " if word[0] in "aeiou" else "a ") + word
+
+
+__all__ = ["SUPPORT_FLOOR", "ObjectCheck", "PhotoCheck", "membership", "word_support", "object_signals",
+           "entropy", "template", "doubt_of_objects"]
