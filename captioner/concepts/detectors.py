@@ -204,5 +204,6 @@ def with_detections(concepts: list[tuple[str, float]], detectors: WordDetectors,
     """One photo's ImageNet concepts [(category, P)] + its shown detections (probs (K,)) -> one list,
     most probable first: the detected words at P >= `at` (person too: a list said to hold what is seen at P >= `at`
     holds nothing below it)."""
-    extra = [(detectors.groups[k], round(float(probs[k]), 4)) for k in shown_groups(detectors) if float(probs[k]) >= at]
+    p = probs.tolist()  # (K,) read to the host once
+    extra = [(detectors.groups[k], round(p[k], 4)) for k in shown_groups(detectors) if p[k] >= at]
     return sorted(concepts + extra, key=lambda cp: -cp[1])

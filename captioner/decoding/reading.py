@@ -74,7 +74,8 @@ def photo_concepts(reading: HeadReading, model: torch.nn.Module, threshold: floa
     if det is not None and reading.seen is not None:
         for c, row in zip(out, reading.seen.cpu()):
             c.top = with_detections(c.top, det, row, threshold)
-            c.probs.update({g: round(float(row[k]), 4) for k, g in enumerate(det.groups) if g not in c.probs})
+            seen = row.tolist()  # one host read a photo, not one a group
+            c.probs.update({g: round(seen[k], 4) for k, g in enumerate(det.groups) if g not in c.probs})
     return out
 
 
@@ -91,9 +92,10 @@ def annotate(caps: Sequence[Any], tokens: Sequence[Sequence[int]], reading: Head
     det = detectors_of(model)
     for n, (cap, toks) in enumerate(zip(caps, tokens)):
         cap.concepts = list(concepts[n].top)
-        cap.contradicted = [i for i, t in enumerate(toks) if bad is not None and bad[n, t] > 0]
+        ruled = None if bad is None else (bad[n] > 0).tolist()  # (V,) one host read a caption, not one a word
+        cap.contradicted = [i for i, t in enumerate(toks) if ruled is not None and ruled[t]]
         if det is not None and reading.seen is not None:
-            cap.detections = [(g, round(float(p), 4)) for g, p in zip(det.groups, reading.seen[n].cpu())]
+            cap.detections = [(g, round(p, 4)) for g, p in zip(det.groups, reading.seen[n].tolist())]
     attach_concept_maps(caps, tokens, imagenet_head_or_none(model), feats, vocab, reading.logits)
 
 
@@ -102,8 +104,8 @@ def attach_concept_maps(caps: Sequence[Any], tokens: Sequence[Sequence[int]], he
     """Fill each Caption's concept_maps: for every word naming a MAP_CATEGORIES category (person: the
     clothes people wear), that category's map on the caption's photo when P >= MIN_PROB.
     tokens[n]: the word ids of caps[n]; feats (n, P, D) their photos, logits (n, K) their classifier's."""
-    cats = map_word_categories(vocab)  # (V,) category index or -1
-    where = [(n, i, int(cats[t])) for n, toks in enumerate(tokens) for i, t in enumerate(toks) if cats[t] >= 0]
+    cats = map_word_categories(vocab).tolist()  # (V,) category index or -1, read once
+    where = [(n, i, cats[t]) for n, toks in enumerate(tokens) for i, t in enumerate(toks) if cats[t] >= 0]
     if not where:
         return
     rows = torch.tensor([n for n, _, _ in where], device=feats.device)

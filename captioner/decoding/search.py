@@ -145,8 +145,9 @@ def _record_finished(finished: list[list[Hypothesis]], best_finished: torch.Tens
     if not bool(fin.any()):
         return best_finished
     norm = normalise(top_s, t + 1, length_penalty)  # t words + <end>
+    images, rows, scores, normed = image_ids.tolist(), src.tolist(), top_s.tolist(), norm.tolist()  # read once
     for g, j in fin.nonzero().tolist():
-        finished[int(image_ids[g])].append(hist.hypothesis(int(src[g, j]), float(top_s[g, j]), float(norm[g, j])))
+        finished[images[g]].append(hist.hypothesis(rows[g][j], scores[g][j], normed[g][j]))
     merged = torch.cat([best_finished, norm.masked_fill(~fin, float("-inf"))], dim=1)  # (n, 3K)
     return merged.topk(best_finished.shape[1], dim=1).values  # (n, K)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Sequence
 
 import torch
@@ -60,14 +60,24 @@ class PhotoCheck:
     support: torch.Tensor  # (V,)
     columns: torch.Tensor  # (V, M) bool
 
+    @cached_property
+    def _names(self) -> list[bool]:
+        """(V,) whether each word names an object, read to the host once (not once a word)."""
+        return self.columns.any(1).tolist()
+
+    @cached_property
+    def _supports(self) -> list[float]:
+        """(V,) support, read to the host once."""
+        return self.support.tolist()
+
     def named(self, tokens: Sequence[int]) -> list[int]:
         """The positions of the words that name an object."""
-        return [i for i, t in enumerate(tokens) if bool(self.columns[t].any())]
+        return [i for i, t in enumerate(tokens) if self._names[t]]
 
     def unsupported(self, tokens: Sequence[int], floor: float = SUPPORT_FLOOR) -> list[int]:
         """The positions of the object words whose support is below floor, least supported first."""
-        weak = [i for i in self.named(tokens) if float(self.support[tokens[i]]) < floor]
-        return sorted(weak, key=lambda i: float(self.support[tokens[i]]))
+        weak = [i for i in self.named(tokens) if self._supports[tokens[i]] < floor]
+        return sorted(weak, key=lambda i: self._supports[tokens[i]])
 
     def objects(self, tokens: Sequence[int]) -> frozenset[int]:
         """The object columns (categories, detector groups) the words name."""
