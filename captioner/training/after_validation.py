@@ -110,8 +110,10 @@ def validate_warm_start(run: Run) -> None:
 
 
 def validations(cfg: Config) -> str:
-    """What early stopping and plateau decay count: epochs, or validations every train.val_every_steps steps."""
-    return f"validation(s) (every {cfg.train.val_every_steps} steps)" if cfg.train.val_every_steps else "epoch(s)"
+    """What early stopping and plateau decay count: epochs, or validations every train.val_every_steps steps of one
+    process (N processes take every N-th as many of theirs: TrainConfig.val_interval)."""
+    every = cfg.train.val_every_steps
+    return f"validation(s) (every {every} steps of one process)" if every else "epoch(s)"
 
 
 def why_finished(state: TrainState, cfg: Config) -> str:
