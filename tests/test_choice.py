@@ -18,6 +18,7 @@ from captioner.decoding.consensus import ConsensusMemory
 from captioner.decoding.hypotheses import Hypothesis
 from captioner.decoding.choice import SIGNALS, Weights, choose, signals
 from captioner.decoding.fitted import Fitted
+from captioner.decoding.pool import Pool as Candidates
 from captioner.evaluation.choice_fit import Pool, as_fitted, fit, out_of_fold
 from captioner.vocab import Vocab
 
@@ -70,7 +71,8 @@ def test_each_signal_moves_the_choice_its_way(signal, winner):
 def test_signals_are_computed_only_where_weighed():
     cands = [_hyp("a dog on the sofa", -0.3), _hyp("a cat on the sofa", -0.7)]
     none = Weights(tuple(0.0 for _ in SIGNALS))
-    x = signals(cands, [0], [0, 1], None, torch.zeros(len(WORDS), 3, dtype=torch.bool), _memory(), none)
+    x = signals(Candidates.of([cands], len(WORDS)), [[0, 1]], 1, None, torch.zeros(len(WORDS), 3, dtype=torch.bool),
+                _memory(), none)
     assert x[:, 1:4].abs().sum() == 0 and x[:, 0].tolist() == [0.0, pytest.approx(-0.4)]
 
 

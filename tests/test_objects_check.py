@@ -12,9 +12,11 @@ import torch
 
 from captioner.decoding.alternatives import different, things
 from captioner.decoding.captions import Alternative, Caption
-from captioner.decoding.confidence import REASONS, SIGNALS, ConfidenceMap, signals, why_unsure
+from captioner.decoding.choice import SIGNALS as CHOICE
+from captioner.decoding.confidence import REASONS, SIGNALS, ConfidenceMap, sure_signals, why_unsure
 from captioner.decoding.fitted import Fitted
 from captioner.decoding.hypotheses import Hypothesis
+from captioner.decoding.pool import Pool
 from captioner.decoding.support import SUPPORT_FLOOR, doubt_of_objects, membership, template, word_support
 from captioner.evaluation.judged import crosstab, matched, photo_key
 from captioner.vocab import Vocab
@@ -46,8 +48,15 @@ def _tokens(text: str) -> list[int]:
 def _sure_signals(text: str, p_cake: float, others: tuple[str, ...] = ()) -> dict[str, float]:
     check, probs = _check(p_cake)
     hyp = Hypothesis(_tokens(text), torch.zeros(0), -3.0, -0.5, word_logps=torch.full((len(text.split()),), -0.5))
-    choice = {"wide": 0.4, "consensus": 0.4, "agreement": 5.0, "log_prob": -0.5, "objects": 0.0}
-    return signals(hyp, choice, 0.1, 0.7, probs[0], None, None, check.row(0), [_tokens(o) for o in others], text)
+    hyps = [hyp] + [Hypothesis(_tokens(o), torch.zeros(0), -4.0, -0.6) for o in others]
+    pool = Pool.of([hyps], len(WORDS), least=1)
+    choice = torch.zeros(len(hyps), len(CHOICE), dtype=torch.float64)  # (n, S): the choice's signals
+    for name, value in {"wide": 0.4, "consensus": 0.4, "agreement": 5.0, "log_prob": -0.5, "objects": 0.0}.items():
+        choice[:, CHOICE.index(name)] = value
+    first = torch.tensor([0])
+    x = sure_signals(pool, first, first, choice, torch.tensor([0.1]), torch.tensor([0.7]), probs.double(), None,
+                     None, check, [text] + list(others))  # (1, S)
+    return dict(zip(SIGNALS, x[0].tolist()))
 
 
 def test_each_object_word_is_supported_by_the_strongest_head_that_sees_it():

@@ -238,6 +238,7 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
     from captioner.decoding.fitted import fitted_of
     from captioner.decoding.reading import read_heads
     from captioner.decoding.choice import SIGNALS, WIDE, Weights, choose, signals
+    from captioner.decoding.pool import Pool as Candidates
     from captioner.evaluation.choice_fit import Pool, baselines, candidate_cider
 
     memory, fitted_now = memory_of(loaded.model), fitted_of(loaded.model)  # the file's current choice and map
@@ -264,11 +265,11 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
         current = choose(hyps, feats, probs, memory, loaded.vocab, settings, person, how_sure=True,
                          weights=fitted_now.choice_in_use(settings), fitted=fitted_now.map_in_use(settings),
                          check=None if evidence is None else evidence.check)
-        who = (lambda i: None) if person is None else (lambda i: (float(person[0][i]), person[1].bool()))
-        pool = [Pool(signals(hs, near[:k], near, None if probs is None else probs[i].float(), categories, memory, every,
-                             who(i)),
-                     torch.tensor(c, dtype=torch.float64), [id(h) for h in hs].index(id(cur[0])), t)
-                for i, (hs, c, cur, near, t) in enumerate(zip(hyps, cider, current, nearest, texts))]
+        every_one = Candidates.of(hyps, len(loaded.vocab), least=1)  # every photo's candidates, flat
+        x = signals(every_one, nearest, k, probs, categories, memory, every, person).split(
+            [len(hs) for hs in hyps])  # (n, S) per photo
+        pool = [Pool(xs, torch.tensor(c, dtype=torch.float64), [id(h) for h in hs].index(id(cur[0])), t)
+                for xs, hs, c, cur, t in zip(x, hyps, cider, current, texts)]
         rows[pool_name] = {**baselines(pool), "ms per photo": 1000 * seconds}
         if pool_name == f"beam{settings.beam_size}":
             fitted, sure = pool, _sure_rows(current, pool, ids, refs, boxed)

@@ -43,14 +43,19 @@ from ..concepts.imagenet import THRESHOLD
 from ..concepts.words import word_categories
 from ..config import DecodeConfig
 from ..vocab import Vocab
-from .confidence import ConfidenceMap, finite
-from .confidence import signals as sure_signals
+from .confidence import SIGNALS as SURE_SIGNALS
+from .confidence import ConfidenceMap, finite, sure_signals
 from .consensus import ConsensusMemory
 from .hypotheses import Hypothesis
+from .pool import Pool
 from .support import ObjectCheck
 
 # every signal, in the order the fitter and the app list them
 SIGNALS = ("score", "consensus", "wide", "agreement", "log_prob", "length", "objects", "top_object")
+CIDER_SIGNALS = ("consensus", "wide", "agreement")  # the CIDEr-D signals: computed only where weighed
+# the reference captions one CIDEr-D pass compares with at most (a wide neighbourhood holds ~400 per candidate):
+# ~1.7M n-gram entries, ~150 MB of temporaries
+REFERENCES_PER_PASS = 50_000
 WIDE = 4  # the wide neighbourhood: WIDE x consensus_k nearest training photos
 OBJECT_P = THRESHOLD  # the P from which a named category counts for objects and the top category for top_object
 
@@ -90,38 +95,60 @@ class Weights:
 BEAM_ORDER = Weights((1.0,) + (0.0,) * (len(SIGNALS) - 1))  # the beam's own score alone: its order kept
 
 
-def signals(cands: Sequence[Hypothesis], near: Sequence[int], wide: Sequence[int], probs: torch.Tensor | None,
-            categories: torch.Tensor, memory: ConsensusMemory, weights: Weights,
-            person: tuple[float, torch.Tensor] | None = None) -> torch.Tensor:
-    """One photo's candidates -> their signals (n, S) in SIGNALS order; a signal of weight 0 is left 0 (not
-    computed). near / wide: the memory photos nearest this one (consensus_k, WIDE x consensus_k); probs (C,): the
-    head's P(category) or None without a head; categories (V, C): which words name which category; person:
-    (P(person), the person words (V,) 0/1) from the file's person detector, or None."""
-    out = torch.zeros(len(cands), len(SIGNALS), dtype=torch.float64)  # (n, S)
-    best = max(h.score for h in cands)
-    cider = memory.cider
-    near_refs = [memory.captions_of(j) for j in near] if weights["consensus"] else []
-    wide_refs = [memory.captions_of(j) for j in wide] if weights["wide"] else []
-    tokens = [h.tokens for h in cands]
-    if near_refs:  # every candidate in one call (CiderD.agreements)
-        out[:, 1] = cider.agreements(tokens, [near_refs] * len(cands))
-    if wide_refs:
-        out[:, 2] = cider.agreements(tokens, [wide_refs] * len(cands))
-    if weights["agreement"] and len(cands) > 1:
-        out[:, 3] = cider.agreements(tokens, [[[c for j, c in enumerate(tokens) if j != i]] for i in range(len(cands))])
-    for i, h in enumerate(cands):
-        words = len(h.tokens)
-        out[i, 0] = h.score - best
-        out[i, 4] = h.log_prob / (words + 1)  # <end> included: a per-token mean
-        out[i, 5] = words
-        if probs is not None and words:
-            ids = torch.tensor(h.tokens)  # (L,)
-            named = categories[ids].amax(0) > 0  # (C,) the categories the caption names
-            out[i, 6] = float((probs[named] - OBJECT_P).sum())
-            if person is not None and bool(person[1][ids].any()):
-                out[i, 6] += person[0] - OBJECT_P
-            top = int(probs.argmax())
-            out[i, 7] = float(named[top] and probs[top] >= OBJECT_P)
+def signals(pool: Pool, nearest: Sequence[Sequence[int]], k: int, probs: torch.Tensor | None,
+            categories: torch.Tensor | None, memory: ConsensusMemory, weights: Weights,
+            person: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Every candidate of the batch's pool -> its signals (N, S) float64 in SIGNALS order, on the pool's device; a
+    CIDEr-D signal (consensus, wide, agreement) of weight 0 is left 0 (not computed). nearest: each photo's memory
+    photos, nearest first (the first k: consensus; all of them, WIDE x k: wide); probs (B, C): the head's
+    P(category), or None without a head; categories (V, C): which words name which category (None: objects and
+    top_object left 0); person: (P(person) (B,), the person words (V,) 0/1) from the file's person detector, or None."""
+    out = torch.zeros(len(pool), len(SIGNALS), dtype=torch.float64, device=pool.tokens.device)  # (N, S)
+    out[:, 0] = pool.score - pool.group_max(pool.score, len(nearest))[pool.photo]
+    out[:, 1:4] = _agreements(pool, nearest, k, memory, weights).to(out)
+    out[:, 4] = pool.log_prob / (pool.lengths + 1)  # <end> included: a per-token mean
+    out[:, 5] = pool.lengths
+    if probs is not None and categories is not None:
+        p = probs.to(out)[pool.photo]  # (N, C)
+        named = pool.named(categories)  # (N, C) the categories each candidate names
+        out[:, 6] = ((p - OBJECT_P) * named).sum(1)
+        if person is not None:
+            says_person = pool.named(person[1].reshape(-1, 1))[:, 0]  # (N,)
+            out[:, 6] += torch.where(says_person, person[0].to(out)[pool.photo] - OBJECT_P, 0.0)
+        top_p, top = p.max(1)  # (N,) each
+        out[:, 7] = (named.gather(1, top[:, None])[:, 0] & (top_p >= OBJECT_P)).to(out)
+    return out
+
+
+def _agreements(pool: Pool, nearest: Sequence[Sequence[int]], k: int, memory: ConsensusMemory,
+                weights: Weights) -> torch.Tensor:
+    """(N, 3): consensus, wide and agreement of every candidate (0 where not weighed), in as few CIDEr-D passes
+    as bounded memory allows (one for a batch of 16 photos)."""
+    cands: list[list[int]] = []
+    sets: list[list] = []
+    rows: list[tuple[int, int]] = []
+    for column, signal in enumerate(CIDER_SIGNALS):
+        if not weights[signal]:
+            continue
+        for r, (b, words) in enumerate(zip(pool.owners, pool.words)):
+            near = nearest[b][:k] if signal == "consensus" else nearest[b]
+            refs = [pool.others(r)] if signal == "agreement" else [memory.captions_of(j) for j in near]
+            if refs[0]:  # a photo's only candidate agrees with nobody: 0
+                cands.append(words)
+                sets.append(refs)
+                rows.append((r, column))
+    device = pool.tokens.device
+    out = torch.zeros(len(pool), 3, dtype=torch.float64, device=device)  # (N, 3)
+    at = torch.tensor(rows, dtype=torch.int64).view(-1, 2).to(device)  # (X, 2) the candidate and the column of each agreement
+    values, size, first = [], 0, 0
+    for i, refs in enumerate(sets):  # passes of at most REFERENCES_PER_PASS references (memory stays bounded)
+        if size and size + sum(map(len, refs)) > REFERENCES_PER_PASS:
+            values.append(memory.cider.agreements(cands[first:i], sets[first:i]).to(device))  # (i - first,)
+            first, size = i, 0
+        size += sum(map(len, refs))
+    if cands:
+        values.append(memory.cider.agreements(cands[first:], sets[first:]).to(device))
+        out[at[:, 0], at[:, 1]] = torch.cat(values)  # (X,)
     return out
 
 
@@ -137,50 +164,61 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
     which category, where the caller holds the table already (Evidence.words: built once per decode), else built.
     weights: the choice's (the model file's fitted ones: fitted.Fitted.choice_in_use); fitted: the confidence map
     (Fitted.map_in_use) or None. how_sure (default: where there is a map): each chosen caption's `sure_signals` set
-    (confidence.signals; every signal they need computed) and, with a map, its `confidence`; check: the photos'
-    objects check (support.py: Evidence.check), or None. settings: consensus_k."""
+    (confidence.sure_signals; every signal they need computed) and, with a map, its `confidence`; check: the photos'
+    objects check (support.py: Evidence.check), or None. settings: consensus_k.
+
+    The whole batch is decided at once (pool.Pool): every candidate's signals as one (N, S) tensor, the choice one
+    product with the weights, the order one sort, the chosen captions' confidence signals and their confidence one
+    sigmoid; what the hypotheses carry is read to the host once, at the end."""
     how_sure = fitted is not None if how_sure is None else how_sure
     if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
         return [list(h) for h in hyps]
-    # what the confidence reads beyond the choice's own signals, computed for the chosen caption alone (a fitted map:
-    # the signals it weighs; none: every one, as the fit needs); the agreement for "it hesitated" separately
-    sure_extra = Weights(tuple(float(how_sure and not v and s != "agreement" and (fitted is None or fitted.weighs(s)))
+    # what the confidence reads beyond the choice's own signals (a fitted map: the signals it weighs; none: every one,
+    # as the fit needs); the agreement always (the sure caption's, and "it hesitated")
+    sure_extra = Weights(tuple(float(how_sure and not v and (s == "agreement" or fitted is None or fitted.weighs(s)))
                                for s, v in zip(SIGNALS, weights.values)))
     k = int(settings.consensus_k)
     wide = weights["wide"] or sure_extra["wide"]
     cosines, nearest = memory.nearest_with_cosines(feats, WIDE * k if wide else k)  # (B, k') nearest first
-    nearest = nearest.tolist()
-    if not (weights["objects"] or weights["top_object"] or how_sure):
-        categories = None
+    if weights["objects"] or weights["top_object"] or how_sure:
+        categories = (word_categories(vocab) if categories is None else categories).to(torch.bool)  # (V, C)
     else:
-        categories = (word_categories(vocab) if categories is None else categories).cpu().to(torch.bool)  # (V, C)
-    w = weights.tensor()  # (S,)
-    out = []
-    for image, cands in enumerate(hyps):
-        if len(cands) < 2:
-            out.append(list(cands))
-            continue
-        p = None if probs is None or categories is None else probs[image].float().cpu()  # (C,)
-        who = None if person is None or p is None else (float(person[0][image]), person[1].cpu().bool())
-        near = nearest[image]
-        if weights.beam_order:  # how_sure alone: the beam's order, no choice score
-            order, total = list(range(len(cands))), None
-        else:
-            x = signals(cands, near[:k], near, p, categories, memory, weights, who)  # (n, S)
-            total = (x @ w).tolist()  # (n,)
-            order = sorted(range(len(cands)), key=lambda i: -total[i])  # stable on ties
-            for h, t, row in zip(cands, total, x.tolist()):
-                h.choice, h.signals = t, dict(zip(SIGNALS, row))
-        ordered = [cands[i] for i in order]
+        categories = None
+    device = feats.device
+    pool = Pool.of(hyps, memory.vocab_size, device)  # the memory speaks the model's vocabulary
+    need = Weights(tuple(float(bool(a or b)) for a, b in zip(weights.values, sure_extra.values)))  # 1: computed
+    x = signals(pool, nearest.tolist(), k, None if categories is None else probs, categories, memory, need,
+                person)  # (N, S): every signal the choice or the confidence reads
+    seen = torch.tensor([bool(weights[s]) or s not in CIDER_SIGNALS for s in SIGNALS], device=device)  # (S,)
+    x_choice = x * seen  # (N, S): as the choice sees them (a CIDEr-D signal it does not weigh: 0)
+    total = x_choice @ weights.tensor().to(device)  # (N,)
+    order = pool.order(total) if not weights.beam_order else torch.arange(len(pool), device=device)  # (N,)
+    starts = [r for r, b in enumerate(pool.owners) if r == 0 or b != pool.owners[r - 1]]  # each photo's first row
+    first = torch.tensor(starts, dtype=torch.int64, device=device)  # (B',)
+    best, runner = order[first], order[first + 1]  # (B',) each photo's chosen row and its runner-up
+    parts = [x_choice.flatten(), total, order.to(total)]
+    if how_sure:
+        margin = (total[best] - total[runner]) if not weights.beam_order else torch.zeros_like(total[best])  # (B',)
+        texts = [" ".join(vocab.itos[t] for t in pool.words[r]) for r in range(len(pool))]
+        photos = torch.tensor(pool.photos, dtype=torch.int64, device=device)  # (B',)
+        sure = sure_signals(pool, best, photos, x, margin, cosines[:, 0].to(x)[photos],
+                            None if probs is None or categories is None else probs.to(x)[photos], categories,
+                            person, check, texts)  # (B', S')
+        confidence = fitted.confidences(sure) if fitted is not None else torch.zeros(len(first)).to(x)  # (B',)
+        parts += [sure.flatten(), confidence]
+    host = torch.cat(parts).tolist()  # the one read to the host
+    n, s = len(pool), len(SIGNALS)
+    rows, host = [host[i * s:(i + 1) * s] for i in range(n)], host[n * s:]
+    totals, ranked, host = host[:n], [int(r) for r in host[n:2 * n]], host[2 * n:]
+    out = [list(h) for h in hyps]
+    for g, (b, at) in enumerate(zip(pool.photos, starts)):
+        cands = out[b]
+        if not weights.beam_order:
+            for i, h in enumerate(cands):
+                h.choice, h.signals = totals[at + i], dict(zip(SIGNALS, rows[at + i]))
+        out[b] = ordered = [cands[r - at] for r in ranked[at:at + len(cands)]]
         if how_sure:
-            best = ordered[0]
-            extra = dict(zip(SIGNALS, signals([best], near[:k], near, p, categories, memory, sure_extra, who)[0].tolist()))
-            row = {s: extra[s] if sure_extra[s] or best.signals is None else best.signals[s] for s in SIGNALS}
-            row["agreement"] = memory.cider.agreement(best.tokens, [[c.tokens for c in ordered[1:]]])
-            margin = 0.0 if total is None else total[order[0]] - total[order[1]]
-            best.sure_signals = sure_signals(best, row, margin, float(cosines[image, 0]), p, categories, who,
-                                             None if check is None else check.row(image),
-                                             [c.tokens for c in ordered[1:]], " ".join(vocab.itos[t] for t in best.tokens))
-            best.confidence = None if fitted is None else fitted(best.sure_signals)
-        out.append(ordered)
+            width = len(SURE_SIGNALS)
+            ordered[0].sure_signals = dict(zip(SURE_SIGNALS, host[g * width:(g + 1) * width]))
+            ordered[0].confidence = None if fitted is None else host[len(starts) * width + g]
     return out

@@ -42,8 +42,8 @@ from typing import Any, Sequence
 
 import torch
 
-from .hypotheses import Hypothesis
-from .support import PhotoCheck, doubt_of_objects, object_signals, template
+from .pool import Pool
+from .support import ObjectCheck, doubt_of_objects, object_signals, template
 
 SIGNALS = ("wide", "consensus", "nearest", "agreement", "margin", "log_prob", "min_word", "objects", "weakest_object",
            "top_p", "length", "support", "unsupported", "disagreement", "head_entropy", "template")
@@ -112,6 +112,10 @@ class ConfidenceMap:
         z = self.bias + sum(w * signals[s] for s, w in zip(SIGNALS, self.weights))
         return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
 
+    def confidences(self, signals: torch.Tensor) -> torch.Tensor:
+        """Many captions' signals (B, S) in SIGNALS order -> their confidences (B,), one sigmoid."""
+        return torch.sigmoid(self.bias + signals @ torch.tensor(self.weights, dtype=signals.dtype, device=signals.device))
+
     def weighs(self, signal: str) -> bool:
         """Whether the map reads this signal (a weight other than 0; a signal it does not know: False)."""
         return signal in SIGNALS and self.weights[SIGNALS.index(signal)] != 0
@@ -136,36 +140,50 @@ def finite(value: Any, name: str) -> float:
     return float(value)
 
 
-def signals(best: Hypothesis, choice: dict[str, float], margin: float, nearest_cosine: float,
-            probs: torch.Tensor | None, categories: torch.Tensor | None,
-            person: tuple[float, torch.Tensor] | None, check: PhotoCheck | None = None,
-            others: Sequence[Sequence[int]] = (), text: str = "") -> dict[str, float]:
-    """The signals of a photo's chosen caption -> {signal: value}. choice: its choice signals (choice.signals,
-    every one the map reads computed); margin: its choice score over the runner-up's; nearest_cosine: the photo's
-    cosine with its nearest training photo; probs (C,): the head's P(category), or None without a head;
-    categories (V, C) bool: which words name which category; person: (P(person), the person words (V,) 0/1)
-    from the file's person detector, or None; check: the photo's objects check (support.py), or None; others: the
-    beam's other candidates' tokens; text: the caption (its template)."""
-    lps = best.word_logps
-    return {"wide": choice["wide"], "consensus": choice["consensus"], "nearest": float(nearest_cosine),
-            "agreement": choice["agreement"], "margin": float(margin), "log_prob": choice["log_prob"],
-            "min_word": float(lps.min()) if lps is not None and len(lps) else 0.0,
-            "objects": choice["objects"], "weakest_object": weakest_object(best.tokens, probs, categories, person),
-            "top_p": 0.0 if probs is None else float(probs.max()), "length": float(len(best.tokens)),
-            **object_signals(best.tokens, others, check, probs), "template": template(text)}
+def sure_signals(pool: Pool, best: torch.Tensor, photos: torch.Tensor, choice: torch.Tensor, margin: torch.Tensor,
+                 nearest_cosine: torch.Tensor, probs: torch.Tensor | None, categories: torch.Tensor | None,
+                 person: tuple[torch.Tensor, torch.Tensor] | None, check: ObjectCheck | None,
+                 texts: Sequence[str]) -> torch.Tensor:
+    """The signals of each photo's chosen caption -> (B', S) float64 in SIGNALS order, for the pool's B' photos at
+    once. best (B',): each photo's chosen row of the pool; photos (B',): its photo in the batch; choice (N, S_choice):
+    every candidate's choice signals (choice.signals, every one this map reads computed); margin (B',): the choice
+    score over the runner-up's; nearest_cosine (B',): the photo's cosine with its nearest training photo; probs
+    (B', C): the head's P(category), or None without a head; categories (V, C) bool: which words name which
+    category; person: (P(person) (B,), the person words (V,) 0/1) from the file's person detector, or None; check:
+    the batch's objects check (support.py), or None; texts: every candidate's words as text (its template)."""
+    from .choice import SIGNALS as CHOICE
+
+    def column(name: str) -> torch.Tensor:
+        return choice[best, CHOICE.index(name)]  # (B',)
+
+    x = choice.new_zeros(len(best), len(SIGNALS))  # (B', S)
+    x[:, SIGNALS.index("nearest")] = nearest_cosine
+    x[:, SIGNALS.index("margin")] = margin
+    x[:, SIGNALS.index("min_word")] = pool.min_word[best]
+    x[:, SIGNALS.index("weakest_object")] = weakest_object(pool, best, photos, probs, categories, person)
+    x[:, SIGNALS.index("top_p")] = 0.0 if probs is None else probs.amax(1)
+    x[:, SIGNALS.index("length")] = pool.lengths[best]
+    for name in ("wide", "consensus", "agreement", "log_prob", "objects"):
+        x[:, SIGNALS.index(name)] = column(name)
+    at = SIGNALS.index("support")
+    x[:, at:at + 4] = object_signals(pool, best, photos, check, probs)  # support, unsupported, disagreement, entropy
+    templates = [template(texts[r]) for r in range(len(texts))]  # (N,) on the host: a regex of the words
+    x[:, SIGNALS.index("template")] = torch.tensor(templates, dtype=x.dtype).to(x.device)[best]
+    return x
 
 
-def weakest_object(tokens: Sequence[int], probs: torch.Tensor | None, categories: torch.Tensor | None,
-                   person: tuple[float, torch.Tensor] | None) -> float:
-    """The least P among the categories the words name (person words: the person detector's P), 1 for none."""
-    if probs is None or categories is None or not tokens:
-        return 1.0
-    ids = torch.tensor(list(tokens))  # (L,)
-    named = categories[ids].amax(0) > 0  # (C,)
-    out = [float(probs[named].min())] if bool(named.any()) else []
-    if person is not None and bool(person[1][ids].any()):
-        out.append(float(person[0]))
-    return min(out, default=1.0)
+def weakest_object(pool: Pool, best: torch.Tensor, photos: torch.Tensor, probs: torch.Tensor | None,
+                   categories: torch.Tensor | None, person: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """(B',) the least P among the categories each chosen caption names (person words: the person detector's P),
+    1 where it names none (or there is no head)."""
+    if probs is None or categories is None:
+        return torch.ones(len(best), dtype=torch.float64, device=best.device)
+    named = pool.named(categories)[best]  # (B', C)
+    least = torch.where(named, probs, float("inf")).amin(1)  # (B',)
+    if person is not None:
+        says_person = pool.named(person[1].reshape(-1, 1))[best, 0]  # (B',)
+        least = torch.minimum(least, torch.where(says_person, person[0].to(least)[photos], float("inf")))
+    return torch.where(least.isinf(), 1.0, least)
 
 
 # below these a signal is weak: about the lowest tenth of the val sets' photos (coco-paired val, Flickr8k val,

@@ -133,13 +133,20 @@ class Evidence:
     def word_bias(self, image: int, tokens: list[int]) -> torch.Tensor:
         """(L,) the bias each of an image's caption words got when decoding chose it (after the words
         before it): what separates the decoding score from the model's own log-probability."""
-        t = torch.tensor(tokens, dtype=torch.long, device=self.penalty.device)  # (L,)
-        out = self.penalty[image, t]  # (L,)
-        if not self.has_bonus or not tokens:
+        return self.word_biases([image], [tokens])[0, :len(tokens)]
+
+    def word_biases(self, images: list[int], tokens: list[list[int]]) -> torch.Tensor:
+        """Many captions at once: caption i of image images[i] -> (N, L) the bias each of its words got (0 after its
+        end; L the longest's words), on the evidence's device."""
+        device, (B, V), L = self.penalty.device, self.penalty.shape, max(map(len, tokens), default=0)
+        t = torch.tensor([w + [V] * (L - len(w)) for w in tokens], dtype=torch.long).view(len(tokens), L).to(device)
+        image = torch.tensor(images, dtype=torch.long).to(device)  # (N,)
+        out = torch.cat([self.penalty, self.penalty.new_zeros(B, 1)], 1)[image[:, None], t]  # (N, L): padding's 0
+        if not self.has_bonus or not L:
             return out
-        named = self.words[t]  # (L, C): the categories each word names
-        before = torch.cat([torch.zeros_like(named[:1]), named.cummax(0).values[:-1]])  # (L, C): named before word k
-        return out + ((self.bonus[image] * (1 - before)) * named).sum(-1)  # (L,): bias() at each step, at once
+        named = torch.cat([self.words, self.words.new_zeros(1, self.words.shape[1])])[t]  # (N, L, C) each word's
+        before = torch.cat([torch.zeros_like(named[:, :1]), named.cummax(1).values[:, :-1]], 1)  # (N, L, C) before it
+        return out + ((self.bonus[image][:, None, :] * (1 - before)) * named).sum(-1)  # (N, L): bias() at each step
 
 
 def detected_probs(probs: torch.Tensor, det: WordDetectors | None, detections: torch.Tensor | None

@@ -52,8 +52,15 @@ class History:
                         torch.cat([self.betas[rows], beta[rows].unsqueeze(1)], 1),
                         torch.cat([self.logps[rows], logp.float().unsqueeze(1)], 1))
 
-    def hypothesis(self, r: int, log_prob: float, score: float) -> Hypothesis:
-        return Hypothesis(self.tokens[r].tolist(), self.alphas[r], log_prob, score, self.betas[r], self.logps[r].cpu())
+    def hypotheses(self, rows: list[int], log_probs: list[float], scores: list[float]) -> list[Hypothesis]:
+        """The rows `rows` finished as they are, with their log-probs and scores: one gather per table, not one
+        per hypothesis."""
+        if not rows:
+            return []
+        at = torch.tensor(rows, dtype=torch.long, device=self.tokens.device)  # (M,)
+        tokens, logps = self.tokens[at].tolist(), self.logps[at].cpu().unbind(0)  # (M, t) each
+        alphas, betas = self.alphas[at].unbind(0), self.betas[at].unbind(0)  # (M, t, P), (M, t)
+        return [Hypothesis(*h) for h in zip(tokens, alphas, log_probs, scores, betas, logps)]
 
 
 def candidates(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, K: int, pad: int

@@ -117,9 +117,11 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
         alive_s, alive_src, alive_word, alive_lp = alive(top_s, src, word, step_lp, is_end, rank, K)  # (n, K) each
         if t == max_len - 1:  # cap: live hypotheses end here with the word they just chose
             capped = hist.extend(alive_src.reshape(-1), alive_word.reshape(-1), alpha, beta, alive_lp.reshape(-1))
-            for g, k in (alive_s > float("-inf")).nonzero().tolist():
-                s_ = float(alive_s[g, k])
-                finished[int(image_ids[g])].append(capped.hypothesis(g * K + k, s_, normalise(s_, t + 1, length_penalty)))
+            live, images, scores = (alive_s > float("-inf")).nonzero().tolist(), image_ids.tolist(), alive_s.tolist()
+            raw = [scores[g][k] for g, k in live]
+            ended = capped.hypotheses([g * K + k for g, k in live], raw, [normalise(s_, t + 1, length_penalty) for s_ in raw])
+            for (g, _), hyp in zip(live, ended):
+                finished[images[g]].append(hyp)
             break
         best_alive = alive_s[:, 0]
         done = best_finished[:, K - 1] > float("-inf") if length_penalty else best_finished[:, K - 1] >= best_alive
@@ -142,12 +144,15 @@ def _record_finished(finished: list[list[Hypothesis]], best_finished: torch.Tens
                      length_penalty: float) -> torch.Tensor:
     """Hypotheses ending now (fin (n, 2K): <end> among the top K) join their image's finished list;
     returns the K best finished normalised scores per live image (n, K)."""
-    if not bool(fin.any()):
+    ends = fin.nonzero().tolist()  # the one read a step: which rows just ended (none: nothing to record)
+    if not ends:
         return best_finished
     norm = normalise(top_s, t + 1, length_penalty)  # t words + <end>
     images, rows, scores, normed = image_ids.tolist(), src.tolist(), top_s.tolist(), norm.tolist()  # read once
-    for g, j in fin.nonzero().tolist():
-        finished[images[g]].append(hist.hypothesis(rows[g][j], scores[g][j], normed[g][j]))
+    ended = hist.hypotheses([rows[g][j] for g, j in ends], [scores[g][j] for g, j in ends],
+                            [normed[g][j] for g, j in ends])
+    for (g, _), hyp in zip(ends, ended):
+        finished[images[g]].append(hyp)
     merged = torch.cat([best_finished, norm.masked_fill(~fin, float("-inf"))], dim=1)  # (n, 3K)
     return merged.topk(best_finished.shape[1], dim=1).values  # (n, K)
 
@@ -172,9 +177,20 @@ def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: Dec
 
 
 def _remove_bias(hyps: list[list[Hypothesis]], evidence: Evidence) -> None:
-    """In place: each hypothesis's log_prob and word_logps without the bias the evidence added to its words."""
-    for image, image_hyps in enumerate(hyps):
-        for h in image_hyps:
-            bias = evidence.word_bias(image, h.tokens).float().cpu()  # (L,)
-            h.log_prob -= float(bias.sum())
-            h.word_logps = None if h.word_logps is None else h.word_logps - bias
+    """In place: each hypothesis's log_prob and word_logps without the bias the evidence added to its words, for
+    every hypothesis of the batch at once (one table of biases, one read to the host)."""
+    flat = [(image, h) for image, image_hyps in enumerate(hyps) for h in image_hyps]
+    if not flat:
+        return
+    bias = evidence.word_biases([i for i, _ in flat], [h.tokens for _, h in flat]).float().cpu()  # (N, L)
+    width = bias.shape[1]
+    for (_, h), total in zip(flat, bias.double().sum(1).tolist()):
+        h.log_prob -= total
+    has_words = [n for n, (_, h) in enumerate(flat) if h.word_logps is not None]
+    if not has_words:
+        return
+    at = torch.tensor([n * width + j for n in has_words for j in range(len(flat[n][1].tokens))], dtype=torch.long)
+    words = torch.cat([flat[n][1].word_logps for n in has_words])  # (W,) every word's log-prob, flat
+    fixed = (words - bias.view(-1)[at]).split([len(flat[n][1].tokens) for n in has_words])
+    for n, lps in zip(has_words, fixed):
+        flat[n][1].word_logps = lps

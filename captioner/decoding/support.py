@@ -33,6 +33,7 @@ import torch
 
 from ..concepts.detectors import WordDetectors
 from ..vocab import Vocab
+from .pool import Pool
 
 SUPPORT_FLOOR = 0.1  # an object whose support is below this is "unsupported": the heads barely see it
 TEMPLATE = re.compile(r"\bin (a|an) (\w+ )?(red|blue|green|yellow|pink|black|white|orange|purple|brown|gray|grey"
@@ -113,32 +114,40 @@ def word_support(probs: torch.Tensor, seen: torch.Tensor | None, columns: torch.
     return ObjectCheck(support, cols.bool())
 
 
-def object_signals(tokens: Sequence[int], others: Sequence[Sequence[int]], check: PhotoCheck | None,
-                   probs: torch.Tensor | None) -> dict[str, float]:
-    """support, unsupported, disagreement (see the module's doc) of a caption's tokens against its photo's check,
-    the beam's other candidates `others`; head_entropy of probs (C,). Without a check: no object is doubted
-    (support 1, unsupported 0, disagreement 0)."""
-    out = {"support": 1.0, "unsupported": 0.0, "disagreement": 0.0, "head_entropy": entropy(probs)}
+def object_signals(pool: Pool, best: torch.Tensor, photos: torch.Tensor, check: ObjectCheck | None,
+                   probs: torch.Tensor | None) -> torch.Tensor:
+    """support, unsupported, disagreement and head_entropy (see the module's doc) of each photo's chosen caption
+    -> (B', 4) float64: best (B',) its row of the pool, photos (B',) its photo in the batch; check: the batch's
+    objects check, whose other candidates are the rest of the photo's rows; probs (B', C): the head's P. Without a
+    check no object is doubted (support 1, unsupported 0, disagreement 0)."""
+    out = torch.zeros(len(best), 4, dtype=torch.float64, device=best.device)  # (B', 4)
+    out[:, 0] = 1.0
+    out[:, 3] = entropy(probs) if probs is not None else 0.0
     if check is None:
         return out
-    named = check.named(tokens)
-    if named:
-        out["support"] = float(check.support[torch.tensor([tokens[i] for i in named])].min())
-        out["unsupported"] = float(len(check.unsupported(tokens)))
-    if others:
-        mine = check.objects(tokens)
-        out["disagreement"] = sum(check.objects(o) != mine for o in others) / len(others)
+    tokens = pool.tokens[best]  # (B', L)
+    is_object = pool.padded(check.columns.any(1), False)[tokens]  # (B', L) the words that name an object
+    support = torch.cat([check.support.float(), check.support.new_ones(len(check.support), 1)], 1)  # (B, V + 1)
+    support = support.to(best.device)[photos].gather(1, tokens)  # (B', L)
+    least = torch.where(is_object, support, float("inf")).amin(1)  # (B',)
+    out[:, 0] = torch.where(least.isinf(), 1.0, least.double())
+    out[:, 1] = (is_object & (support < SUPPORT_FLOOR)).sum(1)
+    objects = pool.named(check.columns)  # (N, M) the object columns each candidate names
+    group = torch.repeat_interleave(torch.arange(len(best), device=best.device), pool.group_sizes())  # (N,)
+    differs = (objects != objects[best][group]).any(1)  # (N,) a candidate naming another set of objects than the chosen
+    out[:, 2] = out.new_zeros(len(best)).index_add(0, group, differs.double()) / (pool.group_sizes() - 1).clamp_min(1)
     return out
 
 
-def entropy(probs: torch.Tensor | None) -> float:
-    """The entropy (nats) of the head's P over the COCO categories and the rest ("none of them"); 0 without a head."""
+def entropy(probs: torch.Tensor | None) -> torch.Tensor | float:
+    """The entropy (nats) of the head's P (..., C) over the COCO categories and the rest ("none of them"), (...)
+    float64; 0 without a head."""
     if probs is None:
         return 0.0
-    p = probs.double().clamp_min(0)  # (C,)
-    p = torch.cat([p, (1 - p.sum()).clamp_min(0).reshape(1)])  # (C + 1,)
-    p = p / p.sum().clamp_min(1e-12)
-    return float(-(p * p.clamp_min(1e-12).log()).sum())
+    p = probs.double().clamp_min(0)  # (..., C)
+    p = torch.cat([p, (1 - p.sum(-1, keepdim=True)).clamp_min(0)], -1)  # (..., C + 1)
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)
+    return -(p * p.clamp_min(1e-12).log()).sum(-1)
 
 
 def template(text: str) -> float:
