@@ -3,6 +3,8 @@
 oracle of tests/test_decision.py, as rules.word_logp is the processors' oracle."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import torch
@@ -13,7 +15,7 @@ from captioner.decoding.choice import BEAM_ORDER, OBJECT_P, SIGNALS, WIDE, Weigh
 from captioner.decoding.confidence import ConfidenceMap
 from captioner.decoding.consensus import ConsensusMemory
 from captioner.decoding.hypotheses import Hypothesis
-from captioner.decoding.support import ObjectCheck, PhotoCheck, template
+from captioner.decoding.support import SUPPORT_FLOOR, ObjectCheck, template
 from captioner.vocab import Vocab
 
 def choice_signals(cands: Sequence[Hypothesis], near: Sequence[int], wide: Sequence[int], probs: torch.Tensor | None,
@@ -106,7 +108,7 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
             row["agreement"] = memory.cider.agreement(best.tokens, [[c.tokens for c in ordered[1:]]])
             margin = 0.0 if total is None else total[order[0]] - total[order[1]]
             best.sure_signals = sure_signals(best, row, margin, float(cosines[image, 0]), p, categories, who,
-                                             None if check is None else check.row(image),
+                                             None if check is None else photo_check(check, image),
                                              [c.tokens for c in ordered[1:]], " ".join(vocab.itos[t] for t in best.tokens))
             best.confidence = None if fitted is None else fitted(best.sure_signals)
         out.append(ordered)
@@ -175,3 +177,42 @@ def entropy(probs: torch.Tensor | None) -> float:
     p = torch.cat([p, (1 - p.sum()).clamp_min(0).reshape(1)])  # (C + 1,)
     p = p / p.sum().clamp_min(1e-12)
     return float(-(p * p.clamp_min(1e-12).log()).sum())
+
+
+def photo_check(check: ObjectCheck, image: int) -> "PhotoCheck":
+    return PhotoCheck(check.support[image].float().cpu(), check.columns.cpu())
+
+
+@dataclass(frozen=True)
+class PhotoCheck:
+    """One photo's object evidence: support (V,) and columns (V, M) bool."""
+
+    support: torch.Tensor  # (V,)
+    columns: torch.Tensor  # (V, M) bool
+
+    @cached_property
+    def _names(self) -> list[bool]:
+        """(V,) whether each word names an object, read to the host once (not once a word)."""
+        return self.columns.any(1).tolist()
+
+    @cached_property
+    def _supports(self) -> list[float]:
+        """(V,) support, read to the host once."""
+        return self.support.tolist()
+
+    def named(self, tokens: Sequence[int]) -> list[int]:
+        """The positions of the words that name an object."""
+        return [i for i, t in enumerate(tokens) if self._names[t]]
+
+    def unsupported(self, tokens: Sequence[int], floor: float = SUPPORT_FLOOR) -> list[int]:
+        """The positions of the object words whose support is below floor, least supported first."""
+        weak = [i for i in self.named(tokens) if self._supports[tokens[i]] < floor]
+        return sorted(weak, key=lambda i: self._supports[tokens[i]])
+
+    def objects(self, tokens: Sequence[int]) -> frozenset[int]:
+        """The object columns (categories, detector groups) the words name."""
+        if not tokens:
+            return frozenset()
+        return frozenset(torch.nonzero(self.columns[torch.tensor(list(tokens))].any(0)).flatten().tolist())
+
+

@@ -12,7 +12,6 @@ import torch
 
 from captioner.decoding.alternatives import different, things
 from captioner.decoding.captions import Alternative, Caption
-from captioner.decoding.choice import SIGNALS as CHOICE
 from captioner.decoding.confidence import REASONS, SIGNALS, ConfidenceMap, sure_signals, why_unsure
 from captioner.decoding.fitted import Fitted
 from captioner.decoding.hypotheses import Hypothesis
@@ -50,9 +49,8 @@ def _sure_signals(text: str, p_cake: float, others: tuple[str, ...] = ()) -> dic
     hyp = Hypothesis(_tokens(text), torch.zeros(0), -3.0, -0.5, word_logps=torch.full((len(text.split()),), -0.5))
     hyps = [hyp] + [Hypothesis(_tokens(o), torch.zeros(0), -4.0, -0.6) for o in others]
     pool = Pool.of([hyps], len(WORDS), least=1)
-    choice = torch.zeros(len(hyps), len(CHOICE), dtype=torch.float64)  # (n, S): the choice's signals
-    for name, value in {"wide": 0.4, "consensus": 0.4, "agreement": 5.0, "log_prob": -0.5, "objects": 0.0}.items():
-        choice[:, CHOICE.index(name)] = value
+    choice = {name: torch.tensor([value], dtype=torch.float64)  # the chosen caption's choice signals
+              for name, value in {"wide": 0.4, "consensus": 0.4, "agreement": 5.0, "log_prob": -0.5, "objects": 0.0}.items()}
     first = torch.tensor([0])
     x = sure_signals(pool, first, first, choice, torch.tensor([0.1]), torch.tensor([0.7]), probs.double(), None,
                      None, check, [text] + list(others))  # (1, S)
@@ -61,13 +59,14 @@ def _sure_signals(text: str, p_cake: float, others: tuple[str, ...] = ()) -> dic
 
 def test_each_object_word_is_supported_by_the_strongest_head_that_sees_it():
     check, _ = _check(p_cake=0.03)
-    row = check.row(0)
     tokens = _tokens("a man in a red shirt on a plate with a cake".replace(" with", "").replace("a cake", "cake"))
-    assert [WORDS[tokens[i]] for i in row.named(tokens)] == ["man", "shirt", "plate", "cake"]  # no "a", "red", "on"
-    support = {w: float(row.support[WORDS.index(w)]) for w in ("man", "shirt", "plate", "cake")}
+    assert [WORDS[tokens[i]] for i in check.named([tokens])[0]] == ["man", "shirt", "plate", "cake"]  # not "a", "red"
+    support = {w: float(check.support[0, WORDS.index(w)]) for w in ("man", "shirt", "plate", "cake")}
     assert abs(support["man"] - 0.9) < 1e-6 and abs(support["plate"] - 0.7) < 1e-6  # person detector; the head
-    assert [WORDS[tokens[i]] for i in row.unsupported(tokens)] == ["cake", "shirt"]  # least supported first
-    assert all(support[WORDS[tokens[i]]] < SUPPORT_FLOOR for i in row.unsupported(tokens))
+    weak = check.unsupported([tokens])[0]
+    assert [WORDS[tokens[i]] for i in weak] == ["cake", "shirt"]  # least supported first
+    assert all(support[WORDS[tokens[i]]] < SUPPORT_FLOOR for i in weak)
+    assert check.unsupported([[]]) == [[]]  # a caption of no words names nothing
 
 
 def test_an_unsupported_object_lowers_the_confidence_and_is_named_first():

@@ -199,11 +199,11 @@ def shown_groups(detectors: WordDetectors) -> list[int]:
             if g not in CATEGORIES and seen.isdisjoint(detectors.members[g])]
 
 
-def with_detections(concepts: list[tuple[str, float]], detectors: WordDetectors, probs: torch.Tensor,
+def with_detections(concepts: list[tuple[str, float]], detectors: WordDetectors, probs: Sequence[float],
                     at: float = SHOW_AT) -> list[tuple[str, float]]:
-    """One photo's ImageNet concepts [(category, P)] + its shown detections (probs (K,)) -> one list,
-    most probable first: the detected words at P >= `at` (person too: a list said to hold what is seen at P >= `at`
-    holds nothing below it)."""
-    p = probs.tolist()  # (K,) read to the host once
+    """One photo's ImageNet concepts [(category, P)] + its shown detections (probs (K,): its detectors' P, on the
+    host) -> one list, most probable first: the detected words at P >= `at` (person too: a list said to hold what is
+    seen at P >= `at` holds nothing below it)."""
+    p = list(probs)  # (K,)
     extra = [(detectors.groups[k], round(p[k], 4)) for k in shown_groups(detectors) if p[k] >= at]
     return sorted(concepts + extra, key=lambda cp: -cp[1])

@@ -278,11 +278,12 @@ def concepts_of(logits: torch.Tensor, threshold: float = THRESHOLD, top_k: int =
     (category_probs), most probable first, and the `top_k` ImageNet classes by name."""
     cp = category_probs(logits).cpu().numpy()  # (B, C)
     val, idx = logits.float().softmax(-1).topk(top_k, dim=-1)  # (B, top_k)
+    val, idx = val.tolist(), idx.tolist()  # read to the host once for the batch
     names = imagenet_classes()
     out = []
     for b in range(len(cp)):
         order = np.argsort(-cp[b], kind="stable")
         top = [(CATEGORIES[c], round(float(cp[b, c]), 4)) for c in order if cp[b, c] >= threshold]
-        classes = [(names[k], float(v)) for v, k in zip(val[b].tolist(), idx[b].tolist())]
+        classes = [(names[k], float(v)) for v, k in zip(val[b], idx[b])]
         out.append(Concepts(top, classes, {cat: float(p) for cat, p in zip(CATEGORIES, cp[b])}))
     return out

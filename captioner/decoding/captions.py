@@ -250,17 +250,36 @@ def small_photo_note(size: tuple[int, int] | None, input_side: int | None,
 def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab) -> Caption:
     """One image's hypotheses (best first) -> its Caption (words, maps, gates, word log-probs, the ranking
     score); the other hypotheses become `alternatives`. What the photo's heads say: reading.annotate."""
-    best = hyps[0]
-    words = [vocab.itos[t] for t in best.tokens]
-    g = grid_side(best.alphas.shape[-1])
-    alphas = best.alphas.float().cpu().numpy().reshape(len(words), g, g)  # (L, G, G)
-    betas = best.betas.float().cpu().numpy() if best.betas is not None else np.zeros(0, np.float32)  # (L,)
-    lps = best.word_logps.float().cpu().numpy() if best.word_logps is not None else np.zeros(0, np.float32)  # (L,)
-    alts = [Alternative(" ".join(vocab.itos[t] for t in h.tokens), float(h.log_prob), float(h.score), h.choice,
-                        h.signals) for h in hyps[1:]]
-    return Caption(" ".join(words), words, alphas, float(best.log_prob), alts, betas, word_log_probs=lps,
-                   score=float(best.score), choice=best.choice, signals=dict(best.signals or {}),
-                   confidence=best.confidence, sure_signals=dict(best.sure_signals or {}))
+    return to_captions([hyps], vocab)[0]
+
+
+def to_captions(hyps: Sequence[Sequence[Hypothesis]], vocab: Vocab) -> list[Caption]:
+    """Each image's hypotheses (best first) -> its Caption (to_caption), the best ones' maps, gates and word
+    log-probs read to the host in one transfer for all the images (padded to the longest, then cut)."""
+    best = [h[0] for h in hyps]
+    if not best:
+        return []
+    device = best[0].alphas.device
+    lengths = [len(b.tokens) for b in best]
+    pad = torch.nn.utils.rnn.pad_sequence
+    alphas = pad([b.alphas.float() for b in best], batch_first=True)  # (B, L, P)
+    extra = [[b.betas if b.betas is not None else torch.zeros(n) for b, n in zip(best, lengths)],
+             [b.word_logps if b.word_logps is not None else torch.zeros(n) for b, n in zip(best, lengths)]]
+    extra = [pad([x.float().to(device) for x in xs], batch_first=True)[:, :alphas.shape[1], None] for xs in extra]
+    host = torch.cat([alphas, *extra], -1).cpu().numpy()  # (B, L, P + 2): the one read
+    out = []
+    for b, h, n, rows in zip(best, hyps, lengths, host):
+        words = [vocab.itos[t] for t in b.tokens]
+        g = grid_side(rows.shape[-1] - 2)
+        betas = rows[:n, -2].copy() if b.betas is not None else np.zeros(0, np.float32)  # (L,)
+        lps = rows[:n, -1].copy() if b.word_logps is not None else np.zeros(0, np.float32)  # (L,)
+        alts = [Alternative(" ".join(vocab.itos[t] for t in a.tokens), float(a.log_prob), float(a.score), a.choice,
+                            a.signals) for a in h[1:]]
+        out.append(Caption(" ".join(words), words, rows[:n, :-2].reshape(n, g, g).copy(), float(b.log_prob), alts,
+                           betas, word_log_probs=lps, score=float(b.score), choice=b.choice,
+                           signals=dict(b.signals or {}), confidence=b.confidence,
+                           sure_signals=dict(b.sure_signals or {})))
+    return out
 
 
 @torch.no_grad()
@@ -288,18 +307,19 @@ def dress(hyps: Sequence[Sequence[Hypothesis]], evidence: Evidence | None, readi
     detections, the contradicted words of the evidence's mask, concept maps), the settings that made it and what
     of the model file's fitted data it was chosen and judged by (the choice's weights, sure_at, the map's
     contributions) and the objects its heads barely see (support.py)."""
-    caps = [to_caption(h, vocab) for h in hyps]
+    caps = to_captions(hyps, vocab)
     annotate(caps, [h[0].tokens for h in hyps], reading, feats, model, vocab,
              None if evidence is None else evidence.ruled_out)
     fitted = fitted_of(model)
     weights, sure = dict(zip(SIGNALS, fitted.choice_in_use(settings).values)), fitted.map_in_use(settings)
-    for n, (cap, h) in enumerate(zip(caps, hyps)):  # each caption says what made it (its JSON carries them)
+    if evidence is not None and evidence.check is not None:
+        for cap, weak in zip(caps, evidence.check.unsupported([h[0].tokens for h in hyps])):
+            cap.unsupported = weak
+    for cap in caps:  # each caption says what made it (its JSON carries them)
         cap.settings = dataclasses.asdict(settings)
         cap.weights = dict(weights) if cap.choice is not None else {}
         cap.sure_at = None if sure is None else sure.sure_at
         cap.contributions = {} if sure is None or not cap.sure_signals else sure.contributions(cap.sure_signals)
-        if evidence is not None and evidence.check is not None:
-            cap.unsupported = evidence.check.row(n).unsupported(h[0].tokens)
     return caps
 
 
@@ -361,7 +381,7 @@ def sampled_captions(model: ShowAttendTell, feats: torch.Tensor, reading: HeadRe
     s = sample(model.decoder, feats, ids, n, settings.max_len, draw=request.draw, scores=scores,
                generator=generator, context=settings.hard_context)
     hyps = _sample_hypotheses(s, ids.end, n, bias)
-    caps = [to_caption([h], vocab) for h in hyps]
+    caps = to_captions([[h] for h in hyps], vocab)
     of = torch.arange(len(feats), device=feats.device).repeat_interleave(n)  # (B*n,) photo of each sample
     ruled_out = None if evidence is None else evidence.ruled_out[of.to(evidence.ruled_out.device)]  # (B*n, V)
     annotate(caps, [h.tokens for h in hyps], HeadReading.cat([reading.rows(b, b + 1) for b in of.tolist()]),

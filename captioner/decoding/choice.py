@@ -201,24 +201,34 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
         margin = (total[best] - total[runner]) if not weights.beam_order else torch.zeros_like(total[best])  # (B',)
         texts = [" ".join(vocab.itos[t] for t in pool.words[r]) for r in range(len(pool))]
         photos = torch.tensor(pool.photos, dtype=torch.int64, device=device)  # (B',)
-        sure = sure_signals(pool, best, photos, x, margin, cosines[:, 0].to(x)[photos],
+        chosen = {name: x[best, SIGNALS.index(name)] for name in ("wide", "consensus", "agreement", "log_prob",
+                                                                   "objects")}  # (B',) each
+        sure = sure_signals(pool, best, photos, chosen, margin, cosines[:, 0].to(x)[photos],
                             None if probs is None or categories is None else probs.to(x)[photos], categories,
                             person, check, texts)  # (B', S')
         confidence = fitted.confidences(sure) if fitted is not None else torch.zeros(len(first)).to(x)  # (B',)
         parts += [sure.flatten(), confidence]
-    host = torch.cat(parts).tolist()  # the one read to the host
-    n, s = len(pool), len(SIGNALS)
-    rows, host = [host[i * s:(i + 1) * s] for i in range(n)], host[n * s:]
-    totals, ranked, host = host[:n], [int(r) for r in host[n:2 * n]], host[2 * n:]
+    return _dressed(hyps, pool, torch.cat(parts).tolist(), not weights.beam_order, how_sure, fitted is not None)
+
+
+def _dressed(hyps: Sequence[Sequence[Hypothesis]], pool: Pool, host: list[float], chose: bool, how_sure: bool,
+             confident: bool) -> list[list[Hypothesis]]:
+    """The decision read to the host (choose's one read, flat: the choice's signals (N, S), totals (N,), order (N,),
+    then with how_sure the chosen captions' signals (B', S') and confidences (B',)) -> each photo's hypotheses in
+    the chosen order, each carrying its choice (where chose) and the first its sure_signals and confidence."""
+    n, s, width = len(pool), len(SIGNALS), len(SURE_SIGNALS)
+    rows, totals = [host[i * s:(i + 1) * s] for i in range(n)], host[n * s:n * s + n]
+    ranked, sure = [int(r) for r in host[n * s + n:n * s + 2 * n]], host[n * s + 2 * n:]
     out = [list(h) for h in hyps]
-    for g, (b, at) in enumerate(zip(pool.photos, starts)):
+    at = 0
+    for g, b in enumerate(pool.photos):  # a photo's candidates are consecutive rows from `at`
         cands = out[b]
-        if not weights.beam_order:
+        if chose:
             for i, h in enumerate(cands):
                 h.choice, h.signals = totals[at + i], dict(zip(SIGNALS, rows[at + i]))
         out[b] = ordered = [cands[r - at] for r in ranked[at:at + len(cands)]]
         if how_sure:
-            width = len(SURE_SIGNALS)
-            ordered[0].sure_signals = dict(zip(SURE_SIGNALS, host[g * width:(g + 1) * width]))
-            ordered[0].confidence = None if fitted is None else host[len(starts) * width + g]
+            ordered[0].sure_signals = dict(zip(SURE_SIGNALS, sure[g * width:(g + 1) * width]))
+            ordered[0].confidence = sure[len(pool.photos) * width + g] if confident else None
+        at += len(cands)
     return out

@@ -115,19 +115,21 @@ class CiderD:
         by code within it; and each caption's words (C,) float64."""
         lengths = [len(c) for c in captions]
         width = max(lengths, default=0)
+        top = max((max(c) for c in captions if len(c)), default=-1)  # checked on the host: no read of the device
+        if top >= self.base - 1:
+            raise ValueError(f"CIDEr-D reads word ids 0..{self.base - 2}: a caption holds {top}")
         words = torch.tensor([list(c) + [-1] * (width - len(c)) for c in captions], dtype=torch.int64,
                              device=self.device).view(len(captions), width)  # (C, L), -1 after the end
-        if words.numel() and int(words.max()) >= self.base - 1:
-            raise ValueError(f"CIDEr-D reads word ids 0..{self.base - 2}: a caption holds {int(words.max())}")
-        rows, codes, orders = [], [], []
+        n = min(self.n, width)
+        codes = torch.zeros(len(captions), n, width, dtype=torch.int64, device=self.device)  # (C, n, L)
+        valid = torch.zeros(len(captions), n, width, dtype=torch.bool, device=self.device)  # (C, n, L)
         code = torch.zeros_like(words)  # (C, L)
-        for k in range(min(self.n, width)):  # code of the (k+1)-gram starting at i, from the k-gram's
+        for k in range(n):  # code of the (k+1)-gram starting at i, from the k-gram's
             code = code[:, :width - k] * self.base + words[:, k:] + 1  # (C, L - k)
-            row, at = (words[:, k:] >= 0).nonzero(as_tuple=True)  # the grams that end before the padding
-            rows.append(row)
-            codes.append(code[row, at])
-            orders.append(torch.full_like(row, k))
-        row, code, order = (torch.cat(x) if x else words.new_zeros(0) for x in (rows, codes, orders))
+            codes[:, k, :width - k] = code
+            valid[:, k, :width - k] = words[:, k:] >= 0  # the grams that end before the padding
+        row, order, at = valid.nonzero(as_tuple=True)  # (E',) each: one read for every n
+        code = codes[row, order, at]
         code, by_code = code.sort(stable=True)  # grouped by caption, by code within it
         row, order = row[by_code], order[by_code]
         row, by_row = row.sort(stable=True)

@@ -140,23 +140,19 @@ def finite(value: Any, name: str) -> float:
     return float(value)
 
 
-def sure_signals(pool: Pool, best: torch.Tensor, photos: torch.Tensor, choice: torch.Tensor, margin: torch.Tensor,
-                 nearest_cosine: torch.Tensor, probs: torch.Tensor | None, categories: torch.Tensor | None,
-                 person: tuple[torch.Tensor, torch.Tensor] | None, check: ObjectCheck | None,
-                 texts: Sequence[str]) -> torch.Tensor:
+def sure_signals(pool: Pool, best: torch.Tensor, photos: torch.Tensor, choice: dict[str, torch.Tensor],
+                 margin: torch.Tensor, nearest_cosine: torch.Tensor, probs: torch.Tensor | None,
+                 categories: torch.Tensor | None, person: tuple[torch.Tensor, torch.Tensor] | None,
+                 check: ObjectCheck | None, texts: Sequence[str]) -> torch.Tensor:
     """The signals of each photo's chosen caption -> (B', S) float64 in SIGNALS order, for the pool's B' photos at
-    once. best (B',): each photo's chosen row of the pool; photos (B',): its photo in the batch; choice (N, S_choice):
-    every candidate's choice signals (choice.signals, every one this map reads computed); margin (B',): the choice
-    score over the runner-up's; nearest_cosine (B',): the photo's cosine with its nearest training photo; probs
-    (B', C): the head's P(category), or None without a head; categories (V, C) bool: which words name which
-    category; person: (P(person) (B,), the person words (V,) 0/1) from the file's person detector, or None; check:
-    the batch's objects check (support.py), or None; texts: every candidate's words as text (its template)."""
-    from .choice import SIGNALS as CHOICE
-
-    def column(name: str) -> torch.Tensor:
-        return choice[best, CHOICE.index(name)]  # (B',)
-
-    x = choice.new_zeros(len(best), len(SIGNALS))  # (B', S)
+    once. best (B',): each photo's chosen row of the pool; photos (B',): its photo in the batch; choice: the chosen
+    captions' choice signals (choice.signals: wide, consensus, agreement, log_prob, objects, each (B',), every one
+    this map reads computed); margin (B',): the choice score over the runner-up's; nearest_cosine (B',): the photo's
+    cosine with its nearest training photo; probs (B', C): the head's P(category), or None without a head;
+    categories (V, C) bool: which words name which category; person: (P(person) (B,), the person words (V,) 0/1)
+    from the file's person detector, or None; check: the batch's objects check (support.py), or None; texts: every
+    candidate's words as text (its template)."""
+    x = torch.zeros(len(best), len(SIGNALS), dtype=torch.float64, device=best.device)  # (B', S)
     x[:, SIGNALS.index("nearest")] = nearest_cosine
     x[:, SIGNALS.index("margin")] = margin
     x[:, SIGNALS.index("min_word")] = pool.min_word[best]
@@ -164,7 +160,7 @@ def sure_signals(pool: Pool, best: torch.Tensor, photos: torch.Tensor, choice: t
     x[:, SIGNALS.index("top_p")] = 0.0 if probs is None else probs.amax(1)
     x[:, SIGNALS.index("length")] = pool.lengths[best]
     for name in ("wide", "consensus", "agreement", "log_prob", "objects"):
-        x[:, SIGNALS.index(name)] = column(name)
+        x[:, SIGNALS.index(name)] = choice[name]
     at = SIGNALS.index("support")
     x[:, at:at + 4] = object_signals(pool, best, photos, check, probs)  # support, unsupported, disagreement, entropy
     templates = [template(texts[r]) for r in range(len(texts))]  # (N,) on the host: a regex of the words

@@ -57,13 +57,14 @@ class _Finished:
 
     def hypotheses(self) -> list[list[Hypothesis]]:
         """Read back once: each image's finished hypotheses, best first."""
-        norm, raw, length = self.norm.cpu(), self.raw.cpu(), self.length.cpu()
+        norm, raw, length = self.norm.tolist(), self.raw.tolist(), self.length.tolist()  # (B, K) each
         tokens, alphas, betas, logps = self.tokens.cpu(), self.alphas.cpu(), self.betas.cpu(), self.logps.cpu()
+        words = tokens.tolist()  # (B, K, T)
         out: list[list[Hypothesis]] = []
-        for b in range(norm.shape[0]):
-            out.append([Hypothesis(tokens[b, k, :n].tolist(), alphas[b, k, :n], float(raw[b, k]), float(norm[b, k]),
-                                   betas[b, k, :n], logps[b, k, :n].float())
-                        for k in range(norm.shape[1]) if norm[b, k] > NEG for n in [int(length[b, k])]])
+        for b in range(len(norm)):
+            out.append([Hypothesis(words[b][k][:n], alphas[b, k, :n], raw[b][k], norm[b][k], betas[b, k, :n],
+                                   logps[b, k, :n].float())
+                        for k in range(len(norm[b])) if norm[b][k] > NEG for n in [length[b][k]]])
         return out
 
 

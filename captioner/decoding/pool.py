@@ -43,7 +43,7 @@ class Pool:
         photos = [b for b, h in enumerate(hyps) if len(h) >= least]
         cands = [(b, i, h) for b in photos for i, h in enumerate(hyps[b])]
         words = [list(h.tokens) for _, _, h in cands]
-        width = max((len(w) for w in words), default=0)
+        width = max((len(w) for w in words), default=1) or 1  # one padding column at least: every min has a column
         # the least word log-prob of each: one flat min over every candidate's words (0 without them)
         has = [r for r, (_, _, h) in enumerate(cands) if h.word_logps is not None and len(h.word_logps)]
         flat = [cands[r][2].word_logps for r in has]  # (L,) each

@@ -72,9 +72,8 @@ def photo_concepts(reading: HeadReading, model: torch.nn.Module, threshold: floa
     out = concepts_of(reading.logits, threshold, top_k)
     det = detectors_of(model)
     if det is not None and reading.seen is not None:
-        for c, row in zip(out, reading.seen.cpu()):
-            c.top = with_detections(c.top, det, row, threshold)
-            seen = row.tolist()  # one host read a photo, not one a group
+        for c, seen in zip(out, reading.seen.tolist()):  # one host read for the batch
+            c.top = with_detections(c.top, det, seen, threshold)
             c.probs.update({g: round(seen[k], 4) for k, g in enumerate(det.groups) if g not in c.probs})
     return out
 
@@ -88,14 +87,14 @@ def annotate(caps: Sequence[Any], tokens: Sequence[Sequence[int]], reading: Head
     if reading.logits is None:
         return
     concepts = photo_concepts(reading, model)
-    bad = ruled_out  # (n, V)
+    ruled = [[False] * len(t) for t in tokens] if ruled_out is None else words_of(ruled_out > 0, tokens)
     det = detectors_of(model)
+    seen = reading.seen.tolist() if det is not None and reading.seen is not None else None  # (n, K') read once
     for n, (cap, toks) in enumerate(zip(caps, tokens)):
         cap.concepts = list(concepts[n].top)
-        ruled = None if bad is None else (bad[n] > 0).tolist()  # (V,) one host read a caption, not one a word
-        cap.contradicted = [i for i, t in enumerate(toks) if ruled is not None and ruled[t]]
-        if det is not None and reading.seen is not None:
-            cap.detections = [(g, round(p, 4)) for g, p in zip(det.groups, reading.seen[n].tolist())]
+        cap.contradicted = [i for i, bad in enumerate(ruled[n]) if bad]
+        if seen is not None:
+            cap.detections = [(g, round(p, 4)) for g, p in zip(det.groups, seen[n])]
     attach_concept_maps(caps, tokens, imagenet_head_or_none(model), feats, vocab, reading.logits)
 
 
@@ -115,6 +114,15 @@ def attach_concept_maps(caps: Sequence[Any], tokens: Sequence[Sequence[int]], he
         if p >= MIN_PROB:
             g = grid_side(m.shape[0])
             caps[n].concept_maps[i] = (MAP_CATEGORIES[c], round(p, 4), m.reshape(g, g))
+
+
+def words_of(table: torch.Tensor, tokens: Sequence[Sequence[int]]) -> list[list]:
+    """A per-photo word table (n, V) and each photo's words -> the table's entry for each word, on the host:
+    one gather and one read for all the photos (n x V would be a large read; n x L is not)."""
+    width = max(map(len, tokens), default=0)
+    at = torch.tensor([list(t) + [0] * (width - len(t)) for t in tokens], dtype=torch.long).view(len(tokens), width)
+    got = table.gather(1, at.to(table.device)).tolist()  # (n, L)
+    return [row[:len(t)] for row, t in zip(got, tokens)]
 
 
 def grid_side(regions: int) -> int:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from typing import Sequence
 
 import torch
@@ -34,6 +34,7 @@ import torch
 from ..concepts.detectors import WordDetectors
 from ..vocab import Vocab
 from .pool import Pool
+from .reading import words_of
 
 SUPPORT_FLOOR = 0.1  # an object whose support is below this is "unsupported": the heads barely see it
 TEMPLATE = re.compile(r"\bin (a|an) (\w+ )?(red|blue|green|yellow|pink|black|white|orange|purple|brown|gray|grey"
@@ -50,41 +51,17 @@ class ObjectCheck:
     support: torch.Tensor  # (B, V)
     columns: torch.Tensor  # (V, M) bool
 
-    def row(self, image: int) -> "PhotoCheck":
-        return PhotoCheck(self.support[image].float().cpu(), self.columns.cpu())
+    def named(self, tokens: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Each photo's caption words (photo n: tokens[n]) -> the positions of its words that name an object."""
+        names = self.columns.any(1).tolist()  # (V,) read once
+        return [[i for i, t in enumerate(toks) if names[t]] for toks in tokens]
 
-
-@dataclass(frozen=True)
-class PhotoCheck:
-    """One photo's object evidence: support (V,) and columns (V, M) bool."""
-
-    support: torch.Tensor  # (V,)
-    columns: torch.Tensor  # (V, M) bool
-
-    @cached_property
-    def _names(self) -> list[bool]:
-        """(V,) whether each word names an object, read to the host once (not once a word)."""
-        return self.columns.any(1).tolist()
-
-    @cached_property
-    def _supports(self) -> list[float]:
-        """(V,) support, read to the host once."""
-        return self.support.tolist()
-
-    def named(self, tokens: Sequence[int]) -> list[int]:
-        """The positions of the words that name an object."""
-        return [i for i, t in enumerate(tokens) if self._names[t]]
-
-    def unsupported(self, tokens: Sequence[int], floor: float = SUPPORT_FLOOR) -> list[int]:
-        """The positions of the object words whose support is below floor, least supported first."""
-        weak = [i for i in self.named(tokens) if self._supports[tokens[i]] < floor]
-        return sorted(weak, key=lambda i: self._supports[tokens[i]])
-
-    def objects(self, tokens: Sequence[int]) -> frozenset[int]:
-        """The object columns (categories, detector groups) the words name."""
-        if not tokens:
-            return frozenset()
-        return frozenset(torch.nonzero(self.columns[torch.tensor(list(tokens))].any(0)).flatten().tolist())
+    def unsupported(self, tokens: Sequence[Sequence[int]], floor: float = SUPPORT_FLOOR) -> list[list[int]]:
+        """Each photo's caption words (photo n: tokens[n]) -> the positions of its object words whose support is
+        below floor, least supported first: one gather and one read for the batch."""
+        weak = torch.where(self.columns.any(1).to(self.support.device), self.support.float(), float("inf"))  # (B, V)
+        support = words_of(weak, tokens)  # (n, L) on the host: inf where the word names no object
+        return [sorted((i for i, p in enumerate(row) if p < floor), key=row.__getitem__) for row in support]
 
 
 def membership(vocab: Vocab, categories: torch.Tensor, det: WordDetectors | None) -> torch.Tensor:
@@ -171,5 +148,5 @@ def _phrase(word: str) -> str:
     return ("an " if word[0] in "aeiou" else "a ") + word
 
 
-__all__ = ["SUPPORT_FLOOR", "ObjectCheck", "PhotoCheck", "membership", "word_support", "object_signals",
+__all__ = ["SUPPORT_FLOOR", "ObjectCheck", "membership", "word_support", "object_signals",
            "entropy", "template", "doubt_of_objects"]
