@@ -259,14 +259,13 @@ def to_captions(hyps: Sequence[Sequence[Hypothesis]], vocab: Vocab) -> list[Capt
     best = [h[0] for h in hyps]
     if not best:
         return []
-    device = best[0].alphas.device
     lengths = [len(b.tokens) for b in best]
     pad = torch.nn.utils.rnn.pad_sequence
-    alphas = pad([b.alphas.float() for b in best], batch_first=True)  # (B, L, P)
-    extra = [[b.betas if b.betas is not None else torch.zeros(n) for b, n in zip(best, lengths)],
-             [b.word_logps if b.word_logps is not None else torch.zeros(n) for b, n in zip(best, lengths)]]
-    extra = [pad([x.float().to(device) for x in xs], batch_first=True)[:, :alphas.shape[1], None] for xs in extra]
-    host = torch.cat([alphas, *extra], -1).cpu().numpy()  # (B, L, P + 2): the one read
+    on_device = pad([torch.cat([b.alphas.float(), (b.betas if b.betas is not None else b.alphas.new_zeros(n)).float()
+                                [:, None]], 1) for b, n in zip(best, lengths)], batch_first=True)  # (B, L, P + 1)
+    lps = pad([b.word_logps.float().cpu() if b.word_logps is not None else torch.zeros(n) for b, n in zip(best, lengths)],
+              batch_first=True)  # (B, L): the beam hands them over on the host
+    host = np.concatenate([on_device.cpu().numpy(), lps.numpy()[:, :on_device.shape[1], None]], -1)  # (B, L, P + 2)
     out = []
     for b, h, n, rows in zip(best, hyps, lengths, host):
         words = [vocab.itos[t] for t in b.tokens]

@@ -58,12 +58,14 @@ class _Finished:
     def hypotheses(self) -> list[list[Hypothesis]]:
         """Read back once: each image's finished hypotheses, best first."""
         norm, raw, length = self.norm.tolist(), self.raw.tolist(), self.length.tolist()  # (B, K) each
-        tokens, alphas, betas, logps = self.tokens.cpu(), self.alphas.cpu(), self.betas.cpu(), self.logps.cpu()
-        words = tokens.tolist()  # (B, K, T)
+        words = self.tokens.tolist()  # (B, K, T)
+        # on the host as arrays: each hypothesis's tensors are views of them, not an op each
+        alphas, betas = self.alphas.float().cpu().numpy(), self.betas.float().cpu().numpy()  # (B, K, T, P), (B, K, T)
+        logps = self.logps.float().cpu().numpy()  # (B, K, T)
         out: list[list[Hypothesis]] = []
         for b in range(len(norm)):
-            out.append([Hypothesis(words[b][k][:n], alphas[b, k, :n], raw[b][k], norm[b][k], betas[b, k, :n],
-                                   logps[b, k, :n].float())
+            out.append([Hypothesis(words[b][k][:n], torch.from_numpy(alphas[b, k, :n]), raw[b][k], norm[b][k],
+                                   torch.from_numpy(betas[b, k, :n]), torch.from_numpy(logps[b, k, :n]))
                         for k in range(len(norm[b])) if norm[b][k] > NEG for n in [length[b][k]]])
         return out
 
