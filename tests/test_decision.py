@@ -147,3 +147,15 @@ def test_the_decision_reads_the_host_a_few_times_per_batch_not_per_photo(photos)
                             DecodeConfig(consensus_k=3), **kw)
     assert all(p[0].confidence is not None for p in out)
     assert reads.syncs <= 12  # the CIDEr-D pass's few, whatever the batch (it was ~30 a photo)
+
+
+def test_a_caption_on_the_gpus_search_waits_on_the_device_a_few_times_not_once_a_step(bundled):
+    """bench/launches.py's counts on the bundled model and the example photos: the GPU's search (device_beam, run on
+    the CPU) with the batched decision reads back at most 8 values for one caption and as few for a batch."""
+    from captioner.bench.breakdown import photo_files
+    from captioner.bench.launches import bench_launches
+
+    gpu = bench_launches(bundled, photo_files(None), gpu_search=True)
+    assert gpu["one_caption"]["syncs"] <= 8 and gpu["batch"]["syncs"] <= 8, gpu
+    cpu = bench_launches(bundled, photo_files(None))  # the CPU's beam reads once a step: finished photos leave
+    assert cpu["search"] == "cpu beam" and cpu["one_caption"]["syncs"] > gpu["one_caption"]["syncs"]

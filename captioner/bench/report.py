@@ -132,6 +132,7 @@ def format_table(res: dict[str, Any]) -> str:
             rows.append((label, f"p50 {la['p50_ms']:.0f} ms, p95 {la['p95_ms']:.0f} ms",
                          f"incl. preprocessing of a {la['image']}, {la['mean_words']:.1f} words"))
     rows += _breakdown_rows(res.get("latency_breakdown"))
+    rows += _launches_rows(res)
     rows += _coco_rows(res.get("coco_epoch"))
     rows.append(("peak memory", f"{res['peak_memory_mb']:,.0f} MiB",
                  "max RSS of the process" if res["device"] == "cpu" else "torch.cuda.max_memory_allocated"))
@@ -140,6 +141,20 @@ def format_table(res: dict[str, Any]) -> str:
     lines = [f"| {'measurement'.ljust(w0)} | {'result'.ljust(w1)} | notes |", f"|{'-' * (w0 + 2)}|{'-' * (w1 + 2)}|-------|"]
     lines += [f"| {a.ljust(w0)} | {b.ljust(w1)} | {c} |" for a, b, c in rows]
     return "\n".join(lines)
+
+
+def _launches_rows(res: dict[str, Any]) -> list[tuple[str, str, str]]:
+    rows = []
+    for key in ("launches", "launches_device_search"):
+        lc = res.get(key)
+        if lc:
+            one, many = lc["one_caption"], lc["batch"]
+            rows.append((f"launches, one caption ({lc['search']})", f"{one['ops']:,} ops, {one['syncs']} syncs",
+                         f"{one['reads']} host reads (bench/launches.py)"))
+            rows.append((f"launches, caption_batch of {lc['batch_photos']}",
+                         f"{lc['batch_ops_per_photo']:,.0f} ops a photo, {many['syncs']} syncs",
+                         f"{many['reads']} host reads in all, reading included"))
+    return rows
 
 
 def max_key(d: Any, key: str) -> float:

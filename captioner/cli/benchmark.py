@@ -37,6 +37,10 @@ Sections (each printed as a table row, or one JSON object with --json):
 * latency breakdown: per photo at the stored settings, on real JPEG files (the bundled examples, or
   --photos DIR): read + preprocess, encoder, decoding, concepts, caption() end to end, explain() of a
   12-word sentence (its decoder part and end to end), and caption / explain over preprocess + encoder.
+* launches (only with --only launches: counted, not timed): one caption of a read photo and caption_batch of
+  up to 32 photos (--photos DIR or the examples) -> aten ops (a GPU's kernel launches), syncs (values read back:
+  .item(), nonzero) and host reads (tolist / cpu / numpy); on a CPU also with the GPU's fixed-shape search
+  (bench/launches.py).
 * peak memory: CPU: process max RSS (cumulative high-water mark); CUDA: torch.cuda.max_memory_allocated
   per section.
 
@@ -62,6 +66,7 @@ from ..api import Captioner, default_device, preferred_dtype
 from ..bench.breakdown import bench_breakdown, photo_files
 from ..bench.inference import (EXPLAIN_SENTENCE, bench_eval, bench_explain, bench_latency, default_checkpoint, eval_decoder,
                                latency_captioner)
+from ..bench.launches import bench_launches
 from ..bench.loading import bench_load_cached
 from ..bench.report import QUICK_NOTE, format_table, machine, max_key, targets
 from ..bench.synthetic import PRESETS
@@ -114,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak-tflops", type=float, default=989.0, help="device peak for MFU (default: H100 bf16 dense)")
     p.add_argument("--coco-epoch", action="store_true", help="extrapolate one COCO epoch (cached features and "
                    "resnet101 fine-tuning), meant for CUDA")
-    p.add_argument("--only", nargs="+", action="extend", default=None, choices=["train_cached", "load_cached", "train_scst", "train_encoder", "eval", "latency"],
+    p.add_argument("--only", nargs="+", action="extend", default=None, choices=["train_cached", "load_cached", "train_scst", "train_encoder", "eval", "latency",
+                            "launches"],
                    help="run only these sections (load_cached: only the loader's read of a cached batch, which "
                    "train_cached times too)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -176,6 +182,11 @@ def _run(args: argparse.Namespace) -> int:
         if preferred_dtype(device) == "bfloat16":  # the faster precision the app offers on this hardware
             bf16 = Captioner(loaded.model, loaded.vocab, loaded.config, loaded.metrics, device, "bfloat16")  # converts a copy
             res["latency_bf16"] = bench_latency(bf16, counts, device, log=log)
+    if "launches" in sections:  # counted, not timed: a CPU's view of a GPU's launches and waits
+        loaded, _ = latency_captioner(checkpoint, counts, device, log)
+        res["launches"] = bench_launches(loaded, photo_files(args.photos))
+        if not cuda:
+            res["launches_device_search"] = bench_launches(loaded, photo_files(args.photos), gpu_search=True)
     if args.coco_epoch:
         if not cuda:
             log("note: --coco-epoch on CPU measures COCO shapes with ResNet-101 in the loop; this is slow")

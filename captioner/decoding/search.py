@@ -112,22 +112,24 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
         top_s, src, word, step_lp = candidates(
             cum, rules.scores(logits, hist.tokens, said, image_ids.repeat_interleave(G, 0)), n, G, K, ids.pad)
         is_end = word == end
-        best_finished = _record_finished(finished, best_finished[:n], hist, image_ids, top_s, src,
-                                         is_end & (rank < K) & (top_s > float("-inf")), t, length_penalty)
+        fin = is_end & (rank < K) & (top_s > float("-inf"))  # (n, 2K) hypotheses that end now
+        norm = normalise(top_s, t + 1, length_penalty)  # (n, 2K): t words + <end>
+        best_finished = _best_finished(best_finished[:n], norm, fin)  # (n, K)
         alive_s, alive_src, alive_word, alive_lp = alive(top_s, src, word, step_lp, is_end, rank, K)  # (n, K) each
         if t == max_len - 1:  # cap: live hypotheses end here with the word they just chose
+            _record_finished(finished, hist, image_ids, top_s, src, norm, fin.nonzero().tolist())
             capped = hist.extend(alive_src.reshape(-1), alive_word.reshape(-1), alpha, beta, alive_lp.reshape(-1))
-            live, images, scores = (alive_s > float("-inf")).nonzero().tolist(), image_ids.tolist(), alive_s.tolist()
-            raw = [scores[g][k] for g, k in live]
-            ended = capped.hypotheses([g * K + k for g, k in live], raw, [normalise(s_, t + 1, length_penalty) for s_ in raw])
-            for (g, _), hyp in zip(live, ended):
-                finished[images[g]].append(hyp)
+            _record_finished(finished, capped, image_ids, alive_s, torch.arange(alive_s.numel()).view_as(alive_s),
+                             normalise(alive_s, t + 1, length_penalty), (alive_s > float("-inf")).nonzero().tolist())
             break
         best_alive = alive_s[:, 0]
         done = best_finished[:, K - 1] > float("-inf") if length_penalty else best_finished[:, K - 1] >= best_alive
-        keep = (~(done | (best_alive == float("-inf")))).nonzero().squeeze(1)  # (n',) live images that go on
-        if len(keep) == 0:
+        going = ~(done | (best_alive == float("-inf")))  # (n,) live images that go on
+        at, width = torch.cat([fin.flatten(), going]).nonzero().squeeze(1).tolist(), fin.numel()  # the one read a step
+        _record_finished(finished, hist, image_ids, top_s, src, norm, [divmod(i, 2 * K) for i in at if i < width])
+        if at[-1:] < [width]:  # no image goes on
             break
+        keep = torch.tensor([i - width for i in at if i >= width], dtype=torch.long, device=device)  # (n',)
         rows = alive_src[keep].reshape(-1)  # (n' * K,) source rows of the surviving beams
         words, cum = alive_word[keep].reshape(-1), alive_s[keep].reshape(-1)
         hist = hist.extend(rows, words, alpha, beta, alive_lp[keep].reshape(-1))
@@ -139,22 +141,23 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
     return [sorted(f, key=lambda hyp: -hyp.score)[:K] for f in finished]
 
 
-def _record_finished(finished: list[list[Hypothesis]], best_finished: torch.Tensor, hist: "History",
-                     image_ids: torch.Tensor, top_s: torch.Tensor, src: torch.Tensor, fin: torch.Tensor, t: int,
-                     length_penalty: float) -> torch.Tensor:
-    """Hypotheses ending now (fin (n, 2K): <end> among the top K) join their image's finished list;
-    returns the K best finished normalised scores per live image (n, K)."""
-    ends = fin.nonzero().tolist()  # the one read a step: which rows just ended (none: nothing to record)
+def _best_finished(best: torch.Tensor, norm: torch.Tensor, fin: torch.Tensor) -> torch.Tensor:
+    """The K best finished scores per live image (n, K), with the step's ending candidates (norm, where fin (n, 2K))."""
+    merged = torch.cat([best, norm.masked_fill(~fin, float("-inf"))], dim=1)  # (n, 3K)
+    return merged.topk(best.shape[1], dim=1).values
+
+
+def _record_finished(finished: list[list[Hypothesis]], hist: "History", image_ids: torch.Tensor, top_s: torch.Tensor,
+                     src: torch.Tensor, norm: torch.Tensor, ends: list[tuple[int, int]]) -> None:
+    """The hypotheses ending now, ends = [(image row g, candidate j)] of the step's (n, 2K) candidates (scores top_s,
+    normalised norm, source rows src), join their image's finished list."""
     if not ends:
-        return best_finished
-    norm = normalise(top_s, t + 1, length_penalty)  # t words + <end>
+        return
     images, rows, scores, normed = image_ids.tolist(), src.tolist(), top_s.tolist(), norm.tolist()  # read once
     ended = hist.hypotheses([rows[g][j] for g, j in ends], [scores[g][j] for g, j in ends],
                             [normed[g][j] for g, j in ends])
     for (g, _), hyp in zip(ends, ended):
         finished[images[g]].append(hyp)
-    merged = torch.cat([best_finished, norm.masked_fill(~fin, float("-inf"))], dim=1)  # (n, 3K)
-    return merged.topk(best_finished.shape[1], dim=1).values  # (n, K)
 
 
 def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
