@@ -30,7 +30,8 @@ the model file's fitted data (fitted.py: captioner-export --fitted). Weights on 
 consensus rerank; a file without a fitted choice (or decode.fitted_choice false) keeps the beam's order, and so
 does one without a consensus memory beside it (the CIDEr-D tables and the nearest photos come from it).
 
-Legend: B photos, P regions, D feature dim, n a photo's candidates, C COCO categories, V vocabulary.
+Legend: B photos, P regions, D feature dim, N the batch's candidates (pool.Pool), B' the photos with two or more,
+S signals, C COCO categories, V vocabulary.
 """
 from __future__ import annotations
 

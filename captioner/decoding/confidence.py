@@ -32,7 +32,7 @@ confidence is calibrated, so "probably right" is at least an even chance). A fil
 decode.fitted_confidence false), or a caption without the signals (no consensus memory beside the file, a single
 candidate), has no confidence: None, never an invented number.
 
-Legend: n a photo's candidates, S the signals here.
+Legend: N the batch's candidates (pool.Pool), B' the photos among them (each its chosen caption), S the signals here.
 """
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ on a photo is the strongest evidence the encoder's heads hold for it:
                          max_k  P_detector(k | b)  over the detector groups k that w belongs to )
 
 (a person word: the person detector's P, which already reads the head's clothes classes). `word_support` builds the
-(B, V) table once per decode from the photos' reading; what the confidence reads of one caption
-(confidence.signals) comes from `object_signals`:
+(B, V) table once per decode from the photos' reading; what the confidence reads of each chosen caption
+(confidence.sure_signals) comes from `object_signals`, for the whole batch at once:
 
     support       the least support among the objects the caption names (1 when it names none)
     unsupported   how many objects it names with support below SUPPORT_FLOOR
@@ -20,7 +20,8 @@ and `template` flags Flickr8k's habit, "a <person> in a <colour> <garment>", whi
 An object below SUPPORT_FLOOR is what the reason of an unsure caption names first ("it is not sure there is a
 cake": `doubt_of_objects`).
 
-Legend: B photos, C COCO categories, K detector groups, V vocabulary, M = C + K object columns, L words.
+Legend: B photos, B' those with a chosen caption, N the batch's candidates, C COCO categories, K detector groups,
+V vocabulary, M = C + K object columns, L words.
 """
 from __future__ import annotations
 
