@@ -103,18 +103,26 @@ def object_signals(pool: Pool, best: torch.Tensor, photos: torch.Tensor, check: 
     out[:, 3] = entropy(probs) if probs is not None else 0.0
     if check is None:
         return out
-    tokens = pool.tokens[best]  # (B', L)
-    is_object = pool.padded(check.columns.any(1), False)[tokens]  # (B', L) the words that name an object
-    support = torch.cat([check.support.float(), check.support.new_ones(len(check.support), 1)], 1)  # (B, V + 1)
-    support = support.to(best.device)[photos].gather(1, tokens)  # (B', L)
-    least = torch.where(is_object, support, float("inf")).amin(1)  # (B',)
-    out[:, 0] = torch.where(least.isinf(), 1.0, least.double())
-    out[:, 1] = (is_object & (support < SUPPORT_FLOOR)).sum(1)
+    out[:, 0], out[:, 1] = candidate_support(pool, best, photos, check)
     objects = pool.named(check.columns)  # (N, M) the object columns each candidate names
     group = torch.repeat_interleave(torch.arange(len(best), device=best.device), pool.group_sizes())  # (N,)
     differs = (objects != objects[best][group]).any(1)  # (N,) a candidate naming another set of objects than the chosen
     out[:, 2] = out.new_zeros(len(best)).index_add(0, group, differs.double()) / (pool.group_sizes() - 1).clamp_min(1)
     return out
+
+
+def candidate_support(pool: Pool, rows: torch.Tensor, photos: torch.Tensor, check: ObjectCheck
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """support and unsupported (the module's doc) of the pool's rows `rows` (R,), whose photos are `photos` (R,)
+    -> (R,) float64 each: the least support among the object words (1 where none) and how many are below
+    SUPPORT_FLOOR."""
+    tokens = pool.tokens[rows]  # (R, L)
+    is_object = pool.padded(check.columns.any(1), False)[tokens]  # (R, L) the words that name an object
+    support = torch.cat([check.support.float(), check.support.new_ones(len(check.support), 1)], 1)  # (B, V + 1)
+    support = support.to(rows.device)[photos].gather(1, tokens)  # (R, L)
+    least = torch.where(is_object, support, float("inf")).amin(1)  # (R,)
+    return (torch.where(least.isinf(), 1.0, least.double()),
+            (is_object & (support < SUPPORT_FLOOR)).sum(1).double())
 
 
 def entropy(probs: torch.Tensor | None) -> torch.Tensor | float:
