@@ -6,7 +6,8 @@ every figure docs/performance.md and docs/training.md leave unmeasured.
     .venv/bin/python scripts/gpu_check.py --device cpu --quick               # the same commands on a CPU (smoke)
 
 Rows: the benchmark (captions/s, fraction of the GPU's peak, caption() ms, the COCO epoch estimate), the batch
-that fits this GPU's memory (computed by bench/memory.py, then one step at that batch measured), and the training
+that fits this GPU's memory (computed by bench/memory.py, then one step at that batch measured), the launches and
+syncs of a caption (bench/launches.py), a photo library of 480 photos at batch 64 (photos/s), and the training
 chain on a folder made from the bundled example photos (no dataset needed: the device machine has none):
 prepare -> train (stopped by SIGINT mid-run, resumed) -> SCST -> export -> caption, and torchrun over every GPU.
 Each row is one command in its own process group, killed when it runs past its time limit (a silent hang too);
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [Row("benchmark " + " ".join(bench[1:]), [py, "scripts/benchmark.py", *bench], 900, "", _bench_summary),
             Row("batch for this device's memory (bench/memory.py)",
                 [py, "scripts/gpu_check.py", "--memory-row", "--device", args.device], 300, "", _memory_summary),
+            *_library_rows(py, out, args.device, 20 if args.quick else 160),
             *_training_chain(py, out, args.device)]
     for row in rows:
         res = run(row)
@@ -173,9 +175,22 @@ def _figures(row: Row, res: Outcome) -> dict | str:
 def _summary(row: Row, figures: dict | str, text: str) -> str:
     if row.summarise:
         return row.summarise(figures) if figures else f"no JSON (see {_file_name(row.name)}.log)"  # type: ignore[arg-type]
-    lines = [x for x in text.splitlines() if "captions/s" in x or "Rerun" in x or x.startswith(("epoch", "done"))]
+    lines = [x for x in text.splitlines() if "captions/s" in x or "photos/s" in x or "Rerun" in x
+             or x.startswith(("epoch", "done"))]
     last = lines or text.strip().splitlines() or [""]
     return last[-1][:160]
+
+
+def _library_rows(py: str, out: Path, device: str, copies: int) -> list[Row]:
+    """A photo library of 3 x copies photos: the launches and syncs of one caption and of a batch of 32 of them
+    (bench/launches.py), then all captioned into a JSON-lines file at the GPU's batch (64): photos/s."""
+    folder = photo_folder(out / "library", copies) / "Images"
+    return [Row("launches: ops and syncs of one caption and of a batch of 32 (bench/launches.py)",
+                [py, "scripts/benchmark.py", "--device", device, "--only", "launches", "--photos", str(folder),
+                 "--json"], 300, "", _bench_summary),
+            Row(f"a photo library of {3 * copies} photos, --batch-size 64",
+                [py, "scripts/caption.py", str(folder), "--device", device, "--batch-size", "64",
+                 "--output", str(out / "library.jsonl")], 600)]
 
 
 def _training_chain(py: str, out: Path, device: str) -> list[Row]:
@@ -238,7 +253,8 @@ def _memory_summary(res: dict) -> str:
     return "; ".join(f"{k}: {v}" for k, v in res.items())
 
 
-WANTED = ("captions_per_s", "images_per_s", "p50", "minutes", "cold_ms", "peak_fraction", "fraction_of_peak", "tflops")
+WANTED = ("captions_per_s", "images_per_s", "p50", "minutes", "cold_ms", "peak_fraction", "fraction_of_peak", "tflops",
+          "ops", "syncs")
 
 
 if __name__ == "__main__":
