@@ -20,7 +20,7 @@ START, END, PAD = 1, 2, 0
 
 
 def same(a, b) -> None:
-    """Two searches' outputs: per image the same hypotheses in the same order (words, scores, maps)."""
+    """Two searches' outputs: per image the same hypotheses in the same order (words, scores, maps, gates)."""
     assert len(a) == len(b)
     for ha, hb in zip(a, b):
         assert [h.tokens for h in ha] == [h.tokens for h in hb]
@@ -28,6 +28,7 @@ def same(a, b) -> None:
             assert x.log_prob == pytest.approx(y.log_prob, abs=1e-4) and x.score == pytest.approx(y.score, abs=1e-4)
             assert torch.allclose(x.alphas.cpu(), y.alphas.cpu(), atol=1e-5)
             assert torch.allclose(x.word_logps.cpu(), y.word_logps.cpu(), atol=1e-4)
+            assert torch.allclose(x.betas.cpu().float(), y.betas.cpu().float(), atol=1e-5)
 
 
 @pytest.mark.parametrize("seed", range(6))

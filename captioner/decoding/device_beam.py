@@ -5,8 +5,10 @@ search.beam_search drops finished images from the batch and keeps finished hypot
 step reads values back (which images are done, which rows just ended). On a CPU that costs nothing; on a GPU
 each read waits for the queue, and one photo's caption was slower on an H100 than on a 2-core CPU (docs/history.md).
 Here every image keeps its K rows to the end, an image that is done only stops adding hypotheses, and each
-image's K best finished hypotheses live in device tensors (its ranking: search's, by normalised score). The
-host reads `active.any()` once every `check_every` steps (to stop early) and the results once at the end.
+image's K best finished hypotheses live in device tensors (its ranking: search's, by normalised score) as the
+step and row each ends at: the maps, gates and words each step wrote are kept as written (_Trail, not copied into
+every row's history each step) and walked back once at the end. The host reads `active.any()` once every
+`check_every` steps (to stop early) and the results once at the end.
 With decoding/processors.py's masks (no nonzero()) a step is queued without a sync.
 
 Legend: B images, K beams, N = B*K rows, T = max_len, P regions, V vocabulary.
@@ -22,51 +24,85 @@ from ..model.decoder import Decoder
 from ..vocab import SpecialIds
 from .evidence import Evidence
 from .processors import Rules
-from .hypotheses import History, Hypothesis, alive, candidates, normalise
+from .hypotheses import Hypothesis, alive, candidates, normalise
 
 NEG = float("-inf")
 
 
+class _Trail:
+    """What each step wrote, kept as written instead of copied into every row's history each step: step s's source
+    rows (N,) (the row after step s - 1 each row continues), its words (N,) and word log-probs (N,) (aligned with the
+    rows after step s), its attention maps (N, P) and gates (N,) (aligned with the rows before it: the step
+    computed them for those). A hypothesis is read back once, at the end, by walking the source rows from its last
+    step to its first (walk)."""
+
+    def __init__(self) -> None:
+        self.rows: list[torch.Tensor] = []
+        self.words: list[torch.Tensor] = []
+        self.logps: list[torch.Tensor] = []
+        self.alphas: list[torch.Tensor] = []
+        self.betas: list[torch.Tensor] = []
+
+    def add(self, rows: torch.Tensor, words: torch.Tensor, logp: torch.Tensor, alpha: torch.Tensor,
+            beta: torch.Tensor) -> None:
+        for store, x in ((self.rows, rows), (self.words, words), (self.logps, logp), (self.alphas, alpha),
+                         (self.betas, beta)):
+            store.append(x)
+
+    def walk(self, rows: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Hypotheses ending at row rows[m] after step lengths[m] - 1 (M,) -> their words (M, S), maps (M, S, P),
+        gates (M, S) and word log-probs (M, S), S the steps taken, zero after each one's end."""
+        M, S = len(rows), len(self.rows)
+        like = self.alphas[0] if S else torch.zeros(0, 0, device=rows.device)
+        tokens = torch.zeros(M, S, dtype=torch.long, device=rows.device)
+        alphas, betas = like.new_zeros(M, S, like.shape[-1]), like.new_zeros(M, S)
+        logps = torch.zeros(M, S, device=rows.device)
+        at = rows  # (M,) a row after step s, from the step a hypothesis ends at down to its first
+        for s in reversed(range(S)):
+            here = s < lengths  # (M,) hypotheses with a word at position s
+            before = self.rows[s][at]  # (M,) the row each continued
+            tokens[:, s] = torch.where(here, self.words[s][at], 0)
+            logps[:, s] = torch.where(here, self.logps[s][at].float(), 0.0)
+            alphas[:, s] = torch.where(here[:, None], self.alphas[s][before], 0.0)
+            betas[:, s] = torch.where(here, self.betas[s][before], 0.0)
+            at = torch.where(here, before, at)
+        return tokens, alphas, betas, logps
+
+
 class _Finished:
     """Each image's K best finished hypotheses by normalised score, on the device: scores (B, K), raw log-probs
-    (B, K), lengths (B, K), words (B, K, T), maps (B, K, T, P), gates (B, K, T), word log-probs (B, K, T)."""
+    (B, K), lengths (B, K) and the row of the trail (_Trail) each ends at after its last word (B, K)."""
 
-    def __init__(self, B: int, K: int, T: int, P: int, like: torch.Tensor):
+    def __init__(self, B: int, K: int, like: torch.Tensor, trail: _Trail):
         self.norm = like.new_full((B, K), NEG)
         self.raw = like.new_full((B, K), NEG)
         self.length = torch.zeros(B, K, dtype=torch.long, device=like.device)
-        self.tokens = torch.zeros(B, K, T, dtype=torch.long, device=like.device)
-        self.alphas, self.betas, self.logps = like.new_zeros(B, K, T, P), like.new_zeros(B, K, T), like.new_zeros(B, K, T)
+        self.row = torch.zeros(B, K, dtype=torch.long, device=like.device)
+        self.trail = trail
 
-    def merge(self, hist: History, rows: torch.Tensor, raw: torch.Tensor, norm: torch.Tensor, ok: torch.Tensor) -> None:
-        """Candidates: hist's rows `rows` (B, M) as they are, scores raw / norm (B, M) where ok (B, M)."""
-        B, K, T = self.tokens.shape
-        M, t = rows.shape[1], hist.tokens.shape[1]
+    def merge(self, rows: torch.Tensor, length: int, raw: torch.Tensor, norm: torch.Tensor, ok: torch.Tensor) -> None:
+        """Candidates: the trail's rows `rows` (B, M) after `length` words, scores raw / norm (B, M) where ok."""
+        B, K = self.norm.shape
         norm = norm.masked_fill(~ok, NEG)
         top = torch.cat([self.norm, norm], 1).topk(K, dim=1).indices  # (B, K): search keeps the K best by score
-        pad = T - t
-        cand = {"tokens": torch.nn.functional.pad(hist.tokens[rows], (0, pad)),  # (B, M, T)
-                "alphas": torch.nn.functional.pad(hist.alphas[rows], (0, 0, 0, pad)),  # (B, M, T, P)
-                "betas": torch.nn.functional.pad(hist.betas[rows], (0, pad)),
-                "logps": torch.nn.functional.pad(hist.logps[rows].to(self.logps.dtype), (0, pad))}
-        length = torch.full((B, M), t, dtype=torch.long, device=rows.device)
-        for name, new in (("norm", norm), ("raw", raw.to(self.raw.dtype)), ("length", length), *cand.items()):
-            both = torch.cat([getattr(self, name), new.to(getattr(self, name).dtype)], 1)  # (B, K + M, ...)
-            index = top.view(B, K, *([1] * (both.dim() - 2))).expand(B, K, *both.shape[2:])
-            setattr(self, name, both.gather(1, index))
+        for name, new in (("norm", norm), ("raw", raw), ("length", torch.full_like(rows, length)), ("row", rows)):
+            old = getattr(self, name)
+            setattr(self, name, torch.cat([old, new.to(old.dtype)], 1).gather(1, top))  # (B, K)
 
     def hypotheses(self) -> list[list[Hypothesis]]:
         """Read back once: each image's finished hypotheses, best first."""
+        B, K = self.norm.shape
+        tokens, alphas, betas, logps = self.trail.walk(self.row.view(-1), self.length.view(-1))  # (B*K, S, ...)
         norm, raw, length = self.norm.tolist(), self.raw.tolist(), self.length.tolist()  # (B, K) each
-        words = self.tokens.tolist()  # (B, K, T)
+        words = tokens.view(B, K, -1).tolist()  # (B, K, S)
         # on the host as arrays: each hypothesis's tensors are views of them, not an op each
-        alphas, betas = self.alphas.float().cpu().numpy(), self.betas.float().cpu().numpy()  # (B, K, T, P), (B, K, T)
-        logps = self.logps.float().cpu().numpy()  # (B, K, T)
+        alphas = alphas.float().cpu().numpy().reshape(B, K, *alphas.shape[1:])  # (B, K, S, P)
+        betas, logps = betas.float().cpu().numpy().reshape(B, K, -1), logps.cpu().numpy().reshape(B, K, -1)
         out: list[list[Hypothesis]] = []
-        for b in range(len(norm)):
+        for b in range(B):
             out.append([Hypothesis(words[b][k][:n], torch.from_numpy(alphas[b, k, :n]), raw[b][k], norm[b][k],
                                    torch.from_numpy(betas[b, k, :n]), torch.from_numpy(logps[b, k, :n]))
-                        for k in range(len(norm[b])) if norm[b][k] > NEG for n in [length[b][k]]])
+                        for k in range(K) if norm[b][k] > NEG for n in [length[b][k]]])
         return out
 
 
@@ -98,9 +134,9 @@ def search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, set
     cum[:, 0] = 0  # ... of which only the first is live at t = 0 (search's one row per image)
     cum = cum.view(-1)  # (N,)
     words = torch.full((B * K,), ids.start, dtype=torch.long, device=device)
-    hist = History(torch.zeros(B * K, 0, dtype=torch.long, device=device), feats.new_zeros(B * K, 0, P),
-                    feats.new_zeros(B * K, 0), torch.zeros(B * K, 0, device=device))
-    finished = _Finished(B, K, T, P, feats.new_zeros(()))
+    tokens = torch.zeros(B * K, 0, dtype=torch.long, device=device)  # (N, t): the words the rules read
+    trail = _Trail()
+    finished = _Finished(B, K, feats.new_zeros(()), trail)
     active = torch.ones(B, dtype=torch.bool, device=device)  # images still searching (search: still in the batch)
     rules = Rules(ids, settings, evidence)  # rules.word_logp, step by step
     said = rules.start(B * K)  # what the rules remember of each row
@@ -108,17 +144,16 @@ def search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, set
         emb, emb_gates = decoder.embed(words)
         logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context,
                                                    ctx_gates)
-        logp = rules.scores(logits, hist.tokens, said, images)  # (N, V)
+        logp = rules.scores(logits, tokens, said, images)  # (N, V)
         top_s, src, word, step_lp = candidates(cum, logp, B, K, K, ids.pad)  # (B, 2K) each
         is_end = word == ids.end
         ends = is_end & (rank < K) & (top_s > NEG) & active.unsqueeze(1)  # (B, 2K)
-        finished.merge(hist, src, top_s, normalise(top_s, t + 1, length_penalty), ends)
+        finished.merge(src, t, top_s, normalise(top_s, t + 1, length_penalty), ends)  # their t words before <end>
         alive_s, alive_src, alive_word, alive_lp = alive(top_s, src, word, step_lp, is_end, rank, K)  # (B, K)
         if t == T - 1:  # cap: live hypotheses end here with the word they just chose
-            capped = hist.extend(alive_src.reshape(-1), alive_word.reshape(-1), alpha, beta, alive_lp.reshape(-1))
-            rows = torch.arange(B * K, device=device).view(B, K)
-            finished.merge(capped, rows, alive_s, normalise(alive_s, t + 1, length_penalty),
-                           (alive_s > NEG) & active.unsqueeze(1))
+            trail.add(alive_src.reshape(-1), alive_word.reshape(-1), alive_lp.reshape(-1), alpha, beta)
+            finished.merge(torch.arange(B * K, device=device).view(B, K), T, alive_s,
+                           normalise(alive_s, t + 1, length_penalty), (alive_s > NEG) & active.unsqueeze(1))
             break
         best_alive = alive_s[:, 0]  # (B,)
         best_k = finished.norm[:, K - 1]
@@ -126,8 +161,9 @@ def search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, set
         active = active & ~(done | (best_alive == NEG))
         rows = alive_src.reshape(-1)  # (N,)
         words, cum = alive_word.reshape(-1), alive_s.reshape(-1).masked_fill(~active.repeat_interleave(K), NEG)
-        hist = hist.extend(rows, words, alpha, beta, alive_lp.reshape(-1))
-        said = rules.advance(said, words, rows)  # the rules' state follows the surviving rows, as hist does
+        trail.add(rows, words, alive_lp.reshape(-1), alpha, beta)
+        tokens = torch.cat([tokens[rows], words[:, None]], 1)  # (N, t + 1)
+        said = rules.advance(said, words, rows)  # the rules' state follows the surviving rows, as tokens do
         h, c = h[rows], c[rows]
         if (t + 1) % check_every == 0 and not bool(active.any()):  # the one read inside the loop
             break

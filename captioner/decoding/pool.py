@@ -46,11 +46,12 @@ class Pool:
         width = max((len(w) for w in words), default=1) or 1  # one padding column at least: every min has a column
         # the least word log-prob of each: one flat min over every candidate's words (0 without them)
         has = [r for r, (_, _, h) in enumerate(cands) if h.word_logps is not None and len(h.word_logps)]
-        flat = [cands[r][2].word_logps for r in has]  # (L,) each
-        owner = torch.tensor([r for r in has for _ in range(len(cands[r][2].word_logps))], dtype=torch.int64)
         min_word = torch.zeros(len(cands), dtype=torch.float64)  # (N,)
-        if flat:  # the beam hands the word log-probs over on the host
-            min_word = min_word.scatter_reduce(0, owner, torch.cat(flat).double().cpu(), "amin", include_self=False)
+        if has:  # on the side the beam left them (the host, after its one read)
+            values = torch.cat([cands[r][2].word_logps for r in has]).double()  # (W,)
+            owner = torch.tensor([r for r in has for _ in range(len(cands[r][2].word_logps))], dtype=torch.int64,
+                                 device=values.device)  # (W,)
+            min_word = min_word.to(values.device).scatter_reduce(0, owner, values, "amin", include_self=False)
         n = len(cands)
         host = torch.tensor([[b, i, len(w)] for (b, i, _), w in zip(cands, words)], dtype=torch.int64).view(n, 3)
         floats = torch.tensor([[float(h.log_prob), float(h.score)] for _, _, h in cands],

@@ -67,12 +67,12 @@ class ObjectCheck:
 
 def membership(vocab: Vocab, categories: torch.Tensor, det: WordDetectors | None) -> torch.Tensor:
     """(V, M) bool: the categories each word names (categories (V, C), concepts/words.word_categories) and, with
-    detectors, the groups it belongs to (a taught word: its source word's)."""
-    cols = [categories.bool().cpu()]
+    detectors, the groups it belongs to (a taught word: its source word's). On the categories' device."""
+    cols = [categories.bool()]
     if det is not None:
         taught = tuple((w, vocab.source(w)) for w in sorted(vocab.aliases))
         members = tuple(frozenset(det.members.get(g, ())) for g in det.groups)
-        cols.append(_groups(tuple(vocab.itos), members, taught))
+        cols.append(_groups(tuple(vocab.itos), members, taught).to(categories.device))
     return torch.cat(cols, 1)  # (V, M)
 
 
