@@ -3,6 +3,8 @@ launches`): on a GPU each aten op is a kernel launch and each read of a value a 
 counts are what a CPU can say about the GPU's pace.
 
     ops     every aten op dispatched (TorchDispatchMode)
+    kernels the ops that compute (ops less views: view, slice, select, unsqueeze, expand ... change a tensor's
+            shape metadata and launch nothing on a GPU)
     syncs   the ops that read a value or a data-dependent shape back: _local_scalar_dense (.item(), float()),
             nonzero, equal, is_nonzero
     reads   every tolist / item / cpu / numpy call from captioner's code: on a CPU tensor the dispatcher never sees
@@ -29,14 +31,15 @@ PACKAGE = str(Path(__file__).resolve().parents[1])
 
 
 class Dispatched(TorchDispatchMode):
-    """ops and syncs dispatched inside the `with` block."""
+    """ops, kernels and syncs dispatched inside the `with` block."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.ops = self.syncs = 0
+        self.ops = self.kernels = self.syncs = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops += 1
+        self.kernels += not getattr(func, "is_view", False)
         self.syncs += str(func) in SYNCS
         return func(*args, **(kwargs or {}))
 
@@ -80,11 +83,11 @@ def device_search(enabled: bool) -> Iterator[None]:
 
 
 def count(work) -> dict[str, int]:
-    """ops, syncs and reads of work()."""
+    """ops, kernels, syncs and reads of work()."""
     mode = Dispatched()
     with counted_reads() as reads, mode:
         work()
-    return {"ops": mode.ops, "syncs": mode.syncs, "reads": reads[0]}
+    return {"ops": mode.ops, "kernels": mode.kernels, "syncs": mode.syncs, "reads": reads[0]}
 
 
 def bench_launches(captioner: Any, photos: Sequence[Path], gpu_search: bool = False) -> dict[str, Any]:
@@ -99,7 +102,7 @@ def bench_launches(captioner: Any, photos: Sequence[Path], gpu_search: bool = Fa
         many = count(lambda: captioner.caption_batch(batch))
     return {"search": "device_beam" if gpu_search or captioner.device.type != "cpu" else "cpu beam",
             "one_caption": one, "batch_photos": len(batch), "batch": many,
-            "batch_ops_per_photo": many["ops"] / len(batch)}
+            "batch_ops_per_photo": many["ops"] / len(batch), "batch_kernels_per_photo": many["kernels"] / len(batch)}
 
 
 __all__ = ["Dispatched", "count", "counted_reads", "device_search", "bench_launches"]

@@ -150,10 +150,12 @@ def _launches_rows(res: dict[str, Any]) -> list[tuple[str, str, str]]:
         if lc:
             one, many = lc["one_caption"], lc["batch"]
             rows.append((f"launches, one caption ({lc['search']})", f"{one['ops']:,} ops, {one['syncs']} syncs",
-                         f"{one['reads']} host reads (bench/launches.py)"))
+                         f"{one['kernels']:,} of the ops compute (not views), {one['reads']} host reads "
+                         "(bench/launches.py)"))
             rows.append((f"launches, caption_batch of {lc['batch_photos']}",
                          f"{lc['batch_ops_per_photo']:,.0f} ops a photo, {many['syncs']} syncs",
-                         f"{many['reads']} host reads in all, reading included"))
+                         f"{lc['batch_kernels_per_photo']:,.0f} compute a photo, {many['reads']} host reads in all, "
+                         "reading included"))
     return rows
 
 
