@@ -393,15 +393,22 @@ def sampled_captions(model: ShowAttendTell, feats: torch.Tensor, reading: HeadRe
 
 def _sample_hypotheses(s: Samples, end: int, n: int, evidence: Evidence | None) -> list[Hypothesis]:
     """Each sampled row (B*n, T) -> a Hypothesis: its words (no <end>), maps, gates and word log-probs, log_prob
-    with <end>'s when it was drawn; the evidence's bias (when decoding added one) taken off the words' scores."""
-    out = []
-    for r, (toks, lps, mask) in enumerate(zip(s.tokens.tolist(), s.log_probs.float().cpu(), s.mask.tolist())):
+    with <end>'s when it was drawn; the evidence's bias (when decoding added one) taken off the words' scores, for
+    every row at once (Evidence.word_biases), read to the host once."""
+    rows = []
+    for toks, mask in zip(s.tokens.tolist(), s.mask.tolist()):
         length = sum(mask)
         ended = length > 0 and toks[length - 1] == end
-        L = length - int(ended)  # words
-        words, word_lps = toks[:L], lps[:L].clone()  # (L,)
-        if evidence is not None:
-            word_lps -= evidence.word_bias(r // n, words).float().cpu()
-        log_prob = float(word_lps.sum()) + (float(lps[L]) if ended else 0.0)
+        rows.append((toks[:length - int(ended)], ended))  # the words, and whether <end> was drawn
+    lps = s.log_probs.float()  # (B*n, T)
+    if evidence is not None and rows:
+        bias = evidence.word_biases([r // n for r in range(len(rows))], [w for w, _ in rows]).float()  # (B*n, L)
+        lps = lps - torch.nn.functional.pad(bias.to(lps.device), (0, lps.shape[1] - bias.shape[1]))
+    lps = lps.cpu().numpy()  # (B*n, T): the one read
+    out = []
+    for r, (words, ended) in enumerate(rows):
+        L = len(words)
+        word_lps = torch.from_numpy(lps[r, :L].copy())  # (L,)
+        log_prob = float(word_lps.sum()) + (float(lps[r, L]) if ended else 0.0)  # <end>'s carries no bias
         out.append(Hypothesis(words, s.alphas[r, :L], log_prob, log_prob, s.betas[r, :L], word_lps))
     return out
