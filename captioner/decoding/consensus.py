@@ -50,7 +50,8 @@ class ConsensusMemory:
     vocab_size: int  # the vocabulary the ids belong to: the model's
     encoder: str = ""  # fingerprint of the encoder that made the features (data.features.encoder_fingerprint)
     _cider: CiderD | None = field(default=None, repr=False)
-    _unit: torch.Tensor | None = field(default=None, repr=False)  # (D, M) float32 columns at unit length, on first use
+    _unit: torch.Tensor | None = field(default=None, repr=False)  # (D, M) float32 columns at unit length, on first
+    # use, on the device the photos' features are on (36 MB for 7,047 photos)
     _captions: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict, repr=False)  # captions_of, cached
     _flat: tuple[list[int], list[int], list[int]] = field(default=([], [0], [0]), repr=False)  # tokens, caption/photo starts
     source: tuple[str, int, int] | None = field(default=None, repr=False)  # (file, size, mtime) when loaded from one
@@ -95,9 +96,10 @@ class ConsensusMemory:
         if feats.shape[-1] != self.features.shape[1]:
             raise ValueError(f"the consensus memory holds {self.features.shape[1]}-dim features but the encoder gives "
                              f"{feats.shape[-1]}: rebuild it with captioner-build-consensus for this model")
-        if self._unit is None:
-            self._unit = torch.nn.functional.normalize(self.features.float(), dim=1).T.contiguous()  # (D, M): faster
-        query = torch.nn.functional.normalize(feats.detach().float().mean(1).cpu(), dim=1)  # (B, D)
+        if self._unit is None or self._unit.device != feats.device:  # on the photos' device: no read to the host
+            unit = torch.nn.functional.normalize(self.features.float(), dim=1).T.contiguous()  # (D, M): faster
+            self._unit = unit.to(feats.device)
+        query = torch.nn.functional.normalize(feats.detach().float().mean(1), dim=1)  # (B, D)
         top = (query @ self._unit).topk(min(k, len(self)), dim=1)  # (B, M) cosines -> (B, k)
         return top.values, top.indices
 
