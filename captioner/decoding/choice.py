@@ -194,8 +194,7 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
     x_choice = x * seen  # (N, S): as the choice sees them (a CIDEr-D signal it does not weigh: 0)
     total = x_choice @ weights.tensor().to(device)  # (N,)
     order = pool.order(total) if not weights.beam_order else torch.arange(len(pool), device=device)  # (N,)
-    starts = [r for r, b in enumerate(pool.owners) if r == 0 or b != pool.owners[r - 1]]  # each photo's first row
-    first = torch.tensor(starts, dtype=torch.int64, device=device)  # (B',)
+    first = torch.tensor(pool.starts, dtype=torch.int64, device=device)  # (B',) each photo's first row
     best, runner = order[first], order[first + 1]  # (B',) each photo's chosen row and its runner-up
     parts = [x_choice.flatten(), total, order.to(total)]
     if how_sure:
@@ -221,8 +220,7 @@ def _dressed(hyps: Sequence[Sequence[Hypothesis]], pool: Pool, host: list[float]
     rows, totals = [host[i * s:(i + 1) * s] for i in range(n)], host[n * s:n * s + n]
     ranked, sure = [int(r) for r in host[n * s + n:n * s + 2 * n]], host[n * s + 2 * n:]
     out = [list(h) for h in hyps]
-    at = 0
-    for g, b in enumerate(pool.photos):  # a photo's candidates are consecutive rows from `at`
+    for g, (b, at) in enumerate(zip(pool.photos, pool.starts)):  # a photo's candidates are rows at, at + 1, ...
         cands = out[b]
         if chose:
             for i, h in enumerate(cands):
@@ -231,5 +229,4 @@ def _dressed(hyps: Sequence[Sequence[Hypothesis]], pool: Pool, host: list[float]
         if how_sure:
             ordered[0].sure_signals = dict(zip(SURE_SIGNALS, sure[g * width:(g + 1) * width]))
             ordered[0].confidence = sure[len(pool.photos) * width + g] if confident else None
-        at += len(cands)
     return out

@@ -3,7 +3,7 @@ confidence.py, support.py) without a loop over photos or candidates.
 
 The beam leaves each photo a list of Hypotheses (best first by its score). The choice, the confidence and the objects
 check compute their signals for every candidate of every photo at once, so the candidates are laid out flat: row r
-is candidate rank[r] of photo photo[r], its words padded to the longest with `pad` (= V: one row past the
+is candidate rank[r] of photo photo[r], its words padded to the longest with V (one row past the
 vocabulary, which every word table here gets as a row of zeros: `padded`).
 
 Legend: N candidates of the batch, L the longest's words, V vocabulary.
@@ -11,7 +11,9 @@ Legend: N candidates of the batch, L the longest's words, V vocabulary.
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import torch
@@ -25,7 +27,7 @@ class Pool:
 
     photo: torch.Tensor  # (N,) int64: the photo (its index in the batch) of each candidate
     rank: torch.Tensor  # (N,) int64: its place in the beam's order, 0 = the beam's first
-    tokens: torch.Tensor  # (N, L) int64: its words, `pad` after the end
+    tokens: torch.Tensor  # (N, L) int64: its words, V after the end
     lengths: torch.Tensor  # (N,) int64: words
     log_prob: torch.Tensor  # (N,) float64: the model's log-probability (with <end>'s)
     score: torch.Tensor  # (N,) float64: the beam's score (length-normalised, with the evidence's bias)
@@ -33,7 +35,7 @@ class Pool:
     words: list[list[int]]  # the same tokens on the host (CIDEr-D's n-grams, the template's text)
     owners: list[int]  # the same photo of each candidate on the host
     photos: list[int]  # the photos in the pool, in batch order
-    pad: int  # the padding token: V
+    sizes: list[int]  # how many candidates each of them has (its rows are consecutive)
 
     @classmethod
     def of(cls, hyps: Sequence[Sequence[Hypothesis]], vocab_size: int, device: torch.device | str = "cpu",
@@ -59,20 +61,25 @@ class Pool:
         tokens = torch.tensor([w + [vocab_size] * (width - len(w)) for w in words], dtype=torch.int64).view(n, width)
         dev = torch.device(device)
         return cls(host[:, 0].to(dev), host[:, 1].to(dev), tokens.to(dev), host[:, 2].to(dev), floats[:, 0].to(dev),
-                   floats[:, 1].to(dev), min_word.to(dev), words, [b for b, _, _ in cands], photos, vocab_size)
+                   floats[:, 1].to(dev), min_word.to(dev), words, [b for b, _, _ in cands], photos, [len(hyps[b]) for b in photos])
 
     def __len__(self) -> int:
         return len(self.words)
 
+    @cached_property
+    def starts(self) -> list[int]:
+        """Each photo's first row (computed once: others asks it for every row)."""
+        return list(itertools.accumulate(self.sizes[:-1], initial=0)) if self.sizes else []
+
     def group_sizes(self) -> torch.Tensor:
-        """(B',) how many candidates each photo of the pool has (its rows are consecutive)."""
-        return torch.tensor([self.owners.count(b) for b in self.photos], device=self.photo.device)
+        """(B',) how many candidates each photo of the pool has."""
+        return torch.tensor(self.sizes, device=self.photo.device)
 
     def others(self, row: int) -> list[list[int]]:
         """The words of the other candidates of the same photo, in the beam's order."""
-        b = self.owners[row]  # a photo's candidates are consecutive rows
-        first, end = bisect.bisect_left(self.owners, b), bisect.bisect_right(self.owners, b)
-        return [self.words[s] for s in range(first, end) if s != row]
+        starts = self.starts
+        g = bisect.bisect_right(starts, row) - 1  # the row's photo, its rows from starts[g]
+        return [self.words[s] for s in range(starts[g], starts[g] + self.sizes[g]) if s != row]
 
     def padded(self, table: torch.Tensor, fill: float | bool = 0) -> torch.Tensor:
         """A word table (V, ...) -> (V + 1, ...) with a row of `fill` for the padding, on the pool's device."""

@@ -105,9 +105,10 @@ def object_signals(pool: Pool, best: torch.Tensor, photos: torch.Tensor, check: 
         return out
     out[:, 0], out[:, 1] = candidate_support(pool, best, photos, check)
     objects = pool.named(check.columns)  # (N, M) the object columns each candidate names
-    group = torch.repeat_interleave(torch.arange(len(best), device=best.device), pool.group_sizes())  # (N,)
+    sizes = pool.group_sizes()  # (B',)
+    group = torch.repeat_interleave(torch.arange(len(best), device=best.device), sizes)  # (N,)
     differs = (objects != objects[best][group]).any(1)  # (N,) a candidate naming another set of objects than the chosen
-    out[:, 2] = out.new_zeros(len(best)).index_add(0, group, differs.double()) / (pool.group_sizes() - 1).clamp_min(1)
+    out[:, 2] = out.new_zeros(len(best)).index_add(0, group, differs.double()) / (sizes - 1).clamp_min(1)
     return out
 
 
