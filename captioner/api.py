@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .decoding import captured
 from .decoding.captions import Caption
 from .data.features import encoder_fingerprint
 from .decoding.consensus import ConsensusMemory, attach_memory, memory_of, memory_path
@@ -129,13 +130,21 @@ class Captioner:
     vocabulary and stored decode settings (`.config.decode`)."""
 
     def __init__(self, model: ShowAttendTell, vocab: Vocab, config: Config, metrics: dict[str, Any] | None = None,
-                 device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32", source: str | None = None):
+                 device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32", source: str | None = None,
+                 capture: bool = True):
+        """capture: on a CUDA GPU, each batch size's beam search is recorded once as a CUDA graph and replayed as
+        one launch (decoding/captured.py: the first caption of a batch size waits about two searches more); False
+        keeps the eager search."""
         self.dtype = resolve_dtype(dtype)  # the whole model (encoder and decoder) computes in this type
         self.device = torch.device(device)
         self.model = _ready(model, self.device, self.dtype)
         # the packed copies of the step's weights and of the encoder's 1x1 convolutions, made before a caption
         prepare(self.model.decoder, self.model.encoder.pointwise_layers())
         self.model.decoder.make_word_gates()  # and the word-gate table
+        if capture and self.device.type == "cuda":
+            captured.capture(self.model.decoder)
+        else:  # a model the caller passed in may have been captured by another Captioner
+            captured.release(self.model.decoder)
         self.vocab, self.config, self.metrics = vocab, config, metrics or {}
         self.source = source  # the model file it was loaded from (None: built in memory); each Caption names it
         self.preprocess: Preprocess = build_preprocess(config.model)  # any image input -> (3, S, S); ImageError
@@ -246,9 +255,10 @@ class Captioner:
 
 
 def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu",
-         dtype: str | torch.dtype = "float32") -> Captioner:
+         dtype: str | torch.dtype = "float32", capture: bool = True) -> Captioner:
     """A Captioner from a checkpoint file; None loads the bundled default model. dtype "bfloat16"
-    runs the model in bf16 (see preferred_dtype for when that is faster)."""
+    runs the model in bf16 (see preferred_dtype for when that is faster). capture: on a CUDA GPU, the beam search
+    recorded as a CUDA graph per batch size (Captioner)."""
     if checkpoint is None:
         checkpoint = DEFAULT_CHECKPOINT
         if not checkpoint.is_file():
@@ -278,7 +288,7 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
         attach_memory(model, memory)
         memory.cider_to(device)  # built now (once per file and process), not in the first caption; on the device
     model = model.eval().to(device=torch.device(device), dtype=resolve_dtype(dtype))  # ours: converted in place
-    return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype, source=str(checkpoint))
+    return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype, source=str(checkpoint), capture=capture)
 
 
 __all__ = ["Caption", "Captioner", "Photo", "Prepared", "ImageError", "CheckpointError", "NoWordsError", "load", "preferred_dtype", "default_device",

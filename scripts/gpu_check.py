@@ -6,8 +6,9 @@ every figure docs/performance.md and docs/training.md leave unmeasured.
     .venv/bin/python scripts/gpu_check.py --device cpu --quick               # the same commands on a CPU (smoke)
 
 Rows: the benchmark (captions/s, fraction of the GPU's peak, caption() ms, the COCO epoch estimate), the batch
-that fits this GPU's memory (computed by bench/memory.py, then one step at that batch measured), the launches and
-syncs of a caption (bench/launches.py), a photo library of 480 photos at batch 64 (photos/s), and the training
+that fits this GPU's memory (computed by bench/memory.py, then one step at that batch measured), the search
+recorded as a CUDA graph against the eager one (tests/test_captured.py), the launches and syncs of a caption
+(bench/launches.py), a photo library of 480 photos at batch 64 (photos/s), and the training
 chain on a folder made from the bundled example photos (no dataset needed: the device machine has none):
 prepare -> train (stopped by SIGINT mid-run, resumed) -> SCST -> export -> caption, and torchrun over every GPU.
 Each row is one command in its own process group, killed when it runs past its time limit (a silent hang too);
@@ -182,10 +183,13 @@ def _summary(row: Row, figures: dict | str, text: str) -> str:
 
 
 def _library_rows(py: str, out: Path, device: str, copies: int) -> list[Row]:
-    """A photo library of 3 x copies photos: the launches and syncs of one caption and of a batch of 32 of them
+    """The search recorded as a CUDA graph checked against the eager one (tests/test_captured.py), then a photo
+    library of 3 x copies photos: the launches and syncs of one caption and of a batch of 32 of them
     (bench/launches.py), then all captioned into a JSON-lines file at the GPU's batch (64): photos/s."""
     folder = photo_folder(out / "library", copies) / "Images"
-    return [Row("launches: ops and syncs of one caption and of a batch of 32 (bench/launches.py)",
+    return [Row("the recorded search captions as the eager one on this GPU (tests/test_captured.py)",
+                [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_captured.py"], 300),
+            Row("launches: ops and syncs of one caption and of a batch of 32 (bench/launches.py)",
                 [py, "scripts/benchmark.py", "--device", device, "--only", "launches", "--photos", str(folder),
                  "--json"], 300, "", _bench_summary),
             Row(f"a photo library of {3 * copies} photos, --batch-size 64",

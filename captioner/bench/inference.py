@@ -61,14 +61,18 @@ def eval_decoder(preset: Preset, counts: Counts, checkpoint: str | None, device:
 def bench_eval(decoder, shape: tuple[int, int], max_len: int, counts: Counts, device: torch.device,
                beams=(1, 3, 5), log: Callable[[str], None] = print) -> dict[str, Any]:
     """Batched beam search (100 images per call, as evaluate.py does) at each beam size, then beam 3
-    one image per call two ways: "one_image" is the same beam search with a batch of one (the fast
-    path, W_a a_i still projected once per image); "naive" is the textbook baseline: the reference
-    step (bench/naive.py: Decoder.step, no CPU tricks), which also recomputes W_a a_i at every step
-    as textbook loops do. Both ratios are reported."""
+    one image per call two ways: "one_image" is the product's search (search.decode) with a batch of one (the
+    fast path, W_a a_i still projected once per image; on a GPU the fixed-shape search recorded as a CUDA graph,
+    decoding/captured.py, as a Captioner has it); "naive" is the textbook baseline: the reference
+    step (bench/naive.py: Decoder.step, no CPU tricks, search.beam_search), which also recomputes W_a a_i at every
+    step as textbook loops do. Both ratios are reported."""
     from ..config import DecodeConfig
-    from ..decoding.search import beam_search
+    from ..decoding import captured
+    from ..decoding.search import beam_search, decode
     from ..vocab import SpecialIds
 
+    if device.type == "cuda":
+        captured.capture(decoder)
     timer = Timer(device)
     n = counts.eval_images
     feats = synthetic_features(n, shape, torch.Generator().manual_seed(4)).to(device)
@@ -80,8 +84,8 @@ def bench_eval(decoder, shape: tuple[int, int], max_len: int, counts: Counts, de
         t, lens = timer.run(decode_lengths, decoder, feats, beam, max_len)
         result[f"beam{beam}"] = {"images_per_s": n / t, "seconds": t, "mean_words": float(np.mean(lens))}
     m = counts.naive_eval_images
-    for name, dec in (("one_image_beam3", decoder), ("naive_beam3", naive_decoder(decoder))):
-        search = partial(beam_search, dec, ids=SpecialIds(START, END, PAD),
+    for name, dec, how in (("one_image_beam3", decoder, decode), ("naive_beam3", naive_decoder(decoder), beam_search)):
+        search = partial(how, dec, ids=SpecialIds(START, END, PAD),
                          settings=DecodeConfig(beam_size=3, max_len=max_len, length_penalty=0.0))
         search(feats[:1])  # warm-up
         log(f"eval/{name.replace('_beam3', '')} beam 3, one image per call: {m} images")
@@ -104,23 +108,26 @@ def latency_image():
     return Image.fromarray(small).resize((500, 375), Image.BICUBIC)
 
 
-def latency_captioner(checkpoint: str | None, counts: Counts, device: torch.device, log: Callable[[str], None]):
+def latency_captioner(checkpoint: str | None, counts: Counts, device: torch.device, log: Callable[[str], None],
+                      capture: bool = True):
     """(Captioner, description). Without a checkpoint: a randomly initialised model of the bundled
     recipe (flickr8k preset) with the length counter, calibrated on its own encoder's features of
-    the benchmark image (a random encoder's features look nothing like the synthetic ones)."""
+    the benchmark image (a random encoder's features look nothing like the synthetic ones). capture: on a GPU,
+    the search recorded as a CUDA graph (api.Captioner)."""
     from ..api import Captioner, load
     from ..config import Config
     from ..model.show_attend_tell import build_model
 
     if checkpoint:
-        return load(checkpoint, device=device), f"checkpoint {checkpoint}"
+        return load(checkpoint, device=device, capture=capture), f"checkpoint {checkpoint}"
     p = PRESETS["flickr8k"]
     cfg = Config()
     cfg.model.encoder, cfg.model.image_size, cfg.model.grid_size = p.encoder, p.image_size, p.grid
     cfg.model.embed_dim, cfg.model.hidden_dim, cfg.model.attention_dim = p.embed_dim, p.hidden_dim, p.attention_dim
     cfg.decode.max_len = p.max_decode_len
     torch.manual_seed(0)
-    loaded = Captioner(build_model(cfg.model, p.vocab, pretrained=False), make_vocab(p.vocab), cfg, device=device)
+    loaded = Captioner(build_model(cfg.model, p.vocab, pretrained=False), make_vocab(p.vocab), cfg, device=device,
+                       capture=capture)
     with torch.no_grad():
         x = loaded.preprocess(latency_image()).unsqueeze(0).to(device)
         feats = loaded.model.encode(x.contiguous(memory_format=torch.channels_last))

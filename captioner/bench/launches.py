@@ -11,7 +11,9 @@ counts are what a CPU can say about the GPU's pace.
             them (no op), on a GPU each is a transfer that waits
 
 Counted for one caption of a photo already read (Photo.caption) and for caption_batch of up to BATCH photos, reading
-included; with `device_search` the CPU runs the GPU's search (decoding/device_beam.py) as a GPU would.
+included; with `device_search` the CPU runs the GPU's search (decoding/device_beam.py) as a GPU would, and with
+`captured` that search recorded and replayed (decoding/captured.py) as a CUDA graph is: one launch (OneLaunch).
+On a GPU a replayed graph dispatches no aten op, so the same counts there hold the graph as none.
 """
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from ..decoding.captured import CapturedSearches, Rerun, captured_of
 
 SYNCS = frozenset({"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default",
                    "aten.is_nonzero.default"})
@@ -67,15 +71,29 @@ def counted_reads() -> Iterator[list[int]]:
             setattr(torch.Tensor, name, original)
 
 
+class OneLaunch(Rerun):
+    """A recorded search (decoding/captured.py) replayed on a CPU and counted as a GPU counts a CUDA graph: one
+    launch, whatever it runs (the ops it reruns here reach no counter)."""
+    launched = 0
+
+    def replay(self) -> None:
+        with _disable_current_modes():
+            super().replay()
+        OneLaunch.launched += 1
+
+
 @contextlib.contextmanager
-def device_search(enabled: bool) -> Iterator[None]:
-    """With enabled, decoding on a CPU takes the GPU's fixed-shape search (search.decode picks it off the CPU)."""
+def device_search(enabled: bool, captured: bool = False) -> Iterator[None]:
+    """With enabled, decoding on a CPU takes the GPU's fixed-shape search (search.decode picks it off the CPU);
+    with captured too, that search recorded and replayed as one launch (CapturedSearches over OneLaunch)."""
     from ..decoding import device_beam, search
 
     cpu_search = search.beam_search
     if enabled:
+        searches = CapturedSearches(OneLaunch) if captured else None
         search.beam_search = lambda decoder, feats, ids, settings, evidence=None: \
-            device_beam.beam_search_on_device(decoder, feats, ids, settings, evidence)
+            (searches.search if searches else device_beam.beam_search_on_device)(decoder, feats, ids, settings,
+                                                                                  evidence)
     try:
         yield
     finally:
@@ -83,26 +101,32 @@ def device_search(enabled: bool) -> Iterator[None]:
 
 
 def count(work) -> dict[str, int]:
-    """ops, kernels, syncs and reads of work()."""
-    mode = Dispatched()
+    """ops, kernels, syncs and reads of work(); a recorded search's replay counts as one op and one kernel
+    (graph_launches says how many)."""
+    mode, before = Dispatched(), OneLaunch.launched
     with counted_reads() as reads, mode:
         work()
-    return {"ops": mode.ops, "kernels": mode.kernels, "syncs": mode.syncs, "reads": reads[0]}
+    graphs = OneLaunch.launched - before
+    return {"ops": mode.ops + graphs, "kernels": mode.kernels + graphs, "syncs": mode.syncs, "reads": reads[0],
+            "graph_launches": graphs}
 
 
-def bench_launches(captioner: Any, photos: Sequence[Path], gpu_search: bool = False) -> dict[str, Any]:
+def bench_launches(captioner: Any, photos: Sequence[Path], gpu_search: bool = False, captured: bool = False
+                   ) -> dict[str, Any]:
     """One caption of photos[0] (read first) and caption_batch of up to BATCH photos -> their counts (module doc),
-    each after one uncounted run (the first run builds caches)."""
+    each after one uncounted run (the first run builds caches; with `captured`, it records the batch's shape)."""
     batch = [str(p) for p in photos[:BATCH]]
     photo = captioner.read(batch[0])
-    with device_search(gpu_search):
+    with device_search(gpu_search or captured, captured):
         photo.caption()
         one = count(photo.caption)
-        captioner.caption_batch(batch[:2])
+        captioner.caption_batch(batch if captured else batch[:2])
         many = count(lambda: captioner.caption_batch(batch))
-    return {"search": "device_beam" if gpu_search or captioner.device.type != "cpu" else "cpu beam",
-            "one_caption": one, "batch_photos": len(batch), "batch": many,
+    on_gpu = captioner.device.type != "cpu"
+    name = "device_beam recorded" if captured or (on_gpu and captured_of(captioner.model.decoder)) else \
+        "device_beam" if gpu_search or on_gpu else "cpu beam"
+    return {"search": name, "one_caption": one, "batch_photos": len(batch), "batch": many,
             "batch_ops_per_photo": many["ops"] / len(batch), "batch_kernels_per_photo": many["kernels"] / len(batch)}
 
 
-__all__ = ["Dispatched", "count", "counted_reads", "device_search", "bench_launches"]
+__all__ = ["Dispatched", "OneLaunch", "count", "counted_reads", "device_search", "bench_launches"]

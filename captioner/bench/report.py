@@ -125,6 +125,7 @@ def format_table(res: dict[str, Any]) -> str:
                      f"1,000 images: {ev['seconds_1000_images_beam3']:.1f} s vs "
                      f"{ev['one_image_beam3']['seconds_1000_images']:.0f} s"))
     for key, label in (("latency", "caption latency, 1 image, beam 3"), ("latency_bf16", "  the same in bfloat16"),
+                       ("latency_eager_search", "  the same, the search not recorded (--eager)"),
                        ("latency_stored", "caption latency, 1 image, the file's stored settings"),
                        ("latency_explain", "explain() latency, 1 image, 12-word sentence")):
         la = res.get(key)
@@ -145,7 +146,7 @@ def format_table(res: dict[str, Any]) -> str:
 
 def _launches_rows(res: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows = []
-    for key in ("launches", "launches_device_search"):
+    for key in ("launches", "launches_device_search", "launches_captured_search"):
         lc = res.get(key)
         if lc:
             one, many = lc["one_caption"], lc["batch"]

@@ -39,8 +39,8 @@ Sections (each printed as a table row, or one JSON object with --json):
   12-word sentence (its decoder part and end to end), and caption / explain over preprocess + encoder.
 * launches (only with --only launches: counted, not timed): one caption of a read photo and caption_batch of
   up to 32 photos (--photos DIR or the examples) -> aten ops (a GPU's kernel launches), syncs (values read back:
-  .item(), nonzero) and host reads (tolist / cpu / numpy); on a CPU also with the GPU's fixed-shape search
-  (bench/launches.py).
+  .item(), nonzero) and host reads (tolist / cpu / numpy); on a CPU also with the GPU's fixed-shape search, eager
+  and recorded as one launch (decoding/captured.py, bench/launches.py).
 * peak memory: CPU: process max RSS (cumulative high-water mark); CUDA: torch.cuda.max_memory_allocated
   per section.
 
@@ -139,6 +139,23 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads_before)  # main() may be called in-process (tests)
 
 
+def _latency(checkpoint: str | None, counts: Any, device: torch.device, photos: Any, log: Any) -> dict[str, Any]:
+    """The latency rows: beam 3, the stored settings, explain(), the per-photo breakdown; on a GPU the search run
+    eagerly too, and bfloat16 where this hardware computes it natively."""
+    loaded, desc = latency_captioner(checkpoint, counts, device, log)
+    res = {"latency": {"model": desc, **bench_latency(loaded, counts, device, log=log)},
+           "latency_stored": bench_latency(loaded, counts, device, beam=None, log=log),
+           "latency_explain": bench_explain(loaded, counts, device, log=log),
+           "latency_breakdown": bench_breakdown(loaded, photos, counts, device, EXPLAIN_SENTENCE, log)}
+    if device.type == "cuda":  # the same captions with the search run op by op, not replayed as a CUDA graph
+        eager, _ = latency_captioner(checkpoint, counts, device, log, capture=False)
+        res["latency_eager_search"] = bench_latency(eager, counts, device, log=log)
+    if preferred_dtype(device) == "bfloat16":  # the faster precision the app offers on this hardware
+        bf16 = Captioner(loaded.model, loaded.vocab, loaded.config, loaded.metrics, device, "bfloat16")  # converts a copy
+        res["latency_bf16"] = bench_latency(bf16, counts, device, log=log)
+    return res
+
+
 def _run(args: argparse.Namespace) -> int:
     device = torch.device(args.device or default_device())
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -174,19 +191,13 @@ def _run(args: argparse.Namespace) -> int:
         if "length_offset" in info:
             res["eval"]["length_counter_offset"] = info["length_offset"]
     if "latency" in sections:
-        loaded, desc = latency_captioner(checkpoint, counts, device, log)
-        res["latency"] = {"model": desc, **bench_latency(loaded, counts, device, log=log)}
-        res["latency_stored"] = bench_latency(loaded, counts, device, beam=None, log=log)
-        res["latency_explain"] = bench_explain(loaded, counts, device, log=log)
-        res["latency_breakdown"] = bench_breakdown(loaded, photo_files(args.photos), counts, device, EXPLAIN_SENTENCE, log)
-        if preferred_dtype(device) == "bfloat16":  # the faster precision the app offers on this hardware
-            bf16 = Captioner(loaded.model, loaded.vocab, loaded.config, loaded.metrics, device, "bfloat16")  # converts a copy
-            res["latency_bf16"] = bench_latency(bf16, counts, device, log=log)
+        res.update(_latency(checkpoint, counts, device, photo_files(args.photos), log))
     if "launches" in sections:  # counted, not timed: a CPU's view of a GPU's launches and waits
         loaded, _ = latency_captioner(checkpoint, counts, device, log)
         res["launches"] = bench_launches(loaded, photo_files(args.photos))
         if not cuda:
             res["launches_device_search"] = bench_launches(loaded, photo_files(args.photos), gpu_search=True)
+            res["launches_captured_search"] = bench_launches(loaded, photo_files(args.photos), captured=True)
     if args.coco_epoch:
         if not cuda:
             log("note: --coco-epoch on CPU measures COCO shapes with ResNet-101 in the loop; this is slow")

@@ -80,6 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "cpu; under torchrun with GPUs, each process its own: cuda:LOCAL_RANK)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "auto"], default="float32",
                    help="compute type (auto: bfloat16 where the CPU/GPU computes it natively, 2-3x faster)")
+    p.add_argument("--eager", action="store_true", help="on a GPU, run the beam search op by op instead of "
+                   "replaying it as one recorded CUDA graph per batch size (recording costs the first batch of "
+                   "each size about two searches)")
     p.add_argument("--verbose", action="store_true", help="print every decode setting in use on stderr (by "
                    "default one short line: the beam and the settings changed from the model file's)")
     return p.parse_args(argv)
@@ -120,7 +123,7 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
         request = sample_request(args)
         args.device = args.device or captioner.default_device()
         dtype = captioner.preferred_dtype(args.device) if args.dtype == "auto" else args.dtype
-        loaded = captioner.load(args.checkpoint, device=args.device, dtype=dtype)
+        loaded = captioner.load(args.checkpoint, device=args.device, dtype=dtype, capture=not args.eager)
         used = decode_settings(loaded, args)
     except (captioner.CheckpointError, OSError, ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)

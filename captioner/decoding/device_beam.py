@@ -89,41 +89,58 @@ class _Finished:
             old = getattr(self, name)
             setattr(self, name, torch.cat([old, new.to(old.dtype)], 1).gather(1, top))  # (B, K)
 
+    def walked(self) -> tuple[torch.Tensor, ...]:
+        """Still on the device: each image's finished hypotheses as tensors, words (B*K, S), maps (B*K, S, P),
+        gates (B*K, S), word log-probs (B*K, S), then scores, raw log-probs and lengths (B, K) (read_back reads
+        them; captured.py replays the whole search into them)."""
+        tokens, alphas, betas, logps = self.trail.walk(self.row.view(-1), self.length.view(-1))  # (B*K, S, ...)
+        return tokens, alphas, betas, logps, self.norm, self.raw, self.length
+
     def hypotheses(self) -> list[list[Hypothesis]]:
         """Read back once: each image's finished hypotheses, best first."""
-        B, K = self.norm.shape
-        tokens, alphas, betas, logps = self.trail.walk(self.row.view(-1), self.length.view(-1))  # (B*K, S, ...)
-        norm, raw, length = self.norm.tolist(), self.raw.tolist(), self.length.tolist()  # (B, K) each
-        words = tokens.view(B, K, -1).tolist()  # (B, K, S)
-        # on the host as arrays: each hypothesis's tensors are views of them, not an op each
-        alphas = alphas.float().cpu().numpy().reshape(B, K, *alphas.shape[1:])  # (B, K, S, P)
-        betas, logps = betas.float().cpu().numpy().reshape(B, K, -1), logps.cpu().numpy().reshape(B, K, -1)
-        out: list[list[Hypothesis]] = []
-        for b in range(B):
-            out.append([Hypothesis(words[b][k][:n], torch.from_numpy(alphas[b, k, :n]), raw[b][k], norm[b][k],
-                                   torch.from_numpy(betas[b, k, :n]), torch.from_numpy(logps[b, k, :n]))
-                        for k in range(K) if norm[b][k] > NEG for n in [length[b][k]]])
-        return out
+        return read_back(self.walked())
+
+
+def read_back(walked: tuple[torch.Tensor, ...]) -> list[list[Hypothesis]]:
+    """_Finished.walked's tensors -> each image's finished hypotheses, best first: the search's one read."""
+    tokens, alphas, betas, logps, norm, raw, length = walked
+    (B, K), S = norm.shape, tokens.shape[1]
+    norm, raw, length = norm.tolist(), raw.tolist(), length.tolist()  # (B, K) each
+    words = tokens.view(B, K, S).tolist()  # (B, K, S)
+    # on the host as arrays: each hypothesis's tensors are views of them, not an op each
+    alphas = alphas.float().cpu().numpy().reshape(B, K, *alphas.shape[1:])  # (B, K, S, P)
+    betas, logps = betas.float().cpu().numpy().reshape(B, K, -1), logps.cpu().numpy().reshape(B, K, -1)
+    out: list[list[Hypothesis]] = []
+    for b in range(B):
+        out.append([Hypothesis(words[b][k][:n], torch.from_numpy(alphas[b, k, :n]), raw[b][k], norm[b][k],
+                               torch.from_numpy(betas[b, k, :n]), torch.from_numpy(logps[b, k, :n]))
+                    for k in range(K) if norm[b][k] > NEG for n in [length[b][k]]])
+    return out
 
 
 def beam_search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-                          evidence: Evidence | None = None, check_every: int = 4, greedy_scores: bool = False
+                          evidence: Evidence | None = None, check_every: int | None = 4, greedy_scores: bool = False
                           ) -> list[list[Hypothesis]]:
     """search.beam_search's hypotheses, with fixed shapes (module docstring): the search, then one read. With
     beam_size 1 these are greedy_decode's words; `greedy_scores` gives them its score too (the log-probability,
     not length-normalised)."""
     found = search_on_device(decoder, feats, ids, settings, evidence, check_every).hypotheses()
-    if greedy_scores:
-        for hyps in found:
-            for h in hyps:
-                h.score = h.log_prob
+    return with_greedy_scores(found) if greedy_scores else found
+
+
+def with_greedy_scores(found: list[list[Hypothesis]]) -> list[list[Hypothesis]]:
+    """In place and returned: each hypothesis scored by its log-probability, as greedy_decode scores its one."""
+    for hyps in found:
+        for h in hyps:
+            h.score = h.log_prob
     return found
 
 
 @torch.no_grad()
 def search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-                     evidence: Evidence | None = None, check_every: int = 4) -> _Finished:
-    """The search itself: each image's finished hypotheses, still on the device."""
+                     evidence: Evidence | None = None, check_every: int | None = 4) -> _Finished:
+    """The search itself: each image's finished hypotheses, still on the device. check_every None: all max_len
+    steps without a read (what a captured search needs; the same hypotheses: an image that is done adds none)."""
     K, T, length_penalty = settings.beam_size, settings.max_len, settings.length_penalty
     (B, P, _), device = feats.shape, feats.device
     rank = torch.arange(2 * K, device=device)  # (2K,)
@@ -165,6 +182,6 @@ def search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, set
         tokens = torch.cat([tokens[rows], words[:, None]], 1)  # (N, t + 1)
         said = rules.advance(said, words, rows)  # the rules' state follows the surviving rows, as tokens do
         h, c = h[rows], c[rows]
-        if (t + 1) % check_every == 0 and not bool(active.any()):  # the one read inside the loop
+        if check_every and (t + 1) % check_every == 0 and not bool(active.any()):  # the one read inside the loop
             break
     return finished

@@ -92,10 +92,10 @@ def _said_bans(ids: SpecialIds, V: int) -> list[list[int]]:
     return out
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=None)
 def _tables(ids: SpecialIds, V: int, rules: tuple[bool, ...], device: torch.device) -> dict[str, torch.Tensor]:
     """Every per-vocabulary table the processors look words up in, made once per vocabulary, rule set and
-    device; never written to."""
+    device; never written to, and kept for the process (a recorded search, captured.py, reads them by address)."""
     trigrams, bigrams, salad, repeats, content = rules
     mask = lambda words: torch.zeros(V, dtype=torch.bool, device=device).index_fill_(  # noqa: E731
         0, torch.tensor(list(words), dtype=torch.long, device=device), True)

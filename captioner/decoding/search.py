@@ -24,7 +24,8 @@ import torch
 
 from ..config import DecodeConfig
 from .evidence import Evidence
-from .device_beam import beam_search_on_device
+from .captured import captured_of
+from .device_beam import beam_search_on_device, with_greedy_scores
 from .hypotheses import History, Hypothesis, alive, candidates, normalise
 from .processors import Rules
 from ..vocab import SpecialIds
@@ -169,7 +170,11 @@ def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: Dec
     off again here: log_prob and word_logps are the model's own."""
     settings.checked()  # config.DecodeConfig.LIMITS: one place for every setting's range
     if feats.device.type != "cpu":  # a GPU: fixed shapes, no host sync per step (device_beam.py; beam 1 = greedy)
-        hyps = beam_search_on_device(decoder, feats, ids, settings, evidence, greedy_scores=settings.beam_size == 1)
+        searches = captured_of(decoder)  # recorded once per shape and replayed as one launch (captured.py)
+        hyps = (searches.search if searches is not None else beam_search_on_device)(decoder, feats, ids, settings,
+                                                                                     evidence)
+        if settings.beam_size == 1:
+            with_greedy_scores(hyps)
     elif settings.beam_size == 1:  # on a CPU finished images leave the batch: the least work
         hyps = [[h] for h in greedy_decode(decoder, feats, ids, settings, evidence)]
     else:
