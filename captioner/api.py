@@ -125,6 +125,9 @@ def preferred_dtype(device: str | torch.device = "cpu") -> str:
     return "bfloat16" if native else "float32"
 
 
+ENCODER_RECORDINGS = 4  # batch sizes whose encoder pass stays recorded on a GPU (each holds its activations' memory)
+
+
 class Captioner:
     """A ready model with its preprocessing (`.preprocess`, callable: image -> (3, S, S) tensor),
     vocabulary and stored decode settings (`.config.decode`)."""
@@ -132,19 +135,20 @@ class Captioner:
     def __init__(self, model: ShowAttendTell, vocab: Vocab, config: Config, metrics: dict[str, Any] | None = None,
                  device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32", source: str | None = None,
                  capture: bool = True):
-        """capture: on a CUDA GPU, each batch size's beam search is recorded once as a CUDA graph and replayed as
-        one launch (decoding/captured.py: the first caption of a batch size waits about two searches more); False
-        keeps the eager search."""
+        """capture: on a CUDA GPU, the encoder and the beam search are each recorded once per batch size as a
+        CUDA graph and replayed as one launch (decoding/captured.py: the first caption of a batch size waits about
+        two passes of each more); False runs them op by op."""
         self.dtype = resolve_dtype(dtype)  # the whole model (encoder and decoder) computes in this type
         self.device = torch.device(device)
         self.model = _ready(model, self.device, self.dtype)
         # the packed copies of the step's weights and of the encoder's 1x1 convolutions, made before a caption
         prepare(self.model.decoder, self.model.encoder.pointwise_layers())
         self.model.decoder.make_word_gates()  # and the word-gate table
-        if capture and self.device.type == "cuda":
-            captured.capture(self.model.decoder)
-        else:  # a model the caller passed in may have been captured by another Captioner
-            captured.release(self.model.decoder)
+        for module, limit in ((self.model.encoder, ENCODER_RECORDINGS), (self.model.decoder, captured.LIMIT)):
+            if capture and self.device.type == "cuda":
+                captured.capture(module, limit=limit)
+            else:  # a model the caller passed in may have been captured by another Captioner
+                captured.release(module)
         self.vocab, self.config, self.metrics = vocab, config, metrics or {}
         self.source = source  # the model file it was loaded from (None: built in memory); each Caption names it
         self.preprocess: Preprocess = build_preprocess(config.model)  # any image input -> (3, S, S); ImageError
@@ -241,7 +245,8 @@ class Captioner:
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Preprocessed images (B, 3, S, S) -> annotation vectors (B, P, D) in the model's dtype."""
         x = x.to(self.device, self.dtype).contiguous(memory_format=torch.channels_last)
-        return self.model.encode(x)  # (B, P, D)
+        recorded = captured.recordings_of(self.model.encoder)  # on a GPU: replayed as one launch (captured.py)
+        return self.model.encode(x) if recorded is None else captured.encode(recorded, self.model, x)  # (B, P, D)
 
     def save(self, path: str | Path, half: bool = False, metrics: dict[str, Any] | None = None) -> None:
         state = {k: v.float() if v.is_floating_point() else v for k, v in self.model.state_dict().items()}

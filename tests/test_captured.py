@@ -14,7 +14,7 @@ import torch
 import captioner
 from captioner.config import DecodeConfig
 from captioner.decoding import captured
-from captioner.decoding.captured import CaptureError, CapturedSearches, NoHostReads, Rerun
+from captioner.decoding.captured import CaptureError, NoHostReads, Recordings, Rerun, search
 from captioner.decoding.device_beam import beam_search_on_device, search_on_device
 from captioner.decoding.evidence import photo_evidence
 from captioner.decoding.reading import read_heads
@@ -40,10 +40,10 @@ RULES = DecodeConfig(beam_size=3, max_len=9, length_penalty=0.7, block_trigrams=
 
 @pytest.mark.parametrize("settings", [RULES, DecodeConfig(beam_size=1, max_len=7)])
 def test_a_replay_finds_what_the_eager_search_finds_for_the_photos_copied_in(settings):
-    dec, searches = small(), CapturedSearches(Rerun)
+    dec, searches = small(), Recordings(Rerun)
     for seed in range(3):  # recorded with the first photos, replayed with others
         feats = torch.rand(2, 9, 16, generator=torch.Generator().manual_seed(seed))
-        same(beam_search_on_device(dec, feats, IDS, settings), searches.search(dec, feats, IDS, settings))
+        same(beam_search_on_device(dec, feats, IDS, settings), search(searches, dec, feats, IDS, settings))
     rec = next(iter(searches.recorded.values()))
     assert len(searches.recorded) == 1 and rec.graph.replays == 3
 
@@ -62,24 +62,24 @@ def test_the_search_runs_every_step_without_a_read_and_finds_the_same():
 
 
 def test_each_batch_size_and_setting_has_its_recording_and_the_oldest_goes():
-    dec, searches = small(), CapturedSearches(Rerun, limit=2)
+    dec, searches = small(), Recordings(Rerun, limit=2)
     for B, beam in ((1, 3), (2, 3), (1, 3), (1, 2)):
         settings = DecodeConfig(beam_size=beam, max_len=6)
         feats = torch.rand(B, 9, 16)
-        same(beam_search_on_device(dec, feats, IDS, settings), searches.search(dec, feats, IDS, settings))
-    assert [k[0][0][0][0] for k in searches.recorded] == [1, 1]  # (2 images) went: the least recently used
-    assert "beam_size=2" in list(searches.recorded)[-1][2]
+        same(beam_search_on_device(dec, feats, IDS, settings), search(searches, dec, feats, IDS, settings))
+    assert [k[1][0][0][0] for k in searches.recorded] == [1, 1]  # (2 images) went: the least recently used
+    assert "beam_size=2" in list(searches.recorded)[-1][3]
 
 
 def test_weights_written_since_the_recording_are_recorded_again():
     """A recording reads the parameters by address and the word-gate table made from them: a training step (an
     in-place update) makes it stale, so the searches record again and find the new weights' hypotheses."""
-    dec, searches, feats = small(), CapturedSearches(Rerun), torch.rand(2, 9, 16)
-    searches.search(dec, feats, IDS, RULES)
+    dec, searches, feats = small(), Recordings(Rerun), torch.rand(2, 9, 16)
+    search(searches, dec, feats, IDS, RULES)
     first = next(iter(searches.recorded.values()))
     with torch.no_grad():
         dec.out_vocab.weight.add_(0.5 * torch.randn_like(dec.out_vocab.weight))
-    same(beam_search_on_device(dec, feats, IDS, RULES), searches.search(dec, feats, IDS, RULES))
+    same(beam_search_on_device(dec, feats, IDS, RULES), search(searches, dec, feats, IDS, RULES))
     assert next(iter(searches.recorded.values())) is not first
 
 
@@ -88,13 +88,13 @@ def test_a_recording_that_fails_warns_and_that_shape_decodes_eagerly():
         def record(self, fn):
             raise RuntimeError("operation not permitted when stream is capturing")
 
-    dec, searches, feats = small(), CapturedSearches(Broken), torch.rand(2, 9, 16)
-    with pytest.warns(RuntimeWarning, match="could not be recorded.*decode eagerly"):
-        got = searches.search(dec, feats, IDS, RULES)
+    dec, searches, feats = small(), Recordings(Broken), torch.rand(2, 9, 16)
+    with pytest.warns(RuntimeWarning, match="beam search could not be recorded.*op by op"):
+        got = search(searches, dec, feats, IDS, RULES)
     same(beam_search_on_device(dec, feats, IDS, RULES), got)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per shape: the next call neither records nor warns
-        same(got, searches.search(dec, feats, IDS, RULES))
+        same(got, search(searches, dec, feats, IDS, RULES))
 
 
 def test_the_bundled_model_with_its_evidence_replays_other_photos(bundled):
@@ -105,37 +105,57 @@ def test_the_bundled_model_with_its_evidence_replays_other_photos(bundled):
     feats = loaded.encode(torch.stack([loaded.preprocess(p) for p in photos]))  # (B, P, D)
     settings = loaded.decode_settings()
     ids = SpecialIds.of(loaded.vocab, settings.forbid_unk)
-    dec, searches = loaded.model.decoder, CapturedSearches(Rerun)
+    dec, searches = loaded.model.decoder, Recordings(Rerun)
     for i in range(len(photos)):
         x = feats[i:i + 1]
         evidence = photo_evidence(read_heads(loaded.model, x), loaded.model, loaded.vocab, settings)
         with torch.inference_mode(i == 1):  # either mode, in any order
-            same(beam_search_on_device(dec, x, ids, settings, evidence), searches.search(dec, x, ids, settings, evidence))
+            same(beam_search_on_device(dec, x, ids, settings, evidence), search(searches, dec, x, ids, settings, evidence))
     assert len(searches.recorded) == 1
 
 
-def test_a_captioner_records_only_on_a_gpu_and_only_when_asked(bundled):
-    """On a CPU the CPU beam runs (finished photos leave the batch): nothing is recorded; capture=False on a GPU
-    releases a decoder another Captioner captured."""
-    assert captured.captured_of(bundled.model.decoder) is None
+def test_the_encoder_replayed_on_other_images_gives_their_features(bundled):
+    """Captioner.encode through a recording (as on a GPU): each batch's features are the eager encoder's, copied out
+    so the next replay cannot change them; a batch of another size gets its own recording."""
+    loaded = bundled
+    photos = sorted((captioner.DEFAULT_CHECKPOINT.parent / "examples").glob("*.jpg"))[:3]
+    x = torch.stack([loaded.preprocess(p) for p in photos])  # (3, 3, S, S)
+    want = loaded.encode(x)  # (3, P, D)
+    recorded = captured.capture(loaded.model.encoder, Rerun)
+    try:
+        got = [loaded.encode(x[i:i + 1]) for i in range(3)] + [loaded.encode(x[1:])]
+    finally:
+        captured.release(loaded.model.encoder)
+    for i in range(3):
+        assert torch.allclose(got[i], want[i:i + 1], atol=1e-5)
+    assert torch.allclose(got[3], want[1:], atol=1e-5)
+    assert len(recorded.recorded) == 2 and all(r.graph.replays >= 1 for r in recorded.recorded.values())
+
+
+def test_a_captioner_records_only_on_a_gpu(bundled):
+    """On a CPU the CPU beam runs (finished photos leave the batch) and nothing is recorded; capture and release
+    register and drop a module's recordings."""
+    assert captured.recordings_of(bundled.model.decoder) is None
+    assert captured.recordings_of(bundled.model.encoder) is None
     dec = small()
     captured.capture(dec, Rerun)
-    assert captured.captured_of(dec) is not None
+    assert captured.recordings_of(dec) is not None
     captured.release(dec)
-    assert captured.captured_of(dec) is None
+    assert captured.recordings_of(dec) is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs); the tests above check "
                     "their contract on the CPU")
 def test_on_a_gpu_the_recorded_search_captions_as_the_eager_one():
-    """scripts/gpu_check.py runs this file on the GPU: real CUDA graphs, one photo and a batch, the same captions
-    and scores as the eager search, and no shape left eager."""
+    """scripts/gpu_check.py runs this file on the GPU: real CUDA graphs (the encoder and the search), one photo and
+    a batch, the same captions and scores as op by op, and no shape left op by op."""
     photos = sorted((captioner.DEFAULT_CHECKPOINT.parent / "examples").glob("*.jpg"))
     eager, recorded = captioner.load(device="cuda", capture=False), captioner.load(device="cuda")
-    searches = captured.captured_of(recorded.model.decoder)
-    assert captured.captured_of(eager.model.decoder) is None and searches is not None
+    searches, encoder = (captured.recordings_of(recorded.model.decoder), captured.recordings_of(recorded.model.encoder))
+    assert captured.recordings_of(eager.model.decoder) is None and searches is not None and encoder is not None
     for got, want in [(recorded.caption(p), eager.caption(p)) for p in photos * 2] + \
             list(zip(recorded.caption_batch(photos), eager.caption_batch(photos))):
         assert got.text == want.text and got.log_prob == pytest.approx(want.log_prob, abs=1e-3)
         assert np.allclose(got.alphas, want.alphas, atol=1e-4)
-    assert len(searches.recorded) == 2 and all(r is not None for r in searches.recorded.values())
+    for rec in (searches, encoder):
+        assert len(rec.recorded) == 2 and all(r is not None for r in rec.recorded.values())

@@ -25,7 +25,8 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from ..decoding.captured import CapturedSearches, Rerun, captured_of
+from ..decoding import captured as recording
+from ..decoding.captured import Rerun
 
 SYNCS = frozenset({"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default",
                    "aten.is_nonzero.default"})
@@ -83,21 +84,26 @@ class OneLaunch(Rerun):
 
 
 @contextlib.contextmanager
-def device_search(enabled: bool, captured: bool = False) -> Iterator[None]:
-    """With enabled, decoding on a CPU takes the GPU's fixed-shape search (search.decode picks it off the CPU);
-    with captured too, that search recorded and replayed as one launch (CapturedSearches over OneLaunch)."""
+def device_search(enabled: bool, recorded: Any = None) -> Iterator[None]:
+    """With enabled, decoding on a CPU takes the GPU's fixed-shape search (search.decode picks it off the CPU).
+    With `recorded` (a Captioner) too, the search and that Captioner's encoder are recorded and replayed as one
+    launch each, as on a GPU (decoding/captured.py, over OneLaunch)."""
     from ..decoding import device_beam, search
 
     cpu_search = search.beam_search
-    if enabled:
-        searches = CapturedSearches(OneLaunch) if captured else None
+    if enabled or recorded is not None:
+        searches = recording.Recordings(OneLaunch)
         search.beam_search = lambda decoder, feats, ids, settings, evidence=None: \
-            (searches.search if searches else device_beam.beam_search_on_device)(decoder, feats, ids, settings,
-                                                                                  evidence)
+            recording.search(searches, decoder, feats, ids, settings, evidence) if recorded is not None else \
+            device_beam.beam_search_on_device(decoder, feats, ids, settings, evidence)
+    if recorded is not None:
+        recording.capture(recorded.model.encoder, OneLaunch)
     try:
         yield
     finally:
         search.beam_search = cpu_search
+        if recorded is not None:
+            recording.release(recorded.model.encoder)
 
 
 def count(work) -> dict[str, int]:
@@ -117,13 +123,13 @@ def bench_launches(captioner: Any, photos: Sequence[Path], gpu_search: bool = Fa
     each after one uncounted run (the first run builds caches; with `captured`, it records the batch's shape)."""
     batch = [str(p) for p in photos[:BATCH]]
     photo = captioner.read(batch[0])
-    with device_search(gpu_search or captured, captured):
+    with device_search(gpu_search, captioner if captured else None):
         photo.caption()
         one = count(photo.caption)
         captioner.caption_batch(batch if captured else batch[:2])
         many = count(lambda: captioner.caption_batch(batch))
     on_gpu = captioner.device.type != "cpu"
-    name = "device_beam recorded" if captured or (on_gpu and captured_of(captioner.model.decoder)) else \
+    name = "device_beam recorded" if captured or (on_gpu and recording.recordings_of(captioner.model.decoder)) else \
         "device_beam" if gpu_search or on_gpu else "cpu beam"
     return {"search": name, "one_caption": one, "batch_photos": len(batch), "batch": many,
             "batch_ops_per_photo": many["ops"] / len(batch), "batch_kernels_per_photo": many["kernels"] / len(batch)}

@@ -1,28 +1,31 @@
-"""The GPU's search recorded once and replayed: one launch for a whole decode.
+"""The GPU's search and encoder recorded once and replayed: one launch for a whole decode, one for an encoder pass.
 
 device_beam.search_on_device queues about 170 small kernels a step and reads nothing back between them, yet on a
-GPU its time is the host's: launching them (docs/performance.md has the counts and times). A CUDA graph records every kernel of one whole search, all max_len steps and the walk back
-through the trail, once per shape, and replays them with one launch (torch.cuda.CUDAGraph). A graph reads and
-writes the memory it was recorded with, so:
-- its inputs are static buffers: each call copies the photos' features and their evidence (penalty, bonus, word
-  table) into them before the replay;
-- its outputs (device_beam._Finished.walked) are read back before the next replay, under a lock (two app
-  sessions may caption at once);
+GPU its time is the host's: launching them (docs/performance.md has the counts and times); a photo's encoder pass
+is a hundred more. A CUDA graph records every kernel of one call, once per shape, and replays them with one
+launch (torch.cuda.CUDAGraph): for the search, all max_len steps and the walk back through the trail; for the
+encoder, model.encode. A graph reads and writes the memory it was recorded with, so (Recordings.replayed):
+- its inputs are static buffers: each call copies its tensors into them before the replay (the search: the
+  photos' features and their evidence's penalty, bonus and word table; the encoder: the images);
+- its outputs are read (the search's walked hypotheses, device_beam._Finished.walked) or copied (the
+  features) before the next replay, under the recordings' lock: two app sessions may caption at once;
 - what it does may not depend on a value read from the device: the search runs all max_len steps
-  (check_every=None: the same hypotheses, an image that is done adds none), recorded once per batch size,
-  dtype, settings and evidence shape (evidence with and without its bonus runs different code);
-- whatever else it reads must stay where it was: the decoder's parameters (a replay after an in-place update
-  would read the new values without the word-gate table made from them, so any change of a parameter's
-  version or address drops the graphs: `_weights_key`) and the rules' tables (processors._tables, kept for the
+  (check_every=None: the same hypotheses, an image that is done adds none). One recording per batch size,
+  dtype and settings; evidence with and without its bonus runs different code, so that is in the key too;
+- whatever else it reads must stay where it was: the module's parameters and buffers (after an in-place update a
+  replay would read the new values without the decoder's word-gate table made from them, so any change of one's
+  version or address drops the recordings: weights_key) and the rules' tables (processors._tables, kept for the
   process).
 
-Recording costs a search to warm up (cuBLAS handles, the rules' tables and the allocator, made before the
-recording) and one recorded: the first caption of each batch size waits about two eager searches more.
-`Captioner(capture=False)` / `captioner-caption --eager` keep the eager search. A recording that fails (an
-operation a graph cannot hold) warns once and that shape stays eager: the eager search is the fallback.
+Recording costs one call to warm up (cuBLAS handles, the rules' tables and the allocator, made before the
+recording) and one recorded: the first caption of each batch size waits about two eager passes more.
+`Captioner(capture=False)` / `captioner-caption --eager` keep everything op by op. A recording that fails (an
+operation a graph cannot hold) warns once, and that shape runs op by op: the eager code is the fallback.
 
-A CPU has no graphs: `Rerun` keeps their contract (record once with every host read refused, replay into the
-same outputs), so tests/test_captured.py checks the static buffers and the capture rules without a GPU.
+A module is recorded where `capture(module)` registered it (api.Captioner on a CUDA GPU: its encoder and decoder;
+search.decode and Captioner.encode ask recordings_of). A CPU has no graphs: `Rerun` keeps their contract (record
+once with every host read refused, replay into the same outputs), so tests/test_captured.py checks the static
+buffers and the capture rules without a GPU.
 
 Legend: B images, K beams, P regions, D feature size, V vocabulary, C evidence categories.
 """
@@ -82,7 +85,8 @@ class CudaGraph:
             fn()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        # thread_local: another thread's CUDA calls meanwhile (an app session captioning) are not this capture's error
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             out = fn()
         return out
 
@@ -112,105 +116,122 @@ class Rerun:
 @dataclass
 class _Recorded:
     graph: Graph
-    inputs: tuple[torch.Tensor, ...]  # static: feats (B, P, D), with evidence its penalty (B, V), bonus (B, C), words (V, C)
-    outputs: tuple[torch.Tensor, ...]  # device_beam._Finished.walked's tensors
+    inputs: tuple[torch.Tensor, ...]  # static: each call's inputs are copied into these
+    outputs: tuple[torch.Tensor, ...]  # what each replay writes
 
 
-def _inputs(feats: torch.Tensor, evidence: Evidence | None) -> tuple[torch.Tensor, ...]:
-    """What a recorded search reads of this call: the features and the evidence's tensors."""
-    return (feats,) if evidence is None else (feats, evidence.penalty, evidence.bonus, evidence.words)
+def weights_key(module: torch.nn.Module) -> tuple:
+    """Where a module's parameters and buffers are and how often each was written: a recording reads them by
+    address, and what was made from them (the decoder's word-gate table) only from the values they had."""
+    return tuple((t.data_ptr(), t._version) for t in (*module.parameters(), *module.buffers()))
 
 
-def _key(feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig, evidence: Evidence | None) -> tuple:
-    """What a recording is specific to: the inputs' shapes, dtypes and device, the vocabulary's ids, the
-    settings, and whether the evidence has a bonus (its code path)."""
-    shapes = tuple((tuple(x.shape), x.dtype, x.device) for x in _inputs(feats, evidence))
-    return shapes, ids, repr(settings), None if evidence is None else evidence.has_bonus
-
-
-def _weights_key(decoder: Decoder) -> tuple:
-    """Where the decoder's parameters are and how often each was written: a recording reads them by address."""
-    return tuple((p.data_ptr(), p._version) for p in decoder.parameters())
-
-
-class CapturedSearches:
-    """device_beam's search recorded per shape and replayed (module doc): `search` is beam_search_on_device's
-    hypotheses. `graph` makes a recorder (CudaGraph on a GPU, Rerun on a CPU); at most `limit` shapes are kept."""
+class Recordings:
+    """Functions of static inputs recorded once per key and replayed (module doc); at most `limit` recordings
+    kept (the least recently used goes); all dropped when the module's weights change (weights_key). `graph`
+    makes a recorder: CudaGraph on a GPU, Rerun on a CPU. Hold `lock` from a replay until its outputs are read."""
 
     def __init__(self, graph: Callable[[], Graph] = CudaGraph, limit: int = LIMIT):
         self.make_graph, self.limit = graph, limit
-        self.recorded: OrderedDict[tuple, _Recorded | None] = OrderedDict()  # None: failed, decoded eagerly
+        self.recorded: OrderedDict[tuple, _Recorded | None] = OrderedDict()  # None: failed, run eagerly
         self.weights: tuple = ()
         self.lock = threading.Lock()
 
-    def search(self, decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-               evidence: Evidence | None = None) -> list[list[Hypothesis]]:
-        """feats (B, P, D) -> each image's hypotheses, best first, as beam_search_on_device finds them."""
-        with self.lock:
-            rec = self._recording(decoder, feats, ids, settings, evidence)
-            if rec is None:
-                return beam_search_on_device(decoder, feats, ids, settings, evidence)
-            for static, x in zip(rec.inputs, _inputs(feats, evidence)):
-                static.copy_(x)
-            rec.graph.replay()
-            return read_back(rec.outputs)  # read before the lock lets another replay write them
-
-    def _recording(self, decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-                   evidence: Evidence | None) -> _Recorded | None:
-        """This shape's recording (made now if new; None where recording failed)."""
-        weights = _weights_key(decoder)
+    def replayed(self, key: tuple, inputs: tuple[torch.Tensor, ...], weights: tuple, what: str,
+                 make: Callable[[tuple[torch.Tensor, ...]], Callable[[], tuple[torch.Tensor, ...]]]
+                 ) -> tuple[torch.Tensor, ...] | None:
+        """The outputs of key's recording replayed on `inputs` (copied into its static ones; `make(static inputs)`
+        is the function recorded the first time), valid until the next replay; None where it could not be
+        recorded (the caller runs eagerly)."""
         if weights != self.weights:  # moved or trained since: every recording reads stale weights
             self.recorded.clear()
             self.weights = weights
-        key = _key(feats, ids, settings, evidence)
         if key not in self.recorded:
-            self.recorded[key] = self._record(decoder, feats, ids, settings, evidence)
+            self.recorded[key] = self._record(inputs, what, make)
             while len(self.recorded) > self.limit:
                 self.recorded.popitem(last=False)
-            self.weights = _weights_key(decoder)  # the warm-up may have made the word-gate table
         self.recorded.move_to_end(key)
-        return self.recorded[key]
+        rec = self.recorded[key]
+        if rec is None:
+            return None
+        for static, x in zip(rec.inputs, inputs):
+            static.copy_(x)
+        rec.graph.replay()
+        return rec.outputs
 
-    def _record(self, decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-                evidence: Evidence | None) -> _Recorded | None:
+    def _record(self, inputs: tuple[torch.Tensor, ...], what: str,
+                make: Callable[[tuple[torch.Tensor, ...]], Callable[[], tuple[torch.Tensor, ...]]]
+                ) -> _Recorded | None:
         with torch.inference_mode(False):  # ordinary tensors: later calls may copy into them in either mode
-            inputs = tuple(x.clone() for x in _inputs(feats, evidence))
-        static = None
-        if evidence is not None:  # the same evidence, reading the static copies
-            static = copy.copy(evidence)
-            static.penalty, static.bonus, static.words = inputs[1:]
-
-        def search() -> tuple[torch.Tensor, ...]:
-            return search_on_device(decoder, inputs[0], ids, settings, static, check_every=None).walked()
-
+            static = tuple(x.clone() for x in inputs)
         graph = self.make_graph()
         try:
-            outputs = graph.record(search)
+            outputs = graph.record(make(static))
         except (RuntimeError, CaptureError) as e:
-            warnings.warn(f"the beam search could not be recorded as one graph ({e}); photos of this batch size "
-                          "decode eagerly", RuntimeWarning, stacklevel=4)
+            warnings.warn(f"{what} could not be recorded as one graph ({e}); inputs of this shape run it op by op",
+                          RuntimeWarning, stacklevel=5)
             return None
-        return _Recorded(graph, inputs, outputs)
+        return _Recorded(graph, static, outputs)
 
 
-_SEARCHES: Any = WeakIdKeyDictionary()  # decoder -> its CapturedSearches (never a reference back to the decoder)
+def _evidence_inputs(evidence: Evidence | None) -> tuple[torch.Tensor, ...]:
+    """What a recorded search reads of a call's evidence: its penalty (B, V), bonus (B, C) and word table (V, C)."""
+    return () if evidence is None else (evidence.penalty, evidence.bonus, evidence.words)
 
 
-def capture(decoder: Decoder, graph: Callable[[], Graph] = CudaGraph, limit: int = LIMIT) -> CapturedSearches:
-    """Decode with `decoder` off the CPU through recorded searches from now on (search.decode asks captured_of)."""
-    _SEARCHES[decoder] = CapturedSearches(graph, limit)
-    return _SEARCHES[decoder]
+def search(recordings: Recordings, decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
+           evidence: Evidence | None = None) -> list[list[Hypothesis]]:
+    """beam_search_on_device's hypotheses, its search replayed: feats (B, P, D) -> each image's, best first. One
+    recording per inputs' shapes, vocabulary ids, settings and evidence bonus (its code path)."""
+    inputs = (feats, *_evidence_inputs(evidence))
+    key = ("search", tuple((tuple(x.shape), x.dtype, x.device) for x in inputs), ids, repr(settings),
+           None if evidence is None else evidence.has_bonus)
+
+    def make(static: tuple[torch.Tensor, ...]) -> Callable[[], tuple[torch.Tensor, ...]]:
+        ev = None
+        if evidence is not None:  # the same evidence, reading the static copies
+            ev = copy.copy(evidence)
+            ev.penalty, ev.bonus, ev.words = static[1:]
+        return lambda: search_on_device(decoder, static[0], ids, settings, ev, check_every=None).walked()
+
+    with recordings.lock:
+        out = recordings.replayed(key, inputs, weights_key(decoder), "the beam search", make)
+        if out is not None:
+            return read_back(out)  # read before the lock lets another replay write them
+    return beam_search_on_device(decoder, feats, ids, settings, evidence)
 
 
-def captured_of(decoder: Decoder) -> CapturedSearches | None:
-    """The decoder's recorded searches, or None: it decodes eagerly."""
-    return _SEARCHES.get(decoder)
+def encode(recordings: Recordings, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """model.encode(x) replayed: preprocessed images (B, 3, S, S) on the device -> annotation vectors (B, P, D),
+    copied out of the recording. One recording per batch shape, dtype and memory layout."""
+    key = ("encode", tuple(x.shape), x.dtype, x.device, x.stride())
+    with recordings.lock:
+        out = recordings.replayed(key, (x,), weights_key(model.encoder), "the encoder",
+                                  lambda static: lambda: (model.encode(static[0]),))
+        if out is not None:
+            return out[0].clone()  # (B, P, D): the next replay writes over the recording's own
+    return model.encode(x)
 
 
-def release(decoder: Decoder) -> None:
-    """Back to the eager search; the recordings and their memory are freed."""
-    _SEARCHES.pop(decoder, None)
+_RECORDINGS: Any = WeakIdKeyDictionary()  # module -> its Recordings (never a reference back to the module)
 
 
-__all__ = ["CapturedSearches", "CudaGraph", "Rerun", "NoHostReads", "CaptureError", "capture", "captured_of",
-           "release", "READS_BACK"]
+def capture(module: torch.nn.Module, graph: Callable[[], Graph] = CudaGraph, limit: int = LIMIT) -> Recordings:
+    """Run `module` (a Decoder's search: search.decode; an Encoder: api.Captioner.encode) through recordings from
+    now on, where its callers ask recordings_of."""
+    _RECORDINGS[module] = Recordings(graph, limit)
+    return _RECORDINGS[module]
+
+
+def recordings_of(module: torch.nn.Module) -> Recordings | None:
+    """The module's recordings, or None: it runs op by op."""
+    return _RECORDINGS.get(module)
+
+
+def release(module: torch.nn.Module) -> None:
+    """Back to op by op; the recordings and their memory are freed."""
+    _RECORDINGS.pop(module, None)
+
+
+__all__ = ["Recordings", "CudaGraph", "Rerun", "NoHostReads", "CaptureError", "capture", "recordings_of", "release",
+           "search", "encode", "weights_key", "READS_BACK"]

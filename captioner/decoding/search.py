@@ -24,7 +24,7 @@ import torch
 
 from ..config import DecodeConfig
 from .evidence import Evidence
-from .captured import captured_of
+from . import captured
 from .device_beam import beam_search_on_device, with_greedy_scores
 from .hypotheses import History, Hypothesis, alive, candidates, normalise
 from .processors import Rules
@@ -170,9 +170,9 @@ def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: Dec
     off again here: log_prob and word_logps are the model's own."""
     settings.checked()  # config.DecodeConfig.LIMITS: one place for every setting's range
     if feats.device.type != "cpu":  # a GPU: fixed shapes, no host sync per step (device_beam.py; beam 1 = greedy)
-        searches = captured_of(decoder)  # recorded once per shape and replayed as one launch (captured.py)
-        hyps = (searches.search if searches is not None else beam_search_on_device)(decoder, feats, ids, settings,
-                                                                                     evidence)
+        recorded = captured.recordings_of(decoder)  # recorded once per shape, replayed as one launch (captured.py)
+        hyps = (captured.search(recorded, decoder, feats, ids, settings, evidence) if recorded is not None else
+                beam_search_on_device(decoder, feats, ids, settings, evidence))
         if settings.beam_size == 1:
             with_greedy_scores(hyps)
     elif settings.beam_size == 1:  # on a CPU finished images leave the batch: the least work
