@@ -5,6 +5,7 @@ a read, shapes and trained weights get their own recordings, and a recording tha
 search."""
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -14,7 +15,7 @@ import torch
 import captioner
 from captioner.config import DecodeConfig
 from captioner.decoding import captured
-from captioner.decoding.captured import CaptureError, NoHostReads, Recordings, Rerun, search
+from captioner.decoding.captured import CaptureError, NoHostReads, Recordings, Rerun, chunk_sizes, search
 from captioner.decoding.device_beam import beam_search_on_device, search_on_device
 from captioner.decoding.evidence import photo_evidence
 from captioner.decoding.reading import read_heads
@@ -38,14 +39,30 @@ RULES = DecodeConfig(beam_size=3, max_len=9, length_penalty=0.7, block_trigrams=
                      block_repeats=True, block_content_repeats=True)
 
 
-@pytest.mark.parametrize("settings", [RULES, DecodeConfig(beam_size=1, max_len=7)])
+@pytest.mark.parametrize("settings", [RULES, DecodeConfig(beam_size=1, max_len=7),
+                                      dataclasses.replace(RULES, max_len=30, beam_size=2)])
 def test_a_replay_finds_what_the_eager_search_finds_for_the_photos_copied_in(settings):
     dec, searches = small(), Recordings(Rerun)
     for seed in range(3):  # recorded with the first photos, replayed with others
         feats = torch.rand(2, 9, 16, generator=torch.Generator().manual_seed(seed))
         same(beam_search_on_device(dec, feats, IDS, settings), search(searches, dec, feats, IDS, settings))
-    rec = next(iter(searches.recorded.values()))
-    assert len(searches.recorded) == 1 and rec.graph.replays == 3
+    rec = next(iter(searches.recorded.values())).recording
+    assert len(searches.recorded) == 1 and len(rec.chunks) == len(chunk_sizes(settings.max_len))
+    assert rec.chunks[0][0].replays == 1 + 3  # once as it was recorded, then once a call
+
+
+def test_the_chunks_end_where_max_len_does_and_a_search_stops_after_the_chunk_where_all_photos_are_done():
+    assert chunk_sizes(30) == [12, 4, 4, 4, 6] and chunk_sizes(16) == [12, 4] and chunk_sizes(9) == [9]
+    dec = small()
+    with torch.no_grad():
+        dec.out_vocab.bias[END] += 3.0  # every caption ends within the first chunk
+    searches, settings = Recordings(Rerun), dataclasses.replace(RULES, max_len=30)
+    feats = torch.rand(3, 9, 16)
+    for _ in range(2):
+        same(beam_search_on_device(dec, feats, IDS, settings), search(searches, dec, feats, IDS, settings))
+    rec = next(iter(searches.recorded.values())).recording
+    assert [graph.replays for graph, _ in rec.chunks] == [3, 1, 1, 1, 1]  # later chunks: only as recorded
+    assert [graph.replays for graph, _ in rec.walks] == [2, 0, 0, 0, 0]
 
 
 def test_the_search_runs_every_step_without_a_read_and_finds_the_same():
@@ -129,7 +146,7 @@ def test_the_encoder_replayed_on_other_images_gives_their_features(bundled):
     for i in range(3):
         assert torch.allclose(got[i], want[i:i + 1], atol=1e-5)
     assert torch.allclose(got[3], want[1:], atol=1e-5)
-    assert len(recorded.recorded) == 2 and all(r.graph.replays >= 1 for r in recorded.recorded.values())
+    assert len(recorded.recorded) == 2 and all(r.recording.graph.replays >= 1 for r in recorded.recorded.values())
 
 
 def test_a_captioner_records_only_on_a_gpu(bundled):

@@ -1,31 +1,39 @@
-"""The GPU's search and encoder recorded once and replayed: one launch for a whole decode, one for an encoder pass.
+"""The GPU's search and encoder recorded once and replayed: a few launches for a whole decode, one for an encoder
+pass.
 
-device_beam.search_on_device queues about 170 small kernels a step and reads nothing back between them, yet on a
-GPU its time is the host's: launching them (docs/performance.md has the counts and times); a photo's encoder pass
-is a hundred more. A CUDA graph records every kernel of one call, once per shape, and replays them with one
-launch (torch.cuda.CUDAGraph): for the search, all max_len steps and the walk back through the trail; for the
-encoder, model.encode. A graph reads and writes the memory it was recorded with, so (Recordings.replayed):
+device_beam's search queues about 170 small kernels a step and reads nothing back between them, yet on a GPU its
+time is the host's: launching them (docs/performance.md has the counts and times); a photo's encoder pass is a
+hundred more. A CUDA graph records every kernel of a call once per shape and replays them with one launch
+(torch.cuda.CUDAGraph). The encoder is one graph (model.encode). The search is recorded in chunks of steps
+(CHECKS: to step 12, 16, 20, 24, then max_len), each chunk a function from one device_beam.State to the next, and
+after each chunk the walk back through the trail: a call replays chunks until no photo searches (one read of
+`active.any()` a chunk), then that chunk's walk. So a caption that ends by step 12 costs two launches and no
+step past its chunk, where one graph of all max_len steps (30 for the bundled model) would run every step.
+A graph reads and writes the memory it was recorded with, so (Recordings.run):
 - its inputs are static buffers: each call copies its tensors into them before the replay (the search: the
   photos' features and their evidence's penalty, bonus and word table; the encoder: the images);
-- its outputs are read (the search's walked hypotheses, device_beam._Finished.walked) or copied (the
-  features) before the next replay, under the recordings' lock: two app sessions may caption at once;
-- what it does may not depend on a value read from the device: the search runs all max_len steps
-  (check_every=None: the same hypotheses, an image that is done adds none). One recording per batch size,
-  dtype and settings; evidence with and without its bonus runs different code, so that is in the key too;
+- its outputs are read (the search's walked hypotheses) or copied (the features) before the next replay, under
+  the recordings' lock: two app sessions may caption at once. A chunk's state stays alive and is read by the
+  next chunk; the graphs of one search share a memory pool, replayed in the order they were recorded (a prefix
+  of the chunks, then one walk), so what one graph frees and a later one reuses is never read across a call;
+- what a chunk does may not depend on a value read from the device: the reads are between chunks. One recording
+  per batch size, dtype and settings; evidence with and without its bonus runs different code, so that is in
+  the key too;
 - whatever else it reads must stay where it was: the module's parameters and buffers (after an in-place update a
   replay would read the new values without the decoder's word-gate table made from them, so any change of one's
   version or address drops the recordings: weights_key) and the rules' tables (processors._tables, kept for the
   process).
 
-Recording costs one call to warm up (cuBLAS handles, the rules' tables and the allocator, made before the
-recording) and one recorded: the first caption of each batch size waits about two eager passes more.
+Recording costs each graph one warm-up run (cuBLAS handles, the rules' tables and the allocator, made before the
+recording) and its recording, and each chunk is replayed once as it is recorded (the next one's warm-up reads
+real values): the first caption of each batch size waits about three eager searches and two encoder passes more.
 `Captioner(capture=False)` / `captioner-caption --eager` keep everything op by op. A recording that fails (an
 operation a graph cannot hold) warns once, and that shape runs op by op: the eager code is the fallback.
 
 A module is recorded where `capture(module)` registered it (api.Captioner on a CUDA GPU: its encoder and decoder;
 search.decode and Captioner.encode ask recordings_of). A CPU has no graphs: `Rerun` keeps their contract (record
 once with every host read refused, replay into the same outputs), so tests/test_captured.py checks the static
-buffers and the capture rules without a GPU.
+buffers, the chunks and the capture rules without a GPU.
 
 Legend: B images, K beams, P regions, D feature size, V vocabulary, C evidence categories.
 """
@@ -38,6 +46,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from torch.utils._pytree import tree_leaves
+
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
@@ -45,7 +55,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ..config import DecodeConfig
 from ..model.decoder import Decoder
 from ..vocab import SpecialIds
-from .device_beam import beam_search_on_device, read_back, search_on_device
+from .device_beam import Search, State, beam_search_on_device, read_back
 from .evidence import Evidence
 from .hypotheses import Hypothesis
 
@@ -53,6 +63,9 @@ from .hypotheses import Hypothesis
 READS_BACK = frozenset({"item", "tolist", "cpu", "numpy", "nonzero", "argwhere", "masked_select", "equal",
                         "is_nonzero", "__bool__", "__int__", "__float__", "__index__"})
 LIMIT = 8  # shapes kept recorded (each holds its own memory pool); the least recently used goes first
+# the steps after which a recorded search reads whether any photo still searches (then max_len): most captions
+# end by the first, a batch's last by the second or third (docs/performance.md)
+CHECKS = (12, 16, 20, 24)
 
 
 class CaptureError(RuntimeError):
@@ -69,16 +82,29 @@ class NoHostReads(TorchFunctionMode):
 
 
 class Graph(Protocol):
-    def record(self, fn: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]: ...
+    def record(self, fn: Callable[[], Any]) -> Any: ...
 
     def replay(self) -> None: ...
 
 
+def _leaves(out: Any) -> list[torch.Tensor]:
+    """The tensors of what a recorded function returned: a search State's, or a tuple's."""
+    return list(out.tensors()) if isinstance(out, State) else tree_leaves(out)
+
+
 class CudaGraph:
     """torch.cuda.CUDAGraph: `record` warms fn up on a side stream (lazy handles and caches made outside the
-    recording, as PyTorch asks), then records it; its outputs hold each replay's results."""
+    recording, as PyTorch asks), then records it; its outputs hold each replay's results. Graphs made with the same
+    `pool` share their memory: the graphs of one recording, replayed in the order they were recorded."""
 
-    def record(self, fn: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    def __init__(self, pool: Any = None):
+        self.pool = pool
+
+    @staticmethod
+    def new_pool() -> Any:
+        return torch.cuda.graph_pool_handle()
+
+    def record(self, fn: Callable[[], Any]) -> Any:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -86,7 +112,7 @@ class CudaGraph:
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA calls meanwhile (an app session captioning) are not this capture's error
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(self.graph, pool=self.pool, capture_error_mode="thread_local"):
             out = fn()
         return out
 
@@ -97,27 +123,29 @@ class CudaGraph:
 class Rerun:
     """A graph's contract where there is none (a CPU): `record` runs fn with every host read refused
     (NoHostReads) and keeps its outputs; `replay` runs fn again and writes the results into those outputs. What
-    fn reads besides the static inputs shows up as a wrong answer here as it would on a GPU."""
+    fn reads besides the static inputs and the outputs of the graphs before it shows up as a wrong answer here as
+    it would on a GPU."""
 
     replays = 0
 
-    def record(self, fn: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    def __init__(self, pool: Any = None):
+        pass
+
+    @staticmethod
+    def new_pool() -> Any:
+        return None
+
+    def record(self, fn: Callable[[], Any]) -> Any:
         with NoHostReads(), torch.inference_mode(False):  # outputs a later replay may write in either mode
             self.fn, self.out = fn, fn()
         return self.out
 
     def replay(self) -> None:
         with NoHostReads():
-            for old, new in zip(self.out, self.fn()):
-                old.copy_(new)
+            for old, new in zip(_leaves(self.out), _leaves(self.fn())):
+                if new is not old:  # (a state's tensors from before the chunk are its own)
+                    old.copy_(new)
         self.replays += 1
-
-
-@dataclass
-class _Recorded:
-    graph: Graph
-    inputs: tuple[torch.Tensor, ...]  # static: each call's inputs are copied into these
-    outputs: tuple[torch.Tensor, ...]  # what each replay writes
 
 
 def weights_key(module: torch.nn.Module) -> tuple:
@@ -126,52 +154,109 @@ def weights_key(module: torch.nn.Module) -> tuple:
     return tuple((t.data_ptr(), t._version) for t in (*module.parameters(), *module.buffers()))
 
 
-class Recordings:
-    """Functions of static inputs recorded once per key and replayed (module doc); at most `limit` recordings
-    kept (the least recently used goes); all dropped when the module's weights change (weights_key). `graph`
-    makes a recorder: CudaGraph on a GPU, Rerun on a CPU. Hold `lock` from a replay until its outputs are read."""
+@dataclass
+class _Entry:
+    inputs: tuple[torch.Tensor, ...]  # static: each call's inputs are copied into these
+    recording: Any  # what the caller's `record` made; its run() replays it
 
-    def __init__(self, graph: Callable[[], Graph] = CudaGraph, limit: int = LIMIT):
+
+class Recordings:
+    """A module's calls recorded once per key and replayed (module doc); at most `limit` recordings kept (the
+    least recently used goes); all dropped when the module's weights change (weights_key). `graph` makes the
+    recorders: CudaGraph on a GPU, Rerun on a CPU."""
+
+    def __init__(self, graph: Any = CudaGraph, limit: int = LIMIT):
         self.make_graph, self.limit = graph, limit
-        self.recorded: OrderedDict[tuple, _Recorded | None] = OrderedDict()  # None: failed, run eagerly
+        self.recorded: OrderedDict[tuple, _Entry | None] = OrderedDict()  # None: failed, run op by op
         self.weights: tuple = ()
         self.lock = threading.Lock()
 
-    def replayed(self, key: tuple, inputs: tuple[torch.Tensor, ...], weights: tuple, what: str,
-                 make: Callable[[tuple[torch.Tensor, ...]], Callable[[], tuple[torch.Tensor, ...]]]
-                 ) -> tuple[torch.Tensor, ...] | None:
-        """The outputs of key's recording replayed on `inputs` (copied into its static ones; `make(static inputs)`
-        is the function recorded the first time), valid until the next replay; None where it could not be
-        recorded (the caller runs eagerly)."""
-        if weights != self.weights:  # moved or trained since: every recording reads stale weights
-            self.recorded.clear()
-            self.weights = weights
-        if key not in self.recorded:
-            self.recorded[key] = self._record(inputs, what, make)
-            while len(self.recorded) > self.limit:
-                self.recorded.popitem(last=False)
-        self.recorded.move_to_end(key)
-        rec = self.recorded[key]
-        if rec is None:
-            return None
-        for static, x in zip(rec.inputs, inputs):
-            static.copy_(x)
-        rec.graph.replay()
-        return rec.outputs
+    def run(self, key: tuple, inputs: tuple[torch.Tensor, ...], weights: tuple, what: str,
+            record: Callable[[tuple[torch.Tensor, ...], Callable[[], Graph]], Any]) -> Any | None:
+        """key's recording run on `inputs` (copied into its static inputs) -> what its run() returns, under the
+        lock (two callers never replay into the same outputs). The first time, `record(static inputs, new_graph)`
+        makes it (its graphs from new_graph share one memory pool); None where it could not be recorded (the
+        caller runs op by op)."""
+        with self.lock:
+            if weights != self.weights:  # moved or trained since: every recording reads stale weights
+                self.recorded.clear()
+                self.weights = weights
+            if key not in self.recorded:
+                self.recorded[key] = self._record(inputs, what, record)
+                while len(self.recorded) > self.limit:
+                    self.recorded.popitem(last=False)
+            self.recorded.move_to_end(key)
+            entry = self.recorded[key]
+            if entry is None:
+                return None
+            for static, x in zip(entry.inputs, inputs):
+                static.copy_(x)
+            return entry.recording.run()
 
     def _record(self, inputs: tuple[torch.Tensor, ...], what: str,
-                make: Callable[[tuple[torch.Tensor, ...]], Callable[[], tuple[torch.Tensor, ...]]]
-                ) -> _Recorded | None:
+                record: Callable[[tuple[torch.Tensor, ...], Callable[[], Graph]], Any]) -> _Entry | None:
         with torch.inference_mode(False):  # ordinary tensors: later calls may copy into them in either mode
             static = tuple(x.clone() for x in inputs)
-        graph = self.make_graph()
+        pool = self.make_graph.new_pool()
         try:
-            outputs = graph.record(make(static))
+            return _Entry(static, record(static, lambda: self.make_graph(pool)))
         except (RuntimeError, CaptureError) as e:
-            warnings.warn(f"{what} could not be recorded as one graph ({e}); inputs of this shape run it op by op",
+            warnings.warn(f"{what} could not be recorded as CUDA graphs ({e}); inputs of this shape run it op by op",
                           RuntimeWarning, stacklevel=5)
             return None
-        return _Recorded(graph, static, outputs)
+
+
+@dataclass
+class _Once:
+    """One graph and its outputs: run() replays it and returns a copy of its first output."""
+    graph: Graph
+    outputs: tuple[torch.Tensor, ...]
+
+    def run(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.outputs[0].clone()  # the next replay writes over the recording's own
+
+
+@dataclass
+class _Chunks:
+    """A search recorded chunk by chunk (CHECKS): each chunk's graph with the state it writes, and after each the
+    walk back through the trail with its outputs. run() replays chunks until no photo searches (one read a chunk),
+    then that chunk's walk, and reads the hypotheses."""
+    chunks: list[tuple[Graph, State]]
+    walks: list[tuple[Graph, tuple[torch.Tensor, ...]]]
+
+    def run(self) -> list[list[Hypothesis]]:
+        for k, (graph, state) in enumerate(self.chunks):
+            graph.replay()
+            if state.capped or not bool(state.active.any()):  # the one read a chunk
+                break
+        walk, outputs = self.walks[k]
+        walk.replay()
+        return read_back(outputs)
+
+
+def chunk_sizes(max_len: int) -> list[int]:
+    """The steps of each recorded chunk: up to each of CHECKS below max_len, then to max_len."""
+    ends = [c for c in CHECKS if c < max_len] + [max_len]
+    return [b - a for a, b in zip([0] + ends[:-1], ends)]
+
+
+def _record_search(search: Search, new_graph: Callable[[], Graph]) -> _Chunks:
+    """Each chunk recorded from the state the one before writes (and replayed at once, so the next one's warm-up
+    reads real values), and the walk after each."""
+    chunks, walks, state = [], [], None
+    for size in chunk_sizes(search.T):
+        graph = new_graph()
+        before = state
+        state = graph.record(lambda before=before, size=size:  # (bound now: a Rerun calls it again later)
+                             search.advance(search.start() if before is None else before, size))
+        graph.replay()
+        chunks.append((graph, state))
+        walk = new_graph()
+        walks.append((walk, walk.record(state.walked)))
+        if state.capped:
+            break
+    return _Chunks(chunks, walks)
 
 
 def _evidence_inputs(evidence: Evidence | None) -> tuple[torch.Tensor, ...]:
@@ -187,36 +272,36 @@ def search(recordings: Recordings, decoder: Decoder, feats: torch.Tensor, ids: S
     key = ("search", tuple((tuple(x.shape), x.dtype, x.device) for x in inputs), ids, repr(settings),
            None if evidence is None else evidence.has_bonus)
 
-    def make(static: tuple[torch.Tensor, ...]) -> Callable[[], tuple[torch.Tensor, ...]]:
+    def record(static: tuple[torch.Tensor, ...], new_graph: Callable[[], Graph]) -> _Chunks:
         ev = None
         if evidence is not None:  # the same evidence, reading the static copies
             ev = copy.copy(evidence)
             ev.penalty, ev.bonus, ev.words = static[1:]
-        return lambda: search_on_device(decoder, static[0], ids, settings, ev, check_every=None).walked()
+        with torch.no_grad():
+            return _record_search(Search(decoder, static[0], ids, settings, ev), new_graph)
 
-    with recordings.lock:
-        out = recordings.replayed(key, inputs, weights_key(decoder), "the beam search", make)
-        if out is not None:
-            return read_back(out)  # read before the lock lets another replay write them
-    return beam_search_on_device(decoder, feats, ids, settings, evidence)
+    with torch.no_grad():
+        found = recordings.run(key, inputs, weights_key(decoder), "the beam search", record)
+    return found if found is not None else beam_search_on_device(decoder, feats, ids, settings, evidence)
 
 
 def encode(recordings: Recordings, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """model.encode(x) replayed: preprocessed images (B, 3, S, S) on the device -> annotation vectors (B, P, D),
     copied out of the recording. One recording per batch shape, dtype and memory layout."""
+    def record(static: tuple[torch.Tensor, ...], new_graph: Callable[[], Graph]) -> _Once:
+        graph = new_graph()
+        return _Once(graph, graph.record(lambda: (model.encode(static[0]),)))
+
     key = ("encode", tuple(x.shape), x.dtype, x.device, x.stride())
-    with recordings.lock:
-        out = recordings.replayed(key, (x,), weights_key(model.encoder), "the encoder",
-                                  lambda static: lambda: (model.encode(static[0]),))
-        if out is not None:
-            return out[0].clone()  # (B, P, D): the next replay writes over the recording's own
-    return model.encode(x)
+    with torch.no_grad():
+        feats = recordings.run(key, (x,), weights_key(model.encoder), "the encoder", record)
+    return feats if feats is not None else model.encode(x)
 
 
 _RECORDINGS: Any = WeakIdKeyDictionary()  # module -> its Recordings (never a reference back to the module)
 
 
-def capture(module: torch.nn.Module, graph: Callable[[], Graph] = CudaGraph, limit: int = LIMIT) -> Recordings:
+def capture(module: torch.nn.Module, graph: Any = CudaGraph, limit: int = LIMIT) -> Recordings:
     """Run `module` (a Decoder's search: search.decode; an Encoder: api.Captioner.encode) through recordings from
     now on, where its callers ask recordings_of."""
     _RECORDINGS[module] = Recordings(graph, limit)
@@ -234,4 +319,4 @@ def release(module: torch.nn.Module) -> None:
 
 
 __all__ = ["Recordings", "CudaGraph", "Rerun", "NoHostReads", "CaptureError", "capture", "recordings_of", "release",
-           "search", "encode", "weights_key", "READS_BACK"]
+           "search", "encode", "chunk_sizes", "weights_key", "READS_BACK", "CHECKS"]

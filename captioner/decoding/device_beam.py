@@ -6,16 +6,22 @@ step reads values back (which images are done, which rows just ended). On a CPU 
 each read waits for the queue, and one photo's caption was slower on an H100 than on a 2-core CPU (docs/history.md).
 Here every image keeps its K rows to the end, an image that is done only stops adding hypotheses, and each
 image's K best finished hypotheses live in device tensors (its ranking: search's, by normalised score) as the
-step and row each ends at: the maps, gates and words each step wrote are kept as written (_Trail, not copied into
-every row's history each step) and walked back once at the end. The host reads `active.any()` once every
+step and row each ends at: the maps, gates and words each step wrote are kept as written (the trail, not copied
+into every row's history each step) and walked back once at the end. The host reads `active.any()` once every
 `check_every` steps (to stop early) and the results once at the end.
 With decoding/processors.py's masks (no nonzero()) a step is queued without a sync.
 
-Legend: B images, K beams, N = B*K rows, T = max_len, P regions, V vocabulary.
+A step never writes a tensor it was given: it reads one _State and makes the next (_Search.step), so a run of
+steps is a function from one state's tensors to the next's, which captured.py records as a CUDA graph chunk by
+chunk (reading between chunks whether to go on) and replays.
+
+Legend: B images, K beams, N = B*K rows, T = max_len, P regions, A attention size, H hidden size, V vocabulary.
 tests/test_device_beam.py: the same hypotheses as search.beam_search (random decoders, and the bundled model
 on real photos with its stored settings), and no host sync between checks.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -23,86 +29,155 @@ from ..config import DecodeConfig
 from ..model.decoder import Decoder
 from ..vocab import SpecialIds
 from .evidence import Evidence
-from .processors import Rules
+from .processors import RowState, Rules
 from .hypotheses import Hypothesis, alive, candidates, normalise
 
 NEG = float("-inf")
+# what step s wrote: the source rows (N,) (the row after step s - 1 each row continues), its words (N,) and word
+# log-probs (N,) (aligned with the rows after step s), its attention maps (N, P) and gates (N,) (aligned with the
+# rows before it: the step computed them for those)
+Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-class _Trail:
-    """What each step wrote, kept as written instead of copied into every row's history each step: step s's source
-    rows (N,) (the row after step s - 1 each row continues), its words (N,) and word log-probs (N,) (aligned with the
-    rows after step s), its attention maps (N, P) and gates (N,) (aligned with the rows before it: the step
-    computed them for those). A hypothesis is read back once, at the end, by walking the source rows from its last
-    step to its first (walk)."""
-
-    def __init__(self) -> None:
-        self.rows: list[torch.Tensor] = []
-        self.words: list[torch.Tensor] = []
-        self.logps: list[torch.Tensor] = []
-        self.alphas: list[torch.Tensor] = []
-        self.betas: list[torch.Tensor] = []
-
-    def add(self, rows: torch.Tensor, words: torch.Tensor, logp: torch.Tensor, alpha: torch.Tensor,
-            beta: torch.Tensor) -> None:
-        for store, x in ((self.rows, rows), (self.words, words), (self.logps, logp), (self.alphas, alpha),
-                         (self.betas, beta)):
-            store.append(x)
-
-    def walk(self, rows: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Hypotheses ending at row rows[m] after step lengths[m] - 1 (M,) -> their words (M, S), maps (M, S, P),
-        gates (M, S) and word log-probs (M, S), S the steps taken, zero after each one's end."""
-        M, S = len(rows), len(self.rows)
-        like = self.alphas[0] if S else torch.zeros(0, 0, device=rows.device)
-        tokens = torch.zeros(M, S, dtype=torch.long, device=rows.device)
-        alphas, betas = like.new_zeros(M, S, like.shape[-1]), like.new_zeros(M, S)
-        logps = torch.zeros(M, S, device=rows.device)
-        at = rows  # (M,) a row after step s, from the step a hypothesis ends at down to its first
-        for s in reversed(range(S)):
-            here = s < lengths  # (M,) hypotheses with a word at position s
-            before = self.rows[s][at]  # (M,) the row each continued
-            tokens[:, s] = torch.where(here, self.words[s][at], 0)
-            logps[:, s] = torch.where(here, self.logps[s][at].float(), 0.0)
-            alphas[:, s] = torch.where(here[:, None], self.alphas[s][before], 0.0)
-            betas[:, s] = torch.where(here, self.betas[s][before], 0.0)
-            at = torch.where(here, before, at)
-        return tokens, alphas, betas, logps
+def walk(trail: tuple[Step, ...], rows: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Hypotheses ending at row rows[m] after step lengths[m] - 1 (M,) -> their words (M, S), maps (M, S, P),
+    gates (M, S) and word log-probs (M, S), S the steps of the trail, zero after each one's end: the source rows
+    walked from the step a hypothesis ends at back to its first."""
+    M, S = len(rows), len(trail)
+    like = trail[0][3] if S else torch.zeros(0, 0, device=rows.device)
+    tokens = torch.zeros(M, S, dtype=torch.long, device=rows.device)
+    alphas, betas = like.new_zeros(M, S, like.shape[-1]), like.new_zeros(M, S)
+    logps = torch.zeros(M, S, device=rows.device)
+    at = rows  # (M,) a row after step s, from the step a hypothesis ends at down to its first
+    for s in reversed(range(S)):
+        step_rows, step_words, step_logps, step_alphas, step_betas = trail[s]
+        here = s < lengths  # (M,) hypotheses with a word at position s
+        before = step_rows[at]  # (M,) the row each continued
+        tokens[:, s] = torch.where(here, step_words[at], 0)
+        logps[:, s] = torch.where(here, step_logps[at].float(), 0.0)
+        alphas[:, s] = torch.where(here[:, None], step_alphas[before], 0.0)
+        betas[:, s] = torch.where(here, step_betas[before], 0.0)
+        at = torch.where(here, before, at)
+    return tokens, alphas, betas, logps
 
 
-class _Finished:
-    """Each image's K best finished hypotheses by normalised score, on the device: scores (B, K), raw log-probs
-    (B, K), lengths (B, K) and the row of the trail (_Trail) each ends at after its last word (B, K)."""
+Finished = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # scores, raw log-probs, lengths, rows (B, K)
 
-    def __init__(self, B: int, K: int, like: torch.Tensor, trail: _Trail):
-        self.norm = like.new_full((B, K), NEG)
-        self.raw = like.new_full((B, K), NEG)
-        self.length = torch.zeros(B, K, dtype=torch.long, device=like.device)
-        self.row = torch.zeros(B, K, dtype=torch.long, device=like.device)
-        self.trail = trail
 
-    def merge(self, rows: torch.Tensor, length: int, raw: torch.Tensor, norm: torch.Tensor, ok: torch.Tensor) -> None:
-        """Candidates: the trail's rows `rows` (B, M) after `length` words, scores raw / norm (B, M) where ok."""
-        B, K = self.norm.shape
-        norm = norm.masked_fill(~ok, NEG)
-        top = torch.cat([self.norm, norm], 1).topk(K, dim=1).indices  # (B, K): search keeps the K best by score
-        for name, new in (("norm", norm), ("raw", raw), ("length", torch.full_like(rows, length)), ("row", rows)):
-            old = getattr(self, name)
-            setattr(self, name, torch.cat([old, new.to(old.dtype)], 1).gather(1, top))  # (B, K)
+def merge(finished: Finished, rows: torch.Tensor, length: int, raw: torch.Tensor, norm: torch.Tensor,
+          ok: torch.Tensor) -> Finished:
+    """Each image's K best finished hypotheses by normalised score (the ranking search keeps), with candidates
+    ending at the trail's rows `rows` (B, M) after `length` words, scores raw / norm (B, M), where ok."""
+    K = finished[0].shape[1]
+    norm = norm.masked_fill(~ok, NEG)
+    top = torch.cat([finished[0], norm], 1).topk(K, dim=1).indices  # (B, K)
+    new = (norm, raw, torch.full_like(rows, length), rows)
+    return tuple(torch.cat([old, x.to(old.dtype)], 1).gather(1, top) for old, x in zip(finished, new))  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class State:
+    """Everything a search carries from one step to the next; a step makes a new one and writes none of these."""
+    t: int  # steps taken
+    capped: bool  # the search reached max_len: no step follows
+    feat_proj: torch.Tensor  # (B, P, A): W_a a_i, once per search
+    ctx_gates: torch.Tensor  # (B, P, 4H): W_z a_i, once per search
+    images: torch.Tensor  # (N,) the image of each row
+    rank: torch.Tensor  # (2K,) 0 .. 2K - 1
+    h: torch.Tensor  # (N, H)
+    c: torch.Tensor  # (N, H)
+    cum: torch.Tensor  # (N,) each row's score, -inf where it is not live
+    words: torch.Tensor  # (N,) each row's last word
+    tokens: torch.Tensor  # (N, t): the words the rules read
+    said: RowState  # what the rules remember of each row
+    active: torch.Tensor  # (B,) images still searching (search: still in the batch)
+    finished: Finished  # each image's K best finished hypotheses
+    trail: tuple[Step, ...]  # what each step wrote
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor of the state, in one fixed order (captured.Rerun copies a replay's into the recorded)."""
+        said = tuple(x for x in (self.said.banned, self.said.counts, self.said.named) if x is not None)
+        return (self.feat_proj, self.ctx_gates, self.images, self.rank, self.h, self.c, self.cum, self.words,
+                self.tokens, *said, self.active, *self.finished, *(x for step in self.trail for x in step))
 
     def walked(self) -> tuple[torch.Tensor, ...]:
         """Still on the device: each image's finished hypotheses as tensors, words (B*K, S), maps (B*K, S, P),
         gates (B*K, S), word log-probs (B*K, S), then scores, raw log-probs and lengths (B, K) (read_back reads
-        them; captured.py replays the whole search into them)."""
-        tokens, alphas, betas, logps = self.trail.walk(self.row.view(-1), self.length.view(-1))  # (B*K, S, ...)
-        return tokens, alphas, betas, logps, self.norm, self.raw, self.length
+        them)."""
+        norm, raw, length, row = self.finished
+        return (*walk(self.trail, row.view(-1), length.view(-1)), norm, raw, length)
 
     def hypotheses(self) -> list[list[Hypothesis]]:
         """Read back once: each image's finished hypotheses, best first."""
         return read_back(self.walked())
 
 
+class Search:
+    """One search's fixed parts (decoder, features, ids, settings, the rules with the evidence) and its steps."""
+
+    def __init__(self, decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
+                 evidence: Evidence | None = None):
+        self.decoder, self.feats, self.ids, self.settings = decoder, feats, ids, settings
+        self.K, self.T, self.length_penalty = settings.beam_size, settings.max_len, settings.length_penalty
+        self.rules = Rules(ids, settings, evidence)  # rules.word_logp, step by step
+
+    def start(self) -> State:
+        """No word yet: K rows per image, of which only the first is live (search's one row per image at t = 0)."""
+        d, K, feats = self.decoder, self.K, self.feats
+        (B, _, _), device = feats.shape, feats.device
+        images = torch.arange(B, device=device).repeat_interleave(K)  # (N,)
+        h, c = (s[images] for s in d.init_state(feats))  # (N, H)
+        cum = feats.new_full((B, K), NEG)
+        cum[:, 0] = 0
+        like = feats.new_zeros(())
+        finished = (like.new_full((B, K), NEG), like.new_full((B, K), NEG),
+                    torch.zeros(B, K, dtype=torch.long, device=device), torch.zeros(B, K, dtype=torch.long, device=device))
+        return State(0, False, d.attention.project(feats), d.context_gates(feats), images,
+                     torch.arange(2 * K, device=device), h, c, cum.view(-1),
+                     torch.full((B * K,), self.ids.start, dtype=torch.long, device=device),
+                     torch.zeros(B * K, 0, dtype=torch.long, device=device), self.rules.start(B * K),
+                     torch.ones(B, dtype=torch.bool, device=device), finished, ())
+
+    def advance(self, state: State, steps: int) -> State:
+        """Up to `steps` steps from `state` (fewer where max_len comes first)."""
+        for _ in range(steps):
+            if state.capped:
+                break
+            state = self.step(state)
+        return state
+
+    def step(self, s: State) -> State:
+        """One word for every row: the next state."""
+        d, K, T, t, end = self.decoder, self.K, self.T, s.t, self.ids.end
+        B, lp = s.active.shape[0], self.length_penalty
+        emb, emb_gates = d.embed(s.words)
+        logits, alpha, beta, (h, c) = d.step((s.h, s.c), emb, emb_gates, self.feats, s.feat_proj,
+                                             self.settings.hard_context, s.ctx_gates)
+        logp = self.rules.scores(logits, s.tokens, s.said, s.images)  # (N, V)
+        top_s, src, word, step_lp = candidates(s.cum, logp, B, K, K, self.ids.pad)  # (B, 2K) each
+        is_end = word == end
+        ends = is_end & (s.rank < K) & (top_s > NEG) & s.active.unsqueeze(1)  # (B, 2K)
+        finished = merge(s.finished, src, t, top_s, normalise(top_s, t + 1, lp), ends)  # their t words before <end>
+        alive_s, alive_src, alive_word, alive_lp = alive(top_s, src, word, step_lp, is_end, s.rank, K)  # (B, K)
+        if t == T - 1:  # cap: live hypotheses end here with the word they just chose
+            trail = s.trail + ((alive_src.reshape(-1), alive_word.reshape(-1), alive_lp.reshape(-1), alpha, beta),)
+            finished = merge(finished, torch.arange(B * K, device=s.cum.device).view(B, K), T, alive_s,
+                             normalise(alive_s, t + 1, lp), (alive_s > NEG) & s.active.unsqueeze(1))
+            return replace(s, t=T, capped=True, finished=finished, trail=trail)
+        best_alive, best_k = alive_s[:, 0], finished[0][:, K - 1]  # (B,) each
+        done = best_k > NEG if lp else best_k >= best_alive
+        active = s.active & ~(done | (best_alive == NEG))
+        rows = alive_src.reshape(-1)  # (N,)
+        words, cum = alive_word.reshape(-1), alive_s.reshape(-1).masked_fill(~active.repeat_interleave(K), NEG)
+        return replace(s, t=t + 1, h=h[rows], c=c[rows], cum=cum, words=words,
+                       tokens=torch.cat([s.tokens[rows], words[:, None]], 1),  # (N, t + 1)
+                       said=self.rules.advance(s.said, words, rows),  # the rules' state follows the surviving rows
+                       active=active, finished=finished,
+                       trail=s.trail + ((rows, words, alive_lp.reshape(-1), alpha, beta),))
+
+
 def read_back(walked: tuple[torch.Tensor, ...]) -> list[list[Hypothesis]]:
-    """_Finished.walked's tensors -> each image's finished hypotheses, best first: the search's one read."""
+    """State.walked's tensors -> each image's finished hypotheses, best first: the search's one read."""
     tokens, alphas, betas, logps, norm, raw, length = walked
     (B, K), S = norm.shape, tokens.shape[1]
     norm, raw, length = norm.tolist(), raw.tolist(), length.tolist()  # (B, K) each
@@ -138,50 +213,13 @@ def with_greedy_scores(found: list[list[Hypothesis]]) -> list[list[Hypothesis]]:
 
 @torch.no_grad()
 def search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-                     evidence: Evidence | None = None, check_every: int | None = 4) -> _Finished:
-    """The search itself: each image's finished hypotheses, still on the device. check_every None: all max_len
-    steps without a read (what a captured search needs; the same hypotheses: an image that is done adds none)."""
-    K, T, length_penalty = settings.beam_size, settings.max_len, settings.length_penalty
-    (B, P, _), device = feats.shape, feats.device
-    rank = torch.arange(2 * K, device=device)  # (2K,)
-    images = torch.arange(B, device=device).repeat_interleave(K)  # (N,) the image of each row
-    feat_proj, ctx_gates = decoder.attention.project(feats), decoder.context_gates(feats)  # (B, P, A), (B, P, 4H)
-    h, c = (s[images] for s in decoder.init_state(feats))  # (N, H): K rows per image from the start ...
-    cum = feats.new_full((B, K), NEG)
-    cum[:, 0] = 0  # ... of which only the first is live at t = 0 (search's one row per image)
-    cum = cum.view(-1)  # (N,)
-    words = torch.full((B * K,), ids.start, dtype=torch.long, device=device)
-    tokens = torch.zeros(B * K, 0, dtype=torch.long, device=device)  # (N, t): the words the rules read
-    trail = _Trail()
-    finished = _Finished(B, K, feats.new_zeros(()), trail)
-    active = torch.ones(B, dtype=torch.bool, device=device)  # images still searching (search: still in the batch)
-    rules = Rules(ids, settings, evidence)  # rules.word_logp, step by step
-    said = rules.start(B * K)  # what the rules remember of each row
-    for t in range(T):
-        emb, emb_gates = decoder.embed(words)
-        logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context,
-                                                   ctx_gates)
-        logp = rules.scores(logits, tokens, said, images)  # (N, V)
-        top_s, src, word, step_lp = candidates(cum, logp, B, K, K, ids.pad)  # (B, 2K) each
-        is_end = word == ids.end
-        ends = is_end & (rank < K) & (top_s > NEG) & active.unsqueeze(1)  # (B, 2K)
-        finished.merge(src, t, top_s, normalise(top_s, t + 1, length_penalty), ends)  # their t words before <end>
-        alive_s, alive_src, alive_word, alive_lp = alive(top_s, src, word, step_lp, is_end, rank, K)  # (B, K)
-        if t == T - 1:  # cap: live hypotheses end here with the word they just chose
-            trail.add(alive_src.reshape(-1), alive_word.reshape(-1), alive_lp.reshape(-1), alpha, beta)
-            finished.merge(torch.arange(B * K, device=device).view(B, K), T, alive_s,
-                           normalise(alive_s, t + 1, length_penalty), (alive_s > NEG) & active.unsqueeze(1))
+                     evidence: Evidence | None = None, check_every: int | None = 4) -> State:
+    """The search itself: its last state, each image's finished hypotheses still on the device. check_every None:
+    all max_len steps without a read (the same hypotheses: an image that is done adds none)."""
+    search = Search(decoder, feats, ids, settings, evidence)
+    state = search.start()
+    while not state.capped:
+        state = search.advance(state, check_every or settings.max_len)
+        if check_every and not state.capped and not bool(state.active.any()):  # the one read inside the loop
             break
-        best_alive = alive_s[:, 0]  # (B,)
-        best_k = finished.norm[:, K - 1]
-        done = best_k > NEG if length_penalty else best_k >= best_alive
-        active = active & ~(done | (best_alive == NEG))
-        rows = alive_src.reshape(-1)  # (N,)
-        words, cum = alive_word.reshape(-1), alive_s.reshape(-1).masked_fill(~active.repeat_interleave(K), NEG)
-        trail.add(rows, words, alive_lp.reshape(-1), alpha, beta)
-        tokens = torch.cat([tokens[rows], words[:, None]], 1)  # (N, t + 1)
-        said = rules.advance(said, words, rows)  # the rules' state follows the surviving rows, as tokens do
-        h, c = h[rows], c[rows]
-        if check_every and (t + 1) % check_every == 0 and not bool(active.any()):  # the one read inside the loop
-            break
-    return finished
+    return state

@@ -1,7 +1,7 @@
 """What beam searches are made of, shared by search.beam_search (CPU: finished images leave the batch) and
 device_beam.beam_search_on_device (GPU: fixed shapes): a finished Hypothesis, the best 2K continuations of each
 image's rows and the K that stay alive; and the CPU beam's History of the live rows (the GPU's keeps a trail of
-its steps instead: device_beam._Trail).
+its steps instead: device_beam.State.trail).
 
 Legend: n images, G rows per image (1 at t = 0, then K), N = n*G rows, t words so far, V vocabulary, P regions.
 """
