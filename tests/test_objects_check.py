@@ -4,6 +4,8 @@ map that weighs it and is named first; otherwise the reason is the signal that l
 alternatives shown differ in what they name; a map stored without means still loads and gives today's reasons."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import random
 
@@ -84,6 +86,11 @@ def test_an_unsupported_object_lowers_the_confidence_and_is_named_first():
                   confidence=weighs(absent), sure_signals=absent, sure_at=0.7, contributions=contributions,
                   unsupported=[5])
     assert cap.sure is False and cap.doubt == "it is not sure there is a cake"
+    # however confident: a caption naming an object the heads barely see is never sure; its level says so
+    confident = dataclasses.replace(cap, confidence=0.99)
+    assert confident.sure is False and confident.level == "probably right"
+    assert confident.doubt == "it is not sure there is a cake"
+    assert confident.to_dict(maps=False)["sure"] is False and dataclasses.replace(confident, unsupported=[]).sure
     assert cap.to_dict(maps=False)["unsupported_words"] == ["cake"]
     assert doubt_of_objects(["dogs", "cake"]) == "it is not sure there are dogs or a cake"
 
@@ -143,7 +150,10 @@ def test_the_template_flag_and_judged_rows_matched_by_photo_and_caption():
     judged = [{"image": "COCO_val2014_000000000074.jpg", "caption": "a dog", "judged": "wrong"},
               {"image": "x", "caption": "a cat", "judged": "right"},
               {"image": "y", "caption": "a cow", "judged": "partly"}]
-    pairs = matched(judged, [("74", "a dog", 0.8), ("x", "a cat", 0.9), ("y", "another caption", 0.1)])
-    assert pairs == [("wrong", 0.8), ("right", 0.9)]  # another caption of photo y is not its grade's
+    pairs = matched(judged, [("74", "a dog", 0.8, True), ("x", "a cat", 0.9, True), ("y", "another caption", 0.1, True)])
+    assert pairs == [("wrong", 0.8, True), ("right", 0.9, True)]  # another caption of photo y is not its grade's
     t = crosstab(pairs, 0.7)
     assert t["sure"] == 2 and t["wrong and sure"] == 1 and t["right and not sure"] == 0 and t["AUROC not wrong"] == 1.0
+    # a caption naming an object the heads barely see is not sure, however confident (as a Caption's level)
+    t = crosstab([("wrong", 0.8, False), ("right", 0.9, True), ("right", 0.95, False)], 0.7)
+    assert t["sure"] == 1 and t["wrong and sure"] == 0 and t["right and not sure"] == 1

@@ -214,7 +214,8 @@ def _judged(paths: list[str], rows: dict, at: float) -> dict:
     """Each judged CSV's rows matched to the out-of-fold confidences: AUROCs and the crosstab at `at`."""
     from captioner.evaluation.judged import crosstab, matched, read_judged
 
-    scored = [(r["image"], r["caption"], r["confidence"]) for rs in rows.values() for r in rs]
+    scored = [(r["image"], r["caption"], r["confidence"], not r["signals"].get("unsupported", 0.0))
+              for rs in rows.values() for r in rs]
     out = {}
     for path in paths:
         t = out[path] = crosstab(matched(read_judged(path), scored), at)

@@ -24,7 +24,7 @@ from .search import Hypothesis, decode
 from .consensus import memory_of
 from .choice import SIGNALS, choose
 from .alternatives import different
-from .confidence import level, sure_threshold, why_unsure
+from .confidence import SURE, level, why_unsure
 from .evidence import Evidence, photo_evidence
 from .fitted import fitted_of
 from .rules import word_logp
@@ -137,10 +137,10 @@ class Caption:
     @property
     def sure(self) -> bool | None:
         """Whether the caption is sure: confidence at or above the model file's fitted sure_at, never below
-        confidence.SURE_FLOOR (None without a confidence or a threshold)."""
+        confidence.SURE_FLOOR, and no object it names unsupported (None without a confidence or a threshold)."""
         if self.confidence is None or self.sure_at is None:
             return None
-        return self.confidence >= sure_threshold(self.sure_at)
+        return self.level == SURE
 
     @property
     def level(self) -> str | None:
@@ -148,7 +148,7 @@ class Caption:
         wrong" (check the alternatives) or "probably wrong"; None without a confidence."""
         if self.confidence is None or self.sure_at is None:
             return None
-        return level(self.confidence, self.sure_at)
+        return level(self.confidence, self.sure_at, bool(self.unsupported))
 
     @property
     def doubt(self) -> str | None:

@@ -60,9 +60,10 @@ def sure_threshold(sure_at: float) -> float:
     return max(sure_at, SURE_FLOOR)
 
 
-def level(confidence: float, sure_at: float) -> str:
-    """SURE at or above sure_threshold(sure_at), else the first of LEVELS whose floor the confidence reaches."""
-    if confidence >= sure_threshold(sure_at):
+def level(confidence: float, sure_at: float, unsupported: bool = False) -> str:
+    """SURE at or above sure_threshold(sure_at) unless the caption names an object the heads barely see
+    (`unsupported`: support.SUPPORT_FLOOR), else the first of LEVELS whose floor the confidence reaches."""
+    if confidence >= sure_threshold(sure_at) and not unsupported:
         return SURE
     return next(name for floor, name in LEVELS if confidence >= floor)
 

@@ -178,6 +178,17 @@ def coverage(confidence: Sequence[float], rows: Sequence[Row], levels: Sequence[
     return out
 
 
+def seen(row: Row) -> bool:
+    """Whether every object the row's caption names is seen by the heads (no unsupported one: a caption naming
+    one is never sure, confidence.level)."""
+    return not row.signals.get("unsupported", 0.0)
+
+
+def sure_photos(confidence: Sequence[float], rows: Sequence[Row], sure_at: float) -> list[int]:
+    """The photos whose caption is sure at threshold sure_at: confidence at or above it, every object seen."""
+    return [i for i, c in enumerate(confidence) if c >= sure_at and seen(rows[i])]
+
+
 def summary(confidence: Sequence[float], rows: Sequence[Row], sure_at: float | None = None) -> dict:
     """AUROC (good vs not; bottom third of CIDEr vs the rest), calibration error, reliability, coverage, and the
     sure captions' share, CIDEr and CHAIR-s at threshold sure_at."""
@@ -189,21 +200,23 @@ def summary(confidence: Sequence[float], rows: Sequence[Row], sure_at: float | N
            "calibration error": calibration_error(confidence, good),
            "reliability": reliability(confidence, good), "coverage": coverage(confidence, rows)}
     if sure_at is not None:
-        sure = [i for i, c in enumerate(confidence) if c >= sure_at]
+        sure = sure_photos(confidence, rows, sure_at)
         out["sure"] = {"share": len(sure) / max(len(rows), 1),
                        "CIDEr": sum(rows[i].cider for i in sure) / max(len(sure), 1),
                        "CHAIR-s": sum(rows[i].hallucinates for i in sure) / max(len(sure), 1),
-                       "unsure CIDEr": sum(r.cider for i, r in enumerate(rows) if confidence[i] < sure_at)
+                       "unsure CIDEr": (sum(r.cider for r in rows) - sum(rows[i].cider for i in sure))
                        / max(len(rows) - len(sure), 1)}
     return out
 
 
 def threshold(confidence: dict[str, Sequence[float]], rows: dict[str, Sequence[Row]],
               precision: float = SURE_PRECISION, floor: float = SURE_FLOOR) -> float:
-    """The lowest threshold at or above `floor` at which the sure captions (confidence >= it) are good (per-photo
-    CIDEr-D >= GOOD_CIDER) at least `precision` of the time, each set's share of good sure captions weighed alike
-    (as the map's fit weighs the sets; a set with no sure caption there counts no share): sure means what it says,
-    and covers as many photos as that allows. Where no threshold does, 1.0 (nothing is sure but a certainty)."""
+    """The lowest threshold at or above `floor` at which the captions of confidence >= it are good (per-photo
+    CIDEr-D >= GOOD_CIDER) at least `precision` of the time, each set's share of good captions weighed alike (as
+    the map's fit weighs the sets; a set with no caption there counts no share): sure means what it says, and
+    covers as many photos as that allows. Where no threshold does, 1.0 (nothing is sure but a certainty). The
+    objects check comes on top (sure_photos): a caption naming an object the heads barely see is not sure at any
+    confidence, whatever the threshold."""
     good = {name: [r.cider >= GOOD_CIDER for r in rows[name]] for name in confidence}
 
     def precise(at: float) -> bool:

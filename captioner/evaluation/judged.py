@@ -36,23 +36,25 @@ def read_judged(path: str | Path) -> list[dict[str, str]]:
     return rows
 
 
-def matched(judged: Iterable[dict[str, str]], scored: Iterable[tuple[str, str, float]]) -> list[tuple[str, float]]:
-    """(grade, confidence) of every judged row whose photo and caption text a scored (image, caption, confidence)
-    has; the others are left out."""
-    conf = {(photo_key(i), c.strip()): v for i, c, v in scored}
-    return [(r["judged"], conf[k]) for r in judged if (k := (photo_key(r["image"]), r["caption"].strip())) in conf]
+def matched(judged: Iterable[dict[str, str]], scored: Iterable[tuple[str, str, float, bool]]
+            ) -> list[tuple[str, float, bool]]:
+    """(grade, confidence, seen) of every judged row whose photo and caption text a scored (image, caption,
+    confidence, seen: every object the caption names seen by the heads) has; the others are left out."""
+    conf = {(photo_key(i), c.strip()): (v, s) for i, c, v, s in scored}
+    return [(r["judged"], *conf[k]) for r in judged if (k := (photo_key(r["image"]), r["caption"].strip())) in conf]
 
 
-def crosstab(pairs: Sequence[tuple[str, float]], sure_at: float) -> dict:
-    """The matched rows' counts, AUROCs (not wrong vs wrong, right vs the rest) and at sure_at: sure, wrong and
-    sure, right and not sure, P(right or partly | sure)."""
-    grades, conf = [g for g, _ in pairs], [c for _, c in pairs]
-    sure = [g for g, c in pairs if c >= sure_at]
+def crosstab(pairs: Sequence[tuple[str, float, bool]], sure_at: float) -> dict:
+    """The matched rows' counts, AUROCs (not wrong vs wrong, right vs the rest) and at sure_at: sure (confidence
+    at or above it and every object seen, as a Caption's), wrong and sure, right and not sure, P(right or partly |
+    sure)."""
+    grades, conf = [g for g, _, _ in pairs], [c for _, c, _ in pairs]
+    sure = [g for g, c, seen in pairs if c >= sure_at and seen]
     return {"rows": len(pairs), **{g: grades.count(g) for g in GRADES},
             "AUROC not wrong": auroc(conf, [g != "wrong" for g in grades]),
             "AUROC right": auroc(conf, [g == "right" for g in grades]),
             "sure": len(sure), "wrong and sure": sure.count("wrong"),
-            "right and not sure": sum(g == "right" and c < sure_at for g, c in pairs),
+            "right and not sure": grades.count("right") - sure.count("right"),
             "P(not wrong | sure)": (len(sure) - sure.count("wrong")) / max(len(sure), 1)}
 
 
