@@ -76,6 +76,8 @@ def test_the_search_runs_every_step_without_a_read_and_finds_the_same():
     same(beam_search_on_device(dec, feats, IDS, RULES, check_every=1), read_back(walked))
     with pytest.raises(CaptureError, match="reads a device value"), NoHostReads():
         search_on_device(dec, feats, IDS, RULES, check_every=1)
+    with pytest.raises(CaptureError, match="copies host data"), NoHostReads():  # (what a graph would replay stale)
+        torch.tensor([START, END]).to(feats)
 
 
 def test_each_batch_size_and_setting_has_its_recording_and_the_oldest_goes():

@@ -59,9 +59,11 @@ from .device_beam import Search, State, beam_search_on_device, read_back
 from .evidence import Evidence
 from .hypotheses import Hypothesis
 
-# the calls that make the host wait for a device value or a data-dependent shape (a graph cannot record one)
+# the calls that make the host wait for a device value or a data-dependent shape, and those that copy host data
+# to the device (a graph can record neither: the copy would be replayed from the host memory of the first call)
 READS_BACK = frozenset({"item", "tolist", "cpu", "numpy", "nonzero", "argwhere", "masked_select", "equal",
                         "is_nonzero", "__bool__", "__int__", "__float__", "__index__"})
+FROM_HOST = frozenset({"tensor", "as_tensor", "from_numpy"})
 LIMIT = 8  # shapes kept recorded (each holds its own memory pool); the least recently used goes first
 # the steps after which a recorded search reads whether any photo still searches (then max_len): most captions
 # end by the first, a batch's last by the second or third (docs/performance.md)
@@ -69,15 +71,19 @@ CHECKS = (12, 16, 20, 24)
 
 
 class CaptureError(RuntimeError):
-    """An operation a graph cannot record: a read of a device value on the host."""
+    """An operation a graph cannot record: a read of a device value on the host, or host data copied in."""
 
 
 class NoHostReads(TorchFunctionMode):
-    """Raises CaptureError at the first call in the block that reads a value back (READS_BACK)."""
+    """Raises CaptureError at the first call in the block that reads a value back (READS_BACK) or makes a tensor
+    of host data (FROM_HOST)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in READS_BACK:
-            raise CaptureError(f"{func.__name__} reads a device value on the host while recording")
+        name = getattr(func, "__name__", "")
+        if name in READS_BACK:
+            raise CaptureError(f"{name} reads a device value on the host while recording")
+        if name in FROM_HOST:
+            raise CaptureError(f"torch.{name} copies host data to the device while recording")
         return func(*args, **(kwargs or {}))
 
 
@@ -121,10 +127,10 @@ class CudaGraph:
 
 
 class Rerun:
-    """A graph's contract where there is none (a CPU): `record` runs fn with every host read refused
-    (NoHostReads) and keeps its outputs; `replay` runs fn again and writes the results into those outputs. What
-    fn reads besides the static inputs and the outputs of the graphs before it shows up as a wrong answer here as
-    it would on a GPU."""
+    """A graph's contract where there is none (a CPU): `record` warms fn up as CudaGraph does, then runs it with
+    every host read and host copy refused (NoHostReads) and keeps its outputs; `replay` runs fn again and writes
+    the results into those outputs. What fn reads besides the static inputs and the outputs of the graphs before it
+    shows up as a wrong answer here as it would on a GPU."""
 
     replays = 0
 
@@ -136,6 +142,7 @@ class Rerun:
         return None
 
     def record(self, fn: Callable[[], Any]) -> Any:
+        fn()  # the warm-up: caches made here, as before a CUDA graph's recording
         with NoHostReads(), torch.inference_mode(False):  # outputs a later replay may write in either mode
             self.fn, self.out = fn, fn()
         return self.out
