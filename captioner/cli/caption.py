@@ -80,9 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "cpu; under torchrun with GPUs, each process its own: cuda:LOCAL_RANK)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "auto"], default="float32",
                    help="compute type (auto: bfloat16 where the CPU/GPU computes it natively, 2-3x faster)")
-    p.add_argument("--eager", action="store_true", help="on a GPU, run the beam search op by op instead of "
-                   "replaying it as one recorded CUDA graph per batch size (recording costs the first batch of "
-                   "each size about two searches)")
+    p.add_argument("--eager", action="store_true", help="on a GPU, run the encoder and the beam search op by op "
+                   "instead of replaying them as CUDA graphs recorded once per batch size (recording costs the "
+                   "first batch of each size about three searches and two encoder passes)")
     p.add_argument("--verbose", action="store_true", help="print every decode setting in use on stderr (by "
                    "default one short line: the beam and the settings changed from the model file's)")
     return p.parse_args(argv)
