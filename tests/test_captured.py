@@ -90,6 +90,19 @@ def test_each_batch_size_and_setting_has_its_recording_and_the_oldest_goes():
     assert "beam_size=2" in list(searches.recorded)[-1][3]
 
 
+def test_batch_sizes_share_the_recording_of_their_power_of_two():
+    """A caller's every batch size would each cost a recording: a batch is padded to the next power of two (the last
+    photo repeated, its results dropped), so 3 and 4 photos share one, and the padded rows change nothing."""
+    assert [captured.bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 64, 65)] == [1, 2, 4, 4, 8, 8, 16, 64, 128]
+    dec, searches = small(), Recordings(Rerun)
+    for B in (3, 4, 3, 5):
+        feats = torch.rand(B, 9, 16)
+        got = search(searches, dec, feats, IDS, RULES)
+        assert len(got) == B
+        same(beam_search_on_device(dec, feats, IDS, RULES), got)
+    assert [k[1][0][0][0] for k in searches.recorded] == [4, 8]
+
+
 def test_weights_written_since_the_recording_are_recorded_again():
     """A recording reads the parameters by address and the word-gate table made from them: a training step (an
     in-place update) makes it stale, so the searches record again and find the new weights' hypotheses."""
@@ -135,20 +148,21 @@ def test_the_bundled_model_with_its_evidence_replays_other_photos(bundled):
 
 def test_the_encoder_replayed_on_other_images_gives_their_features(bundled):
     """Captioner.encode through a recording (as on a GPU): each batch's features are the eager encoder's, copied out
-    so the next replay cannot change them; a batch of another size gets its own recording."""
+    so the next replay cannot change them; a batch of another size gets its own recording (3 photos: 4's)."""
     loaded = bundled
     photos = sorted((captioner.DEFAULT_CHECKPOINT.parent / "examples").glob("*.jpg"))[:3]
     x = torch.stack([loaded.preprocess(p) for p in photos])  # (3, 3, S, S)
     want = loaded.encode(x)  # (3, P, D)
     recorded = captured.capture(loaded.model.encoder, Rerun)
     try:
-        got = [loaded.encode(x[i:i + 1]) for i in range(3)] + [loaded.encode(x[1:])]
+        got = [loaded.encode(x[i:i + 1]) for i in range(3)] + [loaded.encode(x[1:]), loaded.encode(x)]
     finally:
         captured.release(loaded.model.encoder)
     for i in range(3):
         assert torch.allclose(got[i], want[i:i + 1], atol=1e-5)
     assert torch.allclose(got[3], want[1:], atol=1e-5)
-    assert len(recorded.recorded) == 2 and all(r.recording.graph.replays >= 1 for r in recorded.recorded.values())
+    assert got[4].shape == want.shape and torch.allclose(got[4], want, atol=1e-5)  # 3 photos, padded to 4
+    assert len(recorded.recorded) == 3 and all(r.recording.graph.replays >= 1 for r in recorded.recorded.values())
 
 
 def test_a_captioner_records_only_on_a_gpu(bundled):

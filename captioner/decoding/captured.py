@@ -18,7 +18,8 @@ A graph reads and writes the memory it was recorded with, so (Recordings.run):
   of the chunks, then one walk), so what one graph frees and a later one reuses is never read across a call;
 - what a chunk does may not depend on a value read from the device: the reads are between chunks. One recording
   per batch size, dtype and settings; evidence with and without its bonus runs different code, so that is in
-  the key too;
+  the key too. A batch is padded to the next power of two (`bucket`: its last photo repeated, the padded results
+  dropped), so a caller's every batch size records at most once per power of two;
 - whatever else it reads must stay where it was: the module's parameters and buffers (after an in-place update a
   replay would read the new values without the decoder's word-gate table made from them, so any change of one's
   version or address drops the recordings: weights_key) and the rules' tables (processors._tables, kept for the
@@ -26,7 +27,8 @@ A graph reads and writes the memory it was recorded with, so (Recordings.run):
 
 Recording costs each graph one warm-up run (cuBLAS handles, the rules' tables and the allocator, made before the
 recording) and its recording, and each chunk is replayed once as it is recorded (the next one's warm-up reads
-real values): the first caption of each batch size waits about three eager searches and two encoder passes more.
+real values): the first caption of each padded batch size waits about three eager searches and two encoder
+passes more.
 `Captioner(capture=False)` / `captioner-caption --eager` keep everything op by op. A recording that fails (an
 operation a graph cannot hold) warns once, and that shape runs op by op: the eager code is the fallback.
 
@@ -179,11 +181,12 @@ class Recordings:
         self.lock = threading.Lock()
 
     def run(self, key: tuple, inputs: tuple[torch.Tensor, ...], weights: tuple, what: str,
-            record: Callable[[tuple[torch.Tensor, ...], Callable[[], Graph]], Any]) -> Any | None:
-        """key's recording run on `inputs` (copied into its static inputs) -> what its run() returns, under the
-        lock (two callers never replay into the same outputs). The first time, `record(static inputs, new_graph)`
-        makes it (its graphs from new_graph share one memory pool); None where it could not be recorded (the
-        caller runs op by op)."""
+            record: Callable[[tuple[torch.Tensor, ...], Callable[[], Graph]], Any],
+            take: Callable[[Any], Any] = lambda out: out) -> Any | None:
+        """key's recording run on `inputs` (copied into its static inputs) -> take(what its run() returns), under
+        the lock (two callers never replay into the same outputs: `take` reads or copies them). The first time,
+        `record(static inputs, new_graph)` makes it (its graphs from new_graph share one memory pool); None where it
+        could not be recorded (the caller runs op by op)."""
         with self.lock:
             if weights != self.weights:  # moved or trained since: every recording reads stale weights
                 self.recorded.clear()
@@ -198,7 +201,7 @@ class Recordings:
                 return None
             for static, x in zip(entry.inputs, inputs):
                 static.copy_(x)
-            return entry.recording.run()
+            return take(entry.recording.run())
 
     def _record(self, inputs: tuple[torch.Tensor, ...], what: str,
                 record: Callable[[tuple[torch.Tensor, ...], Callable[[], Graph]], Any]) -> _Entry | None:
@@ -215,13 +218,13 @@ class Recordings:
 
 @dataclass
 class _Once:
-    """One graph and its outputs: run() replays it and returns a copy of its first output."""
+    """One graph and its outputs: run() replays it and returns its first output (the next replay writes over it)."""
     graph: Graph
     outputs: tuple[torch.Tensor, ...]
 
     def run(self) -> torch.Tensor:
         self.graph.replay()
-        return self.outputs[0].clone()  # the next replay writes over the recording's own
+        return self.outputs[0]
 
 
 @dataclass
@@ -266,16 +269,30 @@ def _record_search(search: Search, new_graph: Callable[[], Graph]) -> _Chunks:
     return _Chunks(chunks, walks)
 
 
-def _evidence_inputs(evidence: Evidence | None) -> tuple[torch.Tensor, ...]:
-    """What a recorded search reads of a call's evidence: its penalty (B, V), bonus (B, C) and word table (V, C)."""
-    return () if evidence is None else (evidence.penalty, evidence.bonus, evidence.words)
+def bucket(n: int) -> int:
+    """The batch size a batch of n photos is recorded at: the next power of two, so that a caller's every batch
+    size makes at most one recording per power of two (each costs a few eager passes to make)."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _padded(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x (B, ...) with its last row repeated to n rows: a padded photo is searched or encoded like the last one,
+    independently of the others, and its results are dropped."""
+    return x if len(x) == n else torch.cat([x, x[-1:].expand(n - len(x), *x.shape[1:])])
+
+
+def _evidence_inputs(evidence: Evidence | None, n: int) -> tuple[torch.Tensor, ...]:
+    """What a recorded search reads of a call's evidence, padded to n photos: its penalty (n, V), bonus (n, C) and
+    word table (V, C)."""
+    return () if evidence is None else (_padded(evidence.penalty, n), _padded(evidence.bonus, n), evidence.words)
 
 
 def search(recordings: Recordings, decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
            evidence: Evidence | None = None) -> list[list[Hypothesis]]:
     """beam_search_on_device's hypotheses, its search replayed: feats (B, P, D) -> each image's, best first. One
-    recording per inputs' shapes, vocabulary ids, settings and evidence bonus (its code path)."""
-    inputs = (feats, *_evidence_inputs(evidence))
+    recording per padded batch size (bucket), dtype, vocabulary ids, settings and evidence bonus (its code path)."""
+    B = len(feats)
+    inputs = (_padded(feats, bucket(B)), *_evidence_inputs(evidence, bucket(B)))
     key = ("search", tuple((tuple(x.shape), x.dtype, x.device) for x in inputs), ids, repr(settings),
            None if evidence is None else evidence.has_bonus)
 
@@ -288,20 +305,24 @@ def search(recordings: Recordings, decoder: Decoder, feats: torch.Tensor, ids: S
             return _record_search(Search(decoder, static[0], ids, settings, ev), new_graph)
 
     with torch.no_grad():
-        found = recordings.run(key, inputs, weights_key(decoder), "the beam search", record)
+        found = recordings.run(key, inputs, weights_key(decoder), "the beam search", record, lambda out: out[:B])
     return found if found is not None else beam_search_on_device(decoder, feats, ids, settings, evidence)
 
 
 def encode(recordings: Recordings, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """model.encode(x) replayed: preprocessed images (B, 3, S, S) on the device -> annotation vectors (B, P, D),
-    copied out of the recording. One recording per batch shape, dtype and memory layout."""
+    copied out of the recording. One recording per padded batch size (bucket), dtype and memory layout."""
     def record(static: tuple[torch.Tensor, ...], new_graph: Callable[[], Graph]) -> _Once:
         graph = new_graph()
         return _Once(graph, graph.record(lambda: (model.encode(static[0]),)))
 
-    key = ("encode", tuple(x.shape), x.dtype, x.device, x.stride())
+    B, padded = len(x), _padded(x, bucket(len(x)))
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):  # as Captioner.encode lays images out
+        padded = padded.contiguous(memory_format=torch.channels_last)
+    key = ("encode", tuple(padded.shape), padded.dtype, padded.device, padded.stride())
     with torch.no_grad():
-        feats = recordings.run(key, (x,), weights_key(model.encoder), "the encoder", record)
+        feats = recordings.run(key, (padded,), weights_key(model.encoder), "the encoder", record,
+                               lambda out: out[:B].clone())  # (B, P, D): the next replay writes over the recording's
     return feats if feats is not None else model.encode(x)
 
 
@@ -326,4 +347,4 @@ def release(module: torch.nn.Module) -> None:
 
 
 __all__ = ["Recordings", "CudaGraph", "Rerun", "NoHostReads", "CaptureError", "capture", "recordings_of", "release",
-           "search", "encode", "chunk_sizes", "weights_key", "READS_BACK", "CHECKS"]
+           "search", "encode", "bucket", "chunk_sizes", "weights_key", "READS_BACK", "CHECKS"]
