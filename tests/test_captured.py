@@ -90,10 +90,12 @@ def test_each_batch_size_and_setting_has_its_recording_and_the_oldest_goes():
     assert "beam_size=2" in list(searches.recorded)[-1][3]
 
 
-def test_batch_sizes_share_the_recording_of_their_power_of_two():
-    """A caller's every batch size would each cost a recording: a batch is padded to the next power of two (the last
-    photo repeated, its results dropped), so 3 and 4 photos share one, and the padded rows change nothing."""
-    assert [captured.bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 64, 65)] == [1, 2, 4, 4, 8, 8, 16, 64, 128]
+def test_batch_sizes_share_the_recording_of_their_bucket():
+    """A caller's every batch size would each cost a recording: a batch is padded to the next power of two up to 16,
+    then to the next multiple of 16 (the last photo repeated, its results dropped), so 3 and 4 photos share one,
+    and the padded rows change nothing."""
+    assert [captured.bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 64, 65, 100)] == \
+        [1, 2, 4, 4, 8, 8, 16, 16, 32, 64, 80, 112]
     dec, searches = small(), Recordings(Rerun)
     for B in (3, 4, 3, 5):
         feats = torch.rand(B, 9, 16)

@@ -18,8 +18,8 @@ A graph reads and writes the memory it was recorded with, so (Recordings.run):
   of the chunks, then one walk), so what one graph frees and a later one reuses is never read across a call;
 - what a chunk does may not depend on a value read from the device: the reads are between chunks. One recording
   per batch size, dtype and settings; evidence with and without its bonus runs different code, so that is in
-  the key too. A batch is padded to the next power of two (`bucket`: its last photo repeated, the padded results
-  dropped), so a caller's every batch size records at most once per power of two;
+  the key too. A batch is padded (`bucket`: to the next power of two up to 16, then to the next multiple of 16; its
+  last photo repeated, the padded results dropped), so a caller's every batch size makes few recordings;
 - whatever else it reads must stay where it was: the module's parameters and buffers (after an in-place update a
   replay would read the new values without the decoder's word-gate table made from them, so any change of one's
   version or address drops the recordings: weights_key) and the rules' tables (processors._tables, kept for the
@@ -270,9 +270,10 @@ def _record_search(search: Search, new_graph: Callable[[], Graph]) -> _Chunks:
 
 
 def bucket(n: int) -> int:
-    """The batch size a batch of n photos is recorded at: the next power of two, so that a caller's every batch
-    size makes at most one recording per power of two (each costs a few eager passes to make)."""
-    return 1 << max(n - 1, 0).bit_length()
+    """The batch size a batch of n photos is recorded at: the next power of two up to 16, then the next multiple
+    of 16 (evaluation's 100 photos: 112, not 128), so that a caller's every batch size makes few recordings (each
+    costs a few eager passes to make) and pads little."""
+    return 1 << max(n - 1, 0).bit_length() if n <= 16 else -(-n // 16) * 16
 
 
 def _padded(x: torch.Tensor, n: int) -> torch.Tensor:
