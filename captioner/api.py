@@ -135,9 +135,9 @@ class Captioner:
     def __init__(self, model: ShowAttendTell, vocab: Vocab, config: Config, metrics: dict[str, Any] | None = None,
                  device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32", source: str | None = None,
                  capture: bool = True):
-        """capture: on a CUDA GPU, the encoder and the beam search are each recorded once per batch size as a
-        CUDA graph and replayed as one launch (decoding/captured.py: the first caption of a batch size waits about
-        two passes of each more); False runs them op by op."""
+        """capture: on a CUDA GPU, the encoder pass and the beam search are recorded as CUDA graphs once per padded
+        batch size and replayed (decoding/captured.py: the encoder as one launch, the search as a few; the first
+        caption of a batch size waits about three searches and two encoder passes more); False runs them op by op."""
         self.dtype = resolve_dtype(dtype)  # the whole model (encoder and decoder) computes in this type
         self.device = torch.device(device)
         self.model = _ready(model, self.device, self.dtype)
@@ -262,8 +262,8 @@ class Captioner:
 def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu",
          dtype: str | torch.dtype = "float32", capture: bool = True) -> Captioner:
     """A Captioner from a checkpoint file; None loads the bundled default model. dtype "bfloat16"
-    runs the model in bf16 (see preferred_dtype for when that is faster). capture: on a CUDA GPU, the beam search
-    recorded as a CUDA graph per batch size (Captioner)."""
+    runs the model in bf16 (see preferred_dtype for when that is faster). capture: on a CUDA GPU, the encoder and
+    the beam search recorded as CUDA graphs per batch size and replayed (Captioner)."""
     if checkpoint is None:
         checkpoint = DEFAULT_CHECKPOINT
         if not checkpoint.is_file():
