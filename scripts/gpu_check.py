@@ -4,11 +4,12 @@ every figure docs/performance.md and docs/training.md leave unmeasured.
 
     .venv/bin/python scripts/gpu_check.py --device cuda --out gpu_check/     # minutes on one GPU
     .venv/bin/python scripts/gpu_check.py --device cpu --quick               # the same commands on a CPU (smoke)
+    .venv/bin/python scripts/gpu_check.py --device cuda --only recorded latency launches library   # a short lease
 
 Rows: the benchmark (captions/s, fraction of the GPU's peak, caption() ms, the COCO epoch estimate), the batch
 that fits this GPU's memory (computed by bench/memory.py, then one step at that batch measured), the search
-recorded as a CUDA graph against the eager one (tests/test_captured.py), the launches and syncs of a caption
-(bench/launches.py), a photo library of 480 photos at batch 64 (photos/s), and the training
+recorded as a CUDA graph against the eager one (tests/test_captured.py), caption() and one image per call
+recorded and op by op, the launches and syncs of a caption (bench/launches.py), a photo library of 480 photos at batch 64 (photos/s), and the training
 chain on a folder made from the bundled example photos (no dataset needed: the device machine has none):
 prepare -> train (stopped by SIGINT mid-run, resumed) -> SCST -> export -> caption, and torchrun over every GPU.
 Each row is one command in its own process group, killed when it runs past its time limit (a silent hang too);
@@ -132,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny benchmark counts (a smoke run: about a minute on a CPU)")
     p.add_argument("--memory-row", action="store_true", help="only print the memory row's JSON (the check runs this "
                    "in a process of its own)")
+    p.add_argument("--only", nargs="+", metavar="WORD", default=None, help="run only the rows whose name has one "
+                   "of these words (case-insensitive), e.g. --only recorded latency launches library: the rows a "
+                   "short device lease has time for")
     args = p.parse_args(argv)
     if args.memory_row:
         import torch
@@ -149,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = [Row("benchmark " + " ".join(bench[1:]), [py, "scripts/benchmark.py", *bench], 900, "", _bench_summary),
             Row("batch for this device's memory (bench/memory.py)",
                 [py, "scripts/gpu_check.py", "--memory-row", "--device", args.device], 300, "", _memory_summary),
-            *_library_rows(py, out, args.device, 20 if args.quick else 160),
+            *_library_rows(py, out, args.device, 20 if args.quick else 160, args.quick),
             *_training_chain(py, out, args.device)]
-    for row in rows:
+    for row in chosen(rows, args.only):
         res = run(row)
         (out / f"{_file_name(row.name)}.log").write_text(res.output)
         figures[row.name] = _figures(row, res)
@@ -162,6 +166,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['command']} | {r['verdict']} | {r['exit']} | {r['seconds']:.0f} | {r['figures']} |")
     (out / "gpu_check.json").write_text(json.dumps({"rows": table, "figures": figures}, indent=1, default=str))
     return 0 if all(r["verdict"] == "ok" for r in table) else 1
+
+
+def chosen(rows: list[Row], words: list[str] | None) -> list[Row]:
+    """The rows whose name has one of `words` (case-insensitive; all rows without words); a word no row has is an
+    error that lists the rows."""
+    if not words:
+        return rows
+    unknown = [w for w in words if not any(w.lower() in r.name.lower() for r in rows)]
+    if unknown:
+        raise SystemExit(f"error: --only {' '.join(unknown)}: no row's name has it; the rows: "
+                         + "; ".join(r.name for r in rows))
+    return [r for r in rows if any(w.lower() in r.name.lower() for w in words)]
 
 
 def _file_name(name: str) -> str:
@@ -182,13 +198,17 @@ def _summary(row: Row, figures: dict | str, text: str) -> str:
     return last[-1][:160]
 
 
-def _library_rows(py: str, out: Path, device: str, copies: int) -> list[Row]:
-    """The search recorded as a CUDA graph checked against the eager one (tests/test_captured.py), then a photo
-    library of 3 x copies photos: the launches and syncs of one caption and of a batch of 32 of them
-    (bench/launches.py), then all captioned into a JSON-lines file at the GPU's batch (64): photos/s."""
+def _library_rows(py: str, out: Path, device: str, copies: int, quick: bool) -> list[Row]:
+    """The search recorded as a CUDA graph checked against the eager one (tests/test_captured.py); caption() and one
+    image per call, recorded and op by op (the benchmark's latency and eval sections); then a photo library of
+    3 x copies photos: the launches and syncs of one caption and of a batch of 32 of them (bench/launches.py), then
+    all captioned into a JSON-lines file at the GPU's batch (64): photos/s."""
     folder = photo_folder(out / "library", copies) / "Images"
     return [Row("the recorded search captions as the eager one on this GPU (tests/test_captured.py)",
                 [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_captured.py"], 300),
+            Row("latency: caption() recorded and op by op, one image per call (benchmark --only latency eval)",
+                [py, "scripts/benchmark.py", "--device", device, "--only", "latency", "eval", "--json",
+                 *(["--quick"] if quick else [])], 600, "", _bench_summary),
             Row("launches: ops and syncs of one caption and of a batch of 32 (bench/launches.py)",
                 [py, "scripts/benchmark.py", "--device", device, "--only", "launches", "--photos", str(folder),
                  "--json"], 300, "", _bench_summary),

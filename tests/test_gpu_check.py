@@ -86,6 +86,17 @@ def test_only_the_row_stopped_by_sigint_on_purpose_may_exit_130():
     assert gpu_check.verdict(ok, gpu_check.run(ok)) == "ok"
 
 
+def test_only_runs_the_rows_named_and_a_word_no_row_has_is_an_error():
+    rows = [gpu_check.Row(name, ["true"]) for name in ("latency: caption()", "a photo library of 60 photos",
+                                                         "train, SIGINT at step 3", "train, resumed")]
+    assert gpu_check.chosen(rows, None) == rows
+    assert [r.name for r in gpu_check.chosen(rows, ["LIBRARY", "latency"])] == ["latency: caption()",
+                                                                                 "a photo library of 60 photos"]
+    assert [r.name for r in gpu_check.chosen(rows, ["train"])] == ["train, SIGINT at step 3", "train, resumed"]
+    with pytest.raises(SystemExit, match="--only torchrun: no row's name has it; the rows: latency"):
+        gpu_check.chosen(rows, ["torchrun"])
+
+
 def test_settings_are_named():
     assert gpu_check.settings({"train.epochs": 3, "data.root": Path("/x")}) == ["--set", "train.epochs=3",
                                                                                "data.root=/x"]
@@ -118,7 +129,7 @@ def test_the_quick_check_passes_on_a_cpu(tmp_path):
     """scripts/gpu_check.py --device cpu --quick: every row passes (about a minute on a quiet 2-core machine)."""
     out = run("scripts/gpu_check.py", "--device", "cpu", "--quick", "--out", str(tmp_path / "check"), timeout=900)
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert len(rows) == 12 and all(row.split(" | ")[1] == "ok" for row in rows), out.stdout
+    assert len(rows) == 13 and all(row.split(" | ")[1] == "ok" for row in rows), out.stdout
     figures = {row.split(" | ")[0][2:]: row.split(" | ")[4] for row in rows}
     assert "launches_device_search.one_caption.syncs" in next(v for k, v in figures.items() if k.startswith("launches"))
     assert "photos/s" in next(v for k, v in figures.items() if k.startswith("a photo library"))
