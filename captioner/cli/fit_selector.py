@@ -212,10 +212,10 @@ def _confidence(sure: dict, use: list[str], judged: list[str]) -> dict:
 
 def _judged(paths: list[str], rows: dict, at: float) -> dict:
     """Each judged CSV's rows matched to the out-of-fold confidences: AUROCs and the crosstab at `at`."""
+    from captioner.evaluation.confidence_fit import seen
     from captioner.evaluation.judged import crosstab, matched, read_judged
 
-    scored = [(r["image"], r["caption"], r["confidence"], not r["signals"].get("unsupported", 0.0))
-              for rs in rows.values() for r in rs]
+    scored = [(r["image"], r["caption"], r["confidence"], seen(r["signals"])) for rs in rows.values() for r in rs]
     out = {}
     for path in paths:
         t = out[path] = crosstab(matched(read_judged(path), scored), at)

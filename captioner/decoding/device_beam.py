@@ -129,8 +129,7 @@ class Search:
         h, c = (s[images] for s in d.init_state(feats))  # (N, H)
         cum = feats.new_full((B, K), NEG)
         cum[:, 0] = 0
-        like = feats.new_zeros(())
-        finished = (like.new_full((B, K), NEG), like.new_full((B, K), NEG),
+        finished = (feats.new_full((B, K), NEG), feats.new_full((B, K), NEG),
                     torch.zeros(B, K, dtype=torch.long, device=device), torch.zeros(B, K, dtype=torch.long, device=device))
         return State(0, False, d.attention.project(feats), d.context_gates(feats), images,
                      torch.arange(2 * K, device=device), h, c, cum.view(-1),

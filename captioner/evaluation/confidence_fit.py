@@ -178,15 +178,15 @@ def coverage(confidence: Sequence[float], rows: Sequence[Row], levels: Sequence[
     return out
 
 
-def seen(row: Row) -> bool:
-    """Whether every object the row's caption names is seen by the heads (no unsupported one: a caption naming
-    one is never sure, confidence.level)."""
-    return not row.signals.get("unsupported", 0.0)
+def seen(signals: dict[str, float]) -> bool:
+    """Whether every object a caption with these confidence signals names is seen by the heads (no unsupported
+    one: a caption naming one is never sure, confidence.level)."""
+    return not signals.get("unsupported", 0.0)
 
 
 def sure_photos(confidence: Sequence[float], rows: Sequence[Row], sure_at: float) -> list[int]:
     """The photos whose caption is sure at threshold sure_at: confidence at or above it, every object seen."""
-    return [i for i, c in enumerate(confidence) if c >= sure_at and seen(rows[i])]
+    return [i for i, c in enumerate(confidence) if c >= sure_at and seen(rows[i].signals)]
 
 
 def summary(confidence: Sequence[float], rows: Sequence[Row], sure_at: float | None = None) -> dict:
