@@ -126,6 +126,8 @@ class TrainConfig:
     amp: bool = True  # CUDA: bf16 autocast where the GPU has bf16, else fp16 with a GradScaler (T4, V100)
     cpu_amp: bool = False  # bf16 autocast on CPU too (opt-in: it pays only where the CPU has AVX512-BF16/AMX)
     compile: bool = False  # torch.compile the decoder (CUDA)
+    capture: bool = False  # CUDA: record each batch shape's forward and backward as a CUDA graph, replayed as one
+    # launch (training/captured_step.py: cross-entropy only; what it leaves op by op is said in the log)
     seed: int = 0
     log_every: int = 50  # a log line (loss, lr, grad norm, captions/s, ETA) and a metrics.jsonl record every N steps
     checkpoint_every: int = 200  # also save a resumable checkpoint every N steps inside an epoch

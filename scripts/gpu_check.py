@@ -5,11 +5,14 @@ every figure docs/performance.md and docs/training.md leave unmeasured.
     .venv/bin/python scripts/gpu_check.py --device cuda --out gpu_check/     # minutes on one GPU
     .venv/bin/python scripts/gpu_check.py --device cpu --quick               # the same commands on a CPU (smoke)
     .venv/bin/python scripts/gpu_check.py --device cuda --only recorded latency launches library   # a short lease
+    .venv/bin/python scripts/gpu_check.py --device cuda --only training memory     # the training step's rows
 
 Rows: the benchmark (captions/s, fraction of the GPU's peak, caption() ms, the COCO epoch estimate), the batch
 that fits this GPU's memory (computed by bench/memory.py, then one step at that batch measured), the search
 recorded as a CUDA graph against the eager one (tests/test_captured.py), caption() and one image per call
-recorded and op by op, the launches and syncs of a caption (bench/launches.py), a photo library of 480 photos at batch 64 (photos/s), and the training
+recorded and op by op, the launches and syncs of a caption (bench/launches.py), a photo library of 480 photos at
+batch 64 (photos/s), the training step recorded as a CUDA graph against op by op (tests/test_captured_step.py) and
+its captions/s op by op, recorded and naive at two batch sizes (benchmark --only train_cached), and the training
 chain on a folder made from the bundled example photos (no dataset needed: the device machine has none):
 prepare -> train (stopped by SIGINT mid-run, resumed) -> SCST -> export -> caption, and torchrun over every GPU.
 Each row is one command in its own process group, killed when it runs past its time limit (a silent hang too);
@@ -154,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             Row("batch for this device's memory (bench/memory.py)",
                 [py, "scripts/gpu_check.py", "--memory-row", "--device", args.device], 300, "", _memory_summary),
             *_library_rows(py, out, args.device, 20 if args.quick else 160, args.quick),
+            *_training_rows(py, args.device, args.quick),
             *_training_chain(py, out, args.device)]
     for row in chosen(rows, args.only):
         res = run(row)
@@ -215,6 +219,21 @@ def _library_rows(py: str, out: Path, device: str, copies: int, quick: bool) -> 
             Row(f"a photo library of {3 * copies} photos, --batch-size 64",
                 [py, "scripts/caption.py", str(folder), "--device", device, "--batch-size", "64",
                  "--output", str(out / "library.jsonl")], 600)]
+
+
+def _training_rows(py: str, device: str, quick: bool) -> list[Row]:
+    """The training step recorded per batch shape (train.capture) checked against op by op
+    (tests/test_captured_step.py), then the cached-feature step's captions/s op by op, recorded and naive (the
+    textbook loop): at the Flickr8k recipe's shapes (16 photos x 5 captions a step, 9x9x1280, H 512) and at the
+    COCO preset's with 64 photos a step (what a larger batch gives)."""
+    bench = [py, "scripts/benchmark.py", "--device", device, "--only", "train_cached", "--json",
+             *(["--quick"] if quick else [])]
+    return [Row("the recorded training step trains as op by op on this GPU (tests/test_captured_step.py)",
+                [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_captured_step.py"], 300),
+            Row("training: op by op, recorded, naive; flickr8k shapes, 16 photos a step",
+                [*bench, "--preset", "flickr8k"], 600, "", _bench_summary),
+            Row("training: op by op, recorded, naive; coco shapes, 64 photos a step",
+                [*bench, "--preset", "coco", "--batch-images", "4" if quick else "64"], 600, "", _bench_summary)]
 
 
 def _training_chain(py: str, out: Path, device: str) -> list[Row]:

@@ -129,7 +129,7 @@ def test_the_quick_check_passes_on_a_cpu(tmp_path):
     """scripts/gpu_check.py --device cpu --quick: every row passes (about a minute on a quiet 2-core machine)."""
     out = run("scripts/gpu_check.py", "--device", "cpu", "--quick", "--out", str(tmp_path / "check"), timeout=900)
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert len(rows) == 13 and all(row.split(" | ")[1] == "ok" for row in rows), out.stdout
+    assert len(rows) == 16 and all(row.split(" | ")[1] == "ok" for row in rows), out.stdout
     figures = {row.split(" | ")[0][2:]: row.split(" | ")[4] for row in rows}
     assert "launches_device_search.one_caption.syncs" in next(v for k, v in figures.items() if k.startswith("launches"))
     assert "photos/s" in next(v for k, v in figures.items() if k.startswith("a photo library"))

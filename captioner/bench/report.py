@@ -82,20 +82,29 @@ def _breakdown_rows(bd: dict[str, Any] | None) -> list[tuple[str, str, str]]:
              f"preprocess + encoder; explain's decoder part {bd['explain_decoder_ms']:.1f} ms ({bd['words']} words)")]
 
 
+def _train_cached_rows(tc: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """The cached-feature training rows: op by op (fast), naive, and recorded (train.capture, on a GPU)."""
+    if not tc:
+        return []
+    rows, what = [], f"{tc['batch_images']} img x 5 caps, {tc['features']}, V={tc['vocab']}"
+    for mode in ("fast", "naive", "recorded"):
+        if mode not in tc:  # recorded: CUDA only
+            continue
+        r = tc[mode]
+        extra = (f"median step {r['step_ms_median']:.0f} ms, padded length {r['mean_padded_len']:.1f}, "
+                 f"{r['mean_caption_tokens']:.1f} tokens/caption")
+        if "mfu" in r:
+            extra += f", {r['tflops']:.1f} TFLOP/s ({r['mfu']:.1%} of peak)"
+        rows.append((f"train, cached features, {mode}", f"{r['captions_per_s']:,.0f} captions/s", extra))
+    rows.append(("  fast / naive", f"{tc['speedup']:.1f}x", what))
+    if "recorded_speedup" in tc:
+        rows.append(("  recorded / naive", f"{tc['recorded_speedup']:.1f}x", "train.capture: one graph a shape"))
+    return rows + _load_rows(tc.get("load"))
+
+
 def format_table(res: dict[str, Any]) -> str:
     rows: list[tuple[str, str, str]] = []
-    tc = res.get("train_cached")
-    if tc:
-        what = f"{tc['batch_images']} img x 5 caps, {tc['features']}, V={tc['vocab']}"
-        for mode in ("fast", "naive"):
-            r = tc[mode]
-            extra = (f"median step {r['step_ms_median']:.0f} ms, padded length {r['mean_padded_len']:.1f}, "
-                     f"{r['mean_caption_tokens']:.1f} tokens/caption")
-            if "mfu" in r:
-                extra += f", {r['tflops']:.1f} TFLOP/s ({r['mfu']:.1%} of peak)"
-            rows.append((f"train, cached features, {mode}", f"{r['captions_per_s']:,.0f} captions/s", extra))
-        rows.append(("  fast / naive", f"{tc['speedup']:.1f}x", what))
-        rows += _load_rows(tc.get("load"))
+    rows += _train_cached_rows(res.get("train_cached"))
     rows += _load_rows(res.get("load_cached"))
     rows += _scst_rows(res.get("train_scst"))
     te = res.get("train_encoder")

@@ -86,6 +86,28 @@ def _train_step(model, optimizer, batch, cfg, fast: bool, device, scaler=None) -
     train_step(objective, optimizer, batch, cfg, device, scaler=scaler)
 
 
+def _captured(model, cfg, device: torch.device):
+    """The recorded step a run with train.capture uses (CUDA graphs; on a GPU without bf16, fp16's scaler would
+    keep it op by op, as in a run)."""
+    from ..decoding.captured import CudaGraph
+    from ..training.captured_step import CapturedStep
+
+    return CapturedStep(model, cfg, device, CudaGraph)
+
+
+def _recorded_step(captured, optimizer, cfg, batch) -> None:
+    """A train.capture step: the recorded forward and backward replayed, then engine.finish_step (clip, optimiser);
+    op by op where the shape could not be recorded."""
+    from ..training.engine import finish_step, train_step
+    from ..training.objectives import CrossEntropy
+
+    terms = captured(batch)
+    if terms is None:
+        train_step(partial(CrossEntropy(cfg), captured.model), optimizer, batch, cfg, captured.device)
+    else:
+        finish_step(optimizer, terms, cfg)
+
+
 def decoder_model(preset: Preset, compile_step: bool):
     from ..model.show_attend_tell import ShowAttendTell
     from ..model.decoder import Decoder
@@ -106,7 +128,9 @@ def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp
                               "captions_per_batch": n_caps, "vocab": preset.vocab,
                               "features": f"{preset.grid}x{preset.grid}x{preset.feat_dim}",
                               "decoder": f"E{preset.embed_dim} H{preset.hidden_dim} A{preset.attention_dim}"}
-    for mode, fast in (("fast", True), ("naive", False)):
+    # on a GPU also the fast step recorded per batch shape (train.capture: training/captured_step.py)
+    modes = [("fast", True), ("naive", False)] + ([("recorded", True)] if device.type == "cuda" else [])
+    for mode, fast in modes:
         n_steps = counts.steps if fast else counts.naive_steps
         warmup = counts.warmup + (2 if compile_step and device.type == "cuda" else 0)
         batches = make_batches(preset, n_steps + warmup, counts.batch_images, bucket=fast, seed=1)
@@ -121,6 +145,10 @@ def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp
         # the naive warm-up is truncated on CPU, where one naive step costs tens of seconds
         step = partial(_train_step, model, optimizer, cfg=cfg, fast=fast, device=device,
                        scaler=_scaler(device, cfg))  # a GPU without bf16: fp16 as training runs it
+        if mode == "recorded":  # every shape recorded before the timing: a run records each once, then replays
+            step = partial(_recorded_step, _captured(model, cfg, device), optimizer, cfg)
+            for b in batches[warmup:]:
+                step(b)
         times = time_steps(step, batches, warmup, timer, warmup_steps=0 if fast or device.type == "cuda" else 3)
         timed = batches[warmup:]
         r = rate(times, n_caps)
@@ -135,6 +163,8 @@ def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp
         result[mode] = r
         del model, optimizer, batches
     result["speedup"] = result["fast"]["captions_per_s"] / result["naive"]["captions_per_s"]
+    if "recorded" in result:
+        result["recorded_speedup"] = result["recorded"]["captions_per_s"] / result["naive"]["captions_per_s"]
     log(f"train_cached/load: the real loader on a {preset.grid}x{preset.grid}x{preset.feat_dim} float16 memory map")
     result["load"] = bench_load_cached(preset, counts.batch_images, counts.steps + counts.warmup, device)
     return result

@@ -224,6 +224,32 @@ class Decoder(nn.Module):
                 loc_logps.append(alpha.gather(1, where.unsqueeze(1)).squeeze(1).float().log())  # (n,)
         return self._padded(B, T, n_active, emb, hs, zs, alphas_t, betas_t, loc_logps)
 
+    def teacher_force_static(self, feats: torch.Tensor, inputs: torch.Tensor, lengths: torch.Tensor,
+                             image_index: torch.Tensor) -> TeacherForced:
+        """Teacher forcing at a fixed shape, for a recorded training step (training/captured_step.py): every caption
+        runs all T steps and what lies past its length is masked, so no shape and no branch depends on the
+        lengths' values (teacher_force reads them to shrink the batch as captions end, which a recording cannot
+        hold). The same arguments and results as teacher_force (soft attention): zero where t >= length. Lengths
+        need no order. The steps past a caption's end cost work that teacher_force skips; on a GPU at training's
+        small batches the launches, not that work, set the time."""
+        B, T = inputs.shape
+        feat_proj = self.attention.project(feats).index_select(0, image_index)  # (B, P, A)
+        feats = feats.index_select(0, image_index)  # (B, P, D)
+        state = self.init_state(feats)
+        emb, emb_gates = self.embed(inputs)  # (B, T, E), (B, T, 4H)
+        hs, zs, alphas, betas = [], [], [], []
+        for t in range(T):
+            z, alpha, beta, _, state = self.recur(state, emb_gates[:, t], feats, feat_proj)
+            hs.append(state[0])
+            zs.append(z)
+            alphas.append(alpha)
+            betas.append(beta)
+        live = torch.arange(T, device=inputs.device).unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
+        logits = self.output(emb, torch.stack(hs, 1), torch.stack(zs, 1))  # (B, T, V): eq. 7 for every step
+        alphas_, betas_ = torch.stack(alphas, 1), torch.stack(betas, 1)  # (B, T, P), (B, T)
+        return TeacherForced(logits * live.unsqueeze(2).to(logits.dtype), alphas_ * live.unsqueeze(2).to(alphas_.dtype),
+                             betas_ * live.to(betas_.dtype), None)
+
     def _padded(self, B: int, T: int, n_active: list[int], emb: torch.Tensor, hs: list[torch.Tensor],
                 zs: list[torch.Tensor], alphas_t: list[torch.Tensor], betas_t: list[torch.Tensor],
                 loc_logps: list[torch.Tensor]) -> TeacherForced:

@@ -51,7 +51,7 @@ from .stopping import NEVER, Interrupted, StopSignal
 from .validation import validate
 from .watch import hparams_of
 
-__all__ = ["TrainingError", "TrainState", "Interrupted", "fit", "train_to_validation", "train_step", "validate",
+__all__ = ["TrainingError", "TrainState", "Interrupted", "fit", "train_to_validation", "train_step", "finish_step", "validate",
            "after_validation", "training_autocast", "amp_dtype", "grad_scaler"]
 
 
@@ -229,9 +229,15 @@ def _one_step(run: Run, micro: list[Any], steps_left: int, per_epoch: int, total
     steps; total: the run's (schedule.total_steps). train_step moves the micro-batches to the device, one at a
     time, so only one micro-batch is there at once."""
     cfg, state, device = run.cfg, run.state, run.place.device
-    scale = lr_scale(cfg.train, state.step, total)
-    terms = train_step(run.train_module, run.optimizer, micro, cfg, device,
-                       f" at step {state.step} (epoch {state.epoch + 1})", scale, run.scaler)
+    scale, where = lr_scale(cfg.train, state.step, total), f" at step {state.step} (epoch {state.epoch + 1})"
+    recorded = run.captured(micro[0]) if run.captured is not None and len(micro) == 1 else None
+    if recorded is not None:  # train.capture: the backward replayed (captured_step.py), then clip and optimise
+        if not math.isfinite(float(recorded.total)):
+            raise TrainingError(f"loss became {float(recorded.total)}{where}; stopping. The last good checkpoint "
+                                "is kept. Try a lower train.lr or train.grad_clip.")
+        terms = finish_step(run.optimizer, recorded, cfg, where, scale, run.scaler)
+    else:
+        terms = train_step(run.train_module, run.optimizer, micro, cfg, device, where, scale, run.scaler)
     if run.ema is not None:
         run.ema.update(run.model)
     state.step += 1
@@ -275,6 +281,14 @@ def train_step(objective: Callable[[Any], Terms], optimizer: torch.optim.Optimiz
             (scaler.scale(loss) if scaler is not None else loss).backward()
         parts.append(terms)
     terms = parts[0] if len(parts) == 1 else _merged(parts, shares)
+    return finish_step(optimizer, terms, cfg, where, lr_scale, scaler)
+
+
+def finish_step(optimizer: torch.optim.Optimizer, terms: Terms, cfg: Config, where: str = "", lr_scale: float = 1.0,
+                scaler: torch.amp.GradScaler | None = None) -> Terms:
+    """The step once the gradients are in the parameters' .grad (train_step's backward, or a recorded step's replay:
+    captured_step.py): clipping over the optimiser's parameters (train.grad_clip; the norm before it is logged) and
+    the optimiser at each group's lr x `lr_scale`."""
     if scaler is not None:
         scaler.unscale_(optimizer)  # clipping and the logged norm see the true gradient
     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]

@@ -41,13 +41,25 @@ def attention_penalty(alphas: torch.Tensor) -> torch.Tensor:
 def caption_loss(logits: torch.Tensor, alphas: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor,
                  alpha_c: float = 1.0, label_smoothing: float = 0.0) -> LossTerms:
     """logits (B, T, V), alphas (B, T, P) zero past each length, targets (B, T), lengths (B,)."""
+    n_tokens = int(lengths.sum())
+    total, xent, penalty = eq14(logits, alphas, targets, lengths, n_tokens, alpha_c, label_smoothing)
+    return LossTerms(total=total, xent=xent, penalty=penalty, n_tokens=n_tokens)
+
+
+def eq14(logits: torch.Tensor, alphas: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor,
+         n_tokens: int | torch.Tensor, alpha_c: float = 1.0, label_smoothing: float = 0.0
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eq. 14 per token -> (total, xent per token, lambda x penalty per caption). Padding is masked out of sums,
+    never gathered away, and `n_tokens` (lengths.sum()) may be a tensor: nothing here reads the device, so a
+    recorded step (captured_step.py) runs it as caption_loss does."""
     T = targets.shape[1]
     mask = torch.arange(T, device=targets.device).unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
-    n_tokens = int(mask.sum())
-    xent = F.cross_entropy(logits[mask].float(), targets[mask], label_smoothing=label_smoothing)  # per token
+    per_token = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none",
+                                label_smoothing=label_smoothing)  # (B*T,)
+    xent = (per_token * mask.flatten()).sum() / n_tokens  # per real token
     penalty = attention_penalty(alphas)  # (B,)
     total = xent + alpha_c * penalty.sum() / n_tokens  # (sum of per-caption objectives) / tokens
-    return LossTerms(total=total, xent=xent, penalty=alpha_c * penalty.mean(), n_tokens=n_tokens)
+    return total, xent, alpha_c * penalty.mean()
 
 
 @dataclass

@@ -22,7 +22,7 @@ SAFE_TO_CHANGE = frozenset(
     [f"train.{k}" for k in (
         "out_dir", "epochs", "lr", "encoder_lr", "encoder_bn", "weight_decay", "grad_clip", "alpha_c", "alpha_head",
         "alpha_cam", "cam_min_prob", "cam_person", "label_smoothing", "lr_decay", "lr_patience", "schedule", "warmup_steps", "min_lr",
-        "early_stop_patience", "val_beam_size", "val_limit", "val_every_steps", "amp", "cpu_amp", "compile", "log_every",
+        "early_stop_patience", "val_beam_size", "val_limit", "val_every_steps", "amp", "cpu_amp", "compile", "capture", "log_every",
         "checkpoint_every", "max_steps", "scst_samples", "scst_baseline", "scst_max_len", "scst_bad_ending_penalty",
         "scst_dropout", "scst_xent", "scst_reward_end", "hard_expected_prob", "hard_reinforce", "hard_entropy",
         "hard_baseline_decay", "new_words_lr_factor", "keep_epochs", "keep_best", "tensorboard")]

@@ -27,6 +27,7 @@ from .ema import EMA, PREFIX as EMA_PREFIX
 from .optimizer import build_optimizer, keep_roles
 from .precision import grad_scaler
 from .as_exported import lends_detectors
+from .captured_step import CapturedStep, build_captured_step
 from .resume import apply_to_optimizer, check_init, check_resume, reopen
 from .rng import restore as restore_rng, seed_everything
 from .stopping import NEVER, StopSignal
@@ -161,6 +162,7 @@ class Run:
     logger: JsonlLogger  # metrics.jsonl
     watch: Watch  # the log_every line, TensorBoard
     stop: StopSignal  # Ctrl-C / SIGTERM -> a saved step
+    captured: CapturedStep | None = None  # train.capture: the step recorded per batch shape (captured_step.py)
 
     @property
     def out(self) -> Path:
@@ -361,10 +363,11 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
                                  min_batches=cfg.train.min_epoch_batches)
     train_module, optimizer, new_words = _model_side(cfg, place, model, start, data)
     _random_states(cfg, start.resume, place)
-    out = Path(cfg.train.out_dir)
+    out, scaler = Path(cfg.train.out_dir), _scaler(cfg, place, start.resume)
+    captured = build_captured_step(cfg, model, place.device, place.world_size, scaler is not None, place.log)
     return Run(cfg, place,
                model=model, vocab=start.vocab, optimizer=optimizer, train_module=train_module,
-               scaler=_scaler(cfg, place, start.resume), ema=_ema(cfg, model, start.resume, place.device),
+               scaler=scaler, ema=_ema(cfg, model, start.resume, place.device), captured=captured,
                new_words=new_words, start_file=_without_weights(start.init),
                dataset=data.dataset, collate_fn=data.collate, sampler=sampler,
                batches=RankBatches(sampler, rank, world_size), val_sets=data.val_sets,
