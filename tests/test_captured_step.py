@@ -215,3 +215,19 @@ def test_cuda_graph_steps_train_as_op_by_op_on_the_gpu():
                 for p, q in zip(eager.parameters(), recorded.parameters()):
                     torch.testing.assert_close(q, p, atol=1e-4, rtol=1e-3)
         assert len(step.recorded) == 2 and all(rec is not None for rec in step.recorded.values())
+
+
+def test_a_recorded_training_step_is_one_launch_and_one_read():
+    """bench_train_launches (captioner-benchmark --only launches): the recorded step launches its graph once and
+    reads the device once (its losses), besides Adam's host-side counters; op by op it launches every word's
+    attention and cell, forward and backward."""
+    from captioner.bench.launches import bench_train_launches
+    from captioner.bench.synthetic import Preset
+
+    small = Preset("small", 30, "none", 32, 3, 16, 8, 12, 10, 6.0, 2.0, 2, 12, 12)
+    res = bench_train_launches(small, batch_images=2)
+    eager, recorded, adam = res["op_by_op"], res["recorded"], res["optimizer_host_reads"]
+    assert recorded["graph_launches"] == 1 and eager["graph_launches"] == 0
+    assert recorded["syncs"] - adam == 1 and recorded["reads"] == 1  # the losses, read once (tolist)
+    assert eager["syncs"] - adam >= 3  # the lengths, the token count, the finite check ...
+    assert recorded["kernels"] * 5 < eager["kernels"]

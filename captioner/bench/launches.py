@@ -135,4 +135,36 @@ def bench_launches(captioner: Any, photos: Sequence[Path], gpu_search: bool = Fa
             "batch_ops_per_photo": many["ops"] / len(batch), "batch_kernels_per_photo": many["kernels"] / len(batch)}
 
 
-__all__ = ["Dispatched", "OneLaunch", "count", "counted_reads", "device_search", "bench_launches"]
+def bench_train_launches(preset: Any, batch_images: int = 16) -> dict[str, Any]:
+    """One cross-entropy training step on a synthetic batch of `preset`'s shapes (bench/synthetic.py), op by op
+    (engine.train_step) and recorded (train.capture: training/captured_step.py, its replay one launch, then
+    engine.finish_step): ops, kernels and syncs of each, after one uncounted step (the recorded one records the
+    shape there). Adam runs multi-tensor (foreach), as it does on a GPU by default; optimizer_host_reads: the syncs
+    of its step alone, reads of its host-side step counters that make a GPU wait for nothing."""
+    from ..config import Config
+    from ..training.captured_step import CapturedStep
+    from ..training.engine import finish_step, train_step
+    from ..training.objectives import CrossEntropy
+    from .synthetic import make_batches
+    from .training import decoder_model
+
+    cfg, cpu = Config(), torch.device("cpu")
+    batch = make_batches(preset, 1, batch_images, True, 1)[0]
+    model = decoder_model(preset, False).train()
+    optimizer = torch.optim.Adam(model.decoder.parameters(), lr=cfg.train.lr, foreach=True)
+    objective = CrossEntropy(cfg)
+    captured = CapturedStep(model, cfg, cpu, OneLaunch)
+    steps = {"op_by_op": lambda: train_step(lambda b: objective(model, b), optimizer, batch, cfg, cpu),
+             "recorded": lambda: finish_step(optimizer, captured(batch), cfg)}
+    out: dict[str, Any] = {"preset": preset.name, "batch_images": batch_images, "captions": len(batch.inputs),
+                           "words": batch.inputs.shape[1]}
+    for name, step in steps.items():
+        step()
+        out[name] = count(step)
+    # Adam reads its step counters (host tensors unless capturable): "syncs" on a CPU, no wait for a GPU
+    out["optimizer_host_reads"] = count(optimizer.step)["syncs"]
+    return out
+
+
+__all__ = ["Dispatched", "OneLaunch", "count", "counted_reads", "device_search", "bench_launches",
+           "bench_train_launches"]

@@ -166,6 +166,14 @@ def _launches_rows(res: dict[str, Any]) -> list[tuple[str, str, str]]:
                          f"{lc['batch_ops_per_photo']:,.0f} ops a photo, {many['syncs']} syncs",
                          f"{lc['batch_kernels_per_photo']:,.0f} compute a photo, {many['reads']} host reads in all, "
                          "reading included"))
+    tl = res.get("launches_train_step")
+    if tl:
+        for mode in ("op_by_op", "recorded"):
+            c = tl[mode]
+            rows.append((f"launches, a training step {mode.replace('_', ' ')}", f"{c['ops']:,} ops, {c['syncs']} syncs",
+                         f"{c['kernels']:,} compute, {c['graph_launches']} graph launches; {tl['batch_images']} "
+                         f"photos x 5 captions of {tl['words']} words, {tl['preset']} shapes; "
+                         f"{tl['optimizer_host_reads']} syncs are Adam's host-side counters"))
     return rows
 
 

@@ -40,7 +40,8 @@ Sections (each printed as a table row, or one JSON object with --json):
 * launches (only with --only launches: counted, not timed): one caption of a read photo and caption_batch of
   up to 32 photos (--photos DIR or the examples) -> aten ops (a GPU's kernel launches), syncs (values read back:
   .item(), nonzero) and host reads (tolist / cpu / numpy); on a CPU also with the GPU's fixed-shape search, eager
-  and recorded as one launch (decoding/captured.py, bench/launches.py).
+  and recorded as one launch (decoding/captured.py, bench/launches.py), and one cross-entropy training step at
+  the preset's shapes, op by op and recorded (train.capture: training/captured_step.py).
 * peak memory: CPU: process max RSS (cumulative high-water mark); CUDA: torch.cuda.max_memory_allocated
   per section.
 
@@ -66,7 +67,7 @@ from ..api import Captioner, default_device, preferred_dtype
 from ..bench.breakdown import bench_breakdown, photo_files
 from ..bench.inference import (EXPLAIN_SENTENCE, bench_eval, bench_explain, bench_latency, default_checkpoint, eval_decoder,
                                latency_captioner)
-from ..bench.launches import bench_launches
+from ..bench.launches import bench_launches, bench_train_launches
 from ..bench.loading import bench_load_cached
 from ..bench.report import QUICK_NOTE, format_table, machine, max_key, targets
 from ..bench.synthetic import PRESETS
@@ -198,6 +199,7 @@ def _run(args: argparse.Namespace) -> int:
         if not cuda:
             res["launches_device_search"] = bench_launches(loaded, photo_files(args.photos), gpu_search=True)
             res["launches_captured_search"] = bench_launches(loaded, photo_files(args.photos), captured=True)
+            res["launches_train_step"] = bench_train_launches(preset, counts.batch_images)
     if args.coco_epoch:
         if not cuda:
             log("note: --coco-epoch on CPU measures COCO shapes with ResNet-101 in the loop; this is slow")
