@@ -14,7 +14,7 @@ from captioner.data.dataset import Batch
 from captioner.decoding.captured import Rerun
 from captioner.model.show_attend_tell import ShowAttendTell
 from captioner.training import captured_step
-from captioner.training.captured_step import T_STEP, CapturedStep, why_op_by_op
+from captioner.training.captured_step import ROWS_STEP, T_STEP, CapturedStep, why_op_by_op
 from captioner.training.engine import finish_step, train_step
 from captioner.training.loss import caption_loss
 from captioner.training.objectives import CrossEntropy
@@ -77,8 +77,28 @@ def test_recorded_steps_train_as_the_op_by_op_steps(monkeypatch):
         assert float(r.grad_norm) == pytest.approx(float(a.grad_norm), rel=1e-4)
         for p, q in zip(eager.parameters(), recorded.parameters()):
             torch.testing.assert_close(q, p, atol=1e-5, rtol=1e-4)
-    assert [k[:3] for k in step.recorded] == [(2, 4, T_STEP), (3, 6, 2 * T_STEP)]  # one recording a shape
+    assert [k[:3] for k in step.recorded] == [(2, ROWS_STEP, T_STEP), (3, ROWS_STEP, 2 * T_STEP)]  # one a shape
     assert [rec.graph.replays for rec in step.recorded.values()] == [3, 3]  # every step a replay
+
+
+def test_batches_of_other_caption_counts_share_a_recording_through_rows_of_length_0():
+    """Photos with 5, 6 or 7 captions (COCO has some) make batches of other caption counts: rows of length 0 fill
+    them to a multiple of ROWS_STEP, and they count nowhere (no token, no penalty), so 5, 6 and 7 captions train
+    in one recording as op by op."""
+    eager, recorded = _model(), _model()
+    recorded.load_state_dict(eager.state_dict())
+    cfg = Config()
+    opt_e = torch.optim.SGD(eager.decoder.parameters(), lr=0.1)
+    opt_r = torch.optim.SGD(recorded.decoder.parameters(), lr=0.1)
+    step, objective = CapturedStep(recorded, cfg, CPU, Rerun), CrossEntropy(cfg)
+    for lengths in ((6, 5, 4, 4, 2), (6, 6, 5, 3, 3, 2), (5, 5, 4, 4, 3, 2, 1)):
+        b = _batch(2, lengths)
+        a = train_step(lambda x: objective(eager, x), opt_e, b, cfg, CPU)
+        r = finish_step(opt_r, step(b), cfg)
+        assert (r.logs["xent"], r.logs["penalty"]) == pytest.approx((a.logs["xent"], a.logs["penalty"]), rel=1e-5)
+        for p, q in zip(eager.parameters(), recorded.parameters()):
+            torch.testing.assert_close(q, p, atol=1e-5, rtol=1e-4)
+    assert len(step.recorded) == 1
 
 
 def test_a_recorded_step_with_dropout_draws_what_the_op_by_op_static_step_draws():
@@ -100,10 +120,12 @@ def test_a_recorded_step_with_dropout_draws_what_the_op_by_op_static_step_draws(
 
 
 def _static(b: Batch) -> tuple[torch.Tensor, ...]:
-    T = -(-b.inputs.shape[1] // T_STEP) * T_STEP
-    pad = T - b.inputs.shape[1]
-    return (b.visual, torch.nn.functional.pad(b.inputs, (0, pad)), torch.nn.functional.pad(b.targets, (0, pad)),
-            b.lengths, b.image_index)
+    """`b` as a recording's static inputs hold it: T_STEP steps, ROWS_STEP rows (the padding rows of length 0)."""
+    B, T = b.inputs.shape
+    rows, steps = -(-B // ROWS_STEP) * ROWS_STEP - B, -(-T // T_STEP) * T_STEP - T
+    pad = torch.nn.functional.pad
+    return (b.visual, pad(b.inputs, (0, steps, 0, rows)), pad(b.targets, (0, steps, 0, rows)), pad(b.lengths, (0, rows)),
+            pad(b.image_index, (0, rows)))
 
 
 def test_a_step_that_reads_the_host_is_not_recorded_and_says_so(monkeypatch):

@@ -7,10 +7,12 @@ as one launch. What stays op by op is short: the batch copied into the recording
 (engine.finish_step, multi-tensor: a few launches), and one read of the step's loss.
 
 How a recording keeps a graph's contract:
-- **Its shape is fixed.** The key is (images, captions, T rounded up to a multiple of T_STEP). Each batch's captions
-  are padded to that T, so one recording serves the lengths near it. Decoder.teacher_force_static runs every
-  caption all T steps and masks what lies past its end, so nothing depends on the lengths' values. loss.eq14 masks
-  padding out of its sums, and reads nothing back.
+- **Its shape is fixed.** The key is (images, captions rounded up to a multiple of ROWS_STEP, T rounded up to a
+  multiple of T_STEP). Each batch's captions are padded to that T, and rows of length 0 fill the count (a COCO
+  photo with 6 or 7 captions makes a batch of 16 photos 81 or 82 captions: they share the recording of 88), so one
+  recording serves the shapes near it. Decoder.teacher_force_static runs every caption all T steps and masks what
+  lies past its end, so nothing depends on the lengths' values. loss.eq14 masks padding out of its sums (a row of
+  length 0 counts nowhere), and reads nothing back.
 - **Its inputs are static buffers.** Each step copies its batch (features, words, targets, lengths, which image
   each caption is of) into them.
 - **Its outputs are the losses and the gradients.** The recording's backward writes gradient buffers of its own.
@@ -22,8 +24,11 @@ How a recording keeps a graph's contract:
   with the graph). The warm-up and the recording run under torch.random.fork_rng, so recording draws nothing from
   the run's random stream, and every step's gradients come from a replay. On a CPU, `Rerun` replays by running
   again: there a recorded run is the op-by-op run of teacher_force_static, number for number (the tests).
-- **Memory.** At most LIMIT shapes are kept, each with its own pool (its activations and gradients); the least
-  recently used goes first.
+- **Memory.** The recordings share one memory pool: what one step's forward and backward hold in between (a
+  COCO step's activations are gigabytes) is held once, and each recording keeps only its own outputs (the
+  gradients, the size of the trained weights). Sharing is safe because replays never overlap and each replay's
+  outputs are read (clipped, stepped) before the next one runs; outputs stay referenced, so no other recording
+  is given their memory. At most LIMIT shapes are kept; the least recently used goes first.
 - **Failure.** A shape that cannot be recorded warns once and runs op by op (engine.train_step).
 
 Not recorded (why_op_by_op says which, once, in the run's log): SCST, hard attention, train.accumulate > 1, the
@@ -50,7 +55,8 @@ from .objectives import Terms
 from .precision import amp_dtype
 
 T_STEP = 8  # a batch's steps are rounded up to a multiple of this: one recording serves 8 caption lengths
-LIMIT = 8  # shapes kept recorded (each holds its activations and gradients); the least recently used goes first
+ROWS_STEP = 8  # and its captions to a multiple of this (rows of length 0)
+LIMIT = 16  # shapes kept recorded (each holds its gradients; the pool is shared); the least recently used goes first
 GRAPHS: dict[str, Callable[[], Any]] = {"cuda": CudaGraph}  # where train.capture records (tests add "cpu": Rerun)
 
 
@@ -85,15 +91,16 @@ class CapturedStep:
         self.model, self.cfg, self.device, self.make_graph, self.limit = model, cfg, device, graph, limit
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.recorded: OrderedDict[tuple, _Recording | None] = OrderedDict()  # None: failed, op by op
+        self.pool = graph.new_pool()  # one memory pool for every recording (module doc)
 
     def __call__(self, batch: Batch) -> Terms | None:
         """One step's forward and backward on `batch` (as read: on the host) -> its Terms (the caller checks that
         the loss is finite before any weight moves), the gradients in the parameters' .grad; None where this shape
         could not be recorded (the caller runs engine.train_step)."""
-        T = -(-batch.inputs.shape[1] // T_STEP) * T_STEP
-        key = (len(batch.visual), len(batch.inputs), T, batch.visual.dtype)
+        T, rows = _rounded(batch.inputs.shape[1], T_STEP), _rounded(len(batch.inputs), ROWS_STEP)
+        key = (len(batch.visual), rows, T, batch.visual.dtype)
         if key not in self.recorded:
-            self.recorded[key] = self._record(batch, T)
+            self.recorded[key] = self._record(batch, rows, T)
             while len(self.recorded) > self.limit:
                 self.recorded.popitem(last=False)
         self.recorded.move_to_end(key)
@@ -108,19 +115,19 @@ class CapturedStep:
         return Terms(torch.tensor(total), int(batch.lengths.sum()), {"xent": xent, "penalty": penalty},
                      counts={"penalty": len(batch.lengths)})
 
-    def _record(self, batch: Batch, T: int) -> _Recording | None:
-        """This shape's recording, made on `batch` (warmed up and recorded under fork_rng), or None with a warning."""
-        B = len(batch.inputs)
+    def _record(self, batch: Batch, B: int, T: int) -> _Recording | None:
+        """This shape's recording (B captions of T steps), made on `batch` (warmed up and recorded under fork_rng),
+        or None with a warning."""
         static = (torch.zeros(batch.visual.shape, dtype=batch.visual.dtype, device=self.device),
                   torch.zeros(B, T, dtype=torch.long, device=self.device),
                   torch.zeros(B, T, dtype=torch.long, device=self.device),
-                  torch.ones(B, dtype=torch.long, device=self.device),
+                  torch.zeros(B, dtype=torch.long, device=self.device),
                   torch.zeros(B, dtype=torch.long, device=self.device))
         _load(static, batch)
         devices = [self.device] if self.device.type == "cuda" else []
         try:
             with torch.random.fork_rng(devices=devices):
-                graph = self.make_graph()
+                graph = self.make_graph(self.pool)
                 out = graph.record(lambda: self._forward_backward(*static))
         except (CaptureError, RuntimeError) as e:
             warnings.warn(f"train.capture: a batch of {len(batch.visual)} images, {B} captions and {T} steps could "
@@ -145,18 +152,24 @@ class CapturedStep:
         return (losses, *[p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
 
 
+def _rounded(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
 def _load(static: tuple[torch.Tensor, ...], batch: Batch) -> None:
-    """A batch copied into a recording's static inputs, its captions padded to the recording's T (with word 0: a
-    padded step's results are masked, so which word it reads does not matter)."""
+    """A batch copied into a recording's static inputs, its captions padded to the recording's T and its rows filled
+    with captions of length 0 of image 0 (with word 0: a padded step's results are masked, so which word it reads
+    does not matter)."""
     feats, inputs, targets, lengths, image_index = static
-    T = batch.inputs.shape[1]
+    B, T = batch.inputs.shape
     feats.copy_(batch.visual, non_blocking=True)
-    inputs[:, :T].copy_(batch.inputs, non_blocking=True)
-    inputs[:, T:].zero_()
-    targets[:, :T].copy_(batch.targets, non_blocking=True)
-    targets[:, T:].zero_()
-    lengths.copy_(batch.lengths, non_blocking=True)
-    image_index.copy_(batch.image_index, non_blocking=True)
+    for buffer, real in ((inputs, batch.inputs), (targets, batch.targets)):
+        buffer[:B, :T].copy_(real, non_blocking=True)
+        buffer[:B, T:].zero_()
+        buffer[B:].zero_()
+    for buffer, real in ((lengths, batch.lengths), (image_index, batch.image_index)):
+        buffer[:B].copy_(real, non_blocking=True)
+        buffer[B:].zero_()
 
 
 def build_captured_step(cfg: Config, model: ShowAttendTell, device: torch.device, world_size: int, fp16: bool,

@@ -51,15 +51,17 @@ def eq14(logits: torch.Tensor, alphas: torch.Tensor, targets: torch.Tensor, leng
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eq. 14 per token -> (total, xent per token, lambda x penalty per caption). Padding is masked out of sums,
     never gathered away, and `n_tokens` (lengths.sum()) may be a tensor: nothing here reads the device, so a
-    recorded step (captured_step.py) runs it as caption_loss does."""
+    recorded step (captured_step.py) runs it as caption_loss does. A caption of length 0 (a recording's padding
+    row) counts nowhere: no token, and no penalty."""
     T = targets.shape[1]
     mask = torch.arange(T, device=targets.device).unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
     per_token = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none",
                                 label_smoothing=label_smoothing)  # (B*T,)
     xent = (per_token * mask.flatten()).sum() / n_tokens  # per real token
-    penalty = attention_penalty(alphas)  # (B,)
+    real = (lengths > 0).to(per_token.dtype)  # (B,)
+    penalty = attention_penalty(alphas) * real  # (B,)
     total = xent + alpha_c * penalty.sum() / n_tokens  # (sum of per-caption objectives) / tokens
-    return total, xent, alpha_c * penalty.mean()
+    return total, xent, alpha_c * penalty.sum() / real.sum()
 
 
 @dataclass
