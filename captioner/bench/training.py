@@ -86,15 +86,6 @@ def _train_step(model, optimizer, batch, cfg, fast: bool, device, scaler=None) -
     train_step(objective, optimizer, batch, cfg, device, scaler=scaler)
 
 
-def _captured(model, cfg, device: torch.device):
-    """The recorded step a run with train.capture uses (CUDA graphs; on a GPU without bf16, fp16's scaler would
-    keep it op by op, as in a run)."""
-    from ..decoding.captured import CudaGraph
-    from ..training.captured_step import CapturedStep
-
-    return CapturedStep(model, cfg, device, CudaGraph)
-
-
 def _recorded_step(captured, optimizer, cfg, batch) -> None:
     """A train.capture step: the recorded forward and backward replayed, then engine.finish_step (clip, optimiser);
     op by op where the shape could not be recorded."""
@@ -128,8 +119,10 @@ def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp
                               "captions_per_batch": n_caps, "vocab": preset.vocab,
                               "features": f"{preset.grid}x{preset.grid}x{preset.feat_dim}",
                               "decoder": f"E{preset.embed_dim} H{preset.hidden_dim} A{preset.attention_dim}"}
-    # on a GPU also the fast step recorded per batch shape (train.capture: training/captured_step.py)
-    modes = [("fast", True), ("naive", False)] + ([("recorded", True)] if device.type == "cuda" else [])
+    # on a GPU also the fast step recorded per batch shape (train.capture: training/captured_step.py), where a run
+    # records it: not under fp16's GradScaler (a GPU without bf16)
+    recorded = device.type == "cuda" and _scaler(device, cfg) is None
+    modes = [("fast", True), ("naive", False)] + ([("recorded", True)] if recorded else [])
     for mode, fast in modes:
         n_steps = counts.steps if fast else counts.naive_steps
         warmup = counts.warmup + (2 if compile_step and device.type == "cuda" else 0)
@@ -146,7 +139,10 @@ def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp
         step = partial(_train_step, model, optimizer, cfg=cfg, fast=fast, device=device,
                        scaler=_scaler(device, cfg))  # a GPU without bf16: fp16 as training runs it
         if mode == "recorded":  # every shape recorded before the timing: a run records each once, then replays
-            step = partial(_recorded_step, _captured(model, cfg, device), optimizer, cfg)
+            from ..decoding.captured import CudaGraph
+            from ..training.captured_step import CapturedStep
+
+            step = partial(_recorded_step, CapturedStep(model, cfg, device, CudaGraph), optimizer, cfg)
             for b in batches[warmup:]:
                 step(b)
         times = time_steps(step, batches, warmup, timer, warmup_steps=0 if fast or device.type == "cuda" else 3)
