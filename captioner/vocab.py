@@ -258,39 +258,23 @@ class Vocab:
 
 @dataclass(frozen=True)
 class SpecialIds:
-    """The token ids decoding (decoding/search.py, rules.py, sampling.py) treats specially: <start> begins,
-    <end> finishes, <pad> and <start> are never generated, and <unk> (when given) is never generated either."""
+    """The token ids decoding (decoding/search.py, sampling.py) treats specially: <start> begins, <end> finishes,
+    <pad> and <start> are never generated, and <unk> (when given) is never generated either. The words the
+    decoding rules name are decoding/rules.py's (Lexicon)."""
     start: int
     end: int
     pad: int = 0
     unk: int | None = None
-    function_words: tuple[int, ...] = ()  # vocab.FUNCTION_WORDS: bigrams ending in one may repeat
-    bad_last: tuple[int, ...] = ()  # vocab.BAD_LAST_WORDS: a caption never ends on one (decode.block_salad)
-    joiners: tuple[int, ...] = ()  # vocab.REPEAT_JOINERS: "X and X" is a repeat (decode.block_repeats)
-    # vocab.bare_colour: after an article and a colour, none of not_after_colour (decode.block_salad)
-    articles: tuple[int, ...] = ()
-    colours: tuple[int, ...] = ()
-    not_after_colour: tuple[int, ...] = ()
-    # (word, family) ids: a word and its plural (vocab.singular), a taught word and its source (Vocab.aliases)
-    # are one family, named by its smallest id; saying one member is saying them all (block_content_repeats)
-    twins: tuple[tuple[int, int], ...] = ()
-    # "a" and "an" (SINGULAR_ARTICLES), and the plurals of the vocabulary's words: never one right after the other
-    singular_articles: tuple[int, ...] = ()
-    plurals: tuple[int, ...] = ()
-    # (word, longer word) ids where the longer one right after the word stutters ("bath", "bathroom"): vocab.stutters
-    stutters: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(cls, vocab: "Vocab", forbid_unk: bool = True) -> "SpecialIds":
         """From a Vocab; forbid_unk is config.decode.forbid_unk (a caption for people never says "<unk>")."""
-        function = tuple(sorted(vocab.stoi[w] for w in FUNCTION_WORDS if w in vocab.stoi))
-        bad_last = tuple(sorted(vocab.stoi[w] for w in BAD_LAST_WORDS if w in vocab.stoi))
-        joiners = tuple(sorted(vocab.stoi[w] for w in REPEAT_JOINERS if w in vocab.stoi))
-        known = lambda words: tuple(sorted(vocab.stoi[w] for w in words if w in vocab.stoi))  # noqa: E731
-        return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None, function, bad_last, joiners,
-                   articles=known(ARTICLES), colours=known(COLOUR_WORDS), not_after_colour=known(NOT_AFTER_COLOUR),
-                   twins=word_families(vocab), stutters=stutter_pairs(vocab),
-                   singular_articles=known(SINGULAR_ARTICLES), plurals=_plurals(tuple(vocab.itos)))
+        return cls(vocab.start, vocab.end, vocab.pad, vocab.unk if forbid_unk else None)
+
+
+def plural_ids(vocab: Vocab) -> tuple[int, ...]:
+    """The ids of the vocabulary's plurals whose singular it holds (vocab.singular), made once per vocabulary."""
+    return _plurals(tuple(vocab.itos))
 
 
 def word_families(vocab: Vocab) -> tuple[tuple[int, int], ...]:

@@ -1,6 +1,6 @@
 """The decision after the beam one photo and one candidate at a time: the literal arithmetic the batched decision
 (choice.choose over a pool.Pool, confidence.sure_signals, support.object_signals) must equal. Kept here as the
-oracle of tests/test_decision.py, as rules.word_logp is the processors' oracle."""
+oracle of tests/test_decision.py, as tests/rules_oracle.py is the rules' oracle."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -154,9 +154,9 @@ def test_decode_settings_default_to_the_model_files(tmp_path, monkeypatch):
 
     real = captions.decode
 
-    def spy(decoder, feats, ids, settings, evidence=None):
+    def spy(decoder, feats, ids, settings, rules=None):
         calls.append((settings.beam_size, settings.max_len, settings.length_penalty))
-        return real(decoder, feats, ids, settings, evidence)
+        return real(decoder, feats, ids, settings, rules)
 
     monkeypatch.setattr(captions, "decode", spy)
     img = photo()
@@ -243,6 +243,7 @@ def test_default_device():
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_caption_betas_are_the_gates_of_its_words(beam_size):
     """Caption.betas: one gate value per word, in [0, 1], the ones decoding computed for those words."""
+    from captioner.decoding.rules import Lexicon, Rules
     from captioner.decoding.search import decode
     from captioner.vocab import SpecialIds
 
@@ -254,8 +255,8 @@ def test_caption_betas_are_the_gates_of_its_words(beam_size):
     assert ((cap.betas >= 0) & (cap.betas <= 1)).all()
     with torch.no_grad():
         feats = model.model.encode(model.preprocess(photo())[None])
-    (best, *_), = decode(model.model.decoder, feats, SpecialIds.of(model.vocab),
-                         model.decode_settings(beam_size=beam_size, max_len=8))
+    ids, settings = SpecialIds.of(model.vocab), model.decode_settings(beam_size=beam_size, max_len=8)
+    (best, *_), = decode(model.model.decoder, feats, ids, settings, Rules(ids, settings, lexicon=Lexicon.of(model.vocab)))
     assert np.allclose(cap.betas, best.betas.numpy(), atol=1e-6)
     # captions built without gates (older code) still construct, with no betas
     assert captioner.Caption("a", ["a"], np.ones((1, 7, 7)) / 49, -1.0).betas.shape == (0,)

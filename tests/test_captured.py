@@ -19,12 +19,14 @@ from captioner.decoding.captured import CaptureError, NoHostReads, Recordings, R
 from captioner.decoding.device_beam import beam_search_on_device, search_on_device
 from captioner.decoding.evidence import photo_evidence
 from captioner.decoding.reading import read_heads
+from captioner.decoding.rules import Lexicon, Rules
 from captioner.model.decoder import Decoder
 from captioner.vocab import SpecialIds
 
 from .test_device_beam import END, PAD, START, same
 
-IDS = SpecialIds(START, END, PAD, 3, function_words=(4, 5), bad_last=(4, 5), joiners=(4,))
+IDS = SpecialIds(START, END, PAD, 3)
+LEX = Lexicon(function_words=(4, 5), bad_last=(4, 5), joiners=(4,))
 
 
 def small(seed: int = 0) -> Decoder:
@@ -68,14 +70,16 @@ def test_the_chunks_end_where_max_len_does_and_a_search_stops_after_the_chunk_wh
 def test_the_search_runs_every_step_without_a_read_and_finds_the_same():
     """check_every=None: all max_len steps queued (what a graph records) and the same hypotheses as stopping
     early: an image that is done adds none. The refusal is real: the early-stopping search is refused."""
-    dec, feats = small(1), torch.rand(3, 9, 16)
-    with NoHostReads():
-        walked = search_on_device(dec, feats, IDS, RULES, check_every=None).walked()
-    assert walked[0].shape[1] == RULES.max_len
     from captioner.decoding.device_beam import read_back
-    same(beam_search_on_device(dec, feats, IDS, RULES, check_every=1), read_back(walked))
+
+    dec, feats = small(1), torch.rand(3, 9, 16)
+    want = beam_search_on_device(dec, feats, IDS, RULES, Rules(IDS, RULES, lexicon=LEX), check_every=1)  # (the rules'
+    with NoHostReads():  # tables are made at a search's first step, as a recording's warm-up run makes them)
+        walked = search_on_device(dec, feats, IDS, RULES, Rules(IDS, RULES, lexicon=LEX), check_every=None).walked()
+    assert walked[0].shape[1] == RULES.max_len
+    same(want, read_back(walked))
     with pytest.raises(CaptureError, match="reads a device value"), NoHostReads():
-        search_on_device(dec, feats, IDS, RULES, check_every=1)
+        search_on_device(dec, feats, IDS, RULES, Rules(IDS, RULES, lexicon=LEX), check_every=1)
     with pytest.raises(CaptureError, match="copies host data"), NoHostReads():  # (what a graph would replay stale)
         torch.tensor([START, END]).to(feats)
 
@@ -99,9 +103,9 @@ def test_batch_sizes_share_the_recording_of_their_bucket():
     dec, searches = small(), Recordings(Rerun)
     for B in (3, 4, 3, 5):
         feats = torch.rand(B, 9, 16)
-        got = search(searches, dec, feats, IDS, RULES)
+        got = search(searches, dec, feats, IDS, RULES, Rules(IDS, RULES, lexicon=LEX))
         assert len(got) == B
-        same(beam_search_on_device(dec, feats, IDS, RULES), got)
+        same(beam_search_on_device(dec, feats, IDS, RULES, Rules(IDS, RULES, lexicon=LEX)), got)
     assert [k[1][0][0][0] for k in searches.recorded] == [4, 8]
 
 
@@ -109,11 +113,11 @@ def test_weights_written_since_the_recording_are_recorded_again():
     """A recording reads the parameters by address and the word-gate table made from them: a training step (an
     in-place update) makes it stale, so the searches record again and find the new weights' hypotheses."""
     dec, searches, feats = small(), Recordings(Rerun), torch.rand(2, 9, 16)
-    search(searches, dec, feats, IDS, RULES)
+    search(searches, dec, feats, IDS, RULES, Rules(IDS, RULES, lexicon=LEX))
     first = next(iter(searches.recorded.values()))
     with torch.no_grad():
         dec.out_vocab.weight.add_(0.5 * torch.randn_like(dec.out_vocab.weight))
-    same(beam_search_on_device(dec, feats, IDS, RULES), search(searches, dec, feats, IDS, RULES))
+    same(beam_search_on_device(dec, feats, IDS, RULES, Rules(IDS, RULES, lexicon=LEX)), search(searches, dec, feats, IDS, RULES, Rules(IDS, RULES, lexicon=LEX)))
     assert next(iter(searches.recorded.values())) is not first
 
 
@@ -124,11 +128,11 @@ def test_a_recording_that_fails_warns_and_that_shape_decodes_eagerly():
 
     dec, searches, feats = small(), Recordings(Broken), torch.rand(2, 9, 16)
     with pytest.warns(RuntimeWarning, match="beam search could not be recorded.*op by op"):
-        got = search(searches, dec, feats, IDS, RULES)
-    same(beam_search_on_device(dec, feats, IDS, RULES), got)
+        got = search(searches, dec, feats, IDS, RULES, Rules(IDS, RULES, lexicon=LEX))
+    same(beam_search_on_device(dec, feats, IDS, RULES, Rules(IDS, RULES, lexicon=LEX)), got)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per shape: the next call neither records nor warns
-        same(got, search(searches, dec, feats, IDS, RULES))
+        same(got, search(searches, dec, feats, IDS, RULES, Rules(IDS, RULES, lexicon=LEX)))
 
 
 def test_the_bundled_model_with_its_evidence_replays_other_photos(bundled):
@@ -143,8 +147,9 @@ def test_the_bundled_model_with_its_evidence_replays_other_photos(bundled):
     for i in range(len(photos)):
         x = feats[i:i + 1]
         evidence = photo_evidence(read_heads(loaded.model, x), loaded.model, loaded.vocab, settings)
+        rules = lambda: Rules(ids, settings, evidence, Lexicon.of(loaded.vocab))  # noqa: E731
         with torch.inference_mode(i == 1):  # either mode, in any order
-            same(beam_search_on_device(dec, x, ids, settings, evidence), search(searches, dec, x, ids, settings, evidence))
+            same(beam_search_on_device(dec, x, ids, settings, rules()), search(searches, dec, x, ids, settings, rules()))
     assert len(searches.recorded) == 1
 
 

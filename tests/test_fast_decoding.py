@@ -18,6 +18,7 @@ from captioner.images import load_image, preprocess
 from captioner.model import attention, packed_linear
 from captioner.model.decoder import Decoder
 from .conftest import B, D, P, tiny_decoder
+from .rules_oracle import evidence_bias
 
 VAL_PHOTOS = 3
 
@@ -100,7 +101,7 @@ def test_the_step_equals_the_literal_step(hard, monkeypatch):
 
 
 def test_evidence_bias_lookup_equals_the_formula(bundled):
-    """Evidence.bias == penalty + bonus of the categories the row has not named yet, written out from the
+    """Evidence.bias_after (through the literal tests/rules_oracle.evidence_bias) == penalty + bonus of the categories the row has not named yet, written out from the
     settings: with a bonus (the general path) and without one (the lookup)."""
     vocab = bundled.vocab
     words = word_categories(vocab)  # (V, C)
@@ -119,7 +120,7 @@ def test_evidence_bias_lookup_equals_the_formula(bundled):
         earned = bonus * probs * (probs >= s.evidence_floor).float()  # (2, C)
         named = words[tokens].amax(1)  # (6, C): categories each row has named
         full = penalty[images] + (earned[images] * (1 - named)) @ words.t()  # (6, V): the general formula
-        got = ev.bias(images, tokens)
+        got = evidence_bias(ev, images, tokens)
         torch.testing.assert_close(got, full)
         if bonus:  # the bonus is really there, and withheld from a category a row has named
             assert float((got - penalty[images]).abs().max()) > 0.1
@@ -362,7 +363,7 @@ def test_a_torch_whose_private_op_fails_one_form_computes_plain(monkeypatch, bro
 @pytest.mark.parametrize("bonus", [0.0, 3.0])
 def test_word_bias_at_once_equals_the_bias_of_each_step(bonus):
     """Evidence.word_bias (what a caption's log-probs are corrected by) computes every word's bias at once;
-    it equals Evidence.bias asked step by step with the words before it, as decoding asked it."""
+    it equals the bias asked step by step with the words before it, as decoding asked it."""
     from captioner.config import DecodeConfig
     from captioner.decoding.evidence import Evidence
 
@@ -371,7 +372,7 @@ def test_word_bias_at_once_equals_the_bias_of_each_step(bonus):
     ev = Evidence(probs, words, DecodeConfig(evidence=True, evidence_bonus=bonus))
     for image in range(3):
         t = torch.randint(0, 20, (9,), generator=gen)
-        steps = torch.stack([ev.bias(torch.tensor([image]), t[None, :k])[0, t[k]] for k in range(len(t))])
+        steps = torch.stack([evidence_bias(ev, torch.tensor([image]), t[None, :k])[0, t[k]] for k in range(len(t))])
         assert torch.allclose(ev.word_bias(image, t.tolist()), steps, atol=1e-6)
     assert ev.word_bias(0, []).shape == (0,)
 

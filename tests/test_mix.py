@@ -154,6 +154,7 @@ def test_the_salad_rule_on_hand_made_captions(caption, salad):
 
 
 def test_decoding_never_writes_salad_with_the_rule_on():
+    from captioner.decoding.rules import Lexicon, Rules
     from captioner.decoding.search import decode
     from captioner.vocab import SpecialIds
 
@@ -164,10 +165,11 @@ def test_decoding_never_writes_salad_with_the_rule_on():
         dec.out_vocab.bias[vocab.end] += 1.5  # an untrained decoder that sometimes ends its caption
     torch.manual_seed(0)
     feats = torch.randn(24, 4, 16) * 3
-    ids = SpecialIds.of(vocab)
+    ids, lex = SpecialIds.of(vocab), Lexicon.of(vocab)
+    ruled = lambda s: decode(dec, feats, ids, s, Rules(ids, s, lexicon=lex))  # noqa: E731
     for beam in (1, 3):
-        off = decode(dec, feats, ids, DecodeConfig(beam_size=beam, max_len=12, block_salad=False))
-        on = decode(dec, feats, ids, DecodeConfig(beam_size=beam, max_len=12))
+        off = ruled(DecodeConfig(beam_size=beam, max_len=12, block_salad=False))
+        on = ruled(DecodeConfig(beam_size=beam, max_len=12))
         salad_off = sum(is_salad(vocab.decode(h[0].tokens)) for h in off)
         assert salad_off > 0  # an untrained decoder over six words writes salad: the rule has work to do
         ended = [vocab.decode(h[0].tokens) for h in on if len(h[0].tokens) < 12]  # not cut at max_len

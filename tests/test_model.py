@@ -338,19 +338,24 @@ def _repeated_content_bigram(tokens: list[int], function: set[int]) -> bool:
 def test_bigram_blocking_spares_function_words():
     """With block_bigrams no caption repeats a bigram that ends in a content word, bigrams ending in a
     function word may repeat, beam 1 still equals greedy, and captions without such repeats are unchanged."""
-    from captioner.decoding.rules import _ban_repeated_bigrams
+    from captioner.decoding.rules import Lexicon, Rules
+
+    from .rules_oracle import _ban_repeated_bigrams
 
     dec = tiny_decoder(7)
     feats = torch.randn(8, P, D) * 3
     function = (4,)  # token 4 plays "a"
-    ids = SpecialIds(START, END, PAD, function_words=function)
+    ids, lex = SpecialIds(START, END, PAD), Lexicon(function_words=function)
+    ruled = lambda s: Rules(ids, s, lexicon=lex)  # noqa: E731
     plain = decode(dec, feats, ids, S(beam_size=1, max_len=15))
     assert any(_repeated_content_bigram(h[0].tokens, set(function)) for h in plain)  # the test exercises something
     for k in (1, 3):
-        blocked = decode(dec, feats, ids, S(beam_size=k, max_len=15, block_bigrams=True))
+        s = S(beam_size=k, max_len=15, block_bigrams=True)
+        blocked = decode(dec, feats, ids, s, ruled(s))
         assert not any(_repeated_content_bigram(h.tokens, set(function)) for hyps in blocked for h in hyps)
-    greedy = greedy_decode(dec, feats, ids, S(max_len=15, block_bigrams=True))
-    beam1 = decode(dec, feats, ids, S(beam_size=1, max_len=15, block_bigrams=True))
+    s = S(beam_size=1, max_len=15, block_bigrams=True)
+    greedy = greedy_decode(dec, feats, ids, s, ruled(s))
+    beam1 = decode(dec, feats, ids, s, ruled(s))
     assert [h.tokens for h in greedy] == [h[0].tokens for h in beam1]
     for p_, b_ in zip(plain, beam1):
         if not _repeated_content_bigram(p_[0].tokens, set(function)):

@@ -1,5 +1,5 @@
-"""decoding/processors.py: the rules as batched logits processors with a state each row carries equal rules.word_logp
-(the literal oracle) on random histories, rule by rule and all together, with and without the evidence; whole
+"""decoding/rules.py: the rules as batched logits processors with a state each row carries equal rules_oracle.word_logp
+(the literal oracle, tests/rules_oracle.py) on random histories, rule by rule and all together, with and without the evidence; whole
 decodes write the same captions; a step does a fixed number of ops whatever the words written so far."""
 from __future__ import annotations
 
@@ -10,19 +10,23 @@ import torch
 from hypothesis import given, settings as hsettings, strategies as st
 
 from captioner.config import DecodeConfig
-from captioner.decoding.processors import Rules
-from captioner.decoding.rules import RULES, unruled, word_logp
+from captioner.decoding.rules import RULES, Lexicon, Rules, unruled
 from captioner.vocab import SpecialIds
+
+from .rules_oracle import word_logp
 
 START, END, PAD, UNK = 1, 2, 0, 3
 V = 14
 
 
-def _ids(twins: tuple[tuple[int, int], ...]) -> SpecialIds:
+IDS = SpecialIds(START, END, PAD, UNK)
+
+
+def _lex(twins: tuple[tuple[int, int], ...]) -> Lexicon:
     """A toy vocabulary: 4 "and" (a joiner), 5 "a" (an article), 6 "the", 7, 8 colours, 9-13 content words."""
-    return SpecialIds(START, END, PAD, UNK, function_words=(4, 5, 6), bad_last=(4, 5, 6), joiners=(4,),
-                      articles=(5, 6), colours=(7, 8), not_after_colour=(10, 11), twins=twins,
-                      singular_articles=(5,), plurals=(12, 13), stutters=((9, 10), (9, 11), (5, 13)))
+    return Lexicon(function_words=(4, 5, 6), bad_last=(4, 5, 6), joiners=(4,), articles=(5, 6), colours=(7, 8),
+                   not_after_colour=(10, 11), twins=twins, singular_articles=(5,), plurals=(12, 13),
+                   stutters=((9, 10), (9, 11), (5, 13)))
 
 
 class _Evidence:
@@ -35,7 +39,6 @@ class _Evidence:
         self.penalty = -10.0 * (torch.rand(B, V, generator=generator) < 0.2).float()  # (B, V)
         self.bonus = 3.0 * torch.rand(B, 3, generator=generator)  # (B, C)
         self.has_bonus = True
-        self.bias = Evidence.bias.__get__(self)
         self.bias_after = Evidence.bias_after.__get__(self)
 
 
@@ -54,15 +57,15 @@ def test_each_processor_equals_its_literal_rule_at_every_step(rows, rules, twins
     """Random histories of up to 8 words, any set of rules (each alone among them), with or without the evidence's
     bonus: at every step the processors' scores with the state advanced word by word are word_logp's, bit for bit."""
     g = torch.Generator().manual_seed(seed)
-    ids, settings = _ids(twins), _every_way(rules)
+    ids, lex, settings = IDS, _lex(twins), _every_way(rules)
     tokens = torch.tensor(rows)  # (N, 8)
     images = torch.arange(len(rows)) % 2  # (N,)
     evidence = _Evidence(g, 2) if with_evidence else None
-    proc = Rules(ids, settings, evidence)
+    proc = Rules(ids, settings, evidence, lex)
     state = proc.start(len(rows))
     for t in range(tokens.shape[1] + 1):
         logits = torch.randn(len(rows), V, generator=g)  # (N, V)
-        want = word_logp(logits, ids, settings, tokens[:, :t], evidence, images)
+        want = word_logp(logits, ids, settings, tokens[:, :t], evidence, images, lex)
         got = proc.scores(logits, tokens[:, :t], state, images)
         assert torch.equal(want, got), (t, rows, settings)
         if t < tokens.shape[1]:
@@ -75,10 +78,10 @@ def test_each_processor_equals_its_literal_rule_at_every_step(rows, rules, twins
 def test_the_state_follows_the_rows_the_search_keeps(rows, order):
     """A beam's surviving rows, duplicated and reordered: the state reindexed with them (as the search reindexes its
     tokens) scores as word_logp on the reindexed words."""
-    ids, settings = _ids(((12, 9),)), DecodeConfig()
+    ids, lex, settings = IDS, _lex(((12, 9),)), DecodeConfig()
     settings = dataclasses.replace(settings, evidence=False)
     tokens = torch.tensor(rows)  # (N, 6)
-    proc = Rules(ids, settings)
+    proc = Rules(ids, settings, lexicon=lex)
     state = proc.start(len(rows))
     for t in range(4):  # each step scored before its words are written, as the searches do
         proc.scores(torch.randn(len(rows), V), tokens[:, :t], state)
@@ -87,7 +90,7 @@ def test_the_state_follows_the_rows_the_search_keeps(rows, order):
     keep = torch.tensor([k % len(rows) for k in order])  # (M,)
     state = proc.advance(state, tokens[keep, 4], keep)
     logits = torch.randn(len(keep), V)
-    assert torch.equal(proc.scores(logits, tokens[keep, :5], state), word_logp(logits, ids, settings, tokens[keep, :5]))
+    assert torch.equal(proc.scores(logits, tokens[keep, :5], state), word_logp(logits, ids, settings, tokens[keep, :5], lexicon=lex))
 
 
 def test_a_step_costs_the_same_ops_whatever_was_written():
@@ -104,9 +107,9 @@ def test_a_step_costs_the_same_ops_whatever_was_written():
             Count.n += 1
             return func(*args, **(kwargs or {}))
 
-    ids, every = _ids(((12, 9),)), DecodeConfig(evidence=False)
+    ids, lex, every = IDS, _lex(((12, 9),)), DecodeConfig(evidence=False)
     tokens = torch.randint(4, V, (5, 25), generator=torch.Generator().manual_seed(0))
-    proc = Rules(ids, every)
+    proc = Rules(ids, every, lexicon=lex)
     counts, literal = [], []
     state = proc.start(5)
     for t in range(25):
@@ -118,19 +121,17 @@ def test_a_step_costs_the_same_ops_whatever_was_written():
         counts.append(Count.n)
         Count.n = 0
         with Count():
-            word_logp(logits, ids, every, tokens[:, :t])
+            word_logp(logits, ids, every, tokens[:, :t], lexicon=lex)
         literal.append(Count.n)
     assert len(set(counts[3:])) == 1, counts
     assert 3 * counts[-1] < 2 * literal[-1], (counts, literal)  # the state's update included: under two thirds
 
 
-def _literal(monkeypatch, ids: SpecialIds, settings: DecodeConfig, evidence) -> None:
-    """Every search scores with rules.word_logp from all the words written (the state ignored)."""
-    import captioner.decoding.processors as processors
-
-    monkeypatch.setattr(processors.Rules, "scores", lambda self, logits, tokens, state, images=None:
-                        word_logp(logits, ids, settings, tokens, evidence, images))
-    monkeypatch.setattr(processors.Rules, "advance", lambda self, state, words, rows=None: state)
+def _literal(monkeypatch, ids: SpecialIds, settings: DecodeConfig, evidence, lex: Lexicon) -> None:
+    """Every search scores with rules_oracle.word_logp from all the words written (the state ignored)."""
+    monkeypatch.setattr(Rules, "scores", lambda self, logits, tokens, state, images=None:
+                        word_logp(logits, ids, settings, tokens, evidence, images, lex))
+    monkeypatch.setattr(Rules, "advance", lambda self, state, words, rows=None: state)
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam", "device_beam"])
@@ -144,14 +145,15 @@ def test_whole_decodes_write_the_same_captions(monkeypatch, search):
     torch.manual_seed(0)
     dec = Decoder(V, 16, 12, 20, 10, 0.0).eval()
     feats = torch.rand(3, 9, 16)
-    ids = _ids(((12, 9), (13, 10)))
+    ids, lex = IDS, _lex(((12, 9), (13, 10)))
     evidence = _Evidence(torch.Generator().manual_seed(1), 3)
     settings = DecodeConfig(beam_size=3, max_len=10, evidence=False)
-    run = {"greedy": lambda: [[h] for h in greedy_decode(dec, feats, ids, settings, evidence)],
-           "beam": lambda: beam_search(dec, feats, ids, settings, evidence),
-           "device_beam": lambda: beam_search_on_device(dec, feats, ids, settings, evidence)}[search]
+    rules = lambda: Rules(ids, settings, evidence, lex)  # noqa: E731
+    run = {"greedy": lambda: [[h] for h in greedy_decode(dec, feats, ids, settings, rules())],
+           "beam": lambda: beam_search(dec, feats, ids, settings, rules()),
+           "device_beam": lambda: beam_search_on_device(dec, feats, ids, settings, rules())}[search]
     got = run()
-    _literal(monkeypatch, ids, settings, evidence)
+    _literal(monkeypatch, ids, settings, evidence, lex)
     want = run()
     assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
     assert sum(len(h.tokens) for hs in got for h in hs) > 6  # real captions were written

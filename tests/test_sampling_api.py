@@ -14,9 +14,11 @@ import torch
 import captioner
 from captioner.cli.caption import main
 from captioner.decoding.evidence import photo_evidence
-from captioner.decoding.rules import word_logp
+from captioner.decoding.rules import Lexicon
 from captioner.decoding.sampling import Draw
 from captioner.vocab import SpecialIds, is_salad
+
+from .rules_oracle import word_logp
 
 EXAMPLES = sorted((captioner.DEFAULT_CHECKPOINT.parent / "examples").glob("*.jpg"))
 
@@ -27,7 +29,8 @@ def photos(bundled) -> list:
 
 
 def step_scores(model: captioner.Captioner, photo, words: list[str], **overrides) -> torch.Tensor:
-    """The scores each word of a sampled caption was drawn from (the decode rules applied, rules.word_logp),
+    """The scores each word of a sampled caption was drawn from (the decode rules applied, written literally:
+    tests/rules_oracle.py),
     recomputed by stepping the decoder along its words: (L + 1, V), the last row <end>'s step."""
     settings = model.decode_settings(**overrides)
     ids = SpecialIds.of(model.vocab, settings.forbid_unk)
@@ -41,7 +44,7 @@ def step_scores(model: captioner.Captioner, photo, words: list[str], **overrides
             emb, emb_gates = dec.embed(prev)
             logits, _, _, state = dec.step(state, emb, emb_gates, feats, feat_proj, settings.hard_context)
             rows.append(word_logp(logits, ids, settings, torch.tensor([tokens[:t]], dtype=torch.long), evidence,
-                                  torch.zeros(1, dtype=torch.long))[0])
+                                  torch.zeros(1, dtype=torch.long), Lexicon.of(model.vocab))[0])
             prev = torch.tensor(tokens[t:t + 1] or [ids.end])
     return torch.stack(rows)  # (L + 1, V)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from captioner.decoding.sampling import Draw, renormalised, sample
+from captioner.decoding.sampling import Draw, Renormalised, sample
 from captioner.model.decoder import Decoder
 from captioner.vocab import SpecialIds
 
@@ -31,7 +31,7 @@ def test_fixed_shapes_write_what_the_shrinking_loop_writes(bundled, rules):
     import captioner
     from captioner.decoding.evidence import photo_evidence
     from captioner.decoding.reading import read_heads
-    from captioner.decoding.rules import word_logp
+    from captioner.decoding.rules import Lexicon, Rules
 
     loaded = bundled
     photos = sorted((captioner.DEFAULT_CHECKPOINT.parent / "examples").glob("*.jpg"))
@@ -41,11 +41,11 @@ def test_fixed_shapes_write_what_the_shrinking_loop_writes(bundled, rules):
     scores = None
     if rules:
         evidence = photo_evidence(read_heads(loaded.model, feats), loaded.model, loaded.vocab, settings)
-        scores = lambda logits, hist, images: word_logp(logits, ids, settings, hist, evidence, images)  # noqa: E731
+        scores = Rules(ids, settings, evidence, Lexicon.of(loaded.vocab))
     greedy = Draw(top_k=1)
     with torch.no_grad():
-        shrinking = sample(loaded.model.decoder, feats, ids, 2, 30, draw=greedy, scores=scores, check_every=0)
-        fixed = sample(loaded.model.decoder, feats, ids, 2, 30, draw=greedy, scores=scores, check_every=4)
+        shrinking = sample(loaded.model.decoder, feats, ids, 2, 30, draw=greedy, rules=scores, check_every=0)
+        fixed = sample(loaded.model.decoder, feats, ids, 2, 30, draw=greedy, rules=scores, check_every=4)
     T = shrinking.tokens.shape[1]
     assert fixed.tokens.shape[1] >= T and not fixed.mask[:, T:].any()  # at most a few all-<pad> steps more
     for a, b in zip(_trimmed(shrinking, T), _trimmed(fixed, T)):
@@ -58,8 +58,8 @@ def test_fixed_shape_sampling_reads_nothing_back_between_checks():
     dec, feats = _decoder(0), torch.rand(2, 9, 16)
     ids = SpecialIds(START, END, PAD, 3)
     gen = torch.Generator().manual_seed(0)
-    scores = renormalised(ids, feats.device)
+    scores = Renormalised(ids, feats.device)
     with NoHostSync():  # SCST's sampling with gradients, queued: the check every 100 steps never comes
-        s = sample(dec, feats, ids, 5, 10, scores=scores, generator=gen, check_every=100)
+        s = sample(dec, feats, ids, 5, 10, rules=scores, generator=gen, check_every=100)
     assert s.tokens.shape == (10, 10) and s.log_probs.requires_grad
     assert ((s.alphas.sum(-1) - s.mask.float()).abs() < 1e-5).all()  # each real token's map sums to 1

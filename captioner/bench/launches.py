@@ -93,9 +93,9 @@ def device_search(enabled: bool, recorded: Any = None) -> Iterator[None]:
     cpu_search = search.beam_search
     if enabled or recorded is not None:
         searches = recording.Recordings(OneLaunch)
-        search.beam_search = lambda decoder, feats, ids, settings, evidence=None: \
-            recording.search(searches, decoder, feats, ids, settings, evidence) if recorded is not None else \
-            device_beam.beam_search_on_device(decoder, feats, ids, settings, evidence)
+        search.beam_search = lambda decoder, feats, ids, settings, rules=None: \
+            recording.search(searches, decoder, feats, ids, settings, rules) if recorded is not None else \
+            device_beam.beam_search_on_device(decoder, feats, ids, settings, rules)
     if recorded is not None:
         recording.capture(recorded.model.encoder, OneLaunch)
     try:

@@ -27,7 +27,7 @@ from .alternatives import different
 from .confidence import SURE, level, why_unsure
 from .evidence import Evidence, photo_evidence
 from .fitted import fitted_of
-from .rules import word_logp
+from .rules import Lexicon, Rules
 from .sampling import SampleSettings, Samples, sample
 from .reading import HeadReading, annotate, grid_side, read_heads
 from ..model.show_attend_tell import ShowAttendTell
@@ -290,8 +290,9 @@ def decode_photos(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReadi
     (choice.py: the model file's fitted weights and the memory's nearest photos), and its fitted confidence map says
     how sure each caption is (fitted.py)."""
     evidence = photo_evidence(reading, model, vocab, settings)  # (B, V) ruled-out words, the bonus table
-    hyps = decode(model.decoder, feats, SpecialIds.of(vocab, settings.forbid_unk), settings,
-                  evidence if settings.evidence else None)
+    ids = SpecialIds.of(vocab, settings.forbid_unk)
+    rules = Rules(ids, settings, evidence if settings.evidence else None, Lexicon.of(vocab))  # once, for the search
+    hyps = decode(model.decoder, feats, ids, settings, rules)
     fitted = fitted_of(model)
     return choose(hyps, feats, reading.probs, memory_of(model), vocab, settings,
                   None if evidence is None else evidence.person, None if evidence is None else evidence.words,
@@ -356,7 +357,7 @@ def sampled_captions(model: ShowAttendTell, feats: torch.Tensor, reading: HeadRe
     """Photos' features (B, P, D) on the decoder's device and their reading -> request.n Captions per photo, drawn
     in that order (sampling.sample), each word as request.draw says, from request's own seeded generator.
 
-    The rules are a caption's (rules.word_logp with `settings`: <unk> with forbid_unk, the block_* rules, the
+    The rules are a caption's (rules.Rules with `settings`: <unk> with forbid_unk, the block_* rules, the
     evidence's veto and bonus with decode.evidence), applied before temperature and truncation, so top_k=1 is
     greedy decoding; switch a rule off for one call like any decode setting (Photo.sample(block_salad=False)).
     Each Caption carries words, (L, G, G) maps, gates and the model's own word log-probs and log_prob (the
@@ -372,13 +373,9 @@ def sampled_captions(model: ShowAttendTell, feats: torch.Tensor, reading: HeadRe
     evidence = photo_evidence(reading, model, vocab, settings)  # (B, V) ruled-out words, the bonus table
     bias = evidence if settings.evidence else None
     generator, seed = request.generator(feats.device)
-
-    def scores(logits: torch.Tensor, tokens: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
-        return word_logp(logits, ids, settings, tokens, bias, images)  # (N, V)
-
     n = int(request.n)  # a plain int (numpy's are welcome in the request)
-    s = sample(model.decoder, feats, ids, n, settings.max_len, draw=request.draw, scores=scores,
-               generator=generator, context=settings.hard_context)
+    s = sample(model.decoder, feats, ids, n, settings.max_len, draw=request.draw,
+               rules=Rules(ids, settings, bias, Lexicon.of(vocab)), generator=generator, context=settings.hard_context)
     hyps = _sample_hypotheses(s, ids.end, n, bias)
     caps = to_captions([[h] for h in hyps], vocab)
     of = torch.arange(len(feats), device=feats.device).repeat_interleave(n)  # (B*n,) photo of each sample

@@ -22,7 +22,7 @@ A graph reads and writes the memory it was recorded with, so (Recordings.run):
   last photo repeated, the padded results dropped), so a caller's every batch size makes few recordings;
 - whatever else it reads must stay where it was: the module's parameters and buffers (after an in-place update a
   replay would read the new values without the decoder's word-gate table made from them, so any change of one's
-  version or address drops the recordings: weights_key) and the rules' tables (processors._tables, kept for the
+  version or address drops the recordings: weights_key) and the rules' tables (rules.tables_of, kept for the
   process).
 
 Recording costs each graph one warm-up run (cuBLAS handles, the rules' tables and the allocator, made before the
@@ -60,6 +60,7 @@ from ..vocab import SpecialIds
 from .device_beam import Search, State, beam_search_on_device, read_back
 from .evidence import Evidence
 from .hypotheses import Hypothesis
+from .rules import Rules
 
 # the calls that make the host wait for a device value or a data-dependent shape, and those that copy host data
 # to the device (a graph can record neither: the copy would be replayed from the host memory of the first call)
@@ -289,12 +290,14 @@ def _evidence_inputs(evidence: Evidence | None, n: int) -> tuple[torch.Tensor, .
 
 
 def search(recordings: Recordings, decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-           evidence: Evidence | None = None) -> list[list[Hypothesis]]:
+           rules: Rules | None = None) -> list[list[Hypothesis]]:
     """beam_search_on_device's hypotheses, its search replayed: feats (B, P, D) -> each image's, best first. One
-    recording per padded batch size (bucket), dtype, vocabulary ids, settings and evidence bonus (its code path)."""
-    B = len(feats)
+    recording per padded batch size (bucket), dtype, vocabulary ids, settings, rules and evidence bonus (its code
+    path)."""
+    B, rules = len(feats), rules or Rules(ids, settings)
+    evidence = rules.evidence
     inputs = (_padded(feats, bucket(B)), *_evidence_inputs(evidence, bucket(B)))
-    key = ("search", tuple((tuple(x.shape), x.dtype, x.device) for x in inputs), ids, repr(settings),
+    key = ("search", tuple((tuple(x.shape), x.dtype, x.device) for x in inputs), ids, repr(settings), rules.rules,
            None if evidence is None else evidence.has_bonus)
 
     def record(static: tuple[torch.Tensor, ...], new_graph: Callable[[], Graph]) -> _Chunks:
@@ -303,11 +306,11 @@ def search(recordings: Recordings, decoder: Decoder, feats: torch.Tensor, ids: S
             ev = copy.copy(evidence)
             ev.penalty, ev.bonus, ev.words = static[1:]
         with torch.no_grad():
-            return _record_search(Search(decoder, static[0], ids, settings, ev), new_graph)
+            return _record_search(Search(decoder, static[0], ids, settings, rules.with_evidence(ev)), new_graph)
 
     with torch.no_grad():
         found = recordings.run(key, inputs, weights_key(decoder), "the beam search", record, lambda out: out[:B])
-    return found if found is not None else beam_search_on_device(decoder, feats, ids, settings, evidence)
+    return found if found is not None else beam_search_on_device(decoder, feats, ids, settings, rules)
 
 
 def encode(recordings: Recordings, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

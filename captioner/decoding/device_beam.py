@@ -9,7 +9,7 @@ image's K best finished hypotheses live in device tensors (its ranking: search's
 step and row each ends at: the maps, gates and words each step wrote are kept as written (the trail, not copied
 into every row's history each step) and walked back once at the end. The host reads `active.any()` once every
 `check_every` steps (to stop early) and the results once at the end.
-With decoding/processors.py's masks (no nonzero()) a step is queued without a sync.
+With decoding/rules.py's masks (no nonzero()) a step is queued without a sync.
 
 A step never writes a tensor it was given: it reads one _State and makes the next (_Search.step), so a run of
 steps is a function from one state's tensors to the next's, which captured.py records as a CUDA graph chunk by
@@ -28,8 +28,7 @@ import torch
 from ..config import DecodeConfig
 from ..model.decoder import Decoder
 from ..vocab import SpecialIds
-from .evidence import Evidence
-from .processors import RowState, Rules
+from .rules import RowState, Rules
 from .hypotheses import Hypothesis, alive, candidates, normalise
 
 NEG = float("-inf")
@@ -96,9 +95,8 @@ class State:
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """Every tensor of the state, in one fixed order (captured.Rerun copies a replay's into the recorded)."""
-        said = tuple(x for x in (self.said.banned, self.said.counts, self.said.named) if x is not None)
         return (self.feat_proj, self.ctx_gates, self.images, self.rank, self.h, self.c, self.cum, self.words,
-                self.tokens, *said, self.active, *self.finished, *(x for step in self.trail for x in step))
+                self.tokens, *self.said.tensors(), self.active, *self.finished, *(x for step in self.trail for x in step))
 
     def walked(self) -> tuple[torch.Tensor, ...]:
         """Still on the device: each image's finished hypotheses as tensors, words (B*K, S), maps (B*K, S, P),
@@ -113,13 +111,14 @@ class State:
 
 
 class Search:
-    """One search's fixed parts (decoder, features, ids, settings, the rules with the evidence) and its steps."""
+    """One search's fixed parts (decoder, features, ids, settings, the decode's Rules with its evidence; None:
+    settings' rules without a lexicon or evidence) and its steps."""
 
     def __init__(self, decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-                 evidence: Evidence | None = None):
+                 rules: Rules | None = None):
         self.decoder, self.feats, self.ids, self.settings = decoder, feats, ids, settings
         self.K, self.T, self.length_penalty = settings.beam_size, settings.max_len, settings.length_penalty
-        self.rules = Rules(ids, settings, evidence)  # rules.word_logp, step by step
+        self.rules = rules or Rules(ids, settings)
 
     def start(self) -> State:
         """No word yet: K rows per image, of which only the first is live (search's one row per image at t = 0)."""
@@ -193,12 +192,12 @@ def read_back(walked: tuple[torch.Tensor, ...]) -> list[list[Hypothesis]]:
 
 
 def beam_search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-                          evidence: Evidence | None = None, check_every: int | None = 4, greedy_scores: bool = False
+                          rules: Rules | None = None, check_every: int | None = 4, greedy_scores: bool = False
                           ) -> list[list[Hypothesis]]:
     """search.beam_search's hypotheses, with fixed shapes (module docstring): the search, then one read. With
     beam_size 1 these are greedy_decode's words; `greedy_scores` gives them its score too (the log-probability,
     not length-normalised)."""
-    found = search_on_device(decoder, feats, ids, settings, evidence, check_every).hypotheses()
+    found = search_on_device(decoder, feats, ids, settings, rules, check_every).hypotheses()
     return with_greedy_scores(found) if greedy_scores else found
 
 
@@ -212,10 +211,10 @@ def with_greedy_scores(found: list[list[Hypothesis]]) -> list[list[Hypothesis]]:
 
 @torch.no_grad()
 def search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-                     evidence: Evidence | None = None, check_every: int | None = 4) -> State:
+                     rules: Rules | None = None, check_every: int | None = 4) -> State:
     """The search itself: its last state, each image's finished hypotheses still on the device. check_every None:
     all max_len steps without a read (the same hypotheses: an image that is done adds none)."""
-    search = Search(decoder, feats, ids, settings, evidence)
+    search = Search(decoder, feats, ids, settings, rules)
     state = search.start()
     while not state.capped:
         state = search.advance(state, check_every or settings.max_len)

@@ -4,7 +4,7 @@ A decoder learns its words from its captions (Flickr8k is people and dogs; the b
 coco-paired's COCO photos), so on everyday photos it can name a dog or a person that is not there; yet the encoder's ImageNet classifier, computed from the same annotation vectors (see
 concepts/imagenet.py: no second forward pass), often knows better. Before decoding, each photo's concept
 probabilities p (B, C) over the COCO categories ImageNet can see become one additive bias per
-vocabulary word (B, V), applied to the next-word log-probabilities at every step (rules.word_logp):
+vocabulary word (B, V), applied to the next-word log-probabilities at every step (rules.Rules):
 
     bias[b, w] = -evidence_penalty                  if w names category k and p[b, k] < evidence_floor
                                                     (dog: max(evidence_floor, dog_floor))
@@ -113,16 +113,10 @@ class Evidence:
         self.bonus = settings.evidence_bonus * probs * (probs >= floors).float()  # (B, C)
         self.has_bonus = bool(settings.evidence_bonus) and bool((self.bonus > 0).any())  # else bias = penalty
 
-    def bias(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """images (N,) the image of each live row, tokens (N, t) its words so far -> (N, V)."""
-        if not self.has_bonus:  # no word earns a bonus (evidence_bonus 0): a lookup per step
-            return self.penalty[images]  # (N, V)
-        named = self.words[tokens].amax(1) if tokens.shape[1] else None  # (N, C): categories named already
-        return self.bias_after(images, named)
-
     def bias_after(self, images: torch.Tensor, named: torch.Tensor | None) -> torch.Tensor:
         """images (N,), the categories each row has named so far (N, C) 0/1 or None (none yet; and without a bonus
-        never read) -> bias's (N, V): processors.py keeps `named` step by step instead of reading every word."""
+        never read) -> the bias (N, V) each next word gets: its penalty, and each category's bonus until the row
+        has named it (rules.Rules keeps `named` step by step instead of reading every word)."""
         if not self.has_bonus:
             return self.penalty[images]  # (N, V)
         bonus = self.bonus[images]  # (N, C)

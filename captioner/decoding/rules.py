@@ -1,11 +1,28 @@
-"""Which words may come next: every rule decoding applies to the next-word scores, in one place
-(word_logp), used by greedy and beam search alike (search.py) and so by every caption.
+"""Which words may come next: every rule decoding applies to the next-word scores, one class each, built from the
+settings once (Rules) and handed to every search (search.py, device_beam.py) and to sampling (sampling.py).
 
-Legend: N live rows (image x beam), t words written so far, V vocabulary.
+Legend: N live rows (image x beam), t words written so far, V vocabulary, W words one table row names, C evidence
+categories.
 
-<pad> and <start> are never generated (nor <unk> with decode.forbid_unk); the decode.block_* settings (RULES)
-ban repeated trigrams, repeated content bigrams, word salad and repeated words (vocab.repeats: back to back,
-"X and X", a content word twice); the evidence's word bias (evidence.py) is added before the bans.
+A rule is read like one of HF's logits processors, split by what it reads so that a step's work does not grow with
+the words already written:
+- `tables(V, device)`: what it looks words up in, made once per vocabulary and device (the words that may never
+  follow word v, the words writing v bans for good), kept for the process (a recorded search, captured.py, reads
+  them by address);
+- `start` / `advance`: what it remembers of each row (a tensor, or None), which the searches reindex with their
+  surviving rows as they do the rows' words (RowState);
+- `bans(tokens, last, memory)`: the word ids (N, m) it rules out at this step (<pad> where a row bans nothing;
+  a tuple of such tensors, concatenated once with every rule's), or None; `forever(memory)`: the (N, V) words it
+  has banned for good, or None.
+Each step is one log_softmax, the evidence's bias, one masked_fill per remembered ban and one scatter of every word
+the rules name (no nonzero(), no .item(), no loop over rows). tests/rules_oracle.py states every rule literally,
+from all the words written so far: the oracle tests/test_processors.py checks these against, rule by rule.
+
+The rules (their settings, config.DecodeConfig): <pad> and <start> are never written, nor <unk> with forbid_unk
+(Forbidden); block_trigrams, block_bigrams (repeated trigrams, repeated content bigrams), block_salad (word salad:
+vocab.is_salad, a_plural, bare_colour, BAD_LAST_WORDS), block_repeats (vocab.repeats: back to back, "X and X", a
+stutter), block_content_repeats (a content word or its family twice); the evidence's bias (evidence.py) is added
+before the bans. The words each rule names are the Lexicon's, made from the vocabulary once.
 
 Which rules each decode uses, said here once:
 - a caption (the API, the CLI, the app, evaluation, training's validation, the benchmark): config.decode as the
@@ -18,153 +35,335 @@ Which rules each decode uses, said here once:
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import torch
 
 from ..config import DecodeConfig
-from ..vocab import SALAD_REPEATS, SpecialIds
+from ..vocab import (ARTICLES, BAD_LAST_WORDS, COLOUR_WORDS, FUNCTION_WORDS, NOT_AFTER_COLOUR, REPEAT_JOINERS,
+                     SALAD_REPEATS, SINGULAR_ARTICLES, SpecialIds, Vocab, plural_ids, stutter_pairs, word_families)
 from .evidence import Evidence
 
-
+NEG = float("-inf")
 RULES: tuple[str, ...] = ("block_trigrams", "block_bigrams", "block_salad", "block_repeats", "block_content_repeats")
+Memory = Any  # what one rule remembers of the live rows: a tensor (N, ...) or None
 
 
 def unruled(settings: DecodeConfig | None = None, **changes: Any) -> DecodeConfig:
     """`settings` (default: DecodeConfig()) with no rule on which word may come next (every RULES setting off),
     then `changes`: the model's own words, as SCST samples them. <pad>, <start> (and <unk> with forbid_unk)
-    stay forbidden; the evidence is the caller's (greedy_decode and beam_search take it separately)."""
+    stay forbidden; the evidence is the caller's (Rules takes it separately)."""
     return dataclasses.replace(settings or DecodeConfig(), **{**{r: False for r in RULES}, **changes})
 
 
-def _forbid(logp: torch.Tensor, pad: int, start: int, unk: int | None = None) -> torch.Tensor:
-    logp[:, pad] = float("-inf")
-    logp[:, start] = float("-inf")
-    if unk is not None:  # a caption for people should not say "<unk>"
-        logp[:, unk] = float("-inf")
-    return logp
+@dataclass(frozen=True)
+class Lexicon:
+    """The word ids the rules name, from a vocabulary (Lexicon.of) or written out (tests)."""
+    function_words: tuple[int, ...] = ()  # vocab.FUNCTION_WORDS: bigrams ending in one may repeat
+    bad_last: tuple[int, ...] = ()  # vocab.BAD_LAST_WORDS: a caption never ends on one (block_salad)
+    joiners: tuple[int, ...] = ()  # vocab.REPEAT_JOINERS: "X and X" is a repeat (block_repeats)
+    # vocab.bare_colour: after an article and a colour, none of not_after_colour (block_salad)
+    articles: tuple[int, ...] = ()
+    colours: tuple[int, ...] = ()
+    not_after_colour: tuple[int, ...] = ()
+    # (word, family) ids: a word and its plural (vocab.singular), a taught word and its source (Vocab.aliases)
+    # are one family, named by its smallest id; saying one member is saying them all (block_content_repeats)
+    twins: tuple[tuple[int, int], ...] = ()
+    # "a" and "an" (SINGULAR_ARTICLES), and the plurals of the vocabulary's words: never one right after the other
+    singular_articles: tuple[int, ...] = ()
+    plurals: tuple[int, ...] = ()
+    # (word, longer word) ids where the longer one right after the word stutters ("bath", "bathroom"): vocab.stutters
+    stutters: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def of(cls, vocab: Vocab) -> "Lexicon":
+        """The ids of a Vocab's words the rules name."""
+        known = lambda words: tuple(sorted(vocab.stoi[w] for w in words if w in vocab.stoi))  # noqa: E731
+        return cls(known(FUNCTION_WORDS), known(BAD_LAST_WORDS), known(REPEAT_JOINERS), known(ARTICLES),
+                   known(COLOUR_WORDS), known(NOT_AFTER_COLOUR), word_families(vocab), known(SINGULAR_ARTICLES),
+                   plural_ids(vocab), stutter_pairs(vocab))
 
 
-def _ban_repeated_trigrams(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """logp (N, V), tokens (N, t) written so far -> logp with -inf for every word w that would
-    repeat a trigram: (tokens[-2], tokens[-1], w) already occurs in the row ("a man in a red shirt
-    is wearing a red shirt" cannot write its second "shirt")."""
-    if tokens.shape[1] < 3:
-        return logp
-    last = tokens[:, -2:]  # (N, 2): the bigram a new word would extend
-    match = (tokens[:, :-2] == last[:, :1]) & (tokens[:, 1:-1] == last[:, 1:])  # (N, t-2): earlier copies
-    return _ban(logp, tokens[:, 2:], match)  # the words that followed them
+def _padded(lists: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
+    """Lists of word ids -> (len(lists), W) long, each row padded with `pad` (banning <pad> again changes
+    nothing: it is always forbidden)."""
+    width = max(1, max(len(x) for x in lists))
+    return torch.tensor([x + [pad] * (width - len(x)) for x in lists], dtype=torch.long, device=device)
 
 
-def _ban_repeated_bigrams(logp: torch.Tensor, tokens: torch.Tensor, function_words: tuple[int, ...]) -> torch.Tensor:
-    """logp (N, V), tokens (N, t) -> -inf for every content word w that would repeat a bigram:
-    (tokens[-1], w) already occurs in the row ("a brown and white and white", "a blue shirt and blue
-    shirt"). Bigrams ending in a function word ("in a ... in a") stay allowed."""
-    if tokens.shape[1] < 2:
-        return logp
-    match = tokens[:, :-1] == tokens[:, -1:]  # (N, t-1): earlier copies of the last word
-    words = tokens[:, 1:]  # (N, t-1): the words that followed them
-    content = ~_among(function_words, logp.shape[1], words.device)[words]  # (N, t-1)
-    return _ban(logp, words, match & content)
+def _mask(words: tuple[int, ...], V: int, device: torch.device) -> torch.Tensor:
+    """(V,) True at `words`."""
+    return torch.zeros(V, dtype=torch.bool, device=device).index_fill_(
+        0, torch.tensor(list(words), dtype=torch.long, device=device), True)
 
 
-@lru_cache(maxsize=64)
-def _ids(words: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """(m,) the word ids as a tensor, made once per word list and device: every step of every decode asks again,
-    and building a small tensor costs more than the lookup it serves. Never written to."""
-    return torch.tensor(words, dtype=dtype, device=device)
+class Rule:
+    """One next-word rule (the module's docstring): by default it remembers nothing and bans nothing."""
+
+    def tables(self, V: int, device: torch.device) -> dict[str, torch.Tensor]:
+        return {}
+
+    def start(self, n: int, device: torch.device) -> Memory:
+        return None
+
+    def advance(self, memory: Memory, words: torch.Tensor, t: dict[str, torch.Tensor], V: int) -> Memory:
+        """The memory after each row wrote words (M,) (memory already reindexed to those rows; it may be written)."""
+        return memory
+
+    def forever(self, memory: Memory) -> torch.Tensor | None:
+        return None
+
+    def bans(self, tokens: torch.Tensor, last: torch.Tensor | None, memory: Memory, t: dict[str, torch.Tensor]
+             ) -> torch.Tensor | tuple[torch.Tensor, ...] | None:
+        return None
 
 
-@lru_cache(maxsize=64)
-def _among(words: tuple[int, ...], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """(V,) True at `words`: indexed by a row's words, whether each is among them (one lookup where torch.isin
-    sorts at every step). Made once per word list and device; never written to."""
-    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)  # (V,)
-    mask[list(words)] = True
-    return mask
+@lru_cache(maxsize=None)
+def tables_of(rule: Rule, V: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """A rule's tables, made once per rule, vocabulary size and device and kept for the process; never written to."""
+    return rule.tables(V, device)
 
 
-@lru_cache(maxsize=16)
-def _pairs(pairs: tuple[tuple[int, int], ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(m,) the first and (m,) the second ids of id pairs (vocab.word_families' members and families,
-    vocab.stutter_pairs' words and longer words), made once per vocabulary."""
-    return (torch.tensor([a for a, _ in pairs], dtype=torch.long, device=device),
-            torch.tensor([b for _, b in pairs], dtype=torch.long, device=device))
+@dataclass(frozen=True)
+class Forbidden(Rule):
+    """<pad>, <start> (and <unk> when given): never written."""
+    ids: SpecialIds
+
+    def tables(self, V: int, device: torch.device) -> dict[str, torch.Tensor]:
+        words = [self.ids.pad, self.ids.start] + ([self.ids.unk] if self.ids.unk is not None else [])
+        return {"forbidden": torch.tensor([words], dtype=torch.long, device=device)}  # (1, 2 or 3)
+
+    def bans(self, tokens, last, memory, t):
+        return t["forbidden"].expand(len(tokens), -1)  # (N, 2 or 3)
 
 
-def _ban(logp: torch.Tensor, words: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-    """logp (N, V) with -inf at each row's words (N, m) where `where` (N, m) holds, in place: a minimum with -inf
-    there and +inf elsewhere, one op and no nonzero() (which would wait for the device at every step on a GPU)."""
-    inf = torch.full_like(words, float("inf"), dtype=logp.dtype)  # (N, m)
-    return logp.scatter_reduce_(1, words, torch.where(where, -inf, inf), reduce="amin")
+@dataclass(frozen=True)
+class RepeatedTrigrams(Rule):
+    """block_trigrams: no word w that would repeat a trigram, (tokens[-2], tokens[-1], w) already in the row ("a man
+    in a red shirt is wearing a red shirt" cannot write its second "shirt")."""
+    pad: int
+
+    def bans(self, tokens, last, memory, t):
+        if tokens.shape[1] < 3:
+            return None
+        follow = tokens[:, 1:]  # (N, t-1): the word after each earlier one
+        match = tokens[:, :-1] == tokens[:, -1:]  # (N, t-1): earlier copies of the last word
+        two = torch.nn.functional.pad(tokens[:, :-2] == tokens[:, -2:-1], (1, 0))  # (N, t-1): ... after the one before
+        return torch.where(match & two, follow, self.pad)  # (N, t-1)
 
 
-def _ban_salad(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds) -> torch.Tensor:
-    """logp (N, V), tokens (N, t) -> -inf for <end> first or after a function word or colour ("... in front
-    of a", "a black and"), for a verb or preposition right after an article and a colour ("a white sitting",
-    vocab.bare_colour), for a plural right after "a" or "an" ("a skis": vocab.a_plural), and for a content word
-    already written SALAD_REPEATS - 1 times (vocab.is_salad)."""
-    if tokens.shape[1] == 0:  # nor a caption without words
-        logp[:, ids.end] = float("-inf")
-        return logp
-    ids_of = lambda words: _ids(words, tokens.dtype, tokens.device)  # noqa: E731
-    among = lambda words: _among(words, logp.shape[1], tokens.device)  # noqa: E731
-    bad = among(ids.bad_last)[tokens[:, -1]]  # (N,) rows ending on a word a caption cannot end on
-    logp[:, ids.end] = logp[:, ids.end].masked_fill(bad, float("-inf"))
-    if tokens.shape[1] >= 2 and ids.not_after_colour:  # "a white" is followed by a noun, not "sitting"
-        bare = among(ids.articles)[tokens[:, -2]] & among(ids.colours)[tokens[:, -1]]  # (N,)
-        words = ids_of(ids.not_after_colour).expand(len(tokens), -1)  # (N, m)
-        logp = _ban(logp, words, bare.unsqueeze(1).expand_as(words))
-    if ids.singular_articles and ids.plurals:  # "a skis"
-        after_a = among(ids.singular_articles)[tokens[:, -1]]  # (N,) rows ending on "a" or "an"
-        logp = logp.masked_fill(after_a.unsqueeze(1) & among(ids.plurals).unsqueeze(0), float("-inf"))
-    if tokens.shape[1] >= SALAD_REPEATS - 1:
-        counts = torch.zeros_like(logp).scatter_add_(1, tokens, torch.ones_like(tokens, dtype=logp.dtype))  # (N, V)
-        logp = logp.masked_fill((counts >= SALAD_REPEATS - 1) & ~among(ids.function_words), float("-inf"))
-    return logp
+@dataclass(frozen=True)
+class RepeatedBigrams(Rule):
+    """block_bigrams: no content word w that would repeat a bigram, (tokens[-1], w) already in the row ("a brown and
+    white and white", "a blue shirt and blue shirt"); bigrams ending in a function word ("in a ... in a") may."""
+    pad: int
+    function_words: tuple[int, ...]
+
+    def tables(self, V, device):
+        return {"function": _mask(self.function_words, V, device)}  # (V,)
+
+    def bans(self, tokens, last, memory, t):
+        if tokens.shape[1] < 2:
+            return None
+        follow = tokens[:, 1:]  # (N, t-1)
+        match = tokens[:, :-1] == tokens[:, -1:]  # (N, t-1): earlier copies of the last word
+        return torch.where(match & ~t["function"][follow], follow, self.pad)  # (N, t-1)
 
 
-def _ban_repeats(logp: torch.Tensor, tokens: torch.Tensor, ids: SpecialIds, close: bool, content: bool
-                 ) -> torch.Tensor:
-    """logp (N, V), tokens (N, t) -> with `close`, -inf for the last word again ("an airplane airplane"), for
-    a longer word that starts with it ("a bath bathroom": ids.stutters) and for X after "X and" / "X or" ("a
-    black and black dog"); with `content`, for every content word
-    already written ("a kitchen that is in the kitchen"), its family included (ids.twins: no "horse" after
-    "stallion", no "tracks" after "track"). vocab.repeats names these three kinds."""
-    t = tokens.shape[1]
-    if t == 0:
-        return logp
-    if close:  # back to back
-        logp[torch.arange(len(tokens), device=tokens.device), tokens[:, -1]] = float("-inf")
-    if close and ids.stutters:  # the last word again as the start of a longer one
-        first, longer = _pairs(ids.stutters, tokens.device)  # (m,), (m,)
-        logp = _ban(logp, longer.expand(len(tokens), -1), tokens[:, -1:] == first)  # where: (N, m)
-    if close and t >= 2:
-        joined = _among(ids.joiners, logp.shape[1], tokens.device)[tokens[:, -1]]  # (N,) rows ending "X and"
-        logp = _ban(logp, tokens[:, -2:-1], joined.unsqueeze(1))
-    if content:
-        said = torch.zeros_like(logp, dtype=torch.bool).scatter_(1, tokens, True)  # (N, V)
-        if ids.twins:  # a word, its plural, its taught twin name one thing: one said bans the whole family
-            member, family = _pairs(ids.twins, tokens.device)
-            said = said.float().index_add_(1, family, said[:, member].float()) > 0  # (N, V): families said
-            said[:, member] = said[:, family]
-        logp = logp.masked_fill(said & ~_among(ids.function_words, logp.shape[1], tokens.device), float("-inf"))
-    return logp
+@dataclass(frozen=True)
+class Salad(Rule):
+    """block_salad: no <end> first or after a function word or colour ("... in front of a", "a black and"), no verb
+    or preposition right after an article and a colour ("a white sitting", vocab.bare_colour), no plural right after
+    "a" or "an" ("a skis", vocab.a_plural), no content word already written SALAD_REPEATS - 1 times (vocab.is_salad;
+    counted only where block_content_repeats does not already ban a word said once: `count`)."""
+    ids: SpecialIds
+    lex: Lexicon
+    count: bool
+
+    def tables(self, V, device):
+        lex, pad, after = self.lex, self.ids.pad, [[] for _ in range(V + 1)]  # row V: before any word
+        after[V].append(self.ids.end)  # a caption without words
+        for v in lex.bad_last:
+            after[v].append(self.ids.end)
+        if lex.singular_articles and lex.plurals:  # "a skis"
+            for v in lex.singular_articles:
+                after[v].extend(lex.plurals)
+        colour = [list(lex.not_after_colour) if v in set(lex.colours) else [] for v in range(V)]
+        function = _mask(lex.function_words, V, device)  # (V,)
+        return {"after": _padded(after, pad, device),  # (V + 1, W)
+                "article": _mask(lex.articles, V, device),  # (V,)
+                "not_after_colour": _padded(colour, pad, device),  # (V, m): for a colour, what may not follow "a <it>"
+                "content": torch.where(function, pad, torch.arange(V, device=device)),  # (V,): pad for a function word
+                "pad": torch.tensor(pad, device=device)}  # (): a row that bans nothing (a tensor: no op to make it)
+
+    def advance(self, memory, words, t, V):
+        if not self.count:
+            return None
+        if memory is None:  # the first word: (counts (M, V), banned (M, V))
+            memory = (torch.zeros(len(words), V, dtype=torch.int16, device=words.device),
+                      torch.zeros(len(words), V, dtype=torch.bool, device=words.device))
+        counts, banned = memory
+        w = words.unsqueeze(1)  # (M, 1)
+        counts.scatter_add_(1, w, torch.ones_like(w, dtype=counts.dtype))
+        again = counts.gather(1, w) >= SALAD_REPEATS - 1  # (M, 1): a content word said that often
+        banned.scatter_(1, torch.where(again, t["content"][w], t["pad"]), True)
+        return memory
+
+    def forever(self, memory):
+        return None if memory is None else memory[1]
+
+    def bans(self, tokens, last, memory, t):
+        after = t["after"][-1].expand(len(tokens), -1) if last is None else t["after"][last]  # (N, W)
+        if tokens.shape[1] < 2 or not self.lex.not_after_colour:
+            return after
+        prev = tokens[:, -2:-1]  # (N, 1): "a white" is followed by a noun, not "sitting"
+        return after, torch.where(t["article"][prev], t["not_after_colour"][last], t["pad"])  # (N, m)
 
 
-def word_logp(logits: torch.Tensor, ids: SpecialIds, settings: DecodeConfig, tokens: torch.Tensor,
-              evidence: Evidence | None = None, images: torch.Tensor | None = None) -> torch.Tensor:
-    """logits (N, V) of the next word, tokens (N, t) written so far, the image of each row (N,) with
-    its Evidence (evidence.py) or None -> the scores decoding ranks words by: <pad>, <start> (and <unk>)
-    forbidden, repeated trigrams (block_trigrams) and content bigrams (block_bigrams) banned, word salad
-    (block_salad) ruled out, the evidence's word bias added.
-    Every rule on which words may come next lives here."""
-    logp = _forbid(torch.log_softmax(logits.float(), dim=-1), ids.pad, ids.start, ids.unk)  # (N, V)
-    logp = logp if evidence is None else logp + evidence.bias(images, tokens)
-    logp = _ban_repeated_bigrams(logp, tokens, ids.function_words) if settings.block_bigrams else logp
-    logp = _ban_salad(logp, tokens, ids) if settings.block_salad else logp
-    if settings.block_repeats or settings.block_content_repeats:
-        logp = _ban_repeats(logp, tokens, ids, settings.block_repeats, settings.block_content_repeats)
-    return _ban_repeated_trigrams(logp, tokens) if settings.block_trigrams else logp
+@dataclass(frozen=True)
+class Repeats(Rule):
+    """block_repeats: not the last word again ("an airplane airplane"), nor a longer word that starts with it ("a
+    bath bathroom": Lexicon.stutters), nor X after "X and" / "X or" ("a black and black dog")."""
+    pad: int
+    lex: Lexicon
+
+    def tables(self, V, device):
+        after: list[list[int]] = [[v] for v in range(V)] + [[]]  # row V: before any word
+        for first, longer in self.lex.stutters:
+            after[first].append(longer)
+        return {"after": _padded(after, self.pad, device), "joiner": _mask(self.lex.joiners, V, device),
+                "pad": torch.tensor(self.pad, device=device)}
+
+    def bans(self, tokens, last, memory, t):
+        if last is None:
+            return None
+        after = t["after"][last]  # (N, W)
+        if tokens.shape[1] < 2:
+            return after
+        prev = tokens[:, -2:-1]  # (N, 1)
+        return after, torch.where(t["joiner"][last].unsqueeze(1), prev, t["pad"])  # (N, W), (N, 1)
+
+
+@dataclass(frozen=True)
+class ContentRepeats(Rule):
+    """block_content_repeats: no content word already written ("a kitchen that is in the kitchen"), its family
+    included (Lexicon.twins: no "horse" after "stallion", no "tracks" after "track"). Remembered as each row's
+    words banned for good (N, V): writing v bans `said_bans(v)`."""
+    pad: int
+    lex: Lexicon
+
+    def tables(self, V, device):
+        return {"said": _padded(said_bans(self.lex, V), self.pad, device)}  # (V, F)
+
+    def advance(self, memory, words, t, V):
+        if memory is None:
+            memory = torch.zeros(len(words), V, dtype=torch.bool, device=words.device)  # (M, V)
+        return memory.scatter_(1, t["said"][words], True)  # (M, F): the word's family, for good
+
+    def forever(self, memory):
+        return memory
+
+
+def said_bans(lex: Lexicon, V: int) -> list[list[int]]:
+    """For each word v, the words that writing it bans for good: its family (a member's own column is its family's;
+    a family that is itself a member takes its own family's), function words left out. The rule is a union over
+    the words written, so a row's bans are the union of these."""
+    family = dict(lex.twins)  # member -> family
+    members: dict[int, list[int]] = {}
+    for m, f in lex.twins:
+        members.setdefault(f, []).append(m)
+    function = set(lex.function_words)
+    out = []
+    for v in range(V):
+        said = {v} if v not in family else set()
+        said.update(members.get(v, ()))  # the family v names is said
+        if v in family:  # v said: its family is said, and so is every member of that family
+            said.update(members.get(family[v], ()))
+            if family[v] not in family:
+                said.add(family[v])
+        out.append(sorted(w for w in said if w not in function))
+    return out
+
+
+@dataclass
+class RowState:
+    """What the rules remember of each live row: one memory per rule (Rules.rules' order), and `named` (N, C), the
+    evidence categories each row has named (a bonus to earn), or None."""
+    memory: tuple[Memory, ...]
+    named: torch.Tensor | None
+
+    def reindexed(self, rows: torch.Tensor) -> "RowState":
+        """The state of rows `rows` (M,): the search's surviving rows, in its order."""
+        pick = lambda x: None if x is None else tuple(y[rows] for y in x) if isinstance(x, tuple) else x[rows]  # noqa
+        return RowState(tuple(pick(m) for m in self.memory), pick(self.named))
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor of the state, in one fixed order (device_beam.State.tensors)."""
+        flat = [y for m in self.memory if m is not None for y in (m if isinstance(m, tuple) else (m,))]
+        return (*flat, *(() if self.named is None else (self.named,)))
+
+
+class Rules:
+    """Every rule of one decode, built once from its settings (the vocabulary's Lexicon, the photos' Evidence or
+    None): `start` each row's state, `scores` a step, `advance` the state with the words chosen (and the rows that
+    survive). One object serves a whole search or sampling run."""
+
+    def __init__(self, ids: SpecialIds, settings: DecodeConfig, evidence: Evidence | None = None,
+                 lexicon: Lexicon = Lexicon()):
+        s, lex, pad = settings, lexicon, ids.pad
+        self.ids, self.evidence = ids, evidence
+        self.bonus = evidence is not None and evidence.has_bonus
+        self.rules: tuple[Rule, ...] = tuple(r for on, r in (
+            (True, Forbidden(ids)),
+            (s.block_repeats, Repeats(pad, lex)),
+            (s.block_salad, Salad(ids, lex, count=not s.block_content_repeats)),
+            (s.block_content_repeats, ContentRepeats(pad, lex)),
+            (s.block_bigrams, RepeatedBigrams(pad, lex.function_words)),
+            (s.block_trigrams, RepeatedTrigrams(pad))) if on)
+        self.t: tuple[dict[str, torch.Tensor], ...] = ()  # each rule's tables, for the first logits' vocabulary
+        self.V = 0
+
+    def with_evidence(self, evidence: Evidence | None) -> "Rules":
+        """These rules with another Evidence (a recorded search's static copy of the same one)."""
+        out = copy.copy(self)
+        out.evidence = evidence
+        return out
+
+    def start(self, n: int) -> RowState:
+        """The state of n rows with no word written yet (what needs the vocabulary is made at the first word)."""
+        named = self.evidence.words.new_zeros(n, self.evidence.words.shape[1]) if self.bonus else None  # (n, C)
+        return RowState(tuple(None for _ in self.rules), named)
+
+    def scores(self, logits: torch.Tensor, tokens: torch.Tensor, state: RowState,
+               images: torch.Tensor | None = None) -> torch.Tensor:
+        """logits (N, V), tokens (N, t) written so far with their RowState `state`, the image of each row (N,) ->
+        the scores (N, V) a search ranks words by: log-probabilities, the evidence's bias added, every ban -inf."""
+        if not self.t:
+            self.V = logits.shape[1]
+            self.t = tuple(tables_of(r, self.V, logits.device) for r in self.rules)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
+        if self.evidence is not None:  # before the bans: -inf stays -inf
+            logp = logp + self.evidence.bias_after(images, state.named if tokens.shape[1] else None)
+        last = tokens[:, -1] if tokens.shape[1] else None  # (N,)
+        bans = []
+        for rule, memory, t in zip(self.rules, state.memory, self.t):
+            banned = rule.forever(memory)
+            if banned is not None:
+                logp = logp.masked_fill_(banned, NEG)
+            b = rule.bans(tokens, last, memory, t)
+            bans.extend(() if b is None else b if isinstance(b, tuple) else (b,))
+        return logp.scatter_(1, torch.cat(bans, 1) if len(bans) > 1 else bans[0], NEG)  # (N, V)
+
+    def advance(self, state: RowState, words: torch.Tensor, rows: torch.Tensor | None = None) -> RowState:
+        """The state after each row `rows` (M,) of `state` (all, in order, when None) wrote words (M,), scored by
+        `scores` first (as every search does); the state passed in is spent (its tensors may be written)."""
+        state = state if rows is None else state.reindexed(rows)
+        memory = tuple(r.advance(m, words, t, self.V) for r, m, t in zip(self.rules, state.memory, self.t))
+        named = state.named
+        if named is not None:
+            named = torch.maximum(named, self.evidence.words[words])  # (M, C)
+        return RowState(memory, named)

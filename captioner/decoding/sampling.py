@@ -8,9 +8,9 @@ The K samples of an image are K consecutive rows sharing its features and W_a a_
 samples have ended, so late steps run on the few images still writing; results are scattered back
 to fixed (B*K, T) tensors.
 
-What a word is drawn from, in order: the step's scores (`scores`: SCST's default is the model's
-log-probabilities renormalised without <pad>, <start> and <unk>; a caption's are rules.word_logp's, every
-decode rule applied), divided by the temperature, cut to the top_k best words, then to the nucleus (the
+What a word is drawn from, in order: the step's scores (`rules`: SCST's default, Renormalised, is the model's
+log-probabilities renormalised without <pad>, <start> and <unk>; a caption's are rules.Rules', every decode rule
+applied, the same object every search steps through), divided by the temperature, cut to the top_k best words, then to the nucleus (the
 fewest most probable words whose probability reaches top_p, on the tempered distribution), renormalised
 (Draw.probs). Each token's log_prob is the SCORE of the word drawn, before temperature and truncation: the
 model's own, whatever way it was drawn. A `generator` makes the draws reproducible without touching
@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Protocol
 
 import torch
 
@@ -30,8 +30,17 @@ from ..model.decoder import Decoder
 
 CHECK_EVERY = 4  # off the CPU: steps queued between two reads of "is any sample still writing?"
 
-# (logits (N, V), the live rows' tokens so far (N, t), the image of each row (N,)) -> log-scores (N, V)
-Scores = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+class Scores(Protocol):
+    """What a step's words are drawn from (rules.Rules, or SCST's Renormalised): a state per row from `start`, the
+    scores (N, V) of the live rows from their logits (N, V), tokens (N, t), state and images (N,), and the state
+    after each row wrote a word (`advance`); the state's `reindexed(rows)` follows the rows that stay."""
+
+    def start(self, n: int) -> Any: ...
+
+    def scores(self, logits: torch.Tensor, tokens: torch.Tensor, state: Any, images: torch.Tensor) -> torch.Tensor: ...
+
+    def advance(self, state: Any, words: torch.Tensor) -> Any: ...
 
 
 def _real(x: object) -> bool:
@@ -132,21 +141,36 @@ class Samples:
                 for row, keep in zip(self.tokens.tolist(), self.mask.tolist())]
 
 
-def renormalised(ids: SpecialIds, device: torch.device) -> Scores:
-    """SCST's scores: the model's log-probabilities renormalised without <pad>, <start> (and <unk> when given)."""
-    banned = torch.tensor([ids.pad, ids.start] + ([ids.unk] if ids.unk is not None else []), device=device)
+class _Nothing:
+    """The state of scores that remember nothing of a row."""
 
-    def scores(logits: torch.Tensor, tokens: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
-        # out of place (autograd needs log_softmax's output)
-        return torch.log_softmax(logits.float().index_fill(1, banned, float("-inf")), dim=-1)  # (N, V)
-    return scores
+    def reindexed(self, rows: torch.Tensor) -> "_Nothing":
+        return self
+
+
+class Renormalised:
+    """SCST's scores: the model's log-probabilities renormalised without <pad>, <start> (and <unk> when given),
+    out of place (autograd needs log_softmax's output); nothing remembered of a row."""
+
+    def __init__(self, ids: SpecialIds, device: torch.device):
+        self.banned = torch.tensor([ids.pad, ids.start] + ([ids.unk] if ids.unk is not None else []), device=device)
+
+    def start(self, n: int) -> _Nothing:
+        return _Nothing()
+
+    def scores(self, logits: torch.Tensor, tokens: torch.Tensor, state: _Nothing, images: torch.Tensor
+               ) -> torch.Tensor:
+        return torch.log_softmax(logits.float().index_fill(1, self.banned, float("-inf")), dim=-1)  # (N, V)
+
+    def advance(self, state: _Nothing, words: torch.Tensor) -> _Nothing:
+        return state
 
 
 def sample(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, n_samples: int = 5, max_len: int = 20, *,
-           draw: Draw = Draw(), scores: Scores | None = None, generator: torch.Generator | None = None,
+           draw: Draw = Draw(), rules: Scores | None = None, generator: torch.Generator | None = None,
            context: str = "expected", check_every: int | None = None) -> Samples:
-    """feats (B, P, D) -> n_samples captions per image, each word drawn from `scores` (default: renormalised(ids,
-    feats.device)) as `draw` says, with `generator` (None: torch's global random state). Runs until every sample
+    """feats (B, P, D) -> n_samples captions per image, each word drawn from `rules`' scores (default:
+    Renormalised(ids, feats.device)) as `draw` says, with `generator` (None: torch's global random state). Runs until every sample
     has emitted <end> or max_len tokens; a capped sample has no <end>. context: a hard-attention model's context (SCST
     samples words with the expected context, as decoding writes them: word sampling is its only randomness).
     check_every (default: 0 on a CPU, 4 elsewhere): 0 drops finished images from the batch (a host read every
@@ -157,7 +181,7 @@ def sample(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, n_samples: in
         check_every = 0 if feats.device.type == "cpu" else CHECK_EVERY
     (B, P, _), K, dev = feats.shape, n_samples, feats.device
     end, pad = ids.end, ids.pad
-    scores = scores or renormalised(ids, dev)
+    rules = rules or Renormalised(ids, dev)
     N = B * K
     feat_proj = decoder.attention.project(feats)  # (B, P, A)
     h, c = decoder.init_state(feats)  # (B, H)
@@ -166,11 +190,12 @@ def sample(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, n_samples: in
     alive = torch.ones(N, dtype=torch.bool, device=dev)  # over the live images' rows (n*K,)
     rows = torch.arange(N, device=dev)  # (n*K,) original row of each live row
     hist = torch.zeros(N, 0, dtype=torch.long, device=dev)  # (n*K, t) the live rows' tokens so far
+    said = rules.start(N)  # what the rules remember of each live row
     toks, logps, masks, alphas, betas = [], [], [], [], []
     for _ in range(max_len):
         emb, emb_gates = decoder.embed(words)
         logits, alpha, beta, state = decoder.step(state, emb, emb_gates, feats, feat_proj, context)  # (n*K, V), (n*K, P)
-        logp = scores(logits, hist, rows // K)  # (n*K, V)
+        logp = rules.scores(logits, hist, said, rows // K)  # (n*K, V)
         probs = logp.detach().exp() if draw.plain else draw.probs(logp)  # (n*K, V)
         words = torch.where(alive, torch.multinomial(probs, 1, generator=generator).squeeze(1), pad)  # (n*K,)
         picked = logp.gather(1, words.unsqueeze(1)).squeeze(1)  # (n*K,): -inf for <pad> on ended rows
@@ -180,7 +205,7 @@ def sample(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, n_samples: in
         masks.append(alive.new_zeros(N).index_copy(0, rows, alive))
         alphas.append(alpha.new_zeros(N, P).index_put((rows,), alpha * alive.unsqueeze(1)))
         betas.append(beta.new_zeros(N).index_put((rows,), beta * alive))
-        hist = torch.cat([hist, words.unsqueeze(1)], 1)
+        hist, said = torch.cat([hist, words.unsqueeze(1)], 1), rules.advance(said, words)
         alive = alive & (words != end)
         if check_every:  # fixed shapes: the one read inside the loop, every check_every steps
             if (len(toks)) % check_every == 0 and not bool(alive.any()):
@@ -194,5 +219,6 @@ def sample(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, n_samples: in
             r = (keep.unsqueeze(1) * K + torch.arange(K, device=dev)).reshape(-1)  # (n'*K,)
             feats, feat_proj = feats[keep], feat_proj[keep]
             state, words, alive, rows, hist = (state[0][r], state[1][r]), words[r], alive[r], rows[r], hist[r]
+            said = said.reindexed(r)
     return Samples(torch.stack(toks, 1), torch.stack(logps, 1), torch.stack(masks, 1), torch.stack(alphas, 1),
                    torch.stack(betas, 1))

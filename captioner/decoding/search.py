@@ -8,9 +8,9 @@ context); it picks greedy_decode, beam_search or device_beam's search by device 
 callers take a search directly: SCST's greedy baseline (training/objectives.py: greedy_decode, no rules)
 and the benchmark (bench/inference.py). This module reads the search settings (beam_size, max_len,
 length_penalty, hard_context; photo.py's explain reads hard_context too); the rules on which word may come
-next (block_*, the evidence's bias) are rules.word_logp's, applied step by step (processors.Rules); forbid_unk is read by the callers of
-vocab.SpecialIds.of (captions.py, training/objectives.py, bench/inference.py), evidence* and person_floor
-by evidence.py.
+next (block_*, the evidence's bias) are rules.py's (Rules: built once by the caller, applied step by step);
+forbid_unk is read by the callers of vocab.SpecialIds.of (captions.py, training/objectives.py,
+bench/inference.py), evidence* and person_floor by evidence.py.
 
 All step through Decoder.step, the step teacher-forced training, sampling and explain run too (the table
 in decoding/__init__.py says which path runs where, and which test proves it equal to the equations).
@@ -23,20 +23,21 @@ from __future__ import annotations
 import torch
 
 from ..config import DecodeConfig
-from .evidence import Evidence
 from . import captured
+from .evidence import Evidence
 from .device_beam import beam_search_on_device, with_greedy_scores
 from .hypotheses import History, Hypothesis, alive, candidates, normalise
-from .processors import Rules
+from .rules import Rules
 from ..vocab import SpecialIds
 from ..model.decoder import Decoder
 
 
 @torch.no_grad()
 def greedy_decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-                  evidence: Evidence | None = None) -> list[Hypothesis]:
-    """feats (B, P, D), the images' Evidence or None -> one hypothesis per image (settings.beam_size is
-    not read); finished images leave the batch. With evidence, log_prob includes its word bias."""
+                  rules: Rules | None = None) -> list[Hypothesis]:
+    """feats (B, P, D), the decode's Rules (None: settings' rules without a lexicon or evidence) -> one hypothesis
+    per image (settings.beam_size is not read); finished images leave the batch. With the rules' evidence,
+    log_prob includes its word bias."""
     B, context = feats.shape[0], settings.hard_context
     feat_proj = decoder.attention.project(feats)  # (B, P, A)
     state = decoder.init_state(feats)
@@ -48,7 +49,7 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settin
     word_lps: list[list[float]] = [[] for _ in range(B)]
     logps = [0.0] * B
     hist = torch.zeros(B, 0, dtype=torch.long, device=feats.device)  # (N, t) words of the live rows
-    rules = Rules(ids, settings, evidence)  # rules.word_logp, step by step
+    rules = rules or Rules(ids, settings)
     said = rules.start(B)  # what the rules remember of each live row
     for _ in range(settings.max_len):
         emb, emb_gates = decoder.embed(words)
@@ -81,9 +82,9 @@ def greedy_decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settin
 
 @torch.no_grad()
 def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-                evidence: Evidence | None = None) -> list[list[Hypothesis]]:
-    """feats (B, P, D), the images' Evidence or None -> for each image, its finished hypotheses best
-    first (up to settings.beam_size). Scores include the evidence's word bias.
+                rules: Rules | None = None) -> list[list[Hypothesis]]:
+    """feats (B, P, D), the decode's Rules (None: settings' rules without a lexicon or evidence) -> for each image,
+    its finished hypotheses best first (up to settings.beam_size). Scores include the evidence's word bias.
 
     All live images x K beams are one batch of rows. Each step scores the K*V continuations of
     every image at once (tensor ops, no loop over images), keeps the best 2K, records those that
@@ -104,7 +105,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
     image_ids = torch.arange(B, device=device)  # (n,) original id of each live image
     best_finished = torch.full((B, K), float("-inf"), device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-    rules = Rules(ids, settings, evidence)  # rules.word_logp, step by step
+    rules = rules or Rules(ids, settings)
     said = rules.start(B)  # what the rules remember of each live row
     for t in range(max_len):
         n = len(image_ids)
@@ -162,25 +163,27 @@ def _record_finished(finished: list[list[Hypothesis]], hist: "History", image_id
 
 
 def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-           evidence: Evidence | None = None) -> list[list[Hypothesis]]:
+           rules: Rules | None = None) -> list[list[Hypothesis]]:
     """How captions are decoded (captions.py, evaluation, validation): feats (B, P, D) -> for each image its
     hypotheses, best first. Greedy when settings.beam_size == 1 (one hypothesis per image), else beam search;
-    off the CPU the fixed-shape search for both. evidence: the images' Evidence (evidence-aware decoding:
-    scores added to object words), or None. The bias ranks the hypotheses (their score keeps it) and is taken
-    off again here: log_prob and word_logps are the model's own."""
+    off the CPU the fixed-shape search for both. rules: the decode's Rules (rules.py; None: settings' rules
+    without a lexicon or evidence), built once and handed to the search. The evidence's bias (evidence-aware
+    decoding: scores added to object words) ranks the hypotheses (their score keeps it) and is taken off again
+    here: log_prob and word_logps are the model's own."""
     settings.checked()  # config.DecodeConfig.LIMITS: one place for every setting's range
+    rules = rules or Rules(ids, settings)
     if feats.device.type != "cpu":  # a GPU: fixed shapes, no host sync per step (device_beam.py; beam 1 = greedy)
         recorded = captured.recordings_of(decoder)  # recorded once per shape, replayed as one launch (captured.py)
-        hyps = (captured.search(recorded, decoder, feats, ids, settings, evidence) if recorded is not None else
-                beam_search_on_device(decoder, feats, ids, settings, evidence))
+        hyps = (captured.search(recorded, decoder, feats, ids, settings, rules) if recorded is not None else
+                beam_search_on_device(decoder, feats, ids, settings, rules))
         if settings.beam_size == 1:
             with_greedy_scores(hyps)
     elif settings.beam_size == 1:  # on a CPU finished images leave the batch: the least work
-        hyps = [[h] for h in greedy_decode(decoder, feats, ids, settings, evidence)]
+        hyps = [[h] for h in greedy_decode(decoder, feats, ids, settings, rules)]
     else:
-        hyps = beam_search(decoder, feats, ids, settings, evidence)
-    if evidence is not None:
-        _remove_bias(hyps, evidence)
+        hyps = beam_search(decoder, feats, ids, settings, rules)
+    if rules.evidence is not None:
+        _remove_bias(hyps, rules.evidence)
     return hyps
 
 
