@@ -162,15 +162,15 @@ def _record_finished(finished: list[list[Hypothesis]], hist: "History", image_id
 
 
 def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-           evidence: Evidence | None = None) -> list[list[Hypothesis]]:
+           evidence: Evidence | None = None, recorded: captured.Recordings | None = None) -> list[list[Hypothesis]]:
     """How captions are decoded (captions.py, evaluation, validation): feats (B, P, D) -> for each image its
     hypotheses, best first. Greedy when settings.beam_size == 1 (one hypothesis per image), else beam search;
     off the CPU the fixed-shape search for both. evidence: the images' Evidence (evidence-aware decoding:
     scores added to object words), or None. The bias ranks the hypotheses (their score keeps it) and is taken
-    off again here: log_prob and word_logps are the model's own."""
+    off again here: log_prob and word_logps are the model's own. recorded: the caller's recorded searches of this
+    decoder (a Captioner's on a GPU: captured.py), replayed off the CPU; None runs op by op."""
     settings.checked()  # config.DecodeConfig.LIMITS: one place for every setting's range
     if feats.device.type != "cpu":  # a GPU: fixed shapes, no host sync per step (device_beam.py; beam 1 = greedy)
-        recorded = captured.recordings_of(decoder)  # recorded once per shape, replayed as one launch (captured.py)
         hyps = (captured.search(recorded, decoder, feats, ids, settings, evidence) if recorded is not None else
                 beam_search_on_device(decoder, feats, ids, settings, evidence))
         if settings.beam_size == 1:
