@@ -28,11 +28,11 @@ import torch
 
 from .decoding import captured
 from .decoding.captions import Caption
-from .data.features import encoder_fingerprint
-from .decoding.consensus import ConsensusMemory, attach_memory, memory_of, memory_path
-from .decoding.fitted import Fitted, attach_fitted, fitted_of
+from .decoding.consensus import ConsensusMemory, memory_path
+from .decoding.fitted import NOTHING, Fitted
 from .decoding.photo import SAMPLE_TEMPERATURE, SAMPLE_TOP_P, Photo, caption_photos
 from .decoding.reading import HeadReading, photo_concepts, read_heads
+from .decoding.resources import Resources, of_file
 from .decoding.sampling import Draw, SampleSettings
 from .concepts.detectors import WordDetectors, attach, detectors_of
 from .concepts.imagenet import THRESHOLD, Concepts
@@ -125,30 +125,27 @@ def preferred_dtype(device: str | torch.device = "cpu") -> str:
     return "bfloat16" if native else "float32"
 
 
-ENCODER_RECORDINGS = 4  # batch sizes whose encoder pass stays recorded on a GPU (each holds its activations' memory)
-
-
 class Captioner:
     """A ready model with its preprocessing (`.preprocess`, callable: image -> (3, S, S) tensor),
     vocabulary and stored decode settings (`.config.decode`)."""
 
     def __init__(self, model: ShowAttendTell, vocab: Vocab, config: Config, metrics: dict[str, Any] | None = None,
                  device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32", source: str | None = None,
-                 capture: bool = True):
+                 capture: bool = True, fitted: Fitted = NOTHING, memory: ConsensusMemory | None = None):
         """capture: on a CUDA GPU, the encoder pass and the beam search are recorded as CUDA graphs once per padded
         batch size and replayed (decoding/captured.py: the encoder as one launch, the search as a few; the first
-        caption of a batch size waits about three searches and two encoder passes more); False runs them op by op."""
+        caption of a batch size waits about three searches and two encoder passes more); False runs them op by op.
+        fitted, memory: the model file's fitted data and consensus memory (load reads them: resources.of_file).
+        All three are this Captioner's own, in `.resources` (decoding/resources.py): another Captioner on the same
+        model never changes them."""
         self.dtype = resolve_dtype(dtype)  # the whole model (encoder and decoder) computes in this type
         self.device = torch.device(device)
         self.model = _ready(model, self.device, self.dtype)
         # the packed copies of the step's weights and of the encoder's 1x1 convolutions, made before a caption
         prepare(self.model.decoder, self.model.encoder.pointwise_layers())
         self.model.decoder.make_word_gates()  # and the word-gate table
-        for module, limit in ((self.model.encoder, ENCODER_RECORDINGS), (self.model.decoder, captured.LIMIT)):
-            if capture and self.device.type == "cuda":
-                captured.capture(module, limit=limit)
-            else:  # a model the caller passed in may have been captured by another Captioner
-                captured.release(module)
+        recordings = captured.recorded() if capture and self.device.type == "cuda" else captured.EAGER
+        self.resources = Resources(fitted, memory, recordings)  # what its decodes read besides the model
         self.vocab, self.config, self.metrics = vocab, config, metrics or {}
         self.source = source  # the model file it was loaded from (None: built in memory); each Caption names it
         self.preprocess: Preprocess = build_preprocess(config.model)  # any image input -> (3, S, S); ImageError
@@ -245,7 +242,7 @@ class Captioner:
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Preprocessed images (B, 3, S, S) -> annotation vectors (B, P, D) in the model's dtype."""
         x = x.to(self.device, self.dtype).contiguous(memory_format=torch.channels_last)
-        recorded = captured.recordings_of(self.model.encoder)  # on a GPU: replayed as one launch (captured.py)
+        recorded = self.resources.recordings.encoder  # on a GPU: replayed as one launch (captured.py)
         return self.model.encode(x) if recorded is None else captured.encode(recorded, self.model, x)  # (B, P, D)
 
     def save(self, path: str | Path, half: bool = False, metrics: dict[str, Any] | None = None) -> None:
@@ -253,8 +250,8 @@ class Captioner:
         det = detectors_of(self.model)
         save_checkpoint(path, self.config, self.vocab, state, metrics=self.metrics if metrics is None else metrics,
                         half=half, detector_info=None if det is None else det.info(),
-                        fitted=fitted_of(self.model).to_json())
-        memory = memory_of(self.model)
+                        fitted=self.resources.fitted.to_json())
+        memory = self.resources.memory
         if memory is not None:  # the consensus memory goes beside the file, where load finds it
             memory.save(memory_path(path))
 
@@ -280,20 +277,10 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
             attach(model, WordDetectors.from_state(ckpt.detector_tensors, ckpt.detector_info))
         except ValueError as e:
             raise CheckpointError(f"{checkpoint}: {e}") from None
-    try:  # what the file fitted to its own captions (decoding/fitted.py)
-        attach_fitted(model, Fitted.from_json(ckpt.fitted, str(checkpoint)))
-    except ValueError as e:
-        raise CheckpointError(str(e)) from None
-    beside = memory_path(checkpoint)  # the consensus rerank's memory (decoding/consensus.py), when there is one
-    if beside.is_file():
-        memory = ConsensusMemory.load(beside)
-        if memory.vocab_size != len(ckpt.vocab) or memory.encoder not in ("", encoder_fingerprint(model.encoder)):
-            raise CheckpointError(f"{beside} was built for another model (its vocabulary or encoder differs from "
-                                  f"{checkpoint}'s): rebuild it with captioner-build-consensus or remove it")
-        attach_memory(model, memory)
-        memory.cider_to(device)  # built now (once per file and process), not in the first caption; on the device
+    found = of_file(ckpt, checkpoint, model, device)  # its fitted data and consensus memory (decoding/resources.py)
     model = model.eval().to(device=torch.device(device), dtype=resolve_dtype(dtype))  # ours: converted in place
-    return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype, source=str(checkpoint), capture=capture)
+    return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype, source=str(checkpoint),
+                     capture=capture, fitted=found.fitted, memory=found.memory)
 
 
 __all__ = ["Caption", "Captioner", "Photo", "Prepared", "ImageError", "CheckpointError", "NoWordsError", "load", "preferred_dtype", "default_device",

@@ -154,9 +154,9 @@ def test_decode_settings_default_to_the_model_files(tmp_path, monkeypatch):
 
     real = captions.decode
 
-    def spy(decoder, feats, ids, settings, rules=None):
+    def spy(decoder, feats, ids, settings, rules=None, recorded=None):
         calls.append((settings.beam_size, settings.max_len, settings.length_penalty))
-        return real(decoder, feats, ids, settings, rules)
+        return real(decoder, feats, ids, settings, rules, recorded)
 
     monkeypatch.setattr(captions, "decode", spy)
     img = photo()

@@ -872,7 +872,8 @@ def test_compare_decodes_b_with_its_own_stored_settings(bundled, app, tmp_path, 
 
     other = captioner.Captioner(bundled.model, bundled.vocab,
                                 dataclasses.replace(bundled.config, decode=dataclasses.replace(
-                                    bundled.config.decode, beam_size=1, max_len=7)))
+                                    bundled.config.decode, beam_size=1, max_len=7)),
+                                fitted=bundled.resources.fitted, memory=bundled.resources.memory)  # the file's data
     other.save(tmp_path / "greedy.safetensors", half=True)
     monkeypatch.setenv("CAPTIONER_CHECKPOINT_DIRS", str(tmp_path))
     at = app.run()
@@ -944,14 +945,12 @@ def test_an_unsure_card_in_the_gallery_looks_different_from_a_sure_one(bundled, 
     warning when it may be or probably is wrong, an info box when probably right) and why (they looked alike).
     None of the bundled examples is sure at the file's threshold, so the app runs a copy of the bundled model whose
     threshold is the 60% floor, where the coffee's caption (.66, every object seen) is."""
-    from captioner.decoding.fitted import attach_fitted, fitted_of
-
-    fitted = fitted_of(bundled.model)
-    lenient = captioner.Captioner(bundled.model, bundled.vocab, bundled.config, bundled.metrics)
-    attach_fitted(lenient.model, dataclasses.replace(fitted, confidence=dataclasses.replace(fitted.confidence,
-                                                                                            sure_at=0.6)))
+    fitted = bundled.resources.fitted
+    lenient = captioner.Captioner(bundled.model, bundled.vocab, bundled.config, bundled.metrics,
+                                  fitted=dataclasses.replace(fitted, confidence=dataclasses.replace(fitted.confidence,
+                                                                                                    sure_at=0.6)),
+                                  memory=bundled.resources.memory)
     lenient.save(tmp_path / "lenient.safetensors")
-    attach_fitted(lenient.model, fitted)  # (the bundled fixture's model, shared with other tests)
     lenient = captioner.load(tmp_path / "lenient.safetensors")
     monkeypatch.setenv("CAPTIONER_CHECKPOINT", str(tmp_path / "lenient.safetensors"))
     at = app.run()

@@ -126,3 +126,19 @@ def test_the_app_is_the_pages_layout_only():
             imported.update(a.name for a in node.names)
     ours = {m for m in imported if m.split(".")[0] == "captioner"}
     assert ours and all(m.startswith("captioner.ui") for m in ours), ours
+
+
+def test_what_decoding_reads_is_held_not_hidden():
+    """State you can see (decoding/resources.py): no module writes an entry of an object's __dict__ (the fitted
+    data and the consensus memory once hid on the torch module so), and decoding keeps no process-wide registry
+    keyed by module (the CUDA-graph recordings once did): its owner, the Captioner, holds them and passes them."""
+    hidden = []
+    for p in _modules():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "__dict__":
+                hidden.append(f"{p.relative_to(PACKAGE)}:{node.lineno} __dict__[...]")
+            if p.parent.name == "decoding" and isinstance(node, (ast.Name, ast.Attribute)) \
+                    and getattr(node, "id", getattr(node, "attr", "")) in ("WeakIdKeyDictionary", "WeakKeyDictionary"):
+                hidden.append(f"{p.relative_to(PACKAGE)}:{node.lineno} a registry keyed by object")
+    assert not hidden, hidden

@@ -20,6 +20,7 @@ from captioner.decoding.device_beam import beam_search_on_device, search_on_devi
 from captioner.decoding.evidence import photo_evidence
 from captioner.decoding.reading import read_heads
 from captioner.decoding.rules import Lexicon, Rules
+from captioner.decoding.resources import Resources
 from captioner.model.decoder import Decoder
 from captioner.vocab import SpecialIds
 
@@ -153,35 +154,57 @@ def test_the_bundled_model_with_its_evidence_replays_other_photos(bundled):
     assert len(searches.recorded) == 1
 
 
+def rerun_captioner(loaded: captioner.Captioner, **file_data) -> captioner.Captioner:
+    """Another Captioner on `loaded`'s model whose encoder (and search) are recorded as on a GPU, with Rerun's
+    contract (a CPU has no graphs); `file_data`: its fitted data and memory (none unless given)."""
+    out = captioner.Captioner(loaded.model, loaded.vocab, loaded.config, capture=False, **file_data)
+    out.resources = dataclasses.replace(out.resources, recordings=captured.recorded(Rerun))
+    return out
+
+
 def test_the_encoder_replayed_on_other_images_gives_their_features(bundled):
     """Captioner.encode through a recording (as on a GPU): each batch's features are the eager encoder's, copied out
     so the next replay cannot change them; a batch of another size gets its own recording (3 photos: 4's)."""
-    loaded = bundled
+    loaded = rerun_captioner(bundled)
     photos = sorted((captioner.DEFAULT_CHECKPOINT.parent / "examples").glob("*.jpg"))[:3]
     x = torch.stack([loaded.preprocess(p) for p in photos])  # (3, 3, S, S)
-    want = loaded.encode(x)  # (3, P, D)
-    recorded = captured.capture(loaded.model.encoder, Rerun)
-    try:
-        got = [loaded.encode(x[i:i + 1]) for i in range(3)] + [loaded.encode(x[1:]), loaded.encode(x)]
-    finally:
-        captured.release(loaded.model.encoder)
+    want = bundled.encode(x)  # (3, P, D)
+    got = [loaded.encode(x[i:i + 1]) for i in range(3)] + [loaded.encode(x[1:]), loaded.encode(x)]
     for i in range(3):
         assert torch.allclose(got[i], want[i:i + 1], atol=1e-5)
     assert torch.allclose(got[3], want[1:], atol=1e-5)
     assert got[4].shape == want.shape and torch.allclose(got[4], want, atol=1e-5)  # 3 photos, padded to 4
+    recorded = loaded.resources.recordings.encoder
     assert len(recorded.recorded) == 3 and all(r.recording.graph.replays >= 1 for r in recorded.recorded.values())
 
 
 def test_a_captioner_records_only_on_a_gpu(bundled):
-    """On a CPU the CPU beam runs (finished photos leave the batch) and nothing is recorded; capture and release
-    register and drop a module's recordings."""
-    assert captured.recordings_of(bundled.model.decoder) is None
-    assert captured.recordings_of(bundled.model.encoder) is None
-    dec = small()
-    captured.capture(dec, Rerun)
-    assert captured.recordings_of(dec) is not None
-    captured.release(dec)
-    assert captured.recordings_of(dec) is None
+    """On a CPU the CPU beam runs (finished photos leave the batch) and nothing is recorded; `recorded` makes an
+    encoder's and a search's recordings, each limited to its own number of shapes."""
+    assert bundled.resources.recordings == captured.EAGER
+    assert bundled.resources.recordings.encoder is None and bundled.resources.recordings.search is None
+    fresh = captured.recorded(Rerun)
+    assert (fresh.encoder.limit, fresh.search.limit) == (captured.ENCODER_LIMIT, captured.LIMIT)
+    assert not fresh.encoder.recorded and not fresh.search.recorded
+
+
+def test_a_second_captioner_on_the_same_model_leaves_the_first_as_it_was(bundled):
+    """What a Captioner decodes with (its recordings, the file's fitted data and memory) is its own, never the
+    model's: a second Captioner on the same model, op by op and without them, neither drops the first's recordings
+    (its encoder still replays) nor changes its captions; and the second decodes without what it was not given."""
+    photos = sorted((captioner.DEFAULT_CHECKPOINT.parent / "examples").glob("*.jpg"))[:2]
+    first = rerun_captioner(bundled, fitted=bundled.resources.fitted, memory=bundled.resources.memory)
+    before = first.caption_batch(photos)
+    encoder = first.resources.recordings.encoder
+    replays = sum(r.recording.graph.replays for r in encoder.recorded.values())
+    second = captioner.Captioner(first.model, first.vocab, first.config, capture=False)
+    assert second.resources == Resources() and first.resources.recordings.encoder is encoder
+    after = first.caption_batch(photos)
+    assert sum(r.recording.graph.replays for r in encoder.recorded.values()) == replays + 1  # replayed, not eager
+    assert [c.to_dict() for c in after] == [c.to_dict() for c in before]
+    assert [c.weights for c in after] == [c.weights for c in bundled.caption_batch(photos)]  # the file's choice
+    if bundled.resources.fitted.choice is not None and bundled.resources.memory is not None:
+        assert all(c.weights == {} for c in second.caption_batch(photos))  # the beam's order: nothing fitted given
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs); the tests above check "
@@ -191,8 +214,8 @@ def test_on_a_gpu_the_recorded_search_captions_as_the_eager_one():
     a batch, the same captions and scores as op by op, and no shape left op by op."""
     photos = sorted((captioner.DEFAULT_CHECKPOINT.parent / "examples").glob("*.jpg"))
     eager, recorded = captioner.load(device="cuda", capture=False), captioner.load(device="cuda")
-    searches, encoder = (captured.recordings_of(recorded.model.decoder), captured.recordings_of(recorded.model.encoder))
-    assert captured.recordings_of(eager.model.decoder) is None and searches is not None and encoder is not None
+    searches, encoder = recorded.resources.recordings.search, recorded.resources.recordings.encoder
+    assert eager.resources.recordings == captured.EAGER and searches is not None and encoder is not None
     for got, want in [(recorded.caption(p), eager.caption(p)) for p in photos * 2] + \
             list(zip(recorded.caption_batch(photos), eager.caption_batch(photos))):
         assert got.text == want.text and got.log_prob == pytest.approx(want.log_prob, abs=1e-3)

@@ -17,7 +17,7 @@ import captioner
 from captioner.config import DecodeConfig
 from captioner.decoding.captions import Caption
 from captioner.decoding.confidence import GOOD_CIDER, SIGNALS, ConfidenceMap, why_unsure
-from captioner.decoding.fitted import Fitted, attach_fitted, fitted_of
+from captioner.decoding.fitted import Fitted
 from captioner.evaluation.confidence_fit import Row, auroc, calibration_error, coverage, fit, out_of_fold, threshold
 from captioner.ui.texts import NO_CONFIDENCE, sure_line
 
@@ -162,12 +162,11 @@ def _fitted_map() -> ConfidenceMap:
 def test_the_bundled_model_gives_a_confidence_from_its_signals(bundled):
     """With a map in the model file's fitted data every caption of a photo carries confidence and sure (at the
     map's sure_at, never below 60%); with decode.fitted_confidence=false, none."""
-    photo, own = bundled.read(EXAMPLES[0]), fitted_of(bundled.model)
-    attach_fitted(bundled.model, dataclasses.replace(own, confidence=_fitted_map()))
-    try:
-        cap = photo.caption()
-    finally:
-        attach_fitted(bundled.model, own)  # the shared fixture as it was
+    own = bundled.resources
+    mapped = captioner.Captioner(bundled.model, bundled.vocab, bundled.config, memory=own.memory,
+                                 fitted=dataclasses.replace(own.fitted, confidence=_fitted_map()))
+    photo = mapped.read(EXAMPLES[0])
+    cap = photo.caption()
     assert 0.0 <= cap.confidence <= 1.0 and cap.sure_at == 0.5 and cap.sure == (cap.confidence >= 0.6)  # the floor
     assert set(cap.sure_signals) == set(SIGNALS) and 0.0 < cap.sure_signals["nearest"] <= 1.0 + 1e-6
     assert abs(cap.confidence - 1 / (1 + math.exp(1.0 - 4.0 * cap.sure_signals["wide"]))) < 1e-9
@@ -184,7 +183,7 @@ def test_every_json_line_carries_confidence_and_sure(tmp_path):
     out = run("scripts/caption.py", *map(str, EXAMPLES[:2]), "--json")
     lines = [json.loads(x) for x in out.stdout.splitlines()]
     assert len(lines) == 2 and all({"confidence", "sure", "level"} <= x.keys() for x in lines)
-    if fitted_of(captioner.load().model).confidence is None:
+    if captioner.load().resources.fitted.confidence is None:
         assert out.stderr.count("no fitted confidence map") == 1
         assert all(x["confidence"] is None for x in lines)
     else:
@@ -228,7 +227,7 @@ def test_the_bundled_file_calls_sure_only_what_is_good_85_percent_of_the_time_on
     cat, confident as it is: the photo is a close-up of its face and there is no wall (the objects check)."""
     from captioner.decoding.confidence import SURE_FLOOR
 
-    sure_at = fitted_of(bundled.model).confidence.sure_at
+    sure_at = bundled.resources.fitted.confidence.sure_at
     assert SURE_FLOOR <= sure_at < 0.8
     astronaut, cat = bundled.caption_batch(EXAMPLES[:2])  # (sorted by name)
     assert cat.confidence >= sure_at and cat.sure is False and cat.level == "probably right"

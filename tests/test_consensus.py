@@ -12,8 +12,7 @@ import captioner
 from captioner.checkpoint import CheckpointError
 from captioner.config import DecodeConfig
 from captioner.decoding.choice import Weights
-from captioner.decoding.consensus import ConsensusMemory, attach_memory, memory_of, memory_path
-from captioner.decoding.fitted import fitted_of
+from captioner.decoding.consensus import ConsensusMemory, memory_path
 from captioner.decoding.hypotheses import Hypothesis
 from captioner.decoding.photo import caption_photos
 from captioner.decoding.choice import choose
@@ -108,7 +107,7 @@ def test_a_file_that_is_not_a_memory_is_refused_with_advice(tmp_path):
 @pytest.fixture(scope="module")
 def bundled(bundled):
     """The session's bundled model (tests/conftest.py), when its consensus memory is there."""
-    if memory_of(bundled.model) is None:
+    if bundled.resources.memory is None:
         pytest.skip("no consensus memory beside the bundled model (captioner-build-consensus writes it)")
     return bundled
 
@@ -118,17 +117,13 @@ def test_weight_zero_gives_todays_captions(bundled):
     model without a memory."""
     photos = bundled.read_batch(EXAMPLES)
     off = caption_photos(bundled, photos, fitted_choice=False)
-    memory = memory_of(bundled.model)
-    attach_memory(bundled.model, None)
-    try:
-        plain = caption_photos(bundled, photos)
-    finally:
-        attach_memory(bundled.model, memory)
+    without = captioner.Captioner(bundled.model, bundled.vocab, bundled.config, fitted=bundled.resources.fitted)
+    plain = caption_photos(without, photos)  # the same file's fitted data, no memory
     assert [c.text for c in off] == [c.text for c in plain] and [c.score for c in off] == [c.score for c in plain]
     on = caption_photos(bundled, photos)  # the file's fitted choice: the caption is one of the beam's
     for c, o in zip(on, plain):
         assert c.text in [o.text, *(a.text for a in o.alternatives)]
-        assert c.weights == fitted_of(bundled.model).choice.to_json()  # each caption says what chose it
+        assert c.weights == bundled.resources.fitted.choice.to_json()  # each caption says what chose it
 
 
 @pytest.mark.slow
@@ -136,8 +131,8 @@ def test_saving_a_captioner_writes_its_memory_beside_the_file(bundled, tmp_path)
     path = tmp_path / "copy.safetensors"
     bundled.save(path)
     again = captioner.load(path)
-    assert len(memory_of(again.model)) == len(memory_of(bundled.model))
-    assert fitted_of(again.model) == fitted_of(bundled.model)  # and keeps its fitted data
+    assert len(again.resources.memory) == len(bundled.resources.memory)
+    assert again.resources.fitted == bundled.resources.fitted  # and keeps its fitted data
     photo = again.read(EXAMPLES[0])
     assert photo.caption().text == bundled.read(EXAMPLES[0]).caption().text
 

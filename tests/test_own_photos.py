@@ -262,8 +262,8 @@ def test_a_taught_model_is_exported_with_its_starting_models_decode_settings_and
     from captioner.config import Config
     from captioner.data.features import encoder_fingerprint
     from captioner.decoding.choice import Weights
-    from captioner.decoding.consensus import ConsensusMemory, attach_memory, memory_path
-    from captioner.decoding.fitted import Fitted, attach_fitted
+    from captioner.decoding.consensus import ConsensusMemory, memory_path
+    from captioner.decoding.fitted import Fitted
     from captioner.model.show_attend_tell import build_model
     from captioner.vocab import Vocab
 
@@ -273,9 +273,10 @@ def test_a_taught_model_is_exported_with_its_starting_models_decode_settings_and
     start.config.decode.evidence_detectors, start.config.decode.beam_size = False, 4
     dim = start.encode(torch.zeros(1, 3, 224, 224)).shape[-1]
     said = [[[4, 5]], [[6, 7, 8], [4]], [[9]]]  # three photos' captions, in the starting model's ids
-    attach_memory(start.model, ConsensusMemory.build(torch.randn(3, dim), said, len(start.vocab),
-                                                     encoder_fingerprint(start.model.encoder)))
-    attach_fitted(start.model, Fitted(Weights.from_json({"score": 0.6, "consensus": 0.4})))  # its fitted choice
+    start.resources = dataclasses.replace(  # its consensus memory and fitted choice
+        start.resources, memory=ConsensusMemory.build(torch.randn(3, dim), said, len(start.vocab),
+                                                      encoder_fingerprint(start.model.encoder)),
+        fitted=Fitted(Weights.from_json({"score": 0.6, "consensus": 0.4})))
     start.save(tmp_path / "start.safetensors")
     cfg = Config.from_dict(start.config.to_dict())  # the run: the recipe's decode section, not the starting file's
     cfg.train.init_from, cfg.train.extend_vocab = str(tmp_path / "start.safetensors"), True

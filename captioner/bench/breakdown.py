@@ -41,9 +41,10 @@ def caption_stages(loaded, feats: torch.Tensor, settings) -> tuple[Callable[[], 
 
     def concepts(decoded):
         hyps, evidence = decoded
-        return dress(hyps, evidence, read_heads(loaded.model, feats), feats, loaded.model, loaded.vocab, settings)
+        return dress(hyps, evidence, read_heads(loaded.model, feats), feats, loaded.model, loaded.vocab, settings,
+                     loaded.resources.fitted)
 
-    return (lambda: decode_photos(loaded.model, feats, reading, loaded.vocab, settings)), concepts
+    return (lambda: decode_photos(loaded.model, feats, reading, loaded.vocab, settings, loaded.resources)), concepts
 
 
 @torch.no_grad()

@@ -71,20 +71,20 @@ def bench_eval(decoder, shape: tuple[int, int], max_len: int, counts: Counts, de
     from ..decoding.search import beam_search, decode
     from ..vocab import SpecialIds
 
-    if device.type == "cuda":
-        captured.capture(decoder)
+    searches = captured.Recordings() if device.type == "cuda" else None  # recorded as a Captioner's are on a GPU
     timer = Timer(device)
     n = counts.eval_images
     feats = synthetic_features(n, shape, torch.Generator().manual_seed(4)).to(device)
     result: dict[str, Any] = {"images": n, "batch": min(n, 100), "max_len": max_len}
     reset_peak(device)
     for beam in beams:
-        decode_lengths(decoder, feats[:min(n, 8)], beam, max_len)  # warm-up
+        decode_lengths(decoder, feats[:min(n, 8)], beam, max_len, searches=searches)  # warm-up
         log(f"eval/batched beam {beam}: {n} images")
-        t, lens = timer.run(decode_lengths, decoder, feats, beam, max_len)
+        t, lens = timer.run(partial(decode_lengths, searches=searches), decoder, feats, beam, max_len)
         result[f"beam{beam}"] = {"images_per_s": n / t, "seconds": t, "mean_words": float(np.mean(lens))}
     m = counts.naive_eval_images
-    for name, dec, how in (("one_image_beam3", decoder, decode), ("naive_beam3", naive_decoder(decoder), beam_search)):
+    for name, dec, how in (("one_image_beam3", decoder, partial(decode, recorded=searches)),
+                           ("naive_beam3", naive_decoder(decoder), beam_search)):
         search = partial(how, dec, ids=SpecialIds(START, END, PAD),
                          settings=DecodeConfig(beam_size=3, max_len=max_len, length_penalty=0.0))
         search(feats[:1])  # warm-up

@@ -18,6 +18,7 @@ On a GPU a replayed graph dispatches no aten op, so the same counts there hold t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -96,14 +97,16 @@ def device_search(enabled: bool, recorded: Any = None) -> Iterator[None]:
         search.beam_search = lambda decoder, feats, ids, settings, rules=None: \
             recording.search(searches, decoder, feats, ids, settings, rules) if recorded is not None else \
             device_beam.beam_search_on_device(decoder, feats, ids, settings, rules)
-    if recorded is not None:
-        recording.capture(recorded.model.encoder, OneLaunch)
+    held = None if recorded is None else recorded.resources
+    if held is not None:  # the Captioner's encoder recorded for the block: its own recordings, put back after
+        recorded.resources = dataclasses.replace(held, recordings=dataclasses.replace(
+            held.recordings, encoder=recording.Recordings(OneLaunch)))
     try:
         yield
     finally:
         search.beam_search = cpu_search
-        if recorded is not None:
-            recording.release(recorded.model.encoder)
+        if held is not None:
+            recorded.resources = held
 
 
 def count(work) -> dict[str, int]:
@@ -129,7 +132,7 @@ def bench_launches(captioner: Any, photos: Sequence[Path], gpu_search: bool = Fa
         captioner.caption_batch(batch if captured else batch[:2])
         many = count(lambda: captioner.caption_batch(batch))
     on_gpu = captioner.device.type != "cpu"
-    name = "device_beam recorded" if captured or (on_gpu and recording.recordings_of(captioner.model.decoder)) else \
+    name = "device_beam recorded" if captured or (on_gpu and captioner.resources.recordings.search is not None) else \
         "device_beam" if gpu_search or on_gpu else "cpu beam"
     return {"search": name, "one_caption": one, "batch_photos": len(batch), "batch": many,
             "batch_ops_per_photo": many["ops"] / len(batch), "batch_kernels_per_photo": many["kernels"] / len(batch)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -110,15 +111,20 @@ def truncate(batch, steps: int):
                  batch.image_index)
 
 
-def decode_lengths(decoder, feats: torch.Tensor, beam: int, max_len: int, chunk: int = 100) -> list[int]:
-    """Words per caption, decoded as evaluate.py decodes (captions_from_features, `chunk` images per call)."""
+def decode_lengths(decoder, feats: torch.Tensor, beam: int, max_len: int, chunk: int = 100,
+                   searches: Any = None) -> list[int]:
+    """Words per caption, decoded as evaluate.py decodes (captions_from_features, `chunk` images per call);
+    `searches`: the caller's recorded searches of `decoder` (captured.Recordings; None: op by op)."""
     from ..decoding.captions import captions_from_features
+    from ..decoding.captured import Recorded
+    from ..decoding.resources import Resources
     from ..config import DecodeConfig
     from ..model.show_attend_tell import ShowAttendTell
 
     settings = DecodeConfig(beam_size=beam, max_len=max_len, length_penalty=0.0, forbid_unk=False)
     model = ShowAttendTell(torch.nn.Identity(), decoder)  # type: ignore[arg-type]  # features given: no encoder
-    caps = captions_from_features(model, feats, make_vocab(decoder.vocab_size), settings, batch_size=chunk)
+    caps = captions_from_features(model, feats, make_vocab(decoder.vocab_size), settings,
+                                  Resources(recordings=Recorded(search=searches)), batch_size=chunk)
     return [len(c.words) for c in caps]
 
 

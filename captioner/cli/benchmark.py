@@ -152,7 +152,8 @@ def _latency(checkpoint: str | None, counts: Any, device: torch.device, photos: 
         eager, _ = latency_captioner(checkpoint, counts, device, log, capture=False)
         res["latency_eager_search"] = bench_latency(eager, counts, device, log=log)
     if preferred_dtype(device) == "bfloat16":  # the faster precision the app offers on this hardware
-        bf16 = Captioner(loaded.model, loaded.vocab, loaded.config, loaded.metrics, device, "bfloat16")  # converts a copy
+        bf16 = Captioner(loaded.model, loaded.vocab, loaded.config, loaded.metrics, device, "bfloat16",  # a copy
+                         fitted=loaded.resources.fitted, memory=loaded.resources.memory)
         res["latency_bf16"] = bench_latency(bf16, counts, device, log=log)
     return res
 

@@ -117,7 +117,6 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
     """The model and the decode settings in use, or None after printing why not (exit code 2)."""
     import captioner
     from captioner.cli.decode_options import decode_settings, describe, describe_briefly, has_memory
-    from captioner.decoding.fitted import fitted_of
 
     try:
         request = sample_request(args)
@@ -132,7 +131,7 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
     if request is not None:
         print(sampling_line(request, describe(used, sampling=True) if args.verbose else brief), file=sys.stderr)
     elif args.explain is None:
-        fitted = fitted_of(loaded.model)
+        fitted = loaded.resources.fitted
         print(f"decoding with {describe(used, consensus=has_memory(loaded), fitted=fitted) if args.verbose else brief}",
               file=sys.stderr)
         if used.fitted_confidence and fitted.confidence is None:

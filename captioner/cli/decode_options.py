@@ -99,7 +99,5 @@ def describe_briefly(settings, stored, sampling: bool = False) -> str:
 
 
 def has_memory(loaded: Any) -> bool:
-    """Whether a loaded Captioner carries a consensus memory (decoding reranks its beams only then)."""
-    from captioner.decoding.consensus import memory_of
-
-    return memory_of(loaded.model) is not None
+    """Whether a loaded Captioner holds a consensus memory (decoding reranks its beams only then)."""
+    return loaded.resources.memory is not None

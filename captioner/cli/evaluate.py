@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         bad = [records[i].image_id for i in sorted(set(range(len(records))) - set(keep))]
         say(f"WARNING: {len(bad)} image(s) could not be read and are not scored: {', '.join(bad[:10])}")
     scored, t1 = [records[i] for i in keep], time.time()
-    scores, preds, caps = evaluate_model(loaded.model, loaded.vocab, feats, scored, used, METRIC_KEYS, args.batch_size,
-                                         progress=True, log=say)
+    scores, preds, caps = evaluate_model(loaded.model, loaded.vocab, feats, scored, used, loaded.resources,
+                                         METRIC_KEYS, args.batch_size, progress=True, log=say)
     say(f"encoded {len(keep)} images in {t1 - t0:.1f}s, decoded (beam {used.beam_size}) and scored in "
         f"{time.time() - t1:.1f}s; captions -> {args.output}")
     if args.spice:

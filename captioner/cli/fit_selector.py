@@ -100,7 +100,8 @@ def _pools(loaded, feats, settings, extra: list[str]) -> dict[str, tuple[list, f
             x = feats[k:k + 50]
             reading = read_heads(loaded.model, x)
             if name.startswith("beam"):
-                h, _ = decode_photos(loaded.model, x, reading, loaded.vocab, dataclasses.replace(beam, beam_size=int(name[4:])))
+                h, _ = decode_photos(loaded.model, x, reading, loaded.vocab,
+                                     dataclasses.replace(beam, beam_size=int(name[4:])), loaded.resources)
                 hyps += h
             else:
                 caps = sampled_captions(loaded.model, x, reading, loaded.vocab, beam,
@@ -113,14 +114,13 @@ def _pools(loaded, feats, settings, extra: list[str]) -> dict[str, tuple[list, f
 
 def main(argv: list[str] | None = None) -> int:
     import captioner
-    from captioner.decoding.consensus import memory_of
 
     args = _parser().parse_args(argv)
     args.sets, args.objects = args.sets or list(VAL_SETS), args.objects or [0.0, 1.0, 2.0, 3.0]
     try:
         loaded = captioner.load(args.checkpoint)
         settings = loaded.decode_settings(**({"beam_size": args.beam_size} if args.beam_size else {}))
-        if memory_of(loaded.model) is None:
+        if loaded.resources.memory is None:
             raise ValueError("the model file has no consensus memory beside it: build one with captioner-build-consensus")
         for pool in args.pools:
             if not (pool[:4] == "beam" and pool[4:].isdigit() or pool[:6] == "sample" and pool[6:].isdigit()):
@@ -234,15 +234,13 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
 
     from captioner.concepts.words import word_categories
     from captioner.data.features import build_cache
-    from captioner.decoding.consensus import memory_of
     from captioner.decoding.evidence import photo_evidence
-    from captioner.decoding.fitted import fitted_of
     from captioner.decoding.reading import read_heads
     from captioner.decoding.choice import SIGNALS, WIDE, Weights, choose, signals
     from captioner.decoding.pool import Pool as Candidates
     from captioner.evaluation.choice_fit import Pool, baselines, candidate_cider
 
-    memory, fitted_now = memory_of(loaded.model), fitted_of(loaded.model)  # the file's current choice and map
+    memory, fitted_now = loaded.resources.memory, loaded.resources.fitted  # the file's current choice and map
     cache = build_cache(args.cache_dir, loaded.preprocess.cache_name(name, "val"), loaded.model.encoder,
                         loaded.preprocess, records, "cpu", num_workers=1, progress=False, log=print)
     keep = [i for i, r in enumerate(records) if r.image_id not in set(cache.missing)]

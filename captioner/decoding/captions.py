@@ -21,15 +21,15 @@ from ..config import DecodeConfig
 from ..logs import progress as progress_of
 from ..vocab import SpecialIds
 from .search import Hypothesis, decode
-from .consensus import memory_of
 from .choice import SIGNALS, choose
 from .alternatives import different
 from .confidence import SURE, level, why_unsure
 from .evidence import Evidence, photo_evidence
-from .fitted import fitted_of
+from .fitted import Fitted
 from .rules import Lexicon, Rules
 from .sampling import SampleSettings, Samples, sample
 from .reading import HeadReading, annotate, grid_side, read_heads
+from .resources import Resources
 from ..model.show_attend_tell import ShowAttendTell
 from ..vocab import Vocab
 
@@ -283,18 +283,18 @@ def to_captions(hyps: Sequence[Sequence[Hypothesis]], vocab: Vocab) -> list[Capt
 
 @torch.no_grad()
 def decode_photos(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReading, vocab: Vocab,
-                  settings: DecodeConfig) -> tuple[list[list[Hypothesis]], Evidence | None]:
+                  settings: DecodeConfig, resources: Resources) -> tuple[list[list[Hypothesis]], Evidence | None]:
     """Photos' features (B, P, D) on the decoder's device and their reading -> their hypotheses (best first,
     the model's own log-probs) and their evidence (evidence.photo_evidence: built once here, biasing the
-    words only with settings.evidence). Where the model carries a consensus memory, the order is the choice's
+    words only with settings.evidence). With a consensus memory in `resources`, the order is the choice's
     (choice.py: the model file's fitted weights and the memory's nearest photos), and its fitted confidence map says
-    how sure each caption is (fitted.py)."""
+    how sure each caption is (fitted.py); its recorded searches (captured.py) replay the search on a GPU."""
     evidence = photo_evidence(reading, model, vocab, settings)  # (B, V) ruled-out words, the bonus table
     ids = SpecialIds.of(vocab, settings.forbid_unk)
     rules = Rules(ids, settings, evidence if settings.evidence else None, Lexicon.of(vocab))  # once, for the search
-    hyps = decode(model.decoder, feats, ids, settings, rules)
-    fitted = fitted_of(model)
-    return choose(hyps, feats, reading.probs, memory_of(model), vocab, settings,
+    hyps = decode(model.decoder, feats, ids, settings, rules, resources.recordings.search)
+    fitted = resources.fitted
+    return choose(hyps, feats, reading.probs, resources.memory, vocab, settings,
                   None if evidence is None else evidence.person, None if evidence is None else evidence.words,
                   weights=fitted.choice_in_use(settings), fitted=fitted.map_in_use(settings),
                   check=None if evidence is None else evidence.check), evidence
@@ -302,15 +302,15 @@ def decode_photos(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReadi
 
 @torch.no_grad()
 def dress(hyps: Sequence[Sequence[Hypothesis]], evidence: Evidence | None, reading: HeadReading,
-          feats: torch.Tensor, model: ShowAttendTell, vocab: Vocab, settings: DecodeConfig) -> list[Caption]:
+          feats: torch.Tensor, model: ShowAttendTell, vocab: Vocab, settings: DecodeConfig, fitted: Fitted
+          ) -> list[Caption]:
     """Each photo's hypotheses -> its Caption, dressed with its reading (reading.annotate: concepts,
     detections, the contradicted words of the evidence's mask, concept maps), the settings that made it and what
-    of the model file's fitted data it was chosen and judged by (the choice's weights, sure_at, the map's
+    of the model file's `fitted` data it was chosen and judged by (the choice's weights, sure_at, the map's
     contributions) and the objects its heads barely see (support.py)."""
     caps = to_captions(hyps, vocab)
     annotate(caps, [h[0].tokens for h in hyps], reading, feats, model, vocab,
              None if evidence is None else evidence.ruled_out)
-    fitted = fitted_of(model)
     weights, sure = dict(zip(SIGNALS, fitted.choice_in_use(settings).values)), fitted.map_in_use(settings)
     if evidence is not None and evidence.check is not None:
         for cap, weak in zip(caps, evidence.check.unsupported([h[0].tokens for h in hyps])):
@@ -325,10 +325,11 @@ def dress(hyps: Sequence[Sequence[Hypothesis]], evidence: Evidence | None, readi
 
 @torch.no_grad()
 def captions_from_features(model: ShowAttendTell, feats: np.ndarray | torch.Tensor, vocab: Vocab,
-                           settings: DecodeConfig, batch_size: int = 100, progress: bool = False,
-                           reading: HeadReading | None = None) -> list[Caption]:
+                           settings: DecodeConfig, resources: Resources, batch_size: int = 100,
+                           progress: bool = False, reading: HeadReading | None = None) -> list[Caption]:
     """Features (N, P, D) (a tensor, an array or a float16 memory map) -> N Captions, decoded in batches
-    of `batch_size` images on the decoder's device and in its dtype: decode, then dress. Where the encoder
+    of `batch_size` images on the decoder's device and in its dtype: decode, then dress, with what `resources`
+    holds (the owner's fitted data, consensus memory and recordings: resources.py). Where the encoder
     keeps its ImageNet head, settings.evidence biases the words and each Caption carries its photo's reading
     (reading.annotate); `reading`: the photos' HeadReading when already made (Photo), else read per batch."""
     param = next(model.decoder.eval().parameters())
@@ -339,8 +340,8 @@ def captions_from_features(model: ShowAttendTell, feats: np.ndarray | torch.Tens
         x = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x, dtype=np.float32))
         x = x.to(param.device, param.dtype)  # (b, P, D)
         r = read_heads(model, x) if reading is None else reading.rows(k, k + len(x))
-        hyps, evidence = decode_photos(model, x, r, vocab, settings)
-        out.extend(dress(hyps, evidence, r, x, model, vocab, settings))
+        hyps, evidence = decode_photos(model, x, r, vocab, settings, resources)
+        out.extend(dress(hyps, evidence, r, x, model, vocab, settings, resources.fitted))
     return out
 
 

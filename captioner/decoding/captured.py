@@ -32,10 +32,12 @@ passes more.
 `Captioner(capture=False)` / `captioner-caption --eager` keep everything op by op. A recording that fails (an
 operation a graph cannot hold) warns once, and that shape runs op by op: the eager code is the fallback.
 
-A module is recorded where `capture(module)` registered it (api.Captioner on a CUDA GPU: its encoder and decoder;
-search.decode and Captioner.encode ask recordings_of). A CPU has no graphs: `Rerun` keeps their contract (record
-once with every host read refused, replay into the same outputs), so tests/test_captured.py checks the static
-buffers, the chunks and the capture rules without a GPU.
+Recordings belong to whoever made them, never to the module: a Captioner on a CUDA GPU makes its own (`recorded()`:
+a Recorded of its encoder's and its decoder's), holds them in its decoding.resources.Resources and passes them to
+what runs the module (Captioner.encode; search.decode through captions.decode_photos). So another Captioner on the
+same model, recorded or op by op, never changes this one's. A CPU has no graphs: `Rerun` keeps their contract
+(record once with every host read refused, replay into the same outputs), so tests/test_captured.py checks the
+static buffers, the chunks and the capture rules without a GPU.
 
 Legend: B images, K beams, P regions, D feature size, V vocabulary, C evidence categories.
 """
@@ -52,7 +54,6 @@ from torch.utils._pytree import tree_leaves
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ..config import DecodeConfig
 from ..model.decoder import Decoder
@@ -68,6 +69,7 @@ READS_BACK = frozenset({"item", "tolist", "cpu", "numpy", "nonzero", "argwhere",
                         "is_nonzero", "__bool__", "__int__", "__float__", "__index__"})
 FROM_HOST = frozenset({"tensor", "as_tensor", "from_numpy"})
 LIMIT = 8  # shapes kept recorded (each holds its own memory pool); the least recently used goes first
+ENCODER_LIMIT = 4  # batch sizes whose encoder pass stays recorded (each holds its activations' memory)
 # the steps after which a recorded search reads whether any photo still searches (then max_len): most captions
 # end by the first, a batch's last by the second or third (docs/performance.md)
 CHECKS = (12, 16, 20, 24)
@@ -330,25 +332,23 @@ def encode(recordings: Recordings, model: torch.nn.Module, x: torch.Tensor) -> t
     return feats if feats is not None else model.encode(x)
 
 
-_RECORDINGS: Any = WeakIdKeyDictionary()  # module -> its Recordings (never a reference back to the module)
+@dataclass(frozen=True)
+class Recorded:
+    """One owner's recordings (a Captioner's, in its decoding.resources.Resources): its encoder's passes (`encode`)
+    and its decoder's searches (`search`); None runs that one op by op."""
+
+    encoder: Recordings | None = None
+    search: Recordings | None = None
 
 
-def capture(module: torch.nn.Module, graph: Any = CudaGraph, limit: int = LIMIT) -> Recordings:
-    """Run `module` (a Decoder's search: search.decode; an Encoder: api.Captioner.encode) through recordings from
-    now on, where its callers ask recordings_of."""
-    _RECORDINGS[module] = Recordings(graph, limit)
-    return _RECORDINGS[module]
+EAGER = Recorded()  # nothing recorded: everything op by op
 
 
-def recordings_of(module: torch.nn.Module) -> Recordings | None:
-    """The module's recordings, or None: it runs op by op."""
-    return _RECORDINGS.get(module)
+def recorded(graph: Any = CudaGraph) -> Recorded:
+    """Fresh recordings of an encoder (ENCODER_LIMIT shapes) and a decoder's search (LIMIT), made by `graph`: each
+    shape is recorded at its first call."""
+    return Recorded(Recordings(graph, ENCODER_LIMIT), Recordings(graph, LIMIT))
 
 
-def release(module: torch.nn.Module) -> None:
-    """Back to op by op; the recordings and their memory are freed."""
-    _RECORDINGS.pop(module, None)
-
-
-__all__ = ["Recordings", "CudaGraph", "Rerun", "NoHostReads", "CaptureError", "capture", "recordings_of", "release",
+__all__ = ["Recordings", "Recorded", "EAGER", "CudaGraph", "Rerun", "NoHostReads", "CaptureError", "recorded",
            "search", "encode", "bucket", "chunk_sizes", "weights_key", "READS_BACK", "CHECKS"]

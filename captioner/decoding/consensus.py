@@ -12,8 +12,8 @@ with k = decode.consensus_k.
 The memory (ConsensusMemory) is what the rerank needs of the training set: every training photo's pooled
 features as int8 (each row scaled so its largest entry is +-127: of the val photos' 5 nearest, 99.3-99.6% are
 those of float32, at a quarter of the size: 9 MiB for 7,047 photos x 1,280) and its captions as the model's word ids. It lives beside the model file
-(<model>.consensus.safetensors, captioner-build-consensus writes it); captioner.load attaches it to the model
-(attach_memory) and decoding reads it there (memory_of), so a model file without one keeps the beam's order.
+(<model>.consensus.safetensors, captioner-build-consensus writes it); captioner.load reads it (resources.of_file)
+into the Captioner's Resources and decoding is handed it there, so a model file without one keeps the beam's order.
 
 Legend: B photos, P regions, D feature dim, M memory photos, C memory captions, T their words in all.
 """
@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from torch import nn
 
 from ..checkpoint import CheckpointError, read_safetensors, write_safetensors
 from .cider import CiderD
@@ -145,16 +144,3 @@ class ConsensusMemory:
         memory.source = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
         return memory
 
-
-def memory_of(model: nn.Module) -> ConsensusMemory | None:
-    """The consensus memory a ShowAttendTell carries (set by captioner.load), or None."""
-    memory = getattr(model, "consensus_memory", None)
-    return memory if isinstance(memory, ConsensusMemory) else None
-
-
-def attach_memory(model: nn.Module, memory: ConsensusMemory | None) -> None:
-    """Give a ShowAttendTell its consensus memory (a plain attribute: not part of its state); None removes it."""
-    if memory is None:
-        model.__dict__.pop("consensus_memory", None)
-    else:
-        model.__dict__["consensus_memory"] = memory

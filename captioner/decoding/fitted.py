@@ -12,8 +12,8 @@ model file's metadata under "fitted", as JSON (checkpoint.py: read without unpic
     {"choice": {"score": 1.0, "consensus": 0.0, "wide": 3.82069, ..., "objects": 3.0, "top_object": 0.0},
      "confidence": {"bias": -0.123361, "weights": {"wide": 1.66427, ...}, "sure_at": 0.3709}}
 
-either part absent where none was fitted. `captioner.load` attaches them to the model (attach_fitted) and decoding
-reads them there (fitted_of), as it reads the consensus memory; `Captioner.save` and the export keep them. A user
+either part absent where none was fitted. `captioner.load` reads them (resources.of_file) into the Captioner's
+Resources, beside the consensus memory, and decoding is handed them there; `Captioner.save` and the export keep them. A user
 does not set these numbers, only whether they are used: decode.fitted_choice=false keeps the beam's order,
 decode.fitted_confidence=false gives no confidence. A file written before they had a place of their own kept them
 as decode settings (decode.consensus_weight, select_*, confidence_*, sure_at): config.split_fitted moves them here
@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-
-from torch import nn
 
 from ..config import DecodeConfig
 from .choice import BEAM_ORDER, Weights
@@ -79,16 +77,3 @@ class Fitted:
 
 NOTHING = Fitted()
 
-
-def fitted_of(model: nn.Module) -> Fitted:
-    """What the model's file fitted (set by captioner.load: attach_fitted), or NOTHING."""
-    fitted = getattr(model, "fitted", None)
-    return fitted if isinstance(fitted, Fitted) else NOTHING
-
-
-def attach_fitted(model: nn.Module, fitted: Fitted | None) -> None:
-    """Give a ShowAttendTell its file's fitted data (a plain attribute: not part of its state); None removes it."""
-    if fitted is None:
-        model.__dict__.pop("fitted", None)
-    else:
-        model.__dict__["fitted"] = fitted

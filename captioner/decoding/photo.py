@@ -24,6 +24,7 @@ from .captions import Caption, captions_from_features, photo_notes, sampled_capt
 from .evidence import photo_evidence
 from .explain import explain_features, sentence_words
 from .reading import HeadReading, annotate, photo_concepts
+from .resources import Resources
 from .sampling import Draw, SampleSettings
 
 
@@ -34,6 +35,7 @@ class Loaded(Protocol):
     model: torch.nn.Module
     vocab: Vocab
     source: str | None
+    resources: Resources  # what its decodes read besides the model (resources.py)
 
     def decode_settings(self, **overrides: Any) -> DecodeConfig: ...
 
@@ -119,5 +121,6 @@ def caption_photos(loaded: Loaded, photos: Sequence[Photo], **overrides: Any) ->
     settings = loaded.decode_settings(**overrides)
     feats = torch.cat([p.features for p in photos])  # (B, P, D)
     reading = HeadReading.cat([p.reading for p in photos])
-    caps = captions_from_features(loaded.model, feats, loaded.vocab, settings, batch_size=len(photos), reading=reading)
+    caps = captions_from_features(loaded.model, feats, loaded.vocab, settings, loaded.resources,
+                                  batch_size=len(photos), reading=reading)
     return [p._own(c, settings) for p, c in zip(photos, caps)]

@@ -163,17 +163,17 @@ def _record_finished(finished: list[list[Hypothesis]], hist: "History", image_id
 
 
 def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-           rules: Rules | None = None) -> list[list[Hypothesis]]:
+           rules: Rules | None = None, recorded: captured.Recordings | None = None) -> list[list[Hypothesis]]:
     """How captions are decoded (captions.py, evaluation, validation): feats (B, P, D) -> for each image its
     hypotheses, best first. Greedy when settings.beam_size == 1 (one hypothesis per image), else beam search;
     off the CPU the fixed-shape search for both. rules: the decode's Rules (rules.py; None: settings' rules
     without a lexicon or evidence), built once and handed to the search. The evidence's bias (evidence-aware
     decoding: scores added to object words) ranks the hypotheses (their score keeps it) and is taken off again
-    here: log_prob and word_logps are the model's own."""
+    here: log_prob and word_logps are the model's own. recorded: the caller's recorded searches of this decoder (a
+    Captioner's on a GPU: captured.py), replayed off the CPU; None runs op by op."""
     settings.checked()  # config.DecodeConfig.LIMITS: one place for every setting's range
     rules = rules or Rules(ids, settings)
     if feats.device.type != "cpu":  # a GPU: fixed shapes, no host sync per step (device_beam.py; beam 1 = greedy)
-        recorded = captured.recordings_of(decoder)  # recorded once per shape, replayed as one launch (captured.py)
         hyps = (captured.search(recorded, decoder, feats, ids, settings, rules) if recorded is not None else
                 beam_search_on_device(decoder, feats, ids, settings, rules))
         if settings.beam_size == 1:

@@ -174,7 +174,8 @@ def ground_generated(loaded: "Captioner", feats: torch.Tensor | np.ndarray, reco
     from ..decoding.captions import captions_from_features
 
     keep = _usable(records, instances)
-    caps = captions_from_features(loaded.model, feats[keep], loaded.vocab, settings or loaded.decode_settings())
+    caps = captions_from_features(loaded.model, feats[keep], loaded.vocab, settings or loaded.decode_settings(),
+                                  loaded.resources)
     return ground_captions(caps, [records[i] for i in keep], instances)
 
 

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..decoding.captions import Caption, captions_from_features
+from ..decoding.resources import Resources
 from ..config import DecodeConfig
 from ..data import ImageRecord
 from ..data.dataset import ImageDataset, readable
@@ -46,14 +47,17 @@ def encode_records(model: ShowAttendTell, records: Sequence[ImageRecord], prepro
 
 
 def evaluate_model(model: ShowAttendTell, vocab: Vocab, feats: np.ndarray | torch.Tensor,
-                   records: Sequence[ImageRecord], settings: DecodeConfig, metrics: Sequence[str] = METRIC_KEYS,
+                   records: Sequence[ImageRecord], settings: DecodeConfig, resources: Resources,
+                   metrics: Sequence[str] = METRIC_KEYS,
                    batch_size: int = 100, progress: bool = False, log: Log = print, tokenizer: str = "java"
                    ) -> Evaluation:
-    """Decode features (N, P, D) of `records` (same order) with `settings` and score them against the
+    """Decode features (N, P, D) of `records` (same order) with `settings` and what `resources` holds (a loaded
+    file's fitted data and consensus memory: Captioner.resources; resources.NONE for a model in training) and
+    score them against the
     records' references -> scores (incl. n_images and the defect shares), {image_id: caption} and the
     Captions themselves (words, maps, gates: grounding and the hallucination metric read them). `tokenizer`:
     metrics.score_captions' ("python": no Java needed but for METEOR)."""
-    caps = captions_from_features(model, feats, vocab, settings, batch_size, progress)
+    caps = captions_from_features(model, feats, vocab, settings, resources, batch_size, progress)
     preds = {r.image_id: c.text for r, c in zip(records, caps)}
     scores = score_captions(preds, {r.image_id: r.captions for r in records}, metrics, log=log, tokenizer=tokenizer)
     scores.update(caption_defects([c.text for c in caps]))

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.dataset import collate, encode_captions
+from ..decoding.resources import NONE
 from ..evaluation.metrics import METRIC_KEYS
 from ..evaluation.scoring import encode_records, evaluate_model, head_agreement, top_features
 from ..model.encoder import build_preprocess
@@ -82,9 +83,10 @@ def _validate_set(run: Run, vs: Any, metrics: list[str]) -> tuple[dict[str, floa
         feats = top_features(run.model, feats, run.place.device)
         agreement = {"head_top1_agreement": head_agreement(run.model, feats, vs.teacher)}
     # decoded as the exported file will (as_exported.py); the Python PTB tokenizer: validation needs no Java
-    # (a GPU machine often has none); METEOR still does
+    # (a GPU machine often has none); METEOR still does. NONE: the model in training has no fitted data or
+    # consensus memory of its own (the beam's order) and is not recorded (its weights change every step)
     with decoding_as_exported(run.model, cfg, run.start_file) as settings:
-        scores, preds, caps = evaluate_model(run.model, run.vocab, feats, records, settings, metrics,
+        scores, preds, caps = evaluate_model(run.model, run.vocab, feats, records, settings, NONE, metrics,
                                              log=run.place.log, tokenizer="python")
     loss = {"val_loss": val_loss(run, feats, records)}
     shown = {"examples": [(r.image_id, c.text, r.captions) for r, c in zip(records[:EXAMPLES], caps)],
