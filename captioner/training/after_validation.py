@@ -1,4 +1,4 @@
-"""The decisions after each validation (engine._close_validation calls after_validation; engine._validation_due says
+"""The decisions after each validation (engine._close_validation calls after_validation; run.validation_due says
 when one falls: at each epoch's end, or every train.val_every_steps steps, inside epochs too): which validation's
 weights `best.safetensors` holds, when the learning rate decays and when the run stops early (patience counted in
 validations), and the log lines that say why.
