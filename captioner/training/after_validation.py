@@ -63,7 +63,7 @@ def after_validation(run: Run, value: float, hit_max: bool) -> bool:
     else:
         state.bad_validations += 1
         state.since_decay += 1
-        plateau = cfg.train.schedule == "plateau"  # cosine/linear decay per step (schedule.py), not here
+        plateau = cfg.train.schedule == "plateau"  # cosine/linear decay per step (optimizer.lr_scale), not here
         if plateau and state.since_decay >= cfg.train.lr_patience and cfg.train.lr_decay < 1:
             for g in run.optimizer.param_groups:
                 g["lr"] *= cfg.train.lr_decay

@@ -12,7 +12,7 @@ checkpoints. Like nanoGPT's one step loop with its eval_interval, validation fal
         _close_validation(run)    validate (validation.py), keep best / decay / stop (after_validation.py), save
 
 Beside the loop, not threaded through it: stopping.py (a stop request becomes a saved step and Interrupted),
-watch.py (log lines, TensorBoard), save_last / keep_epoch (checkpoints), rng.py (every random state).
+watch.py (log lines, TensorBoard), save_last / keep_epoch (checkpoints), resume.py (every random state).
 
 The objective (objectives.py: cross-entropy or self-critical) is a callable of one shape, so the loop
 never branches on what it optimises. fit() resumes from `last.safetensors` after an interruption,
@@ -20,9 +20,9 @@ keeps `best.safetensors` chosen on the validation metric of DECODED captions (va
 teacher-forced scores) at each validation, decays the learning rate and
 stops early on that metric (after_validation.py: with too few val
 photos the metric chooses nothing, the last epoch is kept, and the log says so) or decays it per step
-(schedule.py: warmup, cosine, linear), and writes
+(optimizer.lr_scale: warmup, cosine, linear), and writes
 metrics.jsonl, TensorBoard events (watch.py) and training.png next to the checkpoints. A stop request
-(stopping.py: Ctrl-C, SIGTERM) saves the exact step; every random state is saved with it (rng.py), so a
+(stopping.py: Ctrl-C, SIGTERM) saves the exact step; every random state is saved with it (resume.py), so a
 resumed run logs the same losses as one that never stopped.
 """
 from __future__ import annotations
@@ -40,13 +40,13 @@ from ..config import Config
 from ..data.dataset import Batch, ImageDataset
 from ..data.loader import epoch_loader
 from ..logs import plot_history
-from . import rng
 from .objectives import Terms
 from .ema import averaged
+from .optimizer import lr_scale, total_steps
 from .precision import amp_dtype, describe, grad_scaler, training_autocast
-from .schedule import lr_scale, total_steps
 from .run import (RESUMES, Log, Run, TrainingError, TrainState, build_run, check_ranks_in_sync, encoder_train_mode,
                   epoch_position, validation_owed)
+from .resume import capture_random_states
 from .after_validation import announce_small_val, best_line, after_validation, validate_warm_start, why_finished
 from .stopping import NEVER, Interrupted, StopSignal
 from .validation import validate
@@ -217,7 +217,7 @@ def _save_after_step(run: Run, micro: list[Any], t0: float, owed: bool) -> bool:
 def _one_step(run: Run, micro: list[Any], steps_left: int, per_epoch: int, total: int) -> None:
     """An optimizer step over the step's micro-batches (one unless train.accumulate) and its bookkeeping: the
     epoch's tally, the watcher's line. steps_left, per_epoch: this epoch's optimizer
-    steps; total: the run's (schedule.total_steps). train_step moves the micro-batches to the device, one at a
+    steps; total: the run's (optimizer.total_steps). train_step moves the micro-batches to the device, one at a
     time, so only one micro-batch is there at once."""
     cfg, state, device = run.cfg, run.state, run.place.device
     scale, where = lr_scale(cfg.train, state.step, total), f" at step {state.step} (epoch {state.epoch + 1})"
@@ -251,7 +251,7 @@ def train_step(objective: Callable[[Any], Terms], optimizer: torch.optim.Optimiz
     """THE optimiser step (fit, the benchmark and the tests all call it): objective(batch) under the
     run's autocast, a finite-loss check, backward, gradient clipping over the optimiser's parameters
     (train.grad_clip), the optimiser (Adam or AdamW: optimizer.py) at each group's lr x `lr_scale`
-    (schedule.lr_scale). `batch` may be a list of micro-batches (train.accumulate): their gradients are summed,
+    (optimizer.lr_scale). `batch` may be a list of micro-batches (train.accumulate): their gradients are summed,
     each loss weighted by its share of the step's normaliser (micro_shares), so k micro-batches of B make the
     step one batch of kB would; clipping sees the summed gradient. `scaler`: fp16's GradScaler (grad_scaler).
     Each micro-batch (a Batch) goes to `device` here, one at a time: the loop hands over the batches as read.
@@ -362,10 +362,10 @@ def _check_weights_finite(model: torch.nn.Module, step: int) -> None:
 def save_last(run: Run) -> None:
     """The resumable checkpoint (weights, optimiser, state and every rank's random states), written atomically
     by rank 0. Every rank calls it at the same points: the random states are gathered first."""
-    states = [rng.capture()]
+    states = [capture_random_states()]
     if run.place.world_size > 1:
         states = [None] * run.place.world_size
-        dist.all_gather_object(states, rng.capture())
+        dist.all_gather_object(states, capture_random_states())
     if not run.place.main:
         return
     opt_tensors, opt_info = optimizer_to_tensors(run.optimizer)

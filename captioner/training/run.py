@@ -28,12 +28,10 @@ from .optimizer import build_optimizer, keep_roles
 from .precision import grad_scaler
 from .as_exported import lends_detectors
 from .captured_step import CapturedStep, build_captured_step
-from .resume import apply_to_optimizer, check_init, check_resume, reopen
-from .rng import restore as restore_rng, seed_everything
+from .resume import apply_to_optimizer, check_init, check_resume, reopen, restore_random_states, seed_everything
 from .stopping import NEVER, StopSignal
 from .watch import Watch
-from .new_words import NewWordRows, init_from_substitutes, substitutes
-from .warm_start import grow_vocabulary
+from .new_words import NewWordRows, grow_vocabulary, init_from_substitutes, substitutes
 from ..vocab import Vocab
 
 RESUMES = ": the last good checkpoint is kept, and the run resumes from it."  # a failed save's last words
@@ -508,7 +506,7 @@ def _random_states(cfg: Config, resume: Any, place: Place) -> None:
     seed here, after its caches are built, so a run that built them draws what one that read them draws."""
     saved = (resume.train_state or {}).get("rng") if resume is not None else None
     if saved and len(saved) == place.world_size:
-        restore_rng(saved[place.rank])
+        restore_random_states(saved[place.rank])
         return
     if resume is not None:
         place.log(f"note: {'this checkpoint holds no random states' if not saved else f'it was saved by {len(saved)} process(es)'}:"
