@@ -109,7 +109,7 @@ def test_extended_model_gives_old_words_the_same_scores_before_training():
     from captioner.api import DEFAULT_CHECKPOINT
     from captioner.checkpoint import load_checkpoint, load_model_state
     from captioner.model.show_attend_tell import build_model
-    from captioner.training.warm_start import grow_vocabulary
+    from captioner.training.new_words import grow_vocabulary
 
     paired = need_paired()
     ckpt = load_checkpoint(DEFAULT_CHECKPOINT)  # what train.init_from reads

@@ -11,6 +11,7 @@ import torch
 
 from captioner.checkpoint import load_checkpoint
 from captioner.config import load_config
+from captioner.logs import read_jsonl
 from captioner.training.resume import config_changes
 
 from .conftest import need_bundled, need_flickr, run
@@ -153,3 +154,57 @@ def test_a_resume_with_another_number_of_processes_is_refused(finished_run):
     cfg = load_config("configs/tiny.yaml", finished_run[finished_run.index("--set") + 1:])
     with pytest.raises(TrainingError, match=r"saved by 1 process\(es\) and this command runs 2: .*nproc_per_node=1"):
         build_run(cfg, world_size=2, log=lambda _: None)
+
+
+OLD = Path(__file__).resolve().parent / "fixtures" / "old_resume"  # made with commit 6c5de00: its make_fixture.py
+TIMINGS = ("time", "seconds", "epoch_seconds", "captions_per_s", "images_per_s")
+
+
+def _old_last(name: str, out: Path, cache: Path) -> None:
+    """The fixture's stopped last.safetensors as that run left it: its encoder (the frozen pretrained one, left out
+    of the fixture) put back, its paths this machine's; and the lines the stopped run had logged."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from captioner.model.show_attend_tell import build_model
+
+    with safe_open(OLD / f"{name}.safetensors", "pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    config = json.loads(meta["config"])
+    config["data"].update(root=str(need_flickr()), cache_dir=str(cache))
+    config["train"]["out_dir"] = str(out)
+    meta["config"] = json.dumps(config)
+    stored = load_checkpoint(OLD / f"{name}.safetensors")  # (its missing encoder is only read by load_model_state)
+    encoder = build_model(stored.config.model, len(stored.vocab)).state_dict()
+    tensors.update({k: v for k, v in encoder.items() if k.startswith("encoder.")})
+    out.mkdir(parents=True)
+    save_file(tensors, out / "last.safetensors", metadata=meta)
+    records = json.loads((OLD / "records.json").read_text())[name]["logged"]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _numbers(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != "kind"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["owed", "not_owed"])
+def test_a_checkpoint_that_stored_whether_a_validation_was_owed_resumes_to_the_same_log(tmp_path, name):
+    """last.safetensors files written while TrainState stored `validating` (tests/fixtures/old_resume: stopped during
+    step 2 with its validation inside epoch 1 owed, or during step 3 after it) resume as that code resumed them: the
+    owed validation runs first where one is owed, and the whole log (every step's terms and rate, every validation's
+    position and scores) is the uninterrupted run's, which that code logged too."""
+    from captioner.training.engine import fit
+
+    records = json.loads((OLD / "records.json").read_text())
+    assert records[name]["state"]["validating"] == (name == "owed")  # what the fixture holds
+    out = tmp_path / name
+    _old_last(name, out, tmp_path / "cache")
+    cfg = load_config("configs/tiny.yaml", [f"data.root={need_flickr()}", f"data.cache_dir={tmp_path / 'cache'}",
+                                            f"train.out_dir={out}", *records["settings"]])
+    final = fit(cfg, log=lambda _: None, progress=False)
+    logged = [{k: v for k, v in r.items() if k not in TIMINGS} for r in read_jsonl(out / "metrics.jsonl")]
+    assert [(r["kind"], r["step"]) for r in logged] == [(r["kind"], r["step"]) for r in records["reference"]]
+    for got, want in zip(logged, records["reference"]):  # (the same numbers: approx only for another machine's sums)
+        assert got.pop("kind") == want["kind"] and got == pytest.approx(_numbers(want), rel=1e-5), got["step"]
+    assert final["step"] == 6 and final["finished"] and final["epoch"] == 2

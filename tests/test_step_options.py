@@ -15,7 +15,7 @@ from captioner.model.show_attend_tell import build_model
 from captioner.training.engine import train_step
 from captioner.training.objectives import CrossEntropy
 from captioner.training.precision import amp_dtype, describe, grad_scaler
-from captioner.training.schedule import lr_scale, total_steps
+from captioner.training.optimizer import lr_scale, total_steps
 
 
 def _train(**kw) -> Config:

@@ -103,6 +103,13 @@ def test_the_run_that_built_the_cache_equals_one_that_read_it(reference):
     assert losses(tmp / "reader") == losses(tmp / "reference")
 
 
+def _owed(last, steps_per_epoch: int) -> bool:
+    """Whether the stopped run's last.safetensors owes a validation where it stands (derived, never stored)."""
+    from captioner.training.run import TrainState, validation_owed
+
+    return validation_owed(last.config.train, 1, TrainState.from_dict(last.train_state["state"]), steps_per_epoch)
+
+
 STOP_IN_VALIDATION = """
 import os, signal, sys
 import captioner.training.engine as engine
@@ -126,9 +133,10 @@ def test_a_stop_during_validation_resumes_with_that_validation(reference):
     r = subprocess.run([sys.executable, "-c", STOP_IN_VALIDATION, *cmd[2:]], cwd=ROOT, env=ENV, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 130 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert f"stopped at epoch 2, step {STEPS}, while validating" in r.stderr
-    state = load_checkpoint(out / "last.safetensors").train_state["state"]
-    assert state["validating"] and state["step"] == STEPS and not state["finished"]
+    assert f"stopped at epoch 2, step {STEPS}, with its validation owed" in r.stderr
+    last = load_checkpoint(out / "last.safetensors")
+    state = last.train_state["state"]
+    assert _owed(last, STEPS // 2) and state["step"] == STEPS and not state["finished"]
     again = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "epoch 2:" in again.stdout and "epoch 2 step" not in again.stdout
     assert losses(out) == losses(tmp / "reference")
@@ -433,22 +441,47 @@ def test_validations_an_epoch_are_the_same_on_1_2_and_8_processes(every, photos_
     """train.val_every_steps counts one process's steps: N processes, whose step reads N batches, validate every
     N-th as many steps, so an epoch holds as many validations on any number of processes (within one: the rounding).
     The COCO recipe's 2000 on 8 GPUs: every 250 steps of 885, as often as every 2000 of 7081 on one."""
-    from types import SimpleNamespace
-
     from captioner.config import Config
-    from captioner.training.engine import _validation_due
-    from captioner.training.run import TrainState
+    from captioner.training.run import TrainState, validation_due
 
     cfg = Config()
     cfg.train.val_every_steps, cfg.train.epochs = every, 3
     counts = {}
     for world in (1, 2, 8):
-        run = SimpleNamespace(cfg=cfg, place=SimpleNamespace(world_size=world), state=TrainState())
+        state = TrainState()
         steps = -(-photos // (photos_a_step * world))  # an epoch's optimizer steps on `world` processes
         counts[world] = 0
-        for run.state.step in range(1, steps + 1):  # the first of three epochs: its end is not the run's
-            counts[world] += _validation_due(run, epoch_end=run.state.step == steps)
+        for state.step in range(1, steps + 1):  # the first of three epochs: its end is not the run's
+            counts[world] += validation_due(cfg.train, world, state, epoch_end=state.step == steps)
     assert max(counts.values()) - min(counts.values()) <= 1 and counts[1] >= 1, counts
+
+
+@pytest.mark.parametrize("every", [0, 2, 3])
+def test_a_validation_is_owed_where_the_rule_falls_until_the_history_records_it(every):
+    """validation_owed, walked through a run's positions as the loop leaves them (5 steps an epoch, two epochs,
+    max_steps 9): owed exactly where validation_due falls (inside an epoch, never on its last batch, or at an epoch's
+    end) and that step is not yet in the history; recording it there settles it, and nothing is owed again until a
+    step is taken. The validations it asks for are the ones the rule counts, each once."""
+    from captioner.config import Config
+    from captioner.training.run import TrainState, validation_due, validation_owed
+
+    cfg, per_epoch = Config(), 5
+    cfg.train.val_every_steps, cfg.train.epochs, cfg.train.max_steps = every, 2, 9
+    state, validated = TrainState(), []
+    assert not validation_owed(cfg.train, 1, state, per_epoch)  # the start: nothing trained
+    while state.epoch < cfg.train.epochs and state.step < cfg.train.max_steps:
+        state.step, state.batch_in_epoch = state.step + 1, state.batch_in_epoch + 1
+        inside = state.batch_in_epoch < per_epoch and state.step < cfg.train.max_steps
+        if not inside:  # the loop closes the epoch on its last batch or at train.max_steps
+            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+        due = validation_due(cfg.train, 1, state, epoch_end=not inside)
+        assert validation_owed(cfg.train, 1, state, per_epoch) == due
+        if due:
+            state.history.append({"step": state.step})
+            validated.append(state.step)
+            assert not validation_owed(cfg.train, 1, state, per_epoch)
+    assert validated == {0: [5, 9], 2: [2, 4, 6, 8, 9], 3: [3, 6, 9]}[every]
+    assert not validation_owed(cfg.train, 1, TrainState(step=4, batch_in_epoch=5), per_epoch)  # the epoch's last batch
 
 
 STEP_VALIDATION = ["data.limit=20", "train.val_limit=20", "train.batch_images=4", "train.epochs=2", "model.dropout=0.5",
@@ -531,9 +564,9 @@ def test_a_run_validated_every_n_steps_resumes_to_the_same_numbers_and_best(step
         stop = StopAfter(3 if where == "with its validation owed" else 4)
     with pytest.raises(Interrupted):
         engine.fit(_step_validated(tmp, out), stop=stop, **quiet)
-    saved = load_checkpoint(tmp / out / "last.safetensors").train_state["state"]
-    owed = where != "the step after a validation"
-    assert (saved["step"], saved["validating"]) == ((3, True) if owed else (4, False)) and saved["epoch"] == 0
+    last = load_checkpoint(tmp / out / "last.safetensors")
+    saved, owed = last.train_state["state"], where != "the step after a validation"
+    assert (saved["step"], _owed(last, 5)) == ((3, True) if owed else (4, False)) and saved["epoch"] == 0
     monkeypatch.undo()
     engine.fit(_step_validated(tmp, out), **quiet)
     assert _records(tmp / out) == _records(tmp / "reference")

@@ -1,4 +1,4 @@
-"""The decisions after each validation (engine._close_validation calls after_validation; engine._validation_due says
+"""The decisions after each validation (engine._close_validation calls after_validation; run.validation_due says
 when one falls: at each epoch's end, or every train.val_every_steps steps, inside epochs too): which validation's
 weights `best.safetensors` holds, when the learning rate decays and when the run stops early (patience counted in
 validations), and the log lines that say why.
@@ -63,7 +63,7 @@ def after_validation(run: Run, value: float, hit_max: bool) -> bool:
     else:
         state.bad_validations += 1
         state.since_decay += 1
-        plateau = cfg.train.schedule == "plateau"  # cosine/linear decay per step (schedule.py), not here
+        plateau = cfg.train.schedule == "plateau"  # cosine/linear decay per step (optimizer.lr_scale), not here
         if plateau and state.since_decay >= cfg.train.lr_patience and cfg.train.lr_decay < 1:
             for g in run.optimizer.param_groups:
                 g["lr"] *= cfg.train.lr_decay

@@ -1,17 +1,18 @@
 """Training engine, read top-down: the whole run, its steps up to each validation, one optimiser step, then the
 checkpoints. Like nanoGPT's one step loop with its eval_interval, validation falls where one rule says
-(_validation_due: after each epoch, or every train.val_every_steps steps and at the run's end):
+(run.validation_due: after each epoch, or every train.val_every_steps steps and at the run's end):
 
     fit(cfg)                    build_run (run.py): the run's context, one object (Run): the config, the
                                 place (place.py: device, rank, log), the model and data sides, the state
       _train(run)               until the run is finished:
         _train_steps(run)         the steps from where the run stands to the next validation due or the epoch's end,
-                                  unless the resume point says a validation is owed (state.validating)
+                                  unless a validation is owed where it stands (run.validation_owed: derived from
+                                  the step and the history, never stored)
           train_to_validation       batch by batch from the resume point -> _one_step -> train_step
         _close_validation(run)    validate (validation.py), keep best / decay / stop (after_validation.py), save
 
 Beside the loop, not threaded through it: stopping.py (a stop request becomes a saved step and Interrupted),
-watch.py (log lines, TensorBoard), save_last / keep_epoch (checkpoints), rng.py (every random state).
+watch.py (log lines, TensorBoard), save_last / keep_epoch (checkpoints), resume.py (every random state).
 
 The objective (objectives.py: cross-entropy or self-critical) is a callable of one shape, so the loop
 never branches on what it optimises. fit() resumes from `last.safetensors` after an interruption,
@@ -19,9 +20,9 @@ keeps `best.safetensors` chosen on the validation metric of DECODED captions (va
 teacher-forced scores) at each validation, decays the learning rate and
 stops early on that metric (after_validation.py: with too few val
 photos the metric chooses nothing, the last epoch is kept, and the log says so) or decays it per step
-(schedule.py: warmup, cosine, linear), and writes
+(optimizer.lr_scale: warmup, cosine, linear), and writes
 metrics.jsonl, TensorBoard events (watch.py) and training.png next to the checkpoints. A stop request
-(stopping.py: Ctrl-C, SIGTERM) saves the exact step; every random state is saved with it (rng.py), so a
+(stopping.py: Ctrl-C, SIGTERM) saves the exact step; every random state is saved with it (resume.py), so a
 resumed run logs the same losses as one that never stopped.
 """
 from __future__ import annotations
@@ -39,13 +40,13 @@ from ..config import Config
 from ..data.dataset import Batch, ImageDataset
 from ..data.loader import epoch_loader
 from ..logs import plot_history
-from . import rng
 from .objectives import Terms
 from .ema import averaged
+from .optimizer import lr_scale, total_steps
 from .precision import amp_dtype, describe, grad_scaler, training_autocast
-from .schedule import lr_scale, total_steps
 from .run import (RESUMES, Log, Run, TrainingError, TrainState, build_run, check_ranks_in_sync, encoder_train_mode,
-                  epoch_position)
+                  epoch_position, validation_owed)
+from .resume import capture_random_states
 from .after_validation import announce_small_val, best_line, after_validation, validate_warm_start, why_finished
 from .stopping import NEVER, Interrupted, StopSignal
 from .validation import validate
@@ -68,7 +69,7 @@ def fit(cfg: Config, device: str | torch.device = "cpu", log: Log = print, progr
         state = run.state
         return _train(run)
     except Interrupted as e:
-        e.where = e.where or (state.stopped_at() if state else "stopped before training began")
+        e.where = e.where or (state.stopped_at(_owed(run)) if state else "stopped before training began")
         raise
     finally:
         if state is not None:
@@ -88,16 +89,16 @@ def _train(run: Run) -> dict[str, Any]:
     place.log(f"(attention penalty = train.alpha_c {cfg.train.alpha_c:g} x sum over the {cfg.model.grid_size ** 2} regions "
               "of (1 - attention the caption gave it)^2, per caption: the paper's doubly stochastic term, eq. 14)")
     if n := cfg.train.val_interval(place.world_size):
-        place.log(f"validating every {n} optimizer steps ({run.steps_per_epoch / n:.2f} times an epoch of "
+        place.log(f"a validation every {n} optimizer steps ({run.steps_per_epoch / n:.2f} times an epoch of "
                   f"{run.steps_per_epoch} steps{_scaled(cfg, place.world_size)}) and at the run's end; the learning "
                   "rate's plateau decay and early stopping count validations")
     announce_small_val(run)
     if run.new_words and state.step == 0 and not state.history:
         validate_warm_start(run)
-    while state.validating or state.epoch < cfg.train.epochs:
-        if not state.validating:  # the resume point (TrainState): steps remain before the next validation
+    while _owed(run) or state.epoch < cfg.train.epochs:
+        if not _owed(run):  # the resume point (TrainState): steps remain before the next validation
             _train_steps(run)
-        if state.validating and _close_validation(run):
+        if _owed(run) and _close_validation(run):
             break
     run.watch.hparams(*hparams_of(cfg.to_dict(), state.history, state.best_position), state.step)
     place.log(f"done: {best_line(run)} -> {run.best_path}")
@@ -106,7 +107,7 @@ def _train(run: Run) -> dict[str, Any]:
 
 def _train_steps(run: Run) -> None:
     """The steps from where the run stands (a resumed epoch, or one that goes on after a validation inside it,
-    starts at state.batch_in_epoch) to the next validation due (_validation_due) or the epoch's end, then saved:
+    starts at state.batch_in_epoch) to the next validation due (run.validation_due) or the epoch's end, then saved:
     the steps are on disk before their validation, which a stop may cut short. An epoch that goes on after a
     validation inside it reads on from there as a resumed one does, so a stop at any step resumes to the same
     numbers."""
@@ -114,31 +115,23 @@ def _train_steps(run: Run) -> None:
     run.sampler.set_epoch(state.epoch)
     skip = run.batches.start = state.batch_in_epoch
     train_to_validation(run, _loader(run), skip=skip)
-    if state.validating:  # a validation inside the epoch (saved by train_to_validation)
+    if _owed(run):  # a validation inside the epoch (saved by train_to_validation)
         return
     _check_weights_finite(run.model, state.step)
     if place.world_size > 1:
         check_ranks_in_sync(run.model, place.world_size)
         place.log(f"parameters identical across {place.world_size} ranks after step {state.step}")
     state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-    state.validating = _validation_due(run, epoch_end=True)
-    if not state.validating:  # train.val_every_steps: an epoch's end between validations still keeps its weights
+    if not _owed(run):  # train.val_every_steps: an epoch's end between validations still keeps its weights
         with averaged(run.ema, run.model):
             keep_epoch(run)
     save_last(run)
 
 
-def _validation_due(run: Run, epoch_end: bool) -> bool:
-    """THE rule for when the run validates, asked after each step inside an epoch and at each epoch's end: at every
-    epoch's end (train.val_every_steps 0); else every TrainConfig.val_interval steps (one process's
-    val_every_steps, scaled by the number of processes), inside epochs too, and at the run's end (its last epoch,
-    train.max_steps), so the last steps are validated too."""
-    t, state = run.cfg.train, run.state
-    every = t.val_interval(run.place.world_size)
-    if not every:
-        return epoch_end
-    run_ends = (epoch_end and state.epoch >= t.epochs) or bool(t.max_steps and state.step >= t.max_steps)
-    return state.step % every == 0 or run_ends
+def _owed(run: Run) -> bool:
+    """Whether a validation is owed where the run stands (run.validation_owed: the steps since the latest one end
+    where THE rule, run.validation_due, validates)."""
+    return validation_owed(run.cfg.train, run.place.world_size, run.state, run.steps_per_epoch)
 
 
 def _close_validation(run: Run) -> bool:
@@ -150,7 +143,6 @@ def _close_validation(run: Run) -> bool:
         stop = after_validation(run, validate(run, state.tally.averages()), hit_max)
         if not state.batch_in_epoch:  # at an epoch's end
             keep_epoch(run)
-    state.validating = False
     state.tally.reset()
     save_last(run)
     if run.place.main:
@@ -162,8 +154,8 @@ def _close_validation(run: Run) -> bool:
 
 def train_to_validation(run: Run, loader: Sequence | Any, skip: int = 0) -> None:
     """The epoch's steps over `loader` (already starting at batch `skip` when resuming) up to a step due for
-    validation inside the epoch (_validation_due) or the epoch's end. A step due for validation ends the pass
-    there, saved with state.validating set, for _train to validate before the epoch reads on. The objective's
+    validation inside the epoch (run.validation_due) or the epoch's end. A step due for validation ends the pass
+    there, saved (the validation owed: run.validation_owed), for _train to validate before the epoch reads on. The objective's
     logged terms are summed in the train state (its tally, each weighted by what it is a mean over:
     Terms.count) until the validation reads them, so a run stopped and resumed averages exactly what an
     uninterrupted one does. A stop request is honoured after the step it arrives in: that step is saved, then
@@ -186,17 +178,16 @@ def train_to_validation(run: Run, loader: Sequence | Any, skip: int = 0) -> None
                 _one_step(run, micro, per_epoch - (i + 1), per_epoch, total)
             if cfg.train.max_steps and state.step >= cfg.train.max_steps:
                 break
-            # a validation inside the epoch (its last step is the epoch's end: _train_steps)
-            state.validating = bool(micro) and i + 1 < per_epoch and _validation_due(run, epoch_end=False)
-            saved = _save_after_step(run, micro, t0)
+            owed = _owed(run)  # a validation inside the epoch (its last step is the epoch's end: _train_steps)
+            saved = _save_after_step(run, micro, t0, owed)
             t0 = time.time() if saved else t0
             if signum := run.stop.pending(place.world_size, place.device):
                 if not saved:
                     state.tally.seconds += time.time() - t0
                     save_last(run)
-                raise Interrupted(signum, state.stopped_at() if state.validating
+                raise Interrupted(signum, state.stopped_at(owed) if owed
                                   else f"stopped at epoch {state.epoch + 1}, step {state.step}")
-            if state.validating:
+            if owed:
                 break
     bar.close()
     state.tally.seconds += time.time() - t0
@@ -210,12 +201,12 @@ def _scaled(cfg: Config, world_size: int) -> str:
             f"{world_size} processes' steps reads {world_size} batches")
 
 
-def _save_after_step(run: Run, micro: list[Any], t0: float) -> bool:
-    """The checkpoint after a step, where one is due: before a validation inside the epoch (state.validating), or
-    every train.checkpoint_every steps -> saved?"""
+def _save_after_step(run: Run, micro: list[Any], t0: float, owed: bool) -> bool:
+    """The checkpoint after a step, where one is due: before a validation inside the epoch (`owed`), or every
+    train.checkpoint_every steps -> saved?"""
     cfg, state = run.cfg, run.state
     periodic = bool(micro and cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0)
-    if not (state.validating or periodic):
+    if not (owed or periodic):
         return False
     _check_weights_finite(run.model, state.step)
     state.tally.seconds += time.time() - t0
@@ -226,7 +217,7 @@ def _save_after_step(run: Run, micro: list[Any], t0: float) -> bool:
 def _one_step(run: Run, micro: list[Any], steps_left: int, per_epoch: int, total: int) -> None:
     """An optimizer step over the step's micro-batches (one unless train.accumulate) and its bookkeeping: the
     epoch's tally, the watcher's line. steps_left, per_epoch: this epoch's optimizer
-    steps; total: the run's (schedule.total_steps). train_step moves the micro-batches to the device, one at a
+    steps; total: the run's (optimizer.total_steps). train_step moves the micro-batches to the device, one at a
     time, so only one micro-batch is there at once."""
     cfg, state, device = run.cfg, run.state, run.place.device
     scale, where = lr_scale(cfg.train, state.step, total), f" at step {state.step} (epoch {state.epoch + 1})"
@@ -260,7 +251,7 @@ def train_step(objective: Callable[[Any], Terms], optimizer: torch.optim.Optimiz
     """THE optimiser step (fit, the benchmark and the tests all call it): objective(batch) under the
     run's autocast, a finite-loss check, backward, gradient clipping over the optimiser's parameters
     (train.grad_clip), the optimiser (Adam or AdamW: optimizer.py) at each group's lr x `lr_scale`
-    (schedule.lr_scale). `batch` may be a list of micro-batches (train.accumulate): their gradients are summed,
+    (optimizer.lr_scale). `batch` may be a list of micro-batches (train.accumulate): their gradients are summed,
     each loss weighted by its share of the step's normaliser (micro_shares), so k micro-batches of B make the
     step one batch of kB would; clipping sees the summed gradient. `scaler`: fp16's GradScaler (grad_scaler).
     Each micro-batch (a Batch) goes to `device` here, one at a time: the loop hands over the batches as read.
@@ -371,10 +362,10 @@ def _check_weights_finite(model: torch.nn.Module, step: int) -> None:
 def save_last(run: Run) -> None:
     """The resumable checkpoint (weights, optimiser, state and every rank's random states), written atomically
     by rank 0. Every rank calls it at the same points: the random states are gathered first."""
-    states = [rng.capture()]
+    states = [capture_random_states()]
     if run.place.world_size > 1:
         states = [None] * run.place.world_size
-        dist.all_gather_object(states, rng.capture())
+        dist.all_gather_object(states, capture_random_states())
     if not run.place.main:
         return
     opt_tensors, opt_info = optimizer_to_tensors(run.optimizer)

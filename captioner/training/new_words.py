@@ -1,7 +1,12 @@
 """The new words of an extended vocabulary (train.extend_vocab): where they start, how fast they move, and
 how validation sees them.
 
-- Start (init_from_substitutes): warm_start.py grows the vocabulary with average rows; then each new word
+- Grow (grow_vocabulary): a model file's weights grown to the extended vocabulary, old words first with the ids
+  they had (Vocab.extended), so before any training the extended model gives every old word the logit it had. A
+  new word starts as the average old word: its embedding the old embeddings' mean plus a little seeded noise (two
+  new words must not be interchangeable to the LSTM), its output row the old rows' mean, its output bias the
+  lowest old bias, so no new word starts out more likely than the rarest old one.
+- Start (init_from_substitutes): grow_vocabulary's average rows first; then each new word
   takes the rows (embedding, output row and bias) of the old word the starting model predicts where the
   training captions have the new word, teacher-forced ("stallion" starts as "horse"). Before any step the
   model already places the new word where it belongs, ahead of the old one as far as the captions use it in
@@ -59,7 +64,7 @@ def init_from_substitutes(decoder: torch.nn.Module, votes: dict[int, Counter], v
     """Copy each new word's most voted old word's rows onto its own -> one line per new word for the log.
     Only with evidence: at least MIN_VOTES positions, the old word more than half of them, and a content word
     (a new word copied from "in" or "red" would be said for it everywhere); otherwise the new word keeps
-    warm_start.py's average start (never more likely than the rarest old word) and learns from there.
+    grow_vocabulary's average start (never more likely than the rarest old word) and learns from there.
     The pair then shares the old word's probability as the captions do (share_bias): the new word is ahead
     where the captions say it in the old word's place, and the two together are no likelier than the old word."""
     rows, said = dict(decoder.named_parameters()), said or Counter()
@@ -151,3 +156,32 @@ def new_word_scores(new_words: Sequence[str], preds: dict[str, str], records: Se
     scores = {"new_words_recall": mean(recalls), "new_words_precision": mean(precisions), "new_words_F1": mean(f1s)}
     rest = f"{unseen} other new word(s) neither in a val reference nor said" if unseen else ""
     return scores, "new words on val: " + "; ".join(parts + [rest] * bool(rest))
+
+
+# ---------------------------------------------------------------- the weights grown to the new vocabulary
+
+GROWN = tuple(f"decoder.{k}" for k in GROWN_ROWS)  # the same tensors, as a model file names them
+
+
+def grow_vocabulary(weights: dict[str, torch.Tensor], new_size: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """`weights` (a model file's tensors) with the vocabulary-sized tensors grown to `new_size` rows."""
+    old_size = weights["decoder.embedding.weight"].shape[0]
+    if new_size < old_size:
+        raise ValueError(f"the extended vocabulary ({new_size}) is smaller than the model's ({old_size})")
+    if new_size == old_size:
+        return dict(weights)
+    n, words = new_size - old_size, slice(len(SPECIALS), old_size)  # the specials are not words to average
+    gen = torch.Generator().manual_seed(seed)
+    out = dict(weights)
+    emb = weights["decoder.embedding.weight"].float()  # (V, E)
+    noise = torch.randn(n, emb.shape[1], generator=gen) * emb[words].std(0) * 0.1  # (n, E)
+    out["decoder.embedding.weight"] = _cat(emb, emb[words].mean(0).expand(n, -1) + noise, weights, GROWN[0])
+    w = weights["decoder.out_vocab.weight"].float()  # (V, E)
+    out["decoder.out_vocab.weight"] = _cat(w, w[words].mean(0).expand(n, -1), weights, GROWN[1])
+    b = weights["decoder.out_vocab.bias"].float()  # (V,)
+    out["decoder.out_vocab.bias"] = _cat(b, b[words].min().expand(n), weights, GROWN[2])
+    return out
+
+
+def _cat(old: torch.Tensor, rows: torch.Tensor, weights: dict[str, torch.Tensor], key: str) -> torch.Tensor:
+    return torch.cat([old, rows]).to(weights[key].dtype)

@@ -1,5 +1,6 @@
-"""Resuming a run with the command's settings: the config stored in last.safetensors is compared
-with the command's, key by key.
+"""Resuming a run: with the command's settings, and with every random state where the stopped run left it.
+
+The config stored in last.safetensors is compared with the command's, key by key.
 
 Safe to change (SAFE_TO_CHANGE: how long and how fast to train, logging, validation, decoding,
 where things are written): applied, one logged line per changed key. A larger train.epochs (or
@@ -9,11 +10,19 @@ Anything else (model.*, the data and vocabulary: data.dataset, root, limit, min_
 batch size, accumulation and seed, which fix the mid-epoch position, the weights' average, the objective,
 the validation metric the best checkpoint was chosen on) would silently mix two runs: refused, with the
 differing keys named and what each fixes (FIXED_BY).
+
+Every random state a training step reads (capture, restore) (Python's, NumPy's, torch's CPU and CUDA generators) as JSON,
+saved with the resumable checkpoint and restored on resume: a resumed run draws the same dropout masks and
+SCST samples as one that never stopped. The batch order needs no state: it is a function of (seed, epoch).
 """
 from __future__ import annotations
 
 import os
+import random
 from typing import Any, Callable
+
+import numpy as np
+import torch
 
 from ..config import Config
 
@@ -124,3 +133,36 @@ def check_init(init: Config, cfg: Config, source: str) -> None:
         listed = "; ".join(f"model.{k}: {a!r} in {source} vs {b!r} in this config" for k, (a, b) in differ.items())
         raise ValueError(f"cannot start from {source}: its weights were made with other model settings ({listed}). "
                          "Use its values for these settings.")
+
+
+# ---------------------------------------------------------------- every random state
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # every CUDA device too
+
+
+def capture_random_states() -> dict[str, Any]:
+    """This process's generators, JSON-able."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": _listed(random.getstate()), "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
+             "torch": torch.get_rng_state().tolist()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_random_states(state: dict[str, Any]) -> None:
+    """Undo capture_random_states(): the generators continue exactly where the saved process left them."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
+def _listed(value: Any) -> Any:
+    return [_listed(v) for v in value] if isinstance(value, (tuple, list)) else value

@@ -5,7 +5,7 @@ another model file or nothing), the model side (model, vocabulary, optimiser, ob
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ..checkpoint import Checkpoint, load_checkpoint, load_model_state, optimizer_from_tensors
-from ..config import Config
+from ..config import Config, TrainConfig
 from ..data import ImageRecord, build_mix
 from ..data.dataset import BucketBatchSampler
 from ..data.loader import RankBatches
@@ -28,12 +28,10 @@ from .optimizer import build_optimizer, keep_roles
 from .precision import grad_scaler
 from .as_exported import lends_detectors
 from .captured_step import CapturedStep, build_captured_step
-from .resume import apply_to_optimizer, check_init, check_resume, reopen
-from .rng import restore as restore_rng, seed_everything
+from .resume import apply_to_optimizer, check_init, check_resume, reopen, restore_random_states, seed_everything
 from .stopping import NEVER, StopSignal
 from .watch import Watch
-from .new_words import NewWordRows, init_from_substitutes, substitutes
-from .warm_start import grow_vocabulary
+from .new_words import NewWordRows, grow_vocabulary, init_from_substitutes, substitutes
 from ..vocab import Vocab
 
 RESUMES = ": the last good checkpoint is kept, and the run resumes from it."  # a failed save's last words
@@ -80,10 +78,11 @@ RENAMED = {"bad_epochs": "bad_validations", "best_epoch": "best_position"}  # a 
 
 @dataclass
 class TrainState:
-    """Where a run stands, saved with every resumable checkpoint. Its resume point is (epoch, batch_in_epoch,
-    validating): a run stopped mid-epoch resumes at batch `batch_in_epoch` of epoch `epoch + 1`; one stopped after
-    the steps before a validation (an epoch's end, or train.val_every_steps inside an epoch) but before that
-    validation ends (validating) resumes with that validation, then the steps after it."""
+    """Where a run stands, saved with every resumable checkpoint. Its resume point is (epoch, batch_in_epoch, step):
+    a run stopped mid-epoch resumes at batch `batch_in_epoch` of epoch `epoch + 1`. Whether a validation is owed
+    there is not stored: it follows from the step and the history (validation_owed), so a run stopped after the
+    steps before a validation but before that validation was saved resumes with that validation, then the steps
+    after it."""
 
     epoch: int = 0  # epochs whose steps are done
     batch_in_epoch: int = 0  # optimizer steps' batches done in the current epoch (mid-epoch resume)
@@ -94,17 +93,21 @@ class TrainState:
     best_step: int = -1  # its optimizer step
     bad_validations: int = 0  # validations since the best (early stopping counts them)
     since_decay: int = 0  # validations since the learning rate last decayed (plateau decay counts them)
-    history: list[dict[str, Any]] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)  # every validation's record, its step among them
     finished: bool = False
-    validating: bool = False  # a validation is due here: the steps before it are saved, it has not ended
     tally: StepTally = field(default_factory=StepTally)  # the sums of the steps since the previous validation
     kept_best: list[list[float]] = field(default_factory=list)  # train.keep_best: [val metric, step] of each file
 
-    def stopped_at(self) -> str:
-        """The resume point in words, for the line a stop prints."""
-        if self.validating:
+    @property
+    def validated_step(self) -> int:
+        """The step of the latest validation (0 before any: the start is validated only as a warm start's)."""
+        return self.history[-1].get("step", 0) if self.history else 0
+
+    def stopped_at(self, owed: bool) -> str:
+        """The resume point in words, for the line a stop prints (`owed`: validation_owed there)."""
+        if owed:
             at = f"epoch {self.epoch + 1}, batch {self.batch_in_epoch}" if self.batch_in_epoch else f"epoch {self.epoch}"
-            return f"stopped at {at}, step {self.step}, while validating (its steps are saved)"
+            return f"stopped at {at}, step {self.step}, with its validation owed (its steps are saved)"
         return f"stopped at step {self.step}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,13 +119,42 @@ class TrainState:
         """A saved state. Older checkpoints still resume: one written while the counts were named for epochs holds
         bad_epochs and best_epoch (now bad_validations and best_position, RENAMED); one written before the tally
         holds its fields flat (epoch_sums, epoch_counts, epoch_weight, epoch_batches, epoch_seconds) and the
-        finished epoch's averages (epoch_stats), which the tally's own averages reproduce."""
+        finished epoch's averages (epoch_stats), which the tally's own averages reproduce; one written while the
+        state stored whether a validation was owed holds that flag, which validation_owed derives now. Keys
+        today's state lacks (those two) are dropped."""
         saved = {RENAMED.get(k, k): v for k, v in saved.items()}
         flat = {k: saved.pop(f"epoch_{k}") for k in ("sums", "counts", "weight", "batches", "seconds")
                 if f"epoch_{k}" in saved}
-        saved.pop("epoch_stats", None)
         tally = StepTally(**(saved.pop("tally", None) or flat))
-        return cls(**saved, tally=tally)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in saved.items() if k in known and k != "tally"}, tally=tally)
+
+
+def validation_due(train: TrainConfig, world_size: int, state: TrainState, epoch_end: bool) -> bool:
+    """THE rule for when the run validates, asked after each step inside an epoch and at each epoch's end: at every
+    epoch's end (train.val_every_steps 0); else every TrainConfig.val_interval steps (one process's
+    val_every_steps, scaled by the number of processes), inside epochs too, and at the run's end (its last epoch,
+    train.max_steps), so the last steps are validated too."""
+    every = train.val_interval(world_size)
+    if not every:
+        return epoch_end
+    run_ends = (epoch_end and state.epoch >= train.epochs) or bool(train.max_steps and state.step >= train.max_steps)
+    return state.step % every == 0 or run_ends
+
+
+def validation_owed(train: TrainConfig, world_size: int, state: TrainState, steps_per_epoch: int) -> bool:
+    """Whether the run owes a validation where `state` stands, derived from the step and the history, never stored
+    (like nanoGPT's iter_num % eval_interval): the steps since the latest validation (validated_step) end where THE
+    rule validates (validation_due). Where they end is an epoch's end (batch_in_epoch 0 after an epoch) or a step
+    inside the epoch; the epoch's last batch, and train.max_steps reached inside it, close the epoch first (the
+    loop ends the epoch there), so they are an epoch's end's to validate, not a step's."""
+    if state.step <= state.validated_step:  # nothing trained since the latest validation
+        return False
+    if not state.batch_in_epoch:
+        return state.epoch > 0 and validation_due(train, world_size, state, epoch_end=True)
+    hit_max = bool(train.max_steps and state.step >= train.max_steps)
+    inside = state.batch_in_epoch < steps_per_epoch and not hit_max
+    return inside and validation_due(train, world_size, state, epoch_end=False)
 
 
 def epoch_position(run: Any) -> float:
@@ -236,8 +268,7 @@ def _restore(cfg: Config, place: Place, train_records: Sequence[ImageRecord]) ->
         state = TrainState.from_dict(resume.train_state["state"])
         reopen(state, cfg, log)
         if not state.finished:
-            log(f"resuming from {last_path}: epoch {state.epoch + 1}, batch {state.batch_in_epoch}, step {state.step}"
-                + (", with the validation it owes first" if state.validating else ""))
+            log(f"resuming from {last_path}: epoch {state.epoch + 1}, batch {state.batch_in_epoch}, step {state.step}")
         return Start(resume, resume.vocab, state, resume.model_state, changed, start_file_of(cfg, resuming=True))
     state = TrainState(lr=cfg.train.lr)
     captions = [c for r in train_records for c in r.captions]
@@ -365,6 +396,7 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     _random_states(cfg, start.resume, place)
     out, scaler = Path(cfg.train.out_dir), _scaler(cfg, place, start.resume)
     captured = build_captured_step(cfg, model, place.device, place.world_size, scaler is not None, place.log)
+    owed = _owed_at_resume(cfg, place, start, len(sampler) // world_size)
     return Run(cfg, place,
                model=model, vocab=start.vocab, optimizer=optimizer, train_module=train_module,
                scaler=scaler, ema=_ema(cfg, model, start.resume, place.device), captured=captured,
@@ -372,7 +404,7 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
                dataset=data.dataset, collate_fn=data.collate, sampler=sampler,
                batches=RankBatches(sampler, rank, world_size), val_sets=data.val_sets,
                state=start.state,
-               logger=_logger(out, place, start), watch=_watch(cfg, out, place, start), stop=stop)
+               logger=_logger(out, place, start, owed), watch=_watch(cfg, out, place, start, owed), stop=stop)
 
 
 def _begin(cfg: Config, place: Place) -> tuple[Mix, Mix, Start]:
@@ -418,19 +450,29 @@ def _model_side(cfg: Config, place: Place, model: ShowAttendTell, start: Start, 
     return module, optimizer, new_words
 
 
-def _logger(out: Path, place: Place, start: Start) -> JsonlLogger:
-    """metrics.jsonl, written by the main process; a resumed run drops the lines logged after its checkpoint."""
+def _owed_at_resume(cfg: Config, place: Place, start: Start, steps_per_epoch: int) -> bool:
+    """Whether the stopped run owes the validation of the step it stopped at (validation_owed); said once."""
+    if start.resume is None or start.state.finished:
+        return False
+    owed = validation_owed(cfg.train, place.world_size, start.state, steps_per_epoch)
+    if owed:
+        place.log(f"the validation of step {start.state.step} is owed: it runs first")
+    return owed
+
+
+def _logger(out: Path, place: Place, start: Start, owed: bool) -> JsonlLogger:
+    """metrics.jsonl, written by the main process; a resumed run drops the lines logged after its checkpoint (and
+    the validation of its step where that is `owed`: it runs again)."""
     logger = JsonlLogger(out / "metrics.jsonl", enabled=place.main)
     if start.resume is not None:
-        logger.rewind(start.state.step, start.state.validating)
+        logger.rewind(start.state.step, owed)
     return logger
 
 
-def _watch(cfg: Config, out: Path, place: Place, start: Start) -> Watch:
+def _watch(cfg: Config, out: Path, place: Place, start: Start, owed: bool) -> Watch:
     """Throughput, ETA and TensorBoard; a resumed run's writer drops the events logged after its checkpoint, as
     metrics.jsonl drops its lines (_logger, which runs first: the step's own train record is read from there)."""
-    step, owed = start.state.step, start.resume is not None and start.state.validating
-    record = None
+    step, record = start.state.step, None
     if owed and place.main and (out / "metrics.jsonl").is_file():
         record = next((r for r in read_jsonl(out / "metrics.jsonl") if r.get("kind") == "train"
                        and r.get("step") == step), None)
@@ -464,7 +506,7 @@ def _random_states(cfg: Config, resume: Any, place: Place) -> None:
     seed here, after its caches are built, so a run that built them draws what one that read them draws."""
     saved = (resume.train_state or {}).get("rng") if resume is not None else None
     if saved and len(saved) == place.world_size:
-        restore_rng(saved[place.rank])
+        restore_random_states(saved[place.rank])
         return
     if resume is not None:
         place.log(f"note: {'this checkpoint holds no random states' if not saved else f'it was saved by {len(saved)} process(es)'}:"

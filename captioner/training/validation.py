@@ -27,9 +27,10 @@ def validate(run: Run, stats: dict[str, float]) -> float:
     """Rank 0 decodes each val set with train.val_beam_size and the decode settings, scores it
     (evaluation.scoring.evaluate_model) and logs the record; the metric is shared with every rank. In a mix each
     set's scores are logged as "<set>/<metric>" and the val metric is their mean over the sets
-    (each caption set counts the same, whatever its size or sampling weight)."""
+    (each caption set counts the same, whatever its size or sampling weight). Every rank's history holds the record:
+    whether a validation is owed is read from it (run.validation_owed), the same on every rank."""
     cfg, state, place = run.cfg, run.state, run.place
-    value = 0.0
+    value, rec = 0.0, None
     if place.main:
         metrics = [k for k in METRIC_KEYS if k != "METEOR"]  # METEOR (a Java process) only when it is val_metric
         metrics += [cfg.train.val_metric] if cfg.train.val_metric not in metrics + [NEW_WORDS_METRIC] else []
@@ -53,9 +54,11 @@ def validate(run: Run, stats: dict[str, float]) -> float:
                   + " ".join(f"{k} {v:.4f}" for k, v in scores.items() if not k.endswith("n_images"))
                   + f" | e.g. '{example}'")
     if place.world_size > 1:
-        box = [value]
+        box = [value, rec]
         dist.broadcast_object_list(box, src=0)
-        value = box[0]
+        value, rec = box
+        if not place.main:
+            state.history.append(rec)
     return value
 
 
