@@ -1,5 +1,5 @@
 """The decision after the beam one photo and one candidate at a time: the literal arithmetic the batched decision
-(choice.choose over a pool.Pool, confidence.sure_signals, support.object_signals) must equal. Kept here as the
+(captions.decide: choice.choose over a pool.Pool, then confidence.judge) must equal. Kept here as the
 oracle of tests/test_decision.py, as tests/rules_oracle.py is the rules' oracle."""
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import torch
 from captioner.concepts.words import word_categories
 from captioner.config import DecodeConfig
 from captioner.decoding.choice import BEAM_ORDER, OBJECT_P, SIGNALS, WIDE, Weights
-from captioner.decoding.confidence import ConfidenceMap
+from captioner.decoding.confidence import SIGNALS as SURE_SIGNALS
+from captioner.decoding.confidence import ConfidenceMap, needs
 from captioner.decoding.consensus import ConsensusMemory
 from captioner.decoding.hypotheses import Hypothesis
 from captioner.decoding.support import SUPPORT_FLOOR, ObjectCheck, template
@@ -73,7 +74,8 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
         return [list(h) for h in hyps]
     # what the confidence reads beyond the choice's own signals, computed for the chosen caption alone (a fitted map:
     # the signals it weighs; none: every one, as the fit needs); the agreement for "it hesitated" separately
-    sure_extra = Weights(tuple(float(how_sure and not v and s != "agreement" and (fitted is None or fitted.weighs(s)))
+    wanted = set(SURE_SIGNALS if fitted is None else needs(fitted))
+    sure_extra = Weights(tuple(float(how_sure and not v and s != "agreement" and s in wanted)
                                for s, v in zip(SIGNALS, weights.values)))
     k = int(settings.consensus_k)
     wide = weights["wide"] or sure_extra["wide"]

@@ -16,7 +16,8 @@ import captioner
 from captioner.config import DecodeConfig
 from captioner.decoding.consensus import ConsensusMemory
 from captioner.decoding.hypotheses import Hypothesis
-from captioner.decoding.choice import SIGNALS, Weights, choose, signals
+from captioner.decoding.captions import decide
+from captioner.decoding.choice import SIGNALS, Weights, agreements, choose, signals
 from captioner.decoding.fitted import Fitted
 from captioner.decoding.pool import Pool as Candidates
 from captioner.evaluation.choice_fit import Pool, as_fitted, fit, out_of_fold
@@ -45,7 +46,7 @@ def _feats(photo: int) -> torch.Tensor:
 
 def test_zero_weights_keep_the_beams_order_and_every_candidate():
     cands = [_hyp("a cat sits on the sofa", -0.5), _hyp("a dog runs on the grass", -0.9)]
-    out = choose([cands], _feats(0), None, _memory(), Vocab(WORDS), DecodeConfig())[0]  # no weights: the beam's
+    out = decide([cands], _feats(0), None, _memory(), Vocab(WORDS), DecodeConfig())[0]  # no weights: the beam's
     assert out == cands and all(h.choice is None for h in out)
 
 
@@ -60,20 +61,26 @@ def test_each_signal_moves_the_choice_its_way(signal, winner):
     probs = torch.zeros(len(captioner.concepts.imagenet.CATEGORIES))  # (C,): the head sees a cat only
     probs[captioner.concepts.imagenet.CATEGORIES.index("cat")] = 0.9
     settings = DecodeConfig(consensus_k=1)
-    assert choose([cands], _feats(0), probs[None], _memory(), Vocab(WORDS), settings)[0][0].tokens == cands[0].tokens
+    assert decide([cands], _feats(0), probs[None], _memory(), Vocab(WORDS), settings)[0][0].tokens == cands[0].tokens
     weighted = Weights.from_json({"score": 0.01, "consensus": 0.99} if signal == "consensus"
                                  else {"score": 1.0, signal: 50.0})
-    out = choose([cands], _feats(0), probs[None], _memory(), Vocab(WORDS), settings, weights=weighted)[0]
+    out = decide([cands], _feats(0), probs[None], _memory(), Vocab(WORDS), settings, weights=weighted)[0]
     assert " ".join(Vocab(WORDS).itos[t] for t in out[0].tokens) == winner
     assert out[0].choice == max(h.choice for h in out) and set(out[0].signals) == set(SIGNALS)
 
 
 def test_signals_are_computed_only_where_weighed():
+    """agreements computes the CIDEr-D signals asked for (the others 0), and the choice says 0 for one it does not
+    weigh even where the judge's table holds it."""
     cands = [_hyp("a dog on the sofa", -0.3), _hyp("a cat on the sofa", -0.7)]
-    none = Weights(tuple(0.0 for _ in SIGNALS))
-    x = signals(Candidates.of([cands], len(WORDS)), [[0, 1]], 1, None, torch.zeros(len(WORDS), 3, dtype=torch.bool),
-                _memory(), none)
+    pool = Candidates.of([cands], len(WORDS))
+    none = agreements(pool, [[0, 1]], 1, _memory(), [])
+    x = signals(pool, 1, none, None, torch.zeros(len(WORDS), 3, dtype=torch.bool))
     assert x[:, 1:4].abs().sum() == 0 and x[:, 0].tolist() == [0.0, pytest.approx(-0.4)]
+    table = agreements(pool, [[0, 1]], 1, _memory(), ["consensus", "agreement"])  # (N, 3)
+    assert table[:, 0].abs().sum() > 0 and table[:, 1].abs().sum() == 0  # wide not asked: 0
+    decision = choose(pool, 1, table, None, Weights.from_json({"score": 1.0, "consensus": 1.0}))
+    assert decision.signals[:, 1].tolist() == table[:, 0].tolist() and decision.signals[:, 3].abs().sum() == 0
 
 
 def _pools(n: int, seed: int) -> list[Pool]:
@@ -111,11 +118,11 @@ def test_fitted_weights_stored_as_the_files_fitted_data_choose_as_the_fit_does()
     cands = [_hyp("a dog on the sofa", -0.3), _hyp("a cat sits on the sofa", -0.6), _hyp("a cat on the grass", -0.65),
              _hyp("a dog runs on the grass", -0.8)]
     probs = torch.rand(1, len(captioner.concepts.imagenet.CATEGORIES), generator=torch.Generator().manual_seed(0))
-    out = choose([cands], _feats(2), probs, _memory(), Vocab(WORDS), decode, weights=stored.choice_in_use(decode))[0]
+    out = decide([cands], _feats(2), probs, _memory(), Vocab(WORDS), decode, weights=stored.choice_in_use(decode))[0]
     x = torch.stack([torch.tensor([h.signals[s] for s in SIGNALS], dtype=torch.float64) for h in out])  # (n, S)
     assert int((x @ weights).argmax()) == 0 and out[0] is not cands[0]  # the fit's own favourite, not the beam's
     off = dataclasses.replace(decode, fitted_choice=False)
-    assert choose([cands], _feats(2), probs, _memory(), Vocab(WORDS), off, weights=stored.choice_in_use(off))[0] == cands
+    assert decide([cands], _feats(2), probs, _memory(), Vocab(WORDS), off, weights=stored.choice_in_use(off))[0] == cands
     with pytest.raises(ValueError, match="positive"):
         as_fitted(torch.tensor([-1.0, 0.5, 0, 0, 0, 0, 0, 0]))
     for bad in ({"choice": {"sharpness": 1.0}}, {"choice": {"wide": float("nan")}}, {"chioce": {}}):

@@ -16,7 +16,7 @@ import torch
 import captioner
 from captioner.config import DecodeConfig
 from captioner.decoding.captions import Caption
-from captioner.decoding.confidence import GOOD_CIDER, SIGNALS, ConfidenceMap, why_unsure
+from captioner.decoding.confidence import FALLBACK_REASONS, GOOD_CIDER, SIGNALS, ConfidenceMap, needs, why_unsure
 from captioner.decoding.fitted import Fitted
 from captioner.evaluation.confidence_fit import Row, auroc, calibration_error, coverage, fit, out_of_fold, threshold
 from captioner.ui.texts import NO_CONFIDENCE, sure_line
@@ -168,8 +168,16 @@ def test_the_bundled_model_gives_a_confidence_from_its_signals(bundled):
     photo = mapped.read(EXAMPLES[0])
     cap = photo.caption()
     assert 0.0 <= cap.confidence <= 1.0 and cap.sure_at == 0.5 and cap.sure == (cap.confidence >= 0.6)  # the floor
-    assert set(cap.sure_signals) == set(SIGNALS) and 0.0 < cap.sure_signals["nearest"] <= 1.0 + 1e-6
+    # only what the map weighs is computed (and the gate's and the fallback reason's): never the other signals
+    assert set(cap.sure_signals) == set(needs(_fitted_map())) == {"wide", "unsupported", *FALLBACK_REASONS}
+    assert 0.0 < cap.sure_signals["nearest"] <= 1.0 + 1e-6
     assert abs(cap.confidence - 1 / (1 + math.exp(1.0 - 4.0 * cap.sure_signals["wide"]))) < 1e-9
+    weighs_template = ConfidenceMap(-1.0, tuple(4.0 if s in ("wide", "template") else 0.0 for s in SIGNALS), 0.5)
+    other = captioner.Captioner(bundled.model, bundled.vocab, bundled.config, memory=own.memory,
+                                fitted=dataclasses.replace(own.fitted, confidence=weighs_template))
+    templated = other.read(EXAMPLES[0]).caption()
+    assert "template" in templated.sure_signals and "template" not in cap.sure_signals  # a weight gets its signal
+    assert templated.text == cap.text
     plain = photo.caption(fitted_confidence=False)
     assert plain.confidence is None and plain.sure is None
     assert plain.text == cap.text  # how sure never changes the caption

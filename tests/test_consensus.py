@@ -11,11 +11,11 @@ import torch
 import captioner
 from captioner.checkpoint import CheckpointError
 from captioner.config import DecodeConfig
+from captioner.decoding.captions import decide
 from captioner.decoding.choice import Weights
 from captioner.decoding.consensus import ConsensusMemory, memory_path
 from captioner.decoding.hypotheses import Hypothesis
 from captioner.decoding.photo import caption_photos
-from captioner.decoding.choice import choose
 
 EXAMPLES = sorted((Path(captioner.__file__).parent / "assets" / "examples").glob("*.jpg"))
 
@@ -34,7 +34,7 @@ def _hyp(tokens: list[int], score: float) -> Hypothesis:
 
 def rerank(hyps, feats, memory, k: int, weight: float):
     """The choice with only the beam's score and the consensus weighted (1 - weight, weight): the consensus rerank."""
-    return choose(hyps, feats, None, memory, None, DecodeConfig(consensus_k=k),
+    return decide(hyps, feats, None, memory, None, DecodeConfig(consensus_k=k),
                   weights=Weights.from_json({"score": 1 - weight, "consensus": weight}))
 
 

@@ -1,5 +1,5 @@
-"""The decision after the beam, batched (choice.choose over a pool.Pool; confidence.sure_signals;
-support.object_signals): on pools hypothesis draws (photos with one to six candidates of any length, the head's P,
+"""The decision after the beam, batched (captions.decide: choice.choose over a pool.Pool, then confidence.judge):
+on pools hypothesis draws (photos with one to six candidates of any length, the head's P,
 a person detector, the objects check, every weight and a fitted map) it orders, scores and judges every photo's
 candidates as the per-photo arithmetic does (tests/decision_oracle.py), and it reads the host once per batch."""
 from __future__ import annotations
@@ -15,8 +15,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from captioner.bench.launches import SYNCS  # the benchmark's own list of the ops that sync
 from captioner.config import DecodeConfig
 from captioner.decoding import choice
+from captioner.decoding.captions import decide
 from captioner.decoding.confidence import SIGNALS as SURE_SIGNALS
-from captioner.decoding.confidence import ConfidenceMap
+from captioner.decoding.confidence import ConfidenceMap, needs
 from captioner.decoding.consensus import ConsensusMemory
 from captioner.decoding.hypotheses import Hypothesis
 from captioner.decoding.pool import Pool
@@ -82,10 +83,12 @@ def test_the_batched_decision_equals_the_per_photo_one(drawn, seed, weighed, wit
         if with_map else None
     settings_ = DecodeConfig(consensus_k=3)
     vocab = Vocab(WORDS)
-    kw = dict(person=person, categories=categories if with_head else None, how_sure=with_map or with_check,
-              weights=weights, fitted=fitted, check=check)
-    got = choice.choose(copy.deepcopy(hyps), feats, probs, memory, vocab, settings_, **kw)
-    want = oracle.choose(copy.deepcopy(hyps), feats, probs, memory, vocab, settings_, **kw)
+    kw = dict(person=person, categories=categories if with_head else None, check=check)
+    how_sure = with_map or with_check
+    judged = SURE_SIGNALS if how_sure and fitted is None else None  # no map: every signal (the fit)
+    got = decide(copy.deepcopy(hyps), feats, probs, memory, vocab, settings_, weights, fitted, judged, **kw)
+    want = oracle.choose(copy.deepcopy(hyps), feats, probs, memory, vocab, settings_, how_sure=how_sure,
+                         weights=weights, fitted=fitted, **kw)
     assert [[h.tokens for h in p] for p in got] == [[h.tokens for h in p] for p in want]
     for p, q in zip(got, want):
         for h, o in zip(p, q):
@@ -94,8 +97,9 @@ def test_the_batched_decision_equals_the_per_photo_one(drawn, seed, weighed, wit
                 assert h.choice == pytest.approx(o.choice, abs=1e-6)
                 assert h.signals == pytest.approx(o.signals, abs=1e-6)
             assert (h.sure_signals is None) == (o.sure_signals is None)
-            if h.sure_signals is not None:
-                assert h.sure_signals == pytest.approx(o.sure_signals, abs=1e-6)
+            if h.sure_signals is not None:  # the judge computes what the map weighs (needs), the oracle every one
+                assert set(h.sure_signals) == set(SURE_SIGNALS if fitted is None else needs(fitted))
+                assert h.sure_signals == pytest.approx({s: o.sure_signals[s] for s in h.sure_signals}, abs=1e-6)
             assert (h.confidence is None) == (o.confidence is None)
             if h.confidence is not None:
                 assert h.confidence == pytest.approx(o.confidence, abs=1e-6)
@@ -109,7 +113,9 @@ def test_every_signal_of_a_pool_equals_each_photos_own(drawn, seed):
     probs, person = torch.rand(len(hyps), C, generator=g), (torch.rand(len(hyps), generator=g), person_words)
     nearest = [torch.randperm(12, generator=g)[:8].tolist() for _ in hyps]
     every = choice.Weights((1.0,) * len(choice.SIGNALS))
-    got = choice.signals(Pool.of(hyps, V, least=1), nearest, 2, probs, categories, memory, every, person)  # (N, S)
+    pool = Pool.of(hyps, V, least=1)
+    cider = choice.agreements(pool, nearest, 2, memory, choice.CIDER_SIGNALS)  # (N, 3)
+    got = choice.signals(pool, len(hyps), cider, probs, categories, person)  # (N, S)
     want = torch.cat([oracle.choice_signals(hs, near[:2], near, probs[b], categories, memory, every,
                                             (float(person[0][b]), person[1].bool()))
                       for b, (hs, near) in enumerate(zip(hyps, nearest))])
@@ -137,13 +143,12 @@ def test_the_decision_reads_the_host_a_few_times_per_batch_not_per_photo(photos)
                         None, torch.full((6,), -0.5)) for i in range(5)] for _ in range(photos)]
     probs = torch.rand(photos, C, generator=g)
     kw = dict(person=(torch.rand(photos, generator=g), person_words), categories=categories,
-              weights=choice.Weights((1.0, 1.0, 1.0, 1.0, 0.5, 0.0, 1.0, 1.0)),
-              fitted=ConfidenceMap(0.0, (1.0,) * len(SURE_SIGNALS), 0.6),
               check=ObjectCheck(torch.rand(photos, V, generator=g), columns))
+    weights = choice.Weights((1.0, 1.0, 1.0, 1.0, 0.5, 0.0, 1.0, 1.0))
     reads = _Reads()
     with reads:
-        out = choice.choose(hyps, torch.randn(photos, 4, D, generator=g), probs, memory, Vocab(WORDS),
-                            DecodeConfig(consensus_k=3), **kw)
+        out = decide(hyps, torch.randn(photos, 4, D, generator=g), probs, memory, Vocab(WORDS),
+                     DecodeConfig(consensus_k=3), weights, ConfidenceMap(0.0, (1.0,) * len(SURE_SIGNALS), 0.6), **kw)
     assert all(p[0].confidence is not None for p in out)
     assert reads.syncs <= 12  # the CIDEr-D pass's few, whatever the batch (it was ~30 a photo)
 

@@ -14,7 +14,9 @@ import torch
 
 from captioner.decoding.alternatives import different, things
 from captioner.decoding.captions import Alternative, Caption
-from captioner.decoding.confidence import REASONS, SIGNALS, ConfidenceMap, sure_signals, why_unsure
+from captioner.decoding.choice import SIGNALS as CHOICE_SIGNALS
+from captioner.decoding.choice import Decision, Neighbours, Weights
+from captioner.decoding.confidence import REASONS, SIGNALS, ConfidenceMap, judge, why_unsure
 from captioner.decoding.fitted import Fitted
 from captioner.decoding.hypotheses import Hypothesis
 from captioner.decoding.pool import Pool
@@ -51,12 +53,17 @@ def _sure_signals(text: str, p_cake: float, others: tuple[str, ...] = ()) -> dic
     hyp = Hypothesis(_tokens(text), torch.zeros(0), -3.0, -0.5, word_logps=torch.full((len(text.split()),), -0.5))
     hyps = [hyp] + [Hypothesis(_tokens(o), torch.zeros(0), -4.0, -0.6) for o in others]
     pool = Pool.of([hyps], len(WORDS), least=1)
-    choice = {name: torch.tensor([value], dtype=torch.float64)  # the chosen caption's choice signals
-              for name, value in {"wide": 0.4, "consensus": 0.4, "agreement": 5.0, "log_prob": -0.5, "objects": 0.0}.items()}
-    first = torch.tensor([0])
-    x = sure_signals(pool, first, first, choice, torch.tensor([0.1]), torch.tensor([0.7]), probs.double(), None,
-                     None, check, [text] + list(others))  # (1, S)
-    return dict(zip(SIGNALS, x[0].tolist()))
+    n = len(pool)
+    x = torch.zeros(n, len(CHOICE_SIGNALS), dtype=torch.float64)  # (N, S) the candidates' choice signals
+    x[:, CHOICE_SIGNALS.index("log_prob")] = -0.5
+    cider = torch.tensor([[0.4, 0.4, 5.0]] * n, dtype=torch.float64)  # (N, 3) consensus, wide, agreement
+    total = torch.zeros(n, dtype=torch.float64)  # (N,) the first chosen, 0.1 over the next
+    total[0] = 0.1
+    decision = Decision(pool, x, total, torch.arange(n), torch.tensor([0]), torch.tensor([min(1, n - 1)]),
+                        Weights.from_json({"score": 1.0, "wide": 1.0}))
+    near = Neighbours([[0]], torch.tensor([[0.7]], dtype=torch.float64), 1)
+    judged = judge(decision, near, cider, probs.double(), None, None, check, Vocab(WORDS), None)  # every signal
+    return dict(zip(SIGNALS, judged.signals[0].tolist()))
 
 
 def test_each_object_word_is_supported_by_the_strongest_head_that_sees_it():

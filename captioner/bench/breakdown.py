@@ -30,7 +30,7 @@ def photo_files(folder: str | None) -> list[Path]:
 
 def caption_stages(loaded, feats: torch.Tensor, settings) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
     """The product's caption path after the encoder (captions_from_features: decode, then dress), in two
-    timed halves: the first (no argument) -> (hypotheses, evidence): the photo's evidence built once (person
+    timed halves: the first (no argument) -> captions.Decoded (hypotheses, evidence, objects check): the photo's evidence built once (person
     floor included) and decoding.decode; the second, `concepts(decoded)` -> the Captions: the heads' reading
     (read once per photo in the product: Captioner.read), to_caption and annotate's concepts, contradicted
     words and maps."""
@@ -40,8 +40,7 @@ def caption_stages(loaded, feats: torch.Tensor, settings) -> tuple[Callable[[], 
     reading = read_heads(loaded.model, feats)  # the heads' one run for this photo
 
     def concepts(decoded):
-        hyps, evidence = decoded
-        return dress(hyps, evidence, read_heads(loaded.model, feats), feats, loaded.model, loaded.vocab, settings,
+        return dress(decoded, read_heads(loaded.model, feats), feats, loaded.model, loaded.vocab, settings,
                      loaded.resources.fitted)
 
     return (lambda: decode_photos(loaded.model, feats, reading, loaded.vocab, settings, loaded.resources)), concepts

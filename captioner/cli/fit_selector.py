@@ -100,9 +100,8 @@ def _pools(loaded, feats, settings, extra: list[str]) -> dict[str, tuple[list, f
             x = feats[k:k + 50]
             reading = read_heads(loaded.model, x)
             if name.startswith("beam"):
-                h, _ = decode_photos(loaded.model, x, reading, loaded.vocab,
-                                     dataclasses.replace(beam, beam_size=int(name[4:])), loaded.resources)
-                hyps += h
+                hyps += decode_photos(loaded.model, x, reading, loaded.vocab,
+                                      dataclasses.replace(beam, beam_size=int(name[4:])), loaded.resources).hyps
             else:
                 caps = sampled_captions(loaded.model, x, reading, loaded.vocab, beam,
                                         SampleSettings(int(name[6:]), Draw(0.6, 0, 0.9), 0).checked())
@@ -234,9 +233,12 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
 
     from captioner.concepts.words import word_categories
     from captioner.data.features import build_cache
-    from captioner.decoding.evidence import photo_evidence
+    from captioner.decoding.captions import decide
+    from captioner.decoding.confidence import SIGNALS as JUDGED
+    from captioner.decoding.evidence import checked_detectors, photo_evidence
     from captioner.decoding.reading import read_heads
-    from captioner.decoding.choice import SIGNALS, WIDE, Weights, choose, signals
+    from captioner.decoding.choice import CIDER_SIGNALS, SIGNALS, WIDE, agreements, signals
+    from captioner.decoding.support import objects_check
     from captioner.decoding.pool import Pool as Candidates
     from captioner.evaluation.choice_fit import Pool, baselines, candidate_cider
 
@@ -251,8 +253,10 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
     reading = read_heads(loaded.model, feats)
     probs, evidence = reading.probs, photo_evidence(reading, loaded.model, loaded.vocab, settings)  # (N, C) or None
     person = None if evidence is None else evidence.person  # (P(person) (N,), person words (V,)) or None
+    check = None if evidence is None else objects_check(reading, checked_detectors(loaded.model, settings),
+                                                        loaded.vocab, evidence.words)
     pools = _pools(loaded, feats, settings, args.pools)
-    k, every = settings.consensus_k, Weights(tuple(1.0 for _ in SIGNALS))  # every signal computed
+    k = settings.consensus_k
     nearest, categories = memory.nearest(feats, WIDE * k).tolist(), word_categories(loaded.vocab).to(torch.bool)
     rows, fitted = {}, []
     for pool_name, (hyps, seconds) in pools.items():
@@ -261,11 +265,12 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
             hyps = [b + [h for h in s if all(h.tokens != c.tokens for c in b)] for b, s in zip(beam_hyps, hyps)]
         texts = [tuple(" ".join(loaded.vocab.itos[t] for t in h.tokens) for h in hs) for hs in hyps]
         cider = candidate_cider(refs, texts)
-        current = choose(hyps, feats, probs, memory, loaded.vocab, settings, person, how_sure=True,
-                         weights=fitted_now.choice_in_use(settings), fitted=fitted_now.map_in_use(settings),
-                         check=None if evidence is None else evidence.check)
+        current = decide(hyps, feats, probs, memory, loaded.vocab, settings, fitted_now.choice_in_use(settings),
+                         fitted_now.map_in_use(settings), judged=JUDGED, person=person,
+                         categories=None if evidence is None else evidence.words, check=check)
         every_one = Candidates.of(hyps, len(loaded.vocab), least=1)  # every photo's candidates, flat
-        x = signals(every_one, nearest, k, probs, categories, memory, every, person).split(
+        x = signals(every_one, len(hyps), agreements(every_one, nearest, k, memory, CIDER_SIGNALS), probs, categories,
+                    person).split(
             [len(hs) for hs in hyps])  # (n, S) per photo
         pool = [Pool(xs, torch.tensor(c, dtype=torch.float64), [id(h) for h in hs].index(id(cur[0])), t)
                 for xs, hs, c, cur, t in zip(x, hyps, cider, current, texts)]

@@ -17,14 +17,18 @@ import numpy as np
 import torch
 
 from ..concepts.imagenet import imagenet_head_or_none
+from ..concepts.words import word_categories
 from ..config import DecodeConfig
 from ..logs import progress as progress_of
 from ..vocab import SpecialIds
 from .search import Hypothesis, decode
-from .choice import SIGNALS, choose
+from .choice import BEAM_ORDER, CIDER_SIGNALS, SIGNALS, Neighbours, Weights, agreements, choose, ordered
 from .alternatives import different
-from .confidence import SURE, level, why_unsure
-from .evidence import Evidence, photo_evidence
+from .confidence import SURE, ConfidenceMap, judge, level, needs, why_unsure
+from .consensus import ConsensusMemory
+from .evidence import Evidence, checked_detectors, photo_evidence
+from .support import ObjectCheck, objects_check
+from .pool import Pool
 from .fitted import Fitted
 from .rules import Lexicon, Rules
 from .sampling import SampleSettings, Samples, sample
@@ -281,39 +285,88 @@ def to_captions(hyps: Sequence[Sequence[Hypothesis]], vocab: Vocab) -> list[Capt
     return out
 
 
+class Decoded(NamedTuple):
+    """decode_photos' result: each photo's hypotheses in the chosen order (the first judged), and the evidence and
+    objects check they were decoded and judged with (None without the ImageNet head)."""
+    hyps: list[list[Hypothesis]]
+    evidence: Evidence | None
+    check: ObjectCheck | None
+
+
 @torch.no_grad()
 def decode_photos(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReading, vocab: Vocab,
-                  settings: DecodeConfig, resources: Resources) -> tuple[list[list[Hypothesis]], Evidence | None]:
-    """Photos' features (B, P, D) on the decoder's device and their reading -> their hypotheses (best first,
-    the model's own log-probs) and their evidence (evidence.photo_evidence: built once here, biasing the
-    words only with settings.evidence). With a consensus memory in `resources`, the order is the choice's
-    (choice.py: the model file's fitted weights and the memory's nearest photos), and its fitted confidence map says
-    how sure each caption is (fitted.py); its recorded searches (captured.py) replay the search on a GPU."""
+                  settings: DecodeConfig, resources: Resources) -> Decoded:
+    """Photos' features (B, P, D) on the decoder's device and their reading -> their hypotheses (the model's own
+    log-probs), the stages in order: the evidence (evidence.photo_evidence: built once here, biasing the words only
+    with settings.evidence) and the rules, the search (search.decode; its recorded searches, captured.py, replay it
+    on a GPU), then the decision (decide: with a consensus memory in `resources`, the choice's order and the
+    fitted map's confidence) with the objects check (support.objects_check)."""
     evidence = photo_evidence(reading, model, vocab, settings)  # (B, V) ruled-out words, the bonus table
     ids = SpecialIds.of(vocab, settings.forbid_unk)
     rules = Rules(ids, settings, evidence if settings.evidence else None, Lexicon.of(vocab))  # once, for the search
     hyps = decode(model.decoder, feats, ids, settings, rules, resources.recordings.search)
+    check = None if evidence is None else objects_check(reading, checked_detectors(model, settings), vocab,
+                                                        evidence.words)
     fitted = resources.fitted
-    return choose(hyps, feats, reading.probs, resources.memory, vocab, settings,
-                  None if evidence is None else evidence.person, None if evidence is None else evidence.words,
-                  weights=fitted.choice_in_use(settings), fitted=fitted.map_in_use(settings),
-                  check=None if evidence is None else evidence.check), evidence
+    return Decoded(decide(hyps, feats, reading.probs, resources.memory, vocab, settings,
+                          fitted.choice_in_use(settings), fitted.map_in_use(settings),
+                          person=None if evidence is None else evidence.person,
+                          categories=None if evidence is None else evidence.words, check=check), evidence, check)
+
+
+def decide(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: torch.Tensor | None,
+           memory: ConsensusMemory | None, vocab: Vocab | None, settings: DecodeConfig, weights: Weights = BEAM_ORDER,
+           sure: ConfidenceMap | None = None, judged: Sequence[str] | None = None, *,
+           person: tuple[torch.Tensor, torch.Tensor] | None = None, categories: torch.Tensor | None = None,
+           check: ObjectCheck | None = None) -> list[list[Hypothesis]]:
+    """The decision after the beam, in two stages: choose (choice.py) orders each photo's candidates by the fitted
+    weights, then judge (confidence.py) computes how sure the chosen caption is: with the map `sure`, the signals
+    it weighs and its confidence; with `judged`, those signals (captioner-fit-selector: every one). Both read one
+    neighbourhood of the consensus memory and go to the host in one read; the hypotheses come back in the chosen
+    order, each carrying its choice and the first its judged signals and confidence. Without a memory, or a photo
+    with two candidates, the beam's order stays and nothing is judged. feats (B, P, D); probs (B, C): the head's
+    P(category), or None; person: (P(person) (B,), person words (V,)) from the file's person detector
+    (Evidence.person), or None; categories (V, C): which words name which category (Evidence.words, else built
+    from the vocabulary where needed); check: the photos' objects check (support.objects_check), or None."""
+    how_sure = sure is not None or judged is not None
+    if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
+        return [list(h) for h in hyps]
+    wanted = needs(sure) if judged is None else tuple(judged)
+    near = Neighbours.of(memory, feats, settings.consensus_k, bool(weights["wide"]) or (how_sure and "wide" in wanted))
+    if weights["objects"] or weights["top_object"] or how_sure:  # (V, C) bool
+        categories = (word_categories(vocab) if categories is None else categories).to(torch.bool)
+    else:
+        categories = None
+    pool = Pool.of(hyps, memory.vocab_size, feats.device)  # the memory speaks the model's vocabulary
+    cider = agreements(pool, near.nearest, near.k, memory, [s for s in CIDER_SIGNALS if weights[s] or (
+        how_sure and s in wanted)])  # (N, 3): one CIDEr-D pass for the choice and the judge
+    decision = choose(pool, len(hyps), cider, probs, weights, person, categories)
+    judgement = judge(decision, near, cider, probs, categories, person, check, vocab, sure, wanted) \
+        if how_sure else None
+    parts = decision.host() + (() if judgement is None else judgement.host())
+    host = torch.cat(parts).tolist()  # the decision's one read
+    out = ordered(hyps, decision, host)
+    if judgement is not None:
+        rest = host[sum(p.numel() for p in decision.host()):]
+        for g, b in enumerate(decision.pool.photos):
+            out[b][0].sure_signals, out[b][0].confidence = judgement.of_photo(rest, g)
+    return out
 
 
 @torch.no_grad()
-def dress(hyps: Sequence[Sequence[Hypothesis]], evidence: Evidence | None, reading: HeadReading,
-          feats: torch.Tensor, model: ShowAttendTell, vocab: Vocab, settings: DecodeConfig, fitted: Fitted
-          ) -> list[Caption]:
-    """Each photo's hypotheses -> its Caption, dressed with its reading (reading.annotate: concepts,
+def dress(decoded: Decoded, reading: HeadReading, feats: torch.Tensor, model: ShowAttendTell, vocab: Vocab,
+          settings: DecodeConfig, fitted: Fitted) -> list[Caption]:
+    """Each photo's decoded hypotheses -> its Caption, dressed with its reading (reading.annotate: concepts,
     detections, the contradicted words of the evidence's mask, concept maps), the settings that made it and what
     of the model file's `fitted` data it was chosen and judged by (the choice's weights, sure_at, the map's
-    contributions) and the objects its heads barely see (support.py)."""
+    contributions) and the objects its heads barely see (the objects check: support.py)."""
+    hyps, evidence, check = decoded
     caps = to_captions(hyps, vocab)
     annotate(caps, [h[0].tokens for h in hyps], reading, feats, model, vocab,
              None if evidence is None else evidence.ruled_out)
     weights, sure = dict(zip(SIGNALS, fitted.choice_in_use(settings).values)), fitted.map_in_use(settings)
-    if evidence is not None and evidence.check is not None:
-        for cap, weak in zip(caps, evidence.check.unsupported([h[0].tokens for h in hyps])):
+    if check is not None:
+        for cap, weak in zip(caps, check.unsupported([h[0].tokens for h in hyps])):
             cap.unsupported = weak
     for cap in caps:  # each caption says what made it (its JSON carries them)
         cap.settings = dataclasses.asdict(settings)
@@ -340,8 +393,8 @@ def captions_from_features(model: ShowAttendTell, feats: np.ndarray | torch.Tens
         x = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x, dtype=np.float32))
         x = x.to(param.device, param.dtype)  # (b, P, D)
         r = read_heads(model, x) if reading is None else reading.rows(k, k + len(x))
-        hyps, evidence = decode_photos(model, x, r, vocab, settings, resources)
-        out.extend(dress(hyps, evidence, r, x, model, vocab, settings, resources.fitted))
+        out.extend(dress(decode_photos(model, x, r, vocab, settings, resources), r, x, model, vocab, settings,
+                         resources.fitted))
     return out
 
 

@@ -7,7 +7,8 @@ photo is described by cheap signals, and the caption is the candidate of highest
 
     choice(c) = sum_s weight_s * s(c)
 
-with the weights the model file fitted (fitted.py; a weight of 0: the signal is not computed). The signals:
+with the weights the model file fitted (fitted.py; a CIDEr-D signal of weight 0 is not computed for it). The choice
+only orders; how sure the chosen caption is, is the judge's (confidence.judge). The signals:
 
     score       the beam's score minus the photo's best: log_prob / (words + 1) ** length_penalty, with the
                 evidence's bias (search.py)
@@ -36,20 +37,15 @@ S signals, C COCO categories, V vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+import math
+from typing import Any, Collection, Sequence
 
 import torch
 
 from ..concepts.imagenet import THRESHOLD
-from ..concepts.words import word_categories
-from ..config import DecodeConfig
-from ..vocab import Vocab
-from .confidence import SIGNALS as SURE_SIGNALS
-from .confidence import ConfidenceMap, finite, sure_signals
 from .consensus import ConsensusMemory
 from .hypotheses import Hypothesis
 from .pool import Pool
-from .support import ObjectCheck
 
 # every signal, in the order the fitter and the app list them
 SIGNALS = ("score", "consensus", "wide", "agreement", "log_prob", "length", "objects", "top_object")
@@ -93,20 +89,26 @@ class Weights:
         return torch.tensor(self.values, dtype=torch.float64)  # (S,)
 
 
+def finite(value: Any, name: str) -> float:
+    """A fitted number as a float, or a ValueError naming it (a bool, text, NaN or infinity is no weight)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
 BEAM_ORDER = Weights((1.0,) + (0.0,) * (len(SIGNALS) - 1))  # the beam's own score alone: its order kept
 
 
-def signals(pool: Pool, nearest: Sequence[Sequence[int]], k: int, probs: torch.Tensor | None,
-            categories: torch.Tensor | None, memory: ConsensusMemory, weights: Weights,
-            person: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Every candidate of the batch's pool -> its signals (N, S) float64 in SIGNALS order, on the pool's device; a
-    CIDEr-D signal (consensus, wide, agreement) of weight 0 is left 0 (not computed). nearest: each photo's memory
-    photos, nearest first (the first k: consensus; all of them, WIDE x k: wide); probs (B, C): the head's
-    P(category), or None without a head; categories (V, C): which words name which category (None: objects and
-    top_object left 0); person: (P(person) (B,), the person words (V,) 0/1) from the file's person detector, or None."""
+def signals(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | None,
+            categories: torch.Tensor | None, person: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Every candidate of the batch's pool (of `photos` photos) -> its signals (N, S) float64 in SIGNALS order, on
+    the pool's device. cider (N, 3): its CIDEr-D signals (agreements: consensus, wide, agreement; 0 where not
+    computed); probs (B, C): the head's P(category), or None without a head; categories (V, C): which words name
+    which category (None: objects and top_object left 0); person: (P(person) (B,), the person words (V,) 0/1) from
+    the file's person detector, or None."""
     out = torch.zeros(len(pool), len(SIGNALS), dtype=torch.float64, device=pool.tokens.device)  # (N, S)
-    out[:, 0] = pool.score - pool.group_max(pool.score, len(nearest))[pool.photo]
-    out[:, 1:4] = _agreements(pool, nearest, k, memory, weights).to(out)
+    out[:, 0] = pool.score - pool.group_max(pool.score, photos)[pool.photo]
+    out[:, 1:4] = cider.to(out)
     out[:, 4] = pool.log_prob / (pool.lengths + 1)  # <end> included: a per-token mean
     out[:, 5] = pool.lengths
     if probs is not None and categories is not None:
@@ -121,15 +123,16 @@ def signals(pool: Pool, nearest: Sequence[Sequence[int]], k: int, probs: torch.T
     return out
 
 
-def _agreements(pool: Pool, nearest: Sequence[Sequence[int]], k: int, memory: ConsensusMemory,
-                weights: Weights) -> torch.Tensor:
-    """(N, 3): consensus, wide and agreement of every candidate (0 where not weighed), in as few CIDEr-D passes
-    as bounded memory allows (one for a batch of 16 photos)."""
+def agreements(pool: Pool, nearest: Sequence[Sequence[int]], k: int, memory: ConsensusMemory,
+               wanted: Collection[str]) -> torch.Tensor:
+    """(N, 3): consensus, wide and agreement (CIDER_SIGNALS) of every candidate, those `wanted` computed (the
+    others 0), in as few CIDEr-D passes as bounded memory allows (one for a batch of 16 photos). Each candidate's
+    value is its own whatever else a pass holds."""
     cands: list[list[int]] = []
     sets: list[list] = []
     rows: list[tuple[int, int]] = []
     for column, signal in enumerate(CIDER_SIGNALS):
-        if not weights[signal]:
+        if signal not in wanted:
             continue
         for r, (b, words) in enumerate(zip(pool.owners, pool.words)):
             near = nearest[b][:k] if signal == "consensus" else nearest[b]
@@ -153,80 +156,75 @@ def _agreements(pool: Pool, nearest: Sequence[Sequence[int]], k: int, memory: Co
     return out
 
 
-def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: torch.Tensor | None,
-           memory: ConsensusMemory | None, vocab: Vocab, settings: DecodeConfig,
-           person: tuple[torch.Tensor, torch.Tensor] | None = None,
-           categories: torch.Tensor | None = None, how_sure: bool | None = None, weights: Weights = BEAM_ORDER,
-           fitted: ConfidenceMap | None = None, check: ObjectCheck | None = None) -> list[list[Hypothesis]]:
-    """Each photo's finished hypotheses (best first by beam score) -> reordered by `choice`, highest first, each
-    hypothesis's `choice` set (None when the beam's order is kept: no memory, all weights on the score, or one
-    hypothesis). feats (B, P, D); probs (B, C): the head's P(category), or None; person: (P(person) (B,), person
-    words (V,)) from the file's person detector (Evidence.person), or None; categories (V, C): which words name
-    which category, where the caller holds the table already (Evidence.words: built once per decode), else built.
-    weights: the choice's (the model file's fitted ones: fitted.Fitted.choice_in_use); fitted: the confidence map
-    (Fitted.map_in_use) or None. how_sure (default: where there is a map): each chosen caption's `sure_signals` set
-    (confidence.sure_signals; every signal they need computed) and, with a map, its `confidence`; check: the photos'
-    objects check (support.py: Evidence.check), or None. settings: consensus_k.
+@dataclass(frozen=True)
+class Neighbours:
+    """Each photo's nearest training photos in the consensus memory, nearest first (B lists of k'), their cosines
+    (B, k') and consensus_k: the first k are the consensus neighbourhood, all k' the wide one (WIDE x k, where the
+    choice or the judge reads `wide`). Fetched once per batch for the choice and the judge alike."""
+    nearest: list[list[int]]
+    cosines: torch.Tensor
+    k: int
 
-    The whole batch is decided at once (pool.Pool): every candidate's signals as one (N, S) tensor, the choice one
-    product with the weights, the order one sort, the chosen captions' confidence signals and their confidence one
-    sigmoid; what the hypotheses carry is read to the host once, at the end."""
-    how_sure = fitted is not None if how_sure is None else how_sure
-    if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
-        return [list(h) for h in hyps]
-    # what the confidence reads beyond the choice's own signals (a fitted map: the signals it weighs; none: every one,
-    # as the fit needs); the agreement always (the sure caption's, and "it hesitated")
-    sure_extra = Weights(tuple(float(how_sure and not v and (s == "agreement" or fitted is None or fitted.weighs(s)))
-                               for s, v in zip(SIGNALS, weights.values)))
-    k = int(settings.consensus_k)
-    wide = weights["wide"] or sure_extra["wide"]
-    cosines, nearest = memory.nearest_with_cosines(feats, WIDE * k if wide else k)  # (B, k') nearest first
-    if weights["objects"] or weights["top_object"] or how_sure:
-        categories = (word_categories(vocab) if categories is None else categories).to(torch.bool)  # (V, C)
-    else:
-        categories = None
-    device = feats.device
-    pool = Pool.of(hyps, memory.vocab_size, device)  # the memory speaks the model's vocabulary
-    need = Weights(tuple(float(bool(a or b)) for a, b in zip(weights.values, sure_extra.values)))  # 1: computed
-    x = signals(pool, nearest.tolist(), k, None if categories is None else probs, categories, memory, need,
-                person)  # (N, S): every signal the choice or the confidence reads
-    seen = torch.tensor([bool(weights[s]) or s not in CIDER_SIGNALS for s in SIGNALS], device=device)  # (S,)
-    x_choice = x * seen  # (N, S): as the choice sees them (a CIDEr-D signal it does not weigh: 0)
-    total = x_choice @ weights.tensor().to(device)  # (N,)
+    @classmethod
+    def of(cls, memory: ConsensusMemory, feats: torch.Tensor, k: int, wide: bool) -> "Neighbours":
+        cosines, nearest = memory.nearest_with_cosines(feats, WIDE * k if wide else k)  # (B, k') nearest first
+        return cls(nearest.tolist(), cosines, k)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The choice over a batch's candidates, on the device: the pool (pool.Pool), every candidate's signals (N, S)
+    in SIGNALS order (a CIDEr-D signal the weights leave at 0: not computed, 0), its choice (N,), the rows in the
+    chosen order (N,: each photo's rows stay together), each photo's chosen row and runner-up (B',), and the
+    weights it chose by (chose: False where they keep the beam's own order)."""
+    pool: Pool
+    signals: torch.Tensor
+    total: torch.Tensor
+    order: torch.Tensor
+    best: torch.Tensor
+    runner: torch.Tensor
+    weights: Weights
+
+    @property
+    def chose(self) -> bool:
+        return not self.weights.beam_order
+
+    def host(self) -> tuple[torch.Tensor, ...]:
+        """What the hypotheses carry of the choice, flat for one read: the signals (N, S), totals (N,), order (N,)."""
+        return self.signals.flatten(), self.total, self.order.to(self.total)
+
+
+def choose(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | None, weights: Weights,
+           person: tuple[torch.Tensor, torch.Tensor] | None = None, categories: torch.Tensor | None = None
+           ) -> Decision:
+    """A batch's candidates (the pool of `photos` photos, each with two or more) -> the Decision: every
+    candidate's signals, its choice with the model file's fitted `weights` (fitted.Fitted.choice_in_use) and the
+    order, highest first, the whole batch at once (one product, one sort). cider (N, 3): the candidates' CIDEr-D
+    signals (agreements), of which the choice reads those it weighs; probs (B, C): the head's P(category), or
+    None; person: (P(person) (B,), person words (V,)) from the file's person detector (Evidence.person), or None;
+    categories (V, C) bool: which words name which category, or None (objects and top_object left 0). Nothing is
+    read to the host here (Decision.host)."""
+    device = pool.tokens.device
+    seen = torch.tensor([float(bool(weights[s])) for s in CIDER_SIGNALS], dtype=torch.float64, device=device)  # (3,)
+    x = signals(pool, photos, cider.to(device) * seen, None if categories is None else probs, categories,
+                person)  # (N, S): a CIDEr-D signal the choice does not weigh is 0 in what it says
+    total = x @ weights.tensor().to(device)  # (N,)
     order = pool.order(total) if not weights.beam_order else torch.arange(len(pool), device=device)  # (N,)
     first = torch.tensor(pool.starts, dtype=torch.int64, device=device)  # (B',) each photo's first row
-    best, runner = order[first], order[first + 1]  # (B',) each photo's chosen row and its runner-up
-    parts = [x_choice.flatten(), total, order.to(total)]
-    if how_sure:
-        margin = (total[best] - total[runner]) if not weights.beam_order else torch.zeros_like(total[best])  # (B',)
-        texts = [" ".join(vocab.itos[t] for t in pool.words[r]) for r in range(len(pool))]
-        photos = torch.tensor(pool.photos, dtype=torch.int64, device=device)  # (B',)
-        chosen = {name: x[best, SIGNALS.index(name)] for name in ("wide", "consensus", "agreement", "log_prob",
-                                                                   "objects")}  # (B',) each
-        sure = sure_signals(pool, best, photos, chosen, margin, cosines[:, 0].to(x)[photos],
-                            None if probs is None or categories is None else probs.to(x)[photos], categories,
-                            person, check, texts)  # (B', S')
-        confidence = fitted.confidences(sure) if fitted is not None else torch.zeros(len(first)).to(x)  # (B',)
-        parts += [sure.flatten(), confidence]
-    return _dressed(hyps, pool, torch.cat(parts).tolist(), not weights.beam_order, how_sure, fitted is not None)
+    return Decision(pool, x, total, order, order[first], order[first + 1], weights)
 
 
-def _dressed(hyps: Sequence[Sequence[Hypothesis]], pool: Pool, host: list[float], chose: bool, how_sure: bool,
-             confident: bool) -> list[list[Hypothesis]]:
-    """The decision read to the host (choose's one read, flat: the choice's signals (N, S), totals (N,), order (N,),
-    then with how_sure the chosen captions' signals (B', S') and confidences (B',)) -> each photo's hypotheses in
-    the chosen order, each carrying its choice (where chose) and the first its sure_signals and confidence."""
-    n, s, width = len(pool), len(SIGNALS), len(SURE_SIGNALS)
+def ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, host: list[float]) -> list[list[Hypothesis]]:
+    """Decision.host read to the host (flat, first) -> each photo's hypotheses in the chosen order, each carrying
+    its choice and signals where the weights chose."""
+    pool, n, s = decision.pool, len(decision.pool), len(SIGNALS)
     rows, totals = [host[i * s:(i + 1) * s] for i in range(n)], host[n * s:n * s + n]
-    ranked, sure = [int(r) for r in host[n * s + n:n * s + 2 * n]], host[n * s + 2 * n:]
+    ranked = [int(r) for r in host[n * s + n:n * s + 2 * n]]
     out = [list(h) for h in hyps]
-    for g, (b, at) in enumerate(zip(pool.photos, pool.starts)):  # a photo's candidates are rows at, at + 1, ...
+    for b, at in zip(pool.photos, pool.starts):  # a photo's candidates are rows at, at + 1, ...
         cands = out[b]
-        if chose:
+        if decision.chose:
             for i, h in enumerate(cands):
                 h.choice, h.signals = totals[at + i], dict(zip(SIGNALS, rows[at + i]))
-        out[b] = ordered = [cands[r - at] for r in ranked[at:at + len(cands)]]
-        if how_sure:
-            ordered[0].sure_signals = dict(zip(SURE_SIGNALS, sure[g * width:(g + 1) * width]))
-            ordered[0].confidence = sure[len(pool.photos) * width + g] if confident else None
+        out[b] = [cands[r - at] for r in ranked[at:at + len(cands)]]
     return out

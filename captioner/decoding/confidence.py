@@ -38,12 +38,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from functools import cached_property
+from typing import Any, Callable, Sequence
 
 import torch
 
+from ..vocab import Vocab
+from .choice import CIDER_SIGNALS, Decision, Neighbours, finite
+from .choice import SIGNALS as CHOICE_SIGNALS
 from .pool import Pool
-from .support import ObjectCheck, doubt_of_objects, object_signals, template
+from .support import ObjectCheck, candidate_support, disagreement, doubt_of_objects, entropy, template
 
 SIGNALS = ("wide", "consensus", "nearest", "agreement", "margin", "log_prob", "min_word", "objects", "weakest_object",
            "top_p", "length", "support", "unsupported", "disagreement", "head_entropy", "template")
@@ -134,39 +138,117 @@ class ConfidenceMap:
         return {s: w * (signals[s] - m) for s, w, m in zip(SIGNALS, self.weights, self.means) if w and s in signals}
 
 
-def finite(value: Any, name: str) -> float:
-    """A fitted number as a float, or a ValueError naming it (a bool, text, NaN or infinity is no weight)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
+# what why_unsure reads where no weighed signal lowered the confidence (or the map has no stored means): its weak
+# signals, in the order a person can act on
+FALLBACK_REASONS = ("nearest", "agreement", "min_word", "wide")
+GATE = ("unsupported",)  # what the level reads whatever the map weighs: an object the heads barely see
 
 
-def sure_signals(pool: Pool, best: torch.Tensor, photos: torch.Tensor, choice: dict[str, torch.Tensor],
-                 margin: torch.Tensor, nearest_cosine: torch.Tensor, probs: torch.Tensor | None,
+def needs(fitted: ConfidenceMap | None) -> tuple[str, ...]:
+    """The signals a judge computes for this map, in SIGNALS order: those it weighs, the gate's and why_unsure's
+    fallback; every one without a map (what captioner-fit-selector fits on)."""
+    if fitted is None:
+        return SIGNALS
+    wanted = {s for s in SIGNALS if fitted.weighs(s)} | set(GATE) | set(FALLBACK_REASONS)
+    return tuple(s for s in SIGNALS if s in wanted)
+
+
+class Chosen:
+    """What the judge reads of a batch's chosen captions (one per photo of the Decision: B'), each signal computed
+    only when asked (SIGNAL_OF) and the shared work once: the chosen rows, the objects check's support."""
+
+    def __init__(self, decision: Decision, near: Neighbours, cider: torch.Tensor, probs: torch.Tensor | None,
                  categories: torch.Tensor | None, person: tuple[torch.Tensor, torch.Tensor] | None,
-                 check: ObjectCheck | None, texts: Sequence[str]) -> torch.Tensor:
-    """The signals of each photo's chosen caption -> (B', S) float64 in SIGNALS order, for the pool's B' photos at
-    once. best (B',): each photo's chosen row of the pool; photos (B',): its photo in the batch; choice: the chosen
-    captions' choice signals (choice.signals: wide, consensus, agreement, log_prob, objects, each (B',), every one
-    this map reads computed); margin (B',): the choice score over the runner-up's; nearest_cosine (B',): the photo's
-    cosine with its nearest training photo; probs (B', C): the head's P(category), or None without a head;
-    categories (V, C) bool: which words name which category; person: (P(person) (B,), the person words (V,) 0/1)
-    from the file's person detector, or None; check: the batch's objects check (support.py), or None; texts: every
-    candidate's words as text (its template)."""
-    x = torch.zeros(len(best), len(SIGNALS), dtype=torch.float64, device=best.device)  # (B', S)
-    x[:, SIGNALS.index("nearest")] = nearest_cosine
-    x[:, SIGNALS.index("margin")] = margin
-    x[:, SIGNALS.index("min_word")] = pool.min_word[best]
-    x[:, SIGNALS.index("weakest_object")] = weakest_object(pool, best, photos, probs, categories, person)
-    x[:, SIGNALS.index("top_p")] = 0.0 if probs is None else probs.amax(1)
-    x[:, SIGNALS.index("length")] = pool.lengths[best]
-    for name in ("wide", "consensus", "agreement", "log_prob", "objects"):
-        x[:, SIGNALS.index(name)] = choice[name]
-    at = SIGNALS.index("support")
-    x[:, at:at + 4] = object_signals(pool, best, photos, check, probs)  # support, unsupported, disagreement, entropy
-    templates = [template(texts[r]) for r in range(len(texts))]  # (N,) on the host: a regex of the words
-    x[:, SIGNALS.index("template")] = torch.tensor(templates, dtype=x.dtype).to(x.device)[best]
-    return x
+                 check: ObjectCheck | None, vocab: Vocab):
+        self.decision, self.near, self.cider_of = decision, near, cider  # cider (N, 3): choice.agreements
+        self.pool, self.best = decision.pool, decision.best  # (B',) each photo's chosen row
+        self.photos = torch.tensor(self.pool.photos, dtype=torch.int64, device=self.best.device)  # (B',)
+        self.probs = None if probs is None or categories is None else probs.to(decision.signals)[self.photos]  # (B', C)
+        self.categories, self.person, self.check, self.vocab = categories, person, check, vocab
+
+    def choice_signal(self, name: str) -> torch.Tensor:
+        """(B',) a signal the choice computed for every candidate (choice.SIGNALS), at the chosen rows."""
+        return self.decision.signals[self.best, CHOICE_SIGNALS.index(name)]
+
+    def cider(self, name: str) -> torch.Tensor:
+        """(B',) consensus, wide or agreement of the chosen captions (computed for the judge where it wants them)."""
+        return self.cider_of.to(self.decision.signals)[self.best, CIDER_SIGNALS.index(name)]
+
+    @cached_property
+    def _support(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B',) each: the least support of the chosen captions' objects, and how many the heads barely see."""
+        if self.check is None:  # without a check no object is doubted
+            return (torch.ones(len(self.best), dtype=torch.float64, device=self.best.device),
+                    torch.zeros(len(self.best), dtype=torch.float64, device=self.best.device))
+        return candidate_support(self.pool, self.best, self.photos, self.check)
+
+    def margin(self) -> torch.Tensor:
+        """(B',) the choice's score over the runner-up's (0 where the beam's order was kept)."""
+        d = self.decision
+        return d.total[d.best] - d.total[d.runner] if d.chose else torch.zeros_like(d.total[d.best])
+
+    def template(self) -> torch.Tensor:
+        """(B',) 1 where the chosen caption reads like Flickr8k's "in a <colour> <garment>"."""
+        texts = [" ".join(self.vocab.itos[t] for t in self.pool.words[r]) for r in range(len(self.pool))]
+        return torch.tensor([template(t) for t in texts], dtype=torch.float64).to(self.best.device)[self.best]
+
+
+# every confidence signal by name: how the judge computes it for the chosen captions (B',) float64
+SIGNAL_OF: dict[str, Callable[[Chosen], torch.Tensor | float]] = {
+    "wide": lambda c: c.cider("wide"),
+    "consensus": lambda c: c.cider("consensus"),
+    "nearest": lambda c: c.near.cosines[:, 0].to(c.decision.signals)[c.photos],
+    "agreement": lambda c: c.cider("agreement"),
+    "margin": Chosen.margin,
+    "log_prob": lambda c: c.choice_signal("log_prob"),
+    "min_word": lambda c: c.pool.min_word[c.best],
+    "objects": lambda c: c.choice_signal("objects"),
+    "weakest_object": lambda c: weakest_object(c.pool, c.best, c.photos, c.probs, c.categories, c.person),
+    "top_p": lambda c: 0.0 if c.probs is None else c.probs.amax(1),
+    "length": lambda c: c.pool.lengths[c.best],
+    "support": lambda c: c._support[0],
+    "unsupported": lambda c: c._support[1],
+    "disagreement": lambda c: disagreement(c.pool, c.best, c.check),
+    "head_entropy": lambda c: entropy(c.probs) if c.probs is not None else 0.0,
+    "template": Chosen.template,
+}
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """How sure, for each photo of a Decision (B'): the signals computed (`names`, SIGNALS order) as (B', S) in
+    SIGNALS order (a signal not computed: 0) and, with a map, each chosen caption's confidence (B',)."""
+    names: tuple[str, ...]
+    signals: torch.Tensor
+    confidence: torch.Tensor | None
+
+    def host(self) -> tuple[torch.Tensor, ...]:
+        """What the chosen captions carry, flat for one read: the signals (B', S), then the confidences (B',)."""
+        return (self.signals.flatten(),) + (() if self.confidence is None else (self.confidence,))
+
+    def of_photo(self, host: list[float], g: int) -> tuple[dict[str, float], float | None]:
+        """Judgement.host read to the host -> photo g's computed signals by name, and its confidence or None."""
+        width, n = len(SIGNALS), len(self.signals)
+        row = host[g * width:(g + 1) * width]
+        return ({s: row[SIGNALS.index(s)] for s in self.names},
+                None if self.confidence is None else host[n * width + g])
+
+
+def judge(decision: Decision, near: Neighbours, cider: torch.Tensor, probs: torch.Tensor | None,
+          categories: torch.Tensor | None, person: tuple[torch.Tensor, torch.Tensor] | None,
+          check: ObjectCheck | None, vocab: Vocab, fitted: ConfidenceMap | None,
+          wanted: Sequence[str] | None = None) -> Judgement:
+    """How sure each photo's chosen caption is: the signals `wanted` (default: needs(fitted), those the map weighs)
+    computed by name (SIGNAL_OF) and the map's confidence, one sigmoid for the batch; nothing read to the host.
+    near: the consensus neighbourhood the choice read; cider (N, 3): the candidates' CIDEr-D signals
+    (choice.agreements, the wanted ones computed); probs (B, C), categories (V, C) bool, person ((B,), (V,)): what
+    the heads see, or None; check: the photos' objects check (support.py), or None."""
+    wanted = needs(fitted) if wanted is None else tuple(s for s in SIGNALS if s in set(wanted))
+    chosen = Chosen(decision, near, cider, probs, categories, person, check, vocab)
+    x = torch.zeros(len(decision.best), len(SIGNALS), dtype=torch.float64, device=decision.best.device)  # (B', S)
+    for name in wanted:
+        x[:, SIGNALS.index(name)] = SIGNAL_OF[name](chosen)
+    return Judgement(wanted, x, None if fitted is None else fitted.confidences(x))
 
 
 def weakest_object(pool: Pool, best: torch.Tensor, photos: torch.Tensor, probs: torch.Tensor | None,

@@ -46,7 +46,6 @@ from ..concepts.words import word_categories
 from ..config import DecodeConfig
 from ..vocab import Vocab
 from .reading import HeadReading
-from .support import ObjectCheck, membership, word_support
 
 
 def ruled_out_words(probs: torch.Tensor, words: torch.Tensor, floor: float | torch.Tensor,
@@ -103,7 +102,6 @@ class Evidence:
         """`seen` (B, C): what rules a category out, when not `probs` (detected_probs: the head or the word
         detector of the same name, whichever sees it more)."""
         self.words = words.to(probs)  # (V, C)
-        self.check: ObjectCheck | None = None  # what the heads see of each object word (photo_evidence sets it)
         self.person = person  # (P(person) (B,), person words (V,)) or None: what else reads it (the choice)
         floors = category_floors(settings, probs.shape[1]).to(probs)  # (C,)
         out = ruled_out_words(probs if seen is None else seen.to(probs), self.words, floors, person,
@@ -161,7 +159,7 @@ def photo_evidence(reading: HeadReading, model: torch.nn.Module, vocab: Vocab, s
                    ) -> Evidence | None:
     """The photos' evidence from their reading, computed once per decode: the ruled-out words (category
     words below decode.evidence_floor; person words below decode.person_floor with a person detector), the
-    bonus table, and the objects check (support.py: each word's support). None without the ImageNet head. Decoding uses it only with decode.evidence; the contradicted
+    bonus table. None without the ImageNet head. Decoding uses it only with decode.evidence; the contradicted
     words of every Caption come from its `ruled_out` either way. A ValueError when decode.person_floor asks
     for a person detector the model lacks."""
     det = checked_detectors(model, settings)
@@ -177,9 +175,7 @@ def photo_evidence(reading: HeadReading, model: torch.nn.Module, vocab: Vocab, s
     elif vocab.aliases and det is not None and reading.seen is not None:  # a taught word's category: its detector
         taught = words[[vocab.stoi[w] for w in vocab.aliases]].amax(0) > 0  # (C,) categories a taught word names
         seen = torch.where(taught, detected_probs(reading.probs, det, reading.seen), reading.probs)  # (B, C)
-    out = Evidence(reading.probs, words, settings, person, seen)
-    out.check = word_support(reading.probs, reading.seen if det is not None else None, membership(vocab, words, det))
-    return out
+    return Evidence(reading.probs, words, settings, person, seen)
 
 
 __all__ = ["Evidence", "photo_evidence", "word_categories", "checked_detectors", "person_word_mask"]

@@ -8,8 +8,8 @@ on a photo is the strongest evidence the encoder's heads hold for it:
                          max_k  P_detector(k | b)  over the detector groups k that w belongs to )
 
 (a person word: the person detector's P, which already reads the head's clothes classes). `word_support` builds the
-(B, V) table once per decode from the photos' reading; what the confidence reads of each chosen caption
-(confidence.sure_signals) comes from `object_signals`, for the whole batch at once:
+(B, V) table once per decode from the photos' reading (objects_check); what the judge reads of each chosen
+caption (confidence.SIGNAL_OF), for the whole batch at once:
 
     support       the least support among the objects the caption names (1 when it names none)
     unsupported   how many objects it names with support below SUPPORT_FLOOR
@@ -35,7 +35,7 @@ import torch
 from ..concepts.detectors import WordDetectors
 from ..vocab import Vocab
 from .pool import Pool
-from .reading import words_of
+from .reading import HeadReading, words_of
 
 # an object whose support is below this is "unsupported": the heads barely see it, and a caption naming one is
 # never sure (docs/confidence.md: at .2 the val sets' sure captions name fewer absent objects, P(good) kept)
@@ -85,6 +85,15 @@ def _groups(itos: tuple[str, ...], members: tuple[frozenset[str], ...], taught: 
     return torch.tensor([[source.get(w, w) in names for names in members] for w in itos], dtype=torch.bool)  # (V, K)
 
 
+def objects_check(reading: HeadReading, det: WordDetectors | None, vocab: Vocab, categories: torch.Tensor
+                  ) -> ObjectCheck | None:
+    """The photos' objects check from their reading (the head's P, the detectors' where the file has them: det)
+    and categories (V, C), which words name which category; None without the ImageNet head."""
+    if reading.probs is None:
+        return None
+    return word_support(reading.probs, reading.seen if det is not None else None, membership(vocab, categories, det))
+
+
 def word_support(probs: torch.Tensor, seen: torch.Tensor | None, columns: torch.Tensor) -> ObjectCheck:
     """probs (B, C) the head's P(category), seen (B, K) the detectors' P(group) or None, columns (V, M) ->
     the ObjectCheck: each word's support, the largest P among its columns."""
@@ -94,24 +103,17 @@ def word_support(probs: torch.Tensor, seen: torch.Tensor | None, columns: torch.
     return ObjectCheck(support, cols.bool())
 
 
-def object_signals(pool: Pool, best: torch.Tensor, photos: torch.Tensor, check: ObjectCheck | None,
-                   probs: torch.Tensor | None) -> torch.Tensor:
-    """support, unsupported, disagreement and head_entropy (see the module's doc) of each photo's chosen caption
-    -> (B', 4) float64: best (B',) its row of the pool, photos (B',) its photo in the batch; check: the batch's
-    objects check, whose other candidates are the rest of the photo's rows; probs (B', C): the head's P. Without a
-    check no object is doubted (support 1, unsupported 0, disagreement 0)."""
-    out = torch.zeros(len(best), 4, dtype=torch.float64, device=best.device)  # (B', 4)
-    out[:, 0] = 1.0
-    out[:, 3] = entropy(probs) if probs is not None else 0.0
+def disagreement(pool: Pool, best: torch.Tensor, check: ObjectCheck | None) -> torch.Tensor:
+    """(B',) float64: the share of each photo's other candidates that name another set of objects than its chosen
+    caption (best (B',): its row of the pool); 0 without a check."""
+    out = torch.zeros(len(best), dtype=torch.float64, device=best.device)  # (B',)
     if check is None:
         return out
-    out[:, 0], out[:, 1] = candidate_support(pool, best, photos, check)
     objects = pool.named(check.columns)  # (N, M) the object columns each candidate names
     sizes = pool.group_sizes()  # (B',)
     group = torch.repeat_interleave(torch.arange(len(best), device=best.device), sizes)  # (N,)
     differs = (objects != objects[best][group]).any(1)  # (N,) a candidate naming another set of objects than the chosen
-    out[:, 2] = out.new_zeros(len(best)).index_add(0, group, differs.double()) / (sizes - 1).clamp_min(1)
-    return out
+    return out.index_add(0, group, differs.double()) / (sizes - 1).clamp_min(1)
 
 
 def candidate_support(pool: Pool, rows: torch.Tensor, photos: torch.Tensor, check: ObjectCheck
@@ -160,5 +162,5 @@ def _phrase(word: str) -> str:
     return ("an " if word[0] in "aeiou" else "a ") + word
 
 
-__all__ = ["SUPPORT_FLOOR", "ObjectCheck", "membership", "word_support", "object_signals",
-           "entropy", "template", "doubt_of_objects"]
+__all__ = ["SUPPORT_FLOOR", "ObjectCheck", "objects_check", "membership", "word_support", "candidate_support",
+           "disagreement", "entropy", "template", "doubt_of_objects"]
