@@ -64,7 +64,7 @@ def test_recorded_steps_train_as_the_op_by_op_steps(monkeypatch):
     cfg = Config()
     opt_e = torch.optim.SGD(eager.decoder.parameters(), lr=0.1)
     opt_r = torch.optim.SGD(recorded.decoder.parameters(), lr=0.1)
-    step = CapturedStep(recorded, cfg, CPU, Rerun)
+    step = CapturedStep(recorded, cfg, CPU, Rerun, None)
     objective = CrossEntropy(cfg)
     shapes = [_batch(2, (5, 5, 3, 2)), _batch(3, (11, 9, 6, 6, 3, 1))]
     for i in range(6):
@@ -90,7 +90,7 @@ def test_batches_of_other_caption_counts_share_a_recording_through_rows_of_lengt
     cfg = Config()
     opt_e = torch.optim.SGD(eager.decoder.parameters(), lr=0.1)
     opt_r = torch.optim.SGD(recorded.decoder.parameters(), lr=0.1)
-    step, objective = CapturedStep(recorded, cfg, CPU, Rerun), CrossEntropy(cfg)
+    step, objective = CapturedStep(recorded, cfg, CPU, Rerun, None), CrossEntropy(cfg)
     for lengths in ((6, 5, 4, 4, 2), (6, 6, 5, 3, 3, 2), (5, 5, 4, 4, 3, 2, 1)):
         b = _batch(2, lengths)
         a = train_step(lambda x: objective(eager, x), opt_e, b, cfg, CPU)
@@ -109,7 +109,7 @@ def test_a_recorded_step_with_dropout_draws_what_the_op_by_op_static_step_draws(
         m.decoder.dropout.p = 0.5
     b.load_state_dict(a.state_dict())
     data, cfg = _batch(2, (6, 4, 4, 2)), Config()
-    ref, step = CapturedStep(a, cfg, CPU, Rerun), CapturedStep(b, cfg, CPU, Rerun)
+    ref, step = CapturedStep(a, cfg, CPU, Rerun, None), CapturedStep(b, cfg, CPU, Rerun, None)
     torch.manual_seed(7)
     expected = [[g.clone() for g in ref._forward_backward(*_static(data))[1:]] for _ in range(2)]  # op by op
     torch.manual_seed(7)
@@ -139,7 +139,7 @@ def test_a_step_that_reads_the_host_is_not_recorded_and_says_so(monkeypatch):
         return real(feats, inputs, lengths, image_index)
 
     monkeypatch.setattr(model.decoder, "teacher_force_static", reads)
-    step, b = CapturedStep(model, Config(), CPU, Rerun), _batch(2, (4, 3))
+    step, b = CapturedStep(model, Config(), CPU, Rerun, None), _batch(2, (4, 3))
     with pytest.warns(RuntimeWarning, match="trains op by op"):
         assert step(b) is None
     with warnings.catch_warnings():
@@ -162,7 +162,7 @@ def test_what_is_not_recorded_is_named():
     logs = []
     cfg = Config()
     cfg.train.capture = True
-    assert captured_step.build_captured_step(cfg, model, CPU, 1, False, logs.append) is None
+    assert captured_step.build_captured_step(cfg, model, CPU, 1, None, logs.append) is None
     assert "CUDA GPU" in logs[0]
 
 
@@ -202,7 +202,7 @@ def test_the_benchmark_step_replays_and_falls_back_to_op_by_op(monkeypatch):
 
     cfg, model = Config(), _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    step = CapturedStep(model, cfg, CPU, Rerun)
+    step = CapturedStep(model, cfg, CPU, Rerun, None)
     before = [p.detach().clone() for p in model.parameters()]
     _recorded_step(step, opt, cfg, _batch(2, (4, 3)))
     assert next(iter(step.recorded.values())).graph.replays == 1
@@ -216,6 +216,7 @@ def test_cuda_graph_steps_train_as_op_by_op_on_the_gpu():
     """Real CUDA graphs: four steps over two shapes, float32 and dropout 0, against engine.train_step on the same
     GPU; then with bf16 autocast, the recorded run's losses stay within bf16's rounding of the op-by-op run's."""
     from captioner.decoding.captured import CudaGraph
+    from captioner.training.run import amp_dtype
 
     gpu = torch.device("cuda")
     for amp in (False, True):
@@ -225,7 +226,7 @@ def test_cuda_graph_steps_train_as_op_by_op_on_the_gpu():
         cfg.train.amp = amp
         opt_e = torch.optim.SGD(eager.decoder.parameters(), lr=0.1)
         opt_r = torch.optim.SGD(recorded.decoder.parameters(), lr=0.1)
-        step, objective = CapturedStep(recorded, cfg, gpu, CudaGraph), CrossEntropy(cfg)
+        step, objective = CapturedStep(recorded, cfg, gpu, CudaGraph, amp_dtype(gpu, cfg)), CrossEntropy(cfg)
         shapes = [_batch(2, (5, 5, 3, 2)), _batch(3, (11, 9, 6, 6, 3, 1))]
         for i in range(4):
             b = shapes[i % 2]

@@ -281,7 +281,7 @@ def test_cpu_bf16_autocast_training_loss_matches_fp32():
     gradients are finite and point the same way (matmuls in bf16, parameters stay fp32)."""
     from captioner.config import Config
     from captioner.data.dataset import Batch
-    from captioner.training.engine import training_autocast
+    from captioner.training.run import training_autocast
     from captioner.training.objectives import CrossEntropy
     from captioner.model.show_attend_tell import ShowAttendTell
 

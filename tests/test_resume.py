@@ -188,16 +188,20 @@ def _numbers(record: dict) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["owed", "not_owed"])
+@pytest.mark.parametrize("name", ["owed", "not_owed", "epoch_end_owed"])
 def test_a_checkpoint_that_stored_whether_a_validation_was_owed_resumes_to_the_same_log(tmp_path, name):
     """last.safetensors files written while TrainState stored `validating` (tests/fixtures/old_resume: stopped during
-    step 2 with its validation inside epoch 1 owed, or during step 3 after it) resume as that code resumed them: the
-    owed validation runs first where one is owed, and the whole log (every step's terms and rate, every validation's
-    position and scores) is the uninterrupted run's, which that code logged too."""
+    step 2 with its validation inside epoch 1 owed, or during step 3 after it, or killed during the validation of the
+    run's end, epoch 2's end at step 6, saved before it) resume as that code resumed them: the owed validation runs
+    first where one is owed, and the whole log (every step's terms and rate, every validation's position and scores)
+    is the uninterrupted run's, which that code logged too."""
     from captioner.training.engine import fit
 
     records = json.loads((OLD / "records.json").read_text())
-    assert records[name]["state"]["validating"] == (name == "owed")  # what the fixture holds
+    state = records[name]["state"]
+    assert state["validating"] == (name != "not_owed")  # what the fixture holds
+    if name == "epoch_end_owed":  # owed at an epoch's end, not inside one
+        assert (state["epoch"], state["batch_in_epoch"], state["step"]) == (2, 0, 6)
     out = tmp_path / name
     _old_last(name, out, tmp_path / "cache")
     cfg = load_config("configs/tiny.yaml", [f"data.root={need_flickr()}", f"data.cache_dir={tmp_path / 'cache'}",

@@ -14,7 +14,7 @@ from captioner.data.dataset import collate
 from captioner.model.show_attend_tell import build_model
 from captioner.training.engine import train_step
 from captioner.training.objectives import CrossEntropy
-from captioner.training.precision import amp_dtype, describe, grad_scaler
+from captioner.training.run import amp_dtype, describe_precision, grad_scaler
 from captioner.training.optimizer import lr_scale, total_steps
 
 
@@ -185,7 +185,7 @@ def test_bf16_where_the_gpu_has_it_else_fp16_with_a_scaler():
     assert amp_dtype(cuda, cfg, bf16=False) is None
     cpu = torch.device("cpu")
     assert amp_dtype(cpu, Config()) is None and grad_scaler(cpu, Config()) is None  # CPU: as before
-    assert describe(cpu, Config()) == "float32"
+    assert describe_precision(cpu, Config()) == "float32"
 
 
 def test_a_grad_scaler_step_matches_the_plain_step_and_its_state_is_json():

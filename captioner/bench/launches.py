@@ -156,7 +156,7 @@ def bench_train_launches(preset: Any, batch_images: int = 16) -> dict[str, Any]:
     model = decoder_model(preset, False).train()
     optimizer = torch.optim.Adam(model.decoder.parameters(), lr=cfg.train.lr, foreach=True)
     objective = CrossEntropy(cfg)
-    captured = CapturedStep(model, cfg, cpu, OneLaunch)
+    captured = CapturedStep(model, cfg, cpu, OneLaunch, None)  # float32, as the op-by-op step
     steps = {"op_by_op": lambda: train_step(lambda b: objective(model, b), optimizer, batch, cfg, cpu),
              "recorded": lambda: finish_step(optimizer, captured(batch), cfg)}
     out: dict[str, Any] = {"preset": preset.name, "batch_images": batch_images, "captions": len(batch.inputs),

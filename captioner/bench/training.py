@@ -64,7 +64,7 @@ def _train_config(amp: bool, device: torch.device, objective: str = "xent"):
 
 def _scaler(device: torch.device, cfg) -> Any:
     """The GradScaler a training run on `device` would use (fp16 on a GPU without bf16), else None."""
-    from ..training.precision import grad_scaler
+    from ..training.run import grad_scaler
 
     return grad_scaler(device, cfg)
 
@@ -141,8 +141,10 @@ def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp
         if mode == "recorded":  # every shape recorded before the timing: a run records each once, then replays
             from ..decoding.captured import CudaGraph
             from ..training.captured_step import CapturedStep
+            from ..training.run import amp_dtype
 
-            step = partial(_recorded_step, CapturedStep(model, cfg, device, CudaGraph), optimizer, cfg)
+            recorded = CapturedStep(model, cfg, device, CudaGraph, amp_dtype(device, cfg))  # as the run records it
+            step = partial(_recorded_step, recorded, optimizer, cfg)
             for b in batches[warmup:]:
                 step(b)
         times = time_steps(step, batches, warmup, timer, warmup_steps=0 if fast or device.type == "cuda" else 3)
@@ -224,7 +226,7 @@ def bench_train_encoder(preset: Preset, counts: Counts, device: torch.device, am
 
 
 def _encode(encoder: nn.Module, images: torch.Tensor, device: torch.device, cfg) -> None:
-    from ..training.engine import training_autocast
+    from ..training.run import training_autocast
 
     with torch.no_grad(), training_autocast(device, cfg):
         encoder(images)

@@ -52,7 +52,6 @@ from ..decoding.captured import CaptureError, CudaGraph, NoHostReads, Rerun
 from ..model.show_attend_tell import ShowAttendTell
 from .loss import eq14
 from .objectives import Terms
-from .precision import amp_dtype
 
 T_STEP = 8  # a batch's steps are rounded up to a multiple of this: one recording serves 8 caption lengths
 ROWS_STEP = 8  # and its captions to a multiple of this (rows of length 0)
@@ -84,11 +83,13 @@ class _Recording:
 
 class CapturedStep:
     """The recorded forward and backward of one cross-entropy step per batch shape (module doc). `graph` makes the
-    recorders: CudaGraph on a GPU, Rerun on a CPU (tests)."""
+    recorders: CudaGraph on a GPU, Rerun on a CPU (tests). `amp`: the run's autocast type (run.amp_dtype; None:
+    float32), chosen by the run, not here, so the recorded step computes in the precision the op-by-op one does."""
 
     def __init__(self, model: ShowAttendTell, cfg: Config, device: torch.device, graph: Callable[[], Any],
-                 limit: int = LIMIT):
+                 amp: torch.dtype | None, limit: int = LIMIT):
         self.model, self.cfg, self.device, self.make_graph, self.limit = model, cfg, device, graph, limit
+        self.amp = amp
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.recorded: OrderedDict[tuple, _Recording | None] = OrderedDict()  # None: failed, op by op
         self.pool = graph.new_pool()  # one memory pool for every recording (module doc)
@@ -142,8 +143,7 @@ class CapturedStep:
         """What a recording holds: eq. 14 on the static batch, and its backward into fresh gradients."""
         for p in self.params:
             p.grad = None  # backward then writes the recording's own gradients, never adds to the last ones
-        dtype = amp_dtype(self.device, self.cfg)
-        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None, cache_enabled=False):
+        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None, cache_enabled=False):
             tf = self.model.decoder.teacher_force_static(feats, inputs, lengths, image_index)
             total, xent, penalty = eq14(tf.logits, tf.alphas, targets, lengths, lengths.sum(),
                                         self.cfg.train.alpha_c, self.cfg.train.label_smoothing)
@@ -172,12 +172,13 @@ def _load(static: tuple[torch.Tensor, ...], batch: Batch) -> None:
         buffer[B:].zero_()
 
 
-def build_captured_step(cfg: Config, model: ShowAttendTell, device: torch.device, world_size: int, fp16: bool,
-                        log: Callable[[str], None]) -> CapturedStep | None:
-    """train.capture's recorded step for this run, or None (op by op) with the reason in the log."""
+def build_captured_step(cfg: Config, model: ShowAttendTell, device: torch.device, world_size: int,
+                        amp: torch.dtype | None, log: Callable[[str], None]) -> CapturedStep | None:
+    """train.capture's recorded step for this run (autocast to `amp`: run.amp_dtype), or None (op by op) with the
+    reason in the log."""
     if not cfg.train.capture:
         return None
-    why = why_op_by_op(cfg, model, world_size, fp16)
+    why = why_op_by_op(cfg, model, world_size, amp is torch.float16)
     if why is None and device.type not in GRAPHS:
         why = f"CUDA graphs need a CUDA GPU, and this run trains on {device.type}"
     if why is not None:
@@ -185,5 +186,5 @@ def build_captured_step(cfg: Config, model: ShowAttendTell, device: torch.device
         return None
     log(f"train.capture: each batch shape's forward and backward recorded once (at most {LIMIT} shapes, captions "
         f"padded to a multiple of {T_STEP} steps) and replayed")
-    return CapturedStep(model, cfg, device, GRAPHS[device.type])
+    return CapturedStep(model, cfg, device, GRAPHS[device.type], amp)
 

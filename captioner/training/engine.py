@@ -43,9 +43,8 @@ from ..logs import plot_history
 from .objectives import Terms
 from .ema import averaged
 from .optimizer import lr_scale, total_steps
-from .precision import amp_dtype, describe, grad_scaler, training_autocast
-from .run import (RESUMES, Log, Run, TrainingError, TrainState, build_run, check_ranks_in_sync, encoder_train_mode,
-                  epoch_position, validation_owed)
+from .run import (RESUMES, Log, Run, TrainingError, TrainState, build_run, check_ranks_in_sync, describe_precision,
+                  encoder_train_mode, epoch_position, training_autocast, validation_owed)
 from .resume import capture_random_states
 from .after_validation import announce_small_val, best_line, after_validation, validate_warm_start, why_finished
 from .stopping import NEVER, Interrupted, StopSignal
@@ -53,7 +52,7 @@ from .validation import validate
 from .watch import hparams_of
 
 __all__ = ["TrainingError", "TrainState", "Interrupted", "fit", "train_to_validation", "train_step", "finish_step", "validate",
-           "after_validation", "training_autocast", "amp_dtype", "grad_scaler"]
+           "after_validation"]
 
 
 # ---------------------------------------------------------------- the whole run
@@ -84,7 +83,7 @@ def _train(run: Run) -> dict[str, Any]:
         return state.to_dict()
     place.log(f"training on {place.device}: {len(run.dataset)} images, objective {cfg.train.objective}, "
               f"{run.steps_per_epoch} batches/epoch/rank{_accumulated(cfg)}, {_source(cfg)}, "
-              f"{describe(place.device, cfg)}, "
+              f"{describe_precision(place.device, cfg)}, "
               f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad) / 1e6:.1f}M trainable parameters")
     place.log(f"(attention penalty = train.alpha_c {cfg.train.alpha_c:g} x sum over the {cfg.model.grid_size ** 2} regions "
               "of (1 - attention the caption gave it)^2, per caption: the paper's doubly stochastic term, eq. 14)")
@@ -253,7 +252,7 @@ def train_step(objective: Callable[[Any], Terms], optimizer: torch.optim.Optimiz
     (train.grad_clip), the optimiser (Adam or AdamW: optimizer.py) at each group's lr x `lr_scale`
     (optimizer.lr_scale). `batch` may be a list of micro-batches (train.accumulate): their gradients are summed,
     each loss weighted by its share of the step's normaliser (micro_shares), so k micro-batches of B make the
-    step one batch of kB would; clipping sees the summed gradient. `scaler`: fp16's GradScaler (grad_scaler).
+    step one batch of kB would; clipping sees the summed gradient. `scaler`: fp16's GradScaler (run.grad_scaler).
     Each micro-batch (a Batch) goes to `device` here, one at a time: the loop hands over the batches as read.
     `where` ("at step 12 (epoch 1)") goes into the error messages."""
     micro = list(batch) if isinstance(batch, (list, tuple)) else [batch]

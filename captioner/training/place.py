@@ -1,6 +1,10 @@
 """Where and how one process of a training run runs: its device, its rank among the run's processes, where its
 lines go and whether it draws progress bars. build_run makes it once; everything that needs the group (the
-restore, the data's caches, the random states, the loop) takes this one object instead of five arguments."""
+restore, the data's caches, the random states, the loop) takes this one object instead of five arguments.
+
+A module of its own because it is the one name five training modules share, and no user of it is its home: run.py
+builds it, but sources.py (the data side, which run.py imports) takes it too, so in run.py it would be a cycle, and
+in sources.py "where this process runs" would sit in "what the run reads"."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,6 +1,7 @@
 """A training run, built once: where this process runs (place.py), what the run starts from (a stopped run,
-another model file or nothing), the model side (model, vocabulary, optimiser, objective), the data side
-(sources.py), the state, and the pieces beside the loop. engine.fit drives it.
+another model file or nothing), the model side (model, vocabulary, optimiser, objective, the precision it trains
+in: amp_dtype, fp16's GradScaler), the data side (sources.py), the state, and the pieces beside the loop.
+engine.fit drives it.
 """
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ from .sources import Mix, RunData, ValSet, build_data
 from .objectives import Terms, batch_features, build_objective
 from .ema import EMA, PREFIX as EMA_PREFIX
 from .optimizer import build_optimizer, keep_roles
-from .precision import grad_scaler
 from .as_exported import lends_detectors
 from .captured_step import CapturedStep, build_captured_step
 from .resume import apply_to_optimizer, check_init, check_resume, reopen, restore_random_states, seed_everything
@@ -178,7 +178,7 @@ class Run:
     vocab: Vocab
     optimizer: torch.optim.Optimizer
     train_module: torch.nn.Module  # the objective as a module (DistributedDataParallel wraps it)
-    scaler: torch.amp.GradScaler | None  # fp16 autocast's loss scaler (precision.py); None: bf16 or float32
+    scaler: torch.amp.GradScaler | None  # fp16 autocast's loss scaler (grad_scaler); None: bf16 or float32
     ema: EMA | None  # train.ema_decay: the weights' moving average (ema.py); None: off
     new_words: list[str]  # train.extend_vocab: the words the starting file lacked
     start_file: Checkpoint | None  # train.init_from, read once (its weights left out): start_file_of
@@ -395,7 +395,8 @@ def build_run(cfg: Config, device: str | torch.device = "cpu", log: Log = print,
     train_module, optimizer, new_words = _model_side(cfg, place, model, start, data)
     _random_states(cfg, start.resume, place)
     out, scaler = Path(cfg.train.out_dir), _scaler(cfg, place, start.resume)
-    captured = build_captured_step(cfg, model, place.device, place.world_size, scaler is not None, place.log)
+    captured = build_captured_step(cfg, model, place.device, place.world_size, amp_dtype(place.device, cfg),
+                                   place.log)
     owed = _owed_at_resume(cfg, place, start, len(sampler) // world_size)
     return Run(cfg, place,
                model=model, vocab=start.vocab, optimizer=optimizer, train_module=train_module,
@@ -479,8 +480,51 @@ def _watch(cfg: Config, out: Path, place: Place, start: Start, owed: bool) -> Wa
     return Watch(out, place.main, cfg.train.tensorboard, step, place.log, owed, record)
 
 
+# ---------------------------------------------------------------- the precision the run trains in
+# Mixed precision (train.amp, train.cpu_amp), chosen once per run like its device: bf16 keeps float32's exponent
+# range, so its gradients need no scaling; fp16 (GPUs without bf16: T4, V100) underflows small gradients to zero
+# unless the loss is scaled up before backward and the gradients down before the step, which is the GradScaler's
+# job (its scale is saved in last.safetensors' train state and restored here, so a resumed run scales as an
+# uninterrupted one does). engine.train_step autocasts to amp_dtype; the recorded step (captured_step.py) is given
+# it by build_run.
+
+def amp_dtype(device: torch.device, cfg: Config, bf16: bool | None = None) -> torch.dtype | None:
+    """The training autocast's type: on CUDA with `train.amp`, bf16 where the GPU computes it, else fp16 (with a
+    GradScaler: fp16 gradients underflow without one; T4, V100); on CPU only with `train.cpu_amp`, bf16 (fast
+    only where the CPU computes bf16 natively: see api.preferred_dtype). None: float32. `bf16` stands in for
+    torch.cuda.is_bf16_supported() (tests)."""
+    if cfg.train.amp and device.type == "cuda":
+        return torch.bfloat16 if (torch.cuda.is_bf16_supported() if bf16 is None else bf16) else torch.float16
+    if cfg.train.cpu_amp and device.type == "cpu":
+        return torch.bfloat16
+    return None
+
+
+def training_autocast(device: torch.device, cfg: Config) -> torch.autocast:
+    """The autocast context of amp_dtype (disabled where that is None)."""
+    dtype = amp_dtype(device, cfg)
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+
+def grad_scaler(device: torch.device, cfg: Config, bf16: bool | None = None) -> torch.amp.GradScaler | None:
+    """A GradScaler where training autocasts to fp16 (amp_dtype), else None: bf16 and float32 need none."""
+    if amp_dtype(device, cfg, bf16) is not torch.float16:
+        return None
+    return torch.amp.GradScaler(device.type)
+
+
+def describe_precision(device: torch.device, cfg: Config) -> str:
+    """The run's one line on its precision (engine.fit logs it once)."""
+    dtype = amp_dtype(device, cfg)
+    if dtype is None:
+        return "float32" + (" (train.amp is off)" if device.type == "cuda" else "")
+    if dtype is torch.float16:
+        return "fp16 autocast with a GradScaler (this GPU has no bf16; train.amp=false trains in float32)"
+    return f"bf16 autocast on {device.type}"
+
+
 def _scaler(cfg: Config, place: Place, resume: Any) -> torch.amp.GradScaler | None:
-    """fp16's loss scaler (precision.grad_scaler), from the stopped run's scale and growth count when resuming."""
+    """fp16's loss scaler (grad_scaler), from the stopped run's scale and growth count when resuming."""
     scaler = grad_scaler(place.device, cfg)
     if scaler is not None and resume is not None and (resume.train_state or {}).get("scaler"):
         scaler.load_state_dict(resume.train_state["scaler"])
