@@ -87,9 +87,9 @@ def test_no_host_sync_between_checks(monkeypatch):
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0])
 def test_one_beam_on_the_device_is_greedy(seed, length_penalty):
-    """decode() on a GPU takes the fixed-shape search for beam 1 too (greedy_decode reads back every step):
-    the same words, log-probabilities and maps as greedy_decode, and its score is the log-probability."""
-    from captioner.decoding.search import greedy_decode
+    """decode() on a GPU takes the fixed-shape search for beam 1 too: the same words, log-probabilities and maps
+    as greedy decoding's own loop (tests/greedy_oracle.py), and its score is the log-probability."""
+    from .greedy_oracle import greedy_decode
 
     torch.manual_seed(seed)
     dec = Decoder(40, 16, 12, 20, 10, 0.0).eval()

@@ -150,7 +150,7 @@ def test_hard_model_argmax_context_is_explained_as_decoded(one_torch_thread):
     import torch
 
     from captioner.config import DecodeConfig
-    from captioner.decoding.search import greedy_decode
+    from captioner.decoding.search import decode
     from captioner.vocab import SpecialIds
     from captioner.decoding.explain import explain_features
     from captioner.vocab import Vocab
@@ -160,7 +160,7 @@ def test_hard_model_argmax_context_is_explained_as_decoded(one_torch_thread):
     vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(dec.vocab_size - 4)])
     feats = torch.randn(1, 9, 16)  # (1, P, D) of the tiny decoder (D = 16): a 3x3 grid
     settings = DecodeConfig(beam_size=1, max_len=6, block_trigrams=False, hard_context="argmax")
-    (hyp,) = greedy_decode(dec, feats, SpecialIds.of(vocab), settings)
+    ((hyp,),) = decode(dec, feats, SpecialIds.of(vocab), settings)
     words = [vocab.itos[t] for t in hyp.tokens]
     argmax = explain_features(dec, feats, vocab, words, context="argmax")
     np.testing.assert_allclose(argmax.word_log_probs, hyp.word_logps.numpy(), atol=1e-5)

@@ -11,7 +11,7 @@ import torch
 import captioner
 from captioner.data.coco import load_coco
 from captioner.config import DecodeConfig
-from captioner.decoding.search import greedy_decode
+from captioner.decoding.search import decode
 from captioner.vocab import SpecialIds
 from captioner.evaluation.grounding import (CATEGORY_WORDS, GroundingSummary, box_coverage, ground_generated, ground_references,
                                  ground_words, instances_path_for, load_instances, match_words, reference_alphas,
@@ -168,7 +168,7 @@ def test_teacher_forcing_the_greedy_caption_reproduces_its_attention(bundled):
     """Row t of the teacher-forced maps is the map with which decoding emits word t."""
     x = torch.stack([bundled.preprocess(captioner.api.DEFAULT_CHECKPOINT.parent / "examples" / "cat.jpg")])
     feats = bundled.model.encode(x)  # (1, P, D)
-    (hyp,) = greedy_decode(bundled.model.decoder, feats, SpecialIds.of(bundled.vocab), DecodeConfig(max_len=20))
+    ((hyp,),) = decode(bundled.model.decoder, feats, SpecialIds.of(bundled.vocab), DecodeConfig(beam_size=1, max_len=20))
     words = [bundled.vocab.itos[t] for t in hyp.tokens]
     (alphas,) = reference_alphas(bundled, feats, [words])
     assert alphas.shape == (len(words), bundled.grid_size ** 2)

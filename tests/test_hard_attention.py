@@ -11,7 +11,7 @@ from captioner.checkpoint import load_checkpoint, load_model_state, save_checkpo
 from captioner.config import Config, load_config
 from captioner.data.dataset import collate
 from captioner.config import DecodeConfig
-from captioner.decoding.search import beam_search, greedy_decode
+from captioner.decoding.search import beam_search, decode
 from captioner.vocab import SpecialIds
 from captioner.training.loss import caption_log_likelihood, caption_loss, hard_attention_terms, update_baseline
 from captioner.model.attention import locate
@@ -102,8 +102,8 @@ def test_expected_mode_of_a_hard_model_is_the_soft_model():
     with torch.no_grad():
         for a, b in zip(soft.teacher_force(feats, inputs, lengths), hard.teacher_force(feats, inputs, lengths)):
             assert (a is None and b is None) or torch.equal(a, b)
-    g_soft = greedy_decode(soft, feats, IDS, S(max_len=12))
-    g_hard = greedy_decode(hard, feats, IDS, S(max_len=12))
+    greedy = lambda dec, **kw: [h for (h,) in decode(dec, feats, IDS, S(beam_size=1, max_len=12, **kw))]  # noqa: E731
+    g_soft, g_hard = greedy(soft), greedy(hard)
     assert [h.tokens for h in g_soft] == [h.tokens for h in g_hard]
     assert all(torch.equal(a.alphas, b.alphas) for a, b in zip(g_soft, g_hard))
     b_soft = beam_search(soft, feats, IDS, S(beam_size=3, max_len=12))
@@ -111,9 +111,9 @@ def test_expected_mode_of_a_hard_model_is_the_soft_model():
     assert [[h.tokens for h in hs] for hs in b_soft] == [[h.tokens for h in hs] for hs in b_hard]
     # argmax decoding attends differently (one region per word), so its gated contexts, and in general
     # its captions' scores, differ; a soft model ignores the setting
-    a_hard = greedy_decode(hard, feats, IDS, S(max_len=12, hard_context="argmax"))
+    a_hard = greedy(hard, hard_context="argmax")
     assert [h.log_prob for h in a_hard] != [h.log_prob for h in g_hard]
-    a_soft = greedy_decode(soft, feats, IDS, S(max_len=12, hard_context="argmax"))
+    a_soft = greedy(soft, hard_context="argmax")
     assert [h.log_prob for h in a_soft] == [h.log_prob for h in g_soft]
     assert not hasattr(hard, "decode_context")  # how it attends is an argument, never decoder state
 

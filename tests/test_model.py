@@ -10,7 +10,7 @@ import torch
 from captioner.bench.naive import naive_decoder
 from captioner.config import DecodeConfig
 from captioner.decoding.rules import unruled
-from captioner.decoding.search import beam_search, decode, greedy_decode
+from captioner.decoding.search import beam_search, decode
 from captioner.training.loss import caption_loss
 from captioner.model.attention import AdditiveAttention, glimpse
 from captioner.model.decoder import Decoder
@@ -18,6 +18,7 @@ from captioner.model.decoder import Decoder
 from captioner.vocab import SpecialIds
 
 from .conftest import END, IDS, PAD, START, B, D, P, batch, tiny_decoder
+from .greedy_oracle import greedy_decode
 
 
 def S(**settings) -> DecodeConfig:
@@ -180,15 +181,22 @@ def test_doubly_stochastic_penalty_is_reported_separately():
     assert no_pen.penalty.item() == 0.0
 
 
-def test_beam_one_equals_greedy():
+@pytest.mark.parametrize("images", [1, 5])
+def test_beam_one_equals_greedy(images):
+    """Beam 1 is greedy decoding (tests/greedy_oracle.py: the argmax of each step, its own loop): the same words,
+    maps, gates and word log-probs, and decode() scores it by its log-probability. Bit for bit over a batch (no
+    W_z a_i table, as the oracle); one image reads the table, equal to float rounding."""
     dec = tiny_decoder(30)
-    feats = torch.randn(5, P, D) * 3
+    feats = torch.randn(images, P, D) * 3
     g = greedy_decode(dec, feats, IDS, S(max_len=12))
     b = beam_search(dec, feats, IDS, S(beam_size=1, max_len=12))
-    for gh, bh in zip(g, b):
-        assert gh.tokens == bh[0].tokens
-        assert gh.log_prob == pytest.approx(bh[0].log_prob, abs=1e-5)
-        assert torch.allclose(gh.alphas, bh[0].alphas)
+    for gh, (bh,), (dh,) in zip(g, b, decode(dec, feats, IDS, S(beam_size=1, max_len=12))):
+        assert gh.tokens == bh.tokens == dh.tokens
+        assert gh.log_prob == pytest.approx(bh.log_prob, abs=1e-5) and dh.score == dh.log_prob == bh.log_prob
+        assert torch.allclose(gh.alphas, bh.alphas, atol=1e-6) and torch.allclose(gh.betas, bh.betas, atol=1e-6)
+        assert torch.allclose(gh.word_logps, bh.word_logps, atol=1e-5)
+        if images > 1:
+            assert torch.equal(gh.alphas, bh.alphas) and torch.equal(gh.word_logps, bh.word_logps)
 
 
 def _brute_force(dec, feats, max_len, V):

@@ -15,7 +15,7 @@ from captioner.config import Config
 from captioner.data.dataset import Batch
 from captioner.decoding.device_beam import beam_search_on_device
 from captioner.decoding.sampling import sample
-from captioner.decoding.search import beam_search, greedy_decode
+from captioner.decoding.search import beam_search, decode
 from captioner.model.attention import AdditiveAttention
 from captioner.training.objectives import CrossEntropy
 from captioner.vocab import SpecialIds
@@ -54,7 +54,7 @@ def _paths(bundled: captioner.Captioner) -> dict[str, Callable[[], np.ndarray]]:
             "explain (API)": lambda: flat(bundled.explain(EXAMPLES[0], SENTENCE).alphas),
             "beam search": lambda: hyps(beam_search(dec, feats, ids, settings)),
             "beam search, fixed shapes": lambda: hyps(beam_search_on_device(dec, feats, ids, settings)),
-            "greedy": lambda: hyps([[h] for h in greedy_decode(dec, feats, ids, greedy)]),
+            "greedy (beam 1)": lambda: hyps(decode(dec, feats, ids, greedy)),
             "SCST sample": scst_sample, "teacher-forced loss": loss}
 
 
@@ -104,7 +104,7 @@ def test_compiling_the_step_compiles_what_every_path_runs(tiny, monkeypatch):
              "beam search": lambda: beam_search(dec, feats, IDS, unruled(beam_size=3, max_len=5)),
              "beam search, fixed shapes": lambda: beam_search_on_device(dec, feats, IDS,
                                                                         unruled(beam_size=3, max_len=5)),
-             "greedy": lambda: greedy_decode(dec, feats, IDS, unruled(beam_size=1, max_len=5)),
+             "greedy (beam 1)": lambda: decode(dec, feats, IDS, unruled(beam_size=1, max_len=5)),
              "sampling": lambda: sample(dec, feats, IDS, 2, 5)}
     for name, run in paths.items():
         del runs[:]

@@ -11,7 +11,7 @@ from captioner.config import Config, DataConfig
 from captioner.data import build_records
 from captioner.data.dataset import collate, encode_captions
 from captioner.decoding.rules import unruled
-from captioner.decoding.search import greedy_decode
+from captioner.decoding.search import decode
 from captioner.vocab import SpecialIds
 from captioner.training.engine import train_step
 from captioner.training.objectives import CrossEntropy
@@ -45,8 +45,8 @@ def test_tiny_model_memorises_real_images(flickr):
         if terms.logs["xent"] < 0.02:
             break
     model.eval()
-    hyps = greedy_decode(model.decoder, feats, SpecialIds.of(vocab), unruled(max_len=40))  # what it learned, no rule
-    got = [" ".join(vocab.decode(h.tokens)) for h in hyps]
+    hyps = decode(model.decoder, feats, SpecialIds.of(vocab), unruled(beam_size=1, max_len=40))  # what it learned, no rule
+    got = [" ".join(vocab.decode(h[0].tokens)) for h in hyps]
     want = [" ".join(vocab.decode(ids)) for ids in (c[0] for c in caps)]
     assert terms.logs["xent"] < 0.1 * first
     assert got == want

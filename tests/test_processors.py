@@ -136,10 +136,12 @@ def _literal(monkeypatch, ids: SpecialIds, settings: DecodeConfig, evidence, lex
 
 @pytest.mark.parametrize("search", ["greedy", "beam", "device_beam"])
 def test_whole_decodes_write_the_same_captions(monkeypatch, search):
-    """A random decoder, every rule and the evidence's bonus: greedy, beam and the fixed-shape beam search find the
+    """A random decoder, every rule and the evidence's bonus: greedy (beam 1), beam and the fixed-shape beam search find the
     same hypotheses (words, scores, word log-probs) with the processors as with the literal rules."""
     from captioner.decoding.device_beam import beam_search_on_device
-    from captioner.decoding.search import beam_search, greedy_decode
+    from dataclasses import replace
+
+    from captioner.decoding.search import beam_search
     from captioner.model.decoder import Decoder
 
     torch.manual_seed(0)
@@ -149,7 +151,7 @@ def test_whole_decodes_write_the_same_captions(monkeypatch, search):
     evidence = _Evidence(torch.Generator().manual_seed(1), 3)
     settings = DecodeConfig(beam_size=3, max_len=10, evidence=False)
     rules = lambda: Rules(ids, settings, evidence, lex)  # noqa: E731
-    run = {"greedy": lambda: [[h] for h in greedy_decode(dec, feats, ids, settings, rules())],
+    run = {"greedy": lambda: beam_search(dec, feats, ids, replace(settings, beam_size=1), rules()),
            "beam": lambda: beam_search(dec, feats, ids, settings, rules()),
            "device_beam": lambda: beam_search_on_device(dec, feats, ids, settings, rules())}[search]
     got = run()

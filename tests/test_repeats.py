@@ -10,11 +10,12 @@ import torch
 from captioner.config import DecodeConfig
 from captioner.decoding.rules import Lexicon, Rules, unruled
 from captioner.vocab import SpecialIds
-from captioner.decoding.search import decode, greedy_decode
+from captioner.decoding.search import decode
 from captioner.evaluation.metrics import caption_defects, reference_repeats
 from captioner.vocab import repeats
 
 from .conftest import tiny_decoder
+from .greedy_oracle import greedy_decode
 
 START, END, PAD = 1, 2, 0
 AND, A = 4, 5  # token 4 plays "and", 5 plays "a" (function words); 6.. are content words

@@ -29,7 +29,7 @@ from ..config import DecodeConfig
 from ..model.decoder import Decoder
 from ..vocab import SpecialIds
 from .rules import RowState, Rules
-from .hypotheses import Hypothesis, alive, candidates, normalise
+from .hypotheses import Hypothesis, normalise, rank, searching, with_greedy_scores
 
 NEG = float("-inf")
 # what step s wrote: the source rows (N,) (the row after step s - 1 each row continues), its words (N,) and word
@@ -146,25 +146,22 @@ class Search:
 
     def step(self, s: State) -> State:
         """One word for every row: the next state."""
-        d, K, T, t, end = self.decoder, self.K, self.T, s.t, self.ids.end
+        d, K, T, t = self.decoder, self.K, self.T, s.t
         B, lp = s.active.shape[0], self.length_penalty
         emb, emb_gates = d.embed(s.words)
         logits, alpha, beta, (h, c) = d.step((s.h, s.c), emb, emb_gates, self.feats, s.feat_proj,
                                              self.settings.hard_context, s.ctx_gates)
         logp = self.rules.scores(logits, s.tokens, s.said, s.images)  # (N, V)
-        top_s, src, word, step_lp = candidates(s.cum, logp, B, K, K, self.ids.pad)  # (B, 2K) each
-        is_end = word == end
-        ends = is_end & (s.rank < K) & (top_s > NEG) & s.active.unsqueeze(1)  # (B, 2K)
-        finished = merge(s.finished, src, t, top_s, normalise(top_s, t + 1, lp), ends)  # their t words before <end>
-        alive_s, alive_src, alive_word, alive_lp = alive(top_s, src, word, step_lp, is_end, s.rank, K)  # (B, K)
+        r = rank(s.cum, logp, B, K, s.rank, t, lp, self.ids.pad, self.ids.end)
+        ends = r.ends & s.active.unsqueeze(1)  # (B, 2K): of images still searching
+        finished = merge(s.finished, r.src, t, r.scores, r.normed, ends)  # their t words before <end>
+        alive_s, alive_src, alive_word, alive_lp = r.alive_scores, r.alive_src, r.alive_words, r.alive_logps
         if t == T - 1:  # cap: live hypotheses end here with the word they just chose
             trail = s.trail + ((alive_src.reshape(-1), alive_word.reshape(-1), alive_lp.reshape(-1), alpha, beta),)
             finished = merge(finished, torch.arange(B * K, device=s.cum.device).view(B, K), T, alive_s,
                              normalise(alive_s, t + 1, lp), (alive_s > NEG) & s.active.unsqueeze(1))
             return replace(s, t=T, capped=True, finished=finished, trail=trail)
-        best_alive, best_k = alive_s[:, 0], finished[0][:, K - 1]  # (B,) each
-        done = best_k > NEG if lp else best_k >= best_alive
-        active = s.active & ~(done | (best_alive == NEG))
+        active = s.active & searching(finished[0][:, K - 1], alive_s[:, 0], lp)  # (B,)
         rows = alive_src.reshape(-1)  # (N,)
         words, cum = alive_word.reshape(-1), alive_s.reshape(-1).masked_fill(~active.repeat_interleave(K), NEG)
         return replace(s, t=t + 1, h=h[rows], c=c[rows], cum=cum, words=words,
@@ -195,18 +192,10 @@ def beam_search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds
                           rules: Rules | None = None, check_every: int | None = 4, greedy_scores: bool = False
                           ) -> list[list[Hypothesis]]:
     """search.beam_search's hypotheses, with fixed shapes (module docstring): the search, then one read. With
-    beam_size 1 these are greedy_decode's words; `greedy_scores` gives them its score too (the log-probability,
-    not length-normalised)."""
+    beam_size 1 these are greedy decoding's words; `greedy_scores` gives them its score too (the log-probability,
+    not length-normalised: hypotheses.with_greedy_scores)."""
     found = search_on_device(decoder, feats, ids, settings, rules, check_every).hypotheses()
     return with_greedy_scores(found) if greedy_scores else found
-
-
-def with_greedy_scores(found: list[list[Hypothesis]]) -> list[list[Hypothesis]]:
-    """In place and returned: each hypothesis scored by its log-probability, as greedy_decode scores its one."""
-    for hyps in found:
-        for h in hyps:
-            h.score = h.log_prob
-    return found
 
 
 @torch.no_grad()

@@ -1,13 +1,17 @@
 """What beam searches are made of, shared by search.beam_search (CPU: finished images leave the batch) and
-device_beam.beam_search_on_device (GPU: fixed shapes): a finished Hypothesis, the best 2K continuations of each
-image's rows and the K that stay alive; and the CPU beam's History of the live rows (the GPU's keeps a trail of
-its steps instead: device_beam.State.trail).
+device_beam.beam_search_on_device (GPU: fixed shapes), everything but their step loops: a finished Hypothesis,
+one step's ranking (`rank`: the best 2K continuations of each image's rows, those that end now and their
+normalised scores, the K that stay alive), when an image's search is over (`searching`), greedy decoding's score
+for beam 1; and the CPU beam's History of the live rows (the GPU's keeps a trail of its steps instead:
+device_beam.State.trail). The loops differ in what they keep: the CPU's drops finished images and lists their
+hypotheses on the host, the GPU's keeps every row and its finished hypotheses in device tensors.
 
 Legend: n images, G rows per image (1 at t = 0, then K), N = n*G rows, t words so far, V vocabulary, P regions.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -62,6 +66,50 @@ class History:
         tokens, logps = self.tokens[at].tolist(), self.logps[at].cpu().unbind(0)  # (M, t) each
         alphas, betas = self.alphas[at].unbind(0), self.betas[at].unbind(0)  # (M, t, P), (M, t)
         return [Hypothesis(*h) for h in zip(tokens, alphas, log_probs, scores, betas, logps)]
+
+
+def with_greedy_scores(found: list[list[Hypothesis]]) -> list[list[Hypothesis]]:
+    """In place and returned: each hypothesis scored by its log-probability (greedy decoding's score: beam 1 has
+    one hypothesis, and its length-normalised score would only rescale it)."""
+    for hyps in found:
+        for h in hyps:
+            h.score = h.log_prob
+    return found
+
+
+class Ranked(NamedTuple):
+    """One step's candidates, best first: each image's 2K best continuations (n, 2K), and the K of them that stay
+    alive (n, K)."""
+    scores: torch.Tensor  # (n, 2K) cumulative log-probs
+    src: torch.Tensor  # (n, 2K) the row each continues
+    words: torch.Tensor  # (n, 2K)
+    logps: torch.Tensor  # (n, 2K) each word's own log-prob
+    ends: torch.Tensor  # (n, 2K) hypotheses that end now: <end> within the top K, and possible
+    normed: torch.Tensor  # (n, 2K) scores normalised for t words + <end>
+    alive_scores: torch.Tensor  # (n, K)
+    alive_src: torch.Tensor  # (n, K)
+    alive_words: torch.Tensor  # (n, K)
+    alive_logps: torch.Tensor  # (n, K)
+
+
+def rank(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, rank_2k: torch.Tensor, t: int, length_penalty: float,
+         pad: int, end: int) -> Ranked:
+    """Rows' scores cum (N,) and the step's log-probs logp (N, V) of n images with G rows each, after t words,
+    rank_2k = arange(2K) -> the step's Ranked candidates."""
+    K = rank_2k.shape[0] // 2
+    top_s, src, word, step_lp = candidates(cum, logp, n, G, K, pad)  # (n, 2K) each
+    is_end = word == end
+    ends = is_end & (rank_2k < K) & (top_s > float("-inf"))  # (n, 2K)
+    return Ranked(top_s, src, word, step_lp, ends, normalise(top_s, t + 1, length_penalty),
+                  *alive(top_s, src, word, step_lp, is_end, rank_2k, K))
+
+
+def searching(best_k: torch.Tensor, best_alive: torch.Tensor, length_penalty: float) -> torch.Tensor:
+    """Each image's K-th best finished score and best live one (n,) -> (n,) whether its search goes on: a live
+    hypothesis could still beat its K finished ones (exact with length_penalty 0, since log-probabilities only
+    decrease; with a penalty, until K have finished)."""
+    done = best_k > float("-inf") if length_penalty else best_k >= best_alive
+    return ~(done | (best_alive == float("-inf")))
 
 
 def candidates(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, K: int, pad: int

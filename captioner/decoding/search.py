@@ -1,12 +1,13 @@
-"""Greedy and beam search, batched over images and beams.
+"""Beam search, batched over images and beams; greedy decoding is its beam 1.
 
 Legend: B images, K beam size, N live rows (image x beam), P regions, D feature dim, V vocabulary.
 
 Captions decode through `decode(decoder, feats, ids, settings)`: the special token ids and a DecodeConfig
 (config.decode: beam size, maximum length, length penalty, <unk> and trigram rules, a hard model's
-context); it picks greedy_decode, beam_search or device_beam's search by device and beam size. Other
-callers take a search directly: SCST's greedy baseline (training/objectives.py: greedy_decode, no rules)
-and the benchmark (bench/inference.py). This module reads the search settings (beam_size, max_len,
+context); it picks beam_search or device_beam's search by device, and with beam_size 1 scores the one
+hypothesis by its log-probability (greedy's score: hypotheses.with_greedy_scores). SCST's greedy baseline
+(training/objectives.py) is decode() with beam 1 and no rule; the benchmark (bench/inference.py) takes a search
+directly. This module reads the search settings (beam_size, max_len,
 length_penalty, hard_context; photo.py's explain reads hard_context too); the rules on which word may come
 next (block_*, the evidence's bias) are rules.py's (Rules: built once by the caller, applied step by step);
 forbid_unk is read by the callers of vocab.SpecialIds.of (captions.py, training/objectives.py,
@@ -25,59 +26,11 @@ import torch
 from ..config import DecodeConfig
 from . import captured
 from .evidence import Evidence
-from .device_beam import beam_search_on_device, with_greedy_scores
-from .hypotheses import History, Hypothesis, alive, candidates, normalise
+from .device_beam import beam_search_on_device
+from .hypotheses import History, Hypothesis, normalise, rank, searching, with_greedy_scores
 from .rules import Rules
 from ..vocab import SpecialIds
 from ..model.decoder import Decoder
-
-
-@torch.no_grad()
-def greedy_decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-                  rules: Rules | None = None) -> list[Hypothesis]:
-    """feats (B, P, D), the decode's Rules (None: settings' rules without a lexicon or evidence) -> one hypothesis
-    per image (settings.beam_size is not read); finished images leave the batch. With the rules' evidence,
-    log_prob includes its word bias."""
-    B, context = feats.shape[0], settings.hard_context
-    feat_proj = decoder.attention.project(feats)  # (B, P, A)
-    state = decoder.init_state(feats)
-    rows = torch.arange(B, device=feats.device)  # image of each live row
-    words = feats.new_full((B,), ids.start, dtype=torch.long)
-    tokens: list[list[int]] = [[] for _ in range(B)]
-    alphas: list[list[torch.Tensor]] = [[] for _ in range(B)]
-    betas: list[list[torch.Tensor]] = [[] for _ in range(B)]
-    word_lps: list[list[float]] = [[] for _ in range(B)]
-    logps = [0.0] * B
-    hist = torch.zeros(B, 0, dtype=torch.long, device=feats.device)  # (N, t) words of the live rows
-    rules = rules or Rules(ids, settings)
-    said = rules.start(B)  # what the rules remember of each live row
-    for _ in range(settings.max_len):
-        emb, emb_gates = decoder.embed(words)
-        logits, alpha, beta, state = decoder.step(state, emb, emb_gates, feats, feat_proj, context)
-        logp = rules.scores(logits, hist, said, rows)  # (N, V)
-        best_logp, words = logp.max(dim=-1)  # (N,)
-        hist, said = torch.cat([hist, words.unsqueeze(1)], 1), rules.advance(said, words)
-        keep = []
-        for j, (img, w, lp) in enumerate(zip(rows.tolist(), words.tolist(), best_logp.tolist())):
-            logps[img] += lp
-            if w == ids.end:
-                continue
-            tokens[img].append(w)
-            alphas[img].append(alpha[j])
-            betas[img].append(beta[j])
-            word_lps[img].append(lp)
-            keep.append(j)
-        if len(keep) < len(rows):  # drop finished images from the batch
-            k = torch.tensor(keep, dtype=torch.long, device=feats.device)
-            rows, words, feats, feat_proj, hist = rows[k], words[k], feats[k], feat_proj[k], hist[k]
-            said = said.reindexed(k)
-            state = (state[0][k], state[1][k])
-        if len(rows) == 0:
-            break
-    P = feats.shape[1]
-    return [Hypothesis(tokens[i], torch.stack(alphas[i]) if alphas[i] else feats.new_zeros(0, P), logps[i], logps[i],
-                       torch.stack(betas[i]) if betas[i] else feats.new_zeros(0),
-                       torch.tensor(word_lps[i], dtype=torch.float32)) for i in range(B)]
 
 
 @torch.no_grad()
@@ -91,12 +44,14 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
     end in <end> and rank within the top K as finished, and keeps the best K others alive. An image
     leaves the batch when K finished hypotheses cannot be beaten by a live one (exact with
     length_penalty=0, since log-probabilities only decrease; with a penalty, once K have finished),
-    or at max_len, where its live hypotheses are finished as they are (capped).
+    or at max_len, where its live hypotheses are finished as they are (capped). With K = 1 this is greedy
+    decoding: each step keeps the best word, and an image leaves when that word is <end>.
     """
-    K, max_len, length_penalty, end = settings.beam_size, settings.max_len, settings.length_penalty, ids.end
+    K, max_len, length_penalty = settings.beam_size, settings.max_len, settings.length_penalty
     (B, P, _), device = feats.shape, feats.device
-    rank, G = torch.arange(2 * K, device=device), 1  # (2K,); G rows (image, beam) per image: 1 at t=0, then K
-    feat_proj, ctx_gates = decoder.attention.project(feats), decoder.context_gates(feats)  # (n, P, A), (n, P, 4H)
+    rank_2k, G = torch.arange(2 * K, device=device), 1  # (2K,); G rows (image, beam) per image: 1 at t=0, then K
+    feat_proj = decoder.attention.project(feats)  # (n, P, A)
+    ctx_gates = _context_table(decoder, feats, K)  # (n, P, 4H) W_z a_i, or None
     h, c = decoder.init_state(feats)  # (N, H)
     cum = feats.new_zeros(B)  # (N,) cumulative log-prob of each row
     words = torch.full((B,), ids.start, dtype=torch.long, device=device)
@@ -111,22 +66,18 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
         n = len(image_ids)
         emb, emb_gates = decoder.embed(words)
         logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context, ctx_gates)
-        top_s, src, word, step_lp = candidates(
-            cum, rules.scores(logits, hist.tokens, said, image_ids.repeat_interleave(G, 0)), n, G, K, ids.pad)
-        is_end = word == end
-        fin = is_end & (rank < K) & (top_s > float("-inf"))  # (n, 2K) hypotheses that end now
-        norm = normalise(top_s, t + 1, length_penalty)  # (n, 2K): t words + <end>
+        r = rank(cum, rules.scores(logits, hist.tokens, said, image_ids.repeat_interleave(G, 0)), n, G, rank_2k, t,
+                 length_penalty, ids.pad, ids.end)
+        top_s, src, fin, norm = r.scores, r.src, r.ends, r.normed  # (n, 2K) each
         best_finished = _best_finished(best_finished[:n], norm, fin)  # (n, K)
-        alive_s, alive_src, alive_word, alive_lp = alive(top_s, src, word, step_lp, is_end, rank, K)  # (n, K) each
+        alive_s, alive_src, alive_word, alive_lp = r.alive_scores, r.alive_src, r.alive_words, r.alive_logps
         if t == max_len - 1:  # cap: live hypotheses end here with the word they just chose
             _record_finished(finished, hist, image_ids, top_s, src, norm, fin.nonzero().tolist())
             capped = hist.extend(alive_src.reshape(-1), alive_word.reshape(-1), alpha, beta, alive_lp.reshape(-1))
             _record_finished(finished, capped, image_ids, alive_s, torch.arange(alive_s.numel()).view_as(alive_s),
                              normalise(alive_s, t + 1, length_penalty), (alive_s > float("-inf")).nonzero().tolist())
             break
-        best_alive = alive_s[:, 0]
-        done = best_finished[:, K - 1] > float("-inf") if length_penalty else best_finished[:, K - 1] >= best_alive
-        going = ~(done | (best_alive == float("-inf")))  # (n,) live images that go on
+        going = searching(best_finished[:, K - 1], alive_s[:, 0], length_penalty)  # (n,) live images that go on
         at, width = torch.cat([fin.flatten(), going]).nonzero().squeeze(1).tolist(), fin.numel()  # the one read a step
         _record_finished(finished, hist, image_ids, top_s, src, norm, [divmod(i, 2 * K) for i in at if i < width])
         if at[-1:] < [width]:  # no image goes on
@@ -138,9 +89,17 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
         said = rules.advance(said, words, rows)  # the rules' state follows the surviving rows, as hist does
         h, c, G = h[rows], c[rows], K  # from now on each live image has K rows
         if len(keep) < n:  # finished images leave the batch
-            feats, feat_proj, ctx_gates = feats[keep], feat_proj[keep], ctx_gates[keep]
+            feats, feat_proj = feats[keep], feat_proj[keep]
+            ctx_gates = ctx_gates if ctx_gates is None else ctx_gates[keep]
         image_ids, best_finished = image_ids[keep], best_finished[keep]
     return [sorted(f, key=lambda hyp: -hyp.score)[:K] for f in finished]
+
+
+def _context_table(decoder: Decoder, feats: torch.Tensor, K: int) -> torch.Tensor | None:
+    """W_z a_i (n, P, 4H), or None (each step multiplies its rows by W_z): the table pays where a step's product
+    has few rows and reads all of W_z for them, K > 1 rows per image or one image's one row; greedy over a batch
+    multiplies its rows faster than it builds a table per image (docs/performance.md, measured)."""
+    return decoder.context_gates(feats) if K > 1 or feats.shape[0] == 1 else None
 
 
 def _best_finished(best: torch.Tensor, norm: torch.Tensor, fin: torch.Tensor) -> torch.Tensor:
@@ -164,24 +123,23 @@ def _record_finished(finished: list[list[Hypothesis]], hist: "History", image_id
 
 def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
            rules: Rules | None = None, recorded: captured.Recordings | None = None) -> list[list[Hypothesis]]:
-    """How captions are decoded (captions.py, evaluation, validation): feats (B, P, D) -> for each image its
-    hypotheses, best first. Greedy when settings.beam_size == 1 (one hypothesis per image), else beam search;
-    off the CPU the fixed-shape search for both. rules: the decode's Rules (rules.py; None: settings' rules
-    without a lexicon or evidence), built once and handed to the search. The evidence's bias (evidence-aware
-    decoding: scores added to object words) ranks the hypotheses (their score keeps it) and is taken off again
-    here: log_prob and word_logps are the model's own. recorded: the caller's recorded searches of this decoder (a
-    Captioner's on a GPU: captured.py), replayed off the CPU; None runs op by op."""
+    """How captions are decoded (captions.py, evaluation, validation, SCST's greedy baseline): feats (B, P, D) ->
+    for each image its hypotheses, best first. One beam search: on a CPU beam_search (finished images leave the
+    batch), off it the fixed-shape search; beam_size 1 is greedy decoding (one hypothesis per image, scored by its
+    log-probability). rules: the decode's Rules (rules.py; None: settings' rules without a lexicon or evidence),
+    built once and handed to the search. The evidence's bias (evidence-aware decoding: scores added to object
+    words) ranks the hypotheses (their score keeps it) and is taken off again here: log_prob and word_logps are
+    the model's own. recorded: the caller's recorded searches of this decoder (a Captioner's on a GPU:
+    captured.py), replayed off the CPU; None runs op by op."""
     settings.checked()  # config.DecodeConfig.LIMITS: one place for every setting's range
     rules = rules or Rules(ids, settings)
-    if feats.device.type != "cpu":  # a GPU: fixed shapes, no host sync per step (device_beam.py; beam 1 = greedy)
+    if feats.device.type == "cpu":  # finished images leave the batch: the least work on a CPU
+        hyps = beam_search(decoder, feats, ids, settings, rules)
+    else:  # a GPU: fixed shapes, no host sync per step (device_beam.py)
         hyps = (captured.search(recorded, decoder, feats, ids, settings, rules) if recorded is not None else
                 beam_search_on_device(decoder, feats, ids, settings, rules))
-        if settings.beam_size == 1:
-            with_greedy_scores(hyps)
-    elif settings.beam_size == 1:  # on a CPU finished images leave the batch: the least work
-        hyps = [[h] for h in greedy_decode(decoder, feats, ids, settings, rules)]
-    else:
-        hyps = beam_search(decoder, feats, ids, settings, rules)
+    if settings.beam_size == 1:
+        with_greedy_scores(hyps)
     if rules.evidence is not None:
         _remove_bias(hyps, rules.evidence)
     return hyps

@@ -26,7 +26,7 @@ from ..concepts.words import word_categories
 from ..config import Config, check_choice
 from ..data.dataset import Batch
 from ..decoding.rules import unruled
-from ..decoding.search import greedy_decode
+from ..decoding.search import decode
 from ..decoding.sampling import sample
 from .loss import (attention_entropy, attention_penalty, caption_log_likelihood, caption_loss, hard_attention_terms,
                    update_baseline)
@@ -217,11 +217,12 @@ class SelfCritical:
     def _greedy_reward(self, model: ShowAttendTell, feats: torch.Tensor, refs: list[list[list[int]]]) -> torch.Tensor:
         was_training = model.decoder.training
         model.decoder.eval()  # the caption the model would write: no dropout
-        # the baseline is the policy's own greedy caption, under the samples' rules (none: rules.py says which)
+        # the baseline is the policy's own greedy caption (decode's beam 1), under the samples' rules (none:
+        # rules.py says which)
         settings = unruled(self.cfg.decode, beam_size=1, max_len=self.cfg.train.scst_max_len)
-        hyps = greedy_decode(model.decoder, feats, SpecialIds.of(self.vocab, self.cfg.decode.forbid_unk), settings)
+        hyps = decode(model.decoder, feats, SpecialIds.of(self.vocab, self.cfg.decode.forbid_unk), settings)
         model.decoder.train(was_training)
-        return self.rewards([h.tokens for h in hyps], refs)
+        return self.rewards([h[0].tokens for h in hyps], refs)
 
 
 def build_objective(cfg: Config, vocab: Vocab, train_captions: list[list[list[int]]]):
