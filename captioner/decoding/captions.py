@@ -338,11 +338,12 @@ def decide(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
     else:
         categories = None
     pool = Pool.of(hyps, memory.vocab_size, feats.device)  # the memory speaks the model's vocabulary
-    cider = agreements(pool, near.nearest, near.k, memory, [s for s in CIDER_SIGNALS if weights[s] or (
-        how_sure and s in wanted)])  # (N, 3): one CIDEr-D pass for the choice and the judge
+    asked = [s for s in CIDER_SIGNALS if weights[s] or (how_sure and s in wanted)]
+    cider = agreements(pool, near.nearest, near.k, memory, asked)  # (N, 3): one CIDEr-D pass for choice and judge
     decision = choose(pool, len(hyps), cider, probs, weights, person, categories)
-    judgement = judge(decision, near, cider, probs, categories, person, check, vocab, sure, wanted) \
-        if how_sure else None
+    judgement = None
+    if how_sure:
+        judgement = judge(decision, near, cider, probs, categories, person, check, vocab, sure, wanted)
     parts = decision.host() + (() if judgement is None else judgement.host())
     host = torch.cat(parts).tolist()  # the decision's one read
     out = ordered(hyps, decision, host)
