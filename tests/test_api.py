@@ -451,3 +451,17 @@ def test_an_old_file_without_a_fitted_choice_keeps_the_consensus_rerank_it_had()
     assert split_fitted({"beam_size": 3}) == ({"beam_size": 3}, {"choice": {"score": 1 - 0.3, "consensus": 0.3}})
     assert split_fitted({"consensus_weight": 0.5, "sure_at": 0.4}) == ({}, {"choice": {"score": 0.5, "consensus": 0.5}})
     assert split_fitted({"consensus_weight": 0.0, "select_wide": 0.0}) == ({}, {})  # the beam's order: nothing fitted
+
+
+def test_a_caption_is_a_value_never_changed_after_it_is_made():
+    """Caption is frozen: the decoding stages build it (dataclasses.replace), nobody writes into it afterwards."""
+    import dataclasses
+
+    from captioner.decoding.captions import Alternative
+
+    cap = captioner.Caption("a cat", ["a", "cat"], np.full((2, 1, 1), 1.0), -1.0, [("a dog", -2.0)])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cap.text = "a dog"  # type: ignore[misc]
+    moved = dataclasses.replace(cap, score=-0.5)
+    assert moved.score == -0.5 and cap.score is None and moved.alternatives == cap.alternatives
+    assert isinstance(cap.alternatives[0], Alternative) and cap.alternatives[0].text == "a dog"  # pairs made whole

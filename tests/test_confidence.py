@@ -111,11 +111,10 @@ def test_the_threshold_is_the_lowest_at_which_sure_captions_are_good_85_percent_
 def _caption(confidence: float | None, sure_at: float = 0.5, **signals: float) -> Caption:
     import numpy as np
 
-    cap = Caption("a dog on the grass", ["a", "dog", "on", "the", "grass"], np.zeros((5, 1, 1)), -3.0,
-                  [("a cat on the grass", -3.5)], confidence=confidence,
-                  sure_signals=_signals(**{"nearest": 0.9, "agreement": 6.0, "wide": 0.5, **signals}))
-    cap.settings, cap.sure_at = dataclasses.asdict(DecodeConfig()), sure_at
-    return cap
+    return Caption("a dog on the grass", ["a", "dog", "on", "the", "grass"], np.zeros((5, 1, 1)), -3.0,
+                   [("a cat on the grass", -3.5)], confidence=confidence,
+                   sure_signals=_signals(**{"nearest": 0.9, "agreement": 6.0, "wide": 0.5, **signals}),
+                   settings=dataclasses.asdict(DecodeConfig()), sure_at=sure_at)
 
 
 def test_a_caption_says_how_sure_and_why_not():
@@ -219,9 +218,7 @@ def test_evaluate_coverage_reports_the_surest_shares_or_says_why_not():
     assert coverage_report(caps, records, None, said.append) is None and "not measured" in said[0]
     caps = []
     for i, conf in zip(refs, (0.9, 0.8, 0.2, 0.1)):  # sure of the two right ones
-        c = _caption(conf)
-        c.text, c.words = texts[i], texts[i].split()
-        caps.append(c)
+        caps.append(dataclasses.replace(_caption(conf), text=texts[i], words=texts[i].split()))
     out = coverage_report(caps, records, None, said.append)
     assert out["AUROC good"] == 1.0 and out["sure"]["share"] == 0.5
     assert out["coverage"]["50%"]["CIDEr"] > out["coverage"]["100%"]["CIDEr"]

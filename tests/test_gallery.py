@@ -1,6 +1,8 @@
 """Many photos at once (captioner/ui/gallery.py): the batch's CSV, JSON and figure ZIP, and the thumbnails."""
 from __future__ import annotations
 
+import dataclasses
+
 import csv
 import io
 import json
@@ -14,9 +16,8 @@ from captioner.ui import gallery
 
 def cap(text: str, concepts=(), photo_size=None) -> Caption:
     words = text.split()
-    c = Caption(text, words, np.full((len(words), 2, 2), 0.25, np.float32), -2.5, concepts=list(concepts))
-    c.photo_size, c.input_side = photo_size, 260 if photo_size else None
-    return c
+    return Caption(text, words, np.full((len(words), 2, 2), 0.25, np.float32), -2.5, concepts=list(concepts),
+                   photo_size=photo_size, input_side=260 if photo_size else None)
 
 
 ITEMS = [("a.jpg", cap("a cat on a wall", [("cat", 0.87), ("person", 0.19)])),
@@ -33,9 +34,8 @@ def test_csv_has_one_row_per_photo_with_its_caption_concepts_and_notes():
 
 
 def test_csv_says_how_sure_each_caption_is():
-    sure, unsure = cap("a cat on a wall"), cap("a dog, running")
-    sure.confidence, unsure.confidence = 0.9, 0.1
-    sure.sure_at = unsure.sure_at = 0.5  # the model file's threshold
+    sure = dataclasses.replace(cap("a cat on a wall"), confidence=0.9, sure_at=0.5)  # the model file's threshold
+    unsure = dataclasses.replace(cap("a dog, running"), confidence=0.1, sure_at=0.5)
     rows = list(csv.reader(io.StringIO(gallery.batch_csv([("a.jpg", sure), ("b.jpg", unsure)]).decode("utf-8"))))
     assert [r[3:6] for r in rows[1:]] == [["0.9000", "true", "sure"], ["0.1000", "false", "probably wrong"]]
 

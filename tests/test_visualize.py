@@ -1,6 +1,8 @@
 """Attention drawing (captioner/ui/visualize.py): faithful upsampling and the gate beta on every word."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import numpy as np
@@ -159,8 +161,7 @@ def test_the_light_mask_dims_without_tinting_and_figures_carry_a_scale_and_proba
     assert (lit[..., 0] == lit[..., 1]).all() and (lit[..., 1] == lit[..., 2]).all()  # grey levels only: no tint
     # the peak as is, the rest (outside the half-attention region, no attention) dimmed to the scale's darkest
     assert lit[5, 5, 0] == 255 and abs(lit[55, 55, 0] - 255 * visualize.scale_rows()[1, 0]) <= 1
-    cap = caption()
-    cap.word_log_probs = np.log(np.array([0.5, 0.25], np.float32))
+    cap = dataclasses.replace(caption(), word_log_probs=np.log(np.array([0.5, 0.25], np.float32)))
     fig = visualize.attention_figure(photo(), cap, title=visualize.explained_title("a dog"))
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert "a  p=0.50  β=0.90" in titles and "dog  p=0.25  β=0.10" in titles

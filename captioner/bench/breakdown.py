@@ -32,7 +32,7 @@ def caption_stages(loaded, feats: torch.Tensor, settings) -> tuple[Callable[[], 
     """The product's caption path after the encoder (captions_from_features: decode, then dress), in two
     timed halves: the first (no argument) -> captions.Decoded (hypotheses, evidence, objects check): the photo's evidence built once (person
     floor included) and decoding.decode; the second, `concepts(decoded)` -> the Captions: the heads' reading
-    (read once per photo in the product: Captioner.read), to_caption and annotate's concepts, contradicted
+    (read once per photo in the product: Captioner.read), to_caption and annotated's concepts, contradicted
     words and maps."""
     from ..decoding.captions import decode_photos, dress
     from ..decoding.reading import read_heads

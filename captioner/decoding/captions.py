@@ -32,7 +32,7 @@ from .pool import Pool
 from .fitted import Fitted
 from .rules import Lexicon, Rules
 from .sampling import SampleSettings, Samples, sample
-from .reading import HeadReading, annotate, grid_side, read_heads
+from .reading import HeadReading, annotated, grid_side, read_heads
 from .resources import Resources
 from ..model.show_attend_tell import ShowAttendTell
 from ..vocab import Vocab
@@ -59,8 +59,11 @@ class Alternative(NamedTuple):
     signals: dict[str, float] | None = None  # each signal's value that made `choice`; None with it
 
 
-@dataclass
+@dataclass(frozen=True)
 class Caption:
+    """One caption and everything said of it, a value: built by the decoding stages (to_captions, then dress or the
+    sampling's and explanation's own dressing, then Photo's: each a dataclasses.replace), never changed after."""
+    __hash__ = None  # its lists and arrays: compared by value, never a dict key
     text: str
     words: list[str]  # no special tokens
     alphas: np.ndarray  # (L, G, G), each map sums to 1, covering the whole image
@@ -126,8 +129,8 @@ class Caption:
     settings: dict = field(default_factory=dict)
     model_file: str | None = None
 
-    def __post_init__(self) -> None:
-        self.alternatives = [Alternative(*a) for a in self.alternatives]  # (text, log_prob) pairs still welcome
+    def __post_init__(self) -> None:  # (text, log_prob) pairs still welcome
+        object.__setattr__(self, "alternatives", [Alternative(*a) for a in self.alternatives])
 
     def __repr__(self) -> str:
         """One line (the dataclass's own repr printed every attention map): the text, how sure, the words."""
@@ -253,7 +256,7 @@ def small_photo_note(size: tuple[int, int] | None, input_side: int | None,
 
 def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab) -> Caption:
     """One image's hypotheses (best first) -> its Caption (words, maps, gates, word log-probs, the ranking
-    score); the other hypotheses become `alternatives`. What the photo's heads say: reading.annotate."""
+    score); the other hypotheses become `alternatives`. What the photo's heads say: reading.annotated."""
     return to_captions([hyps], vocab)[0]
 
 
@@ -357,24 +360,21 @@ def decide(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
 @torch.no_grad()
 def dress(decoded: Decoded, reading: HeadReading, feats: torch.Tensor, model: ShowAttendTell, vocab: Vocab,
           settings: DecodeConfig, fitted: Fitted) -> list[Caption]:
-    """Each photo's decoded hypotheses -> its Caption, dressed with its reading (reading.annotate: concepts,
+    """Each photo's decoded hypotheses -> its Caption, dressed with its reading (reading.annotated: concepts,
     detections, the contradicted words of the evidence's mask, concept maps), the settings that made it and what
     of the model file's `fitted` data it was chosen and judged by (the choice's weights, sure_at, the map's
     contributions) and the objects its heads barely see (the objects check: support.py)."""
     hyps, evidence, check = decoded
-    caps = to_captions(hyps, vocab)
-    annotate(caps, [h[0].tokens for h in hyps], reading, feats, model, vocab,
-             None if evidence is None else evidence.ruled_out)
+    tokens = [h[0].tokens for h in hyps]
+    caps = annotated(to_captions(hyps, vocab), tokens, reading, feats, model, vocab,
+                     None if evidence is None else evidence.ruled_out)
     weights, sure = dict(zip(SIGNALS, fitted.choice_in_use(settings).values)), fitted.map_in_use(settings)
-    if check is not None:
-        for cap, weak in zip(caps, check.unsupported([h[0].tokens for h in hyps])):
-            cap.unsupported = weak
-    for cap in caps:  # each caption says what made it (its JSON carries them)
-        cap.settings = dataclasses.asdict(settings)
-        cap.weights = dict(weights) if cap.choice is not None else {}
-        cap.sure_at = None if sure is None else sure.sure_at
-        cap.contributions = {} if sure is None or not cap.sure_signals else sure.contributions(cap.sure_signals)
-    return caps
+    weak = [[] for _ in caps] if check is None else check.unsupported(tokens)
+    return [dataclasses.replace(  # each caption says what made it (its JSON carries them)
+        cap, unsupported=w, settings=dataclasses.asdict(settings), weights=dict(weights) if cap.choice is not None
+        else {}, sure_at=None if sure is None else sure.sure_at,
+        contributions={} if sure is None or not cap.sure_signals else sure.contributions(cap.sure_signals))
+        for cap, w in zip(caps, weak)]
 
 
 @torch.no_grad()
@@ -385,7 +385,7 @@ def captions_from_features(model: ShowAttendTell, feats: np.ndarray | torch.Tens
     of `batch_size` images on the decoder's device and in its dtype: decode, then dress, with what `resources`
     holds (the owner's fitted data, consensus memory and recordings: resources.py). Where the encoder
     keeps its ImageNet head, settings.evidence biases the words and each Caption carries its photo's reading
-    (reading.annotate); `reading`: the photos' HeadReading when already made (Photo), else read per batch."""
+    (reading.annotated); `reading`: the photos' HeadReading when already made (Photo), else read per batch."""
     param = next(model.decoder.eval().parameters())
     _check_evidence(model, settings)
     out: list[Caption] = []
@@ -416,7 +416,7 @@ def sampled_captions(model: ShowAttendTell, feats: torch.Tensor, reading: HeadRe
     evidence's veto and bonus with decode.evidence), applied before temperature and truncation, so top_k=1 is
     greedy decoding; switch a rule off for one call like any decode setting (Photo.sample(block_salad=False)).
     Each Caption carries words, (L, G, G) maps, gates and the model's own word log-probs and log_prob (the
-    evidence's bias taken off, as decode does; score None), dressed like a caption (reading.annotate); its
+    evidence's bias taken off, as decode does; score None), dressed like a caption (reading.annotated); its
     settings record `settings` and, under "sample", request.to_dict with the seed used and the caption's index.
     One generator draws for the whole batch: a photo sampled alone (Photo.sample) gets the same captions whatever
     else is read with it."""
@@ -435,11 +435,12 @@ def sampled_captions(model: ShowAttendTell, feats: torch.Tensor, reading: HeadRe
     caps = to_captions([[h] for h in hyps], vocab)
     of = torch.arange(len(feats), device=feats.device).repeat_interleave(n)  # (B*n,) photo of each sample
     ruled_out = None if evidence is None else evidence.ruled_out[of.to(evidence.ruled_out.device)]  # (B*n, V)
-    annotate(caps, [h.tokens for h in hyps], HeadReading.cat([reading.rows(b, b + 1) for b in of.tolist()]),
-             feats[of], model, vocab, ruled_out)
-    for i, cap in enumerate(caps):
-        cap.score = None  # drawn, not ranked
-        cap.settings = {**dataclasses.asdict(settings), "sample": {**request.to_dict(seed), "index": i % n}}
+    caps = annotated(caps, [h.tokens for h in hyps], HeadReading.cat([reading.rows(b, b + 1) for b in of.tolist()]),
+                     feats[of], model, vocab, ruled_out)
+    caps = [dataclasses.replace(cap, score=None,  # drawn, not ranked
+                                settings={**dataclasses.asdict(settings), "sample": {**request.to_dict(seed),
+                                                                                     "index": i % n}})
+            for i, cap in enumerate(caps)]
     return [caps[b * n:(b + 1) * n] for b in range(len(feats))]
 
 

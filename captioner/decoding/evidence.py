@@ -30,7 +30,7 @@ category (bonus, veto, having named it) and, for a person word, the person floor
 `photo_evidence(reading, model, vocab, settings)` is the one place a photo's evidence is computed, once per
 decode from its reading (reading.py): the ruled-out mask (B, V), the person words and the bonus table.
 Decoding adds its bias (search.decode, which takes it off the reported log-probabilities again), and
-reading.annotate marks a caption's contradicted words from the same mask.
+reading.annotated marks a caption's contradicted words from the same mask.
 
 Legend: B images, C seen categories, V vocabulary.
 """

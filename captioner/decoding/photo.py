@@ -4,7 +4,7 @@
 the encoder's heads once (reading.read_heads). The Photo keeps the annotation vectors (1, P, D) and that
 reading, so asking it for a caption at other settings, for beam alternatives, for the explanation of any
 typed sentence or for its concepts never runs the encoder or the ImageNet head again; a generated caption
-and an explained sentence are dressed by the same builder (reading.annotate) and list the same concepts.
+and an explained sentence are dressed by the same builder (reading.annotated) and list the same concepts.
 
     photo = model.read("photo.jpg")
     photo.caption(), photo.caption(beam_size=1), photo.explain("a dog on the grass"), photo.concepts.top
@@ -23,7 +23,7 @@ from ..vocab import Vocab
 from .captions import Caption, captions_from_features, photo_notes, sampled_captions
 from .evidence import photo_evidence
 from .explain import explain_features, sentence_words
-from .reading import HeadReading, annotate, photo_concepts
+from .reading import HeadReading, annotated, photo_concepts
 from .resources import Resources
 from .sampling import Draw, SampleSettings
 
@@ -100,17 +100,16 @@ class Photo:
         cap = explain_features(loaded.model.decoder, self.features, loaded.vocab, words, settings.hard_context)
         ids = [loaded.vocab.stoi.get(w, loaded.vocab.unk) for w in cap.words]
         evidence = photo_evidence(self.reading, loaded.model, loaded.vocab, settings)  # its ruled-out words
-        annotate([cap], [ids], self.reading, self.features, loaded.model, loaded.vocab,
-                 None if evidence is None else evidence.ruled_out)
+        (cap,) = annotated([cap], [ids], self.reading, self.features, loaded.model, loaded.vocab,
+                           None if evidence is None else evidence.ruled_out)
         return self._own(cap, settings)
 
     def _own(self, cap: Caption, settings: DecodeConfig) -> Caption:
-        cap.photo_size, cap.input_side, cap.file_size, cap.transparent = (self.size, self.input_side, self.file_size,
-                                                                           self.transparent)
-        cap.flat = self.flat
-        cap.settings = {**cap.settings, **dataclasses.asdict(settings)}  # a sample's "sample" entry kept
-        cap.model_file = self.loaded.source
-        return cap
+        """The caption with what this photo says of it: its size, the model's input side, the file it came from."""
+        return dataclasses.replace(cap, photo_size=self.size, input_side=self.input_side, file_size=self.file_size,
+                                   transparent=self.transparent, flat=self.flat,
+                                   settings={**cap.settings, **dataclasses.asdict(settings)},  # a sample's kept
+                                   model_file=self.loaded.source)
 
 
 @torch.no_grad()

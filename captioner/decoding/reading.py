@@ -5,13 +5,15 @@ logits (B, K)) and, when the model file carries them, the word detectors (whose 
 classifier's clothes probability from those same logits). Everything else derives from that reading:
 the concept probabilities (B, C) evidence-aware decoding biases words with (and the ruled-out words a Caption
 marks as contradicted: evidence.photo_evidence), each photo's Concepts (the one list the API, a Caption and
-the app show), and the concept maps of the words a sentence says. `annotate` is the one builder that dresses a Caption with them,
+the app show), and the concept maps of the words a sentence says. `annotated` is the one builder that dresses a Caption with them,
 for a generated caption and an explained (typed) sentence alike.
 
 Legend: B photos, P = G*G attention cells, D feature dim, K ImageNet classes, C COCO categories,
 V vocabulary, L words.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import math
 from dataclasses import dataclass
@@ -78,42 +80,46 @@ def photo_concepts(reading: HeadReading, model: torch.nn.Module, threshold: floa
     return out
 
 
-def annotate(caps: Sequence[Any], tokens: Sequence[Sequence[int]], reading: HeadReading,
-             feats: torch.Tensor, model: torch.nn.Module, vocab: Vocab, ruled_out: torch.Tensor | None) -> None:
-    """Dress each Caption (decoding/captions.py; generated or explained) with its photo's reading, in place: concepts (the photo's
-    one list), detections, contradicted words and the concept maps of the words it says. tokens[n]: the word
-    ids of caps[n] (unknown words as <unk>); feats (n, P, D) and the reading's rows are their photos;
-    ruled_out (n, V): the photos' ruled-out words, the mask decoding's evidence holds (evidence.photo_evidence)."""
+def annotated(caps: Sequence[Any], tokens: Sequence[Sequence[int]], reading: HeadReading,
+              feats: torch.Tensor, model: torch.nn.Module, vocab: Vocab, ruled_out: torch.Tensor | None) -> list[Any]:
+    """Each Caption (decoding/captions.py; generated or explained) dressed with its photo's reading, as a new value:
+    concepts (the photo's one list), detections, contradicted words and the concept maps of the words it says.
+    tokens[n]: the word ids of caps[n] (unknown words as <unk>); feats (n, P, D) and the reading's rows are their
+    photos; ruled_out (n, V): the photos' ruled-out words, the mask decoding's evidence holds
+    (evidence.photo_evidence)."""
     if reading.logits is None:
-        return
+        return list(caps)
     concepts = photo_concepts(reading, model)
     ruled = [[False] * len(t) for t in tokens] if ruled_out is None else words_of(ruled_out > 0, tokens)
     det = detectors_of(model)
     seen = reading.seen.tolist() if det is not None and reading.seen is not None else None  # (n, K') read once
-    for n, (cap, toks) in enumerate(zip(caps, tokens)):
-        cap.concepts = list(concepts[n].top)
-        cap.contradicted = [i for i, bad in enumerate(ruled[n]) if bad]
-        if seen is not None:
-            cap.detections = [(g, round(p, 4)) for g, p in zip(det.groups, seen[n])]
-    attach_concept_maps(caps, tokens, imagenet_head_or_none(model), feats, vocab, reading.logits)
+    maps = concept_maps(tokens, imagenet_head_or_none(model), feats, vocab, reading.logits)
+    return [dataclasses.replace(cap, concepts=list(concepts[n].top),
+                                contradicted=[i for i, bad in enumerate(ruled[n]) if bad],
+                                detections=cap.detections if seen is None else
+                                [(g, round(p, 4)) for g, p in zip(det.groups, seen[n])],
+                                concept_maps={**cap.concept_maps, **maps[n]})
+            for n, cap in enumerate(caps)]
 
 
-def attach_concept_maps(caps: Sequence[Any], tokens: Sequence[Sequence[int]], head: torch.nn.Linear,
-                        feats: torch.Tensor, vocab: Vocab, logits: torch.Tensor | None = None) -> None:
-    """Fill each Caption's concept_maps: for every word naming a MAP_CATEGORIES category (person: the
-    clothes people wear), that category's map on the caption's photo when P >= MIN_PROB.
-    tokens[n]: the word ids of caps[n]; feats (n, P, D) their photos, logits (n, K) their classifier's."""
+def concept_maps(tokens: Sequence[Sequence[int]], head: torch.nn.Linear, feats: torch.Tensor, vocab: Vocab,
+                 logits: torch.Tensor | None = None) -> list[dict[int, tuple[str, float, np.ndarray]]]:
+    """Each caption's concept maps: for every word naming a MAP_CATEGORIES category (person: the clothes people
+    wear), that category's map on the caption's photo when P >= MIN_PROB, by word index. tokens[n]: the word ids
+    of caption n; feats (n, P, D) their photos, logits (n, K) their classifier's."""
+    out: list[dict[int, tuple[str, float, np.ndarray]]] = [{} for _ in tokens]
     cats = map_word_categories(vocab).tolist()  # (V,) category index or -1, read once
     where = [(n, i, cats[t]) for n, toks in enumerate(tokens) for i, t in enumerate(toks) if cats[t] >= 0]
     if not where:
-        return
+        return out
     rows = torch.tensor([n for n, _, _ in where], device=feats.device)
     maps, probs = category_maps(head, feats[rows], torch.tensor([c for _, _, c in where], device=feats.device),
                                 None if logits is None else logits[rows.to(logits.device)])
     for (n, i, c), m, p in zip(where, maps.cpu().numpy(), probs.tolist()):
         if p >= MIN_PROB:
             g = grid_side(m.shape[0])
-            caps[n].concept_maps[i] = (MAP_CATEGORIES[c], round(p, 4), m.reshape(g, g))
+            out[n][i] = (MAP_CATEGORIES[c], round(p, 4), m.reshape(g, g))
+    return out
 
 
 def words_of(table: torch.Tensor, tokens: Sequence[Sequence[int]]) -> list[list]:
@@ -139,4 +145,4 @@ def map_word_categories(vocab: Vocab) -> np.ndarray:
     return np.where(m.sum(1).numpy() > 0, m.argmax(1).numpy(), -1)
 
 
-__all__ = ["HeadReading", "read_heads", "photo_concepts", "annotate"]
+__all__ = ["HeadReading", "read_heads", "photo_concepts", "annotated"]

@@ -116,8 +116,8 @@ def get_explanation(path: str, mtime: float, dtype: str, digest: str, text: str,
                     _image) -> captioner.Caption:
     """A typed sentence teacher-forced on one photo (Photo.explain), cached per model, photo and text."""
     cap = get_photo(path, mtime, dtype, digest, _image).explain(text, hard_context=hard_context)
-    cap.photo_size, cap.transparent, cap.flat = None, False, False  # the photo's notes: shown once, by the caption
-    return cap
+    return dataclasses.replace(cap, photo_size=None, transparent=False, flat=False)  # its notes: shown once, by the
+    # caption
 
 
 def explain_or_none(path: str, mtime: float, dtype: str, digest: str, text: str, hard_context: str, _image
