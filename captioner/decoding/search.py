@@ -74,8 +74,9 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
         if t == max_len - 1:  # cap: live hypotheses end here with the word they just chose
             _record_finished(finished, hist, image_ids, top_s, src, norm, fin.nonzero().tolist())
             capped = hist.extend(alive_src.reshape(-1), alive_word.reshape(-1), alpha, beta, alive_lp.reshape(-1))
-            _record_finished(finished, capped, image_ids, alive_s, torch.arange(alive_s.numel()).view_as(alive_s),
-                             normalise(alive_s, t + 1, length_penalty), (alive_s > float("-inf")).nonzero().tolist())
+            rows = torch.arange(alive_s.numel(), device=device).view_as(alive_s)  # (n, K): the capped rows
+            _record_finished(finished, capped, image_ids, alive_s, rows, normalise(alive_s, t + 1, length_penalty),
+                             (alive_s > float("-inf")).nonzero().tolist())
             break
         going = searching(best_finished[:, K - 1], alive_s[:, 0], length_penalty)  # (n,) live images that go on
         at, width = torch.cat([fin.flatten(), going]).nonzero().squeeze(1).tolist(), fin.numel()  # the one read a step
