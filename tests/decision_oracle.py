@@ -19,6 +19,21 @@ from captioner.decoding.hypotheses import Hypothesis
 from captioner.decoding.support import SUPPORT_FLOOR, ObjectCheck, template
 from captioner.vocab import Vocab
 
+
+class Judged:
+    """A candidate as the oracle decides it, one at a time: the search's Hypothesis (a value; its fields read
+    through) with what chose it and how sure, written as the oracle goes."""
+
+    def __init__(self, hyp: Hypothesis):
+        self.hyp = hyp
+        self.choice: float | None = None
+        self.signals: dict[str, float] | None = None
+        self.sure_signals: dict[str, float] | None = None
+        self.confidence: float | None = None
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["hyp"], name)
+
 def choice_signals(cands: Sequence[Hypothesis], near: Sequence[int], wide: Sequence[int], probs: torch.Tensor | None,
             categories: torch.Tensor, memory: ConsensusMemory, weights: Weights,
             person: tuple[float, torch.Tensor] | None = None) -> torch.Tensor:
@@ -70,6 +85,7 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
     (confidence.signals; every signal they need computed) and, with a map, its `confidence`; check: the photos'
     objects check (support.py: Evidence.check), or None. settings: consensus_k."""
     how_sure = fitted is not None if how_sure is None else how_sure
+    hyps = [[Judged(h) for h in hs] for hs in hyps]
     if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
         return [list(h) for h in hyps]
     # what the confidence reads beyond the choice's own signals, computed for the chosen caption alone (a fitted map:

@@ -47,7 +47,7 @@ def _feats(photo: int) -> torch.Tensor:
 def test_zero_weights_keep_the_beams_order_and_every_candidate():
     cands = [_hyp("a cat sits on the sofa", -0.5), _hyp("a dog runs on the grass", -0.9)]
     out = decide([cands], _feats(0), None, _memory(), Vocab(WORDS), DecodeConfig())[0]  # no weights: the beam's
-    assert out == cands and all(h.choice is None for h in out)
+    assert list(out.hyps) == cands and out.choices is None and out.choice_of(1) == (None, None)
 
 
 @pytest.mark.parametrize("signal, winner", [("consensus", "a dog runs on the grass"),  # memory photo 0's caption
@@ -61,12 +61,12 @@ def test_each_signal_moves_the_choice_its_way(signal, winner):
     probs = torch.zeros(len(captioner.concepts.imagenet.CATEGORIES))  # (C,): the head sees a cat only
     probs[captioner.concepts.imagenet.CATEGORIES.index("cat")] = 0.9
     settings = DecodeConfig(consensus_k=1)
-    assert decide([cands], _feats(0), probs[None], _memory(), Vocab(WORDS), settings)[0][0].tokens == cands[0].tokens
+    assert decide([cands], _feats(0), probs[None], _memory(), Vocab(WORDS), settings)[0].best.tokens == cands[0].tokens
     weighted = Weights.from_json({"score": 0.01, "consensus": 0.99} if signal == "consensus"
                                  else {"score": 1.0, signal: 50.0})
     out = decide([cands], _feats(0), probs[None], _memory(), Vocab(WORDS), settings, weights=weighted)[0]
-    assert " ".join(Vocab(WORDS).itos[t] for t in out[0].tokens) == winner
-    assert out[0].choice == max(h.choice for h in out) and set(out[0].signals) == set(SIGNALS)
+    assert " ".join(Vocab(WORDS).itos[t] for t in out.best.tokens) == winner
+    assert out.choices[0] == max(out.choices) and set(out.signals[0]) == set(SIGNALS)
 
 
 def test_signals_are_computed_only_where_weighed():
@@ -119,10 +119,11 @@ def test_fitted_weights_stored_as_the_files_fitted_data_choose_as_the_fit_does()
              _hyp("a dog runs on the grass", -0.8)]
     probs = torch.rand(1, len(captioner.concepts.imagenet.CATEGORIES), generator=torch.Generator().manual_seed(0))
     out = decide([cands], _feats(2), probs, _memory(), Vocab(WORDS), decode, weights=stored.choice_in_use(decode))[0]
-    x = torch.stack([torch.tensor([h.signals[s] for s in SIGNALS], dtype=torch.float64) for h in out])  # (n, S)
-    assert int((x @ weights).argmax()) == 0 and out[0] is not cands[0]  # the fit's own favourite, not the beam's
+    x = torch.stack([torch.tensor([row[s] for s in SIGNALS], dtype=torch.float64) for row in out.signals])  # (n, S)
+    assert int((x @ weights).argmax()) == 0 and out.best is not cands[0]  # the fit's own favourite, not the beam's
     off = dataclasses.replace(decode, fitted_choice=False)
-    assert decide([cands], _feats(2), probs, _memory(), Vocab(WORDS), off, weights=stored.choice_in_use(off))[0] == cands
+    kept = decide([cands], _feats(2), probs, _memory(), Vocab(WORDS), off, weights=stored.choice_in_use(off))[0]
+    assert list(kept.hyps) == cands
     with pytest.raises(ValueError, match="positive"):
         as_fitted(torch.tensor([-1.0, 0.5, 0, 0, 0, 0, 0, 0]))
     for bad in ({"choice": {"sharpness": 1.0}}, {"choice": {"wide": float("nan")}}, {"chioce": {}}):

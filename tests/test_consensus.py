@@ -34,8 +34,8 @@ def _hyp(tokens: list[int], score: float) -> Hypothesis:
 
 def rerank(hyps, feats, memory, k: int, weight: float):
     """The choice with only the beam's score and the consensus weighted (1 - weight, weight): the consensus rerank."""
-    return decide(hyps, feats, None, memory, None, DecodeConfig(consensus_k=k),
-                  weights=Weights.from_json({"score": 1 - weight, "consensus": weight}))
+    return [list(d.hyps) for d in decide(hyps, feats, None, memory, None, DecodeConfig(consensus_k=k),
+                                         weights=Weights.from_json({"score": 1 - weight, "consensus": weight}))]
 
 
 def _near(pooled_row: torch.Tensor, P: int = 4) -> torch.Tensor:

@@ -89,20 +89,22 @@ def test_the_batched_decision_equals_the_per_photo_one(drawn, seed, weighed, wit
     got = decide(copy.deepcopy(hyps), feats, probs, memory, vocab, settings_, weights, fitted, judged, **kw)
     want = oracle.choose(copy.deepcopy(hyps), feats, probs, memory, vocab, settings_, how_sure=how_sure,
                          weights=weights, fitted=fitted, **kw)
-    assert [[h.tokens for h in p] for p in got] == [[h.tokens for h in p] for p in want]
-    for p, q in zip(got, want):
-        for h, o in zip(p, q):
-            assert (h.choice is None) == (o.choice is None) and (h.signals is None) == (o.signals is None)
-            if h.choice is not None:
-                assert h.choice == pytest.approx(o.choice, abs=1e-6)
-                assert h.signals == pytest.approx(o.signals, abs=1e-6)
-            assert (h.sure_signals is None) == (o.sure_signals is None)
-            if h.sure_signals is not None:  # the judge computes what the map weighs (needs), the oracle every one
-                assert set(h.sure_signals) == set(SURE_SIGNALS if fitted is None else needs(fitted))
-                assert h.sure_signals == pytest.approx({s: o.sure_signals[s] for s in h.sure_signals}, abs=1e-6)
-            assert (h.confidence is None) == (o.confidence is None)
-            if h.confidence is not None:
-                assert h.confidence == pytest.approx(o.confidence, abs=1e-6)
+    assert [[h.tokens for h in d.hyps] for d in got] == [[h.tokens for h in p] for p in want]
+    for d, q in zip(got, want):
+        for i, o in enumerate(q):
+            total, signals = d.choice_of(i)
+            assert (total is None) == (o.choice is None) and (signals is None) == (o.signals is None)
+            if total is not None:
+                assert total == pytest.approx(o.choice, abs=1e-6)
+                assert signals == pytest.approx(o.signals, abs=1e-6)
+        o = q[0]
+        assert (d.sure_signals is None) == (o.sure_signals is None)
+        if d.sure_signals is not None:  # the judge computes what the map weighs (needs), the oracle every one
+            assert set(d.sure_signals) == set(SURE_SIGNALS if fitted is None else needs(fitted))
+            assert d.sure_signals == pytest.approx({s: o.sure_signals[s] for s in d.sure_signals}, abs=1e-6)
+        assert (d.confidence is None) == (o.confidence is None)
+        if d.confidence is not None:
+            assert d.confidence == pytest.approx(o.confidence, abs=1e-6)
 
 
 @settings(max_examples=40, deadline=None)
@@ -149,7 +151,7 @@ def test_the_decision_reads_the_host_a_few_times_per_batch_not_per_photo(photos)
     with reads:
         out = decide(hyps, torch.randn(photos, 4, D, generator=g), probs, memory, Vocab(WORDS),
                      DecodeConfig(consensus_k=3), weights, ConfidenceMap(0.0, (1.0,) * len(SURE_SIGNALS), 0.6), **kw)
-    assert all(p[0].confidence is not None for p in out)
+    assert all(d.confidence is not None for d in out)
     assert reads.syncs <= 12  # the CIDEr-D pass's few, whatever the batch (it was ~30 a photo)
 
 

@@ -100,8 +100,8 @@ def _pools(loaded, feats, settings, extra: list[str]) -> dict[str, tuple[list, f
             x = feats[k:k + 50]
             reading = read_heads(loaded.model, x)
             if name.startswith("beam"):
-                hyps += decode_photos(loaded.model, x, reading, loaded.vocab,
-                                      dataclasses.replace(beam, beam_size=int(name[4:])), loaded.resources).hyps
+                hyps += [list(d.hyps) for d in decode_photos(loaded.model, x, reading, loaded.vocab, dataclasses.replace(
+                    beam, beam_size=int(name[4:])), loaded.resources).photos]
             else:
                 caps = sampled_captions(loaded.model, x, reading, loaded.vocab, beam,
                                         SampleSettings(int(name[6:]), Draw(0.6, 0, 0.9), 0).checked())
@@ -272,7 +272,7 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
         x = signals(every_one, len(hyps), agreements(every_one, nearest, k, memory, CIDER_SIGNALS), probs, categories,
                     person).split(
             [len(hs) for hs in hyps])  # (n, S) per photo
-        pool = [Pool(xs, torch.tensor(c, dtype=torch.float64), [id(h) for h in hs].index(id(cur[0])), t)
+        pool = [Pool(xs, torch.tensor(c, dtype=torch.float64), [id(h) for h in hs].index(id(cur.best)), t)
                 for xs, hs, c, cur, t in zip(x, hyps, cider, current, texts)]
         rows[pool_name] = {**baselines(pool), "ms per photo": 1000 * seconds}
         if pool_name == f"beam{settings.beam_size}":
@@ -290,7 +290,7 @@ def _sure_rows(current: list, pools: list, ids: list, refs: list, boxed: dict | 
     for cur, pool, i, r in zip(current, pools, ids, refs):
         text = pool.texts[pool.shipped]
         h = caption_hallucination(i, text, r, None if boxed is None else boxed[i], table)
-        out.append(Row(cur[0].sure_signals, float(pool.cider[pool.shipped]), bool(h.hallucinated), text, str(i)))
+        out.append(Row(cur.sure_signals, float(pool.cider[pool.shipped]), bool(h.hallucinated), text, str(i)))
     return out
 
 

@@ -254,16 +254,41 @@ def small_photo_note(size: tuple[int, int] | None, input_side: int | None,
             f"is enlarged {times:.0f}x, so the caption rests on very little detail.")
 
 
+@dataclass(frozen=True)
+class Decided:
+    """One photo's decision (decide), a value: its candidates in the chosen order (the beam's where nothing chose),
+    each one's choice and signals (choice.py; None: the beam's order kept), and how sure the first is: the
+    judge's signals and confidence (confidence.py; None: not judged)."""
+    hyps: tuple[Hypothesis, ...]
+    choices: tuple[float, ...] | None = None
+    signals: tuple[dict[str, float], ...] | None = None
+    sure_signals: dict[str, float] | None = None
+    confidence: float | None = None
+
+    @property
+    def best(self) -> Hypothesis:
+        return self.hyps[0]
+
+    def choice_of(self, i: int) -> tuple[float | None, dict[str, float] | None]:
+        """Candidate i's choice and signals (None, None where the beam's order was kept)."""
+        return (None, None) if self.choices is None else (self.choices[i], self.signals[i])
+
+
+def kept(hyps: Sequence[Sequence[Hypothesis]]) -> list[Decided]:
+    """Each photo's hypotheses in the beam's order, nothing chosen or judged."""
+    return [Decided(tuple(h)) for h in hyps]
+
+
 def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab) -> Caption:
     """One image's hypotheses (best first) -> its Caption (words, maps, gates, word log-probs, the ranking
     score); the other hypotheses become `alternatives`. What the photo's heads say: reading.annotated."""
-    return to_captions([hyps], vocab)[0]
+    return to_captions(kept([hyps]), vocab)[0]
 
 
-def to_captions(hyps: Sequence[Sequence[Hypothesis]], vocab: Vocab) -> list[Caption]:
-    """Each image's hypotheses (best first) -> its Caption (to_caption), the best ones' maps, gates and word
-    log-probs read to the host in one transfer for all the images (padded to the longest, then cut)."""
-    best = [h[0] for h in hyps]
+def to_captions(photos: Sequence[Decided], vocab: Vocab) -> list[Caption]:
+    """Each photo's decision -> its Caption (to_caption) with its choice and how sure, the best hypotheses' maps,
+    gates and word log-probs read to the host in one transfer for all the photos (padded to the longest, then cut)."""
+    best = [d.best for d in photos]
     if not best:
         return []
     lengths = [len(b.tokens) for b in best]
@@ -274,24 +299,25 @@ def to_captions(hyps: Sequence[Sequence[Hypothesis]], vocab: Vocab) -> list[Capt
               batch_first=True)  # (B, L): the beam hands them over on the host
     host = np.concatenate([on_device.cpu().numpy(), lps.numpy()[:, :on_device.shape[1], None]], -1)  # (B, L, P + 2)
     out = []
-    for b, h, n, rows in zip(best, hyps, lengths, host):
+    for b, d, n, rows in zip(best, photos, lengths, host):
         words = [vocab.itos[t] for t in b.tokens]
         g = grid_side(rows.shape[-1] - 2)
         betas = rows[:n, -2].copy() if b.betas is not None else np.zeros(0, np.float32)  # (L,)
         lps = rows[:n, -1].copy() if b.word_logps is not None else np.zeros(0, np.float32)  # (L,)
-        alts = [Alternative(" ".join(vocab.itos[t] for t in a.tokens), float(a.log_prob), float(a.score), a.choice,
-                            a.signals) for a in h[1:]]
+        alts = [Alternative(" ".join(vocab.itos[t] for t in a.tokens), float(a.log_prob), float(a.score),
+                            *d.choice_of(i)) for i, a in enumerate(d.hyps) if i]
+        choice, signals = d.choice_of(0)
         out.append(Caption(" ".join(words), words, rows[:n, :-2].reshape(n, g, g).copy(), float(b.log_prob), alts,
-                           betas, word_log_probs=lps, score=float(b.score), choice=b.choice,
-                           signals=dict(b.signals or {}), confidence=b.confidence,
-                           sure_signals=dict(b.sure_signals or {})))
+                           betas, word_log_probs=lps, score=float(b.score), choice=choice,
+                           signals=dict(signals or {}), confidence=d.confidence,
+                           sure_signals=dict(d.sure_signals or {})))
     return out
 
 
 class Decoded(NamedTuple):
-    """decode_photos' result: each photo's hypotheses in the chosen order (the first judged), and the evidence and
-    objects check they were decoded and judged with (None without the ImageNet head)."""
-    hyps: list[list[Hypothesis]]
+    """decode_photos' result: each photo's decision (its hypotheses in the chosen order, the first judged), and the
+    evidence and objects check they were decoded and judged with (None without the ImageNet head)."""
+    photos: list[Decided]
     evidence: Evidence | None
     check: ObjectCheck | None
 
@@ -321,19 +347,19 @@ def decide(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
            memory: ConsensusMemory | None, vocab: Vocab | None, settings: DecodeConfig, weights: Weights = BEAM_ORDER,
            sure: ConfidenceMap | None = None, judged: Sequence[str] | None = None, *,
            person: tuple[torch.Tensor, torch.Tensor] | None = None, categories: torch.Tensor | None = None,
-           check: ObjectCheck | None = None) -> list[list[Hypothesis]]:
+           check: ObjectCheck | None = None) -> list[Decided]:
     """The decision after the beam, in two stages: choose (choice.py) orders each photo's candidates by the fitted
     weights, then judge (confidence.py) computes how sure the chosen caption is: with the map `sure`, the signals
     it weighs and its confidence; with `judged`, those signals (captioner-fit-selector: every one). Both read one
     neighbourhood of the consensus memory and go to the host in one read; the hypotheses come back in the chosen
-    order, each carrying its choice and the first its judged signals and confidence. Without a memory, or a photo
+    order (Decided), with each one's choice and the first's judged signals and confidence. Without a memory, or a photo
     with two candidates, the beam's order stays and nothing is judged. feats (B, P, D); probs (B, C): the head's
     P(category), or None; person: (P(person) (B,), person words (V,)) from the file's person detector
     (Evidence.person), or None; categories (V, C): which words name which category (Evidence.words, else built
     from the vocabulary where needed); check: the photos' objects check (support.objects_check), or None."""
     how_sure = sure is not None or judged is not None
     if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
-        return [list(h) for h in hyps]
+        return kept(hyps)
     wanted = needs(sure) if judged is None else tuple(judged)
     near = Neighbours.of(memory, feats, settings.consensus_k, bool(weights["wide"]) or (how_sure and "wide" in wanted))
     if weights["objects"] or weights["top_object"] or how_sure:  # (V, C) bool
@@ -349,11 +375,13 @@ def decide(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
         judgement = judge(decision, near, cider, probs, categories, person, check, vocab, sure, wanted)
     parts = decision.host() + (() if judgement is None else judgement.host())
     host = torch.cat(parts).tolist()  # the decision's one read
-    out = ordered(hyps, decision, host)
+    out = [Decided(tuple(h), None if c is None else tuple(c), None if x is None else tuple(x))
+           for h, c, x in ordered(hyps, decision, host)]
     if judgement is not None:
         rest = host[sum(p.numel() for p in decision.host()):]
         for g, b in enumerate(decision.pool.photos):
-            out[b][0].sure_signals, out[b][0].confidence = judgement.of_photo(rest, g)
+            sure_signals, confidence = judgement.of_photo(rest, g)
+            out[b] = dataclasses.replace(out[b], sure_signals=sure_signals, confidence=confidence)
     return out
 
 
@@ -364,9 +392,9 @@ def dress(decoded: Decoded, reading: HeadReading, feats: torch.Tensor, model: Sh
     detections, the contradicted words of the evidence's mask, concept maps), the settings that made it and what
     of the model file's `fitted` data it was chosen and judged by (the choice's weights, sure_at, the map's
     contributions) and the objects its heads barely see (the objects check: support.py)."""
-    hyps, evidence, check = decoded
-    tokens = [h[0].tokens for h in hyps]
-    caps = annotated(to_captions(hyps, vocab), tokens, reading, feats, model, vocab,
+    photos, evidence, check = decoded
+    tokens = [d.best.tokens for d in photos]
+    caps = annotated(to_captions(photos, vocab), tokens, reading, feats, model, vocab,
                      None if evidence is None else evidence.ruled_out)
     weights, sure = dict(zip(SIGNALS, fitted.choice_in_use(settings).values)), fitted.map_in_use(settings)
     weak = [[] for _ in caps] if check is None else check.unsupported(tokens)
@@ -432,7 +460,7 @@ def sampled_captions(model: ShowAttendTell, feats: torch.Tensor, reading: HeadRe
     s = sample(model.decoder, feats, ids, n, settings.max_len, draw=request.draw,
                rules=Rules(ids, settings, bias, Lexicon.of(vocab)), generator=generator, context=settings.hard_context)
     hyps = _sample_hypotheses(s, ids.end, n, bias)
-    caps = to_captions([[h] for h in hyps], vocab)
+    caps = to_captions(kept([[h] for h in hyps]), vocab)
     of = torch.arange(len(feats), device=feats.device).repeat_interleave(n)  # (B*n,) photo of each sample
     ruled_out = None if evidence is None else evidence.ruled_out[of.to(evidence.ruled_out.device)]  # (B*n, V)
     caps = annotated(caps, [h.tokens for h in hyps], HeadReading.cat([reading.rows(b, b + 1) for b in of.tolist()]),

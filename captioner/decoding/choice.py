@@ -214,17 +214,18 @@ def choose(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | N
     return Decision(pool, x, total, order, order[first], order[first + 1], weights)
 
 
-def ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, host: list[float]) -> list[list[Hypothesis]]:
-    """Decision.host read to the host (flat, first) -> each photo's hypotheses in the chosen order, each carrying
-    its choice and signals where the weights chose."""
+def ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, host: list[float]
+            ) -> list[tuple[list[Hypothesis], list[float] | None, list[dict[str, float]] | None]]:
+    """Decision.host read to the host (flat, first) -> each photo's hypotheses in the chosen order, with each one's
+    choice and signals where the weights chose (None, None: the beam's order kept)."""
     pool, n, s = decision.pool, len(decision.pool), len(SIGNALS)
     rows, totals = [host[i * s:(i + 1) * s] for i in range(n)], host[n * s:n * s + n]
     ranked = [int(r) for r in host[n * s + n:n * s + 2 * n]]
-    out = [list(h) for h in hyps]
+    out: list[tuple[list[Hypothesis], list[float] | None, list[dict[str, float]] | None]] = [
+        (list(h), None, None) for h in hyps]
     for b, at in zip(pool.photos, pool.starts):  # a photo's candidates are rows at, at + 1, ...
-        cands = out[b]
-        if decision.chose:
-            for i, h in enumerate(cands):
-                h.choice, h.signals = totals[at + i], dict(zip(SIGNALS, rows[at + i]))
-        out[b] = [cands[r - at] for r in ranked[at:at + len(cands)]]
+        rows_of = ranked[at:at + len(hyps[b])]
+        picked = [hyps[b][r - at] for r in rows_of]
+        out[b] = (picked, [totals[r] for r in rows_of], [dict(zip(SIGNALS, rows[r])) for r in rows_of]) \
+            if decision.chose else (picked, None, None)
     return out

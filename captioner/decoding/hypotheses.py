@@ -10,14 +10,16 @@ Legend: n images, G rows per image (1 at t = 0, then K), N = n*G rows, t words s
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
 
 
-@dataclass
+@dataclass(frozen=True)
 class Hypothesis:
+    """A finished caption of the search, a value (what decides among them and how sure: captions.Decided)."""
+    __hash__ = None  # its tensors: compared by value, never a dict key
     tokens: list[int]  # word ids, without <start>/<end>
     alphas: torch.Tensor  # (len(tokens), P): attention of each word
     log_prob: float  # sum of log-probabilities of the words (and of <end> when it was emitted)
@@ -25,14 +27,6 @@ class Hypothesis:
     betas: torch.Tensor | None = None  # (len(tokens),): gate beta of each word (how much it used the image)
     # (len(tokens),) float32: log-probability of each word when chosen (log_prob minus these = <end>'s); None: unknown
     word_logps: torch.Tensor | None = None
-    # what chose among the photo's candidates (choice.choose): the weighted sum, and each signal's value;
-    # None where the beam's order was kept
-    choice: float | None = None
-    signals: dict[str, float] | None = None
-    # how sure (confidence.py), on a photo's chosen caption: the signals and, with a fitted map, the probability
-    # that it is good; None where not computed
-    sure_signals: dict[str, float] | None = None
-    confidence: float | None = None
 
 
 def normalise(log_prob: float | torch.Tensor, length: int, length_penalty: float) -> float | torch.Tensor:
@@ -69,12 +63,9 @@ class History:
 
 
 def with_greedy_scores(found: list[list[Hypothesis]]) -> list[list[Hypothesis]]:
-    """In place and returned: each hypothesis scored by its log-probability (greedy decoding's score: beam 1 has
-    one hypothesis, and its length-normalised score would only rescale it)."""
-    for hyps in found:
-        for h in hyps:
-            h.score = h.log_prob
-    return found
+    """Each hypothesis scored by its log-probability (greedy decoding's score: beam 1 has one hypothesis, and its
+    length-normalised score would only rescale it)."""
+    return [[replace(h, score=h.log_prob) for h in hyps] for hyps in found]
 
 
 class Ranked(NamedTuple):

@@ -21,6 +21,8 @@ says (the expected context, or the argmax location).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ..config import DecodeConfig
@@ -140,27 +142,25 @@ def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: Dec
         hyps = (captured.search(recorded, decoder, feats, ids, settings, rules) if recorded is not None else
                 beam_search_on_device(decoder, feats, ids, settings, rules))
     if settings.beam_size == 1:
-        with_greedy_scores(hyps)
-    if rules.evidence is not None:
-        _remove_bias(hyps, rules.evidence)
-    return hyps
+        hyps = with_greedy_scores(hyps)
+    return hyps if rules.evidence is None else _without_bias(hyps, rules.evidence)
 
 
-def _remove_bias(hyps: list[list[Hypothesis]], evidence: Evidence) -> None:
-    """In place: each hypothesis's log_prob and word_logps without the bias the evidence added to its words, for
-    every hypothesis of the batch at once (one table of biases, one read to the host)."""
+def _without_bias(hyps: list[list[Hypothesis]], evidence: Evidence) -> list[list[Hypothesis]]:
+    """Each hypothesis with its log_prob and word_logps without the bias the evidence added to its words (its
+    score keeps it), for every hypothesis of the batch at once (one table of biases, one read to the host)."""
     flat = [(image, h) for image, image_hyps in enumerate(hyps) for h in image_hyps]
     if not flat:
-        return
+        return hyps
     bias = evidence.word_biases([i for i, _ in flat], [h.tokens for _, h in flat]).float().cpu()  # (N, L)
     width = bias.shape[1]
-    for (_, h), total in zip(flat, bias.double().sum(1).tolist()):
-        h.log_prob -= total
-    has_words = [n for n, (_, h) in enumerate(flat) if h.word_logps is not None]
-    if not has_words:
-        return
-    at = torch.tensor([n * width + j for n in has_words for j in range(len(flat[n][1].tokens))], dtype=torch.long)
-    words = torch.cat([flat[n][1].word_logps for n in has_words])  # (W,) every word's log-prob, flat
-    fixed = (words - bias.view(-1)[at]).split([len(flat[n][1].tokens) for n in has_words])
-    for n, lps in zip(has_words, fixed):
-        flat[n][1].word_logps = lps
+    lps: list[torch.Tensor | None] = [h.word_logps for _, h in flat]
+    has_words = [n for n, lp in enumerate(lps) if lp is not None]
+    if has_words:
+        at = torch.tensor([n * width + j for n in has_words for j in range(len(flat[n][1].tokens))], dtype=torch.long)
+        words = torch.cat([lps[n] for n in has_words])  # (W,) every word's log-prob, flat
+        for n, fixed in zip(has_words, (words - bias.view(-1)[at]).split([len(flat[n][1].tokens) for n in has_words])):
+            lps[n] = fixed
+    out = iter([replace(h, log_prob=h.log_prob - total, word_logps=lp)
+                for (_, h), total, lp in zip(flat, bias.double().sum(1).tolist(), lps)])
+    return [[next(out) for _ in image_hyps] for image_hyps in hyps]
