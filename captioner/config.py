@@ -191,10 +191,9 @@ class DecodeConfig:
     block_content_repeats: bool = False  # never a content word twice ("a kitchen that is in the kitchen"); bundled: on
     hard_context: str = "expected"  # HARD_CONTEXTS, hard-attention models: expected (paper's test time) | argmax
     # evidence-aware decoding (evidence.py): the encoder's ImageNet head vetoes object words it rules out
-    evidence: bool = False  # on: a word naming a COCO category with P(category) < evidence_floor is penalised;
+    evidence: bool = False  # on: a word naming a COCO category with P(category) < evidence_floor is never written;
     # bundled: on (it needs an encoder with the ImageNet head: efficientnet_lite0/2)
-    evidence_floor: float = 0.05  # P(category) from the ImageNet head below which its words are ruled out
-    evidence_penalty: float = 10.0  # subtracted from a ruled-out word's log-probability (large = forbidden)
+    evidence_floor: float = 0.05  # P(category) from the ImageNet head below which its words are ruled out (banned)
     evidence_bonus: float = 0.0  # + bonus * P(category) for the words of categories not ruled out; bundled: 3
     person_floor: float = 0.0  # with evidence + word detectors: person words ruled out where P(person) < this
     # (0 = off); bundled: .2
@@ -211,8 +210,7 @@ class DecodeConfig:
     # each numeric setting's range: checked() by the API, every command and decoding; the app's widgets read it
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "beam_size": (1, 16), "max_len": (1, 200), "length_penalty": (0.0, 5.0), "evidence_floor": (0.0, 1.0),
-        "evidence_penalty": (0.0, 1e4), "evidence_bonus": (0.0, 100.0), "person_floor": (0.0, 1.0),
-        "dog_floor": (0.0, 1.0), "consensus_k": (1, 100)}
+        "evidence_bonus": (0.0, 100.0), "person_floor": (0.0, 1.0), "dog_floor": (0.0, 1.0), "consensus_k": (1, 100)}
     # what a file written before these were stored decodes with, as it always did (checkpoint.load_checkpoint)
     UNSTORED: ClassVar[dict[str, Any]] = {"block_repeats": True, "block_content_repeats": True,
                                           "evidence_detectors": False}
@@ -275,7 +273,10 @@ class Config:
 # is dropped). load_checkpoint applies this before the strict check (Config.from_dict refuses unknown keys), so a
 # model file written before a rename still loads; a recipe or --set with the old name stays an error naming the
 # known keys (a person can fix those). Add a line here in the change that renames or removes a setting.
-RENAMED: dict[str, str | None] = {}
+RENAMED: dict[str, str | None] = {
+    "decode.evidence_penalty": None,  # the evidence's veto is a ban (-inf), no longer a penalty of this size: a file
+    # storing one (the bundled file's 10, "in effect forbidden") decodes with the ban
+}
 
 
 def migrate(d: dict[str, Any], source: str = "config") -> dict[str, Any]:
