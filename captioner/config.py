@@ -272,11 +272,14 @@ class Config:
 # "section.key" as an older version stored it -> its name now, or None where the setting is gone (its stored value
 # is dropped). load_checkpoint applies this before the strict check (Config.from_dict refuses unknown keys), so a
 # model file written before a rename still loads; a recipe or --set with the old name stays an error naming the
-# known keys (a person can fix those). Add a line here in the change that renames or removes a setting.
-RENAMED: dict[str, str | None] = {
-    "decode.evidence_penalty": None,  # the evidence's veto is a ban (-inf), no longer a penalty of this size: a file
-    # storing one (the bundled file's 10, "in effect forbidden") decodes with the ban
+# known keys (a person can fix those), and for a removed one saying why (REMOVED). Add a line here (a removed
+# setting: in REMOVED) in the change that renames or removes a setting.
+REMOVED: dict[str, str] = {  # "section.key" gone -> why, for the error a recipe or --set naming it gets
+    # a file storing one (the bundled file's 10, "in effect forbidden") decodes with the ban
+    "decode.evidence_penalty": "the evidence's veto is a ban: a word the heads rule out is never written, so it has "
+                               "no size (decode.evidence=false turns the evidence off)",
 }
+RENAMED: dict[str, str | None] = {**dict.fromkeys(REMOVED)}
 
 
 def migrate(d: dict[str, Any], source: str = "config") -> dict[str, Any]:
@@ -422,6 +425,8 @@ def set_value(cfg: Config, dotted: str, value: Any, source: str) -> None:
                          "map and sure_at are the model file's fitted data (captioner-fit-selector fits them, "
                          "captioner-export --fitted stores them); decode.fitted_choice=false keeps the beam's order, "
                          "decode.fitted_confidence=false gives no confidence")
+    if dotted in REMOVED:
+        raise ValueError(f"{source}: '{dotted}' is no longer a setting: {REMOVED[dotted]}")
     _set_typed(section, parts[1], value, dotted, source, f"unknown setting '{dotted}' in [{parts[0]}]")
     check_choice(dotted, getattr(section, parts[1]), source)  # fail when the config is read, not hours into a run
 
