@@ -140,7 +140,7 @@ def evidence_bias(evidence, images: torch.Tensor, tokens: torch.Tensor) -> torch
 
 def evidence_veto(logp: torch.Tensor, evidence, images: torch.Tensor) -> torch.Tensor:
     """The evidence's veto written literally: -inf wherever row n's photo images[n] rules the word out."""
-    return logp.masked_fill(evidence.banned[images], float("-inf"))
+    return logp.masked_fill(evidence.ruled_out[images], float("-inf"))
 
 
 def word_logp(logits: torch.Tensor, ids: SpecialIds, settings: DecodeConfig, tokens: torch.Tensor,

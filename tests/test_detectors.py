@@ -157,12 +157,12 @@ def test_evidence_vetoes_person_words_below_the_floor():
     probs = torch.full((2, 61), 0.5)  # every seen category plausible: only the person evidence matters
     s = DecodeConfig(evidence=True, person_floor=0.2)
     ev = Evidence(probs, word_categories(v), s, (torch.tensor([0.05, 0.9]), mask))
-    assert ev.banned[0, v.stoi["man"]] and ev.banned[0, v.stoi["women"]] and not ev.banned[0, v.stoi["runs"]]
-    assert not ev.banned[1, v.stoi["man"]]  # P(person) above the floor: no veto
+    assert ev.ruled_out[0, v.stoi["man"]] and ev.ruled_out[0, v.stoi["women"]] and not ev.ruled_out[0, v.stoi["runs"]]
+    assert not ev.ruled_out[1, v.stoi["man"]]  # P(person) above the floor: no veto
     b = evidence_bias(ev, torch.tensor([0, 1]), torch.zeros(2, 0, dtype=torch.long))
     assert b[:, v.stoi["man"]].eq(0).all()  # the veto is a ban, not a bias; person words get no bonus
     off = Evidence(probs, word_categories(v), dataclasses.replace(s, person_floor=0.0), (torch.tensor([0.05, 0.9]), mask))
-    assert not off.banned[0, v.stoi["man"]]
+    assert not off.ruled_out[0, v.stoi["man"]]
 
 
 @pytest.mark.slow

@@ -44,13 +44,13 @@ def _dog_and_cat(v: Vocab, bonus: float = 2.0) -> Evidence:
 def test_the_veto_bans_ruled_out_words_and_the_bonus_boosts_seen_ones_once():
     v = _vocab()
     ev = _dog_and_cat(v)
-    assert ev.banned[0, v.stoi["cat"]] and ev.banned[1, v.stoi["dog"]] and ev.banned[1, v.stoi["puppy"]]
-    assert not ev.banned[0, v.stoi["dog"]] and not ev.banned[1, v.stoi["cat"]] and not ev.banned[:, v.stoi["man"]].any()
-    assert torch.equal(ev.banned, ev.ruled_out > 0)  # one mask: what decoding bans is what a caption marks
+    assert ev.ruled_out[0, v.stoi["cat"]] and ev.ruled_out[1, v.stoi["dog"]] and ev.ruled_out[1, v.stoi["puppy"]]
+    assert not ev.ruled_out[0, v.stoi["dog"]] and not ev.ruled_out[1, v.stoi["cat"]]
+    assert not ev.ruled_out[:, v.stoi["man"]].any()
     b = evidence_bias(ev, torch.tensor([0, 1]), torch.zeros(2, 0, dtype=torch.long))  # (2, V) before any word
     assert b[0, v.stoi["dog"]] == pytest.approx(1.8) and b[0, v.stoi["puppy"]] == pytest.approx(1.8)
     assert b[1, v.stoi["cat"]] == pytest.approx(1.2)
-    assert b[ev.banned].eq(0).all()  # the veto is no bias: a ruled-out category earns no bonus either
+    assert b[ev.ruled_out].eq(0).all()  # the veto is no bias: a ruled-out category earns no bonus either
     assert b[:, v.stoi["man"]].eq(0).all() and b[:, v.stoi["a"]].eq(0).all()
     said_dog = torch.tensor([[v.stoi["a"], v.stoi["dog"]]])
     after = evidence_bias(ev, torch.tensor([0]), said_dog)  # once named, the bonus stops
@@ -69,9 +69,9 @@ def test_decoding_never_scores_a_vetoed_word_above_minus_infinity(bonus):
     logits = torch.zeros(3, len(v))
     logits[:, v.stoi["dog"]] = 50.0  # the model all but certain of "dog", on every row
     scores = rules.scores(logits, torch.zeros(3, 0, dtype=torch.long), rules.start(3), images)  # (3, V)
-    assert torch.equal(torch.isneginf(scores[:, 4:]), ev.banned[images][:, 4:])  # <pad>, <start>, <unk> besides
+    assert torch.equal(torch.isneginf(scores[:, 4:]), ev.ruled_out[images][:, 4:])  # <pad>, <start>, <unk> besides
     want = torch.log_softmax(logits, 1) + evidence_bias(ev, images, torch.zeros(3, 0, dtype=torch.long))
-    allowed = ~ev.banned[images]
+    allowed = ~ev.ruled_out[images]
     assert torch.equal(scores[:, 4:][allowed[:, 4:]], want[:, 4:][allowed[:, 4:]])
 
 
@@ -88,7 +88,7 @@ def test_a_taught_word_inherits_its_source_words_evidence():
     b = evidence_bias(ev, torch.tensor([0, 1]), torch.zeros(2, 0, dtype=torch.long))  # (2, V)
     for w in ("zoober", "zoobers"):  # what supports "dog" supports its twin; what rules "dog" out rules it out
         assert torch.equal(b[:, v.stoi[w]], b[:, v.stoi["dog"]]) and b[0, v.stoi[w]] > 0
-        assert torch.equal(ev.banned[:, v.stoi[w]], ev.banned[:, v.stoi["dog"]]) and ev.banned[1, v.stoi[w]]
+        assert torch.equal(ev.ruled_out[:, v.stoi[w]], ev.ruled_out[:, v.stoi["dog"]]) and ev.ruled_out[1, v.stoi[w]]
     after = evidence_bias(ev, torch.tensor([0]), torch.tensor([[v.stoi["a"], v.stoi["zoober"]]]))
     assert after[0, v.stoi["dog"]] == 0  # saying the twin names the category: no bonus for "dog" after it
 

@@ -103,7 +103,7 @@ def test_the_step_equals_the_literal_step(hard, monkeypatch):
 def test_evidence_bias_lookup_equals_the_formula(bundled):
     """Evidence.bias_after (through the literal tests/rules_oracle.evidence_bias) == the bonus of the categories the
     row has not named yet, written out from the settings, with a bonus and without one (no bias at all); the veto,
-    Evidence.banned, is the words of the categories below the floor."""
+    Evidence.ruled_out, is the words of the categories below the floor."""
     vocab = bundled.vocab
     words = word_categories(vocab)  # (V, C)
     torch.manual_seed(0)
@@ -117,7 +117,7 @@ def test_evidence_bias_lookup_equals_the_formula(bundled):
         s = DecodeConfig(evidence_bonus=bonus, evidence_floor=0.3)
         ev = Evidence(probs, words, s)
         assert ev.has_bonus == (bonus > 0)
-        assert torch.equal(ev.banned, (probs < s.evidence_floor).float() @ words.t() > 0)  # (2, V)
+        assert torch.equal(ev.ruled_out, (probs < s.evidence_floor).float() @ words.t() > 0)  # (2, V)
         earned = bonus * probs * (probs >= s.evidence_floor).float()  # (2, C)
         named = words[tokens].amax(1)  # (6, C): categories each row has named
         full = (earned[images] * (1 - named)) @ words.t()  # (6, V): the general formula

@@ -95,7 +95,7 @@ def _person_words(itos: tuple[str, ...], names: frozenset[str], taught: tuple[tu
 
 class Evidence:
     """Per-image word scores for decoding: probs (B, C) concept probabilities, words (V, C) from
-    word_categories, settings.evidence_* -> `ruled_out` (B, V), the veto `banned` (B, V) and the bonus
+    word_categories, settings.evidence_* -> `ruled_out` (B, V) (what the veto bans) and the bonus
     `bias_after(images, named)` for the live rows.
     `person`: (P(person) (B,), person words (V,)) from the word detectors, or None when the model has none.
     Built by photo_evidence (one per decode); tests build it from hand-made probabilities."""
@@ -109,15 +109,17 @@ class Evidence:
         floors = category_floors(settings, probs.shape[1]).to(probs)  # (C,)
         out = ruled_out_words(probs if seen is None else seen.to(probs), self.words, floors, person,
                               settings.person_floor)  # (B, V)
-        self.ruled_out = out  # (B, V) 1: the word names an object the heads rule out (a Caption's contradicted)
-        self.banned = out > 0  # (B, V) the veto: a ban (rules.Rules never writes these words), no bias of a size
+        # (B, V) True: the word names an object the heads rule out. The veto bans it (rules.Rules: -inf, never
+        # written; no bias of a size), and a Caption marks it contradicted
+        self.ruled_out = out > 0
         self.bonus = settings.evidence_bonus * probs * (probs >= floors).float()  # (B, C)
         self.has_bonus = bool(settings.evidence_bonus) and bool((self.bonus > 0).any())  # else no bias at all
 
     def bias_after(self, images: torch.Tensor, named: torch.Tensor | None) -> torch.Tensor:
         """images (N,), the categories each row has named so far (N, C) 0/1 or None (none yet) -> the bias (N, V)
         each next word gets: each category's bonus until the row has named it (rules.Rules keeps `named` step by
-        step instead of reading every word, and asks only where there is a bonus). The veto is no bias: `banned`."""
+        step instead of reading every word, and asks only where there is a bonus). The veto is no bias: Rules bans
+        `ruled_out`."""
         bonus = self.bonus[images]  # (N, C)
         if named is not None:
             bonus = bonus * (1 - named)

@@ -22,7 +22,7 @@ The rules (their settings, config.DecodeConfig): <pad> and <start> are never wri
 (Forbidden); block_trigrams, block_bigrams (repeated trigrams, repeated content bigrams), block_salad (word salad:
 vocab.is_salad, a_plural, bare_colour, BAD_LAST_WORDS), block_repeats (vocab.repeats: back to back, "X and X", a
 stutter), block_content_repeats (a content word or its family twice); the evidence (evidence.py) bans the words
-its photo rules out (its veto: a per-photo table, Evidence.banned, read by each row's image) and adds its bonus
+its photo rules out (its veto: a per-photo table, Evidence.ruled_out, read by each row's image) and adds its bonus
 before the bans. The words each rule names are the Lexicon's, made from the vocabulary once.
 
 Which rules each decode uses, said here once:
@@ -351,7 +351,7 @@ class Rules:
         if self.bonus:  # the evidence's bonus, a bias, before the bans: -inf stays -inf
             logp = logp + self.evidence.bias_after(images, state.named if tokens.shape[1] else None)
         if self.evidence is not None:  # its veto, a ban: the words each row's photo rules out
-            logp = logp.masked_fill_(self.evidence.banned[images], NEG)
+            logp = logp.masked_fill_(self.evidence.ruled_out[images], NEG)
         last = tokens[:, -1] if tokens.shape[1] else None  # (N,)
         bans = []
         for rule, memory, t in zip(self.rules, state.memory, self.t):
