@@ -23,9 +23,9 @@ word (B, V), applied to the next-word log-probabilities at every step (rules.Rul
     taught model would say "stallion" only where its starting model happened to say "horse")
 
 The veto has no size: a word the heads rule out is not one a strong language context may still win (a file
-written when it was a penalty, decode.evidence_penalty of 10 nats, decodes it as the ban: config.RENAMED drops the
-old setting). Words are the one-word names of the grounding table (concepts/words.py: "dog", "dogs", "puppy" -> dog);
-two-word names are left alone ("hot dog" keeps its "dog"). A word taught on your photos (Vocab.aliases,
+written when it was a penalty, decode.evidence_penalty of 10 nats, decodes it as the ban: config.REMOVED drops the
+old setting). Words are the one-word names of the grounding table (concepts/words.py: "dog", "dogs", "puppy" ->
+dog); two-word names are left alone ("hot dog" keeps its "dog"). A word taught on your photos (Vocab.aliases,
 training/new_words.py: "zoober" started as "train") inherits its source word's evidence entirely: the same
 category (bonus, veto, having named it) and, for a person word, the person floor. Settings: config.DecodeConfig.evidence*.
 
