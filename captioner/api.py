@@ -38,7 +38,7 @@ from .concepts.detectors import WordDetectors, attach, detectors_of
 from .concepts.imagenet import THRESHOLD, Concepts
 from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
 from .config import DTYPES as DTYPE_NAMES
-from .config import Config, DecodeConfig, set_value
+from .config import REMOVED, Config, DecodeConfig, set_value
 from .decoding.explain import NoWordsError
 from .images import ImageError, ImageInput, flat_colour, load_image, original_size, was_transparent
 from .model.show_attend_tell import ShowAttendTell, build_model
@@ -160,7 +160,9 @@ class Captioner:
         known = {f.name for f in dataclasses.fields(DecodeConfig)}
         unknown = sorted(set(overrides) - known)
         if unknown:
-            raise TypeError(f"unknown decode setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            gone = "".join(f"; {k} is no longer a setting: {REMOVED[f'decode.{k}']}" for k in unknown
+                           if f"decode.{k}" in REMOVED)  # why, where it was removed (config.REMOVED)
+            raise TypeError(f"unknown decode setting(s) {', '.join(unknown)}{gone}; known: {', '.join(sorted(known))}")
         cfg = Config(decode=dataclasses.replace(self.config.decode))
         for key, value in overrides.items():  # typed like a config file: "false" is False, 2.5 beams an error
             if value is not None:

@@ -191,10 +191,9 @@ class DecodeConfig:
     block_content_repeats: bool = False  # never a content word twice ("a kitchen that is in the kitchen"); bundled: on
     hard_context: str = "expected"  # HARD_CONTEXTS, hard-attention models: expected (paper's test time) | argmax
     # evidence-aware decoding (evidence.py): the encoder's ImageNet head vetoes object words it rules out
-    evidence: bool = False  # on: a word naming a COCO category with P(category) < evidence_floor is penalised;
+    evidence: bool = False  # on: a word naming a COCO category with P(category) < evidence_floor is never written;
     # bundled: on (it needs an encoder with the ImageNet head: efficientnet_lite0/2)
-    evidence_floor: float = 0.05  # P(category) from the ImageNet head below which its words are ruled out
-    evidence_penalty: float = 10.0  # subtracted from a ruled-out word's log-probability (large = forbidden)
+    evidence_floor: float = 0.05  # P(category) from the ImageNet head below which its words are ruled out (banned)
     evidence_bonus: float = 0.0  # + bonus * P(category) for the words of categories not ruled out; bundled: 3
     person_floor: float = 0.0  # with evidence + word detectors: person words ruled out where P(person) < this
     # (0 = off); bundled: .2
@@ -211,8 +210,7 @@ class DecodeConfig:
     # each numeric setting's range: checked() by the API, every command and decoding; the app's widgets read it
     LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
         "beam_size": (1, 16), "max_len": (1, 200), "length_penalty": (0.0, 5.0), "evidence_floor": (0.0, 1.0),
-        "evidence_penalty": (0.0, 1e4), "evidence_bonus": (0.0, 100.0), "person_floor": (0.0, 1.0),
-        "dog_floor": (0.0, 1.0), "consensus_k": (1, 100)}
+        "evidence_bonus": (0.0, 100.0), "person_floor": (0.0, 1.0), "dog_floor": (0.0, 1.0), "consensus_k": (1, 100)}
     # what a file written before these were stored decodes with, as it always did (checkpoint.load_checkpoint)
     UNSTORED: ClassVar[dict[str, Any]] = {"block_repeats": True, "block_content_repeats": True,
                                           "evidence_detectors": False}
@@ -274,8 +272,14 @@ class Config:
 # "section.key" as an older version stored it -> its name now, or None where the setting is gone (its stored value
 # is dropped). load_checkpoint applies this before the strict check (Config.from_dict refuses unknown keys), so a
 # model file written before a rename still loads; a recipe or --set with the old name stays an error naming the
-# known keys (a person can fix those). Add a line here in the change that renames or removes a setting.
-RENAMED: dict[str, str | None] = {}
+# known keys (a person can fix those), and for a removed one saying why (REMOVED). Add a line here (a removed
+# setting: in REMOVED) in the change that renames or removes a setting.
+REMOVED: dict[str, str] = {  # "section.key" gone -> why, for the error a recipe or --set naming it gets
+    # a file storing one (the bundled file's 10, "in effect forbidden") decodes with the ban
+    "decode.evidence_penalty": "the evidence's veto is a ban: a word the heads rule out is never written, so it has "
+                               "no size (decode.evidence=false turns the evidence off)",
+}
+RENAMED: dict[str, str | None] = {**dict.fromkeys(REMOVED)}
 
 
 def migrate(d: dict[str, Any], source: str = "config") -> dict[str, Any]:
@@ -421,6 +425,8 @@ def set_value(cfg: Config, dotted: str, value: Any, source: str) -> None:
                          "map and sure_at are the model file's fitted data (captioner-fit-selector fits them, "
                          "captioner-export --fitted stores them); decode.fitted_choice=false keeps the beam's order, "
                          "decode.fitted_confidence=false gives no confidence")
+    if dotted in REMOVED:
+        raise ValueError(f"{source}: '{dotted}' is no longer a setting: {REMOVED[dotted]}")
     _set_typed(section, parts[1], value, dotted, source, f"unknown setting '{dotted}' in [{parts[0]}]")
     check_choice(dotted, getattr(section, parts[1]), source)  # fail when the config is read, not hours into a run
 

@@ -130,12 +130,17 @@ def _ban_repeats(logp: torch.Tensor, tokens: torch.Tensor, lex: Lexicon, close: 
 
 
 def evidence_bias(evidence, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """The evidence's bias (evidence.Evidence) written literally: images (N,), tokens (N, t) so far -> (N, V): its
-    penalty, and each category's bonus until a row has named it."""
+    """The evidence's bias (evidence.Evidence) written literally: images (N,), tokens (N, t) so far -> (N, V): each
+    category's bonus until a row has named it (0 without a bonus; the veto is a ban, evidence_veto, not a bias)."""
     if not evidence.has_bonus:
-        return evidence.penalty[images]  # (N, V)
+        return torch.zeros(len(images), evidence.words.shape[0])  # (N, V)
     named = evidence.words[tokens].amax(1) if tokens.shape[1] else None  # (N, C): categories named already
     return evidence.bias_after(images, named)
+
+
+def evidence_veto(logp: torch.Tensor, evidence, images: torch.Tensor) -> torch.Tensor:
+    """The evidence's veto written literally: -inf wherever row n's photo images[n] rules the word out."""
+    return logp.masked_fill(evidence.ruled_out[images], float("-inf"))
 
 
 def word_logp(logits: torch.Tensor, ids: SpecialIds, settings: DecodeConfig, tokens: torch.Tensor,
@@ -143,11 +148,11 @@ def word_logp(logits: torch.Tensor, ids: SpecialIds, settings: DecodeConfig, tok
     """logits (N, V) of the next word, tokens (N, t) written so far, the image of each row (N,) with
     its Evidence or None, the vocabulary's Lexicon -> the scores decoding ranks words by: <pad>, <start> (and <unk>)
     forbidden, repeated trigrams (block_trigrams) and content bigrams (block_bigrams) banned, word salad
-    (block_salad) ruled out, repeated words (block_repeats, block_content_repeats) banned, the evidence's word bias
-    added."""
+    (block_salad) ruled out, repeated words (block_repeats, block_content_repeats) banned, the evidence's bonus
+    added and its veto banned."""
     lex = lexicon
     logp = _forbid(torch.log_softmax(logits.float(), dim=-1), ids.pad, ids.start, ids.unk)  # (N, V)
-    logp = logp if evidence is None else logp + evidence_bias(evidence, images, tokens)
+    logp = logp if evidence is None else evidence_veto(logp + evidence_bias(evidence, images, tokens), evidence, images)
     logp = _ban_repeated_bigrams(logp, tokens, lex.function_words) if settings.block_bigrams else logp
     logp = _ban_salad(logp, tokens, ids, lex) if settings.block_salad else logp
     if settings.block_repeats or settings.block_content_repeats:

@@ -185,6 +185,29 @@ def test_a_model_file_with_a_renamed_or_removed_setting_still_loads(tmp_path, mo
         config.load_config(None, ["decode.beam_width=3"])
 
 
+def test_a_file_storing_the_old_evidence_penalty_decodes_with_the_ban(tmp_path):
+    """decode.evidence_penalty is gone (the evidence's veto is a ban, with no size: decoding/evidence.py): the bundled
+    file still stores its 10, and a file storing any size loads as it does, with the ban (config.RENAMED drops the
+    key); a recipe or --set naming it is an error a person can fix."""
+    import captioner
+    from captioner import config
+    from captioner.checkpoint import load_checkpoint, read_safetensors, write_safetensors
+
+    tensors, meta = read_safetensors(captioner.DEFAULT_CHECKPOINT)
+    stored = json.loads(meta["config"])
+    assert stored["decode"]["evidence_penalty"] == 10.0 and config.RENAMED["decode.evidence_penalty"] is None
+    bundled = load_checkpoint(captioner.DEFAULT_CHECKPOINT).config
+    assert "evidence_penalty" not in bundled.to_dict()["decode"] and bundled.decode.evidence
+    stored["decode"]["evidence_penalty"] = 0.5  # a mild penalty once let a strong context write the word
+    old = tmp_path / "old.safetensors"
+    write_safetensors(old, tensors, {**meta, "config": json.dumps(stored)})
+    assert load_checkpoint(old).config.to_dict() == bundled.to_dict()
+    with pytest.raises(ValueError, match="evidence_penalty' is no longer a setting: the evidence's veto is a ban"):
+        config.load_config(None, ["decode.evidence_penalty=10"])
+    with pytest.raises(TypeError, match="evidence_penalty is no longer a setting: the evidence's veto is a ban"):
+        captioner.load().decode_settings(evidence_penalty=10)  # the API says so too
+
+
 def _decode_field_lines() -> dict[str, str]:
     """Each DecodeConfig field -> its line in config.py with the comment lines that follow it (its explanation)."""
     import dataclasses

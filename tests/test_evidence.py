@@ -1,5 +1,6 @@
 """Evidence-aware decoding: the encoder's ImageNet head vetoes object words it rules out and brings
-in the object it sees; the bias is exact, per image, and off by default."""
+in the object it sees; the veto is a ban (-inf, whatever a model file stored as its old size), the bonus a bias;
+both exact, per image, and off by default."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +12,8 @@ import captioner
 from captioner.concepts.imagenet import CATEGORIES
 from captioner.config import DecodeConfig
 from captioner.decoding.evidence import Evidence, word_categories
-from captioner.vocab import Vocab
+from captioner.decoding.rules import Lexicon, Rules
+from captioner.vocab import SpecialIds, Vocab
 from .rules_oracle import evidence_bias
 
 EXAMPLES = captioner.DEFAULT_CHECKPOINT.parent / "examples"
@@ -31,20 +33,46 @@ def test_word_categories_use_the_grounding_names():
     assert m[v.stoi["hot"]].sum() == 0 and m[v.stoi["cup"], CATEGORIES.index("cup")] == 1
 
 
-def test_bias_penalises_ruled_out_words_and_boosts_seen_ones_once():
-    v = _vocab()
+def _dog_and_cat(v: Vocab, bonus: float = 2.0) -> Evidence:
+    """Image 0 shows a dog (no cat, no cup), image 1 a cat."""
     probs = torch.zeros(2, len(CATEGORIES))
-    probs[0, CATEGORIES.index("dog")] = 0.9  # image 0 shows a dog, no cat, no cup
-    probs[1, CATEGORIES.index("cat")] = 0.6  # image 1 shows a cat
-    s = DecodeConfig(evidence=True, evidence_floor=0.05, evidence_penalty=7.0, evidence_bonus=2.0)
-    ev = Evidence(probs, word_categories(v), s)
+    probs[0, CATEGORIES.index("dog")] = 0.9
+    probs[1, CATEGORIES.index("cat")] = 0.6
+    return Evidence(probs, word_categories(v), DecodeConfig(evidence=True, evidence_floor=0.05, evidence_bonus=bonus))
+
+
+def test_the_veto_bans_ruled_out_words_and_the_bonus_boosts_seen_ones_once():
+    v = _vocab()
+    ev = _dog_and_cat(v)
+    assert ev.ruled_out[0, v.stoi["cat"]] and ev.ruled_out[1, v.stoi["dog"]] and ev.ruled_out[1, v.stoi["puppy"]]
+    assert not ev.ruled_out[0, v.stoi["dog"]] and not ev.ruled_out[1, v.stoi["cat"]]
+    assert not ev.ruled_out[:, v.stoi["man"]].any()
     b = evidence_bias(ev, torch.tensor([0, 1]), torch.zeros(2, 0, dtype=torch.long))  # (2, V) before any word
     assert b[0, v.stoi["dog"]] == pytest.approx(1.8) and b[0, v.stoi["puppy"]] == pytest.approx(1.8)
-    assert b[0, v.stoi["cat"]] == -7.0 and b[1, v.stoi["dog"]] == -7.0 and b[1, v.stoi["cat"]] == pytest.approx(1.2)
+    assert b[1, v.stoi["cat"]] == pytest.approx(1.2)
+    assert b[ev.ruled_out].eq(0).all()  # the veto is no bias: a ruled-out category earns no bonus either
     assert b[:, v.stoi["man"]].eq(0).all() and b[:, v.stoi["a"]].eq(0).all()
     said_dog = torch.tensor([[v.stoi["a"], v.stoi["dog"]]])
-    after = evidence_bias(ev, torch.tensor([0]), said_dog)  # once named, the bonus stops; the veto stays
-    assert after[0, v.stoi["dogs"]] == 0 and after[0, v.stoi["cat"]] == -7.0
+    after = evidence_bias(ev, torch.tensor([0]), said_dog)  # once named, the bonus stops
+    assert after[0, v.stoi["dogs"]] == 0
+
+
+@pytest.mark.parametrize("bonus", [0.0, 2.0])
+def test_decoding_never_scores_a_vetoed_word_above_minus_infinity(bonus):
+    """Rules.scores: a word its row's photo rules out is -inf however likely the model finds it (a ban, as the other
+    rules' bans); every other word keeps its log-probability plus its bonus (the rows of image 1, 0, 1)."""
+    v = _vocab()
+    ev = _dog_and_cat(v, bonus)
+    rules = Rules(SpecialIds(v.stoi["<start>"], v.stoi["<end>"], v.stoi["<pad>"], v.stoi["<unk>"]),
+                  DecodeConfig(evidence=True, block_salad=False), ev, Lexicon.of(v))
+    images = torch.tensor([1, 0, 1])  # (N,)
+    logits = torch.zeros(3, len(v))
+    logits[:, v.stoi["dog"]] = 50.0  # the model all but certain of "dog", on every row
+    scores = rules.scores(logits, torch.zeros(3, 0, dtype=torch.long), rules.start(3), images)  # (3, V)
+    assert torch.equal(torch.isneginf(scores[:, 4:]), ev.ruled_out[images][:, 4:])  # <pad>, <start>, <unk> besides
+    want = torch.log_softmax(logits, 1) + evidence_bias(ev, images, torch.zeros(3, 0, dtype=torch.long))
+    allowed = ~ev.ruled_out[images]
+    assert torch.equal(scores[:, 4:][allowed[:, 4:]], want[:, 4:][allowed[:, 4:]])
 
 
 def test_a_taught_word_inherits_its_source_words_evidence():
@@ -56,10 +84,11 @@ def test_a_taught_word_inherits_its_source_words_evidence():
     assert word_categories(_vocab()).shape[0] == len(_vocab())  # the cache tells vocabularies apart
     probs = torch.zeros(2, len(CATEGORIES))
     probs[0, CATEGORIES.index("dog")] = 0.9  # image 0: a dog; image 1: no dog
-    ev = Evidence(probs, m, DecodeConfig(evidence=True, evidence_floor=0.05, evidence_penalty=7.0, evidence_bonus=2.0))
+    ev = Evidence(probs, m, DecodeConfig(evidence=True, evidence_floor=0.05, evidence_bonus=2.0))
     b = evidence_bias(ev, torch.tensor([0, 1]), torch.zeros(2, 0, dtype=torch.long))  # (2, V)
     for w in ("zoober", "zoobers"):  # what supports "dog" supports its twin; what rules "dog" out rules it out
-        assert torch.equal(b[:, v.stoi[w]], b[:, v.stoi["dog"]]) and b[0, v.stoi[w]] > 0 and b[1, v.stoi[w]] == -7.0
+        assert torch.equal(b[:, v.stoi[w]], b[:, v.stoi["dog"]]) and b[0, v.stoi[w]] > 0
+        assert torch.equal(ev.ruled_out[:, v.stoi[w]], ev.ruled_out[:, v.stoi["dog"]]) and ev.ruled_out[1, v.stoi[w]]
     after = evidence_bias(ev, torch.tensor([0]), torch.tensor([[v.stoi["a"], v.stoi["zoober"]]]))
     assert after[0, v.stoi["dog"]] == 0  # saying the twin names the category: no bonus for "dog" after it
 

@@ -101,8 +101,9 @@ def test_the_step_equals_the_literal_step(hard, monkeypatch):
 
 
 def test_evidence_bias_lookup_equals_the_formula(bundled):
-    """Evidence.bias_after (through the literal tests/rules_oracle.evidence_bias) == penalty + bonus of the categories the row has not named yet, written out from the
-    settings: with a bonus (the general path) and without one (the lookup)."""
+    """Evidence.bias_after (through the literal tests/rules_oracle.evidence_bias) == the bonus of the categories the
+    row has not named yet, written out from the settings, with a bonus and without one (no bias at all); the veto,
+    Evidence.ruled_out, is the words of the categories below the floor."""
     vocab = bundled.vocab
     words = word_categories(vocab)  # (V, C)
     torch.manual_seed(0)
@@ -113,18 +114,18 @@ def test_evidence_bias_lookup_equals_the_formula(bundled):
     tokens[:2, 1] = int(words[:, named_cat].nonzero()[0])
     images = torch.tensor([0, 0, 0, 1, 1, 1])
     for bonus in (0.7, 0.0):
-        s = DecodeConfig(evidence_bonus=bonus, evidence_floor=0.3, evidence_penalty=2.0)
+        s = DecodeConfig(evidence_bonus=bonus, evidence_floor=0.3)
         ev = Evidence(probs, words, s)
         assert ev.has_bonus == (bonus > 0)
-        penalty = -s.evidence_penalty * ((probs < s.evidence_floor).float() @ words.t())  # (2, V)
+        assert torch.equal(ev.ruled_out, (probs < s.evidence_floor).float() @ words.t() > 0)  # (2, V)
         earned = bonus * probs * (probs >= s.evidence_floor).float()  # (2, C)
         named = words[tokens].amax(1)  # (6, C): categories each row has named
-        full = penalty[images] + (earned[images] * (1 - named)) @ words.t()  # (6, V): the general formula
+        full = (earned[images] * (1 - named)) @ words.t()  # (6, V): the general formula
         got = evidence_bias(ev, images, tokens)
         torch.testing.assert_close(got, full)
         if bonus:  # the bonus is really there, and withheld from a category a row has named
-            assert float((got - penalty[images]).abs().max()) > 0.1
-            assert float((got[:2] - penalty[images[:2]])[:, words[:, named_cat] > 0].abs().max()) < 1e-6
+            assert float(got.abs().max()) > 0.1
+            assert float(got[:2][:, words[:, named_cat] > 0].abs().max()) < 1e-6
     assert word_categories(vocab) is not word_categories(vocab)  # built once, but each caller owns its copy
 
 

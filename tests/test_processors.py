@@ -30,13 +30,13 @@ def _lex(twins: tuple[tuple[int, int], ...]) -> Lexicon:
 
 
 class _Evidence:
-    """An Evidence-like table with a bonus (evidence.Evidence's bias and bias_after, without a photo)."""
+    """An Evidence-like table with a veto and a bonus (evidence.Evidence's ruled_out and bias_after, without a photo)."""
 
     def __init__(self, generator: torch.Generator, B: int):
         from captioner.decoding.evidence import Evidence
 
         self.words = (torch.rand(V, 3, generator=generator) < 0.3).float()  # (V, C) 0/1
-        self.penalty = -10.0 * (torch.rand(B, V, generator=generator) < 0.2).float()  # (B, V)
+        self.ruled_out = torch.rand(B, V, generator=generator) < 0.2  # (B, V)
         self.bonus = 3.0 * torch.rand(B, 3, generator=generator)  # (B, C)
         self.has_bonus = True
         self.bias_after = Evidence.bias_after.__get__(self)

@@ -97,6 +97,7 @@ def test_sidebar_help_claims_only_what_the_model_file_does():
     # the evidence switch: with the stored bonus 0 it only vetoes; with a bonus it also favours seen objects
     veto_only = T.evidence_help(DecodeConfig(evidence=True, evidence_bonus=0.0, person_floor=0.3))
     assert "vetoes" in veto_only and "never brings a word in" in veto_only and "brings in the object" not in veto_only
+    assert "never writes them" in veto_only  # the veto is a ban (it has no size to call it a penalty by)
     assert "person detector" in veto_only and "0.3" in veto_only
     bonus = T.evidence_help(DecodeConfig(evidence=True, evidence_bonus=2.0))
     assert "favours the words of objects it does see" in bonus and "never brings" not in bonus

@@ -326,8 +326,8 @@ class Decoded(NamedTuple):
 def decode_photos(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReading, vocab: Vocab,
                   settings: DecodeConfig, resources: Resources) -> Decoded:
     """Photos' features (B, P, D) on the decoder's device and their reading -> their hypotheses (the model's own
-    log-probs), the stages in order: the evidence (evidence.photo_evidence: built once here, biasing the words only
-    with settings.evidence) and the rules, the search (search.decode; its recorded searches, captured.py, replay it
+    log-probs), the stages in order: the evidence (evidence.photo_evidence: built once here, banning and favouring
+    words only with settings.evidence) and the rules, the search (search.decode; its recorded searches, captured.py, replay it
     on a GPU), then the decision (decide: with a consensus memory in `resources`, the choice's order and the
     fitted map's confidence) with the objects check (support.objects_check)."""
     evidence = photo_evidence(reading, model, vocab, settings)  # (B, V) ruled-out words, the bonus table
@@ -412,7 +412,7 @@ def captions_from_features(model: ShowAttendTell, feats: np.ndarray | torch.Tens
     """Features (N, P, D) (a tensor, an array or a float16 memory map) -> N Captions, decoded in batches
     of `batch_size` images on the decoder's device and in its dtype: decode, then dress, with what `resources`
     holds (the owner's fitted data, consensus memory and recordings: resources.py). Where the encoder
-    keeps its ImageNet head, settings.evidence biases the words and each Caption carries its photo's reading
+    keeps its ImageNet head, settings.evidence vetoes and favours words and each Caption carries its photo's reading
     (reading.annotated); `reading`: the photos' HeadReading when already made (Photo), else read per batch."""
     param = next(model.decoder.eval().parameters())
     _check_evidence(model, settings)
@@ -444,7 +444,7 @@ def sampled_captions(model: ShowAttendTell, feats: torch.Tensor, reading: HeadRe
     evidence's veto and bonus with decode.evidence), applied before temperature and truncation, so top_k=1 is
     greedy decoding; switch a rule off for one call like any decode setting (Photo.sample(block_salad=False)).
     Each Caption carries words, (L, G, G) maps, gates and the model's own word log-probs and log_prob (the
-    evidence's bias taken off, as decode does; score None), dressed like a caption (reading.annotated); its
+    evidence's bonus taken off, as decode does; score None), dressed like a caption (reading.annotated); its
     settings record `settings` and, under "sample", request.to_dict with the seed used and the caption's index.
     One generator draws for the whole batch: a photo sampled alone (Photo.sample) gets the same captions whatever
     else is read with it."""
@@ -474,7 +474,7 @@ def sampled_captions(model: ShowAttendTell, feats: torch.Tensor, reading: HeadRe
 
 def _sample_hypotheses(s: Samples, end: int, n: int, evidence: Evidence | None) -> list[Hypothesis]:
     """Each sampled row (B*n, T) -> a Hypothesis: its words (no <end>), maps, gates and word log-probs, log_prob
-    with <end>'s when it was drawn; the evidence's bias (when decoding added one) taken off the words' scores, for
+    with <end>'s when it was drawn; the evidence's bonus (when decoding added one) taken off the words' scores, for
     every row at once (Evidence.word_biases), read to the host once."""
     rows = []
     for toks, mask in zip(s.tokens.tolist(), s.mask.tolist()):

@@ -11,7 +11,7 @@ after each chunk the walk back through the trail: a call replays chunks until no
 step past its chunk, where one graph of all max_len steps (30 for the bundled model) would run every step.
 A graph reads and writes the memory it was recorded with, so (Recordings.run):
 - its inputs are static buffers: each call copies its tensors into them before the replay (the search: the
-  photos' features and their evidence's penalty, bonus and word table; the encoder: the images);
+  photos' features and their evidence's ruled-out words (the veto), bonus and word table; the encoder: the images);
 - its outputs are read (the search's walked hypotheses) or copied (the features) before the next replay, under
   the recordings' lock: two app sessions may caption at once. A chunk's state stays alive and is read by the
   next chunk; the graphs of one search share a memory pool, replayed in the order they were recorded (a prefix
@@ -286,9 +286,9 @@ def _padded(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _evidence_inputs(evidence: Evidence | None, n: int) -> tuple[torch.Tensor, ...]:
-    """What a recorded search reads of a call's evidence, padded to n photos: its penalty (n, V), bonus (n, C) and
-    word table (V, C)."""
-    return () if evidence is None else (_padded(evidence.penalty, n), _padded(evidence.bonus, n), evidence.words)
+    """What a recorded search reads of a call's evidence, padded to n photos: its ruled-out words (n, V) bool (the
+    veto), bonus (n, C) and word table (V, C)."""
+    return () if evidence is None else (_padded(evidence.ruled_out, n), _padded(evidence.bonus, n), evidence.words)
 
 
 def search(recordings: Recordings, decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
@@ -306,7 +306,7 @@ def search(recordings: Recordings, decoder: Decoder, feats: torch.Tensor, ids: S
         ev = None
         if evidence is not None:  # the same evidence, reading the static copies
             ev = copy.copy(evidence)
-            ev.penalty, ev.bonus, ev.words = static[1:]
+            ev.ruled_out, ev.bonus, ev.words = static[1:]
         with torch.no_grad():
             return _record_search(Search(decoder, static[0], ids, settings, rules.with_evidence(ev)), new_graph)
 

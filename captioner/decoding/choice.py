@@ -11,7 +11,7 @@ with the weights the model file fitted (fitted.py; a CIDEr-D signal of weight 0 
 only orders; how sure the chosen caption is, is the judge's (confidence.judge). The signals:
 
     score       the beam's score minus the photo's best: log_prob / (words + 1) ** length_penalty, with the
-                evidence's bias (search.py)
+                evidence's bonus (search.py)
     consensus   CIDEr-D with the captions of the decode.consensus_k training photos nearest in pooled features
                 (consensus.py: Devlin et al. 2015)
     wide        the same over the WIDE x consensus_k nearest: what people say of a larger neighbourhood

@@ -3,34 +3,36 @@
 A decoder learns its words from its captions (Flickr8k is people and dogs; the bundled model adds
 coco-paired's COCO photos), so on everyday photos it can name a dog or a person that is not there; yet the encoder's ImageNet classifier, computed from the same annotation vectors (see
 concepts/imagenet.py: no second forward pass), often knows better. Before decoding, each photo's concept
-probabilities p (B, C) over the COCO categories ImageNet can see become one additive bias per
-vocabulary word (B, V), applied to the next-word log-probabilities at every step (rules.Rules):
+probabilities p (B, C) over the COCO categories ImageNet can see become a veto and a bonus per vocabulary
+word (B, V), applied to the next-word log-probabilities at every step (rules.Rules):
 
-    bias[b, w] = -evidence_penalty                  if w names category k and p[b, k] < evidence_floor
+    the veto, a ban (-inf, like every rule's): w is never written
+                                                    if w names category k and p[b, k] < evidence_floor
                                                     (dog: max(evidence_floor, dog_floor))
-               = +evidence_bonus * p[b, k]          if w names category k otherwise, until the caption
-                                                    has named k once (then 0: say it, do not repeat it)
-               = 0                                  for every other word
+                                                    or w is a person word and the model file's person
+                                                    detector (concepts/detectors.py) gives P(person) <
+                                                    person_floor (ImageNet has no person class: without
+                                                    a detector, person words get no evidence either way)
+    the bonus, a bias: bias[b, w] = +evidence_bonus * p[b, k]   if w names category k, not vetoed, until the
+                                                    caption has named k once (then 0: say it, do not repeat it)
+                                  = 0                           for every other word
     (with decode.evidence_detectors, the veto's p[b, k] is the larger of the head's and the model file's word
     detector named k, where it has one: detected_probs; the bonus reads the head's. Files written before the
     setting existed, the bundled one among them, decode without it: DecodeConfig.UNSTORED. Without it, the
     category of a word taught on your photos still asks its detector: the head misses many a horse, so the
     taught model would say "stallion" only where its starting model happened to say "horse")
-    bias[b, w] = -evidence_penalty                  if w is a person word and the model file's person
-                                                    detector (concepts/detectors.py) gives P(person) <
-                                                    person_floor (ImageNet has no person class: without
-                                                    a detector, person words get no evidence either way)
 
-A large penalty forbids the word; a moderate one lets a strong language context still win. Words
-are the one-word names of the grounding table (concepts/words.py: "dog", "dogs", "puppy" -> dog);
-two-word names are left alone ("hot dog" keeps its "dog"). A word taught on your photos (Vocab.aliases,
+The veto has no size: a word the heads rule out is not one a strong language context may still win (a file
+written when it was a penalty, decode.evidence_penalty of 10 nats, decodes it as the ban: config.REMOVED drops the
+old setting). Words are the one-word names of the grounding table (concepts/words.py: "dog", "dogs", "puppy" ->
+dog); two-word names are left alone ("hot dog" keeps its "dog"). A word taught on your photos (Vocab.aliases,
 training/new_words.py: "zoober" started as "train") inherits its source word's evidence entirely: the same
 category (bonus, veto, having named it) and, for a person word, the person floor. Settings: config.DecodeConfig.evidence*.
 
 `photo_evidence(reading, model, vocab, settings)` is the one place a photo's evidence is computed, once per
 decode from its reading (reading.py): the ruled-out mask (B, V), the person words and the bonus table.
-Decoding adds its bias (search.decode, which takes it off the reported log-probabilities again), and
-reading.annotated marks a caption's contradicted words from the same mask.
+Decoding bans the ruled-out words and adds the bonus (search.decode, which takes the bonus off the reported
+log-probabilities again), and reading.annotated marks a caption's contradicted words from the same mask.
 
 Legend: B images, C seen categories, V vocabulary.
 """
@@ -93,7 +95,8 @@ def _person_words(itos: tuple[str, ...], names: frozenset[str], taught: tuple[tu
 
 class Evidence:
     """Per-image word scores for decoding: probs (B, C) concept probabilities, words (V, C) from
-    word_categories, settings.evidence_* -> `ruled_out` (B, V) and `bias(images, tokens)` for the live rows.
+    word_categories, settings.evidence_* -> `ruled_out` (B, V) (what the veto bans) and the bonus
+    `bias_after(images, named)` for the live rows.
     `person`: (P(person) (B,), person words (V,)) from the word detectors, or None when the model has none.
     Built by photo_evidence (one per decode); tests build it from hand-made probabilities."""
 
@@ -106,21 +109,21 @@ class Evidence:
         floors = category_floors(settings, probs.shape[1]).to(probs)  # (C,)
         out = ruled_out_words(probs if seen is None else seen.to(probs), self.words, floors, person,
                               settings.person_floor)  # (B, V)
-        self.ruled_out = out  # (B, V) 1: the word names an object the heads rule out (a Caption's contradicted)
-        self.penalty = -settings.evidence_penalty * out  # (B, V)
+        # (B, V) True: the word names an object the heads rule out. The veto bans it (rules.Rules: -inf, never
+        # written; no bias of a size), and a Caption marks it contradicted
+        self.ruled_out = out > 0
         self.bonus = settings.evidence_bonus * probs * (probs >= floors).float()  # (B, C)
-        self.has_bonus = bool(settings.evidence_bonus) and bool((self.bonus > 0).any())  # else bias = penalty
+        self.has_bonus = bool(settings.evidence_bonus) and bool((self.bonus > 0).any())  # else no bias at all
 
     def bias_after(self, images: torch.Tensor, named: torch.Tensor | None) -> torch.Tensor:
-        """images (N,), the categories each row has named so far (N, C) 0/1 or None (none yet; and without a bonus
-        never read) -> the bias (N, V) each next word gets: its penalty, and each category's bonus until the row
-        has named it (rules.Rules keeps `named` step by step instead of reading every word)."""
-        if not self.has_bonus:
-            return self.penalty[images]  # (N, V)
+        """images (N,), the categories each row has named so far (N, C) 0/1 or None (none yet) -> the bias (N, V)
+        each next word gets: each category's bonus until the row has named it (rules.Rules keeps `named` step by
+        step instead of reading every word, and asks only where there is a bonus). The veto is no bias: Rules bans
+        `ruled_out`."""
         bonus = self.bonus[images]  # (N, C)
         if named is not None:
             bonus = bonus * (1 - named)
-        return self.penalty[images] + bonus @ self.words.t()  # (N, V)
+        return bonus @ self.words.t()  # (N, V)
 
     def word_bias(self, image: int, tokens: list[int]) -> torch.Tensor:
         """(L,) the bias each of an image's caption words got when decoding chose it (after the words
@@ -129,16 +132,17 @@ class Evidence:
 
     def word_biases(self, images: list[int], tokens: list[list[int]]) -> torch.Tensor:
         """Many captions at once: caption i of image images[i] -> (N, L) the bias each of its words got (0 after its
-        end; L the longest's words), on the evidence's device."""
-        device, (B, V), L = self.penalty.device, self.penalty.shape, max(map(len, tokens), default=0)
-        t = torch.tensor([w + [V] * (L - len(w)) for w in tokens], dtype=torch.long).view(len(tokens), L).to(device)
-        image = torch.tensor(images, dtype=torch.long).to(device)  # (N,)
-        out = torch.cat([self.penalty, self.penalty.new_zeros(B, 1)], 1)[image[:, None], t]  # (N, L): padding's 0
+        end; L the longest's words), on the evidence's device: its bonus (a banned word is never written, and
+        carries no bias where a caption holds one anyway)."""
+        (V, C), L = self.words.shape, max(map(len, tokens), default=0)
+        out = self.bonus.new_zeros(len(tokens), L)  # (N, L)
         if not self.has_bonus or not L:
             return out
-        named = torch.cat([self.words, self.words.new_zeros(1, self.words.shape[1])])[t]  # (N, L, C) each word's
+        t = torch.tensor([w + [V] * (L - len(w)) for w in tokens], dtype=torch.long).view(len(tokens), L)
+        t, image = t.to(self.words.device), torch.tensor(images, dtype=torch.long).to(self.words.device)  # (N,)
+        named = torch.cat([self.words, self.words.new_zeros(1, C)])[t]  # (N, L, C) each word's; padding's none
         before = torch.cat([torch.zeros_like(named[:, :1]), named.cummax(1).values[:, :-1]], 1)  # (N, L, C) before it
-        return out + ((self.bonus[image][:, None, :] * (1 - before)) * named).sum(-1)  # (N, L): bias() at each step
+        return ((self.bonus[image][:, None, :] * (1 - before)) * named).sum(-1)  # (N, L): bias_after at each step
 
 
 def detected_probs(probs: torch.Tensor, det: WordDetectors | None, detections: torch.Tensor | None

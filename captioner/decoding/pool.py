@@ -30,7 +30,7 @@ class Pool:
     tokens: torch.Tensor  # (N, L) int64: its words, V after the end
     lengths: torch.Tensor  # (N,) int64: words
     log_prob: torch.Tensor  # (N,) float64: the model's log-probability (with <end>'s)
-    score: torch.Tensor  # (N,) float64: the beam's score (length-normalised, with the evidence's bias)
+    score: torch.Tensor  # (N,) float64: the beam's score (length-normalised, with the evidence's bonus)
     min_word: torch.Tensor  # (N,) float64: the least probable word's log-probability, 0 without word log-probs
     words: list[list[int]]  # the same tokens on the host (CIDEr-D's n-grams, the template's text)
     owners: list[int]  # the same photo of each candidate on the host

@@ -85,12 +85,12 @@ def annotated(caps: Sequence[Any], tokens: Sequence[Sequence[int]], reading: Hea
     """Each Caption (decoding/captions.py; generated or explained) dressed with its photo's reading, as a new value:
     concepts (the photo's one list), detections, contradicted words and the concept maps of the words it says.
     tokens[n]: the word ids of caps[n] (unknown words as <unk>); feats (n, P, D) and the reading's rows are their
-    photos; ruled_out (n, V): the photos' ruled-out words, the mask decoding's evidence holds
+    photos; ruled_out (n, V) bool: the photos' ruled-out words, the mask decoding's evidence holds
     (evidence.photo_evidence)."""
     if reading.logits is None:
         return list(caps)
     concepts = photo_concepts(reading, model)
-    ruled = [[False] * len(t) for t in tokens] if ruled_out is None else words_of(ruled_out > 0, tokens)
+    ruled = [[False] * len(t) for t in tokens] if ruled_out is None else words_of(ruled_out, tokens)
     det = detectors_of(model)
     seen = reading.seen.tolist() if det is not None and reading.seen is not None else None  # (n, K') read once
     maps = concept_maps(tokens, imagenet_head_or_none(model), feats, vocab, reading.logits)

@@ -14,14 +14,15 @@ the words already written:
 - `bans(tokens, last, memory)`: the word ids (N, m) it rules out at this step (<pad> where a row bans nothing;
   a tuple of such tensors, concatenated once with every rule's), or None; `forever(memory)`: the (N, V) words it
   has banned for good, or None.
-Each step is one log_softmax, the evidence's bias, one masked_fill per remembered ban and one scatter of every word
-the rules name (no nonzero(), no .item(), no loop over rows). tests/rules_oracle.py states every rule literally,
-from all the words written so far: the oracle tests/test_processors.py checks these against, rule by rule.
+Each step is one log_softmax, the evidence's bonus and veto, one masked_fill per remembered ban and one scatter of
+every word the rules name (no nonzero(), no .item(), no loop over rows). tests/rules_oracle.py states every rule
+literally, from all the words written so far: the oracle tests/test_processors.py checks these against, rule by rule.
 
 The rules (their settings, config.DecodeConfig): <pad> and <start> are never written, nor <unk> with forbid_unk
 (Forbidden); block_trigrams, block_bigrams (repeated trigrams, repeated content bigrams), block_salad (word salad:
 vocab.is_salad, a_plural, bare_colour, BAD_LAST_WORDS), block_repeats (vocab.repeats: back to back, "X and X", a
-stutter), block_content_repeats (a content word or its family twice); the evidence's bias (evidence.py) is added
+stutter), block_content_repeats (a content word or its family twice); the evidence (evidence.py) bans the words
+its photo rules out (its veto: a per-photo table, Evidence.ruled_out, read by each row's image) and adds its bonus
 before the bans. The words each rule names are the Lexicon's, made from the vocabulary once.
 
 Which rules each decode uses, said here once:
@@ -341,13 +342,16 @@ class Rules:
     def scores(self, logits: torch.Tensor, tokens: torch.Tensor, state: RowState,
                images: torch.Tensor | None = None) -> torch.Tensor:
         """logits (N, V), tokens (N, t) written so far with their RowState `state`, the image of each row (N,) ->
-        the scores (N, V) a search ranks words by: log-probabilities, the evidence's bias added, every ban -inf."""
+        the scores (N, V) a search ranks words by: log-probabilities, the evidence's bonus added, every ban (the
+        evidence's veto among them) -inf."""
         if not self.t:
             self.V = logits.shape[1]
             self.t = tuple(tables_of(r, self.V, logits.device) for r in self.rules)
         logp = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
-        if self.evidence is not None:  # before the bans: -inf stays -inf
+        if self.bonus:  # the evidence's bonus, a bias, before the bans: -inf stays -inf
             logp = logp + self.evidence.bias_after(images, state.named if tokens.shape[1] else None)
+        if self.evidence is not None:  # its veto, a ban: the words each row's photo rules out
+            logp = logp.masked_fill_(self.evidence.ruled_out[images], NEG)
         last = tokens[:, -1] if tokens.shape[1] else None  # (N,)
         bans = []
         for rule, memory, t in zip(self.rules, state.memory, self.t):

@@ -9,7 +9,7 @@ hypothesis by its log-probability (greedy's score: hypotheses.with_greedy_scores
 (training/objectives.py) is decode() with beam 1 and no rule; the benchmark (bench/inference.py) takes a search
 directly. This module reads the search settings (beam_size, max_len,
 length_penalty, hard_context; photo.py's explain reads hard_context too); the rules on which word may come
-next (block_*, the evidence's bias) are rules.py's (Rules: built once by the caller, applied step by step);
+next (block_*, the evidence's veto and bonus) are rules.py's (Rules: built once by the caller, applied step by step);
 forbid_unk is read by the callers of vocab.SpecialIds.of (captions.py, training/objectives.py,
 bench/inference.py), evidence* and person_floor by evidence.py.
 
@@ -39,7 +39,7 @@ from ..model.decoder import Decoder
 def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
                 rules: Rules | None = None) -> list[list[Hypothesis]]:
     """feats (B, P, D), the decode's Rules (None: settings' rules without a lexicon or evidence) -> for each image,
-    its finished hypotheses best first (up to settings.beam_size). Scores include the evidence's word bias.
+    its finished hypotheses best first (up to settings.beam_size). Scores include the evidence's bonus.
 
     All live images x K beams are one batch of rows. Each step scores the K*V continuations of
     every image at once (tensor ops, no loop over images), keeps the best 2K, records those that
@@ -130,8 +130,9 @@ def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: Dec
     for each image its hypotheses, best first. One beam search: on a CPU beam_search (finished images leave the
     batch), off it the fixed-shape search; beam_size 1 is greedy decoding (one hypothesis per image, scored by its
     log-probability). rules: the decode's Rules (rules.py; None: settings' rules without a lexicon or evidence),
-    built once and handed to the search. The evidence's bias (evidence-aware decoding: scores added to object
-    words) ranks the hypotheses (their score keeps it) and is taken off again here: log_prob and word_logps are
+    built once and handed to the search. The evidence's bonus (evidence-aware decoding: scores added to the object
+    words the heads see; its veto bans words, a ban adds nothing to a score) ranks the hypotheses (their score keeps
+    it) and is taken off again here: log_prob and word_logps are
     the model's own. recorded: the caller's recorded searches of this decoder (a Captioner's on a GPU:
     captured.py), replayed off the CPU; None runs op by op."""
     settings.checked()  # config.DecodeConfig.LIMITS: one place for every setting's range

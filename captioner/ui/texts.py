@@ -25,9 +25,8 @@ def evidence_help(decode: "DecodeConfig") -> str:
     """The evidence switch's help, from the model file's stored evidence settings: it says the switch adds
     words only when the file's evidence_bonus is above 0, and mentions person words only when the file
     sets a person floor."""
-    veto = "vetoes" if decode.evidence_penalty >= 5 else "penalises"
-    out = (f"The encoder's own ImageNet classifier {veto} object words it rules out (a category below "
-           f"P={decode.evidence_floor:g}, e.g. a dog it sees no sign of)")
+    out = ("The encoder's own ImageNet classifier vetoes object words it rules out, so the caption never writes "
+           f"them (a category below P={decode.evidence_floor:g}, e.g. a dog it sees no sign of)")
     if decode.person_floor > 0:
         out += (f", and person words where the model file's person detector gives P(person) below "
                 f"{decode.person_floor:g}")
