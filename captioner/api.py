@@ -14,7 +14,7 @@ Decode settings (every field of config.decode: beam size, maximum length, length
 blocking ...) default to the ones stored in the model file; keyword overrides change them for one call:
 `captioner.load().caption(img, beam_size=1)`. Any DecodeConfig field is accepted, so a new decode setting needs
 no new parameter here. What the file fitted to its own captions (the choice among the beam's captions, the
-confidence map: decoding/fitted.py) is its data, not a setting: `fitted_choice=False` / `fitted_confidence=False`
+confidence map: decoding/resources.py) is its data, not a setting: `fitted_choice=False` / `fitted_confidence=False`
 turn it off for a call.
 """
 from __future__ import annotations
@@ -29,10 +29,9 @@ import torch
 from .decoding import captured
 from .decoding.captions import Caption
 from .decoding.consensus import ConsensusMemory, memory_path
-from .decoding.fitted import NOTHING, Fitted
 from .decoding.photo import SAMPLE_TEMPERATURE, SAMPLE_TOP_P, Photo, caption_photos
 from .decoding.reading import HeadReading, photo_concepts, read_heads
-from .decoding.resources import Resources, of_file
+from .decoding.resources import NOTHING, Fitted, Resources, of_file
 from .decoding.sampling import Draw, SampleSettings
 from .concepts.detectors import WordDetectors, attach, detectors_of
 from .concepts.imagenet import THRESHOLD, Concepts

@@ -40,7 +40,7 @@ class Checkpoint:
     # files without detectors
     detector_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     detector_info: dict[str, Any] | None = None
-    # what the model file fitted to its own captions (decoding/fitted.py reads it: the choice's weights, the
+    # what the model file fitted to its own captions (decoding/resources.py reads it: the choice's weights, the
     # confidence map and its threshold), JSON under "fitted"; {} where nothing was fitted
     fitted: dict[str, Any] = field(default_factory=dict)
 
@@ -52,7 +52,7 @@ def save_checkpoint(path: str | Path, config: Config, vocab: Vocab, model_state:
                     fitted: dict[str, Any] | None = None) -> None:
     """`model_state` may hold the word detectors' tensors ("detectors." keys, kept in float32) when
     `detector_info` describes them; the two come together or not at all. `fitted`: what the file fitted to its
-    own captions (decoding/fitted.py's JSON; always written, {} for none, so a file of this layout is never read
+    own captions (decoding/resources.py's JSON; always written, {} for none, so a file of this layout is never read
     as an older one). `then` ends the advice of a DiskFullError (what rerunning the command will do)."""
     if any(k.startswith(DETECTORS) for k in model_state) != (detector_info is not None):
         raise ValueError("word detectors need both their tensors ('detectors.' keys) and detector_info")

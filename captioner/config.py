@@ -176,7 +176,7 @@ class DecodeConfig:
     model trained here stores until captioner-export sets others; the bundled model file stores its own, chosen on
     the val sets (each comment names its value where it differs: docs/architecture.md, "Decode settings"). What the
     file fitted to its own captions (the choice's weights among the beam's captions, the confidence map and its
-    `sure` threshold) is not a setting: it is the file's data (decoding/fitted.py), which the two fitted_* switches
+    `sure` threshold) is not a setting: it is the file's data (decoding/resources.py), which the two fitted_* switches
     below turn off."""
 
     beam_size: int = 3  # captions searched side by side (1 = greedy); bundled file: 5
@@ -303,7 +303,7 @@ def migrate(d: dict[str, Any], source: str = "config") -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- fitted numbers an older file kept as decode settings
-# Before a model file stored what it fitted as its own data (decoding/fitted.py: "fitted" in its metadata), the
+# Before a model file stored what it fitted as its own data (decoding/resources.py: "fitted" in its metadata), the
 # choice's weights and the confidence map were decode settings: consensus_weight w and select_<signal> (the choice
 # weighs the beam's score by 1 - w), confidence_fitted, confidence_bias, confidence_<signal> and sure_at.
 # split_fitted moves them out of such a file's decode section (the bundled file was one).

@@ -1,5 +1,5 @@
 """The decision after the beam one photo and one candidate at a time: the literal arithmetic the batched decision
-(captions.decide: choice.choose over a pool.Pool, then confidence.judge) must equal. Kept here as the
+(captions.decide: choice.choose over a choice.Pool, then confidence.judge) must equal. Kept here as the
 oracle of tests/test_decision.py, as tests/rules_oracle.py is the rules' oracle."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from captioner.decoding.confidence import SIGNALS as SURE_SIGNALS
 from captioner.decoding.confidence import ConfidenceMap, needs
 from captioner.decoding.consensus import ConsensusMemory
 from captioner.decoding.hypotheses import Hypothesis
-from captioner.decoding.support import SUPPORT_FLOOR, ObjectCheck, template
+from captioner.decoding.confidence import SUPPORT_FLOOR, ObjectCheck, template
 from captioner.vocab import Vocab
 
 
@@ -80,10 +80,10 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
     hypothesis). feats (B, P, D); probs (B, C): the head's P(category), or None; person: (P(person) (B,), person
     words (V,)) from the file's person detector (Evidence.person), or None; categories (V, C): which words name
     which category, where the caller holds the table already (Evidence.words: built once per decode), else built.
-    weights: the choice's (the model file's fitted ones: fitted.Fitted.choice_in_use); fitted: the confidence map
+    weights: the choice's (the model file's fitted ones: resources.Fitted.choice_in_use); fitted: the confidence map
     (Fitted.map_in_use) or None. how_sure (default: where there is a map): each chosen caption's `sure_signals` set
     (confidence.signals; every signal they need computed) and, with a map, its `confidence`; check: the photos'
-    objects check (support.py: Evidence.check), or None. settings: consensus_k."""
+    objects check (confidence.py: Evidence.check), or None. settings: consensus_k."""
     how_sure = fitted is not None if how_sure is None else how_sure
     hyps = [[Judged(h) for h in hs] for hs in hyps]
     if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
@@ -141,7 +141,7 @@ def sure_signals(best: Hypothesis, choice: dict[str, float], margin: float, near
     every one the map reads computed); margin: its choice score over the runner-up's; nearest_cosine: the photo's
     cosine with its nearest training photo; probs (C,): the head's P(category), or None without a head;
     categories (V, C) bool: which words name which category; person: (P(person), the person words (V,) 0/1)
-    from the file's person detector, or None; check: the photo's objects check (support.py), or None; others: the
+    from the file's person detector, or None; check: the photo's objects check (confidence.py), or None; others: the
     beam's other candidates' tokens; text: the caption (its template)."""
     lps = best.word_logps
     return {"wide": choice["wide"], "consensus": choice["consensus"], "nearest": float(nearest_cosine),

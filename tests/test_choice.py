@@ -18,8 +18,8 @@ from captioner.decoding.consensus import ConsensusMemory
 from captioner.decoding.hypotheses import Hypothesis
 from captioner.decoding.captions import decide
 from captioner.decoding.choice import SIGNALS, Weights, agreements, choose, signals
-from captioner.decoding.fitted import Fitted
-from captioner.decoding.pool import Pool as Candidates
+from captioner.decoding.resources import Fitted
+from captioner.decoding.choice import Pool as Candidates
 from captioner.evaluation.choice_fit import Pool, as_fitted, fit, out_of_fold
 from captioner.vocab import Vocab
 

@@ -17,7 +17,7 @@ import captioner
 from captioner.config import DecodeConfig
 from captioner.decoding.captions import Caption
 from captioner.decoding.confidence import FALLBACK_REASONS, GOOD_CIDER, SIGNALS, ConfidenceMap, needs, why_unsure
-from captioner.decoding.fitted import Fitted
+from captioner.decoding.resources import Fitted
 from captioner.evaluation.confidence_fit import Row, auroc, calibration_error, coverage, fit, out_of_fold, threshold
 from captioner.ui.texts import NO_CONFIDENCE, sure_line
 

@@ -229,7 +229,7 @@ def _decode_field_lines() -> dict[str, str]:
 def test_the_decode_settings_are_few_explained_and_checked():
     """A user's decode settings: at most 22, each with a comment saying what it does, each number with a range in
     LIMITS (checked() refuses a value outside it), and none of them a fitted number (those are the model file's
-    data: decoding/fitted.py)."""
+    data: decoding/resources.py)."""
     import dataclasses
 
     from captioner.config import DecodeConfig, is_old_fitted_key

@@ -1,4 +1,4 @@
-"""The decision after the beam, batched (captions.decide: choice.choose over a pool.Pool, then confidence.judge):
+"""The decision after the beam, batched (captions.decide: choice.choose over a choice.Pool, then confidence.judge):
 on pools hypothesis draws (photos with one to six candidates of any length, the head's P,
 a person detector, the objects check, every weight and a fitted map) it orders, scores and judges every photo's
 candidates as the per-photo arithmetic does (tests/decision_oracle.py), and it reads the host once per batch."""
@@ -20,8 +20,8 @@ from captioner.decoding.confidence import SIGNALS as SURE_SIGNALS
 from captioner.decoding.confidence import ConfidenceMap, needs
 from captioner.decoding.consensus import ConsensusMemory
 from captioner.decoding.hypotheses import Hypothesis
-from captioner.decoding.pool import Pool
-from captioner.decoding.support import ObjectCheck
+from captioner.decoding.choice import Pool
+from captioner.decoding.confidence import ObjectCheck
 from captioner.vocab import Vocab
 
 from . import decision_oracle as oracle

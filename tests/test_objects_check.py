@@ -1,4 +1,4 @@
-"""The objects check and the reasons of an unsure caption (captioner/decoding/support.py, alternatives.py, the
+"""The objects check and the reasons of an unsure caption (captioner/decoding/confidence.py, alternatives.py, the
 reasons of confidence.why_unsure, evaluation/judged.py): an object the heads barely see lowers the confidence of a
 map that weighs it and is named first; otherwise the reason is the signal that lowered the confidence most; the
 alternatives shown differ in what they name; a map stored without means still loads and gives today's reasons."""
@@ -17,10 +17,10 @@ from captioner.decoding.captions import Alternative, Caption
 from captioner.decoding.choice import SIGNALS as CHOICE_SIGNALS
 from captioner.decoding.choice import Decision, Neighbours, Weights
 from captioner.decoding.confidence import REASONS, SIGNALS, ConfidenceMap, judge, why_unsure
-from captioner.decoding.fitted import Fitted
+from captioner.decoding.resources import Fitted
 from captioner.decoding.hypotheses import Hypothesis
-from captioner.decoding.pool import Pool
-from captioner.decoding.support import SUPPORT_FLOOR, doubt_of_objects, membership, template, word_support
+from captioner.decoding.choice import Pool
+from captioner.decoding.confidence import SUPPORT_FLOOR, doubt_of_objects, membership, template, word_support
 from captioner.evaluation.judged import crosstab, matched, photo_key
 from captioner.vocab import Vocab
 

@@ -263,7 +263,7 @@ def test_a_taught_model_is_exported_with_its_starting_models_decode_settings_and
     from captioner.data.features import encoder_fingerprint
     from captioner.decoding.choice import Weights
     from captioner.decoding.consensus import ConsensusMemory, memory_path
-    from captioner.decoding.fitted import Fitted
+    from captioner.decoding.resources import Fitted
     from captioner.model.show_attend_tell import build_model
     from captioner.vocab import Vocab
 

@@ -64,7 +64,7 @@ def describe(settings, sampling: bool = False, consensus: bool = True, fitted=No
     """'beam_size 5, max_len 30, ...': every decode setting in use, for the line a command prints. Settings
     that do nothing are left out, so the line never claims them: with `sampling` the beam's (SEARCH_ONLY);
     without `consensus` (the model file has no consensus memory beside it) the ones that need it (CONSENSUS),
-    and the line says the rerank is off instead. `fitted` (the file's decoding.fitted.Fitted): what of it is in
+    and the line says the rerank is off instead. `fitted` (the file's decoding.resources.Fitted): what of it is in
     use, the choice's weights and the confidence map's threshold (the numbers are the fit's, not settings)."""
     skip = (SEARCH_ONLY if sampling else ()) + (() if consensus else CONSENSUS)
     values = dataclasses.asdict(settings)

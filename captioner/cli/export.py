@@ -6,7 +6,7 @@
 Keeps only the model tensors (no optimizer state), stores fp16 weights with --half (loaded back as
 fp32; a frozen encoder keeps its exact fp32 weights, so features and feature caches match training), records the evaluation scores given with --metrics inside the file, and can change decode
 settings (chosen on the validation split) so captioner.load() uses them by default. The file keeps what the
-checkpoint fitted to its own captions (decoding/fitted.py: the choice among the beam's captions, the confidence
+checkpoint fitted to its own captions (decoding/resources.py: the choice among the beam's captions, the confidence
 map; a taught run: its starting model's); --fitted stores a captioner-fit-selector report's instead.
 """
 from __future__ import annotations
@@ -114,11 +114,11 @@ def exported_metrics(ckpt, args: argparse.Namespace) -> dict:
 
 
 def exported_fitted(ckpt, args: argparse.Namespace, start: Path | None) -> dict:
-    """What the exported file stores as its fitted data (decoding/fitted.py): the checkpoint's own (a taught run's:
+    """What the exported file stores as its fitted data (decoding/resources.py): the checkpoint's own (a taught run's:
     its starting model's, as its decode settings), each part a --fitted report fitted replaced by the report's.
     ValueError naming a report that holds none or an unusable one."""
     from captioner.checkpoint import load_checkpoint
-    from captioner.decoding.fitted import Fitted
+    from captioner.decoding.resources import Fitted
 
     source = start if start is not None else args.checkpoint
     out = Fitted.from_json(load_checkpoint(start).fitted if start is not None else ckpt.fitted, str(source))

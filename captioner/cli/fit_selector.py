@@ -14,7 +14,7 @@ candidate gets its signals and its CIDEr against the photo's references, and the
   choices with each --objects weight added (the signal that rewards naming what the encoder's head sees and
   penalises naming what it barely sees: CIDEr hardly notices a wrong object, a person reading the caption does);
 - the kept weights, under "fitted" in the --output report: `captioner-export MODEL OUT --fitted REPORT` stores
-  them as the model file's fitted data (decoding/fitted.py; they are not decode settings).
+  them as the model file's fitted data (decoding/resources.py; they are not decode settings).
 
 A signal is kept when leaving it out lowers the mean out-of-fold CIDEr over the sets (each set weighed alike) by
 more than MIN_GAIN.
@@ -238,8 +238,8 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
     from captioner.decoding.evidence import checked_detectors, photo_evidence
     from captioner.decoding.reading import read_heads
     from captioner.decoding.choice import CIDER_SIGNALS, SIGNALS, WIDE, agreements, signals
-    from captioner.decoding.support import objects_check
-    from captioner.decoding.pool import Pool as Candidates
+    from captioner.decoding.confidence import objects_check
+    from captioner.decoding.choice import Pool as Candidates
     from captioner.evaluation.choice_fit import Pool, baselines, candidate_cider
 
     memory, fitted_now = loaded.resources.memory, loaded.resources.fitted  # the file's current choice and map

@@ -27,9 +27,9 @@ from .alternatives import different
 from .confidence import SURE, ConfidenceMap, judge, level, needs, why_unsure
 from .consensus import ConsensusMemory
 from .evidence import Evidence, checked_detectors, photo_evidence
-from .support import ObjectCheck, objects_check
-from .pool import Pool
-from .fitted import Fitted
+from .confidence import ObjectCheck, objects_check
+from .choice import Pool
+from .resources import Fitted
 from .rules import Lexicon, Rules
 from .sampling import SampleSettings, Samples, sample
 from .reading import HeadReading, annotated, grid_side, read_heads
@@ -107,11 +107,11 @@ class Caption:
     # memory, one candidate, an explained sentence, a sample). sure_signals: what it was computed from
     confidence: float | None = None
     sure_signals: dict[str, float] = field(default_factory=dict)
-    sure_at: float | None = None  # the threshold of `sure`: the model file's, fitted with its map (fitted.py)
+    sure_at: float | None = None  # the threshold of `sure`: the model file's, fitted with its map (resources.py)
     # each weighed signal's share of the confidence's log-odds against the val mean (ConfidenceMap.contributions),
     # empty for a map stored without means: the most negative is the reason an unsure caption gives
     contributions: dict[str, float] = field(default_factory=dict)
-    # indices of words naming an object the heads barely see (support.py: support below SUPPORT_FLOOR), least
+    # indices of words naming an object the heads barely see (confidence.py: support below SUPPORT_FLOOR), least
     # supported first: what an unsure caption's reason names first ("it is not sure there is a cake")
     unsupported: list[int] = field(default_factory=list)
     # (width, height) of the photo as the model received it and the model's input side S (model.image_size),
@@ -329,7 +329,7 @@ def decode_photos(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReadi
     log-probs), the stages in order: the evidence (evidence.photo_evidence: built once here, banning and favouring
     words only with settings.evidence) and the rules, the search (search.decode; its recorded searches, captured.py, replay it
     on a GPU), then the decision (decide: with a consensus memory in `resources`, the choice's order and the
-    fitted map's confidence) with the objects check (support.objects_check)."""
+    fitted map's confidence) with the objects check (confidence.objects_check)."""
     evidence = photo_evidence(reading, model, vocab, settings)  # (B, V) ruled-out words, the bonus table
     ids = SpecialIds.of(vocab, settings.forbid_unk)
     rules = Rules(ids, settings, evidence if settings.evidence else None, Lexicon.of(vocab))  # once, for the search
@@ -356,7 +356,7 @@ def decide(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
     with two candidates, the beam's order stays and nothing is judged. feats (B, P, D); probs (B, C): the head's
     P(category), or None; person: (P(person) (B,), person words (V,)) from the file's person detector
     (Evidence.person), or None; categories (V, C): which words name which category (Evidence.words, else built
-    from the vocabulary where needed); check: the photos' objects check (support.objects_check), or None."""
+    from the vocabulary where needed); check: the photos' objects check (confidence.objects_check), or None."""
     how_sure = sure is not None or judged is not None
     if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
         return kept(hyps)
@@ -391,7 +391,7 @@ def dress(decoded: Decoded, reading: HeadReading, feats: torch.Tensor, model: Sh
     """Each photo's decoded hypotheses -> its Caption, dressed with its reading (reading.annotated: concepts,
     detections, the contradicted words of the evidence's mask, concept maps), the settings that made it and what
     of the model file's `fitted` data it was chosen and judged by (the choice's weights, sure_at, the map's
-    contributions) and the objects its heads barely see (the objects check: support.py)."""
+    contributions) and the objects its heads barely see (the objects check: confidence.py)."""
     photos, evidence, check = decoded
     tokens = [d.best.tokens for d in photos]
     caps = annotated(to_captions(photos, vocab), tokens, reading, feats, model, vocab,

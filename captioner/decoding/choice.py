@@ -1,43 +1,32 @@
-"""Choosing the caption: which of the beam's finished captions a person reads.
+"""Choosing the caption: which of the beam's finished captions a person reads (the decide stage).
 
-Beam search ends with several finished captions per photo, and its own order (the length-normalised
-log-probability) is a weak judge of them: on coco-paired val the beam's first caption scores CIDEr .68, a random
-one of its five .66 and the best of the five .89 (docs/results.md, "Choosing the caption"). Each candidate c of a
-photo is described by cheap signals, and the caption is the candidate of highest
+The beam's own order is a weak judge of its captions (coco-paired val: its first scores CIDEr .68, the best of
+its five .89; docs/results.md). Each candidate c is described by cheap signals and the caption is the one of
+highest choice(c) = sum_s weight_s * s(c), with the weights the model file fitted (resources.Fitted; fitted by
+`captioner-fit-selector`, evaluation/choice_fit.py). The signals:
 
-    choice(c) = sum_s weight_s * s(c)
-
-with the weights the model file fitted (fitted.py; a CIDEr-D signal of weight 0 is not computed for it). The choice
-only orders; how sure the chosen caption is, is the judge's (confidence.judge). The signals:
-
-    score       the beam's score minus the photo's best: log_prob / (words + 1) ** length_penalty, with the
-                evidence's bonus (search.py)
-    consensus   CIDEr-D with the captions of the decode.consensus_k training photos nearest in pooled features
-                (consensus.py: Devlin et al. 2015)
-    wide        the same over the WIDE x consensus_k nearest: what people say of a larger neighbourhood
-    agreement   CIDEr-D with the photo's other candidates: minimum-Bayes-risk selection (Kumar and Byrne 2004),
-                the caption the beam's alternatives agree with
-    log_prob    the model's own log-probability per word (no bias, no length penalty)
+    score       the beam's score minus the photo's best (length-normalised, with the evidence's bonus)
+    consensus   CIDEr-D with the captions of the consensus_k nearest training photos (consensus.py)
+    wide        the same over the WIDE x consensus_k nearest
+    agreement   CIDEr-D with the photo's other candidates (minimum-Bayes-risk selection)
+    log_prob    the model's log-probability per token
     length      words
-    objects     sum over the COCO categories the caption names (concepts/words.py) of P(category) - OBJECT_P,
-                the encoder's head's probability less the concepts' threshold: naming what the head sees adds,
-                naming what it barely sees (the wrong dog, the couch that is a bed) subtracts; a person word
-                counts the same with the file's person detector's P(person), where it has one
-    top_object  1 when the caption names the category the head finds most probable (P >= OBJECT_P), else 0
+    objects     sum over the COCO categories named of P(category) - OBJECT_P (a person word: the person
+                detector's P where the file has one)
+    top_object  1 when the caption names the head's most probable category (P >= OBJECT_P)
 
-The weights are fitted by `captioner-fit-selector` on the val sets (never test): least squares predicting each
-candidate's CIDEr relative to its photo's other candidates, judged out of fold (k-fold over photos), and stored as
-the model file's fitted data (fitted.py: captioner-export --fitted). Weights on score and consensus alone are the
-consensus rerank; a file without a fitted choice (or decode.fitted_choice false) keeps the beam's order, and so
-does one without a consensus memory beside it (the CIDEr-D tables and the nearest photos come from it).
+The choice only orders; how sure the chosen caption is, is the judge's (confidence.py).
 
-Legend: B photos, P regions, D feature dim, N the batch's candidates (pool.Pool), B' the photos with two or more,
-S signals, C COCO categories, V vocabulary.
+Legend: B photos, N the batch's candidates (Pool), B' the photos with two or more, S signals, C COCO
+categories, V vocabulary, L the longest candidate's words.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+import itertools
 import math
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Collection, Sequence
 
 import torch
@@ -45,36 +34,119 @@ import torch
 from ..concepts.imagenet import THRESHOLD
 from .consensus import ConsensusMemory
 from .hypotheses import Hypothesis
-from .pool import Pool
 
 # every signal, in the order the fitter and the app list them
 SIGNALS = ("score", "consensus", "wide", "agreement", "log_prob", "length", "objects", "top_object")
-CIDER_SIGNALS = ("consensus", "wide", "agreement")  # the CIDEr-D signals: computed only where weighed
-# the reference captions one CIDEr-D pass compares with at most (a wide neighbourhood holds ~400 per candidate):
-# ~1.7M n-gram entries, ~150 MB of temporaries
+CIDER_SIGNALS = ("consensus", "wide", "agreement")  # computed only where weighed
+# the most reference captions one CIDEr-D pass reads (~150 MB of temporaries)
 REFERENCES_PER_PASS = 50_000
 WIDE = 4  # the wide neighbourhood: WIDE x consensus_k nearest training photos
-OBJECT_P = THRESHOLD  # the P from which a named category counts for objects and the top category for top_object
+OBJECT_P = THRESHOLD  # the P from which a named category counts for objects and top_object
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Every candidate of the photos that have at least `least`, flat: row r is a candidate of photo photo[r],
+    a photo's rows consecutive in the beam's order, its words padded with V (a row past the vocabulary, which
+    every word table gets as a row of `fill`: padded)."""
+
+    photo: torch.Tensor  # (N,) int64: the photo (its index in the batch) of each candidate
+    tokens: torch.Tensor  # (N, L) int64: its words, V after the end
+    lengths: torch.Tensor  # (N,) int64: words
+    log_prob: torch.Tensor  # (N,) float64: the model's log-probability (with <end>'s)
+    score: torch.Tensor  # (N,) float64: the beam's score
+    min_word: torch.Tensor  # (N,) float64: the least word log-probability, 0 without word log-probs
+    words: list[list[int]]  # the tokens on the host
+    owners: list[int]  # the photo of each candidate on the host
+    photos: list[int]  # the photos in the pool, in batch order
+    sizes: list[int]  # how many candidates each of them has
+
+    @classmethod
+    def of(cls, hyps: Sequence[Sequence[Hypothesis]], vocab_size: int, device: torch.device | str = "cpu",
+           least: int = 2) -> "Pool":
+        photos = [b for b, h in enumerate(hyps) if len(h) >= least]
+        cands = [(b, h) for b in photos for h in hyps[b]]
+        words = [list(h.tokens) for _, h in cands]
+        width = max((len(w) for w in words), default=1) or 1  # one padding column at least
+        has = [r for r, (_, h) in enumerate(cands) if h.word_logps is not None and len(h.word_logps)]
+        min_word = torch.zeros(len(cands), dtype=torch.float64)  # (N,)
+        if has:  # on the side the beam left them (the host, after its one read)
+            values = torch.cat([cands[r][1].word_logps for r in has]).double()  # (W,)
+            owner = torch.tensor([r for r in has for _ in range(len(cands[r][1].word_logps))], dtype=torch.int64,
+                                 device=values.device)  # (W,)
+            min_word = min_word.to(values.device).scatter_reduce(0, owner, values, "amin", include_self=False)
+        n, dev = len(cands), torch.device(device)
+        host = torch.tensor([[b, len(w)] for (b, _), w in zip(cands, words)], dtype=torch.int64).view(n, 2)
+        floats = torch.tensor([[float(h.log_prob), float(h.score)] for _, h in cands],
+                              dtype=torch.float64).view(n, 2)
+        tokens = torch.tensor([w + [vocab_size] * (width - len(w)) for w in words], dtype=torch.int64).view(n, width)
+        return cls(host[:, 0].to(dev), tokens.to(dev), host[:, 1].to(dev), floats[:, 0].to(dev),
+                   floats[:, 1].to(dev), min_word.to(dev), words, [b for b, _ in cands], photos,
+                   [len(hyps[b]) for b in photos])
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    @cached_property
+    def starts(self) -> list[int]:
+        """Each photo's first row."""
+        return list(itertools.accumulate(self.sizes[:-1], initial=0)) if self.sizes else []
+
+    def group_sizes(self) -> torch.Tensor:
+        return torch.tensor(self.sizes, device=self.photo.device)  # (B',)
+
+    def others(self, row: int) -> list[list[int]]:
+        """The words of the other candidates of the row's photo, in the beam's order."""
+        g = bisect.bisect_right(self.starts, row) - 1
+        return [self.words[s] for s in range(self.starts[g], self.starts[g] + self.sizes[g]) if s != row]
+
+    def padded(self, table: torch.Tensor, fill: float | bool = 0) -> torch.Tensor:
+        """A word table (V, ...) -> (V + 1, ...) with a row of `fill` for the padding, on the pool's device."""
+        table = table.to(self.tokens.device)
+        return torch.cat([table, table.new_full((1, *table.shape[1:]), fill)])
+
+    def named(self, table: torch.Tensor) -> torch.Tensor:
+        """(V, M) which columns each word names -> (N, M) bool: which each candidate names."""
+        return self.padded(table.bool(), False)[self.tokens].any(1)
+
+    def group_max(self, values: torch.Tensor, photos: int) -> torch.Tensor:
+        """(N,) -> (photos,) each photo's largest (-inf for a photo not in the pool)."""
+        return values.new_full((photos,), float("-inf")).scatter_reduce(0, self.photo, values, "amax")
+
+    def order(self, total: torch.Tensor) -> torch.Tensor:
+        """(N,) choice -> (N,) rows grouped by photo, highest first within one, equals in the beam's order."""
+        by_total = torch.sort(-total, stable=True).indices  # (N,)
+        return by_total[torch.sort(self.photo[by_total], stable=True).indices]  # (N,)
+
+
+def finite(value: Any, name: str) -> float:
+    """A fitted number as a float, or a ValueError naming it (a bool, text, NaN or infinity is no number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def by_signal(data: Any, known: Sequence[str], what: str, name: str = "{}") -> tuple[float, ...]:
+    """{signal: number} as a model file stores it (a signal left out: 0) -> the numbers in `known` order; a
+    ValueError names an unknown signal or a number that is not finite (`name`: how to call signal s's number)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} must be a mapping, got {data!r}")
+    if set(data) - set(known):
+        raise ValueError(f"{what} name unknown signals {sorted(set(data) - set(known))} (known: {', '.join(known)})")
+    return tuple(finite(data.get(s, 0.0), name.format(s)) for s in known)
 
 
 @dataclass(frozen=True)
 class Weights:
-    """The weight of each signal (SIGNALS order) and what it needs computed."""
+    """The weight of each signal, SIGNALS order."""
 
     values: tuple[float, ...]
 
     @classmethod
     def from_json(cls, data: Any) -> "Weights":
-        """The weights as the model file stores them ({signal: weight}; a signal left out weighs 0); a ValueError
-        names an unknown signal or a weight that is not a finite number."""
-        if not isinstance(data, dict) or set(data) - set(SIGNALS):
-            raise ValueError(f"the choice weighs unknown signals {sorted(set(data) - set(SIGNALS))} (known: "
-                             f"{', '.join(SIGNALS)})" if isinstance(data, dict) else
-                             f"the choice's weights must be a mapping, got {data!r}")
-        return cls(tuple(finite(data.get(s, 0.0), s) for s in SIGNALS))
+        return cls(by_signal(data, SIGNALS, "the choice's weights"))
 
     def to_json(self) -> dict[str, float]:
-        """The weights as the model file stores them (from_json reads them back)."""
         return dict(zip(SIGNALS, self.values))
 
     def __getitem__(self, signal: str) -> float:
@@ -82,30 +154,21 @@ class Weights:
 
     @property
     def beam_order(self) -> bool:
-        """Whether only the beam's own score counts (nothing to compute: today's order)."""
+        """Whether only the beam's own score counts (its order kept, nothing to compute)."""
         return not any(self.values[1:])
 
     def tensor(self) -> torch.Tensor:
         return torch.tensor(self.values, dtype=torch.float64)  # (S,)
 
 
-def finite(value: Any, name: str) -> float:
-    """A fitted number as a float, or a ValueError naming it (a bool, text, NaN or infinity is no weight)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
-
-
-BEAM_ORDER = Weights((1.0,) + (0.0,) * (len(SIGNALS) - 1))  # the beam's own score alone: its order kept
+BEAM_ORDER = Weights((1.0,) + (0.0,) * (len(SIGNALS) - 1))
 
 
 def signals(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | None,
             categories: torch.Tensor | None, person: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Every candidate of the batch's pool (of `photos` photos) -> its signals (N, S) float64 in SIGNALS order, on
-    the pool's device. cider (N, 3): its CIDEr-D signals (agreements: consensus, wide, agreement; 0 where not
-    computed); probs (B, C): the head's P(category), or None without a head; categories (V, C): which words name
-    which category (None: objects and top_object left 0); person: (P(person) (B,), the person words (V,) 0/1) from
-    the file's person detector, or None."""
+    """The pool's signals (N, S) float64 on its device. cider (N, 3): agreements; probs (B, C): the head's P or
+    None; categories (V, C): the words naming each category (None: objects, top_object 0); person: (P(person)
+    (B,), person words (V,)) or None."""
     out = torch.zeros(len(pool), len(SIGNALS), dtype=torch.float64, device=pool.tokens.device)  # (N, S)
     out[:, 0] = pool.score - pool.group_max(pool.score, photos)[pool.photo]
     out[:, 1:4] = cider.to(out)
@@ -113,7 +176,7 @@ def signals(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | 
     out[:, 5] = pool.lengths
     if probs is not None and categories is not None:
         p = probs.to(out)[pool.photo]  # (N, C)
-        named = pool.named(categories)  # (N, C) the categories each candidate names
+        named = pool.named(categories)  # (N, C)
         out[:, 6] = ((p - OBJECT_P) * named).sum(1)
         if person is not None:
             says_person = pool.named(person[1].reshape(-1, 1))[:, 0]  # (N,)
@@ -125,9 +188,8 @@ def signals(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | 
 
 def agreements(pool: Pool, nearest: Sequence[Sequence[int]], k: int, memory: ConsensusMemory,
                wanted: Collection[str]) -> torch.Tensor:
-    """(N, 3): consensus, wide and agreement (CIDER_SIGNALS) of every candidate, those `wanted` computed (the
-    others 0), in as few CIDEr-D passes as bounded memory allows (one for a batch of 16 photos). Each candidate's
-    value is its own whatever else a pass holds."""
+    """(N, 3): each candidate's CIDER_SIGNALS, those `wanted` computed (the others 0), in as few CIDEr-D passes
+    as REFERENCES_PER_PASS allows; a candidate's value does not depend on what else a pass holds."""
     cands: list[list[int]] = []
     sets: list[list] = []
     rows: list[tuple[int, int]] = []
@@ -143,9 +205,9 @@ def agreements(pool: Pool, nearest: Sequence[Sequence[int]], k: int, memory: Con
                 rows.append((r, column))
     device = pool.tokens.device
     out = torch.zeros(len(pool), 3, dtype=torch.float64, device=device)  # (N, 3)
-    at = torch.tensor(rows, dtype=torch.int64).view(-1, 2).to(device)  # (X, 2) the candidate and the column of each agreement
+    at = torch.tensor(rows, dtype=torch.int64).view(-1, 2).to(device)  # (X, 2) candidate, column
     values, size, first = [], 0, 0
-    for i, refs in enumerate(sets):  # passes of at most REFERENCES_PER_PASS references (memory stays bounded)
+    for i, refs in enumerate(sets):
         if size and size + sum(map(len, refs)) > REFERENCES_PER_PASS:
             values.append(memory.cider.agreements(cands[first:i], sets[first:i]).to(device))  # (i - first,)
             first, size = i, 0
@@ -158,25 +220,22 @@ def agreements(pool: Pool, nearest: Sequence[Sequence[int]], k: int, memory: Con
 
 @dataclass(frozen=True)
 class Neighbours:
-    """Each photo's nearest training photos in the consensus memory, nearest first (B lists of k'), their cosines
-    (B, k') and consensus_k: the first k are the consensus neighbourhood, all k' the wide one (WIDE x k, where the
-    choice or the judge reads `wide`). Fetched once per batch for the choice and the judge alike."""
+    """Each photo's nearest training photos, nearest first (B lists of k'), their cosines (B, k') and k: the
+    first k are the consensus neighbourhood, all k' the wide one. Fetched once per batch."""
     nearest: list[list[int]]
     cosines: torch.Tensor
     k: int
 
     @classmethod
     def of(cls, memory: ConsensusMemory, feats: torch.Tensor, k: int, wide: bool) -> "Neighbours":
-        cosines, nearest = memory.nearest_with_cosines(feats, WIDE * k if wide else k)  # (B, k') nearest first
+        cosines, nearest = memory.nearest_with_cosines(feats, WIDE * k if wide else k)  # (B, k')
         return cls(nearest.tolist(), cosines, k)
 
 
 @dataclass(frozen=True)
 class Decision:
-    """The choice over a batch's candidates, on the device: the pool (pool.Pool), every candidate's signals (N, S)
-    in SIGNALS order (a CIDEr-D signal the weights leave at 0: not computed, 0), its choice (N,), the rows in the
-    chosen order (N,: each photo's rows stay together), each photo's chosen row and runner-up (B',), and the
-    weights it chose by (chose: False where they keep the beam's own order)."""
+    """The choice over a batch's pool, on the device: signals (N, S) (a CIDEr-D signal not weighed: 0), choice
+    (N,), the rows in the chosen order (N,), each photo's chosen row and runner-up (B',), the weights."""
     pool: Pool
     signals: torch.Tensor
     total: torch.Tensor
@@ -190,42 +249,38 @@ class Decision:
         return not self.weights.beam_order
 
     def host(self) -> tuple[torch.Tensor, ...]:
-        """What the hypotheses carry of the choice, flat for one read: the signals (N, S), totals (N,), order (N,)."""
+        """What the hypotheses carry, flat for one read: signals (N * S,), totals (N,), order (N,)."""
         return self.signals.flatten(), self.total, self.order.to(self.total)
 
 
 def choose(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | None, weights: Weights,
            person: tuple[torch.Tensor, torch.Tensor] | None = None, categories: torch.Tensor | None = None
            ) -> Decision:
-    """A batch's candidates (the pool of `photos` photos, each with two or more) -> the Decision: every
-    candidate's signals, its choice with the model file's fitted `weights` (fitted.Fitted.choice_in_use) and the
-    order, highest first, the whole batch at once (one product, one sort). cider (N, 3): the candidates' CIDEr-D
-    signals (agreements), of which the choice reads those it weighs; probs (B, C): the head's P(category), or
-    None; person: (P(person) (B,), person words (V,)) from the file's person detector (Evidence.person), or None;
-    categories (V, C) bool: which words name which category, or None (objects and top_object left 0). Nothing is
-    read to the host here (Decision.host)."""
+    """The pool (of `photos` photos) -> the Decision by `weights`, the batch at once (one product, one sort),
+    nothing read to the host. cider (N, 3): agreements; probs, person, categories: as for signals."""
     device = pool.tokens.device
     seen = torch.tensor([float(bool(weights[s])) for s in CIDER_SIGNALS], dtype=torch.float64, device=device)  # (3,)
     x = signals(pool, photos, cider.to(device) * seen, None if categories is None else probs, categories,
-                person)  # (N, S): a CIDEr-D signal the choice does not weigh is 0 in what it says
+                person)  # (N, S)
     total = x @ weights.tensor().to(device)  # (N,)
     order = pool.order(total) if not weights.beam_order else torch.arange(len(pool), device=device)  # (N,)
-    first = torch.tensor(pool.starts, dtype=torch.int64, device=device)  # (B',) each photo's first row
+    first = torch.tensor(pool.starts, dtype=torch.int64, device=device)  # (B',)
     return Decision(pool, x, total, order, order[first], order[first + 1], weights)
 
 
 def ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, host: list[float]
             ) -> list[tuple[list[Hypothesis], list[float] | None, list[dict[str, float]] | None]]:
-    """Decision.host read to the host (flat, first) -> each photo's hypotheses in the chosen order, with each one's
-    choice and signals where the weights chose (None, None: the beam's order kept)."""
+    """Decision.host read to the host -> each photo's hypotheses in the chosen order, with their choice and
+    signals where the weights chose (else None, None)."""
     pool, n, s = decision.pool, len(decision.pool), len(SIGNALS)
     rows, totals = [host[i * s:(i + 1) * s] for i in range(n)], host[n * s:n * s + n]
     ranked = [int(r) for r in host[n * s + n:n * s + 2 * n]]
     out: list[tuple[list[Hypothesis], list[float] | None, list[dict[str, float]] | None]] = [
         (list(h), None, None) for h in hyps]
-    for b, at in zip(pool.photos, pool.starts):  # a photo's candidates are rows at, at + 1, ...
+    for b, at in zip(pool.photos, pool.starts):  # a photo's rows are at, at + 1, ...
         rows_of = ranked[at:at + len(hyps[b])]
         picked = [hyps[b][r - at] for r in rows_of]
-        out[b] = (picked, [totals[r] for r in rows_of], [dict(zip(SIGNALS, rows[r])) for r in rows_of]) \
-            if decision.chose else (picked, None, None)
+        out[b] = (picked, None, None)
+        if decision.chose:
+            out[b] = (picked, [totals[r] for r in rows_of], [dict(zip(SIGNALS, rows[r])) for r in rows_of])
     return out

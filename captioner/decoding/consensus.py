@@ -1,19 +1,12 @@
-"""Consensus reranking from the nearest training photos (Devlin et al. 2015, "Exploring Nearest Neighbor
-Approaches for Image Captioning"; Mao et al. 2015's reranking of a beam by its agreement with retrieved captions).
+"""The consensus memory: what the choice needs of the training set (Devlin et al. 2015, "Exploring Nearest
+Neighbor Approaches for Image Captioning"; Mao et al. 2015).
 
-Beam search returns several finished captions per photo, and its own order is a weak judge of them (on the COCO
-val photos its second caption scores as well as its first). The photos of the training set that look most like
-this one (cosine of the mean annotation vector, the decoder's own summary of a photo) come with captions people
-wrote; a candidate that agrees with them (CIDEr-D, cider.py) says what people say about such photos. The choice
-among a photo's candidates (choice.py) weighs that agreement, CIDEr-D(candidate, captions of the k nearest
-training photos), by the model file's fitted weight (fitted.py) beside the beam's own score and the other signals,
-with k = decode.consensus_k.
-
-The memory (ConsensusMemory) is what the rerank needs of the training set: every training photo's pooled
-features as int8 (each row scaled so its largest entry is +-127: of the val photos' 5 nearest, 99.3-99.6% are
-those of float32, at a quarter of the size: 9 MiB for 7,047 photos x 1,280) and its captions as the model's word ids. It lives beside the model file
-(<model>.consensus.safetensors, captioner-build-consensus writes it); captioner.load reads it (resources.of_file)
-into the Captioner's Resources and decoding is handed it there, so a model file without one keeps the beam's order.
+A candidate that agrees (CIDEr-D, cider.py) with the captions of the training photos that look most like this
+one (cosine of the mean annotation vector) says what people say about such photos (choice.py: consensus, wide).
+The memory holds every training photo's pooled features as int8 (each row scaled to a largest entry of +-127:
+99.3-99.6% of the val photos' 5 nearest kept, a quarter of float32's size) and its captions as word ids. It lives
+beside the model file (<model>.consensus.safetensors, written by captioner-build-consensus); without one the
+beam's order is kept.
 
 Legend: B photos, P regions, D feature dim, M memory photos, C memory captions, T their words in all.
 """
@@ -49,8 +42,7 @@ class ConsensusMemory:
     vocab_size: int  # the vocabulary the ids belong to: the model's
     encoder: str = ""  # fingerprint of the encoder that made the features (data.features.encoder_fingerprint)
     _cider: CiderD | None = field(default=None, repr=False)
-    _unit: torch.Tensor | None = field(default=None, repr=False)  # (D, M) float32 columns at unit length, on first
-    # use, on the device the photos' features are on (36 MB for 7,047 photos)
+    _unit: torch.Tensor | None = field(default=None, repr=False)  # (D, M) float32 at unit length, on the photos' device
     _captions: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict, repr=False)  # captions_of, cached
     _flat: tuple[list[int], list[int], list[int]] = field(default=([], [0], [0]), repr=False)  # tokens, caption/photo starts
     source: tuple[str, int, int] | None = field(default=None, repr=False)  # (file, size, mtime) when loaded from one
@@ -76,7 +68,7 @@ class ConsensusMemory:
         return len(self.features)
 
     def captions_of(self, photo: int) -> tuple[tuple[int, ...], ...]:
-        """The captions (word ids) of memory photo `photo` (read once, then cached)."""
+        """The captions (word ids) of memory photo `photo`, cached."""
         if photo not in self._captions:
             if not self._captions:  # the first call: the flat lists once, not a tensor slice per caption
                 self._flat = (self.tokens.tolist(), [0] + self.caption_ends.tolist(), [0] + self.photo_ends.tolist())
@@ -90,8 +82,7 @@ class ConsensusMemory:
         return self.nearest_with_cosines(feats, k)[1]
 
     def nearest_with_cosines(self, feats: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """feats (B, P, D) -> the cosines (B, k) and indices (B, k) of the k memory photos nearest in pooled
-        features, nearest first."""
+        """feats (B, P, D) -> the cosines (B, k) and indices (B, k) of the k nearest, nearest first."""
         if feats.shape[-1] != self.features.shape[1]:
             raise ValueError(f"the consensus memory holds {self.features.shape[1]}-dim features but the encoder gives "
                              f"{feats.shape[-1]}: rebuild it with captioner-build-consensus for this model")
@@ -104,8 +95,7 @@ class ConsensusMemory:
 
     @property
     def cider(self) -> CiderD:
-        """CIDEr-D with the memory's captions as the document frequencies: built on first use, once per process
-        for each memory file (captioner.load builds it, so that a photo's first caption does not)."""
+        """CIDEr-D with the memory's captions as document frequencies, built once per process and memory file."""
         if self._cider is None:
             self._cider = _cider_of_file.get(self.source) if self.source else None
         if self._cider is None:
@@ -115,8 +105,7 @@ class ConsensusMemory:
         return self._cider
 
     def cider_to(self, device: torch.device | str) -> CiderD:
-        """The CIDEr-D tables moved to `device` (the model's: the agreements are computed there), built first if
-        needed; the file's CPU copy stays shared by the process's other loads."""
+        """The CIDEr-D tables moved to `device` (the file's CPU copy stays shared by the process's other loads)."""
         self._cider = self.cider.to(device)
         return self._cider
 

@@ -1,47 +1,101 @@
 """What decoding reads besides the model, the photos and the settings, as one value its owner holds and passes.
 
-    fitted      the model file's fitted choice weights and confidence map (fitted.py)
+    fitted      what the model file fitted to its own captions (Fitted)
     memory      the consensus memory beside the file (consensus.py), or None: the beam's order
-    recordings  the owner's CUDA graphs of its encoder and search (captured.Recorded), or EAGER: op by op
+    recordings  the owner's CUDA graphs (captured.Recorded), or EAGER: op by op
 
-A Captioner (api.py) holds one Resources: `of_file` reads the first two from the file `captioner.load` opened, and
-the Captioner adds its own recordings. Decoding is handed it (captions.decode_photos, captions_from_features) and
-never looks for it on the torch module or in a process-wide registry, so two Captioners on one model (one recorded,
-one op by op; one with a file's fitted data, one without) never change each other's captions. Code that decodes
-a model of its own (training's validation, the benchmark's synthetic decoder) passes NONE: nothing fitted, no
-memory, op by op.
+A Captioner (api.py) holds one: `of_file` reads the first two from its file. Decoding is handed it and never
+looks for it on the torch module or in a process-wide registry, so two Captioners on one model never change each
+other's captions. Code decoding a model of its own (validation, the benchmark) passes NONE.
+
+Fitted is the file's data, never a user's setting: `captioner-fit-selector` fits it on the val sets and
+`captioner-export --fitted REPORT` stores it in the file's metadata as JSON, either part absent where not fitted:
+
+    {"choice": {"score": 1.0, "wide": 3.82069, ...},
+     "confidence": {"bias": -0.123361, "weights": {"wide": 1.66427, ...}, "sure_at": 0.3709}}
+
+The settings say only whether it is used (decode.fitted_choice, decode.fitted_confidence); an older file's
+decode settings holding these numbers are moved here when it loads (config.split_fitted).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..checkpoint import Checkpoint, CheckpointError
+from ..config import DecodeConfig
 from ..data.features import encoder_fingerprint
 from ..model.show_attend_tell import ShowAttendTell
 from .captured import EAGER, Recorded
+from .choice import BEAM_ORDER, Weights
+from .confidence import ConfidenceMap
 from .consensus import ConsensusMemory, memory_path
-from .fitted import NOTHING, Fitted
+
+PARTS = ("choice", "confidence")
+REFIT = "re-export it (captioner-export --fitted) or refit (captioner-fit-selector)"
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A model file's fitted choice weights and confidence map (None: not fitted)."""
+
+    choice: Weights | None = None
+    confidence: ConfidenceMap | None = None
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "model file") -> "Fitted":
+        """The file's "fitted" entry; a ValueError names the file and what is wrong."""
+        if not isinstance(data, dict) or set(data) - set(PARTS):
+            raise ValueError(f"{source}: its fitted data must be a mapping of {' and '.join(PARTS)}, got {data!r}; "
+                             + REFIT)
+        try:
+            return cls(None if data.get("choice") is None else Weights.from_json(data["choice"]),
+                       None if data.get("confidence") is None else ConfidenceMap.from_json(data["confidence"]))
+        except ValueError as e:
+            raise ValueError(f"{source}: its fitted data is unusable: {e}; {REFIT}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        """What the model file stores; {} when nothing was fitted."""
+        out: dict[str, Any] = {}
+        if self.choice is not None:
+            out["choice"] = self.choice.to_json()
+        if self.confidence is not None:
+            out["confidence"] = self.confidence.to_json()
+        return out
+
+    def merged(self, other: "Fitted") -> "Fitted":
+        """Each part replaced by `other`'s where it has one."""
+        return Fitted(self.choice if other.choice is None else other.choice,
+                      self.confidence if other.confidence is None else other.confidence)
+
+    def choice_in_use(self, settings: DecodeConfig) -> Weights:
+        return self.choice if settings.fitted_choice and self.choice is not None else BEAM_ORDER
+
+    def map_in_use(self, settings: DecodeConfig) -> ConfidenceMap | None:
+        return self.confidence if settings.fitted_confidence else None
+
+
+NOTHING = Fitted()
 
 
 @dataclass(frozen=True)
 class Resources:
-    """What a decode reads besides the model (module doc): held by its owner, passed to what decodes."""
+    """What a decode reads besides the model (module doc)."""
 
     fitted: Fitted = NOTHING
     memory: ConsensusMemory | None = None
     recordings: Recorded = EAGER
 
 
-NONE = Resources()  # a model of its own: nothing fitted, no consensus memory, everything op by op
+NONE = Resources()  # a model of its own: nothing fitted, no consensus memory, op by op
 
 
 def of_file(ckpt: Checkpoint, path: str | Path, model: ShowAttendTell, device: torch.device | str) -> Resources:
-    """The fitted data of a model file read as `ckpt` from `path` and the consensus memory beside it (checked to be
-    built for `model`'s vocabulary and encoder; its CIDEr-D tables made on `device` now, not in the first caption);
-    no recordings. A CheckpointError says what is wrong with which file."""
+    """The fitted data of the file read as `ckpt` from `path` and the memory beside it (checked against `model`'s
+    vocabulary and encoder; its CIDEr-D tables made on `device` now); a CheckpointError names what is wrong."""
     try:
         fitted = Fitted.from_json(ckpt.fitted, str(path))
     except ValueError as e:
@@ -55,6 +109,3 @@ def of_file(ckpt: Checkpoint, path: str | Path, model: ShowAttendTell, device: t
                               f"{path}'s): rebuild it with captioner-build-consensus or remove it")
     memory.cider_to(device)  # once per file and process
     return Resources(fitted, memory)
-
-
-__all__ = ["Resources", "NONE", "of_file"]

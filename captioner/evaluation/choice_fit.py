@@ -108,7 +108,7 @@ def baselines(pools: Sequence[Pool], seed: int = 0) -> dict[str, float]:
 
 
 def as_fitted(weights: torch.Tensor) -> dict[str, float]:
-    """Fitted weights over SIGNALS -> the choice as a model file stores it (decoding/fitted.py: {signal: weight}),
+    """Fitted weights over SIGNALS -> the choice as a model file stores it (decoding/resources.py: {signal: weight}),
     scaled so that the beam's score and the consensus weigh 1 together (a positive scale does not change a choice).
     ValueError when the fit gives the beam's score no positive weight or the consensus a negative one (a choice
     that prefers what the beam finds less likely, or captions unlike what people say: use fewer signals)."""
