@@ -1,24 +1,16 @@
-"""Choosing the caption: which of the beam's finished captions a person reads (the decide stage).
+"""Choosing the caption (the decide stage): which of the beam's finished captions a person reads.
 
-The beam's own order is a weak judge of its captions (coco-paired val: its first scores CIDEr .68, the best of
-its five .89; docs/results.md). Each candidate c is described by cheap signals and the caption is the one of
-highest choice(c) = sum_s weight_s * s(c), with the weights the model file fitted (resources.Fitted; fitted by
-`captioner-fit-selector`, evaluation/choice_fit.py). The signals:
-
-    score       the beam's score minus the photo's best (length-normalised, with the evidence's bonus)
-    consensus   CIDEr-D with the captions of the consensus_k nearest training photos (consensus.py)
-    wide        the same over the WIDE x consensus_k nearest
-    agreement   CIDEr-D with the photo's other candidates (minimum-Bayes-risk selection)
-    log_prob    the model's log-probability per token
-    length      words
-    objects     sum over the COCO categories named of P(category) - OBJECT_P (a person word: the person
-                detector's P where the file has one)
-    top_object  1 when the caption names the head's most probable category (P >= OBJECT_P)
-
+The beam's own order is a weak judge (coco-paired val: its first caption scores CIDEr .68, the best of its five
+.89; docs/results.md). The caption is the candidate c of highest choice(c) = sum_s weight_s * s(c), weights the
+model file fitted (resources.Fitted, evaluation/choice_fit.py), over signals: score (the beam's, minus the photo's
+best), consensus (CIDEr-D with the captions of the consensus_k nearest training photos: consensus.py), wide (the
+same over WIDE x consensus_k), agreement (CIDEr-D with the photo's other candidates: minimum Bayes risk),
+log_prob (per token), length (words), objects (sum over the categories named of P(category) - OBJECT_P; a person
+word: the person detector's P) and top_object (it names the head's most probable category, P >= OBJECT_P).
 The choice only orders; how sure the chosen caption is, is the judge's (confidence.py).
 
-Legend: B photos, N the batch's candidates (Pool), B' the photos with two or more, S signals, C COCO
-categories, V vocabulary, L the longest candidate's words.
+Legend: B photos, N the batch's candidates (Pool), B' the photos with two or more, S signals, C COCO categories,
+V vocabulary, L the longest candidate's words.
 """
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
 """How sure (the judge stage): the probability that a chosen caption is good, and the objects check.
 
-confidence = sigmoid(bias + sum_s weight_s * s): the probability that the caption's per-photo CIDEr-D is at least
-GOOD_CIDER, a logistic map of cheap signals (SIGNALS; docs/confidence.md) fitted out of fold on the val sets
-(evaluation/confidence_fit.py) and stored as the model file's data with its threshold `sure_at`
-(resources.Fitted). Without a map, or without the signals (no consensus memory, one candidate): None.
-
-The objects check: a word names an object when it names a COCO category (concepts/words.py) or belongs to a
-word detector's group (concepts/detectors.py). Its support on a photo is the strongest P the heads give it,
-
-    support[b, w] = max(max_c P_head(c | b) over its categories, max_k P_detector(k | b) over its groups),
-
-and a caption naming an object below SUPPORT_FLOOR is never sure; the reason it gives names that object first.
+confidence = sigmoid(bias + sum_s weight_s * s), the probability that the caption's per-photo CIDEr-D is at least
+GOOD_CIDER: a logistic map of cheap signals (SIGNALS; docs/confidence.md) fitted on the val sets
+(evaluation/confidence_fit.py), stored with its `sure_at` as the file's data (resources.Fitted). Without a map
+or the signals (no consensus memory, one candidate): None. The objects check: a word names an object when it
+names a COCO category (concepts/words.py) or a word detector's group (concepts/detectors.py); its support is
+support[b, w] = max(P_head(c | b) over its categories c, P_detector(k | b) over its groups k). A caption naming
+an object below SUPPORT_FLOOR is never sure, and its reason names that object first.
 
 Legend: B photos, B' those with a chosen caption, N the batch's candidates (choice.Pool), S the signals here,
 C COCO categories, K detector groups, M = C + K object columns, V vocabulary, L words.
@@ -154,13 +150,9 @@ def weakest_object(pool: Pool, best: torch.Tensor, photos: torch.Tensor, probs: 
     return torch.where(least.isinf(), 1.0, least)
 
 
-def sure_threshold(sure_at: float) -> float:
-    return max(sure_at, SURE_FLOOR)
-
-
 def level(confidence: float, sure_at: float, unsupported: bool = False) -> str:
-    """SURE from sure_threshold(sure_at) unless the caption names an unsupported object, else the first of LEVELS."""
-    if confidence >= sure_threshold(sure_at) and not unsupported:
+    """SURE from max(sure_at, SURE_FLOOR) unless the caption names an unsupported object, else a LEVELS name."""
+    if confidence >= max(sure_at, SURE_FLOOR) and not unsupported:
         return SURE
     return next(name for floor, name in LEVELS if confidence >= floor)
 
@@ -244,11 +236,11 @@ class Chosen:
         self.probs = None if probs is None or categories is None else probs.to(decision.signals)[self.photos]  # (B', C)
         self.categories, self.person, self.check, self.vocab = categories, person, check, vocab
 
-    def choice_signal(self, name: str) -> torch.Tensor:
-        return self.decision.signals[self.best, CHOICE_SIGNALS.index(name)]  # (B',)
+    def choice_signal(self, name: str) -> torch.Tensor:  # (B',)
+        return self.decision.signals[self.best, CHOICE_SIGNALS.index(name)]
 
-    def cider(self, name: str) -> torch.Tensor:
-        return self.cider_of.to(self.decision.signals)[self.best, CIDER_SIGNALS.index(name)]  # (B',)
+    def cider(self, name: str) -> torch.Tensor:  # (B',)
+        return self.cider_of.to(self.decision.signals)[self.best, CIDER_SIGNALS.index(name)]
 
     @cached_property
     def _support(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,9 +255,9 @@ class Chosen:
         d = self.decision
         return d.total[d.best] - d.total[d.runner] if d.chose else torch.zeros_like(d.total[d.best])
 
-    def template(self) -> torch.Tensor:
+    def template(self) -> torch.Tensor:  # (B',)
         texts = [" ".join(self.vocab.itos[t] for t in self.pool.words[r]) for r in range(len(self.pool))]
-        return torch.tensor([template(t) for t in texts], dtype=torch.float64).to(self.best.device)[self.best]  # (B',)
+        return torch.tensor([template(t) for t in texts], dtype=torch.float64).to(self.best.device)[self.best]
 
 
 # how the judge computes each signal for the chosen captions: (B',) float64 (or a float for all)
