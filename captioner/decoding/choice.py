@@ -30,8 +30,7 @@ from .hypotheses import Hypothesis
 # every signal, in the order the fitter and the app list them
 SIGNALS = ("score", "consensus", "wide", "agreement", "log_prob", "length", "objects", "top_object")
 CIDER_SIGNALS = ("consensus", "wide", "agreement")  # computed only where weighed
-# the most reference captions one CIDEr-D pass reads (~150 MB of temporaries)
-REFERENCES_PER_PASS = 50_000
+REFERENCES_PER_PASS = 50_000  # the most reference captions one CIDEr-D pass reads (~150 MB of temporaries)
 WIDE = 4  # the wide neighbourhood: WIDE x consensus_k nearest training photos
 OBJECT_P = THRESHOLD  # the P from which a named category counts for objects and top_object
 
@@ -41,7 +40,6 @@ class Pool:
     """Every candidate of the photos that have at least `least`, flat: row r is a candidate of photo photo[r],
     a photo's rows consecutive in the beam's order, its words padded with V (a row past the vocabulary, which
     every word table gets as a row of `fill`: padded)."""
-
     photo: torch.Tensor  # (N,) int64: the photo (its index in the batch) of each candidate
     tokens: torch.Tensor  # (N, L) int64: its words, V after the end
     lengths: torch.Tensor  # (N,) int64: words
@@ -69,8 +67,7 @@ class Pool:
             min_word = min_word.to(values.device).scatter_reduce(0, owner, values, "amin", include_self=False)
         n, dev = len(cands), torch.device(device)
         host = torch.tensor([[b, len(w)] for (b, _), w in zip(cands, words)], dtype=torch.int64).view(n, 2)
-        floats = torch.tensor([[float(h.log_prob), float(h.score)] for _, h in cands],
-                              dtype=torch.float64).view(n, 2)
+        floats = torch.tensor([[float(h.log_prob), float(h.score)] for _, h in cands], dtype=torch.float64).view(n, 2)
         tokens = torch.tensor([w + [vocab_size] * (width - len(w)) for w in words], dtype=torch.int64).view(n, width)
         return cls(host[:, 0].to(dev), tokens.to(dev), host[:, 1].to(dev), floats[:, 0].to(dev),
                    floats[:, 1].to(dev), min_word.to(dev), words, [b for b, _ in cands], photos,
@@ -83,9 +80,6 @@ class Pool:
     def starts(self) -> list[int]:
         """Each photo's first row."""
         return list(itertools.accumulate(self.sizes[:-1], initial=0)) if self.sizes else []
-
-    def group_sizes(self) -> torch.Tensor:
-        return torch.tensor(self.sizes, device=self.photo.device)  # (B',)
 
     def others(self, row: int) -> list[list[int]]:
         """The words of the other candidates of the row's photo, in the beam's order."""
@@ -131,7 +125,6 @@ def by_signal(data: Any, known: Sequence[str], what: str, name: str = "{}") -> t
 @dataclass(frozen=True)
 class Weights:
     """The weight of each signal, SIGNALS order."""
-
     values: tuple[float, ...]
 
     @classmethod
@@ -224,6 +217,9 @@ class Neighbours:
         return cls(nearest.tolist(), cosines, k)
 
 
+Ordered = tuple[list[Hypothesis], list[float] | None, list[dict[str, float]] | None]  # hypotheses, choices, signals
+
+
 @dataclass(frozen=True)
 class Decision:
     """The choice over a batch's pool, on the device: signals (N, S) (a CIDEr-D signal not weighed: 0), choice
@@ -260,15 +256,13 @@ def choose(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | N
     return Decision(pool, x, total, order, order[first], order[first + 1], weights)
 
 
-def ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, host: list[float]
-            ) -> list[tuple[list[Hypothesis], list[float] | None, list[dict[str, float]] | None]]:
+def ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, host: list[float]) -> list[Ordered]:
     """Decision.host read to the host -> each photo's hypotheses in the chosen order, with their choice and
     signals where the weights chose (else None, None)."""
     pool, n, s = decision.pool, len(decision.pool), len(SIGNALS)
     rows, totals = [host[i * s:(i + 1) * s] for i in range(n)], host[n * s:n * s + n]
     ranked = [int(r) for r in host[n * s + n:n * s + 2 * n]]
-    out: list[tuple[list[Hypothesis], list[float] | None, list[dict[str, float]] | None]] = [
-        (list(h), None, None) for h in hyps]
+    out: list[Ordered] = [(list(h), None, None) for h in hyps]
     for b, at in zip(pool.photos, pool.starts):  # a photo's rows are at, at + 1, ...
         rows_of = ranked[at:at + len(hyps[b])]
         picked = [hyps[b][r - at] for r in rows_of]

@@ -45,7 +45,6 @@ MASS = frozenset("water grass snow sand food bread meat broccoli".split())  # "t
 @dataclass(frozen=True)
 class ObjectCheck:
     """The photos' object evidence: support (B, V) per word and columns (V, M): what each word names."""
-
     support: torch.Tensor  # (B, V)
     columns: torch.Tensor  # (V, M) bool
 
@@ -102,16 +101,19 @@ def disagreement(pool: Pool, best: torch.Tensor, check: ObjectCheck | None) -> t
     if check is None:
         return out
     objects = pool.named(check.columns)  # (N, M)
-    sizes = pool.group_sizes()  # (B',)
+    sizes = torch.tensor(pool.sizes, device=pool.photo.device)  # (B',)
     group = torch.repeat_interleave(torch.arange(len(best), device=best.device), sizes)  # (N,)
     differs = (objects != objects[best][group]).any(1)  # (N,)
     return out.index_add(0, group, differs.double()) / (sizes - 1).clamp_min(1)
 
 
-def candidate_support(pool: Pool, rows: torch.Tensor, photos: torch.Tensor, check: ObjectCheck
+def candidate_support(pool: Pool, rows: torch.Tensor, photos: torch.Tensor, check: ObjectCheck | None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """The pool's rows (R,) of photos (R,) -> (R,) float64 each: the least support of their object words (1 where
-    none) and how many are below SUPPORT_FLOOR."""
+    none) and how many are below SUPPORT_FLOOR (without a check: 1 and 0)."""
+    if check is None:
+        ones = torch.ones(len(rows), dtype=torch.float64, device=rows.device)
+        return ones, torch.zeros_like(ones)
     tokens = pool.tokens[rows]  # (R, L)
     is_object = pool.padded(check.columns.any(1), False)[tokens]  # (R, L)
     support = torch.cat([check.support.float(), check.support.new_ones(len(check.support), 1)], 1)  # (B, V + 1)
@@ -160,7 +162,6 @@ def level(confidence: float, sure_at: float, unsupported: bool = False) -> str:
 @dataclass(frozen=True)
 class ConfidenceMap:
     """The fitted logistic map and the threshold of `sure`."""
-
     bias: float
     weights: tuple[float, ...]  # SIGNALS order
     sure_at: float
@@ -182,10 +183,8 @@ class ConfidenceMap:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        out = {"bias": self.bias, "weights": dict(zip(SIGNALS, self.weights)), "sure_at": self.sure_at}
-        if self.means is not None:
-            out["means"] = dict(zip(SIGNALS, self.means))
-        return out
+        means = {} if self.means is None else {"means": dict(zip(SIGNALS, self.means))}
+        return {"bias": self.bias, "weights": dict(zip(SIGNALS, self.weights)), "sure_at": self.sure_at, **means}
 
     def __call__(self, signals: dict[str, float]) -> float:
         z = self.bias + sum(w * signals[s] for s, w in zip(SIGNALS, self.weights))
@@ -210,8 +209,13 @@ class ConfidenceMap:
         return {s: w * (signals[s] - m) for s, w, m in zip(SIGNALS, self.weights, self.means) if w and s in signals}
 
 
-# why_unsure's weak signals where none lowered the confidence (or no means), in the order a person can act on
-FALLBACK_REASONS = ("nearest", "agreement", "min_word", "wide")
+# why_unsure's weak signals where none lowered the confidence (or no means), in the order a person can act on:
+# (signal, its value where missing, below what it is weak: about the val sets' lowest tenth; val medians noted)
+WEAK = (("nearest", 1.0, 0.55),  # the cosine with the nearest training photo (.60-.68)
+        ("agreement", 1.0, 3.0),  # CIDEr-D with the beam's other candidates (5.3-5.8)
+        ("min_word", 0.0, -3.5),  # its least probable word under 3% (-2.1 to -2.9)
+        ("wide", 1.0, 0.2))  # CIDEr-D with what people said of the nearest photos (.35-.40)
+FALLBACK_REASONS = tuple(s for s, _, _ in WEAK)
 GATE = ("unsupported",)  # what the level reads whatever the map weighs
 
 
@@ -243,11 +247,7 @@ class Chosen:
         return self.cider_of.to(self.decision.signals)[self.best, CIDER_SIGNALS.index(name)]
 
     @cached_property
-    def _support(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B',) each: support and unsupported (without a check: 1 and 0)."""
-        if self.check is None:
-            return (torch.ones(len(self.best), dtype=torch.float64, device=self.best.device),
-                    torch.zeros(len(self.best), dtype=torch.float64, device=self.best.device))
+    def _support(self) -> tuple[torch.Tensor, torch.Tensor]:  # (B',) each: support, unsupported
         return candidate_support(self.pool, self.best, self.photos, self.check)
 
     def margin(self) -> torch.Tensor:
@@ -276,20 +276,20 @@ SIGNAL_OF: dict[str, Callable[[Chosen], torch.Tensor | float]] = {
     "support": lambda c: c._support[0],
     "unsupported": lambda c: c._support[1],
     "disagreement": lambda c: disagreement(c.pool, c.best, c.check),
-    "head_entropy": lambda c: entropy(c.probs) if c.probs is not None else 0.0,
+    "head_entropy": lambda c: entropy(c.probs),
     "template": Chosen.template,
 }
 
 
 @dataclass(frozen=True)
 class Judgement:
-    """The signals computed (`names`) as (B', S) (a signal not computed: 0) and, with a map, the confidences (B',)."""
+    """The signals computed (`names`) as (B', S) (the others 0) and, with a map, the confidences (B',)."""
     names: tuple[str, ...]
     signals: torch.Tensor
     confidence: torch.Tensor | None
 
     def host(self) -> tuple[torch.Tensor, ...]:
-        """Flat for one read: the signals (B' * S,), then the confidences (B',)."""
+        """Flat for one read: the signals (B' * S,), the confidences (B',)."""
         return (self.signals.flatten(),) + (() if self.confidence is None else (self.confidence,))
 
     def of_photo(self, host: list[float], g: int) -> tuple[dict[str, float], float | None]:
@@ -314,11 +314,6 @@ def judge(decision: Decision, near: Neighbours, cider: torch.Tensor, probs: torc
     return Judgement(wanted, x, None if fitted is None else fitted.confidences(x))
 
 
-# below these a signal is weak (about the val sets' lowest tenth): why_unsure's fallback without stored means
-FEW_LIKE = 0.55  # nearest (val medians .60-.68)
-HESITATED = 3.0  # agreement (val medians 5.3-5.8)
-GUESSED = -3.5  # min_word: a word under 3% (val medians -2.1 to -2.9)
-UNLIKE_PEOPLE = 0.2  # wide (val medians .35-.40)
 ABSENT = "the encoder barely sees one of the objects it names"
 REASONS = {"wide": "people described photos like this one differently",
            "consensus": "people described the photos most like this one differently",
@@ -360,12 +355,7 @@ def why_unsure(signals: dict[str, float], alternative: str | None, contributions
         worst = min(contributions, key=contributions.__getitem__)
         if contributions[worst] < 0:
             return hesitated if worst == "agreement" and alternative else REASONS[worst]
-    if signals.get("nearest", 1.0) < FEW_LIKE:
-        return REASONS["nearest"]
-    if alternative and signals.get("agreement", 1.0) < HESITATED:
-        return hesitated
-    if signals.get("min_word", 0.0) < GUESSED:
-        return REASONS["min_word"]
-    if signals.get("wide", 1.0) < UNLIKE_PEOPLE:
-        return REASONS["wide"]
+    for signal, missing, weak in WEAK:
+        if signals.get(signal, missing) < weak and (alternative or signal != "agreement"):
+            return hesitated if signal == "agreement" else REASONS[signal]
     return "its signals are weaker than for the captions it gets right"

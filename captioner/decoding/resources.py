@@ -1,21 +1,17 @@
-"""What decoding reads besides the model, the photos and the settings, as one value its owner holds and passes.
+"""What decoding reads besides the model, the photos and the settings: one value its owner holds and passes.
 
-    fitted      what the model file fitted to its own captions (Fitted)
+    fitted      what the model file fitted to its own captions (Fitted), never a user's setting
     memory      the consensus memory beside the file (consensus.py), or None: the beam's order
     recordings  the owner's CUDA graphs (captured.Recorded), or EAGER: op by op
 
-A Captioner (api.py) holds one: `of_file` reads the first two from its file. Decoding is handed it and never
-looks for it on the torch module or in a process-wide registry, so two Captioners on one model never change each
-other's captions. Code decoding a model of its own (validation, the benchmark) passes NONE.
-
-Fitted is the file's data, never a user's setting: `captioner-fit-selector` fits it on the val sets and
-`captioner-export --fitted REPORT` stores it in the file's metadata as JSON, either part absent where not fitted:
+A Captioner (api.py) holds one (`of_file` reads the first two), so two Captioners on one model never change each
+other's captions; code decoding a model of its own passes NONE. `captioner-fit-selector` fits the Fitted parts
+and `captioner-export --fitted` stores them as JSON in the file's metadata (a part absent where not fitted):
 
     {"choice": {"score": 1.0, "wide": 3.82069, ...},
      "confidence": {"bias": -0.123361, "weights": {"wide": 1.66427, ...}, "sure_at": 0.3709}}
 
-The settings say only whether it is used (decode.fitted_choice, decode.fitted_confidence); an older file's
-decode settings holding these numbers are moved here when it loads (config.split_fitted).
+decode.fitted_choice / fitted_confidence say whether they are used; config.split_fitted moves an older file's.
 """
 from __future__ import annotations
 
@@ -41,7 +37,6 @@ REFIT = "re-export it (captioner-export --fitted) or refit (captioner-fit-select
 @dataclass(frozen=True)
 class Fitted:
     """A model file's fitted choice weights and confidence map (None: not fitted)."""
-
     choice: Weights | None = None
     confidence: ConfidenceMap | None = None
 
@@ -59,12 +54,8 @@ class Fitted:
 
     def to_json(self) -> dict[str, Any]:
         """What the model file stores; {} when nothing was fitted."""
-        out: dict[str, Any] = {}
-        if self.choice is not None:
-            out["choice"] = self.choice.to_json()
-        if self.confidence is not None:
-            out["confidence"] = self.confidence.to_json()
-        return out
+        parts = {"choice": self.choice, "confidence": self.confidence}
+        return {name: part.to_json() for name, part in parts.items() if part is not None}
 
     def merged(self, other: "Fitted") -> "Fitted":
         """Each part replaced by `other`'s where it has one."""
@@ -84,7 +75,6 @@ NOTHING = Fitted()
 @dataclass(frozen=True)
 class Resources:
     """What a decode reads besides the model (module doc)."""
-
     fitted: Fitted = NOTHING
     memory: ConsensusMemory | None = None
     recordings: Recorded = EAGER
