@@ -2,11 +2,10 @@
 
 confidence = sigmoid(bias + sum_s weight_s * s), the probability that the caption's per-photo CIDEr-D is at least
 GOOD_CIDER: a logistic map of cheap signals (SIGNALS; docs/confidence.md) fitted on the val sets
-(evaluation/confidence_fit.py), stored with its `sure_at` as the file's data (resources.Fitted). Without a map
-or the signals (no consensus memory, one candidate): None. The objects check: a word names an object when it
-names a COCO category (concepts/words.py) or a word detector's group (concepts/detectors.py); its support is
-support[b, w] = max(P_head(c | b) over its categories c, P_detector(k | b) over its groups k). A caption naming
-an object below SUPPORT_FLOOR is never sure, and its reason names that object first.
+(evaluation/confidence_fit.py), stored with its `sure_at` (resources.Fitted); None without a map or signals.
+The objects check: a word names an object when it names a COCO category (concepts/words.py) or a detector group
+(concepts/detectors.py); its support is max(P_head(c | b) over its categories c, P_detector(k | b) over its
+groups k). A caption naming an object below SUPPORT_FLOOR is never sure, and its reason names that object first.
 
 Legend: B photos, B' those with a chosen caption, N the batch's candidates (choice.Pool), S the signals here,
 C COCO categories, K detector groups, M = C + K object columns, V vocabulary, L words.
@@ -61,8 +60,7 @@ class ObjectCheck:
 
 
 def membership(vocab: Vocab, categories: torch.Tensor, det: WordDetectors | None) -> torch.Tensor:
-    """(V, M) bool: each word's categories (categories (V, C)) and, with detectors, groups (a taught word: its
-    source word's), on the categories' device."""
+    """(V, M) bool: each word's categories (V, C) and detector groups (a taught word: its source's)."""
     cols = [categories.bool()]
     if det is not None:
         taught = tuple((w, vocab.source(w)) for w in sorted(vocab.aliases))
@@ -95,8 +93,7 @@ def word_support(probs: torch.Tensor, seen: torch.Tensor | None, columns: torch.
 
 
 def disagreement(pool: Pool, best: torch.Tensor, check: ObjectCheck | None) -> torch.Tensor:
-    """(B',) the share of each photo's other candidates naming another set of objects than its chosen row
-    best (B',); 0 without a check."""
+    """(B',) the share of each photo's other candidates naming other objects than its chosen row best (B',)."""
     out = torch.zeros(len(best), dtype=torch.float64, device=best.device)  # (B',)
     if check is None:
         return out
@@ -138,20 +135,6 @@ def template(text: str) -> float:
     return float(bool(TEMPLATE.search(text)))
 
 
-def weakest_object(pool: Pool, best: torch.Tensor, photos: torch.Tensor, probs: torch.Tensor | None,
-                   categories: torch.Tensor | None, person: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-    """(B',) the least P of the categories each chosen caption names (person words: the person detector's),
-    1 where none (or no head)."""
-    if probs is None or categories is None:
-        return torch.ones(len(best), dtype=torch.float64, device=best.device)
-    named = pool.named(categories)[best]  # (B', C)
-    least = torch.where(named, probs, float("inf")).amin(1)  # (B',)
-    if person is not None:
-        says_person = pool.named(person[1].reshape(-1, 1))[best, 0]  # (B',)
-        least = torch.minimum(least, torch.where(says_person, person[0].to(least)[photos], float("inf")))
-    return torch.where(least.isinf(), 1.0, least)
-
-
 def level(confidence: float, sure_at: float, unsupported: bool = False) -> str:
     """SURE from max(sure_at, SURE_FLOOR) unless the caption names an unsupported object, else a LEVELS name."""
     if confidence >= max(sure_at, SURE_FLOOR) and not unsupported:
@@ -175,9 +158,9 @@ class ConfidenceMap:
                                                                                              "sure_at", "means"}:
             raise ValueError(f"the confidence map needs bias, weights and sure_at (and may hold means), got {data!r}")
         means = data.get("means")
+        means = None if means is None else by_signal(means, SIGNALS, "the confidence map's means", "the mean of {}")
         out = cls(finite(data["bias"], "its bias"), by_signal(data["weights"], SIGNALS, "the confidence map's weights"),
-                  finite(data["sure_at"], "sure_at"),
-                  None if means is None else by_signal(means, SIGNALS, "the confidence map's means", "the mean of {}"))
+                  finite(data["sure_at"], "sure_at"), means)
         if not 0.0 <= out.sure_at <= 1.0:
             raise ValueError(f"the confidence map's sure_at must lie in [0, 1], got {out.sure_at}")
         return out
@@ -192,10 +175,8 @@ class ConfidenceMap:
 
     def confidences(self, signals: torch.Tensor) -> torch.Tensor:
         """(B, S) -> (B,), one sigmoid."""
-        return torch.sigmoid(self.bias + signals @ torch.tensor(self.weights, dtype=signals.dtype, device=signals.device))
-
-    def weighs(self, signal: str) -> bool:
-        return signal in SIGNALS and self.weights[SIGNALS.index(signal)] != 0
+        weights = torch.tensor(self.weights, dtype=signals.dtype, device=signals.device)  # (S,)
+        return torch.sigmoid(self.bias + signals @ weights)
 
     def rounded(self) -> "ConfidenceMap":
         """Every number to 6 decimals (as a model file stores a fit)."""
@@ -220,11 +201,10 @@ GATE = ("unsupported",)  # what the level reads whatever the map weighs
 
 
 def needs(fitted: ConfidenceMap | None) -> tuple[str, ...]:
-    """The signals a judge computes for this map (SIGNALS order): those it weighs, GATE and FALLBACK_REASONS;
-    every one without a map (what the fitter fits on)."""
+    """The signals judged for this map: those it weighs, GATE and FALLBACK_REASONS; every one without a map."""
     if fitted is None:
         return SIGNALS
-    wanted = {s for s in SIGNALS if fitted.weighs(s)} | set(GATE) | set(FALLBACK_REASONS)
+    wanted = {s for s, w in zip(SIGNALS, fitted.weights) if w != 0} | set(GATE) | set(FALLBACK_REASONS)
     return tuple(s for s in SIGNALS if s in wanted)
 
 
@@ -255,6 +235,17 @@ class Chosen:
         d = self.decision
         return d.total[d.best] - d.total[d.runner] if d.chose else torch.zeros_like(d.total[d.best])
 
+    def weakest_object(self) -> torch.Tensor:
+        """(B',) the least P of the categories each names (a person word: the person detector's), 1 where none."""
+        if self.probs is None:
+            return torch.ones(len(self.best), dtype=torch.float64, device=self.best.device)
+        named = self.pool.named(self.categories)[self.best]  # (B', C)
+        least = torch.where(named, self.probs, float("inf")).amin(1)  # (B',)
+        if self.person is not None:
+            says_person = self.pool.named(self.person[1].reshape(-1, 1))[self.best, 0]  # (B',)
+            least = torch.minimum(least, torch.where(says_person, self.person[0].to(least)[self.photos], float("inf")))
+        return torch.where(least.isinf(), 1.0, least)
+
     def template(self) -> torch.Tensor:  # (B',)
         texts = [" ".join(self.vocab.itos[t] for t in self.pool.words[r]) for r in range(len(self.pool))]
         return torch.tensor([template(t) for t in texts], dtype=torch.float64).to(self.best.device)[self.best]
@@ -270,7 +261,7 @@ SIGNAL_OF: dict[str, Callable[[Chosen], torch.Tensor | float]] = {
     "log_prob": lambda c: c.choice_signal("log_prob"),
     "min_word": lambda c: c.pool.min_word[c.best],
     "objects": lambda c: c.choice_signal("objects"),
-    "weakest_object": lambda c: weakest_object(c.pool, c.best, c.photos, c.probs, c.categories, c.person),
+    "weakest_object": Chosen.weakest_object,
     "top_p": lambda c: 0.0 if c.probs is None else c.probs.amax(1),
     "length": lambda c: c.pool.lengths[c.best],
     "support": lambda c: c._support[0],
@@ -333,21 +324,18 @@ REASONS = {"wide": "people described photos like this one differently",
 
 def doubt_of_objects(words: Sequence[str]) -> str:
     """"it is not sure there is a cake" (or "... a cake or a table") for the unsupported objects."""
-    return "it is not sure there " + ("are " if _plural(words[0]) else "is ") + " or ".join(_phrase(w) for w in words)
+    phrases = (w if _plural(w) or w in MASS else ("an " if w[0] in "aeiou" else "a ") + w for w in words)
+    return "it is not sure there " + ("are " if _plural(words[0]) else "is ") + " or ".join(phrases)
 
 
 def _plural(word: str) -> bool:
     return word.endswith("s") and not word.endswith("ss") and word not in MASS
 
 
-def _phrase(word: str) -> str:
-    return word if _plural(word) or word in MASS else ("an " if word[0] in "aeiou" else "a ") + word
-
-
 def why_unsure(signals: dict[str, float], alternative: str | None, contributions: dict[str, float] | None = None,
                unsupported: Sequence[str] = ()) -> str:
-    """A plain-words reason for an unsure caption: an unsupported object first; then the signal that lowered the
-    confidence most (contributions); without them the first weak signal of FALLBACK_REASONS."""
+    """Why unsure, in plain words: an unsupported object, else the signal that lowered the confidence most
+    (contributions), else the first weak one (WEAK)."""
     hesitated = f"it hesitated between this and “{alternative}”"
     if unsupported:
         return doubt_of_objects(unsupported)

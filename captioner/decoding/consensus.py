@@ -1,14 +1,10 @@
-"""The consensus memory: what the choice needs of the training set (Devlin et al. 2015, "Exploring Nearest
-Neighbor Approaches for Image Captioning"; Mao et al. 2015).
+"""The consensus memory: the training photos' pooled features and captions, which the choice compares a candidate
+with (CIDEr-D, cider.py: Devlin et al. 2015, "Exploring Nearest Neighbor Approaches for Image Captioning").
 
-A candidate that agrees (CIDEr-D, cider.py) with the captions of the training photos that look most like this
-one (cosine of the mean annotation vector) says what people say about such photos (choice.py: consensus, wide).
-The memory holds every training photo's pooled features as int8 (each row scaled to a largest entry of +-127:
-99.3-99.6% of the val photos' 5 nearest kept, a quarter of float32's size) and its captions as word ids. It lives
-beside the model file (<model>.consensus.safetensors, written by captioner-build-consensus); without one the
-beam's order is kept.
-
-Legend: B photos, P regions, D feature dim, M memory photos, C memory captions, T their words in all.
+Features are int8, each row scaled to a largest entry of +-127 (99.3-99.6% of the val photos' 5 nearest kept, at
+a quarter of float32's size). It lives beside the model file (<model>.consensus.safetensors, written by
+captioner-build-consensus). Legend: B photos, P regions, D feature dim, M memory photos, C memory captions, T
+their words in all.
 """
 from __future__ import annotations
 
@@ -24,6 +20,7 @@ from .cider import CiderD
 
 FORMAT = "captioner-consensus/1"
 SUFFIX = ".consensus.safetensors"
+REBUILD = "rebuild it with captioner-build-consensus"
 _cider_of_file: dict[tuple[str, int, int], CiderD] = {}  # ConsensusMemory.cider of each memory file, this process
 
 
@@ -44,7 +41,7 @@ class ConsensusMemory:
     _cider: CiderD | None = field(default=None, repr=False)
     _unit: torch.Tensor | None = field(default=None, repr=False)  # (D, M) float32 at unit length, on the photos' device
     _captions: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict, repr=False)  # captions_of, cached
-    _flat: tuple[list[int], list[int], list[int]] = field(default=([], [0], [0]), repr=False)  # tokens, caption/photo starts
+    _flat: tuple[list[int], list[int], list[int]] = field(default=([], [0], [0]), repr=False)  # words, starts
     source: tuple[str, int, int] | None = field(default=None, repr=False)  # (file, size, mtime) when loaded from one
 
     @classmethod
@@ -78,7 +75,7 @@ class ConsensusMemory:
         return self._captions[photo]
 
     def nearest(self, feats: torch.Tensor, k: int) -> torch.Tensor:
-        """feats (B, P, D) -> (B, k) indices of the k memory photos nearest in pooled features (cosine), nearest first."""
+        """feats (B, P, D) -> (B, k) the k memory photos nearest in pooled features (cosine), nearest first."""
         return self.nearest_with_cosines(feats, k)[1]
 
     def nearest_with_cosines(self, feats: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,9 +94,7 @@ class ConsensusMemory:
     def cider(self) -> CiderD:
         """CIDEr-D with the memory's captions as document frequencies, built once per process and memory file."""
         if self._cider is None:
-            self._cider = _cider_of_file.get(self.source) if self.source else None
-        if self._cider is None:
-            self._cider = CiderD([self.captions_of(j) for j in range(len(self))])
+            self._cider = _cider_of_file.get(self.source) or CiderD([self.captions_of(j) for j in range(len(self))])
             if self.source:
                 _cider_of_file[self.source] = self._cider
         return self._cider
@@ -112,7 +107,8 @@ class ConsensusMemory:
     def save(self, path: str | Path) -> None:
         tensors = {"features": self.features.contiguous(), "tokens": self.tokens.contiguous(),
                    "caption_ends": self.caption_ends.contiguous(), "photo_ends": self.photo_ends.contiguous()}
-        write_safetensors(path, tensors, {"format": FORMAT, "info": json.dumps({"vocab_size": self.vocab_size, "encoder": self.encoder})})
+        info = json.dumps({"vocab_size": self.vocab_size, "encoder": self.encoder})
+        write_safetensors(path, tensors, {"format": FORMAT, "info": info})
 
     @classmethod
     def load(cls, path: str | Path) -> "ConsensusMemory":
@@ -120,13 +116,13 @@ class ConsensusMemory:
         tensors, meta = read_safetensors(path)
         if meta.get("format") != FORMAT:
             raise CheckpointError(f"{path}: not a consensus memory (format {meta.get('format')!r}, expected {FORMAT}); "
-                                  "rebuild it with captioner-build-consensus or remove it")
+                                  f"{REBUILD} or remove it")
         try:
             info = json.loads(meta["info"])
             memory = cls(tensors["features"], tensors["tokens"], tensors["caption_ends"], tensors["photo_ends"],
                          int(info["vocab_size"]), str(info.get("encoder", "")))
         except (KeyError, ValueError, TypeError) as e:
-            raise CheckpointError(f"{path}: corrupt consensus memory ({e}); rebuild it with captioner-build-consensus") from None
+            raise CheckpointError(f"{path}: corrupt consensus memory ({e}); {REBUILD}") from None
         if len(memory.photo_ends) != len(memory.features) or int(memory.photo_ends[-1]) != len(memory.caption_ends):
             raise CheckpointError(f"{path}: its photos, captions and features do not line up; rebuild it")
         stat = Path(path).stat()

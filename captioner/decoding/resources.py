@@ -1,17 +1,12 @@
-"""What decoding reads besides the model, the photos and the settings: one value its owner holds and passes.
+"""What decoding reads besides the model, the photos and the settings: one value its owner (a Captioner) holds
+and passes, so two Captioners on one model never change each other's captions; a model of its own passes NONE.
 
-    fitted      what the model file fitted to its own captions (Fitted), never a user's setting
+    fitted      what the model file fitted to its own captions (Fitted: its data, never a setting)
     memory      the consensus memory beside the file (consensus.py), or None: the beam's order
     recordings  the owner's CUDA graphs (captured.Recorded), or EAGER: op by op
 
-A Captioner (api.py) holds one (`of_file` reads the first two), so two Captioners on one model never change each
-other's captions; code decoding a model of its own passes NONE. `captioner-fit-selector` fits the Fitted parts
-and `captioner-export --fitted` stores them as JSON in the file's metadata (a part absent where not fitted):
-
-    {"choice": {"score": 1.0, "wide": 3.82069, ...},
-     "confidence": {"bias": -0.123361, "weights": {"wide": 1.66427, ...}, "sure_at": 0.3709}}
-
-decode.fitted_choice / fitted_confidence say whether they are used; config.split_fitted moves an older file's.
+Fitted as the file's metadata stores it (captioner-export --fitted; a part absent where none was fitted):
+{"choice": {"score": 1.0, "wide": 3.82, ...}, "confidence": {"bias": -0.12, "weights": {...}, "sure_at": 0.37}}.
 """
 from __future__ import annotations
 
@@ -30,7 +25,6 @@ from .choice import BEAM_ORDER, Weights
 from .confidence import ConfidenceMap
 from .consensus import ConsensusMemory, memory_path
 
-PARTS = ("choice", "confidence")
 REFIT = "re-export it (captioner-export --fitted) or refit (captioner-fit-selector)"
 
 
@@ -43,9 +37,9 @@ class Fitted:
     @classmethod
     def from_json(cls, data: Any, source: str = "model file") -> "Fitted":
         """The file's "fitted" entry; a ValueError names the file and what is wrong."""
-        if not isinstance(data, dict) or set(data) - set(PARTS):
-            raise ValueError(f"{source}: its fitted data must be a mapping of {' and '.join(PARTS)}, got {data!r}; "
-                             + REFIT)
+        if not isinstance(data, dict) or set(data) - {"choice", "confidence"}:
+            raise ValueError(f"{source}: its fitted data must be a mapping of choice and confidence, got {data!r}; "
+                             f"{REFIT}")
         try:
             return cls(None if data.get("choice") is None else Weights.from_json(data["choice"]),
                        None if data.get("confidence") is None else ConfidenceMap.from_json(data["confidence"]))
