@@ -33,13 +33,13 @@ CIDER_SIGNALS = ("consensus", "wide", "agreement")  # computed only where weighe
 REFERENCES_PER_PASS = 50_000  # the most reference captions one CIDEr-D pass reads (~150 MB of temporaries)
 WIDE = 4  # the wide neighbourhood: WIDE x consensus_k nearest training photos
 OBJECT_P = THRESHOLD  # the P from which a named category counts for objects and top_object
+Ordered = tuple[list[Hypothesis], list[float] | None, list[dict[str, float]] | None]  # hypotheses, choices, signals
 
 
 @dataclass(frozen=True)
 class Pool:
-    """Every candidate of the photos that have at least `least`, flat: row r is a candidate of photo photo[r],
-    a photo's rows consecutive in the beam's order, its words padded with V (a row past the vocabulary, which
-    every word table gets as a row of `fill`: padded)."""
+    """Every candidate of the photos with at least `least`, flat: a photo's rows consecutive in the beam's order,
+    words padded with V (a row past the vocabulary: padded)."""
     photo: torch.Tensor  # (N,) int64: the photo (its index in the batch) of each candidate
     tokens: torch.Tensor  # (N, L) int64: its words, V after the end
     lengths: torch.Tensor  # (N,) int64: words
@@ -151,9 +151,8 @@ BEAM_ORDER = Weights((1.0,) + (0.0,) * (len(SIGNALS) - 1))
 
 def signals(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | None,
             categories: torch.Tensor | None, person: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """The pool's signals (N, S) float64 on its device. cider (N, 3): agreements; probs (B, C): the head's P or
-    None; categories (V, C): the words naming each category (None: objects, top_object 0); person: (P(person)
-    (B,), person words (V,)) or None."""
+    """(N, S) float64. cider (N, 3): agreements; probs (B, C): the head's P; categories (V, C): the words naming
+    each (either None: objects, top_object 0); person: (P(person) (B,), person words (V,)) or None."""
     out = torch.zeros(len(pool), len(SIGNALS), dtype=torch.float64, device=pool.tokens.device)  # (N, S)
     out[:, 0] = pool.score - pool.group_max(pool.score, photos)[pool.photo]
     out[:, 1:4] = cider.to(out)
@@ -175,9 +174,7 @@ def agreements(pool: Pool, nearest: Sequence[Sequence[int]], k: int, memory: Con
                wanted: Collection[str]) -> torch.Tensor:
     """(N, 3): each candidate's CIDER_SIGNALS, those `wanted` computed (the others 0), in as few CIDEr-D passes
     as REFERENCES_PER_PASS allows; a candidate's value does not depend on what else a pass holds."""
-    cands: list[list[int]] = []
-    sets: list[list] = []
-    rows: list[tuple[int, int]] = []
+    cands, sets, rows = [], [], []  # words, their references, (row, column)
     for column, signal in enumerate(CIDER_SIGNALS):
         if signal not in wanted:
             continue
@@ -205,8 +202,7 @@ def agreements(pool: Pool, nearest: Sequence[Sequence[int]], k: int, memory: Con
 
 @dataclass(frozen=True)
 class Neighbours:
-    """Each photo's nearest training photos, nearest first (B lists of k'), their cosines (B, k') and k: the
-    first k are the consensus neighbourhood, all k' the wide one. Fetched once per batch."""
+    """Each photo's nearest training photos (B lists of k') and cosines (B, k'): the first k consensus's, all wide's."""
     nearest: list[list[int]]
     cosines: torch.Tensor
     k: int
@@ -217,13 +213,10 @@ class Neighbours:
         return cls(nearest.tolist(), cosines, k)
 
 
-Ordered = tuple[list[Hypothesis], list[float] | None, list[dict[str, float]] | None]  # hypotheses, choices, signals
-
-
 @dataclass(frozen=True)
 class Decision:
-    """The choice over a batch's pool, on the device: signals (N, S) (a CIDEr-D signal not weighed: 0), choice
-    (N,), the rows in the chosen order (N,), each photo's chosen row and runner-up (B',), the weights."""
+    """The choice on the device: signals (N, S), choice (N,), rows in the chosen order (N,), chosen row and runner-up
+    (B',) and the weights."""
     pool: Pool
     signals: torch.Tensor
     total: torch.Tensor
@@ -244,8 +237,7 @@ class Decision:
 def choose(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | None, weights: Weights,
            person: tuple[torch.Tensor, torch.Tensor] | None = None, categories: torch.Tensor | None = None
            ) -> Decision:
-    """The pool (of `photos` photos) -> the Decision by `weights`, the batch at once (one product, one sort),
-    nothing read to the host. cider (N, 3): agreements; probs, person, categories: as for signals."""
+    """The pool (of `photos` photos) -> the Decision by `weights`: one product, one sort, nothing read."""
     device = pool.tokens.device
     seen = torch.tensor([float(bool(weights[s])) for s in CIDER_SIGNALS], dtype=torch.float64, device=device)  # (3,)
     x = signals(pool, photos, cider.to(device) * seen, None if categories is None else probs, categories,
@@ -257,8 +249,7 @@ def choose(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | N
 
 
 def ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, host: list[float]) -> list[Ordered]:
-    """Decision.host read to the host -> each photo's hypotheses in the chosen order, with their choice and
-    signals where the weights chose (else None, None)."""
+    """Decision.host read -> each photo's hypotheses in the chosen order, their choices and signals (or None)."""
     pool, n, s = decision.pool, len(decision.pool), len(SIGNALS)
     rows, totals = [host[i * s:(i + 1) * s] for i in range(n)], host[n * s:n * s + n]
     ranked = [int(r) for r in host[n * s + n:n * s + 2 * n]]

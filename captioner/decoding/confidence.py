@@ -22,7 +22,7 @@ import torch
 
 from ..concepts.detectors import WordDetectors
 from ..vocab import Vocab
-from .choice import CIDER_SIGNALS, Decision, Neighbours, Pool, by_signal, finite
+from .choice import CIDER_SIGNALS, Decision, Neighbours, by_signal, finite
 from .choice import SIGNALS as CHOICE_SIGNALS
 from .reading import HeadReading, words_of
 
@@ -90,34 +90,6 @@ def word_support(probs: torch.Tensor, seen: torch.Tensor | None, columns: torch.
     cols = columns[:, :evidence.shape[1]].to(evidence.device)  # (V, M)
     support = (evidence[:, None, :] * cols[None].float()).amax(-1)  # (B, V)
     return ObjectCheck(support, cols.bool())
-
-
-def disagreement(pool: Pool, best: torch.Tensor, check: ObjectCheck | None) -> torch.Tensor:
-    """(B',) the share of each photo's other candidates naming other objects than its chosen row best (B',)."""
-    out = torch.zeros(len(best), dtype=torch.float64, device=best.device)  # (B',)
-    if check is None:
-        return out
-    objects = pool.named(check.columns)  # (N, M)
-    sizes = torch.tensor(pool.sizes, device=pool.photo.device)  # (B',)
-    group = torch.repeat_interleave(torch.arange(len(best), device=best.device), sizes)  # (N,)
-    differs = (objects != objects[best][group]).any(1)  # (N,)
-    return out.index_add(0, group, differs.double()) / (sizes - 1).clamp_min(1)
-
-
-def candidate_support(pool: Pool, rows: torch.Tensor, photos: torch.Tensor, check: ObjectCheck | None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pool's rows (R,) of photos (R,) -> (R,) float64 each: the least support of their object words (1 where
-    none) and how many are below SUPPORT_FLOOR (without a check: 1 and 0)."""
-    if check is None:
-        ones = torch.ones(len(rows), dtype=torch.float64, device=rows.device)
-        return ones, torch.zeros_like(ones)
-    tokens = pool.tokens[rows]  # (R, L)
-    is_object = pool.padded(check.columns.any(1), False)[tokens]  # (R, L)
-    support = torch.cat([check.support.float(), check.support.new_ones(len(check.support), 1)], 1)  # (B, V + 1)
-    support = support.to(rows.device)[photos].gather(1, tokens)  # (R, L)
-    least = torch.where(is_object, support, float("inf")).amin(1)  # (R,)
-    return (torch.where(least.isinf(), 1.0, least.double()),
-            (is_object & (support < SUPPORT_FLOOR)).sum(1).double())
 
 
 def entropy(probs: torch.Tensor | None) -> torch.Tensor | float:
@@ -227,8 +199,31 @@ class Chosen:
         return self.cider_of.to(self.decision.signals)[self.best, CIDER_SIGNALS.index(name)]
 
     @cached_property
-    def _support(self) -> tuple[torch.Tensor, torch.Tensor]:  # (B',) each: support, unsupported
-        return candidate_support(self.pool, self.best, self.photos, self.check)
+    def _support(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B',) float64 each: the least support of the caption's object words (1 where none, or without a check)
+        and how many are below SUPPORT_FLOOR."""
+        if self.check is None:
+            ones = torch.ones(len(self.best), dtype=torch.float64, device=self.best.device)
+            return ones, torch.zeros_like(ones)
+        tokens = self.pool.tokens[self.best]  # (B', L)
+        is_object = self.pool.padded(self.check.columns.any(1), False)[tokens]  # (B', L)
+        support = self.check.support.float()  # (B, V)
+        support = torch.cat([support, support.new_ones(len(support), 1)], 1)  # (B, V + 1): the padding supported
+        support = support.to(self.best.device)[self.photos].gather(1, tokens)  # (B', L)
+        least = torch.where(is_object, support, float("inf")).amin(1)  # (B',)
+        return (torch.where(least.isinf(), 1.0, least.double()),
+                (is_object & (support < SUPPORT_FLOOR)).sum(1).double())
+
+    def disagreement(self) -> torch.Tensor:
+        """(B',) the share of each photo's other candidates naming other objects than the chosen one."""
+        out = torch.zeros(len(self.best), dtype=torch.float64, device=self.best.device)  # (B',)
+        if self.check is None:
+            return out
+        objects = self.pool.named(self.check.columns)  # (N, M)
+        sizes = torch.tensor(self.pool.sizes, device=self.pool.photo.device)  # (B',)
+        group = torch.repeat_interleave(torch.arange(len(self.best), device=self.best.device), sizes)  # (N,)
+        differs = (objects != objects[self.best][group]).any(1)  # (N,)
+        return out.index_add(0, group, differs.double()) / (sizes - 1).clamp_min(1)
 
     def margin(self) -> torch.Tensor:
         """(B',) the choice over the runner-up's (0 where the beam's order was kept)."""
@@ -266,7 +261,7 @@ SIGNAL_OF: dict[str, Callable[[Chosen], torch.Tensor | float]] = {
     "length": lambda c: c.pool.lengths[c.best],
     "support": lambda c: c._support[0],
     "unsupported": lambda c: c._support[1],
-    "disagreement": lambda c: disagreement(c.pool, c.best, c.check),
+    "disagreement": Chosen.disagreement,
     "head_entropy": lambda c: entropy(c.probs),
     "template": Chosen.template,
 }
