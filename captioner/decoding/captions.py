@@ -382,12 +382,23 @@ def dress(decoded: Decoded, reading: HeadReading, feats: torch.Tensor, model: Sh
 
 
 @torch.no_grad()
+def caption_features(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReading, vocab: Vocab,
+                     settings: DecodeConfig, resources: Resources) -> list[Caption]:
+    """One batch of photos' features (B, P, D) and their reading -> their Captions: decode, then dress, with what
+    `resources` holds (the owner's fitted data, consensus memory and recordings)."""
+    param = next(model.decoder.eval().parameters())
+    _check_evidence(model, settings)
+    feats = feats.to(param.device, param.dtype)  # (B, P, D)
+    decoded = decode_photos(model, feats, reading, vocab, settings, resources)
+    return dress(decoded, reading, feats, model, vocab, settings, resources.fitted)
+
+
+@torch.no_grad()
 def captions_from_features(model: ShowAttendTell, feats: np.ndarray | torch.Tensor, vocab: Vocab,
                            settings: DecodeConfig, resources: Resources, batch_size: int = 100,
-                           progress: bool = False, reading: HeadReading | None = None) -> list[Caption]:
-    """Features (N, P, D) (a tensor, an array or a float16 memory map) -> N Captions, in batches of `batch_size`
-    on the decoder's device and dtype: read, decode, dress, with what `resources` holds. `reading`: the photos'
-    HeadReading when already made (Photo), else read per batch."""
+                           progress: bool = False) -> list[Caption]:
+    """Features (N, P, D) (a tensor, an array or a float16 memory map) -> N Captions, in batches of `batch_size` on
+    the decoder's device and dtype, each batch's heads read (read_heads), then captioned (caption_features)."""
     param = next(model.decoder.eval().parameters())
     _check_evidence(model, settings)
     out: list[Caption] = []
@@ -395,9 +406,7 @@ def captions_from_features(model: ShowAttendTell, feats: np.ndarray | torch.Tens
         x = feats[k:k + batch_size]
         x = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x, dtype=np.float32))
         x = x.to(param.device, param.dtype)  # (b, P, D)
-        r = read_heads(model, x) if reading is None else reading.rows(k, k + len(x))
-        decoded = decode_photos(model, x, r, vocab, settings, resources)
-        out.extend(dress(decoded, r, x, model, vocab, settings, resources.fitted))
+        out.extend(caption_features(model, x, read_heads(model, x), vocab, settings, resources))
     return out
 
 

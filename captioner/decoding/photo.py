@@ -27,7 +27,7 @@ from ..concepts.imagenet import Concepts
 from ..config import SAMPLE_TEMPERATURE, SAMPLE_TOP_P, DecodeConfig  # the sampling defaults: read there
 from ..model.decoder import Decoder
 from ..vocab import Vocab, tokenize_typed
-from .captions import Caption, captions_from_features, photo_notes, sampled_captions
+from .captions import Caption, caption_features, photo_notes, sampled_captions
 from .evidence import photo_evidence
 from .reading import HeadReading, annotated, grid_side, photo_concepts
 from .resources import Resources
@@ -185,6 +185,5 @@ def caption_photos(loaded: Loaded, photos: Sequence[Photo], **overrides: Any) ->
     settings = loaded.decode_settings(**overrides)
     feats = torch.cat([p.features for p in photos])  # (B, P, D)
     reading = HeadReading.cat([p.reading for p in photos])
-    caps = captions_from_features(loaded.model, feats, loaded.vocab, settings, loaded.resources,
-                                  batch_size=len(photos), reading=reading)
+    caps = caption_features(loaded.model, feats, reading, loaded.vocab, settings, loaded.resources)
     return [p._own(c, settings) for p, c in zip(photos, caps)]
