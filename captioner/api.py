@@ -38,7 +38,7 @@ from .concepts.imagenet import THRESHOLD, Concepts
 from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
 from .config import DTYPES as DTYPE_NAMES
 from .config import REMOVED, Config, DecodeConfig, set_value
-from .decoding.explain import NoWordsError
+from .decoding.photo import NoWordsError
 from .images import ImageError, ImageInput, flat_colour, load_image, original_size, was_transparent
 from .model.show_attend_tell import ShowAttendTell, build_model
 from .model.encoder import Preprocess, build_preprocess
@@ -225,7 +225,7 @@ class Captioner:
         <unk> and listed in Caption.unknown (and Caption.notes). A sentence with no words ("", "!!! ...")
         raises NoWordsError (a ValueError) before the photo is read. `overrides`: decode settings (only
         hard_context matters, for a hard-attention model)."""
-        from .decoding.explain import sentence_words
+        from .decoding.photo import sentence_words
 
         sentence_words(text)  # NoWordsError before any work
         return self.read(image).explain(text, **overrides)

@@ -152,7 +152,7 @@ def test_hard_model_argmax_context_is_explained_as_decoded(one_torch_thread):
     from captioner.config import DecodeConfig
     from captioner.decoding.search import decode
     from captioner.vocab import SpecialIds
-    from captioner.decoding.explain import explain_features
+    from captioner.decoding.photo import explain_features
     from captioner.vocab import Vocab
     from .conftest import tiny_decoder
 

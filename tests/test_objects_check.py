@@ -1,4 +1,4 @@
-"""The objects check and the reasons of an unsure caption (captioner/decoding/confidence.py, alternatives.py, the
+"""The objects check and the reasons of an unsure caption (captioner/decoding/confidence.py, captions.py different, the
 reasons of confidence.why_unsure, evaluation/judged.py): an object the heads barely see lowers the confidence of a
 map that weighs it and is named first; otherwise the reason is the signal that lowered the confidence most; the
 alternatives shown differ in what they name; a map stored without means still loads and gives today's reasons."""
@@ -12,7 +12,7 @@ import random
 import numpy as np
 import torch
 
-from captioner.decoding.alternatives import different, things
+from captioner.decoding.captions import different, things
 from captioner.decoding.captions import Alternative, Caption
 from captioner.decoding.choice import SIGNALS as CHOICE_SIGNALS
 from captioner.decoding.choice import Decision, Neighbours, Weights

@@ -258,7 +258,7 @@ def check_sentence(sentence: str | None) -> bool:
     are noted once, with each photo's line (the Caption's notes: emit)."""
     if sentence is None:
         return True
-    from captioner.decoding.explain import NoWordsError, sentence_words
+    from captioner.decoding.photo import NoWordsError, sentence_words
 
     try:
         sentence_words(sentence)

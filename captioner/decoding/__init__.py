@@ -1,15 +1,10 @@
-"""Features -> words: batched beam search, greedy as its beam 1 (search.py: `decode`), the same beam search with
-fixed shapes for a GPU (device_beam.py), evidence-aware word rules (evidence.py, rules.py), sampling
-(sampling.py: with gradients for SCST; temperature, top-k, nucleus and a seed for Photo.sample), features ->
-Caption (captions.py) and teacher-forcing a typed sentence (explain.py).
+"""Features -> captions, as one line of stages (docs/architecture.md, "Decoding as one line of stages"):
+read (reading.py: the encoder's heads, once per photo), constrain (rules.py: the rules and the photo's evidence,
+built once and handed to every search and to sampling), search (search.py: the beam, greedy as its beam 1;
+device_beam.py: the same beam with fixed shapes for a GPU; sampling.py), decide (choice.py orders the candidates,
+confidence.py judges how sure), dress (captions.py: the frozen Caption; photo.py: a Photo read once, and
+explaining a typed sentence).
 
-Every path runs the one decoder step, model/decoder.py's `Decoder.step` (attention, gate beta, LSTM cell, deep
-output), or its `recur` + `output` halves; none has a copy of the model. How that step computes (eq. 4 through
-sigmoid in cache-sized blocks, each product by a fixed rule in model/packed_linear.py, the W_z a_i and W_e E y
-tables) is decided inside it by device and autograd, or by the caller passing the W_z a_i table;
-`Decoder.step(..., literal=True)` with plain products and no table is the paper written out, the oracle.
-tests/test_one_step.py patches AdditiveAttention and sees every path change.
-
-The paths (which code, when it runs, why this way, the test that proves it equal to the equations) are one table,
-in docs/architecture.md ("Decoding paths").
+Every path runs the one decoder step, model/decoder.py's `Decoder.step`; none has a copy of the model.
+`Decoder.step(..., literal=True)` is the paper written out, the oracle.
 """

@@ -1,10 +1,9 @@
-"""Features -> Captions, written once. `captions_from_features` is what the public API (Captioner),
-evaluation, training's validation and grounding call, and the latency benchmark times its two halves:
-decode_photos (the photos' evidence built once, decoding.decode with a DecodeConfig), then dress (each
-image's best hypothesis as a Caption: words, attention maps, gates, with its photo's reading).
-`sampled_captions` draws captions instead (sampling.sample, under the same rules), dressed the same way.
+"""Features -> Captions, in stages: decode_photos (the evidence and rules built once, the search, then decide:
+choose and judge), then dress (each photo's best hypothesis as a frozen Caption, with its photo's reading).
+`captions_from_features` is what the API, evaluation, validation and grounding call; `sampled_captions` draws
+captions instead, under the same rules, dressed the same way.
 
-Legend: N images, P = G*G attention cells, D feature dim, L words.
+Legend: N images, P = G*G attention cells, D feature dim, L words, V vocabulary.
 """
 from __future__ import annotations
 
@@ -16,31 +15,29 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
+from ..concepts.detectors import GROUP_WORDS
 from ..concepts.imagenet import imagenet_head_or_none
-from ..concepts.words import word_categories
+from ..concepts.words import CATEGORY_WORDS, word_categories
 from ..config import DecodeConfig
 from ..logs import progress as progress_of
-from ..vocab import SpecialIds
-from .search import Hypothesis, decode
-from .choice import BEAM_ORDER, CIDER_SIGNALS, SIGNALS, Neighbours, Weights, agreements, choose, ordered
-from .alternatives import different
-from .confidence import SURE, ConfidenceMap, judge, level, needs, why_unsure
+from ..model.show_attend_tell import ShowAttendTell
+from ..vocab import FUNCTION_WORDS, SpecialIds, Vocab
+from .choice import BEAM_ORDER, CIDER_SIGNALS, SIGNALS, Neighbours, Pool, Weights, agreements, choose, ordered
+from .confidence import SURE, ConfidenceMap, ObjectCheck, judge, level, needs, objects_check, why_unsure
 from .consensus import ConsensusMemory
 from .evidence import Evidence, checked_detectors, photo_evidence
-from .confidence import ObjectCheck, objects_check
-from .choice import Pool
-from .resources import Fitted
+from .reading import HeadReading, annotated, grid_side, read_heads
+from .resources import Fitted, Resources
 from .rules import Lexicon, Rules
 from .sampling import SampleSettings, Samples, sample
-from .reading import HeadReading, annotated, grid_side, read_heads
-from .resources import Resources
-from ..model.show_attend_tell import ShowAttendTell
-from ..vocab import Vocab
+from .search import Hypothesis, decode
 
 SMALL_PHOTO = 0.5  # a photo whose shorter side is below this share of the model's input side gets a note
-
-
-REPR_PART = 240  # characters of a Caption's repr for its text, and for its words: the whole repr stays a line or two
+REPR_PART = 240  # characters of a Caption's repr for its text, and for its words: the repr stays a line or two
+SHOWN = 3  # alternatives shown beside an unsure caption
+FILLERS = frozenset("top front side middle next near up down there it that while some other two one".split())
+THINGS = frozenset(w for table in (CATEGORY_WORDS, GROUP_WORDS) for names in table.values() for w in names.split()
+                   if "_" not in w)  # the object words of the grounding table and the word detectors
 
 
 def _clipped(text: str) -> str:
@@ -48,92 +45,61 @@ def _clipped(text: str) -> str:
 
 
 class Alternative(NamedTuple):
-    """Another finished beam hypothesis: its text, log-probability and the score beam search ranked it by
-    (log_prob / (words + 1) ** decode.length_penalty; the log-probability itself when the penalty is 0;
-    None when unknown, e.g. a Caption built by hand from (text, log_prob) pairs)."""
+    """Another finished beam hypothesis: its text, log-probability, the beam's score (log_prob / (words + 1) **
+    length_penalty; None when unknown) and, where the choice ranked the candidates, its choice and signals."""
 
     text: str
     log_prob: float
     score: float | None = None
-    choice: float | None = None  # what chose among the candidates (decoding/choice.py); None: the beam's order
-    signals: dict[str, float] | None = None  # each signal's value that made `choice`; None with it
+    choice: float | None = None
+    signals: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
 class Caption:
-    """One caption and everything said of it, a value: built by the decoding stages (to_captions, then dress or the
-    sampling's and explanation's own dressing, then Photo's: each a dataclasses.replace), never changed after."""
+    """One caption and everything said of it, a value: made by to_captions, then each later stage's
+    dataclasses.replace (dress, the sampling's and explanation's dressing, Photo's), never changed after."""
     __hash__ = None  # its lists and arrays: compared by value, never a dict key
     text: str
     words: list[str]  # no special tokens
-    alphas: np.ndarray  # (L, G, G), each map sums to 1, covering the whole image
-    log_prob: float  # log p(words, <end> | image) under the model
-    # the other finished beam hypotheses, in the order beam search ranked them (by score, not log_prob)
-    alternatives: list[Alternative] = field(default_factory=list)
-    # (L,) gate beta of each word in [0, 1]: the share of the attended image context that reached
-    # the word (z = beta * sum alpha_i a_i); near 0 = the word barely used the image. Empty when unknown.
+    alphas: np.ndarray  # (L, G, G), each map sums to 1
+    log_prob: float  # log p(words, <end> | image)
+    alternatives: list[Alternative] = field(default_factory=list)  # the other candidates, in the beam's order
+    # (L,) gate beta of each word (z = beta * sum alpha_i a_i): near 0, the word barely used the image
     betas: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-    # (L,) log p(word_i | image, words before it) of each word; log_prob - their sum = <end>'s. Empty when unknown.
-    # Lets a reader see WHICH words the model found unlikely, not just the sentence's total.
+    # (L,) log p(word_i | image, words before it): which words the model found unlikely
     word_log_probs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-    # indices of words the vocabulary lacks (explained sentences only): fed to the decoder as <unk>,
-    # so their maps and probabilities are those of <unk>
-    unknown: list[int] = field(default_factory=list)
-    # what the photo's heads see, most probable first, with P: the COCO categories the encoder's ImageNet
-    # head sees at P >= concepts.imagenet.THRESHOLD, and with word detectors the detected words (person too) at the
-    # same P; the photo's one list (Captioner.concepts()[i].top, Photo.concepts.top); empty without the head
-    concepts: list[tuple[str, float]] = field(default_factory=list)
-    # indices of words naming an object the ImageNet head rules out (P < decode.evidence_floor), whether
-    # or not decoding used the evidence: what the app marks as contradicted
-    contradicted: list[int] = field(default_factory=list)
-    # word index -> (category, P(category), (G, G) concept map summing to 1) for each word naming a category
-    # the ImageNet head sees with P >= concepts.maps.MIN_PROB: where the classifier sees what the word names
-    # (concepts/maps.py), to set beside where the word looked
+    unknown: list[int] = field(default_factory=list)  # words the vocabulary lacks (explained, fed as <unk>)
+    concepts: list[tuple[str, float]] = field(default_factory=list)  # what the photo's heads see, with P
+    contradicted: list[int] = field(default_factory=list)  # words naming an object the heads rule out
+    # word index -> (category, P, (G, G) map): where the classifier sees what the word names (concepts/maps.py)
     concept_maps: dict[int, tuple[str, float, np.ndarray]] = field(default_factory=dict)
-    # what the model file's word detectors (concepts/detectors.py) see: every group -> P, e.g. ("person", 0.97);
-    # empty for files without detectors. The shown ones (person, scene words) are also in `concepts`
-    detections: list[tuple[str, float]] = field(default_factory=list)
-    # the score beam search ranked this caption by (see Alternative; the consensus rerank may put a caption of
-    # lower score first); None for an explained sentence or a sample
-    score: float | None = None
-    # why this caption was chosen among the beam's (decoding/choice.py): its `choice` (the weighted sum the
-    # candidates were ranked by; each alternative carries its own) and each signal's value; None / empty where the
-    # beam's order was kept
-    choice: float | None = None
-    signals: dict[str, float] = field(default_factory=dict)
-    weights: dict[str, float] = field(default_factory=dict)  # each signal's weight in `choice` (the file's fit)
-    # how sure (decoding/confidence.py): the probability that this caption is good (per-photo CIDEr-D >= .5),
-    # from the model file's fitted map; None where the file has none (or the caption has no signals: no consensus
-    # memory, one candidate, an explained sentence, a sample). sure_signals: what it was computed from
+    detections: list[tuple[str, float]] = field(default_factory=list)  # the file's word detectors: group -> P
+    score: float | None = None  # the beam's score (None: explained or sampled)
+    choice: float | None = None  # the choice's weighted sum that ranked it (None: the beam's order kept)
+    signals: dict[str, float] = field(default_factory=dict)  # each choice signal's value
+    weights: dict[str, float] = field(default_factory=dict)  # each signal's weight in `choice`
+    # P(this caption is good: per-photo CIDEr-D >= .5) from the file's fitted map, and what it was computed from
     confidence: float | None = None
     sure_signals: dict[str, float] = field(default_factory=dict)
-    sure_at: float | None = None  # the threshold of `sure`: the model file's, fitted with its map (resources.py)
-    # each weighed signal's share of the confidence's log-odds against the val mean (ConfidenceMap.contributions),
-    # empty for a map stored without means: the most negative is the reason an unsure caption gives
-    contributions: dict[str, float] = field(default_factory=dict)
-    # indices of words naming an object the heads barely see (confidence.py: support below SUPPORT_FLOOR), least
-    # supported first: what an unsure caption's reason names first ("it is not sure there is a cake")
-    unsupported: list[int] = field(default_factory=list)
-    # (width, height) of the photo as the model received it and the model's input side S (model.image_size),
-    # when the caller knew them (Captioner.caption / explain, the app): a photo whose shorter side is below
-    # SMALL_PHOTO * S is enlarged a lot before the encoder sees it, and `notes` says so
+    sure_at: float | None = None  # the file's threshold of `sure`
+    contributions: dict[str, float] = field(default_factory=dict)  # each signal's share of the log-odds
+    unsupported: list[int] = field(default_factory=list)  # words naming an object the heads barely see
+    # the photo as the model received it (width, height), the model's input side, the file's own size, and
+    # whether the file was fully transparent or one flat colour: what `notes` says of the photo
     photo_size: tuple[int, int] | None = None
     input_side: int | None = None
-    # (width, height) of the file, when the photo was shrunk on reading (a 5000x20 panorama is read at 1024x4:
-    # the note names the size a person knows); and whether the file was fully transparent (no picture at all)
     file_size: tuple[int, int] | None = None
     transparent: bool = False
-    flat: bool = False  # the photo is one flat colour (images.flat_colour): nothing to caption
-    # the decode settings this caption was made with (config.decode's fields; for an explained sentence
-    # the settings it was scored under) and the model file it came from, when known: every JSON says them
-    settings: dict = field(default_factory=dict)
+    flat: bool = False
+    settings: dict = field(default_factory=dict)  # the decode settings that made it
     model_file: str | None = None
 
     def __post_init__(self) -> None:  # (text, log_prob) pairs still welcome
         object.__setattr__(self, "alternatives", [Alternative(*a) for a in self.alternatives])
 
     def __repr__(self) -> str:
-        """One line (the dataclass's own repr printed every attention map): the text, how sure, the words."""
+        """One line (the dataclass's own repr would print every map): the text, how sure, the words."""
         sure = "" if self.confidence is None else f", confidence={self.confidence:.2f}, sure={self.sure}"
         words, cut = repr(self.words), repr(self.words).rfind(", ", 0, REPR_PART - 5)
         if len(words) > REPR_PART:
@@ -143,16 +109,14 @@ class Caption:
 
     @property
     def sure(self) -> bool | None:
-        """Whether the caption is sure: confidence at or above the model file's fitted sure_at, never below
-        confidence.SURE_FLOOR, and no object it names unsupported (None without a confidence or a threshold)."""
+        """Whether its level is sure (confidence.level); None without a confidence or a threshold."""
         if self.confidence is None or self.sure_at is None:
             return None
         return self.level == SURE
 
     @property
     def level(self) -> str | None:
-        """What a person should do with it, in words (confidence.level): "sure", "probably right", "may be
-        wrong" (check the alternatives) or "probably wrong"; None without a confidence."""
+        """"sure", "probably right", "may be wrong" or "probably wrong" (confidence.level); None without one."""
         if self.confidence is None or self.sure_at is None:
             return None
         return level(self.confidence, self.sure_at, bool(self.unsupported))
@@ -168,23 +132,18 @@ class Caption:
 
     @property
     def different_alternatives(self) -> list[str]:
-        """The alternatives that say something else (alternatives.different: each names a content word the
-        caption and those before it do not), at most alternatives.SHOWN: what to show beside an unsure caption."""
+        """The alternatives that say something else (`different`): what to show beside an unsure caption."""
         return different(self.text, [a.text for a in self.alternatives])
 
     @property
     def comparable(self) -> bool:
-        """Whether log_prob is the model's probability of these very words, so it can be set against another
-        sentence's (e.g. the model's own caption). False when the sentence holds words the vocabulary lacks:
-        each is scored as <unk>, which stands for every unknown word at once, so such a total is inflated."""
+        """Whether log_prob can be set against another sentence's: not with unknown words, each scored as <unk>
+        (every unknown word at once, so the total is inflated)."""
         return not self.unknown
 
     def to_dict(self, image: str | None = None, maps: bool = True) -> dict:
-        """The one JSON shape of a caption (captioner-caption --json lines, the app's download and the API):
-        text, words with their log-probs, probabilities and gates (null where the caption carries none), the
-        ranking score and the other hypotheses (each with its log-prob and score), the concepts,
-        contradicted and unknown words, whether log_prob is comparable (false with unknown words), the
-        notes, the decode settings it was made with and the model file; the (L, G, G) maps when `maps`."""
+        """The one JSON shape of a caption (the CLI's --json lines, the app's download, the API); per-word lists
+        hold null where the caption carries none; the (L, G, G) maps when `maps`."""
         n = len(self.words)
         lps = [round(float(x), 5) for x in self.word_log_probs] if len(self.word_log_probs) == n else [None] * n
         rec = {"image": image, "caption": self.text, "log_prob": float(self.log_prob),
@@ -213,8 +172,7 @@ class Caption:
 
     @property
     def notes(self) -> list[str]:
-        """Human-readable remarks on the caption: one per out-of-vocabulary word, then why the total is not
-        comparable (when it is not), then a photo far smaller than the model's input."""
+        """Remarks for a person: each out-of-vocabulary word, why the total is not comparable, the photo's notes."""
         out = [f"‘{self.words[i]}’ is not in the model's vocabulary (fed as <unk>)" for i in self.unknown]
         if not self.comparable:
             names = ", ".join(f"‘{self.words[i]}’" for i in self.unknown)
@@ -226,9 +184,7 @@ class Caption:
 
 def photo_notes(size: tuple[int, int] | None, input_side: int | None, file_size: tuple[int, int] | None = None,
                 transparent: bool = False, flat: bool = False) -> list[str]:
-    """Remarks on the photo itself, for a Photo and each of its Captions: a fully transparent file (no picture:
-    the caption is of its blank white background), a photo of one flat colour (nothing to caption), a photo far
-    smaller than the model's input (small_photo_note)."""
+    """Remarks on the photo itself: a fully transparent file, one flat colour, a photo far smaller than the input."""
     out = ["The image is fully transparent: it holds no picture, so the caption describes an empty white "
            "image."] if transparent else []
     if flat and not transparent:
@@ -240,9 +196,8 @@ def photo_notes(size: tuple[int, int] | None, input_side: int | None, file_size:
 
 def small_photo_note(size: tuple[int, int] | None, input_side: int | None,
                      file_size: tuple[int, int] | None = None) -> str:
-    """A note when the photo's shorter side is below SMALL_PHOTO x the model's input side (else ""). `size` is
-    the photo as the model received it; a file shrunk on reading (its longer side to images.WORKING_SIDE) is
-    named by its own size, `file_size`, with the size it was read at."""
+    """A note when the photo's shorter side is below SMALL_PHOTO x the input side (else ""); a file shrunk on
+    reading (images.WORKING_SIDE) is named by its own size, `file_size`."""
     if not size or not input_side or min(size) >= SMALL_PHOTO * input_side:
         return ""
     (w, h), times = size, input_side / min(size)
@@ -252,6 +207,37 @@ def small_photo_note(size: tuple[int, int] | None, input_side: int | None,
                 f"enlarged {times:.0f}x, so the caption rests on very little detail.")
     return (f"The photo is only {w}x{h} pixels, far smaller than the model's {input_side}x{input_side} input: it "
             f"is enlarged {times:.0f}x, so the caption rests on very little detail.")
+
+
+def content_words(text: str) -> frozenset[str]:
+    """The words of a caption that say what it shows: no function word or filler, plurals as their singular."""
+    words = [w for w in text.lower().split() if w not in FUNCTION_WORDS and w not in FILLERS]
+    return frozenset(w[:-1] if w.endswith("s") and not w.endswith("ss") and len(w) > 3 else w for w in words)
+
+
+def things(text: str) -> frozenset[str]:
+    """The object words of a caption (THINGS), plurals as their singular."""
+    return content_words(" ".join(w for w in text.lower().split() if w in THINGS))
+
+
+def different(caption: str, alternatives: Sequence[str], n: int = SHOWN) -> list[str]:
+    """Up to n of `alternatives` (in their order) worth showing beside an unsure caption: each naming another set of
+    things than the caption and the ones kept before it; where none does, each naming a new content word (five
+    near-identical beam lines give a person nothing to choose between)."""
+    shown, out = [things(caption)], []
+    for alt in alternatives:
+        if len(out) < n and things(alt) not in shown:
+            out.append(alt)
+            shown.append(things(alt))
+    if out:
+        return out
+    said = set(content_words(caption))
+    for alt in alternatives:
+        words = content_words(alt)
+        if words - said and len(out) < n:
+            out.append(alt)
+            said |= words
+    return out
 
 
 @dataclass(frozen=True)
@@ -279,15 +265,9 @@ def kept(hyps: Sequence[Sequence[Hypothesis]]) -> list[Decided]:
     return [Decided(tuple(h)) for h in hyps]
 
 
-def to_caption(hyps: Sequence[Hypothesis], vocab: Vocab) -> Caption:
-    """One image's hypotheses (best first) -> its Caption (words, maps, gates, word log-probs, the ranking
-    score); the other hypotheses become `alternatives`. What the photo's heads say: reading.annotated."""
-    return to_captions(kept([hyps]), vocab)[0]
-
-
 def to_captions(photos: Sequence[Decided], vocab: Vocab) -> list[Caption]:
-    """Each photo's decision -> its Caption (to_caption) with its choice and how sure, the best hypotheses' maps,
-    gates and word log-probs read to the host in one transfer for all the photos (padded to the longest, then cut)."""
+    """Each photo's decision -> its Caption: the best hypothesis's words, maps, gates and word log-probs (read to
+    the host in one transfer for all the photos), the others as alternatives, its choice and how sure."""
     best = [d.best for d in photos]
     if not best:
         return []
@@ -315,8 +295,8 @@ def to_captions(photos: Sequence[Decided], vocab: Vocab) -> list[Caption]:
 
 
 class Decoded(NamedTuple):
-    """decode_photos' result: each photo's decision (its hypotheses in the chosen order, the first judged), and the
-    evidence and objects check they were decoded and judged with (None without the ImageNet head)."""
+    """decode_photos' result: each photo's decision, and the evidence and objects check they were decoded and
+    judged with (None without the ImageNet head)."""
     photos: list[Decided]
     evidence: Evidence | None
     check: ObjectCheck | None
@@ -325,11 +305,9 @@ class Decoded(NamedTuple):
 @torch.no_grad()
 def decode_photos(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReading, vocab: Vocab,
                   settings: DecodeConfig, resources: Resources) -> Decoded:
-    """Photos' features (B, P, D) on the decoder's device and their reading -> their hypotheses (the model's own
-    log-probs), the stages in order: the evidence (evidence.photo_evidence: built once here, banning and favouring
-    words only with settings.evidence) and the rules, the search (search.decode; its recorded searches, captured.py, replay it
-    on a GPU), then the decision (decide: with a consensus memory in `resources`, the choice's order and the
-    fitted map's confidence) with the objects check (confidence.objects_check)."""
+    """Photos' features (B, P, D) on the decoder's device and their reading -> each photo's decision, the stages
+    in order: the evidence and the rules (built once; the evidence bans and favours words only with
+    settings.evidence), the search, then decide (the choice's order and the judge's confidence)."""
     evidence = photo_evidence(reading, model, vocab, settings)  # (B, V) ruled-out words, the bonus table
     ids = SpecialIds.of(vocab, settings.forbid_unk)
     rules = Rules(ids, settings, evidence if settings.evidence else None, Lexicon.of(vocab))  # once, for the search
@@ -348,15 +326,12 @@ def decide(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
            sure: ConfidenceMap | None = None, judged: Sequence[str] | None = None, *,
            person: tuple[torch.Tensor, torch.Tensor] | None = None, categories: torch.Tensor | None = None,
            check: ObjectCheck | None = None) -> list[Decided]:
-    """The decision after the beam, in two stages: choose (choice.py) orders each photo's candidates by the fitted
-    weights, then judge (confidence.py) computes how sure the chosen caption is: with the map `sure`, the signals
-    it weighs and its confidence; with `judged`, those signals (captioner-fit-selector: every one). Both read one
-    neighbourhood of the consensus memory and go to the host in one read; the hypotheses come back in the chosen
-    order (Decided), with each one's choice and the first's judged signals and confidence. Without a memory, or a photo
-    with two candidates, the beam's order stays and nothing is judged. feats (B, P, D); probs (B, C): the head's
-    P(category), or None; person: (P(person) (B,), person words (V,)) from the file's person detector
-    (Evidence.person), or None; categories (V, C): which words name which category (Evidence.words, else built
-    from the vocabulary where needed); check: the photos' objects check (confidence.objects_check), or None."""
+    """The decision after the beam: choose (choice.py) orders each photo's candidates by the fitted weights, then
+    judge (confidence.py) says how sure the first is: with the map `sure`, the signals it weighs; with `judged`,
+    those signals (the fit: every one). Both read one neighbourhood of the consensus memory and one CIDEr-D pass,
+    and go to the host in one read. Without a memory, or fewer than two candidates, the beam's order stays and
+    nothing is judged. feats (B, P, D); probs (B, C) P(category) or None; person (P(person) (B,), person words
+    (V,)) or None; categories (V, C) which words name which category, or None."""
     how_sure = sure is not None or judged is not None
     if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
         return kept(hyps)
@@ -388,10 +363,8 @@ def decide(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
 @torch.no_grad()
 def dress(decoded: Decoded, reading: HeadReading, feats: torch.Tensor, model: ShowAttendTell, vocab: Vocab,
           settings: DecodeConfig, fitted: Fitted) -> list[Caption]:
-    """Each photo's decoded hypotheses -> its Caption, dressed with its reading (reading.annotated: concepts,
-    detections, the contradicted words of the evidence's mask, concept maps), the settings that made it and what
-    of the model file's `fitted` data it was chosen and judged by (the choice's weights, sure_at, the map's
-    contributions) and the objects its heads barely see (the objects check: confidence.py)."""
+    """Each photo's decision -> its Caption, dressed with its reading (reading.annotated), the settings that made
+    it, what of the file's `fitted` data chose and judged it, and the objects its heads barely see."""
     photos, evidence, check = decoded
     tokens = [d.best.tokens for d in photos]
     caps = annotated(to_captions(photos, vocab), tokens, reading, feats, model, vocab,
@@ -406,14 +379,23 @@ def dress(decoded: Decoded, reading: HeadReading, feats: torch.Tensor, model: Sh
 
 
 @torch.no_grad()
+def caption_features(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReading, vocab: Vocab,
+                     settings: DecodeConfig, resources: Resources) -> list[Caption]:
+    """One batch of photos' features (B, P, D) and their reading -> their Captions: decode, then dress, with what
+    `resources` holds (the owner's fitted data, consensus memory and recordings)."""
+    param = next(model.decoder.eval().parameters())
+    _check_evidence(model, settings)
+    feats = feats.to(param.device, param.dtype)  # (B, P, D)
+    decoded = decode_photos(model, feats, reading, vocab, settings, resources)
+    return dress(decoded, reading, feats, model, vocab, settings, resources.fitted)
+
+
+@torch.no_grad()
 def captions_from_features(model: ShowAttendTell, feats: np.ndarray | torch.Tensor, vocab: Vocab,
                            settings: DecodeConfig, resources: Resources, batch_size: int = 100,
-                           progress: bool = False, reading: HeadReading | None = None) -> list[Caption]:
-    """Features (N, P, D) (a tensor, an array or a float16 memory map) -> N Captions, decoded in batches
-    of `batch_size` images on the decoder's device and in its dtype: decode, then dress, with what `resources`
-    holds (the owner's fitted data, consensus memory and recordings: resources.py). Where the encoder
-    keeps its ImageNet head, settings.evidence vetoes and favours words and each Caption carries its photo's reading
-    (reading.annotated); `reading`: the photos' HeadReading when already made (Photo), else read per batch."""
+                           progress: bool = False) -> list[Caption]:
+    """Features (N, P, D) (a tensor, an array or a float16 memory map) -> N Captions, in batches of `batch_size` on
+    the decoder's device and dtype, each batch's heads read (read_heads), then captioned (caption_features)."""
     param = next(model.decoder.eval().parameters())
     _check_evidence(model, settings)
     out: list[Caption] = []
@@ -421,9 +403,7 @@ def captions_from_features(model: ShowAttendTell, feats: np.ndarray | torch.Tens
         x = feats[k:k + batch_size]
         x = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x, dtype=np.float32))
         x = x.to(param.device, param.dtype)  # (b, P, D)
-        r = read_heads(model, x) if reading is None else reading.rows(k, k + len(x))
-        out.extend(dress(decode_photos(model, x, r, vocab, settings, resources), r, x, model, vocab, settings,
-                         resources.fitted))
+        out.extend(caption_features(model, x, read_heads(model, x), vocab, settings, resources))
     return out
 
 
@@ -438,16 +418,10 @@ def _check_evidence(model: ShowAttendTell, settings: DecodeConfig) -> None:
 def sampled_captions(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReading, vocab: Vocab,
                      settings: DecodeConfig, request: SampleSettings) -> list[list[Caption]]:
     """Photos' features (B, P, D) on the decoder's device and their reading -> request.n Captions per photo, drawn
-    in that order (sampling.sample), each word as request.draw says, from request's own seeded generator.
-
-    The rules are a caption's (rules.Rules with `settings`: <unk> with forbid_unk, the block_* rules, the
-    evidence's veto and bonus with decode.evidence), applied before temperature and truncation, so top_k=1 is
-    greedy decoding; switch a rule off for one call like any decode setting (Photo.sample(block_salad=False)).
-    Each Caption carries words, (L, G, G) maps, gates and the model's own word log-probs and log_prob (the
-    evidence's bonus taken off, as decode does; score None), dressed like a caption (reading.annotated); its
-    settings record `settings` and, under "sample", request.to_dict with the seed used and the caption's index.
-    One generator draws for the whole batch: a photo sampled alone (Photo.sample) gets the same captions whatever
-    else is read with it."""
+    in order (sampling.sample) from request's own seeded generator, under a caption's rules (applied before
+    temperature and truncation, so top_k=1 is greedy). Each carries the model's own word log-probs (the evidence's
+    bonus taken off, as decode does; score None), dressed like a caption; its settings record, under "sample",
+    the request with the seed used and the caption's index."""
     _check_evidence(model, settings)
     request.checked()
     settings.checked()
@@ -473,9 +447,8 @@ def sampled_captions(model: ShowAttendTell, feats: torch.Tensor, reading: HeadRe
 
 
 def _sample_hypotheses(s: Samples, end: int, n: int, evidence: Evidence | None) -> list[Hypothesis]:
-    """Each sampled row (B*n, T) -> a Hypothesis: its words (no <end>), maps, gates and word log-probs, log_prob
-    with <end>'s when it was drawn; the evidence's bonus (when decoding added one) taken off the words' scores, for
-    every row at once (Evidence.word_biases), read to the host once."""
+    """Each sampled row (B*n, T) -> a Hypothesis: its words (no <end>), maps, gates, word log-probs (the evidence's
+    bonus taken off) and log_prob with <end>'s when it was drawn; read to the host once."""
     rows = []
     for toks, mask in zip(s.tokens.tolist(), s.mask.tolist()):
         length = sum(mask)

@@ -1,32 +1,107 @@
-"""A Photo: one photo read once, and everything about it asked there.
+"""A Photo: one photo read once, and everything about it asked there; and explaining any sentence about it.
 
-`Captioner.read(image)` opens the image once (its size noted), preprocesses and encodes it once and applies
-the encoder's heads once (reading.read_heads). The Photo keeps the annotation vectors (1, P, D) and that
-reading, so asking it for a caption at other settings, for beam alternatives, for the explanation of any
-typed sentence or for its concepts never runs the encoder or the ImageNet head again; a generated caption
-and an explained sentence are dressed by the same builder (reading.annotated) and list the same concepts.
+`Captioner.read(image)` encodes the image once and reads its heads once (reading.read_heads); asking the Photo for a
+caption at other settings, a sample, or the explanation of a typed sentence never runs the encoder again.
 
     photo = model.read("photo.jpg")
     photo.caption(), photo.caption(beam_size=1), photo.explain("a dog on the grass"), photo.concepts.top
-    photo.sample(n=5, seed=0)   # 5 drawn captions (temperature 0.6, top_p 0.9), the same ones for the same seed
+    photo.sample(n=5, seed=0)   # 5 drawn captions, the same ones for the same seed
+
+Explaining teacher-forces the sentence through the decoder (force_sentences) and returns it as a Caption with the
+fields decoding fills, so decoding a caption and explaining its text give the same maps, gates and probabilities.
+Words are split by vocab.tokenize_typed and kept as typed; those the vocabulary lacks are fed as <unk> (listed in
+Caption.unknown). A sentence with no words is a NoWordsError, never a score of <end> alone.
+
+Legend: P = G*G attention cells, D feature dim, L words.
 """
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
+import numpy as np
 import torch
 
 from ..concepts.imagenet import Concepts
 from ..config import SAMPLE_TEMPERATURE, SAMPLE_TOP_P, DecodeConfig  # the sampling defaults: read there
-from ..vocab import Vocab
-from .captions import Caption, captions_from_features, photo_notes, sampled_captions
+from ..model.decoder import Decoder
+from ..vocab import Vocab, tokenize_typed
+from .captions import Caption, caption_features, photo_notes, sampled_captions
 from .evidence import photo_evidence
-from .explain import explain_features, sentence_words
-from .reading import HeadReading, annotated, photo_concepts
+from .reading import HeadReading, annotated, grid_side, photo_concepts
 from .resources import Resources
 from .sampling import Draw, SampleSettings
 
+
+class NoWordsError(ValueError):
+    """The sentence to explain has no words (empty or only punctuation); the message says so."""
+
+
+def sentence_words(text: str) -> list[str]:
+    """A typed sentence -> its words (tokenize_typed); NoWordsError when it has none."""
+    words = tokenize_typed(text)
+    if not words:
+        shown = text.strip()[:40]
+        raise NoWordsError(f"the sentence {shown!r} has no words to explain: type at least one word"
+                           if shown else "the sentence is empty: type at least one word to explain")
+    return words
+
+
+@dataclass
+class ForcedSentence:
+    """One sentence teacher-forced on one photo."""
+
+    alphas: np.ndarray  # (L, P) the map with which each word is predicted
+    betas: np.ndarray  # (L,) each word's gate
+    step_log_probs: np.ndarray  # (L+1,) log p of each word given the words before it, then of <end>
+
+
+@torch.no_grad()
+def force_sentences(decoder: Decoder, feats: torch.Tensor, vocab: Vocab, sentences: Sequence[Sequence[str]],
+                    context: str = "expected") -> list[ForcedSentence]:
+    """The one teacher-forcing path of typed or reference sentences (explain, grounding): feats (1, P, D) of one
+    photo, C sentences of words -> one ForcedSentence each, in one batched pass. context: how a hard-attention
+    decoder attends (decode.hard_context)."""
+    if feats.dim() != 3 or feats.shape[0] != 1:
+        raise ValueError(f"feats must be (1, P, D) for one photo, got {tuple(feats.shape)}")
+    if not sentences:
+        return []
+    param = next(decoder.parameters())
+    ids = [[vocab.stoi.get(w, vocab.unk) for w in s] for s in sentences]
+    order = sorted(range(len(ids)), key=lambda j: -len(ids[j]))  # teacher_force wants lengths descending
+    lengths = torch.tensor([len(ids[j]) + 1 for j in order], device=param.device)  # (C,) words + <end>
+    inputs = torch.full((len(ids), int(lengths[0])), vocab.pad, dtype=torch.long, device=param.device)  # (C, T)
+    targets = inputs.clone()  # (C, T): w_1 .. w_L <end>, padded
+    for row, j in enumerate(order):
+        inputs[row, :len(ids[j]) + 1] = torch.tensor([vocab.start] + ids[j])
+        targets[row, :len(ids[j]) + 1] = torch.tensor(ids[j] + [vocab.end])
+    decoder.eval()
+    tf = decoder.teacher_force(feats.to(param.device, param.dtype), inputs, lengths,
+                               torch.zeros(len(ids), dtype=torch.long, device=param.device),
+                               context=context if decoder.hard else "expected")
+    logp = torch.log_softmax(tf.logits.float(), dim=-1).gather(2, targets.unsqueeze(2)).squeeze(2)  # (C, T)
+    out: list[ForcedSentence] = [None] * len(ids)  # type: ignore[list-item]
+    for row, j in enumerate(order):
+        n = len(ids[j])
+        out[j] = ForcedSentence(tf.alphas[row, :n].float().cpu().numpy(), tf.betas[row, :n].float().cpu().numpy(),
+                                logp[row, :n + 1].cpu().numpy())
+    return out
+
+
+def explain_features(decoder: Decoder, feats: torch.Tensor, vocab: Vocab, words: Sequence[str],
+                     context: str = "expected") -> Caption:
+    """feats (1, P, D) of one photo, words (L,) -> the Caption of exactly those words: alphas (L, G, G), betas
+    (L,), word_log_probs (L,), log_prob = their sum + log p(<end>)."""
+    words = list(words)
+    if not words:
+        raise NoWordsError("no words to explain: a sentence needs at least one word")
+    (forced,) = force_sentences(decoder, feats, vocab, [words], context)
+    L, g = len(words), grid_side(feats.shape[1])
+    unknown = [i for i, w in enumerate(words) if w not in vocab.stoi]
+    lp = forced.step_log_probs  # (L+1,)
+    return Caption(" ".join(words), words, forced.alphas.reshape(L, g, g), float(lp.sum(dtype=np.float64)), [],
+                   forced.betas, lp[:L].astype(np.float32), unknown)
 
 
 class Loaded(Protocol):
@@ -42,9 +117,7 @@ class Loaded(Protocol):
 
 class Photo:
     """One photo as a Captioner read it: `size` (width, height) as the model received it, `file_size` as the file
-    had it (larger when it was shrunk on reading: images.WORKING_SIDE), `transparent` (the file was fully
-    transparent), `flat` (one flat colour), `notes` (e.g. far smaller than the model's input), `features` (1, P, D), `reading` (the heads'
-    outputs), `concepts`; `caption(**settings)` and `explain(text)` decode from these, never from the image again."""
+    had it (larger when shrunk on reading), `transparent`, `flat` (one colour), `features` (1, P, D), `reading`."""
 
     def __init__(self, loaded: Loaded, features: torch.Tensor, reading: HeadReading, size: tuple[int, int],
                  input_side: int, name: str | None = None, file_size: tuple[int, int] | None = None,
@@ -57,15 +130,12 @@ class Photo:
 
     @property
     def notes(self) -> list[str]:
-        """Remarks on the photo itself: a fully transparent file holds no picture; a photo of one flat colour has
-        nothing to caption; a photo far smaller than the model's input is enlarged a lot."""
+        """Remarks on the photo itself (captions.photo_notes)."""
         return photo_notes(self.size, self.input_side, self.file_size, self.transparent, self.flat)
 
     @property
     def concepts(self) -> Concepts:
-        """What the encoder's heads see (Concepts: categories at P >= THRESHOLD with person and detected
-        words, top ImageNet classes, every P); Concepts.unseen() (nothing) for an encoder without the ImageNet
-        head. Every Caption of this photo carries `Concepts.top`."""
+        """What the encoder's heads see (Concepts; unseen() without the ImageNet head): each Caption carries .top."""
         if self._concepts is None:
             self._concepts = photo_concepts(self.reading, self.loaded.model)[0]
         return self._concepts
@@ -76,14 +146,10 @@ class Photo:
 
     def sample(self, n: int = 5, temperature: float = SAMPLE_TEMPERATURE, top_k: int = 0, top_p: float = SAMPLE_TOP_P,
                seed: int | None = None, **overrides: Any) -> list[Caption]:
-        """n captions drawn from the model (decoding/sampling.py), in the order drawn: each word from the next-word
-        distribution under the caption's rules (decode settings: the model file's, or `overrides`), divided by
-        `temperature` (> 0; small approaches greedy decoding; default 0.6), cut to the `top_k` best words (0: no cut;
-        1: greedy) and to the nucleus holding `top_p` of the probability ((0, 1]; 1: no cut; default 0.9). `seed` (>= 0) makes the draws
-        reproducible (the same seed, settings and device: the same captions) with a generator of its own, never
-        torch's global random state; None draws a fresh seed, recorded in each Caption's settings["sample"].
-        Each Caption has its words' attention maps, gates and log-probs like a caption (score None); a ValueError
-        names an argument out of range."""
+        """n captions drawn from the model, in order, under the caption's rules (the file's decode settings or
+        `overrides`): logits divided by `temperature` (> 0), cut to the `top_k` best words (0: no cut; 1: greedy)
+        and the nucleus holding `top_p` ((0, 1]). `seed` (>= 0) makes the draws reproducible with a generator of
+        their own; None draws a fresh seed, recorded in settings["sample"]. A ValueError names a bad argument."""
         request = SampleSettings(n, Draw(temperature, top_k, top_p), seed).checked()
         settings = self.loaded.decode_settings(**overrides)
         caps = sampled_captions(self.loaded.model, self.features, self.reading, self.loaded.vocab, settings, request)[0]
@@ -91,9 +157,8 @@ class Photo:
 
     @torch.no_grad()
     def explain(self, text: str, **overrides: Any) -> Caption:
-        """Any sentence about the photo -> a Caption of exactly its words, teacher-forced (decoding/explain.py):
-        where the model looks for each word and how likely it finds each, with the photo's concepts, the
-        words its heads contradict and concept maps, like a generated caption. NoWordsError without words."""
+        """Any sentence about the photo -> the Caption of exactly its words (explain_features), dressed like a
+        generated caption. NoWordsError without words."""
         words = sentence_words(text)
         loaded = self.loaded
         settings = loaded.decode_settings(**overrides)
@@ -105,7 +170,7 @@ class Photo:
         return self._own(cap, settings)
 
     def _own(self, cap: Caption, settings: DecodeConfig) -> Caption:
-        """The caption with what this photo says of it: its size, the model's input side, the file it came from."""
+        """The caption with what this photo says of it: its sizes, the settings, the model file."""
         return dataclasses.replace(cap, photo_size=self.size, input_side=self.input_side, file_size=self.file_size,
                                    transparent=self.transparent, flat=self.flat,
                                    settings={**cap.settings, **dataclasses.asdict(settings)},  # a sample's kept
@@ -120,6 +185,5 @@ def caption_photos(loaded: Loaded, photos: Sequence[Photo], **overrides: Any) ->
     settings = loaded.decode_settings(**overrides)
     feats = torch.cat([p.features for p in photos])  # (B, P, D)
     reading = HeadReading.cat([p.reading for p in photos])
-    caps = captions_from_features(loaded.model, feats, loaded.vocab, settings, loaded.resources,
-                                  batch_size=len(photos), reading=reading)
+    caps = caption_features(loaded.model, feats, reading, loaded.vocab, settings, loaded.resources)
     return [p._own(c, settings) for p, c in zip(photos, caps)]

@@ -1,20 +1,16 @@
-"""What the encoder's heads say about photos, computed once per photo, and read by every sentence about it.
+"""Read: what the encoder's heads say about photos, computed once per photo and read by every sentence about it.
 
-`read_heads(model, feats)` runs the ImageNet classifier once over each photo's annotation vectors (its
-logits (B, K)) and, when the model file carries them, the word detectors (whose person evidence takes the
-classifier's clothes probability from those same logits). Everything else derives from that reading:
-the concept probabilities (B, C) evidence-aware decoding biases words with (and the ruled-out words a Caption
-marks as contradicted: evidence.photo_evidence), each photo's Concepts (the one list the API, a Caption and
-the app show), and the concept maps of the words a sentence says. `annotated` is the one builder that dresses a Caption with them,
-for a generated caption and an explained (typed) sentence alike.
+`read_heads` runs the ImageNet classifier once over each photo's annotation vectors and, when the model file has
+them, the word detectors (whose person evidence reads the same logits). The concept probabilities, each photo's
+Concepts and the concept maps of a sentence's words derive from that reading; `annotated` dresses a Caption with
+them, a generated caption and an explained sentence alike.
 
-Legend: B photos, P = G*G attention cells, D feature dim, K ImageNet classes, C COCO categories,
-V vocabulary, L words.
+Legend: B photos, P = G*G attention cells, D feature dim, K ImageNet classes, C COCO categories, V vocabulary,
+L words.
 """
 from __future__ import annotations
 
 import dataclasses
-
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -66,9 +62,8 @@ def read_heads(model: torch.nn.Module, feats: torch.Tensor) -> HeadReading:
 
 def photo_concepts(reading: HeadReading, model: torch.nn.Module, threshold: float = THRESHOLD,
                    top_k: int = 5) -> list[Concepts]:
-    """One Concepts per photo of the reading: COCO categories at P >= threshold, the top_k ImageNet classes
-    and, with word detectors, the detected words (person too) at P >= threshold. An encoder without
-    the ImageNet head sees nothing: Concepts.unseen() per photo (its Captions' concepts are empty too)."""
+    """One Concepts per photo: COCO categories and detected words at P >= threshold, the top_k ImageNet classes;
+    Concepts.unseen() per photo without the ImageNet head."""
     if reading.logits is None:
         return [Concepts.unseen() for _ in range(reading.photos)]
     out = concepts_of(reading.logits, threshold, top_k)
@@ -82,11 +77,9 @@ def photo_concepts(reading: HeadReading, model: torch.nn.Module, threshold: floa
 
 def annotated(caps: Sequence[Any], tokens: Sequence[Sequence[int]], reading: HeadReading,
               feats: torch.Tensor, model: torch.nn.Module, vocab: Vocab, ruled_out: torch.Tensor | None) -> list[Any]:
-    """Each Caption (decoding/captions.py; generated or explained) dressed with its photo's reading, as a new value:
-    concepts (the photo's one list), detections, contradicted words and the concept maps of the words it says.
-    tokens[n]: the word ids of caps[n] (unknown words as <unk>); feats (n, P, D) and the reading's rows are their
-    photos; ruled_out (n, V) bool: the photos' ruled-out words, the mask decoding's evidence holds
-    (evidence.photo_evidence)."""
+    """Each Caption (generated or explained) dressed with its photo's reading, as a new value: concepts,
+    detections, contradicted words and the concept maps of its words. tokens[n]: the word ids of caps[n]; feats
+    (n, P, D) and the reading's rows are their photos; ruled_out (n, V) bool: the evidence's ruled-out words."""
     if reading.logits is None:
         return list(caps)
     concepts = photo_concepts(reading, model)
@@ -104,9 +97,8 @@ def annotated(caps: Sequence[Any], tokens: Sequence[Sequence[int]], reading: Hea
 
 def concept_maps(tokens: Sequence[Sequence[int]], head: torch.nn.Linear, feats: torch.Tensor, vocab: Vocab,
                  logits: torch.Tensor | None = None) -> list[dict[int, tuple[str, float, np.ndarray]]]:
-    """Each caption's concept maps: for every word naming a MAP_CATEGORIES category (person: the clothes people
-    wear), that category's map on the caption's photo when P >= MIN_PROB, by word index. tokens[n]: the word ids
-    of caption n; feats (n, P, D) their photos, logits (n, K) their classifier's."""
+    """Each caption's concept maps, by word index: for a word naming a MAP_CATEGORIES category, that category's
+    map on its photo when P >= MIN_PROB. feats (n, P, D) the captions' photos, logits (n, K) their classifier's."""
     out: list[dict[int, tuple[str, float, np.ndarray]]] = [{} for _ in tokens]
     cats = map_word_categories(vocab).tolist()  # (V,) category index or -1, read once
     where = [(n, i, cats[t]) for n, toks in enumerate(tokens) for i, t in enumerate(toks) if cats[t] >= 0]
@@ -123,8 +115,8 @@ def concept_maps(tokens: Sequence[Sequence[int]], head: torch.nn.Linear, feats: 
 
 
 def words_of(table: torch.Tensor, tokens: Sequence[Sequence[int]]) -> list[list]:
-    """A per-photo word table (n, V) and each photo's words -> the table's entry for each word, on the host:
-    one gather and one read for all the photos (n x V would be a large read; n x L is not)."""
+    """A per-photo word table (n, V) and each photo's words -> each word's entry, on the host: one gather and one
+    read (n x V would be a large read; n x L is not)."""
     width = max(map(len, tokens), default=0)
     at = torch.tensor([list(t) + [0] * (width - len(t)) for t in tokens], dtype=torch.long).view(len(tokens), width)
     got = table.gather(1, at.to(table.device)).tolist()  # (n, L)

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from ..config import HARD_CONTEXTS
-from .packed_linear import linear
+from .packed_linear import Linear
 
 BLOCK_ELEMENTS = 1 << 18  # elements of the buffer eq. 4 is evaluated in without autograd on a CPU (1 MiB fp32)
 CONTEXTS = (*HARD_CONTEXTS, "sample")  # how z_t is formed from alpha_t (see `locate`); "sample" only in training
@@ -39,15 +39,15 @@ class AdditiveAttention(nn.Module):
 
     def __init__(self, feat_dim: int, hidden_dim: int, attention_dim: int):
         super().__init__()
-        self.feat_proj = nn.Linear(feat_dim, attention_dim)  # W_a (with the MLP hidden layer's bias)
-        self.hidden_proj = nn.Linear(hidden_dim, attention_dim, bias=False)  # W_h
-        self.score = nn.Linear(attention_dim, 1)  # w, b
+        self.feat_proj = Linear(feat_dim, attention_dim)  # W_a (with the MLP hidden layer's bias)
+        self.hidden_proj = Linear(hidden_dim, attention_dim, bias=False)  # W_h
+        self.score = nn.Linear(attention_dim, 1)  # w, b (plain products: a one-column layer)
         self.gate = nn.Linear(hidden_dim, 1)  # f_beta: one scalar per step, as in the paper
 
     def project(self, feats: torch.Tensor) -> torch.Tensor:
         """2 W_a a_i: feats (B, P, D) -> (B, P, A), the doubled input of eq. 4's sigmoid form. It does not
         depend on t: once per image, not per step."""
-        return 2 * linear(self.feat_proj, feats)  # (B, P, A)
+        return 2 * self.feat_proj(feats)  # (B, P, A)
 
     def weights(self, feats: torch.Tensor, feat_proj: torch.Tensor, h: torch.Tensor, literal: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,7 +57,7 @@ class AdditiveAttention(nn.Module):
         with tanh as the paper writes it and plain products (the test oracle) instead of its sigmoid form."""
         B, P, _ = feats.shape
         G = h.shape[0] // B
-        hp = linear(self.hidden_proj, h, literal).view(B, G, 1, -1)  # (B, G, 1, A): W_h h_{t-1}
+        hp = self.hidden_proj(h, literal).view(B, G, 1, -1)  # (B, G, 1, A): W_h h_{t-1}
         if literal:
             u = feat_proj.unsqueeze(1) / 2 + hp  # (B, G, P, A): W_a a_i + W_h h_{t-1}
             e = self.score(torch.tanh(u)).view(B * G, P)  # (B*G, P): eq. 4

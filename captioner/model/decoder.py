@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from ..config import ATTENTIONS
 from .attention import AdditiveAttention, glimpse, locate
-from .packed_linear import linear
+from .packed_linear import Linear
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
 FEW_SENTENCES = 16  # teacher forcing of up to this many sentences without autograd reads the W_z a_i table
@@ -67,16 +67,16 @@ class Decoder(nn.Module):
         self.hard = attention == "hard"
         self.attention = AdditiveAttention(feat_dim, hidden_dim, attention_dim)
         self.embedding = nn.Embedding(vocab_size, embed_dim)  # E
-        self.init_h = nn.Linear(feat_dim, hidden_dim)
-        self.init_c = nn.Linear(feat_dim, hidden_dim)
+        self.init_h = Linear(feat_dim, hidden_dim)
+        self.init_c = Linear(feat_dim, hidden_dim)
         # LSTM cell written out so the embedding term can be precomputed for all steps
-        self.gates_embed = nn.Linear(embed_dim, 4 * hidden_dim, bias=False)  # W_e
-        self.gates_context = nn.Linear(feat_dim, 4 * hidden_dim, bias=False)  # W_z
-        self.gates_hidden = nn.Linear(hidden_dim, 4 * hidden_dim)  # W_hh, b
-        self.out_hidden = nn.Linear(hidden_dim, embed_dim)  # L_h
-        self.out_context = nn.Linear(feat_dim, embed_dim)  # L_z
+        self.gates_embed = Linear(embed_dim, 4 * hidden_dim, bias=False)  # W_e
+        self.gates_context = Linear(feat_dim, 4 * hidden_dim, bias=False)  # W_z
+        self.gates_hidden = Linear(hidden_dim, 4 * hidden_dim)  # W_hh, b
+        self.out_hidden = Linear(hidden_dim, embed_dim)  # L_h
+        self.out_context = Linear(feat_dim, embed_dim)  # L_z
         self.dropout = nn.Dropout(dropout)
-        self.out_vocab = nn.Linear(embed_dim, vocab_size)  # L_o
+        self.out_vocab = Linear(embed_dim, vocab_size)  # L_o
         self._word_gates: tuple | None = None  # (key of the weights, (V, 4H) W_e E y): `embed` without autograd
         if self.hard:  # REINFORCE baseline b of log p(y|s,a) (loss.py); a buffer, so checkpoints and resume keep it
             self.register_buffer("reinforce_baseline", torch.zeros(()))
@@ -92,7 +92,7 @@ class Decoder(nn.Module):
 
     def init_state(self, feats: torch.Tensor) -> State:
         mean = feats.mean(dim=1)  # (B, D)
-        return torch.tanh(linear(self.init_h, mean)), torch.tanh(linear(self.init_c, mean))  # (B, H) each
+        return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))  # (B, H) each
 
     def embed(self, words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """words (...,) -> E y (..., E) and its share of the LSTM gates W_e E y (..., 4H) (eq. 1); without
@@ -117,14 +117,14 @@ class Decoder(nn.Module):
         w_emb, w_gate = self.embedding.weight, self.gates_embed.weight
         key = (w_emb._version, w_gate._version, w_emb.data_ptr(), w_gate.data_ptr(), w_gate.dtype, w_gate.device)
         with torch.inference_mode(False), torch.no_grad():
-            self._word_gates = key, linear(self.gates_embed, w_emb.clone() if w_emb.is_inference() else w_emb)
+            self._word_gates = key, self.gates_embed(w_emb.clone() if w_emb.is_inference() else w_emb)
 
     def context_gates(self, feats: torch.Tensor) -> torch.Tensor:
         """W_z a_i for every region: feats (B, P, D) -> (B, P, 4H), once per image, for the `ctx_gates` of
         `recur` and `step` (beam search: its K rows per image read it at every step)."""
         if self.gates_context.bias is not None:  # beta sum_i alpha_i (W_z a_i + b) = W_z z + beta b, not W_z z + b
             raise ValueError("the W_z a_i table needs gates_context without a bias (the LSTM's bias is W_hh's)")
-        return linear(self.gates_context, feats)  # (B, P, 4H)
+        return self.gates_context(feats)  # (B, P, 4H)
 
     def recur(self, state: State, emb_gates: torch.Tensor, feats: torch.Tensor, feat_proj: torch.Tensor,
               context: str = "expected", ctx_gates: torch.Tensor | None = None, literal: bool = False
@@ -141,10 +141,10 @@ class Decoder(nn.Module):
         weights = alpha if where is None else F.one_hot(where, alpha.shape[1]).to(alpha.dtype)  # (B*G, P)
         z = glimpse(feats, weights, beta)  # (B*G, D): eq. 6 (or 8)
         if ctx_gates is None or literal:  # literal: the oracle never reads the table
-            z_gates = linear(self.gates_context, z, literal)  # (B*G, 4H): W_z z
+            z_gates = self.gates_context(z, literal)  # (B*G, 4H): W_z z
         else:
             z_gates = glimpse(ctx_gates, weights, beta)  # (B*G, 4H): beta sum_i alpha_i (W_z a_i) = W_z z
-        gates = emb_gates + z_gates + linear(self.gates_hidden, h, literal)  # (B*G, 4H): eq. 1, W [E y; z; h] + b
+        gates = emb_gates + z_gates + self.gates_hidden(h, literal)  # (B*G, 4H): eq. 1, W [E y; z; h] + b
         i, f, g, o = gates.chunk(4, dim=1)  # input, forget, candidate, output: (B*G, H) each
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B*G, H): c_t
         h = torch.sigmoid(o) * torch.tanh(c)  # (B*G, H): h_t
@@ -160,8 +160,8 @@ class Decoder(nn.Module):
         """Deep output layer (eq. 7): emb (N, E) = E y_{t-1}, h (N, H) = h_t, z (N, D) = z_t -> logits (N, V).
         Nothing feeds back into the recurrence, so training computes it for all steps at once. literal: plain
         products (the test oracle)."""
-        out = torch.tanh(emb + linear(self.out_hidden, h, literal) + linear(self.out_context, z, literal))  # (N, E)
-        return linear(self.out_vocab, self.dropout(out), literal)  # (N, V): L_o
+        out = torch.tanh(emb + self.out_hidden(h, literal) + self.out_context(z, literal))  # (N, E)
+        return self.out_vocab(self.dropout(out), literal)  # (N, V): L_o
 
     def step(self, state: State, emb: torch.Tensor, emb_gates: torch.Tensor, feats: torch.Tensor,
              feat_proj: torch.Tensor, context: str = "expected", ctx_gates: torch.Tensor | None = None,

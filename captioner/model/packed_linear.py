@@ -105,6 +105,14 @@ def linear(layer: nn.Linear, x: torch.Tensor, plain: bool = False) -> torch.Tens
     return y.view(*x.shape[:-1], w.shape[0])
 
 
+class Linear(nn.Linear):
+    """nn.Linear whose product follows the rule (`linear`): the decoder's and attention's layers, so the step reads
+    `self.out_vocab(h)`; the same parameters and state dict as nn.Linear. plain=True: F.linear (the oracle)."""
+
+    def forward(self, x: torch.Tensor, plain: bool = False) -> torch.Tensor:
+        return linear(self, x, plain)
+
+
 def is_pointwise(conv: nn.Module) -> bool:
     """A convolution that is a linear layer on each pixel: 1x1 kernel, stride 1, ungrouped, no padding."""
     return (isinstance(conv, nn.Conv2d) and conv.kernel_size == (1, 1) and conv.stride == (1, 1)

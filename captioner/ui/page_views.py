@@ -109,15 +109,15 @@ def caption_summary(cap: captioner.Caption, evidence: bool, length_penalty: floa
             st.caption(why)
 
 
-# an unsure caption's box, as loud as its level's doubt (Caption.level); st.error stays for what went wrong
+# an unsure caption's box, as loud as its level's doubt (Caption.level): probably wrong is an error box
 LEVEL_ICONS = {"probably right": ":material/info:", "may be wrong": ":material/help:",
                "probably wrong": ":material/block:"}
 
 
 def level_box(level: str):
-    """The box an unsure caption's line goes in: st.info when probably right, st.warning when it may be or
-    probably is wrong (LEVEL_ICONS tells those two apart)."""
-    return st.info if level == "probably right" else st.warning
+    """The box an unsure caption's line goes in: st.info when probably right, st.warning when it may be wrong,
+    st.error when it is probably wrong (docs/confidence.md)."""
+    return {"probably right": st.info, "may be wrong": st.warning}.get(level, st.error)
 
 
 def sure_view(cap: captioner.Caption) -> None:
