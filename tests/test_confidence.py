@@ -153,6 +153,37 @@ def test_sure_only_at_60_percent_and_plain_levels_below():
     assert why_unsure(_signals(nearest=0.5), None).startswith("few photos like this one")
 
 
+def test_the_shown_number_and_the_level_agree_at_every_band_edge():
+    """One number, one level: the app's percentage, the CLI's column and the CSV's confidence are the same rounded
+    number (confidence.shown), and the level is that number's band: .4953 is "probably right (50% ...)", .2974 "may
+    be wrong (30% ...)", never "may be wrong (50% ...)"; the sure threshold is read the same way."""
+    import csv
+    import io
+    import re
+
+    from captioner.cli.caption import sure_column
+    from captioner.ui.gallery import batch_csv
+
+    def band(pct: int, sure_at: float) -> str:  # the documented bands, in whole percents as a person reads them
+        if pct >= math.ceil(100 * max(sure_at, 0.6) - 1e-9):
+            return "sure"
+        return "probably right" if pct >= 50 else "may be wrong" if pct >= 30 else "probably wrong"
+
+    edges = [0.2949, 0.295, 0.2974, 0.3049, 0.4949, 0.495, 0.4953, 0.5049, 0.5949, 0.595, 0.6049, 0.7249, 0.725,
+             0.7311, 0.7312, 0.7349, 0.735, 0.7351]
+    for sure_at in (0.5, 0.6, 0.7312):
+        for c in edges:
+            cap = _caption(c, sure_at=sure_at, agreement=1.0)
+            pct = int(re.search(r"(\d+)% likely", sure_line(cap.confidence, cap.level, cap.doubt)).group(1))
+            assert cap.level == band(pct, sure_at), (c, sure_at, pct, cap.level)
+            column = sure_column(cap).strip()
+            assert column.startswith(f"{cap.level} {pct / 100:.2f}"), (c, column)
+            row = list(csv.reader(io.StringIO(batch_csv([("a.jpg", cap)]).decode("utf-8"))))[1]
+            assert row[3] == f"{pct / 100:.2f}" and row[5] == cap.level
+    assert _caption(0.4953).level == "probably right" and _caption(0.2974).level == "may be wrong"
+    assert _caption(0.4949).level == "may be wrong" and _caption(0.2949).level == "probably wrong"
+
+
 def _fitted_map() -> ConfidenceMap:
     """A map that weighs the wide consensus up (sure where people say such things of photos like it)."""
     return ConfidenceMap(-1.0, tuple(4.0 if s == "wide" else 0.0 for s in SIGNALS), 0.5)

@@ -26,18 +26,19 @@ ITEMS = [("a.jpg", cap("a cat on a wall", [("cat", 0.87), ("person", 0.19)])),
 
 def test_csv_has_one_row_per_photo_with_its_caption_concepts_and_notes():
     rows = list(csv.reader(io.StringIO(gallery.batch_csv(ITEMS).decode("utf-8"))))
-    assert rows[0] == ["image", "caption", "log_prob", "confidence", "sure", "level", "concepts", "notes"]
+    assert rows[0] == ["image", "caption", "log_prob", "confidence", "sure", "level", "reason", "concepts", "notes"]
     assert [r[0] for r in rows[1:]] == ["a.jpg", "b,c.png", "tiny.png"]  # a comma in a name stays one field
-    assert rows[1][1] == "a cat on a wall" and rows[1][6] == "cat 0.87; person 0.19"
-    assert rows[3][7].startswith("The photo is only 6x6 pixels") and rows[1][7] == ""
-    assert rows[1][3:6] == ["", "", ""]  # no fitted confidence: empty, never an invented number
+    assert rows[1][1] == "a cat on a wall" and rows[1][7] == "cat 0.87; person 0.19"
+    assert rows[3][8].startswith("The photo is only 6x6 pixels") and rows[1][8] == ""
+    assert rows[1][3:7] == ["", "", "", ""]  # no fitted confidence: empty, never an invented number
 
 
 def test_csv_says_how_sure_each_caption_is():
     sure = dataclasses.replace(cap("a cat on a wall"), confidence=0.9, sure_at=0.5)  # the model file's threshold
     unsure = dataclasses.replace(cap("a dog, running"), confidence=0.1, sure_at=0.5)
     rows = list(csv.reader(io.StringIO(gallery.batch_csv([("a.jpg", sure), ("b.jpg", unsure)]).decode("utf-8"))))
-    assert [r[3:6] for r in rows[1:]] == [["0.9000", "true", "sure"], ["0.1000", "false", "probably wrong"]]
+    assert [r[3:6] for r in rows[1:]] == [["0.90", "true", "sure"], ["0.10", "false", "probably wrong"]]
+    assert rows[1][6] == "" and rows[2][6] == unsure.doubt != ""  # why unsure, in its own column
 
 
 def test_json_is_the_one_caption_shape_per_photo():
@@ -65,6 +66,6 @@ def test_cards_and_csv_list_every_concept_the_single_view_and_json_show():
     four = [("dog", 0.9), ("frisbee", 0.7), ("person", 0.5), ("grass", 0.31)]
     item = ("d.jpg", cap("a dog catches a frisbee", four))
     row = list(csv.reader(io.StringIO(gallery.batch_csv([item]).decode("utf-8"))))[1]
-    listed = [c.split()[0] for c in row[6].split("; ")]
+    listed = [c.split()[0] for c in row[7].split("; ")]
     assert listed == [c for c, _ in four] == [c["category"] for c in json.loads(gallery.batch_json([item]))[0]["concepts"]]
-    assert gallery.top_concepts(item[1]) == row[6]
+    assert gallery.top_concepts(item[1]) == row[7]

@@ -148,7 +148,10 @@ def sure_column(cap: Any) -> str:
     hesitated between ...)"); nothing without a confidence."""
     if cap.confidence is None:
         return ""
-    return f"\tsure {cap.confidence:.2f}" if cap.sure else f"\t{cap.level} {cap.confidence:.2f} ({cap.doubt})"
+    from captioner.decoding.confidence import shown
+
+    c = shown(cap.confidence)  # the number the level reads
+    return f"\tsure {c:.2f}" if cap.sure else f"\t{cap.level} {c:.2f} ({cap.doubt})"
 
 
 def emit(args: argparse.Namespace, path: str, cap: Any) -> str | None:

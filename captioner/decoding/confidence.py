@@ -107,11 +107,18 @@ def template(text: str) -> float:
     return float(bool(TEMPLATE.search(text)))
 
 
+def shown(confidence: float) -> float:
+    """The confidence as every place shows it: to the whole percent, half up (0.4953 -> 0.50, 0.2974 -> 0.30)."""
+    return math.floor(confidence * 100 + 0.5) / 100
+
+
 def level(confidence: float, sure_at: float, unsupported: bool = False) -> str:
-    """SURE from max(sure_at, SURE_FLOOR) unless the caption names an unsupported object, else a LEVELS name."""
-    if confidence >= max(sure_at, SURE_FLOOR) and not unsupported:
+    """SURE from max(sure_at, SURE_FLOOR) unless the caption names an unsupported object, else a LEVELS name; read
+    from the shown number, so the percentage a person sees and the level always agree (50% is probably right)."""
+    c = shown(confidence)
+    if c >= max(sure_at, SURE_FLOOR) and not unsupported:
         return SURE
-    return next(name for floor, name in LEVELS if confidence >= floor)
+    return next(name for floor, name in LEVELS if c >= floor)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from PIL import Image
 
+from ..decoding.confidence import shown
+
 if TYPE_CHECKING:
     from ..decoding.captions import Caption
 
@@ -30,15 +32,15 @@ def top_concepts(cap: "Caption") -> str:
 
 
 def batch_csv(items: Sequence[tuple[str, "Caption"]]) -> bytes:
-    """One row per photo: file name, caption, log-probability, confidence and sure (empty without a fitted map),
-    top concepts, notes (UTF-8, with header)."""
+    """One row per photo: file name, caption, log-probability, confidence (the shown number the level reads),
+    sure, level and why unsure (empty without a fitted map), top concepts, notes (UTF-8, with header)."""
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["image", "caption", "log_prob", "confidence", "sure", "level", "concepts", "notes"])
+    w.writerow(["image", "caption", "log_prob", "confidence", "sure", "level", "reason", "concepts", "notes"])
     for name, cap in items:
-        w.writerow([name, cap.text, f"{cap.log_prob:.4f}", "" if cap.confidence is None else f"{cap.confidence:.4f}",
-                    "" if cap.sure is None else str(cap.sure).lower(), cap.level or "", top_concepts(cap),
-                    " | ".join(cap.notes)])
+        sure = "" if cap.confidence is None else f"{shown(cap.confidence):.2f}"
+        w.writerow([name, cap.text, f"{cap.log_prob:.4f}", sure, "" if cap.sure is None else str(cap.sure).lower(),
+                    cap.level or "", cap.doubt or "", top_concepts(cap), " | ".join(cap.notes)])
     return buf.getvalue().encode("utf-8")
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..decoding.confidence import shown
+
 if TYPE_CHECKING:
     from ..config import DecodeConfig
 
@@ -49,7 +51,7 @@ ADVICE = {"probably right": "read it before you publish it", "may be wrong": "ch
 
 def level_head(confidence: float, level: str) -> str:
     """"Probably right (66% likely to be a good description of this photo)"; "Sure: 78% likely ..." when sure."""
-    chance = f"{confidence:.0%} likely to be a good description of this photo"
+    chance = f"{shown(confidence):.0%} likely to be a good description of this photo"  # the number the level reads
     return f"Sure: {chance}" if level == "sure" else f"{level.capitalize()} ({chance})"
 
 
