@@ -1,5 +1,5 @@
 """Features -> words: batched beam search, greedy as its beam 1 (search.py: `decode`), the same beam search with
-fixed shapes for a GPU (device_beam.py), evidence-aware word rules (evidence.py, rules.py), sampling
+fixed shapes for a GPU (device_beam.py), evidence-aware word rules (rules.py), sampling
 (sampling.py: with gradients for SCST; temperature, top-k, nucleus and a seed for Photo.sample), features ->
 Caption (captions.py) and teacher-forcing a typed sentence (explain.py).
 

@@ -26,7 +26,7 @@ from .choice import BEAM_ORDER, CIDER_SIGNALS, SIGNALS, Neighbours, Weights, agr
 from .alternatives import different
 from .confidence import SURE, ConfidenceMap, judge, level, needs, why_unsure
 from .consensus import ConsensusMemory
-from .evidence import Evidence, checked_detectors, photo_evidence
+from .rules import Evidence, checked_detectors, photo_evidence
 from .support import ObjectCheck, objects_check
 from .pool import Pool
 from .fitted import Fitted
@@ -326,8 +326,8 @@ class Decoded(NamedTuple):
 def decode_photos(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReading, vocab: Vocab,
                   settings: DecodeConfig, resources: Resources) -> Decoded:
     """Photos' features (B, P, D) on the decoder's device and their reading -> their hypotheses (the model's own
-    log-probs), the stages in order: the evidence (evidence.photo_evidence: built once here, banning and favouring
-    words only with settings.evidence) and the rules, the search (search.decode; its recorded searches, captured.py, replay it
+    log-probs), the stages in order: the evidence (rules.photo_evidence: built once here, banning and favouring
+    words only with settings.evidence) and the rules, the search (search.decode; its recorded searches, device_beam.py, replay it
     on a GPU), then the decision (decide: with a consensus memory in `resources`, the choice's order and the
     fitted map's confidence) with the objects check (support.objects_check)."""
     evidence = photo_evidence(reading, model, vocab, settings)  # (B, V) ruled-out words, the bonus table

@@ -12,7 +12,7 @@ into every row's history each step) and walked back once at the end. The host re
 With decoding/rules.py's masks (no nonzero()) a step is queued without a sync.
 
 A step never writes a tensor it was given: it reads one _State and makes the next (_Search.step), so a run of
-steps is a function from one state's tensors to the next's, which captured.py records as a CUDA graph chunk by
+steps is a function from one state's tensors to the next's, which `search` below records as a CUDA graph chunk by
 chunk (reading between chunks whether to go on) and replays.
 
 Legend: B images, K beams, N = B*K rows, T = max_len, P regions, A attention size, H hidden size, V vocabulary.
@@ -21,15 +21,103 @@ on real photos with its stored settings), and no host sync between checks.
 """
 from __future__ import annotations
 
+import copy
+import threading
+import warnings
+from collections import OrderedDict
 from dataclasses import dataclass, replace
+from typing import Any, Callable, NamedTuple, Protocol
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 from ..config import DecodeConfig
 from ..model.decoder import Decoder
 from ..vocab import SpecialIds
-from .rules import RowState, Rules
-from .hypotheses import Hypothesis, normalise, rank, searching, with_greedy_scores
+from .rules import Evidence, RowState, Rules
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """A finished caption of the search, a value (what decides among them and how sure: captions.Decided)."""
+    __hash__ = None  # its tensors: compared by value, never a dict key
+    tokens: list[int]  # word ids, without <start>/<end>
+    alphas: torch.Tensor  # (len(tokens), P): attention of each word
+    log_prob: float  # sum of log-probabilities of the words (and of <end> when it was emitted)
+    score: float  # log_prob after length normalisation (what the ranking uses)
+    betas: torch.Tensor | None = None  # (len(tokens),): gate beta of each word (how much it used the image)
+    # (len(tokens),) float32: log-probability of each word when chosen (log_prob minus these = <end>'s); None: unknown
+    word_logps: torch.Tensor | None = None
+
+
+def normalise(log_prob: float | torch.Tensor, length: int, length_penalty: float) -> float | torch.Tensor:
+    """The ranking score: log_prob / length ** length_penalty (a number, or a tensor of them: the device beam)."""
+    return log_prob / (max(length, 1) ** length_penalty) if length_penalty else log_prob
+
+
+def with_greedy_scores(found: list[list[Hypothesis]]) -> list[list[Hypothesis]]:
+    """Each hypothesis scored by its log-probability (greedy decoding's score: beam 1 has one hypothesis, and its
+    length-normalised score would only rescale it)."""
+    return [[replace(h, score=h.log_prob) for h in hyps] for hyps in found]
+
+
+class Ranked(NamedTuple):
+    """One step's candidates, best first: each image's 2K best continuations (n, 2K), and the K of them that stay
+    alive (n, K)."""
+    scores: torch.Tensor  # (n, 2K) cumulative log-probs
+    src: torch.Tensor  # (n, 2K) the row each continues
+    words: torch.Tensor  # (n, 2K)
+    logps: torch.Tensor  # (n, 2K) each word's own log-prob
+    ends: torch.Tensor  # (n, 2K) hypotheses that end now: <end> within the top K, and possible
+    normed: torch.Tensor  # (n, 2K) scores normalised for t words + <end>
+    alive_scores: torch.Tensor  # (n, K)
+    alive_src: torch.Tensor  # (n, K)
+    alive_words: torch.Tensor  # (n, K)
+    alive_logps: torch.Tensor  # (n, K)
+
+
+def rank(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, rank_2k: torch.Tensor, t: int, length_penalty: float,
+         pad: int, end: int) -> Ranked:
+    """Rows' scores cum (N,) and the step's log-probs logp (N, V) of n images with G rows each, after t words,
+    rank_2k = arange(2K) -> the step's Ranked candidates."""
+    K = rank_2k.shape[0] // 2
+    top_s, src, word, step_lp = candidates(cum, logp, n, G, K, pad)  # (n, 2K) each
+    is_end = word == end
+    ends = is_end & (rank_2k < K) & (top_s > float("-inf"))  # (n, 2K)
+    return Ranked(top_s, src, word, step_lp, ends, normalise(top_s, t + 1, length_penalty),
+                  *alive(top_s, src, word, step_lp, is_end, rank_2k, K))
+
+
+def searching(best_k: torch.Tensor, best_alive: torch.Tensor, length_penalty: float) -> torch.Tensor:
+    """Each image's K-th best finished score and best live one (n,) -> (n,) whether its search goes on: a live
+    hypothesis could still beat its K finished ones (exact with length_penalty 0, since log-probabilities only
+    decrease; with a penalty, until K have finished)."""
+    done = best_k > float("-inf") if length_penalty else best_k >= best_alive
+    return ~(done | (best_alive == float("-inf")))
+
+
+def candidates(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, K: int, pad: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The best 2K continuations of each image's G rows: scores (n, 2K), source rows (n, 2K),
+    words (n, 2K) and the words' own log-probs (n, 2K), best first."""
+    V = logp.shape[1]
+    cand = (cum.unsqueeze(1) + logp).view(n, G * V)  # (n, G*V)
+    if G * V < 2 * K:  # a vocabulary smaller than 2K words: pad with impossible candidates
+        cand = torch.nn.functional.pad(cand, (0, 2 * K - G * V), value=float("-inf"))
+    top_s, top_i = cand.topk(2 * K, dim=1)  # (n, 2K)
+    src = torch.arange(n, device=cum.device).unsqueeze(1) * G + (top_i // V).clamp(max=G - 1)  # (n, 2K)
+    word = torch.where(top_i < G * V, top_i % V, pad)  # (n, 2K)
+    return top_s, src, word, logp[src, word]
+
+
+def alive(top_s: torch.Tensor, src: torch.Tensor, word: torch.Tensor, step_lp: torch.Tensor, is_end: torch.Tensor,
+           rank: torch.Tensor, K: int) -> tuple[torch.Tensor, ...]:
+    """The K best continuations that do not end (>= K among the 2K: each of the G <= K rows has one
+    <end>), in rank order: their scores, source rows, words and word log-probs, each (n, K)."""
+    keep_score = (~is_end).float() * (2 * K - rank)  # prefer non-end, then better rank
+    pos = keep_score.topk(K, dim=1).indices.sort(dim=1).values  # (n, K) positions in rank order
+    return top_s.gather(1, pos), src.gather(1, pos), word.gather(1, pos), step_lp.gather(1, pos)
+
 
 NEG = float("-inf")
 # what step s wrote: the source rows (N,) (the row after step s - 1 each row continues), its words (N,) and word
@@ -94,7 +182,7 @@ class State:
     trail: tuple[Step, ...]  # what each step wrote
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        """Every tensor of the state, in one fixed order (captured.Rerun copies a replay's into the recorded)."""
+        """Every tensor of the state, in one fixed order (Rerun copies a replay's into the recorded)."""
         return (self.feat_proj, self.ctx_gates, self.images, self.rank, self.h, self.c, self.cum, self.words,
                 self.tokens, *self.said.tensors(), self.active, *self.finished, *(x for step in self.trail for x in step))
 
@@ -193,7 +281,7 @@ def beam_search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds
                           ) -> list[list[Hypothesis]]:
     """search.beam_search's hypotheses, with fixed shapes (module docstring): the search, then one read. With
     beam_size 1 these are greedy decoding's words; `greedy_scores` gives them its score too (the log-probability,
-    not length-normalised: hypotheses.with_greedy_scores)."""
+    not length-normalised: with_greedy_scores)."""
     found = search_on_device(decoder, feats, ids, settings, rules, check_every).hypotheses()
     return with_greedy_scores(found) if greedy_scores else found
 
@@ -210,3 +298,290 @@ def search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, set
         if check_every and not state.capped and not bool(state.active.any()):  # the one read inside the loop
             break
     return state
+
+
+# the calls that make the host wait for a device value or a data-dependent shape, and those that copy host data
+# to the device (a graph can record neither: the copy would be replayed from the host memory of the first call)
+READS_BACK = frozenset({"item", "tolist", "cpu", "numpy", "nonzero", "argwhere", "masked_select", "equal",
+                        "is_nonzero", "__bool__", "__int__", "__float__", "__index__"})
+FROM_HOST = frozenset({"tensor", "as_tensor", "from_numpy"})
+LIMIT = 8  # shapes kept recorded (each holds its own memory pool); the least recently used goes first
+ENCODER_LIMIT = 4  # batch sizes whose encoder pass stays recorded (each holds its activations' memory)
+# the steps after which a recorded search reads whether any photo still searches (then max_len): most captions
+# end by the first, a batch's last by the second or third (docs/performance.md)
+CHECKS = (12, 16, 20, 24)
+
+
+class CaptureError(RuntimeError):
+    """An operation a graph cannot record: a read of a device value on the host, or host data copied in."""
+
+
+class NoHostReads(TorchFunctionMode):
+    """Raises CaptureError at the first call in the block that reads a value back (READS_BACK) or makes a tensor
+    of host data (FROM_HOST)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in READS_BACK:
+            raise CaptureError(f"{name} reads a device value on the host while recording")
+        if name in FROM_HOST:
+            raise CaptureError(f"torch.{name} copies host data to the device while recording")
+        return func(*args, **(kwargs or {}))
+
+
+class Graph(Protocol):
+    def record(self, fn: Callable[[], Any]) -> Any: ...
+
+    def replay(self) -> None: ...
+
+
+def _leaves(out: Any) -> list[torch.Tensor]:
+    """The tensors of what a recorded function returned: a search State's, or a tuple's."""
+    return list(out.tensors()) if isinstance(out, State) else tree_leaves(out)
+
+
+class CudaGraph:
+    """torch.cuda.CUDAGraph: `record` warms fn up on a side stream (lazy handles and caches made outside the
+    recording, as PyTorch asks), then records it; its outputs hold each replay's results. Graphs made with the same
+    `pool` share their memory: the graphs of one recording, replayed in the order they were recorded."""
+
+    def __init__(self, pool: Any = None):
+        self.pool = pool
+
+    @staticmethod
+    def new_pool() -> Any:
+        return torch.cuda.graph_pool_handle()
+
+    def record(self, fn: Callable[[], Any]) -> Any:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        # thread_local: another thread's CUDA calls meanwhile (an app session captioning) are not this capture's error
+        with torch.cuda.graph(self.graph, pool=self.pool, capture_error_mode="thread_local"):
+            out = fn()
+        return out
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class Rerun:
+    """A graph's contract where there is none (a CPU): `record` warms fn up as CudaGraph does, then runs it with
+    every host read and host copy refused (NoHostReads) and keeps its outputs; `replay` runs fn again and writes
+    the results into those outputs. What fn reads besides the static inputs and the outputs of the graphs before it
+    shows up as a wrong answer here as it would on a GPU."""
+
+    replays = 0
+
+    def __init__(self, pool: Any = None):
+        pass
+
+    @staticmethod
+    def new_pool() -> Any:
+        return None
+
+    def record(self, fn: Callable[[], Any]) -> Any:
+        fn()  # the warm-up: caches made here, as before a CUDA graph's recording
+        with NoHostReads(), torch.inference_mode(False):  # outputs a later replay may write in either mode
+            self.fn, self.out = fn, fn()
+        return self.out
+
+    def replay(self) -> None:
+        with NoHostReads():
+            for old, new in zip(_leaves(self.out), _leaves(self.fn())):
+                if new is not old:  # (a state's tensors from before the chunk are its own)
+                    old.copy_(new)
+        self.replays += 1
+
+
+def weights_key(module: torch.nn.Module) -> tuple:
+    """Where a module's parameters and buffers are and how often each was written: a recording reads them by
+    address, and what was made from them (the decoder's word-gate table) only from the values they had."""
+    return tuple((t.data_ptr(), t._version) for t in (*module.parameters(), *module.buffers()))
+
+
+@dataclass
+class _Entry:
+    inputs: tuple[torch.Tensor, ...]  # static: each call's inputs are copied into these
+    recording: Any  # what the caller's `record` made; its run() replays it
+
+
+class Recordings:
+    """A module's calls recorded once per key and replayed (module doc); at most `limit` recordings kept (the
+    least recently used goes); all dropped when the module's weights change (weights_key). `graph` makes the
+    recorders: CudaGraph on a GPU, Rerun on a CPU."""
+
+    def __init__(self, graph: Any = CudaGraph, limit: int = LIMIT):
+        self.make_graph, self.limit = graph, limit
+        self.recorded: OrderedDict[tuple, _Entry | None] = OrderedDict()  # None: failed, run op by op
+        self.weights: tuple = ()
+        self.lock = threading.Lock()
+
+    def run(self, key: tuple, inputs: tuple[torch.Tensor, ...], weights: tuple, what: str,
+            record: Callable[[tuple[torch.Tensor, ...], Callable[[], Graph]], Any],
+            take: Callable[[Any], Any] = lambda out: out) -> Any | None:
+        """key's recording run on `inputs` (copied into its static inputs) -> take(what its run() returns), under
+        the lock (two callers never replay into the same outputs: `take` reads or copies them). The first time,
+        `record(static inputs, new_graph)` makes it (its graphs from new_graph share one memory pool); None where it
+        could not be recorded (the caller runs op by op)."""
+        with self.lock:
+            if weights != self.weights:  # moved or trained since: every recording reads stale weights
+                self.recorded.clear()
+                self.weights = weights
+            if key not in self.recorded:
+                self.recorded[key] = self._record(inputs, what, record)
+                while len(self.recorded) > self.limit:
+                    self.recorded.popitem(last=False)
+            self.recorded.move_to_end(key)
+            entry = self.recorded[key]
+            if entry is None:
+                return None
+            for static, x in zip(entry.inputs, inputs):
+                static.copy_(x)
+            return take(entry.recording.run())
+
+    def _record(self, inputs: tuple[torch.Tensor, ...], what: str,
+                record: Callable[[tuple[torch.Tensor, ...], Callable[[], Graph]], Any]) -> _Entry | None:
+        with torch.inference_mode(False):  # ordinary tensors: later calls may copy into them in either mode
+            static = tuple(x.clone() for x in inputs)
+        pool = self.make_graph.new_pool()
+        try:
+            return _Entry(static, record(static, lambda: self.make_graph(pool)))
+        except (RuntimeError, CaptureError) as e:
+            warnings.warn(f"{what} could not be recorded as CUDA graphs ({e}); inputs of this shape run it op by op",
+                          RuntimeWarning, stacklevel=5)
+            return None
+
+
+@dataclass
+class _Once:
+    """One graph and its outputs: run() replays it and returns its first output (the next replay writes over it)."""
+    graph: Graph
+    outputs: tuple[torch.Tensor, ...]
+
+    def run(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.outputs[0]
+
+
+@dataclass
+class _Chunks:
+    """A search recorded chunk by chunk (CHECKS): each chunk's graph with the state it writes, and after each the
+    walk back through the trail with its outputs. run() replays chunks until no photo searches (one read a chunk),
+    then that chunk's walk, and reads the hypotheses."""
+    chunks: list[tuple[Graph, State]]
+    walks: list[tuple[Graph, tuple[torch.Tensor, ...]]]
+
+    def run(self) -> list[list[Hypothesis]]:
+        for k, (graph, state) in enumerate(self.chunks):
+            graph.replay()
+            if state.capped or not bool(state.active.any()):  # the one read a chunk
+                break
+        walk, outputs = self.walks[k]
+        walk.replay()
+        return read_back(outputs)
+
+
+def chunk_sizes(max_len: int) -> list[int]:
+    """The steps of each recorded chunk: up to each of CHECKS below max_len, then to max_len."""
+    ends = [c for c in CHECKS if c < max_len] + [max_len]
+    return [b - a for a, b in zip([0] + ends[:-1], ends)]
+
+
+def _record_search(search: Search, new_graph: Callable[[], Graph]) -> _Chunks:
+    """Each chunk recorded from the state the one before writes (and replayed at once, so the next one's warm-up
+    reads real values), and the walk after each."""
+    chunks, walks, state = [], [], None
+    for size in chunk_sizes(search.T):
+        graph = new_graph()
+        before = state
+        state = graph.record(lambda before=before, size=size:  # (bound now: a Rerun calls it again later)
+                             search.advance(search.start() if before is None else before, size))
+        graph.replay()
+        chunks.append((graph, state))
+        walk = new_graph()
+        walks.append((walk, walk.record(state.walked)))
+        if state.capped:
+            break
+    return _Chunks(chunks, walks)
+
+
+def bucket(n: int) -> int:
+    """The batch size a batch of n photos is recorded at: the next power of two up to 16, then the next multiple
+    of 16 (evaluation's 100 photos: 112, not 128), so that a caller's every batch size makes few recordings (each
+    costs a few eager passes to make) and pads little."""
+    return 1 << max(n - 1, 0).bit_length() if n <= 16 else -(-n // 16) * 16
+
+
+def _padded(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x (B, ...) with its last row repeated to n rows: a padded photo is searched or encoded like the last one,
+    independently of the others, and its results are dropped."""
+    return x if len(x) == n else torch.cat([x, x[-1:].expand(n - len(x), *x.shape[1:])])
+
+
+def _evidence_inputs(evidence: Evidence | None, n: int) -> tuple[torch.Tensor, ...]:
+    """What a recorded search reads of a call's evidence, padded to n photos: its ruled-out words (n, V) bool (the
+    veto), bonus (n, C) and word table (V, C)."""
+    return () if evidence is None else (_padded(evidence.ruled_out, n), _padded(evidence.bonus, n), evidence.words)
+
+
+def search(recordings: Recordings, decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
+           rules: Rules | None = None) -> list[list[Hypothesis]]:
+    """beam_search_on_device's hypotheses, its search replayed: feats (B, P, D) -> each image's, best first. One
+    recording per padded batch size (bucket), dtype, vocabulary ids, settings, rules and evidence bonus (its code
+    path)."""
+    B, rules = len(feats), rules or Rules(ids, settings)
+    evidence = rules.evidence
+    inputs = (_padded(feats, bucket(B)), *_evidence_inputs(evidence, bucket(B)))
+    key = ("search", tuple((tuple(x.shape), x.dtype, x.device) for x in inputs), ids, repr(settings), rules.rules,
+           None if evidence is None else evidence.has_bonus)
+
+    def record(static: tuple[torch.Tensor, ...], new_graph: Callable[[], Graph]) -> _Chunks:
+        ev = None
+        if evidence is not None:  # the same evidence, reading the static copies
+            ev = copy.copy(evidence)
+            ev.ruled_out, ev.bonus, ev.words = static[1:]
+        with torch.no_grad():
+            return _record_search(Search(decoder, static[0], ids, settings, rules.with_evidence(ev)), new_graph)
+
+    with torch.no_grad():
+        found = recordings.run(key, inputs, weights_key(decoder), "the beam search", record, lambda out: out[:B])
+    return found if found is not None else beam_search_on_device(decoder, feats, ids, settings, rules)
+
+
+def encode(recordings: Recordings, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """model.encode(x) replayed: preprocessed images (B, 3, S, S) on the device -> annotation vectors (B, P, D),
+    copied out of the recording. One recording per padded batch size (bucket), dtype and memory layout."""
+    def record(static: tuple[torch.Tensor, ...], new_graph: Callable[[], Graph]) -> _Once:
+        graph = new_graph()
+        return _Once(graph, graph.record(lambda: (model.encode(static[0]),)))
+
+    B, padded = len(x), _padded(x, bucket(len(x)))
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):  # as Captioner.encode lays images out
+        padded = padded.contiguous(memory_format=torch.channels_last)
+    key = ("encode", tuple(padded.shape), padded.dtype, padded.device, padded.stride())
+    with torch.no_grad():
+        feats = recordings.run(key, (padded,), weights_key(model.encoder), "the encoder", record,
+                               lambda out: out[:B].clone())  # (B, P, D): the next replay writes over the recording's
+    return feats if feats is not None else model.encode(x)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One owner's recordings (a Captioner's, in its decoding.resources.Resources): its encoder's passes (`encode`)
+    and its decoder's searches (`search`); None runs that one op by op."""
+
+    encoder: Recordings | None = None
+    search: Recordings | None = None
+
+
+EAGER = Recorded()  # nothing recorded: everything op by op
+
+
+def recorded(graph: Any = CudaGraph) -> Recorded:
+    """Fresh recordings of an encoder (ENCODER_LIMIT shapes) and a decoder's search (LIMIT), made by `graph`: each
+    shape is recorded at its first call."""
+    return Recorded(Recordings(graph, ENCODER_LIMIT), Recordings(graph, LIMIT))

@@ -21,7 +21,7 @@ from ..concepts.imagenet import Concepts
 from ..config import SAMPLE_TEMPERATURE, SAMPLE_TOP_P, DecodeConfig  # the sampling defaults: read there
 from ..vocab import Vocab
 from .captions import Caption, captions_from_features, photo_notes, sampled_captions
-from .evidence import photo_evidence
+from .rules import photo_evidence
 from .explain import explain_features, sentence_words
 from .reading import HeadReading, annotated, photo_concepts
 from .resources import Resources

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from .hypotheses import Hypothesis
+from .search import Hypothesis
 
 
 @dataclass(frozen=True)

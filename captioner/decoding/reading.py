@@ -4,7 +4,7 @@
 logits (B, K)) and, when the model file carries them, the word detectors (whose person evidence takes the
 classifier's clothes probability from those same logits). Everything else derives from that reading:
 the concept probabilities (B, C) evidence-aware decoding biases words with (and the ruled-out words a Caption
-marks as contradicted: evidence.photo_evidence), each photo's Concepts (the one list the API, a Caption and
+marks as contradicted: rules.photo_evidence), each photo's Concepts (the one list the API, a Caption and
 the app show), and the concept maps of the words a sentence says. `annotated` is the one builder that dresses a Caption with them,
 for a generated caption and an explained (typed) sentence alike.
 
@@ -86,7 +86,7 @@ def annotated(caps: Sequence[Any], tokens: Sequence[Sequence[int]], reading: Hea
     concepts (the photo's one list), detections, contradicted words and the concept maps of the words it says.
     tokens[n]: the word ids of caps[n] (unknown words as <unk>); feats (n, P, D) and the reading's rows are their
     photos; ruled_out (n, V) bool: the photos' ruled-out words, the mask decoding's evidence holds
-    (evidence.photo_evidence)."""
+    (rules.photo_evidence)."""
     if reading.logits is None:
         return list(caps)
     concepts = photo_concepts(reading, model)

@@ -2,7 +2,7 @@
 
     fitted      the model file's fitted choice weights and confidence map (fitted.py)
     memory      the consensus memory beside the file (consensus.py), or None: the beam's order
-    recordings  the owner's CUDA graphs of its encoder and search (captured.Recorded), or EAGER: op by op
+    recordings  the owner's CUDA graphs of its encoder and search (device_beam.Recorded), or EAGER: op by op
 
 A Captioner (api.py) holds one Resources: `of_file` reads the first two from the file `captioner.load` opened, and
 the Captioner adds its own recordings. Decoding is handed it (captions.decode_photos, captions_from_features) and
@@ -21,7 +21,7 @@ import torch
 from ..checkpoint import Checkpoint, CheckpointError
 from ..data.features import encoder_fingerprint
 from ..model.show_attend_tell import ShowAttendTell
-from .captured import EAGER, Recorded
+from .device_beam import EAGER, Recorded
 from .consensus import ConsensusMemory, memory_path
 from .fitted import NOTHING, Fitted
 

@@ -5,13 +5,13 @@ Legend: B images, K beam size, N live rows (image x beam), P regions, D feature 
 Captions decode through `decode(decoder, feats, ids, settings)`: the special token ids and a DecodeConfig
 (config.decode: beam size, maximum length, length penalty, <unk> and trigram rules, a hard model's
 context); it picks beam_search or device_beam's search by device, and with beam_size 1 scores the one
-hypothesis by its log-probability (greedy's score: hypotheses.with_greedy_scores). SCST's greedy baseline
+hypothesis by its log-probability (greedy's score: with_greedy_scores). SCST's greedy baseline
 (training/objectives.py) is decode() with beam 1 and no rule; the benchmark (bench/inference.py) takes a search
 directly. This module reads the search settings (beam_size, max_len,
 length_penalty, hard_context; photo.py's explain reads hard_context too); the rules on which word may come
 next (block_*, the evidence's veto and bonus) are rules.py's (Rules: built once by the caller, applied step by step);
 forbid_unk is read by the callers of vocab.SpecialIds.of (captions.py, training/objectives.py,
-bench/inference.py), evidence* and person_floor by evidence.py.
+bench/inference.py), evidence* and person_floor by rules.py.
 
 All step through Decoder.step, the step teacher-forced training, sampling and explain run too (the table
 in decoding/__init__.py says which path runs where, and which test proves it equal to the equations).
@@ -21,18 +21,44 @@ says (the expected context, or the argmax location).
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from ..config import DecodeConfig
-from . import captured
-from .evidence import Evidence
-from .device_beam import beam_search_on_device
-from .hypotheses import History, Hypothesis, normalise, rank, searching, with_greedy_scores
-from .rules import Rules
+from . import device_beam
+from .device_beam import Hypothesis, normalise, rank, searching, with_greedy_scores
+from .rules import Evidence, Rules
 from ..vocab import SpecialIds
 from ..model.decoder import Decoder
+
+
+@dataclass
+class History:
+    """Words, attention maps, gates and word log-probs of every live beam row so far: (N, t), (N, t, P),
+    (N, t), (N, t)."""
+    tokens: torch.Tensor
+    alphas: torch.Tensor
+    betas: torch.Tensor
+    logps: torch.Tensor
+
+    def extend(self, rows: torch.Tensor, words: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
+               logp: torch.Tensor) -> "History":
+        """rows (M,) source rows, words (M,) and their log-probs logp (M,); alpha, beta indexed by rows."""
+        return History(torch.cat([self.tokens[rows], words.unsqueeze(1)], 1),
+                        torch.cat([self.alphas[rows], alpha[rows].unsqueeze(1)], 1),
+                        torch.cat([self.betas[rows], beta[rows].unsqueeze(1)], 1),
+                        torch.cat([self.logps[rows], logp.float().unsqueeze(1)], 1))
+
+    def hypotheses(self, rows: list[int], log_probs: list[float], scores: list[float]) -> list[Hypothesis]:
+        """The rows `rows` finished as they are, with their log-probs and scores: one gather per table, not one
+        per hypothesis."""
+        if not rows:
+            return []
+        at = torch.tensor(rows, dtype=torch.long, device=self.tokens.device)  # (M,)
+        tokens, logps = self.tokens[at].tolist(), self.logps[at].cpu().unbind(0)  # (M, t) each
+        alphas, betas = self.alphas[at].unbind(0), self.betas[at].unbind(0)  # (M, t, P), (M, t)
+        return [Hypothesis(*h) for h in zip(tokens, alphas, log_probs, scores, betas, logps)]
 
 
 @torch.no_grad()
@@ -125,7 +151,7 @@ def _record_finished(finished: list[list[Hypothesis]], hist: "History", image_id
 
 
 def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-           rules: Rules | None = None, recorded: captured.Recordings | None = None) -> list[list[Hypothesis]]:
+           rules: Rules | None = None, recorded: device_beam.Recordings | None = None) -> list[list[Hypothesis]]:
     """How captions are decoded (captions.py, evaluation, validation, SCST's greedy baseline): feats (B, P, D) ->
     for each image its hypotheses, best first. One beam search: on a CPU beam_search (finished images leave the
     batch), off it the fixed-shape search; beam_size 1 is greedy decoding (one hypothesis per image, scored by its
@@ -134,14 +160,14 @@ def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: Dec
     words the heads see; its veto bans words, a ban adds nothing to a score) ranks the hypotheses (their score keeps
     it) and is taken off again here: log_prob and word_logps are
     the model's own. recorded: the caller's recorded searches of this decoder (a Captioner's on a GPU:
-    captured.py), replayed off the CPU; None runs op by op."""
+    device_beam.py), replayed off the CPU; None runs op by op."""
     settings.checked()  # config.DecodeConfig.LIMITS: one place for every setting's range
     rules = rules or Rules(ids, settings)
     if feats.device.type == "cpu":  # finished images leave the batch: the least work on a CPU
         hyps = beam_search(decoder, feats, ids, settings, rules)
     else:  # a GPU: fixed shapes, no host sync per step (device_beam.py)
-        hyps = (captured.search(recorded, decoder, feats, ids, settings, rules) if recorded is not None else
-                beam_search_on_device(decoder, feats, ids, settings, rules))
+        hyps = (device_beam.search(recorded, decoder, feats, ids, settings, rules) if recorded is not None else
+                device_beam.beam_search_on_device(decoder, feats, ids, settings, rules))
     if settings.beam_size == 1:
         hyps = with_greedy_scores(hyps)
     return hyps if rules.evidence is None else _without_bias(hyps, rules.evidence)
