@@ -44,7 +44,7 @@ import torch
 
 from ..concepts.imagenet import THRESHOLD
 from .consensus import ConsensusMemory
-from .search import Hypothesis
+from .device_beam import Hypothesis
 from .pool import Pool
 
 # every signal, in the order the fitter and the app list them

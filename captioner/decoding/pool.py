@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from .search import Hypothesis
+from .device_beam import Hypothesis
 
 
 @dataclass(frozen=True)
