@@ -1,26 +1,19 @@
-"""The search on a device: what both beam searches share (Hypothesis, one step's ranking `rank`, the stopping rule
-`searching`), the fixed-shape beam search for a GPU, and that search and the encoder recorded as CUDA graphs.
+"""The search on a device: what both beam searches share (Hypothesis, a step's ranking `rank`, the stopping rule
+`searching`), the fixed-shape beam search for a GPU, and that search and the encoder replayed as CUDA graphs.
+Legend: B images, K beams, n images, G rows per image, N rows, T max_len, P regions, A attention, H hidden,
+V vocabulary, C evidence categories.
 
-Legend: B images, K beams, n images ranked, G rows per image, N rows, T = max_len, P regions, A attention size,
-H hidden size, V vocabulary, C evidence categories.
+Fixed shapes (search.beam_search reads the host every step, which on a GPU waits for the queue): every image
+keeps its K rows to the end, its K best finished hypotheses live on the device as the step and row each ends at,
+and each step's words, maps and gates are kept as written (the trail), walked back once at the end. The host
+reads `active.any()` every `check_every` steps. A step never writes a tensor it was given (State -> State).
 
-Fixed shapes: search.beam_search drops finished images and lists their hypotheses on the host, a read every step
-that on a GPU waits for the queue (one photo was slower on an H100 than on a 2-core CPU: docs/history.md). Here
-every image keeps its K rows to the end, its K best finished hypotheses live in device tensors as the step and
-row each ends at, and each step's words, maps and gates are kept as written (the trail), walked back once at
-the end. The host reads `active.any()` every `check_every` steps and the results once. A step never writes a
-tensor it was given (State -> State), so a run of steps can be recorded.
-
-Recorded (`search`, `encode`): launching ~170 small kernels a step costs a GPU more than running them
-(docs/performance.md); a CUDA graph replays a recorded call with one launch. The search is recorded in chunks
-(CHECKS: to step 12, 16, 20, 24, then max_len), each with the walk after it; a call replays chunks until no photo
-searches (one read a chunk), then that chunk's walk. A graph reads and writes the memory it was recorded with:
-each call's inputs (the features; the evidence's ruled-out words, bonus, word table) are copied into static
-buffers, its outputs are read under the recordings' lock, nothing inside a chunk may read the device on the host
-(NoHostReads), and the weights and the rules' tables must stay where they were (weights_key; rules.tables_of).
-One recording per padded batch size (`bucket`), dtype and settings (and whether the evidence has a bonus). A
-recording that fails warns and that shape runs op by op. Recordings belong to their owner (a Captioner's
-Resources), never to the module. A CPU has no graphs: `Rerun` keeps their contract (tests/test_captured.py).
+Recorded (`search`, `encode`): a step's ~170 kernel launches cost a GPU more than running them; a CUDA graph
+replays them with one launch (docs/performance.md). The search is recorded in chunks (CHECKS), each with the walk
+after it; a call replays chunks until no photo searches. Each call's inputs are copied into static buffers and
+its outputs read under a lock; nothing inside a chunk reads the device (NoHostReads); weights and the rules'
+tables stay put (weights_key, rules.tables_of). One recording per padded batch size (`bucket`), dtype and
+settings; one that fails warns and runs op by op. A CPU has no graphs: `Rerun` keeps the contract.
 """
 from __future__ import annotations
 
@@ -29,7 +22,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -39,6 +32,9 @@ from ..config import DecodeConfig
 from ..model.decoder import Decoder
 from ..vocab import SpecialIds
 from .rules import Evidence, RowState, Rules
+
+NEG = float("-inf")
+
 
 @dataclass(frozen=True)
 class Hypothesis:
@@ -118,7 +114,6 @@ def alive(top_s: torch.Tensor, src: torch.Tensor, word: torch.Tensor, step_lp: t
     return top_s.gather(1, pos), src.gather(1, pos), word.gather(1, pos), step_lp.gather(1, pos)
 
 
-NEG = float("-inf")
 # what step s wrote: source rows (N,), words (N,), word log-probs (N,) (by the rows after it), maps (N, P) and
 # gates (N,) (by the rows before it)
 Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -316,12 +311,6 @@ class NoHostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-class Graph(Protocol):
-    def record(self, fn: Callable[[], Any]) -> Any: ...
-
-    def replay(self) -> None: ...
-
-
 def _leaves(out: Any) -> list[torch.Tensor]:
     return list(out.tensors()) if isinstance(out, State) else tree_leaves(out)
 
@@ -404,7 +393,7 @@ class Recordings:
         self.lock = threading.Lock()
 
     def run(self, key: tuple, inputs: tuple[torch.Tensor, ...], weights: tuple, what: str,
-            record: Callable[[tuple[torch.Tensor, ...], Callable[[], Graph]], Any],
+            record: Callable[[tuple[torch.Tensor, ...], Callable[[], Any]], Any],
             take: Callable[[Any], Any] = lambda out: out) -> Any | None:
         """key's recording run on `inputs` (copied into its static ones) -> take(its run()), under the lock (`take`
         reads or copies the outputs). The first time `record(static inputs, new_graph)` makes it; None where it
@@ -426,7 +415,7 @@ class Recordings:
             return take(entry.recording.run())
 
     def _record(self, inputs: tuple[torch.Tensor, ...], what: str,
-                record: Callable[[tuple[torch.Tensor, ...], Callable[[], Graph]], Any]) -> _Entry | None:
+                record: Callable[[tuple[torch.Tensor, ...], Callable[[], Any]], Any]) -> _Entry | None:
         with torch.inference_mode(False):  # later calls may copy into them in either mode
             static = tuple(x.clone() for x in inputs)
         pool = self.make_graph.new_pool()
@@ -441,7 +430,7 @@ class Recordings:
 @dataclass
 class _Once:
     """One graph and its outputs: run() replays it and returns its first output."""
-    graph: Graph
+    graph: Any
     outputs: tuple[torch.Tensor, ...]
 
     def run(self) -> torch.Tensor:
@@ -452,8 +441,8 @@ class _Once:
 @dataclass
 class _Chunks:
     """A search recorded chunk by chunk (CHECKS), each chunk's graph with its state and the walk after it."""
-    chunks: list[tuple[Graph, State]]
-    walks: list[tuple[Graph, tuple[torch.Tensor, ...]]]
+    chunks: list[tuple[Any, State]]
+    walks: list[tuple[Any, tuple[torch.Tensor, ...]]]
 
     def run(self) -> list[list[Hypothesis]]:
         for k, (graph, state) in enumerate(self.chunks):
@@ -471,7 +460,7 @@ def chunk_sizes(max_len: int) -> list[int]:
     return [b - a for a, b in zip([0] + ends[:-1], ends)]
 
 
-def _record_search(search: Search, new_graph: Callable[[], Graph]) -> _Chunks:
+def _record_search(search: Search, new_graph: Callable[[], Any]) -> _Chunks:
     """Each chunk recorded from the state the one before writes (replayed at once: the next warm-up reads real
     values), and the walk after each."""
     chunks, walks, state = [], [], None
@@ -513,7 +502,7 @@ def search(recordings: Recordings, decoder: Decoder, feats: torch.Tensor, ids: S
     key = ("search", tuple((tuple(x.shape), x.dtype, x.device) for x in inputs), ids, repr(settings), rules.rules,
            None if evidence is None else evidence.has_bonus)
 
-    def record(static: tuple[torch.Tensor, ...], new_graph: Callable[[], Graph]) -> _Chunks:
+    def record(static: tuple[torch.Tensor, ...], new_graph: Callable[[], Any]) -> _Chunks:
         ev = None
         if evidence is not None:  # the same evidence, reading the static copies
             ev = copy.copy(evidence)
@@ -528,7 +517,7 @@ def search(recordings: Recordings, decoder: Decoder, feats: torch.Tensor, ids: S
 
 def encode(recordings: Recordings, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """model.encode(x) replayed: images (B, 3, S, S) -> annotation vectors (B, P, D), copied out."""
-    def record(static: tuple[torch.Tensor, ...], new_graph: Callable[[], Graph]) -> _Once:
+    def record(static: tuple[torch.Tensor, ...], new_graph: Callable[[], Any]) -> _Once:
         graph = new_graph()
         return _Once(graph, graph.record(lambda: (model.encode(static[0]),)))
 

@@ -1,33 +1,22 @@
-"""The constrain stage: which words may come next. Every next-word rule (one class each), the photo's evidence
-(a veto and a bonus on object words) and Rules, built once per decode and applied at every step of every search
-(search.py, device_beam.py) and of sampling (sampling.py).
+"""The constrain stage, which words may come next: every next-word rule (one class each), the photos' evidence (a
+veto and a bonus on object words) and Rules, built once per decode and applied at each step of every search and
+of sampling. Legend: N live rows, t words so far, B images, V vocabulary, W words a table row names, C categories.
 
-Legend: N live rows (image x beam), t words so far, B images, V vocabulary, W words a table row names,
-C evidence categories.
+A Rule: `tables(V, device)` made once and kept for the process (a recorded search reads them by address),
+`advance` what it remembers of each row, `bans` the word ids (N, m) it bans this step (<pad>: none), `forever`
+the (N, V) words banned for good; a step's work does not grow with the words written, and reads nothing back.
+tests/rules_oracle.py states every rule literally (tests/test_processors.py). Settings: config.DecodeConfig
+(block_*; `unruled`: none, for SCST and the search tests).
 
-A Rule is split by what it reads, so that a step's work does not grow with the words already written:
-`tables(V, device)` (made once per vocabulary and device, kept for the process: a recorded search reads them by
-address), `advance` (what it remembers of each row, reindexed with the search's surviving rows),
-`bans(tokens, last, memory)` (word ids (N, m) banned at this step, <pad> where none) and `forever(memory)`
-((N, V) words banned for good). A step: one log_softmax, the evidence's bonus and veto, one masked_fill per
-remembered ban, one scatter of every banned word; no host read. tests/rules_oracle.py states every rule
-literally (tests/test_processors.py).
-
-The rules (config.DecodeConfig): <pad>, <start> (and <unk> with forbid_unk) never; block_trigrams,
-block_bigrams, block_salad (vocab.is_salad, a_plural, bare_colour, BAD_LAST_WORDS), block_repeats,
-block_content_repeats. Captions decode with config.decode's; SCST's samples and greedy baseline, the search tests
-and test_overfit with none (`unruled`).
-
-The evidence: the encoder's ImageNet head (concepts/imagenet.py, from the same annotation vectors) often knows
-better than a decoder trained on Flickr8k whether a dog or a person is there. Per photo (B, V):
+The evidence (the encoder's ImageNet head, concepts/imagenet.py, often knows better than a Flickr8k decoder
+whether a dog or a person is there), per photo (B, V):
 
     veto (a ban, -inf): w names category k and p[b, k] < evidence_floor (dog: max(evidence_floor, dog_floor)),
                         or w is a person word and the person detector gives P(person) < person_floor
     bonus (a bias):     +evidence_bonus * p[b, k] if w names k and is not vetoed, until the caption has named k
 
 With decode.evidence_detectors the veto's p[b, k] is the larger of the head's and the word detector named k
-(detected_probs); a word taught on your photos (Vocab.aliases) inherits its source word's evidence, and its
-category asks its detector either way. Words are the grounding table's one-word names (concepts/words.py).
+(detected_probs); a word taught on your photos (Vocab.aliases) inherits its source word's evidence.
 """
 from __future__ import annotations
 
@@ -61,20 +50,16 @@ def unruled(settings: DecodeConfig | None = None, **changes: Any) -> DecodeConfi
 @dataclass(frozen=True)
 class Lexicon:
     """The word ids the rules name, from a vocabulary (Lexicon.of) or written out (tests)."""
-    function_words: tuple[int, ...] = ()  # vocab.FUNCTION_WORDS: bigrams ending in one may repeat
-    bad_last: tuple[int, ...] = ()  # vocab.BAD_LAST_WORDS: a caption never ends on one (block_salad)
-    joiners: tuple[int, ...] = ()  # vocab.REPEAT_JOINERS: "X and X" is a repeat (block_repeats)
-    # vocab.bare_colour: no not_after_colour after an article and a colour (block_salad)
-    articles: tuple[int, ...] = ()
+    function_words: tuple[int, ...] = ()  # bigrams ending in one may repeat
+    bad_last: tuple[int, ...] = ()  # a caption never ends on one
+    joiners: tuple[int, ...] = ()  # "X and X" is a repeat
+    articles: tuple[int, ...] = ()  # no not_after_colour after an article and a colour
     colours: tuple[int, ...] = ()
     not_after_colour: tuple[int, ...] = ()
-    # (word, family) ids: a word, its plural, a taught word and its source are one family (block_content_repeats)
-    twins: tuple[tuple[int, int], ...] = ()
-    # "a"/"an" and the vocabulary's plurals: never one right after the other (block_salad)
-    singular_articles: tuple[int, ...] = ()
+    twins: tuple[tuple[int, int], ...] = ()  # (word, family): a word, its plural, a taught word and its source
+    singular_articles: tuple[int, ...] = ()  # never a plural right after one
     plurals: tuple[int, ...] = ()
-    # (word, longer word) ids that stutter ("bath bathroom"): vocab.stutters
-    stutters: tuple[tuple[int, int], ...] = ()
+    stutters: tuple[tuple[int, int], ...] = ()  # (word, longer word): "bath bathroom"
 
     @classmethod
     def of(cls, vocab: Vocab) -> "Lexicon":
@@ -102,8 +87,7 @@ class Rule:
         return {}
 
     def advance(self, memory: Memory, words: torch.Tensor, t: dict[str, torch.Tensor], V: int) -> Memory:
-        """The memory after rows wrote words (M,) (memory already reindexed to them; it may be written)."""
-        return memory
+        return memory  # after rows wrote words (M,); memory already reindexed to them, and writable
 
     def forever(self, memory: Memory) -> torch.Tensor | None:
         return None
