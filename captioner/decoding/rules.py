@@ -270,15 +270,6 @@ def ruled_out_words(probs: torch.Tensor, words: torch.Tensor, floor: float | tor
     return (out + below).clamp(max=1)
 
 
-def category_floors(settings: DecodeConfig, n_categories: int) -> torch.Tensor:
-    """(C,) each category's floor: evidence_floor, dog's raised to dog_floor (Flickr8k's dog prior: the wrong
-    dogs of everyday photos have P(dog) .05-.5)."""
-    floors = torch.full((n_categories,), float(settings.evidence_floor))  # (C,)
-    if n_categories == len(CATEGORIES):  # a table over CATEGORIES (a hand-made one of another width: one floor)
-        floors[CATEGORIES.index("dog")] = max(settings.evidence_floor, settings.dog_floor)
-    return floors
-
-
 def checked_detectors(model: torch.nn.Module, settings: DecodeConfig) -> WordDetectors | None:
     """The model's word detectors; a ValueError when person_floor needs a person detector it lacks."""
     det = detectors_of(model)
@@ -309,7 +300,10 @@ class Evidence:
                  person: tuple[torch.Tensor, torch.Tensor] | None = None, seen: torch.Tensor | None = None):
         self.words = words.to(probs)  # (V, C)
         self.person = person  # read by the choice too
-        floors = category_floors(settings, probs.shape[1]).to(probs)  # (C,)
+        floors = torch.full((probs.shape[1],), float(settings.evidence_floor))  # (C,)
+        if probs.shape[1] == len(CATEGORIES):  # dog's raised: Flickr8k's wrong dogs have P(dog) .05-.5
+            floors[CATEGORIES.index("dog")] = max(settings.evidence_floor, settings.dog_floor)
+        floors = floors.to(probs)
         out = ruled_out_words(probs if seen is None else seen.to(probs), self.words, floors, person,
                               settings.person_floor)  # (B, V)
         self.ruled_out = out > 0  # (B, V): banned by Rules, marked contradicted on a Caption
