@@ -190,7 +190,7 @@ class DecodeConfig:
     # bundled: on
     block_content_repeats: bool = False  # never a content word twice ("a kitchen that is in the kitchen"); bundled: on
     hard_context: str = "expected"  # HARD_CONTEXTS, hard-attention models: expected (paper's test time) | argmax
-    # evidence-aware decoding (evidence.py): the encoder's ImageNet head vetoes object words it rules out
+    # evidence-aware decoding (rules.py): the encoder's ImageNet head vetoes object words it rules out
     evidence: bool = False  # on: a word naming a COCO category with P(category) < evidence_floor is never written;
     # bundled: on (it needs an encoder with the ImageNet head: efficientnet_lite0/2)
     evidence_floor: float = 0.05  # P(category) from the ImageNet head below which its words are ruled out (banned)
@@ -199,7 +199,7 @@ class DecodeConfig:
     # (0 = off); bundled: .2
     dog_floor: float = 0.2  # with evidence: dog words ruled out where P(dog) < max(this, evidence_floor)
     evidence_detectors: bool = True  # the veto also asks the file's word detector of a category
-    # (evidence.detected_probs); bundled: off (the file predates the setting and decodes as it always has: UNSTORED)
+    # (rules.detected_probs); bundled: off (the file predates the setting and decodes as it always has: UNSTORED)
     consensus_k: int = 5  # the fitted choice and confidence read the captions of the k training photos nearest
     # in pooled features (decoding/consensus.py: a memory beside the model file)
     fitted_choice: bool = True  # order the beam's captions by the model file's fitted choice (decoding/choice.py:

@@ -15,7 +15,7 @@ from captioner.decoding.choice import BEAM_ORDER, OBJECT_P, SIGNALS, WIDE, Weigh
 from captioner.decoding.confidence import SIGNALS as SURE_SIGNALS
 from captioner.decoding.confidence import ConfidenceMap, needs
 from captioner.decoding.consensus import ConsensusMemory
-from captioner.decoding.hypotheses import Hypothesis
+from captioner.decoding.device_beam import Hypothesis
 from captioner.decoding.confidence import SUPPORT_FLOOR, ObjectCheck, template
 from captioner.vocab import Vocab
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from captioner.config import DecodeConfig
-from captioner.decoding.hypotheses import Hypothesis
+from captioner.decoding.device_beam import Hypothesis
 from captioner.decoding.rules import Rules
 from captioner.model.decoder import Decoder
 from captioner.vocab import SpecialIds

@@ -130,7 +130,7 @@ def _ban_repeats(logp: torch.Tensor, tokens: torch.Tensor, lex: Lexicon, close: 
 
 
 def evidence_bias(evidence, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """The evidence's bias (evidence.Evidence) written literally: images (N,), tokens (N, t) so far -> (N, V): each
+    """The evidence's bias (rules.Evidence) written literally: images (N,), tokens (N, t) so far -> (N, V): each
     category's bonus until a row has named it (0 without a bonus; the veto is a ban, evidence_veto, not a bias)."""
     if not evidence.has_bonus:
         return torch.zeros(len(images), evidence.words.shape[0])  # (N, V)

@@ -15,7 +15,7 @@ import torch
 import captioner
 from captioner.config import DecodeConfig
 from captioner.decoding.consensus import ConsensusMemory
-from captioner.decoding.hypotheses import Hypothesis
+from captioner.decoding.device_beam import Hypothesis
 from captioner.decoding.captions import decide
 from captioner.decoding.choice import SIGNALS, Weights, agreements, choose, signals
 from captioner.decoding.resources import Fitted

@@ -186,7 +186,7 @@ def test_a_model_file_with_a_renamed_or_removed_setting_still_loads(tmp_path, mo
 
 
 def test_a_file_storing_the_old_evidence_penalty_decodes_with_the_ban(tmp_path):
-    """decode.evidence_penalty is gone (the evidence's veto is a ban, with no size: decoding/evidence.py): the bundled
+    """decode.evidence_penalty is gone (the evidence's veto is a ban, with no size: decoding/rules.py): the bundled
     file still stores its 10, and a file storing any size loads as it does, with the ban (config.RENAMED drops the
     key); a recipe or --set naming it is an error a person can fix."""
     import captioner

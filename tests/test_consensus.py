@@ -14,7 +14,7 @@ from captioner.config import DecodeConfig
 from captioner.decoding.captions import decide
 from captioner.decoding.choice import Weights
 from captioner.decoding.consensus import ConsensusMemory, memory_path
-from captioner.decoding.hypotheses import Hypothesis
+from captioner.decoding.device_beam import Hypothesis
 from captioner.decoding.photo import caption_photos
 
 EXAMPLES = sorted((Path(captioner.__file__).parent / "assets" / "examples").glob("*.jpg"))

@@ -19,7 +19,7 @@ from captioner.decoding.captions import decide
 from captioner.decoding.confidence import SIGNALS as SURE_SIGNALS
 from captioner.decoding.confidence import ConfidenceMap, needs
 from captioner.decoding.consensus import ConsensusMemory
-from captioner.decoding.hypotheses import Hypothesis
+from captioner.decoding.device_beam import Hypothesis
 from captioner.decoding.choice import Pool
 from captioner.decoding.confidence import ObjectCheck
 from captioner.vocab import Vocab

@@ -14,7 +14,7 @@ from captioner.checkpoint import CheckpointError, load_checkpoint
 from captioner.concepts.detectors import (PERSON, WordDetectors, attach, caption_labels, detectors_of, group_members,
                                           noisy_or_logit)
 from captioner.config import DecodeConfig
-from captioner.decoding.evidence import Evidence, word_categories
+from captioner.decoding.rules import Evidence, word_categories
 from captioner.training import detectors as T
 from captioner.vocab import Vocab
 from .rules_oracle import evidence_bias

@@ -51,7 +51,7 @@ def test_random_decoders_find_the_same_hypotheses(seed, beam, max_len, length_pe
 
 
 def test_the_bundled_model_on_real_photos_at_its_stored_settings(bundled, monkeypatch):
-    from captioner.decoding.evidence import photo_evidence
+    from captioner.decoding.rules import photo_evidence
     from captioner.decoding.reading import read_heads
 
     loaded = bundled

@@ -11,7 +11,7 @@ import torch
 import captioner
 from captioner.concepts.imagenet import CATEGORIES
 from captioner.config import DecodeConfig
-from captioner.decoding.evidence import Evidence, word_categories
+from captioner.decoding.rules import Evidence, word_categories
 from captioner.decoding.rules import Lexicon, Rules
 from captioner.vocab import SpecialIds, Vocab
 from .rules_oracle import evidence_bias
@@ -97,7 +97,7 @@ def test_the_veto_reads_the_detector_named_after_a_category_too():
     """A horse the ImageNet head misses (P .001) but the horse detector sees (.9) is not ruled out; a category
     neither sees stays ruled out; categories without a detector of their name keep the head's P."""
     from captioner.concepts.detectors import WordDetectors
-    from captioner.decoding.evidence import detected_probs
+    from captioner.decoding.rules import detected_probs
 
     det = WordDetectors(["person", "horse"], 4)
     probs = torch.full((2, len(CATEGORIES)), 0.001)
@@ -119,13 +119,13 @@ def test_the_detectors_veto_is_stored_with_the_model_and_off_for_files_that_pred
     import dataclasses
 
     from captioner.checkpoint import load_checkpoint
-    from captioner.decoding.evidence import photo_evidence
+    from captioner.decoding.rules import photo_evidence
 
     assert bundled.config.decode.evidence_detectors is False and DecodeConfig().evidence_detectors is True
     photo = bundled.read("captioner/assets/examples/cat.jpg")
     reading, vocab, model = photo.reading, bundled.vocab, bundled.model
     # detectors that see every category: with the setting on nothing but person words can be ruled out
-    monkeypatch.setattr("captioner.decoding.evidence.detected_probs", lambda probs, det, seen: torch.ones_like(probs))
+    monkeypatch.setattr("captioner.decoding.rules.detected_probs", lambda probs, det, seen: torch.ones_like(probs))
     on = photo_evidence(reading, model, vocab, dataclasses.replace(bundled.config.decode, evidence_detectors=True))
     off = photo_evidence(reading, model, vocab, bundled.config.decode)
     assert (on.ruled_out <= off.ruled_out).all() and (on.ruled_out < off.ruled_out).any()  # detectors lift vetoes
@@ -139,10 +139,10 @@ def test_a_taught_words_category_asks_its_detector_even_where_the_file_does_not(
     "stallion" from it said the word only on the 9 of 20 held-out horses where the bundled model said "horse". The
     category of a taught word (and so its source word) now asks the detector of its name; every other category
     stays as the file decodes it, so photos without the taught thing keep their captions."""
-    from captioner.decoding.evidence import photo_evidence
+    from captioner.decoding.rules import photo_evidence
 
     reading, model, settings = bundled.read(EXAMPLES / "cat.jpg").reading, bundled.model, bundled.config.decode
-    monkeypatch.setattr("captioner.decoding.evidence.detected_probs", lambda probs, det, seen: torch.ones_like(probs))
+    monkeypatch.setattr("captioner.decoding.rules.detected_probs", lambda probs, det, seen: torch.ones_like(probs))
     taught = Vocab([*bundled.vocab.itos, "stallion"], {"stallion": "horse"})
     plain, ev = photo_evidence(reading, model, bundled.vocab, settings), photo_evidence(reading, model, taught, settings)
     horse, old = [taught.stoi[w] for w in ("stallion", "horse")], len(bundled.vocab)
@@ -154,7 +154,7 @@ def test_a_taught_words_category_asks_its_detector_even_where_the_file_does_not(
 
 def test_a_word_taught_from_a_person_word_is_a_person_word():
     from captioner.concepts.detectors import WordDetectors
-    from captioner.decoding.evidence import person_word_mask
+    from captioner.decoding.rules import person_word_mask
     v = Vocab(_vocab().itos + ["dude"], {"dude": "man"})
     mask = person_word_mask(v, WordDetectors(["person", "dog"], 4))
     assert mask[v.stoi["dude"]] == 1 and mask[v.stoi["man"]] == 1 and mask[v.stoi["dog"]] == 0
@@ -247,7 +247,7 @@ def test_one_caption_computes_its_ruled_out_words_once(bundled, monkeypatch):
     from pathlib import Path
 
     import captioner
-    from captioner.decoding import evidence
+    from captioner.decoding import rules as evidence
 
     calls = []
     real = evidence.ruled_out_words

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from captioner.config import DecodeConfig
-from captioner.decoding.evidence import Evidence, word_categories
+from captioner.decoding.rules import Evidence, word_categories
 from captioner.decoding.photo import caption_photos
 from captioner.images import load_image, preprocess
 from captioner.model import attention, packed_linear
@@ -366,7 +366,7 @@ def test_word_bias_at_once_equals_the_bias_of_each_step(bonus):
     """Evidence.word_bias (what a caption's log-probs are corrected by) computes every word's bias at once;
     it equals the bias asked step by step with the words before it, as decoding asked it."""
     from captioner.config import DecodeConfig
-    from captioner.decoding.evidence import Evidence
+    from captioner.decoding.rules import Evidence
 
     gen = torch.Generator().manual_seed(0)
     probs, words = torch.rand(3, 6, generator=gen), (torch.rand(20, 6, generator=gen) > 0.7).float()

@@ -18,7 +18,7 @@ from captioner.decoding.choice import SIGNALS as CHOICE_SIGNALS
 from captioner.decoding.choice import Decision, Neighbours, Weights
 from captioner.decoding.confidence import REASONS, SIGNALS, ConfidenceMap, judge, why_unsure
 from captioner.decoding.resources import Fitted
-from captioner.decoding.hypotheses import Hypothesis
+from captioner.decoding.device_beam import Hypothesis
 from captioner.decoding.choice import Pool
 from captioner.decoding.confidence import SUPPORT_FLOOR, doubt_of_objects, membership, template, word_support
 from captioner.evaluation.judged import crosstab, matched, photo_key

@@ -30,10 +30,10 @@ def _lex(twins: tuple[tuple[int, int], ...]) -> Lexicon:
 
 
 class _Evidence:
-    """An Evidence-like table with a veto and a bonus (evidence.Evidence's ruled_out and bias_after, without a photo)."""
+    """An Evidence-like table with a veto and a bonus (rules.Evidence's ruled_out and bias_after, without a photo)."""
 
     def __init__(self, generator: torch.Generator, B: int):
-        from captioner.decoding.evidence import Evidence
+        from captioner.decoding.rules import Evidence
 
         self.words = (torch.rand(V, 3, generator=generator) < 0.3).float()  # (V, C) 0/1
         self.ruled_out = torch.rand(B, V, generator=generator) < 0.2  # (B, V)

@@ -13,7 +13,7 @@ import torch
 
 import captioner
 from captioner.cli.caption import main
-from captioner.decoding.evidence import photo_evidence
+from captioner.decoding.rules import photo_evidence
 from captioner.decoding.rules import Lexicon
 from captioner.decoding.sampling import Draw
 from captioner.vocab import SpecialIds, is_salad

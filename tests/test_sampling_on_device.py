@@ -29,7 +29,7 @@ def test_fixed_shapes_write_what_the_shrinking_loop_writes(bundled, rules):
     """The bundled model on its example photos (captions of different lengths), greedy draws (deterministic: the
     two loops must agree token for token), with SCST's scores and with a caption's (every decode rule)."""
     import captioner
-    from captioner.decoding.evidence import photo_evidence
+    from captioner.decoding.rules import photo_evidence
     from captioner.decoding.reading import read_heads
     from captioner.decoding.rules import Lexicon, Rules
 

@@ -63,15 +63,15 @@ def bench_eval(decoder, shape: tuple[int, int], max_len: int, counts: Counts, de
     """Batched beam search (100 images per call, as evaluate.py does) at each beam size, then beam 3
     one image per call two ways: "one_image" is the product's search (search.decode) with a batch of one (the
     fast path, W_a a_i still projected once per image; on a GPU the fixed-shape search recorded as a CUDA graph,
-    decoding/captured.py, as a Captioner has it); "naive" is the textbook baseline: the reference
+    decoding/device_beam.py, as a Captioner has it); "naive" is the textbook baseline: the reference
     step (bench/naive.py: Decoder.step, no CPU tricks, search.beam_search), which also recomputes W_a a_i at every
     step as textbook loops do. Both ratios are reported."""
     from ..config import DecodeConfig
-    from ..decoding import captured
+    from ..decoding import device_beam
     from ..decoding.search import beam_search, decode
     from ..vocab import SpecialIds
 
-    searches = captured.Recordings() if device.type == "cuda" else None  # recorded as a Captioner's are on a GPU
+    searches = device_beam.Recordings() if device.type == "cuda" else None  # recorded as a Captioner's are on a GPU
     timer = Timer(device)
     n = counts.eval_images
     feats = synthetic_features(n, shape, torch.Generator().manual_seed(4)).to(device)

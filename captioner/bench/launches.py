@@ -12,7 +12,7 @@ counts are what a CPU can say about the GPU's pace.
 
 Counted for one caption of a photo already read (Photo.caption) and for caption_batch of up to BATCH photos, reading
 included; with `device_search` the CPU runs the GPU's search (decoding/device_beam.py) as a GPU would, and with
-`captured` that search recorded and replayed (decoding/captured.py) as a CUDA graph is: one launch (OneLaunch).
+`captured` that search recorded and replayed (decoding/device_beam.py) as a CUDA graph is: one launch (OneLaunch).
 On a GPU a replayed graph dispatches no aten op, so the same counts there hold the graph as none.
 """
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from ..decoding import captured as recording
-from ..decoding.captured import Rerun
+from ..decoding import device_beam as recording
+from ..decoding.device_beam import Rerun
 
 SYNCS = frozenset({"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default",
                    "aten.is_nonzero.default"})
@@ -74,7 +74,7 @@ def counted_reads() -> Iterator[list[int]]:
 
 
 class OneLaunch(Rerun):
-    """A recorded search (decoding/captured.py) replayed on a CPU and counted as a GPU counts a CUDA graph: one
+    """A recorded search (decoding/device_beam.py) replayed on a CPU and counted as a GPU counts a CUDA graph: one
     launch, whatever it runs (the ops it reruns here reach no counter)."""
     launched = 0
 
@@ -88,7 +88,7 @@ class OneLaunch(Rerun):
 def device_search(enabled: bool, recorded: Any = None) -> Iterator[None]:
     """With enabled, decoding on a CPU takes the GPU's fixed-shape search (search.decode picks it off the CPU).
     With `recorded` (a Captioner) too, the search and that Captioner's encoder are recorded and replayed as one
-    launch each, as on a GPU (decoding/captured.py, over OneLaunch)."""
+    launch each, as on a GPU (decoding/device_beam.py, over OneLaunch)."""
     from ..decoding import device_beam, search
 
     cpu_search = search.beam_search

@@ -40,7 +40,7 @@ Sections (each printed as a table row, or one JSON object with --json):
 * launches (only with --only launches: counted, not timed): one caption of a read photo and caption_batch of
   up to 32 photos (--photos DIR or the examples) -> aten ops (a GPU's kernel launches), syncs (values read back:
   .item(), nonzero) and host reads (tolist / cpu / numpy); on a CPU also with the GPU's fixed-shape search, eager
-  and recorded as one launch (decoding/captured.py, bench/launches.py), and one cross-entropy training step at
+  and recorded as one launch (decoding/device_beam.py, bench/launches.py), and one cross-entropy training step at
   the preset's shapes, op by op and recorded (train.capture: training/captured_step.py).
 * peak memory: CPU: process max RSS (cumulative high-water mark); CUDA: torch.cuda.max_memory_allocated
   per section.

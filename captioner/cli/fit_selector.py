@@ -235,7 +235,7 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
     from captioner.data.features import build_cache
     from captioner.decoding.captions import decide
     from captioner.decoding.confidence import SIGNALS as JUDGED
-    from captioner.decoding.evidence import checked_detectors, photo_evidence
+    from captioner.decoding.rules import checked_detectors, photo_evidence
     from captioner.decoding.reading import read_heads
     from captioner.decoding.choice import CIDER_SIGNALS, SIGNALS, WIDE, agreements, signals
     from captioner.decoding.confidence import objects_check

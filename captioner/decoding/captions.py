@@ -25,10 +25,9 @@ from ..vocab import FUNCTION_WORDS, SpecialIds, Vocab
 from .choice import BEAM_ORDER, CIDER_SIGNALS, SIGNALS, Neighbours, Pool, Weights, agreements, choose, ordered
 from .confidence import SURE, ConfidenceMap, ObjectCheck, judge, level, needs, objects_check, why_unsure
 from .consensus import ConsensusMemory
-from .evidence import Evidence, checked_detectors, photo_evidence
 from .reading import HeadReading, annotated, grid_side, read_heads
 from .resources import Fitted, Resources
-from .rules import Lexicon, Rules
+from .rules import Evidence, Lexicon, Rules, checked_detectors, photo_evidence
 from .sampling import SampleSettings, Samples, sample
 from .search import Hypothesis, decode
 

@@ -25,7 +25,7 @@ import torch
 
 from ..concepts.imagenet import THRESHOLD
 from .consensus import ConsensusMemory
-from .hypotheses import Hypothesis
+from .device_beam import Hypothesis
 
 # every signal, in the order the fitter and the app list them
 SIGNALS = ("score", "consensus", "wide", "agreement", "log_prob", "length", "objects", "top_object")

@@ -1,29 +1,15 @@
-"""CIDEr-D (Vedantam et al. 2015) on token ids, document frequencies from the training references: SCST's
-reward (training/objectives.py) and the consensus rerank's agreement with the nearest training photos'
-captions (consensus.py).
+"""CIDEr-D (Vedantam et al. 2015) on token ids, with document frequencies from the training references: SCST's
+reward (Rennie et al. 2017) and the consensus rerank's agreement with neighbours' captions (consensus.py).
 
-For each n = 1..4 a caption is a TF-IDF vector over its n-grams,
+For n = 1..4 a caption is a TF-IDF vector over its n-grams, g_n(k) = tf(k) * log(N_images / max(1, df(k))).
+Against each reference r: the cosine with the candidate's weights clipped to the reference's (min(g_c, g_r) * g_r),
+times exp(-(len_c - len_r)^2 / (2 sigma^2)), sigma = 6; the score is 10 x the mean over n and references.
+pycocoevalcap's Cider takes df from the evaluated set instead; given the same df the two are equal
+(tests/test_cider.py, which keeps the dictionary arithmetic as the oracle).
 
-    g_n(k) = tf(k) * log(N_images / max(1, df(k)))
-
-with df(k) the number of training images whose references contain n-gram k. Against each reference
-r of the image, CIDEr-D takes the cosine similarity with the candidate's counts clipped to the
-reference's (min(g_c, g_r) * g_r) and a Gaussian penalty on the length difference,
-exp(-(len_c - len_r)^2 / (2 sigma^2)), sigma = 6; the image's score is 10 x the mean over n and over
-references. This is coco-caption's CIDEr-D, the reward of self-critical training (Rennie et al.
-2017). pycocoevalcap's `Cider` (what evaluation reports) computes the same formula but takes its
-document frequencies from the evaluated set itself; given the same frequencies the two are equal
-(tests/test_cider.py checks it), with the training set's they agree on ranking.
-
-The arithmetic is on tensors, many candidates at once (agreements): each caption's distinct n-grams (their words
-as the digits of one int64 code) with its weights g_n, flat over the captions (Grams); the training references'
-vectors built once (the bank, on the device the CIDEr-D is moved to), and for every (candidate, reference) pair
-the clipped products found by searching the reference's n-grams among the candidate's, summed per pair and n
-(index_add). tests/test_cider.py keeps the dictionary arithmetic of the formula as the oracle it must equal.
-
-Captions are token-id lists without <start>/<end>; references are the training captions as the
-vocabulary encodes them, so a rare word that became <unk> in a reference never matches (sampled
-captions never contain <unk>).
+On tensors, many pairs at once: each caption's distinct n-grams (words as digits of one int64 code) with their
+weights, flat (Grams); the training references' vectors built once (the bank); for every (candidate, reference)
+pair the reference's n-grams searched among the candidate's, the clipped products summed per pair and n.
 """
 from __future__ import annotations
 
@@ -46,8 +32,7 @@ def ngram_counts(tokens: Caption, n: int = 4) -> list[Counter]:
 
 @dataclass(frozen=True)
 class Grams:
-    """Captions as TF-IDF n-gram vectors, flat: caption c's entries are rows starts[c]:starts[c + 1], each one
-    n-gram of it (sorted by its code within the caption)."""
+    """Captions as TF-IDF n-gram vectors, flat: caption c's entries (by code) are rows starts[c]:starts[c + 1]."""
 
     row: torch.Tensor  # (E,) int64: the caption of each entry
     ids: torch.Tensor  # (E,) int64: its n-gram, an index into CiderD.codes (>= len(codes): one no reference has)
@@ -72,9 +57,7 @@ def _spans(owner: torch.Tensor, start: torch.Tensor, stop: torch.Tensor) -> tupl
 
 
 class CiderD:
-    """CIDEr-D with document frequencies fixed at construction (the training references), on tensors: every caption a
-    TF-IDF vector of its n-grams (Grams), the training references' vectors built once (the bank), and the clipped
-    products of many (candidate, reference) pairs computed at once (agreements)."""
+    """CIDEr-D with document frequencies fixed at construction (the training references)."""
 
     def __init__(self, references: Sequence[Sequence[Caption]], n: int = 4, sigma: float = 6.0,
                  device: torch.device | str = "cpu"):
@@ -111,8 +94,8 @@ class CiderD:
         return out
 
     def _count(self, captions: Sequence[Caption]) -> tuple[torch.Tensor, ...]:
-        """Captions -> their distinct n-grams: caption, code, n - 1 and count (E,) each, grouped by caption and sorted
-        by code within it; and each caption's words (C,) float64."""
+        """Captions -> their distinct n-grams' caption, code, n - 1 and count (E,) (by caption, then code), and
+        each caption's words (C,) float64."""
         lengths = [len(c) for c in captions]
         width = max(lengths, default=0)
         top = max((max(c) for c in captions if len(c)), default=-1)  # checked on the host: no read of the device
@@ -142,8 +125,7 @@ class CiderD:
 
     def _grams(self, row: torch.Tensor, code: torch.Tensor, order: torch.Tensor, tf: torch.Tensor,
                lengths: torch.Tensor) -> Grams:
-        """Counted n-grams (_count) -> their TF-IDF vectors; an n-gram no reference has is numbered after the
-        references' own (the same number for the same n-gram in one call)."""
+        """Counted n-grams -> their TF-IDF vectors; n-grams no reference has are numbered after the references'."""
         g = len(self.codes)
         at = torch.searchsorted(self.codes, code).clamp_(max=max(g - 1, 0))  # (E,)
         known = self.codes[at] == code if g else torch.zeros_like(code, dtype=torch.bool)
@@ -163,8 +145,8 @@ class CiderD:
         return self._grams(*self._count(captions))
 
     def _pairs(self, cands: Grams, refs: Grams, pc: torch.Tensor, pr: torch.Tensor) -> torch.Tensor:
-        """For each pair p (candidate pc[p] of cands, reference pr[p] of refs), (P,): the sum over n of the clipped
-        product min(g_c, g_r) . g_r over the norms, times the length penalty."""
+        """Pairs (candidate pc, reference pr) (P,) -> (P,): the sum over n of the clipped cosine, times the length
+        penalty."""
         pair, entry = _spans(torch.arange(len(pc), device=pc.device), refs.starts[pr], refs.starts[pr + 1])  # (X,)
         width = max(cands.width, refs.width)
         dots = cands.weight.new_zeros(len(pc) * self.n)  # (P * n,)
@@ -182,9 +164,8 @@ class CiderD:
 
     def agreements(self, candidates: Sequence[Caption], ref_sets: Sequence[Sequence[Sequence[Caption]]]
                    ) -> torch.Tensor:
-        """Each candidates[i]'s CIDEr-D against all the references of the sets ref_sets[i] at once (= score_one
-        against their union) -> (N,) float64 on this CIDEr-D's device, in one pass: a set that is a training
-        image's references is read from the bank, any other is made into vectors with the candidates."""
+        """Each candidates[i]'s CIDEr-D against the union of the sets ref_sets[i] -> (N,) float64, in one pass (a
+        training image's references read from the bank)."""
         if len(candidates) != len(ref_sets):
             raise ValueError(f"{len(candidates)} candidates but {len(ref_sets)} lists of reference sets")
         banked: list[tuple[int, int, int]] = []  # (candidate, first, end row) in the bank
@@ -220,8 +201,7 @@ class CiderD:
         return 10.0 * total / (self.n * torch.tensor(count, dtype=torch.float64, device=self.device))
 
     def agreement(self, candidate: Caption, ref_sets: Sequence[Sequence[Caption]]) -> float:
-        """CIDEr-D of `candidate` against all the references of several sets at once (= score_one against their
-        union): agreements of one candidate."""
+        """agreements of one candidate."""
         return float(self.agreements([candidate], [ref_sets])[0])
 
     def score_one(self, candidate: Caption, refs: Sequence[Caption]) -> float:

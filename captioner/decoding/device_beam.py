@@ -1,53 +1,133 @@
-"""Beam search with fixed shapes, for a GPU: the same search as search.beam_search, written so that the host
-never waits for the device inside the loop.
+"""The search on a device: what both beam searches share (Hypothesis, a step's ranking `rank`, the stopping rule
+`searching`), the fixed-shape beam search for a GPU, and that search and the encoder replayed as CUDA graphs.
+Legend: B images, K beams, n images, G rows per image, N rows, T max_len, P regions, A attention, H hidden,
+V vocabulary, C evidence categories.
 
-search.beam_search drops finished images from the batch and keeps finished hypotheses in Python lists: every
-step reads values back (which images are done, which rows just ended). On a CPU that costs nothing; on a GPU
-each read waits for the queue, and one photo's caption was slower on an H100 than on a 2-core CPU (docs/history.md).
-Here every image keeps its K rows to the end, an image that is done only stops adding hypotheses, and each
-image's K best finished hypotheses live in device tensors (its ranking: search's, by normalised score) as the
-step and row each ends at: the maps, gates and words each step wrote are kept as written (the trail, not copied
-into every row's history each step) and walked back once at the end. The host reads `active.any()` once every
-`check_every` steps (to stop early) and the results once at the end.
-With decoding/rules.py's masks (no nonzero()) a step is queued without a sync.
+Fixed shapes (search.beam_search reads the host every step, which on a GPU waits for the queue): every image
+keeps its K rows to the end, its K best finished hypotheses live on the device as the step and row each ends at,
+and each step's words, maps and gates are kept as written (the trail), walked back once at the end. The host
+reads `active.any()` every `check_every` steps. A step never writes a tensor it was given (State -> State).
 
-A step never writes a tensor it was given: it reads one _State and makes the next (_Search.step), so a run of
-steps is a function from one state's tensors to the next's, which captured.py records as a CUDA graph chunk by
-chunk (reading between chunks whether to go on) and replays.
-
-Legend: B images, K beams, N = B*K rows, T = max_len, P regions, A attention size, H hidden size, V vocabulary.
-tests/test_device_beam.py: the same hypotheses as search.beam_search (random decoders, and the bundled model
-on real photos with its stored settings), and no host sync between checks.
+Recorded (`search`, `encode`): a step's ~170 kernel launches cost a GPU more than running them; a CUDA graph
+replays them with one launch (docs/performance.md). The search is recorded in chunks (CHECKS), each with the walk
+after it; a call replays chunks until no photo searches. Each call's inputs are copied into static buffers and
+its outputs read under a lock; nothing inside a chunk reads the device (NoHostReads); weights and the rules'
+tables stay put (weights_key, rules.tables_of). One recording per padded batch size (`bucket`), dtype and
+settings; one that fails warns and runs op by op. A CPU has no graphs: `Rerun` keeps the contract.
 """
 from __future__ import annotations
 
+import copy
+import threading
+import warnings
+from collections import OrderedDict
 from dataclasses import dataclass, replace
+from typing import Any, Callable, NamedTuple
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 from ..config import DecodeConfig
 from ..model.decoder import Decoder
 from ..vocab import SpecialIds
-from .rules import RowState, Rules
-from .hypotheses import Hypothesis, normalise, rank, searching, with_greedy_scores
+from .rules import Evidence, RowState, Rules
 
 NEG = float("-inf")
-# what step s wrote: the source rows (N,) (the row after step s - 1 each row continues), its words (N,) and word
-# log-probs (N,) (aligned with the rows after step s), its attention maps (N, P) and gates (N,) (aligned with the
-# rows before it: the step computed them for those)
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """A finished caption of the search, a value."""
+    __hash__ = None  # its tensors: compared by value, never a dict key
+    tokens: list[int]  # word ids, without <start>/<end>
+    alphas: torch.Tensor  # (len(tokens), P): attention of each word
+    log_prob: float  # sum of log-probabilities of the words (and of <end> when it was emitted)
+    score: float  # log_prob after length normalisation (what the ranking uses)
+    betas: torch.Tensor | None = None  # (len(tokens),): gate beta of each word
+    # (len(tokens),) float32: each word's log-probability when chosen; None: unknown
+    word_logps: torch.Tensor | None = None
+
+
+def normalise(log_prob: float | torch.Tensor, length: int, length_penalty: float) -> float | torch.Tensor:
+    """The ranking score: log_prob / length ** length_penalty (a number or a tensor)."""
+    return log_prob / (max(length, 1) ** length_penalty) if length_penalty else log_prob
+
+
+def with_greedy_scores(found: list[list[Hypothesis]]) -> list[list[Hypothesis]]:
+    """Each hypothesis scored by its log-probability (greedy decoding's score)."""
+    return [[replace(h, score=h.log_prob) for h in hyps] for hyps in found]
+
+
+class Ranked(NamedTuple):
+    """One step's candidates, best first: each image's 2K best continuations, and the K that stay alive."""
+    scores: torch.Tensor  # (n, 2K) cumulative log-probs
+    src: torch.Tensor  # (n, 2K) the row each continues
+    words: torch.Tensor  # (n, 2K)
+    logps: torch.Tensor  # (n, 2K) each word's own log-prob
+    ends: torch.Tensor  # (n, 2K) hypotheses that end now: <end> within the top K, and possible
+    normed: torch.Tensor  # (n, 2K) scores normalised for t words + <end>
+    alive_scores: torch.Tensor  # (n, K)
+    alive_src: torch.Tensor  # (n, K)
+    alive_words: torch.Tensor  # (n, K)
+    alive_logps: torch.Tensor  # (n, K)
+
+
+def rank(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, rank_2k: torch.Tensor, t: int, length_penalty: float,
+         pad: int, end: int) -> Ranked:
+    """Rows' scores cum (N,), the step's scores logp (N, V) of n images x G rows after t words, rank_2k = arange(2K)
+    -> the step's Ranked candidates."""
+    K = rank_2k.shape[0] // 2
+    top_s, src, word, step_lp = candidates(cum, logp, n, G, K, pad)  # (n, 2K) each
+    is_end = word == end
+    ends = is_end & (rank_2k < K) & (top_s > float("-inf"))  # (n, 2K)
+    return Ranked(top_s, src, word, step_lp, ends, normalise(top_s, t + 1, length_penalty),
+                  *alive(top_s, src, word, step_lp, is_end, rank_2k, K))
+
+
+def searching(best_k: torch.Tensor, best_alive: torch.Tensor, length_penalty: float) -> torch.Tensor:
+    """Each image's K-th best finished score and best live one (n,) -> (n,) whether a live hypothesis could still
+    win (exact with length_penalty 0: log-probabilities only decrease; with a penalty, until K have finished)."""
+    done = best_k > float("-inf") if length_penalty else best_k >= best_alive
+    return ~(done | (best_alive == float("-inf")))
+
+
+def candidates(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, K: int, pad: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The best 2K continuations of each image's G rows: scores, source rows, words, word log-probs (n, 2K)."""
+    V = logp.shape[1]
+    cand = (cum.unsqueeze(1) + logp).view(n, G * V)  # (n, G*V)
+    if G * V < 2 * K:  # a vocabulary smaller than 2K words: pad with impossible candidates
+        cand = torch.nn.functional.pad(cand, (0, 2 * K - G * V), value=float("-inf"))
+    top_s, top_i = cand.topk(2 * K, dim=1)  # (n, 2K)
+    src = torch.arange(n, device=cum.device).unsqueeze(1) * G + (top_i // V).clamp(max=G - 1)  # (n, 2K)
+    word = torch.where(top_i < G * V, top_i % V, pad)  # (n, 2K)
+    return top_s, src, word, logp[src, word]
+
+
+def alive(top_s: torch.Tensor, src: torch.Tensor, word: torch.Tensor, step_lp: torch.Tensor, is_end: torch.Tensor,
+           rank: torch.Tensor, K: int) -> tuple[torch.Tensor, ...]:
+    """The K best continuations that do not end (each of the G <= K rows has one <end> among the 2K), in rank
+    order: scores, source rows, words, word log-probs (n, K)."""
+    keep_score = (~is_end).float() * (2 * K - rank)  # prefer non-end, then better rank
+    pos = keep_score.topk(K, dim=1).indices.sort(dim=1).values  # (n, K) positions in rank order
+    return top_s.gather(1, pos), src.gather(1, pos), word.gather(1, pos), step_lp.gather(1, pos)
+
+
+# what step s wrote: source rows (N,), words (N,), word log-probs (N,) (by the rows after it), maps (N, P) and
+# gates (N,) (by the rows before it)
 Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def walk(trail: tuple[Step, ...], rows: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Hypotheses ending at row rows[m] after step lengths[m] - 1 (M,) -> their words (M, S), maps (M, S, P),
-    gates (M, S) and word log-probs (M, S), S the steps of the trail, zero after each one's end: the source rows
-    walked from the step a hypothesis ends at back to its first."""
+    gates (M, S), word log-probs (M, S), zero after each one's end: the trail walked back."""
     M, S = len(rows), len(trail)
     like = trail[0][3] if S else torch.zeros(0, 0, device=rows.device)
     tokens = torch.zeros(M, S, dtype=torch.long, device=rows.device)
     alphas, betas = like.new_zeros(M, S, like.shape[-1]), like.new_zeros(M, S)
     logps = torch.zeros(M, S, device=rows.device)
-    at = rows  # (M,) a row after step s, from the step a hypothesis ends at down to its first
+    at = rows  # (M,) each hypothesis's row after step s
     for s in reversed(range(S)):
         step_rows, step_words, step_logps, step_alphas, step_betas = trail[s]
         here = s < lengths  # (M,) hypotheses with a word at position s
@@ -65,8 +145,8 @@ Finished = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # scor
 
 def merge(finished: Finished, rows: torch.Tensor, length: int, raw: torch.Tensor, norm: torch.Tensor,
           ok: torch.Tensor) -> Finished:
-    """Each image's K best finished hypotheses by normalised score (the ranking search keeps), with candidates
-    ending at the trail's rows `rows` (B, M) after `length` words, scores raw / norm (B, M), where ok."""
+    """Each image's K best finished hypotheses by normalised score, with candidates ending at rows (B, M) after
+    `length` words, scores raw / norm (B, M), where ok."""
     K = finished[0].shape[1]
     norm = norm.masked_fill(~ok, NEG)
     top = torch.cat([finished[0], norm], 1).topk(K, dim=1).indices  # (B, K)
@@ -76,7 +156,7 @@ def merge(finished: Finished, rows: torch.Tensor, length: int, raw: torch.Tensor
 
 @dataclass(frozen=True)
 class State:
-    """Everything a search carries from one step to the next; a step makes a new one and writes none of these."""
+    """Everything a search carries from one step to the next (a step makes a new one, writing none of these)."""
     t: int  # steps taken
     capped: bool  # the search reached max_len: no step follows
     feat_proj: torch.Tensor  # (B, P, A): W_a a_i, once per search
@@ -89,30 +169,27 @@ class State:
     words: torch.Tensor  # (N,) each row's last word
     tokens: torch.Tensor  # (N, t): the words the rules read
     said: RowState  # what the rules remember of each row
-    active: torch.Tensor  # (B,) images still searching (search: still in the batch)
+    active: torch.Tensor  # (B,) images still searching
     finished: Finished  # each image's K best finished hypotheses
     trail: tuple[Step, ...]  # what each step wrote
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        """Every tensor of the state, in one fixed order (captured.Rerun copies a replay's into the recorded)."""
+        """Every tensor of the state, in one fixed order (Rerun.replay copies them)."""
         return (self.feat_proj, self.ctx_gates, self.images, self.rank, self.h, self.c, self.cum, self.words,
                 self.tokens, *self.said.tensors(), self.active, *self.finished, *(x for step in self.trail for x in step))
 
     def walked(self) -> tuple[torch.Tensor, ...]:
-        """Still on the device: each image's finished hypotheses as tensors, words (B*K, S), maps (B*K, S, P),
-        gates (B*K, S), word log-probs (B*K, S), then scores, raw log-probs and lengths (B, K) (read_back reads
-        them)."""
+        """On the device: the finished hypotheses' words (B*K, S), maps (B*K, S, P), gates and word log-probs
+        (B*K, S), then scores, raw log-probs and lengths (B, K) (for read_back)."""
         norm, raw, length, row = self.finished
         return (*walk(self.trail, row.view(-1), length.view(-1)), norm, raw, length)
 
     def hypotheses(self) -> list[list[Hypothesis]]:
-        """Read back once: each image's finished hypotheses, best first."""
         return read_back(self.walked())
 
 
 class Search:
-    """One search's fixed parts (decoder, features, ids, settings, the decode's Rules with its evidence; None:
-    settings' rules without a lexicon or evidence) and its steps."""
+    """One search's fixed parts (Rules None: settings' without lexicon or evidence) and its steps."""
 
     def __init__(self, decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
                  rules: Rules | None = None):
@@ -121,7 +198,7 @@ class Search:
         self.rules = rules or Rules(ids, settings)
 
     def start(self) -> State:
-        """No word yet: K rows per image, of which only the first is live (search's one row per image at t = 0)."""
+        """No word yet: K rows per image, only the first live."""
         d, K, feats = self.decoder, self.K, self.feats
         (B, _, _), device = feats.shape, feats.device
         images = torch.arange(B, device=device).repeat_interleave(K)  # (N,)
@@ -137,7 +214,7 @@ class Search:
                      torch.ones(B, dtype=torch.bool, device=device), finished, ())
 
     def advance(self, state: State, steps: int) -> State:
-        """Up to `steps` steps from `state` (fewer where max_len comes first)."""
+        """Up to `steps` steps from `state` (fewer at max_len)."""
         for _ in range(steps):
             if state.capped:
                 break
@@ -145,7 +222,6 @@ class Search:
         return state
 
     def step(self, s: State) -> State:
-        """One word for every row: the next state."""
         d, K, T, t = self.decoder, self.K, self.T, s.t
         B, lp = s.active.shape[0], self.length_penalty
         emb, emb_gates = d.embed(s.words)
@@ -166,7 +242,7 @@ class Search:
         words, cum = alive_word.reshape(-1), alive_s.reshape(-1).masked_fill(~active.repeat_interleave(K), NEG)
         return replace(s, t=t + 1, h=h[rows], c=c[rows], cum=cum, words=words,
                        tokens=torch.cat([s.tokens[rows], words[:, None]], 1),  # (N, t + 1)
-                       said=self.rules.advance(s.said, words, rows),  # the rules' state follows the surviving rows
+                       said=self.rules.advance(s.said, words, rows),
                        active=active, finished=finished,
                        trail=s.trail + ((rows, words, alive_lp.reshape(-1), alpha, beta),))
 
@@ -177,7 +253,7 @@ def read_back(walked: tuple[torch.Tensor, ...]) -> list[list[Hypothesis]]:
     (B, K), S = norm.shape, tokens.shape[1]
     norm, raw, length = norm.tolist(), raw.tolist(), length.tolist()  # (B, K) each
     words = tokens.view(B, K, S).tolist()  # (B, K, S)
-    # on the host as arrays: each hypothesis's tensors are views of them, not an op each
+    # on the host as arrays: each hypothesis's tensors are views of them
     alphas = alphas.float().cpu().numpy().reshape(B, K, *alphas.shape[1:])  # (B, K, S, P)
     betas, logps = betas.float().cpu().numpy().reshape(B, K, -1), logps.cpu().numpy().reshape(B, K, -1)
     out: list[list[Hypothesis]] = []
@@ -191,9 +267,7 @@ def read_back(walked: tuple[torch.Tensor, ...]) -> list[list[Hypothesis]]:
 def beam_search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
                           rules: Rules | None = None, check_every: int | None = 4, greedy_scores: bool = False
                           ) -> list[list[Hypothesis]]:
-    """search.beam_search's hypotheses, with fixed shapes (module docstring): the search, then one read. With
-    beam_size 1 these are greedy decoding's words; `greedy_scores` gives them its score too (the log-probability,
-    not length-normalised: hypotheses.with_greedy_scores)."""
+    """search.beam_search's hypotheses, with fixed shapes; `greedy_scores`: scored by log-probability."""
     found = search_on_device(decoder, feats, ids, settings, rules, check_every).hypotheses()
     return with_greedy_scores(found) if greedy_scores else found
 
@@ -201,8 +275,7 @@ def beam_search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds
 @torch.no_grad()
 def search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
                      rules: Rules | None = None, check_every: int | None = 4) -> State:
-    """The search itself: its last state, each image's finished hypotheses still on the device. check_every None:
-    all max_len steps without a read (the same hypotheses: an image that is done adds none)."""
+    """The search's last state (the hypotheses still on the device); check_every None: no read before max_len."""
     search = Search(decoder, feats, ids, settings, rules)
     state = search.start()
     while not state.capped:
@@ -210,3 +283,264 @@ def search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, set
         if check_every and not state.capped and not bool(state.active.any()):  # the one read inside the loop
             break
     return state
+
+
+# what a graph cannot record: host reads of a device value or a data-dependent shape, and host data copied in
+READS_BACK = frozenset({"item", "tolist", "cpu", "numpy", "nonzero", "argwhere", "masked_select", "equal",
+                        "is_nonzero", "__bool__", "__int__", "__float__", "__index__"})
+FROM_HOST = frozenset({"tensor", "as_tensor", "from_numpy"})
+LIMIT = 8  # shapes kept recorded (each holds its own memory pool); the least recently used goes first
+ENCODER_LIMIT = 4  # batch sizes whose encoder pass stays recorded (each holds its activations' memory)
+# where a recorded search reads whether any photo still searches (then max_len): most captions end by the first
+CHECKS = (12, 16, 20, 24)
+
+
+class CaptureError(RuntimeError):
+    """An operation a graph cannot record (READS_BACK, FROM_HOST)."""
+
+
+class NoHostReads(TorchFunctionMode):
+    """CaptureError at the block's first READS_BACK or FROM_HOST call."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in READS_BACK:
+            raise CaptureError(f"{name} reads a device value on the host while recording")
+        if name in FROM_HOST:
+            raise CaptureError(f"torch.{name} copies host data to the device while recording")
+        return func(*args, **(kwargs or {}))
+
+
+def _leaves(out: Any) -> list[torch.Tensor]:
+    return list(out.tensors()) if isinstance(out, State) else tree_leaves(out)
+
+
+class CudaGraph:
+    """torch.cuda.CUDAGraph: `record` warms fn up on a side stream, then records it; its outputs hold each replay's
+    results. The graphs of one recording share a `pool`, replayed in the order they were recorded."""
+
+    def __init__(self, pool: Any = None):
+        self.pool = pool
+
+    @staticmethod
+    def new_pool() -> Any:
+        return torch.cuda.graph_pool_handle()
+
+    def record(self, fn: Callable[[], Any]) -> Any:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        # thread_local: another thread's CUDA calls meanwhile (an app session) are not this capture's error
+        with torch.cuda.graph(self.graph, pool=self.pool, capture_error_mode="thread_local"):
+            out = fn()
+        return out
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class Rerun:
+    """A graph's contract on a CPU: `record` warms fn up, runs it under NoHostReads and keeps its outputs; `replay`
+    runs fn again into those outputs. Reading anything but the static inputs and earlier graphs' outputs gives a
+    wrong answer here as on a GPU."""
+
+    replays = 0
+
+    def __init__(self, pool: Any = None):
+        pass
+
+    @staticmethod
+    def new_pool() -> Any:
+        return None
+
+    def record(self, fn: Callable[[], Any]) -> Any:
+        fn()  # the warm-up: caches made here, as before a CUDA graph's recording
+        with NoHostReads(), torch.inference_mode(False):  # outputs a later replay may write in either mode
+            self.fn, self.out = fn, fn()
+        return self.out
+
+    def replay(self) -> None:
+        with NoHostReads():
+            for old, new in zip(_leaves(self.out), _leaves(self.fn())):
+                if new is not old:  # (a state's tensors from before the chunk are its own)
+                    old.copy_(new)
+        self.replays += 1
+
+
+def weights_key(module: torch.nn.Module) -> tuple:
+    """Where a module's parameters and buffers are and their versions: a recording reads them by address, and
+    what was made from them (the word-gate table) from the values they had."""
+    return tuple((t.data_ptr(), t._version) for t in (*module.parameters(), *module.buffers()))
+
+
+@dataclass
+class _Entry:
+    inputs: tuple[torch.Tensor, ...]  # static: each call's inputs are copied into these
+    recording: Any  # what the caller's `record` made; its run() replays it
+
+
+class Recordings:
+    """A module's calls recorded once per key and replayed; the `limit` most recently used kept, all dropped when
+    the weights change (weights_key). `graph`: CudaGraph on a GPU, Rerun on a CPU."""
+
+    def __init__(self, graph: Any = CudaGraph, limit: int = LIMIT):
+        self.make_graph, self.limit = graph, limit
+        self.recorded: OrderedDict[tuple, _Entry | None] = OrderedDict()  # None: failed, run op by op
+        self.weights: tuple = ()
+        self.lock = threading.Lock()
+
+    def run(self, key: tuple, inputs: tuple[torch.Tensor, ...], weights: tuple, what: str,
+            record: Callable[[tuple[torch.Tensor, ...], Callable[[], Any]], Any],
+            take: Callable[[Any], Any] = lambda out: out) -> Any | None:
+        """key's recording run on `inputs` (copied into its static ones) -> take(its run()), under the lock (`take`
+        reads or copies the outputs). The first time `record(static inputs, new_graph)` makes it; None where it
+        could not be recorded (the caller runs op by op)."""
+        with self.lock:
+            if weights != self.weights:  # moved or trained since
+                self.recorded.clear()
+                self.weights = weights
+            if key not in self.recorded:
+                self.recorded[key] = self._record(inputs, what, record)
+                while len(self.recorded) > self.limit:
+                    self.recorded.popitem(last=False)
+            self.recorded.move_to_end(key)
+            entry = self.recorded[key]
+            if entry is None:
+                return None
+            for static, x in zip(entry.inputs, inputs):
+                static.copy_(x)
+            return take(entry.recording.run())
+
+    def _record(self, inputs: tuple[torch.Tensor, ...], what: str,
+                record: Callable[[tuple[torch.Tensor, ...], Callable[[], Any]], Any]) -> _Entry | None:
+        with torch.inference_mode(False):  # later calls may copy into them in either mode
+            static = tuple(x.clone() for x in inputs)
+        pool = self.make_graph.new_pool()
+        try:
+            return _Entry(static, record(static, lambda: self.make_graph(pool)))
+        except (RuntimeError, CaptureError) as e:
+            warnings.warn(f"{what} could not be recorded as CUDA graphs ({e}); inputs of this shape run it op by op",
+                          RuntimeWarning, stacklevel=5)
+            return None
+
+
+@dataclass
+class _Once:
+    """One graph and its outputs: run() replays it and returns its first output."""
+    graph: Any
+    outputs: tuple[torch.Tensor, ...]
+
+    def run(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.outputs[0]
+
+
+@dataclass
+class _Chunks:
+    """A search recorded chunk by chunk (CHECKS), each chunk's graph with its state and the walk after it."""
+    chunks: list[tuple[Any, State]]
+    walks: list[tuple[Any, tuple[torch.Tensor, ...]]]
+
+    def run(self) -> list[list[Hypothesis]]:
+        for k, (graph, state) in enumerate(self.chunks):
+            graph.replay()
+            if state.capped or not bool(state.active.any()):  # the one read a chunk
+                break
+        walk, outputs = self.walks[k]
+        walk.replay()
+        return read_back(outputs)
+
+
+def chunk_sizes(max_len: int) -> list[int]:
+    """The steps of each recorded chunk: to each of CHECKS below max_len, then to max_len."""
+    ends = [c for c in CHECKS if c < max_len] + [max_len]
+    return [b - a for a, b in zip([0] + ends[:-1], ends)]
+
+
+def _record_search(search: Search, new_graph: Callable[[], Any]) -> _Chunks:
+    """Each chunk recorded from the state the one before writes (replayed at once: the next warm-up reads real
+    values), and the walk after each."""
+    chunks, walks, state = [], [], None
+    for size in chunk_sizes(search.T):
+        graph = new_graph()
+        before = state
+        state = graph.record(lambda before=before, size=size:  # (bound now: a Rerun calls it again later)
+                             search.advance(search.start() if before is None else before, size))
+        graph.replay()
+        chunks.append((graph, state))
+        walk = new_graph()
+        walks.append((walk, walk.record(state.walked)))
+        if state.capped:
+            break
+    return _Chunks(chunks, walks)
+
+
+def bucket(n: int) -> int:
+    """The batch size n photos are recorded at: the next power of two up to 16, then the next multiple of 16."""
+    return 1 << max(n - 1, 0).bit_length() if n <= 16 else -(-n // 16) * 16
+
+
+def _padded(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x (B, ...) with its last row repeated to n rows (the padded results are dropped)."""
+    return x if len(x) == n else torch.cat([x, x[-1:].expand(n - len(x), *x.shape[1:])])
+
+
+def _evidence_inputs(evidence: Evidence | None, n: int) -> tuple[torch.Tensor, ...]:
+    """A call's evidence padded to n photos: ruled-out words (n, V), bonus (n, C), word table (V, C)."""
+    return () if evidence is None else (_padded(evidence.ruled_out, n), _padded(evidence.bonus, n), evidence.words)
+
+
+def search(recordings: Recordings, decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
+           rules: Rules | None = None) -> list[list[Hypothesis]]:
+    """beam_search_on_device's hypotheses, its search replayed: feats (B, P, D) -> each image's, best first."""
+    B, rules = len(feats), rules or Rules(ids, settings)
+    evidence = rules.evidence
+    inputs = (_padded(feats, bucket(B)), *_evidence_inputs(evidence, bucket(B)))
+    key = ("search", tuple((tuple(x.shape), x.dtype, x.device) for x in inputs), ids, repr(settings), rules.rules,
+           None if evidence is None else evidence.has_bonus)
+
+    def record(static: tuple[torch.Tensor, ...], new_graph: Callable[[], Any]) -> _Chunks:
+        ev = None
+        if evidence is not None:  # the same evidence, reading the static copies
+            ev = copy.copy(evidence)
+            ev.ruled_out, ev.bonus, ev.words = static[1:]
+        with torch.no_grad():
+            return _record_search(Search(decoder, static[0], ids, settings, rules.with_evidence(ev)), new_graph)
+
+    with torch.no_grad():
+        found = recordings.run(key, inputs, weights_key(decoder), "the beam search", record, lambda out: out[:B])
+    return found if found is not None else beam_search_on_device(decoder, feats, ids, settings, rules)
+
+
+def encode(recordings: Recordings, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """model.encode(x) replayed: images (B, 3, S, S) -> annotation vectors (B, P, D), copied out."""
+    def record(static: tuple[torch.Tensor, ...], new_graph: Callable[[], Any]) -> _Once:
+        graph = new_graph()
+        return _Once(graph, graph.record(lambda: (model.encode(static[0]),)))
+
+    B, padded = len(x), _padded(x, bucket(len(x)))
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):  # as Captioner.encode lays images out
+        padded = padded.contiguous(memory_format=torch.channels_last)
+    key = ("encode", tuple(padded.shape), padded.dtype, padded.device, padded.stride())
+    with torch.no_grad():
+        feats = recordings.run(key, (padded,), weights_key(model.encoder), "the encoder", record,
+                               lambda out: out[:B].clone())  # (B, P, D)
+    return feats if feats is not None else model.encode(x)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One owner's recordings (a Captioner's Resources) of its encoder and its searches; None: op by op."""
+    encoder: Recordings | None = None
+    search: Recordings | None = None
+
+
+EAGER = Recorded()  # nothing recorded: everything op by op
+
+
+def recorded(graph: Any = CudaGraph) -> Recorded:
+    """Fresh recordings of an encoder (ENCODER_LIMIT shapes) and a decoder's search (LIMIT), made by `graph`."""
+    return Recorded(Recordings(graph, ENCODER_LIMIT), Recordings(graph, LIMIT))

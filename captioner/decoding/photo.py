@@ -28,9 +28,9 @@ from ..config import SAMPLE_TEMPERATURE, SAMPLE_TOP_P, DecodeConfig  # the sampl
 from ..model.decoder import Decoder
 from ..vocab import Vocab, tokenize_typed
 from .captions import Caption, caption_features, photo_notes, sampled_captions
-from .evidence import photo_evidence
 from .reading import HeadReading, annotated, grid_side, photo_concepts
 from .resources import Resources
+from .rules import photo_evidence
 from .sampling import Draw, SampleSettings
 
 

@@ -3,7 +3,7 @@ and passes, so two Captioners on one model never change each other's captions; a
 
     fitted      what the model file fitted to its own captions (Fitted: its data, never a setting)
     memory      the consensus memory beside the file (consensus.py), or None: the beam's order
-    recordings  the owner's CUDA graphs (captured.Recorded), or EAGER: op by op
+    recordings  the owner's CUDA graphs (device_beam.Recorded), or EAGER: op by op
 
 Fitted as the file's metadata stores it (captioner-export --fitted; a part absent where none was fitted):
 {"choice": {"score": 1.0, "wide": 3.82, ...}, "confidence": {"bias": -0.12, "weights": {...}, "sure_at": 0.37}}.
@@ -20,10 +20,10 @@ from ..checkpoint import Checkpoint, CheckpointError
 from ..config import DecodeConfig
 from ..data.features import encoder_fingerprint
 from ..model.show_attend_tell import ShowAttendTell
-from .captured import EAGER, Recorded
 from .choice import BEAM_ORDER, Weights
 from .confidence import ConfidenceMap
 from .consensus import ConsensusMemory, memory_path
+from .device_beam import EAGER, Recorded
 
 REFIT = "re-export it (captioner-export --fitted) or refit (captioner-fit-selector)"
 

@@ -1,38 +1,22 @@
-"""Which words may come next: every rule decoding applies to the next-word scores, one class each, built from the
-settings once (Rules) and handed to every search (search.py, device_beam.py) and to sampling (sampling.py).
+"""The constrain stage, which words may come next: every next-word rule (one class each), the photos' evidence (a
+veto and a bonus on object words) and Rules, built once per decode and applied at each step of every search and
+of sampling. Legend: N live rows, t words so far, B images, V vocabulary, W words a table row names, C categories.
 
-Legend: N live rows (image x beam), t words written so far, V vocabulary, W words one table row names, C evidence
-categories.
+A Rule: `tables(V, device)` made once and kept for the process (a recorded search reads them by address),
+`advance` what it remembers of each row, `bans` the word ids (N, m) it bans this step (<pad>: none), `forever`
+the (N, V) words banned for good; a step's work does not grow with the words written, and reads nothing back.
+tests/rules_oracle.py states every rule literally (tests/test_processors.py). Settings: config.DecodeConfig
+(block_*; `unruled`: none, for SCST and the search tests).
 
-A rule is read like one of HF's logits processors, split by what it reads so that a step's work does not grow with
-the words already written:
-- `tables(V, device)`: what it looks words up in, made once per vocabulary and device (the words that may never
-  follow word v, the words writing v bans for good), kept for the process (a recorded search, captured.py, reads
-  them by address);
-- `start` / `advance`: what it remembers of each row (a tensor, or None), which the searches reindex with their
-  surviving rows as they do the rows' words (RowState);
-- `bans(tokens, last, memory)`: the word ids (N, m) it rules out at this step (<pad> where a row bans nothing;
-  a tuple of such tensors, concatenated once with every rule's), or None; `forever(memory)`: the (N, V) words it
-  has banned for good, or None.
-Each step is one log_softmax, the evidence's bonus and veto, one masked_fill per remembered ban and one scatter of
-every word the rules name (no nonzero(), no .item(), no loop over rows). tests/rules_oracle.py states every rule
-literally, from all the words written so far: the oracle tests/test_processors.py checks these against, rule by rule.
+The evidence (the encoder's ImageNet head, concepts/imagenet.py, often knows better than a Flickr8k decoder
+whether a dog or a person is there), per photo (B, V):
 
-The rules (their settings, config.DecodeConfig): <pad> and <start> are never written, nor <unk> with forbid_unk
-(Forbidden); block_trigrams, block_bigrams (repeated trigrams, repeated content bigrams), block_salad (word salad:
-vocab.is_salad, a_plural, bare_colour, BAD_LAST_WORDS), block_repeats (vocab.repeats: back to back, "X and X", a
-stutter), block_content_repeats (a content word or its family twice); the evidence (evidence.py) bans the words
-its photo rules out (its veto: a per-photo table, Evidence.ruled_out, read by each row's image) and adds its bonus
-before the bans. The words each rule names are the Lexicon's, made from the vocabulary once.
+    veto (a ban, -inf): w names category k and p[b, k] < evidence_floor (dog: max(evidence_floor, dog_floor)),
+                        or w is a person word and the person detector gives P(person) < person_floor
+    bonus (a bias):     +evidence_bonus * p[b, k] if w names k and is not vetoed, until the caption has named k
 
-Which rules each decode uses, said here once:
-- a caption (the API, the CLI, the app, evaluation, training's validation, the benchmark): config.decode as the
-  model file or the recipe says it (a rule a recipe leaves out is off; a model file written before a rule was
-  stored decodes as it always has: config.DecodeConfig.UNSTORED, filled in by checkpoint.load_checkpoint);
-- a sampled caption (Photo.sample, captions.sampled_captions): a caption's, drawn from these scores;
-- SCST's samples (sampling.sample) and its greedy baseline: no rule (`unruled`), the policy's own words, so that
-  the baseline is compared with samples drawn under the same (no) rules;
-- the search tests and a test of what a model has learned (test_overfit): `unruled` too.
+With decode.evidence_detectors the veto's p[b, k] is the larger of the head's and the word detector named k
+(detected_probs); a word taught on your photos (Vocab.aliases) inherits its source word's evidence.
 """
 from __future__ import annotations
 
@@ -44,10 +28,13 @@ from typing import Any
 
 import torch
 
+from ..concepts.detectors import PERSON, WordDetectors, detectors_of
+from ..concepts.imagenet import CATEGORIES
+from ..concepts.words import word_categories
 from ..config import DecodeConfig
 from ..vocab import (ARTICLES, BAD_LAST_WORDS, COLOUR_WORDS, FUNCTION_WORDS, NOT_AFTER_COLOUR, REPEAT_JOINERS,
                      SALAD_REPEATS, SINGULAR_ARTICLES, SpecialIds, Vocab, plural_ids, stutter_pairs, word_families)
-from .evidence import Evidence
+from .reading import HeadReading
 
 NEG = float("-inf")
 RULES: tuple[str, ...] = ("block_trigrams", "block_bigrams", "block_salad", "block_repeats", "block_content_repeats")
@@ -55,34 +42,27 @@ Memory = Any  # what one rule remembers of the live rows: a tensor (N, ...) or N
 
 
 def unruled(settings: DecodeConfig | None = None, **changes: Any) -> DecodeConfig:
-    """`settings` (default: DecodeConfig()) with no rule on which word may come next (every RULES setting off),
-    then `changes`: the model's own words, as SCST samples them. <pad>, <start> (and <unk> with forbid_unk)
-    stay forbidden; the evidence is the caller's (Rules takes it separately)."""
+    """`settings` (default DecodeConfig()) with every RULES setting off, then `changes`: the model's own words,
+    as SCST samples them (<pad>, <start>, <unk> with forbid_unk stay forbidden; the evidence is Rules')."""
     return dataclasses.replace(settings or DecodeConfig(), **{**{r: False for r in RULES}, **changes})
 
 
 @dataclass(frozen=True)
 class Lexicon:
     """The word ids the rules name, from a vocabulary (Lexicon.of) or written out (tests)."""
-    function_words: tuple[int, ...] = ()  # vocab.FUNCTION_WORDS: bigrams ending in one may repeat
-    bad_last: tuple[int, ...] = ()  # vocab.BAD_LAST_WORDS: a caption never ends on one (block_salad)
-    joiners: tuple[int, ...] = ()  # vocab.REPEAT_JOINERS: "X and X" is a repeat (block_repeats)
-    # vocab.bare_colour: after an article and a colour, none of not_after_colour (block_salad)
-    articles: tuple[int, ...] = ()
+    function_words: tuple[int, ...] = ()  # bigrams ending in one may repeat
+    bad_last: tuple[int, ...] = ()  # a caption never ends on one
+    joiners: tuple[int, ...] = ()  # "X and X" is a repeat
+    articles: tuple[int, ...] = ()  # no not_after_colour after an article and a colour
     colours: tuple[int, ...] = ()
     not_after_colour: tuple[int, ...] = ()
-    # (word, family) ids: a word and its plural (vocab.singular), a taught word and its source (Vocab.aliases)
-    # are one family, named by its smallest id; saying one member is saying them all (block_content_repeats)
-    twins: tuple[tuple[int, int], ...] = ()
-    # "a" and "an" (SINGULAR_ARTICLES), and the plurals of the vocabulary's words: never one right after the other
-    singular_articles: tuple[int, ...] = ()
+    twins: tuple[tuple[int, int], ...] = ()  # (word, family): a word, its plural, a taught word and its source
+    singular_articles: tuple[int, ...] = ()  # never a plural right after one
     plurals: tuple[int, ...] = ()
-    # (word, longer word) ids where the longer one right after the word stutters ("bath", "bathroom"): vocab.stutters
-    stutters: tuple[tuple[int, int], ...] = ()
+    stutters: tuple[tuple[int, int], ...] = ()  # (word, longer word): "bath bathroom"
 
     @classmethod
     def of(cls, vocab: Vocab) -> "Lexicon":
-        """The ids of a Vocab's words the rules name."""
         known = lambda words: tuple(sorted(vocab.stoi[w] for w in words if w in vocab.stoi))  # noqa: E731
         return cls(known(FUNCTION_WORDS), known(BAD_LAST_WORDS), known(REPEAT_JOINERS), known(ARTICLES),
                    known(COLOUR_WORDS), known(NOT_AFTER_COLOUR), word_families(vocab), known(SINGULAR_ARTICLES),
@@ -90,30 +70,24 @@ class Lexicon:
 
 
 def _padded(lists: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
-    """Lists of word ids -> (len(lists), W) long, each row padded with `pad` (banning <pad> again changes
-    nothing: it is always forbidden)."""
+    """Lists of word ids -> (len(lists), W) long, padded with `pad` (always banned anyway)."""
     width = max(1, max(len(x) for x in lists))
     return torch.tensor([x + [pad] * (width - len(x)) for x in lists], dtype=torch.long, device=device)
 
 
-def _mask(words: tuple[int, ...], V: int, device: torch.device) -> torch.Tensor:
-    """(V,) True at `words`."""
+def _mask(words: tuple[int, ...], V: int, device: torch.device) -> torch.Tensor:  # (V,) True at `words`
     return torch.zeros(V, dtype=torch.bool, device=device).index_fill_(
         0, torch.tensor(list(words), dtype=torch.long, device=device), True)
 
 
 class Rule:
-    """One next-word rule (the module's docstring): by default it remembers nothing and bans nothing."""
+    """One next-word rule (module docstring); by default it remembers and bans nothing."""
 
     def tables(self, V: int, device: torch.device) -> dict[str, torch.Tensor]:
         return {}
 
-    def start(self, n: int, device: torch.device) -> Memory:
-        return None
-
     def advance(self, memory: Memory, words: torch.Tensor, t: dict[str, torch.Tensor], V: int) -> Memory:
-        """The memory after each row wrote words (M,) (memory already reindexed to those rows; it may be written)."""
-        return memory
+        return memory  # after rows wrote words (M,); memory already reindexed to them, and writable
 
     def forever(self, memory: Memory) -> torch.Tensor | None:
         return None
@@ -125,7 +99,7 @@ class Rule:
 
 @lru_cache(maxsize=None)
 def tables_of(rule: Rule, V: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """A rule's tables, made once per rule, vocabulary size and device and kept for the process; never written to."""
+    """A rule's tables, made once per rule, V and device, kept for the process; never written to."""
     return rule.tables(V, device)
 
 
@@ -144,8 +118,7 @@ class Forbidden(Rule):
 
 @dataclass(frozen=True)
 class RepeatedTrigrams(Rule):
-    """block_trigrams: no word w that would repeat a trigram, (tokens[-2], tokens[-1], w) already in the row ("a man
-    in a red shirt is wearing a red shirt" cannot write its second "shirt")."""
+    """block_trigrams: no w repeating a trigram (tokens[-2], tokens[-1], w) of the row."""
     pad: int
 
     def bans(self, tokens, last, memory, t):
@@ -159,8 +132,8 @@ class RepeatedTrigrams(Rule):
 
 @dataclass(frozen=True)
 class RepeatedBigrams(Rule):
-    """block_bigrams: no content word w that would repeat a bigram, (tokens[-1], w) already in the row ("a brown and
-    white and white", "a blue shirt and blue shirt"); bigrams ending in a function word ("in a ... in a") may."""
+    """block_bigrams: no content word w repeating a bigram (tokens[-1], w) of the row ("a blue shirt and blue
+    shirt"); bigrams ending in a function word may repeat."""
     pad: int
     function_words: tuple[int, ...]
 
@@ -177,10 +150,9 @@ class RepeatedBigrams(Rule):
 
 @dataclass(frozen=True)
 class Salad(Rule):
-    """block_salad: no <end> first or after a function word or colour ("... in front of a", "a black and"), no verb
-    or preposition right after an article and a colour ("a white sitting", vocab.bare_colour), no plural right after
-    "a" or "an" ("a skis", vocab.a_plural), no content word already written SALAD_REPEATS - 1 times (vocab.is_salad;
-    counted only where block_content_repeats does not already ban a word said once: `count`)."""
+    """block_salad: no <end> first or after a BAD_LAST_WORDS word ("in front of a"), nothing of not_after_colour
+    after an article and a colour ("a white sitting"), no plural after "a"/"an" ("a skis"), no content word
+    written SALAD_REPEATS - 1 times (`count`: only without block_content_repeats, which bans it sooner)."""
     ids: SpecialIds
     lex: Lexicon
     count: bool
@@ -197,9 +169,9 @@ class Salad(Rule):
         function = _mask(lex.function_words, V, device)  # (V,)
         return {"after": _padded(after, pad, device),  # (V + 1, W)
                 "article": _mask(lex.articles, V, device),  # (V,)
-                "not_after_colour": _padded(colour, pad, device),  # (V, m): for a colour, what may not follow "a <it>"
+                "not_after_colour": _padded(colour, pad, device),  # (V, m): what may not follow "a <colour>"
                 "content": torch.where(function, pad, torch.arange(V, device=device)),  # (V,): pad for a function word
-                "pad": torch.tensor(pad, device=device)}  # (): a row that bans nothing (a tensor: no op to make it)
+                "pad": torch.tensor(pad, device=device)}  # (): a row that bans nothing
 
     def advance(self, memory, words, t, V):
         if not self.count:
@@ -210,7 +182,7 @@ class Salad(Rule):
         counts, banned = memory
         w = words.unsqueeze(1)  # (M, 1)
         counts.scatter_add_(1, w, torch.ones_like(w, dtype=counts.dtype))
-        again = counts.gather(1, w) >= SALAD_REPEATS - 1  # (M, 1): a content word said that often
+        again = counts.gather(1, w) >= SALAD_REPEATS - 1  # (M, 1)
         banned.scatter_(1, torch.where(again, t["content"][w], t["pad"]), True)
         return memory
 
@@ -221,14 +193,13 @@ class Salad(Rule):
         after = t["after"][-1].expand(len(tokens), -1) if last is None else t["after"][last]  # (N, W)
         if tokens.shape[1] < 2 or not self.lex.not_after_colour:
             return after
-        prev = tokens[:, -2:-1]  # (N, 1): "a white" is followed by a noun, not "sitting"
+        prev = tokens[:, -2:-1]  # (N, 1)
         return after, torch.where(t["article"][prev], t["not_after_colour"][last], t["pad"])  # (N, m)
 
 
 @dataclass(frozen=True)
 class Repeats(Rule):
-    """block_repeats: not the last word again ("an airplane airplane"), nor a longer word that starts with it ("a
-    bath bathroom": Lexicon.stutters), nor X after "X and" / "X or" ("a black and black dog")."""
+    """block_repeats: not the last word again, nor a stutter of it ("bath bathroom"), nor X after "X and"."""
     pad: int
     lex: Lexicon
 
@@ -251,9 +222,8 @@ class Repeats(Rule):
 
 @dataclass(frozen=True)
 class ContentRepeats(Rule):
-    """block_content_repeats: no content word already written ("a kitchen that is in the kitchen"), its family
-    included (Lexicon.twins: no "horse" after "stallion", no "tracks" after "track"). Remembered as each row's
-    words banned for good (N, V): writing v bans `said_bans(v)`."""
+    """block_content_repeats: no content word or member of its family (Lexicon.twins) written twice; remembered
+    as each row's words banned for good (N, V)."""
     pad: int
     lex: Lexicon
 
@@ -270,9 +240,8 @@ class ContentRepeats(Rule):
 
 
 def said_bans(lex: Lexicon, V: int) -> list[list[int]]:
-    """For each word v, the words that writing it bans for good: its family (a member's own column is its family's;
-    a family that is itself a member takes its own family's), function words left out. The rule is a union over
-    the words written, so a row's bans are the union of these."""
+    """For each word v, the words writing it bans for good: v, its family and the family's members (function
+    words left out)."""
     family = dict(lex.twins)  # member -> family
     members: dict[int, list[int]] = {}
     for m, f in lex.twins:
@@ -281,8 +250,8 @@ def said_bans(lex: Lexicon, V: int) -> list[list[int]]:
     out = []
     for v in range(V):
         said = {v} if v not in family else set()
-        said.update(members.get(v, ()))  # the family v names is said
-        if v in family:  # v said: its family is said, and so is every member of that family
+        said.update(members.get(v, ()))  # the family v names
+        if v in family:  # v's family and its every member
             said.update(members.get(family[v], ()))
             if family[v] not in family:
                 said.add(family[v])
@@ -290,28 +259,134 @@ def said_bans(lex: Lexicon, V: int) -> list[list[int]]:
     return out
 
 
+def ruled_out_words(probs: torch.Tensor, words: torch.Tensor, floor: float | torch.Tensor,
+                    person: tuple[torch.Tensor, torch.Tensor] | None = None, person_floor: float = 0.0) -> torch.Tensor:
+    """probs (B, C), words (V, C), floor (one or (C,)) -> (B, V) 1 where the word names a category below its floor,
+    or (person: P(person) (B,), person words (V,)) is a person word with P(person) < person_floor > 0."""
+    out = (probs < floor).float() @ words.t().to(probs)  # (B, V)
+    if person is None or person_floor <= 0:
+        return out
+    below = (person[0].to(probs) < person_floor).float()[:, None] * person[1].to(probs)[None, :]  # (B, V)
+    return (out + below).clamp(max=1)
+
+
+def checked_detectors(model: torch.nn.Module, settings: DecodeConfig) -> WordDetectors | None:
+    """The model's word detectors; a ValueError when person_floor needs a person detector it lacks."""
+    det = detectors_of(model)
+    if settings.person_floor > 0 and (det is None or PERSON not in det.groups):
+        raise ValueError(f"decode.person_floor={settings.person_floor} needs a model file with a person detector "
+                         "(captioner-train-detectors writes one); set decode.person_floor=0 for this model")
+    return det
+
+
+def person_word_mask(vocab: Vocab, det: WordDetectors) -> torch.Tensor:
+    """(V,) 0/1: the person detector's words and the words taught from them (cached; each call its own copy)."""
+    taught = tuple((w, vocab.source(w)) for w in sorted(vocab.aliases))
+    return _person_words(tuple(vocab.itos), frozenset(det.members.get(PERSON, ())), taught).clone()
+
+
+@lru_cache(maxsize=8)
+def _person_words(itos: tuple[str, ...], names: frozenset[str], taught: tuple[tuple[str, str], ...]) -> torch.Tensor:
+    source = dict(taught)
+    return torch.tensor([float(w in names or source.get(w, w) in names) for w in itos])  # (V,)
+
+
+class Evidence:
+    """The photos' veto and bonus: probs (B, C), words (V, C) (word_categories), person (P(person) (B,), person
+    words (V,)) or None, seen (B, C) what rules a category out when not probs (detected_probs) -> `ruled_out`
+    (B, V) and the bonus (B, C). Built by photo_evidence; tests build it from hand-made probabilities."""
+
+    def __init__(self, probs: torch.Tensor, words: torch.Tensor, settings: DecodeConfig,
+                 person: tuple[torch.Tensor, torch.Tensor] | None = None, seen: torch.Tensor | None = None):
+        self.words = words.to(probs)  # (V, C)
+        self.person = person  # read by the choice too
+        floors = torch.full((probs.shape[1],), float(settings.evidence_floor))  # (C,)
+        if probs.shape[1] == len(CATEGORIES):  # dog's raised: Flickr8k's wrong dogs have P(dog) .05-.5
+            floors[CATEGORIES.index("dog")] = max(settings.evidence_floor, settings.dog_floor)
+        floors = floors.to(probs)
+        out = ruled_out_words(probs if seen is None else seen.to(probs), self.words, floors, person,
+                              settings.person_floor)  # (B, V)
+        self.ruled_out = out > 0  # (B, V): banned by Rules, marked contradicted on a Caption
+        self.bonus = settings.evidence_bonus * probs * (probs >= floors).float()  # (B, C)
+        self.has_bonus = bool(settings.evidence_bonus) and bool((self.bonus > 0).any())  # else no bias at all
+
+    def bias_after(self, images: torch.Tensor, named: torch.Tensor | None) -> torch.Tensor:
+        """images (N,), categories each row has named (N, C) 0/1 or None -> the bias (N, V) of each next word:
+        each category's bonus until the row has named it."""
+        bonus = self.bonus[images]  # (N, C)
+        if named is not None:
+            bonus = bonus * (1 - named)
+        return bonus @ self.words.t()  # (N, V)
+
+    def word_bias(self, image: int, tokens: list[int]) -> torch.Tensor:
+        """(L,) the bias each word of an image's caption got when chosen (decoding score - model log-prob)."""
+        return self.word_biases([image], [tokens])[0, :len(tokens)]
+
+    def word_biases(self, images: list[int], tokens: list[list[int]]) -> torch.Tensor:
+        """word_bias of many captions at once: caption i of image images[i] -> (N, L), 0 after its end."""
+        (V, C), L = self.words.shape, max(map(len, tokens), default=0)
+        out = self.bonus.new_zeros(len(tokens), L)  # (N, L)
+        if not self.has_bonus or not L:
+            return out
+        t = torch.tensor([w + [V] * (L - len(w)) for w in tokens], dtype=torch.long).view(len(tokens), L)
+        t, image = t.to(self.words.device), torch.tensor(images, dtype=torch.long).to(self.words.device)  # (N,)
+        named = torch.cat([self.words, self.words.new_zeros(1, C)])[t]  # (N, L, C); padding names none
+        before = torch.cat([torch.zeros_like(named[:, :1]), named.cummax(1).values[:, :-1]], 1)  # (N, L, C)
+        return ((self.bonus[image][:, None, :] * (1 - before)) * named).sum(-1)  # (N, L): bias_after at each step
+
+
+def detected_probs(probs: torch.Tensor, det: WordDetectors | None, detections: torch.Tensor | None
+                   ) -> torch.Tensor:
+    """probs (B, C) -> (B, C): where a word detector is named after category k ("horse"), the larger of the
+    head's P(k) and the detector's (the head has one horse class; the detector sees most horses)."""
+    if det is None or detections is None:
+        return probs
+    out = probs.clone()
+    for k, cat in enumerate(CATEGORIES):
+        if cat in det.groups:
+            out[:, k] = torch.maximum(probs[:, k], det.prob_of(detections, cat).to(probs))
+    return out
+
+
+def photo_evidence(reading: HeadReading, model: torch.nn.Module, vocab: Vocab, settings: DecodeConfig
+                   ) -> Evidence | None:
+    """The photos' Evidence from their reading, once per decode (None without the ImageNet head). Decoding uses
+    it with decode.evidence; a Caption's contradicted words come from its `ruled_out` either way."""
+    det = checked_detectors(model, settings)
+    if reading.probs is None:
+        return None
+    words = word_categories(vocab).to(reading.probs.device)  # (V, C)
+    person = None
+    if det is not None and reading.seen is not None:
+        person = (det.prob_of(reading.seen, PERSON), person_word_mask(vocab, det).to(reading.probs.device))
+    seen = None
+    if settings.evidence_detectors:
+        seen = detected_probs(reading.probs, det, reading.seen)
+    elif vocab.aliases and det is not None and reading.seen is not None:  # a taught word's category: its detector
+        taught = words[[vocab.stoi[w] for w in vocab.aliases]].amax(0) > 0  # (C,) categories a taught word names
+        seen = torch.where(taught, detected_probs(reading.probs, det, reading.seen), reading.probs)  # (B, C)
+    return Evidence(reading.probs, words, settings, person, seen)
+
+
 @dataclass
 class RowState:
-    """What the rules remember of each live row: one memory per rule (Rules.rules' order), and `named` (N, C), the
-    evidence categories each row has named (a bonus to earn), or None."""
+    """What the rules remember of the live rows: one memory per rule, and the evidence categories each has
+    named (N, C) (a bonus to earn) or None."""
     memory: tuple[Memory, ...]
     named: torch.Tensor | None
 
     def reindexed(self, rows: torch.Tensor) -> "RowState":
-        """The state of rows `rows` (M,): the search's surviving rows, in its order."""
         pick = lambda x: None if x is None else tuple(y[rows] for y in x) if isinstance(x, tuple) else x[rows]  # noqa
         return RowState(tuple(pick(m) for m in self.memory), pick(self.named))
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        """Every tensor of the state, in one fixed order (device_beam.State.tensors)."""
         flat = [y for m in self.memory if m is not None for y in (m if isinstance(m, tuple) else (m,))]
         return (*flat, *(() if self.named is None else (self.named,)))
 
 
 class Rules:
-    """Every rule of one decode, built once from its settings (the vocabulary's Lexicon, the photos' Evidence or
-    None): `start` each row's state, `scores` a step, `advance` the state with the words chosen (and the rows that
-    survive). One object serves a whole search or sampling run."""
+    """Every rule of one decode, built once from its settings, Lexicon and Evidence (or None), for a whole search
+    or sampling run: `start` the rows' state, `scores` a step, `advance` the state with the words chosen."""
 
     def __init__(self, ids: SpecialIds, settings: DecodeConfig, evidence: Evidence | None = None,
                  lexicon: Lexicon = Lexicon()):
@@ -329,28 +404,27 @@ class Rules:
         self.V = 0
 
     def with_evidence(self, evidence: Evidence | None) -> "Rules":
-        """These rules with another Evidence (a recorded search's static copy of the same one)."""
+        """These rules with another Evidence (a recorded search's static copy)."""
         out = copy.copy(self)
         out.evidence = evidence
         return out
 
     def start(self, n: int) -> RowState:
-        """The state of n rows with no word written yet (what needs the vocabulary is made at the first word)."""
+        """The state of n rows with no word written yet."""
         named = self.evidence.words.new_zeros(n, self.evidence.words.shape[1]) if self.bonus else None  # (n, C)
         return RowState(tuple(None for _ in self.rules), named)
 
     def scores(self, logits: torch.Tensor, tokens: torch.Tensor, state: RowState,
                images: torch.Tensor | None = None) -> torch.Tensor:
-        """logits (N, V), tokens (N, t) written so far with their RowState `state`, the image of each row (N,) ->
-        the scores (N, V) a search ranks words by: log-probabilities, the evidence's bonus added, every ban (the
-        evidence's veto among them) -inf."""
+        """logits (N, V), tokens (N, t), their RowState, each row's image (N,) -> scores (N, V): log-probabilities
+        plus the evidence's bonus, every ban (the veto among them) -inf."""
         if not self.t:
             self.V = logits.shape[1]
             self.t = tuple(tables_of(r, self.V, logits.device) for r in self.rules)
         logp = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
-        if self.bonus:  # the evidence's bonus, a bias, before the bans: -inf stays -inf
+        if self.bonus:  # before the bans: -inf stays -inf
             logp = logp + self.evidence.bias_after(images, state.named if tokens.shape[1] else None)
-        if self.evidence is not None:  # its veto, a ban: the words each row's photo rules out
+        if self.evidence is not None:  # the veto
             logp = logp.masked_fill_(self.evidence.ruled_out[images], NEG)
         last = tokens[:, -1] if tokens.shape[1] else None  # (N,)
         bans = []

@@ -1,20 +1,12 @@
-"""Captions drawn from the model's distribution: K per image, for self-critical training (WITH gradients,
-objectives.py) and for people (Photo.sample: temperature, top-k, nucleus, seeded; decoding/captions.py).
+"""Captions drawn from the model's distribution, K per image: for self-critical training (with gradients,
+training/objectives.py) and for people (Photo.sample: temperature, top-k, nucleus, seeded).
 
-Legend: B images, K samples per image, n live images, P regions, V vocabulary, T steps.
+Legend: B images, K samples per image, n live images, N rows, P regions, V vocabulary, T steps.
 
-The K samples of an image are K consecutive rows sharing its features and W_a a_i projection
-(Decoder.step, the step every search runs, with G = K rows per image, as beams do). An image leaves the batch once all its
-samples have ended, so late steps run on the few images still writing; results are scattered back
-to fixed (B*K, T) tensors.
-
-What a word is drawn from, in order: the step's scores (`rules`: SCST's default, Renormalised, is the model's
-log-probabilities renormalised without <pad>, <start> and <unk>; a caption's are rules.Rules', every decode rule
-applied, the same object every search steps through), divided by the temperature, cut to the top_k best words, then to the nucleus (the
-fewest most probable words whose probability reaches top_p, on the tempered distribution), renormalised
-(Draw.probs). Each token's log_prob is the SCORE of the word drawn, before temperature and truncation: the
-model's own, whatever way it was drawn. A `generator` makes the draws reproducible without touching
-torch's global random state; without one they come from the global state (SCST: the run's seed).
+The K samples of an image are K consecutive rows sharing its features (as beams do). A word is drawn from the
+step's scores (SCST: Renormalised; a caption: rules.Rules), divided by the temperature, cut to the top_k best,
+then to the nucleus (the fewest best words holding probability top_p), renormalised (Draw.probs). Each token's
+log_prob is the score of the word drawn, before temperature and truncation: the model's own.
 """
 from __future__ import annotations
 
@@ -28,13 +20,12 @@ import torch
 from ..vocab import SpecialIds
 from ..model.decoder import Decoder
 
-CHECK_EVERY = 4  # off the CPU: steps queued between two reads of "is any sample still writing?"
+CHECK_EVERY = 4  # off the CPU: steps between two reads of "is any sample still writing?"
 
 
 class Scores(Protocol):
-    """What a step's words are drawn from (rules.Rules, or SCST's Renormalised): a state per row from `start`, the
-    scores (N, V) of the live rows from their logits (N, V), tokens (N, t), state and images (N,), and the state
-    after each row wrote a word (`advance`); the state's `reindexed(rows)` follows the rows that stay."""
+    """What words are drawn from (rules.Rules, Renormalised): `scores` (N, V) of the live rows, a state per row
+    (`start`, `advance`; its `reindexed(rows)` follows the rows that stay)."""
 
     def start(self, n: int) -> Any: ...
 
@@ -43,21 +34,18 @@ class Scores(Protocol):
     def advance(self, state: Any, words: torch.Tensor) -> Any: ...
 
 
-def _real(x: object) -> bool:
-    """A real number (numpy's too), not a bool."""
+def _real(x: object) -> bool:  # a real number (numpy's too), not a bool
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
-def _whole(x: object) -> bool:
-    """A whole number (numpy's too), not a bool."""
+def _whole(x: object) -> bool:  # a whole number (numpy's too), not a bool
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
 class Draw:
-    """How each next word is drawn from the step's scores: temperature (> 0; below 1 sharper, towards greedy
-    decoding; above 1 flatter), top_k (only the k best words; 0 = every word), top_p (nucleus: the fewest best
-    words holding probability top_p, in (0, 1]; 1 = every word). The defaults draw from the scores as they are."""
+    """How each word is drawn: temperature (> 0), top_k (0: every word), top_p (nucleus, in (0, 1]; 1: every
+    word). The defaults draw from the scores as they are."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -76,11 +64,10 @@ class Draw:
 
     @property
     def plain(self) -> bool:
-        """Whether words are drawn from the scores as they are (no temperature, no cut)."""
         return self.temperature == 1 and self.top_k == 0 and self.top_p >= 1
 
     def probs(self, logp: torch.Tensor) -> torch.Tensor:
-        """Log-scores (N, V) -> the probabilities (N, V) a word is drawn with (see the module's docstring)."""
+        """Log-scores (N, V) -> the probabilities (N, V) a word is drawn with."""
         logp = logp.detach().float() / self.temperature  # (N, V); -inf stays -inf
         if 0 < self.top_k < logp.shape[1]:
             kth = logp.topk(self.top_k, dim=1).values[:, -1:]  # (N, 1): the k-th best score
@@ -94,9 +81,8 @@ class Draw:
 
 @dataclass(frozen=True)
 class SampleSettings:
-    """What a person asks for (Photo.sample, captioner-caption --sample): n captions of a photo, each word drawn
-    as `draw` says, from a torch.Generator seeded with `seed` (None: a fresh seed, reported by `generator`, so
-    that any result can be drawn again). The same seed on the same device gives the same captions."""
+    """What a person asks for (Photo.sample, captioner-caption --sample): n captions, drawn as `draw` says, from
+    a generator seeded with `seed` (None: a fresh one, reported). The same seed and device, the same captions."""
 
     n: int = 5
     draw: Draw = Draw()
@@ -112,15 +98,14 @@ class SampleSettings:
         return self
 
     def generator(self, device: torch.device) -> tuple[torch.Generator, int]:
-        """A generator of its own on `device` (torch's global random state is never read nor changed), seeded with
-        `seed` or a fresh seed, and the seed it got."""
+        """A generator of its own on `device` (never torch's global one) and the seed it got."""
         gen = torch.Generator(device=device)
         if self.seed is None:
             return gen, gen.seed()
         return gen.manual_seed(int(self.seed)), int(self.seed)
 
     def to_dict(self, seed: int) -> dict:
-        """What a sampled Caption's settings record (its `sample` entry), with the seed actually used."""
+        """A sampled Caption's `sample` entry, with the seed used."""
         d = self.draw
         return {"n": int(self.n), "temperature": float(d.temperature), "top_k": int(d.top_k), "top_p": float(d.top_p),
                 "seed": seed}
@@ -128,7 +113,7 @@ class SampleSettings:
 
 @dataclass
 class Samples:
-    """K captions sampled per image, rows image-major (image b's samples are rows b*K .. b*K+K-1)."""
+    """K captions sampled per image, rows image-major."""
     tokens: torch.Tensor  # (B*K, T) sampled ids, <end> included where emitted, <pad> after it
     log_probs: torch.Tensor  # (B*K, T) score of each sampled token (differentiable), 0 past the end
     mask: torch.Tensor  # (B*K, T) bool: real tokens (words and the <end> that closed the caption)
@@ -142,15 +127,14 @@ class Samples:
 
 
 class _Nothing:
-    """The state of scores that remember nothing of a row."""
+    """The state of scores that remember nothing."""
 
     def reindexed(self, rows: torch.Tensor) -> "_Nothing":
         return self
 
 
 class Renormalised:
-    """SCST's scores: the model's log-probabilities renormalised without <pad>, <start> (and <unk> when given),
-    out of place (autograd needs log_softmax's output); nothing remembered of a row."""
+    """SCST's scores: log-probabilities renormalised without <pad>, <start> (and <unk>), out of place (autograd)."""
 
     def __init__(self, ids: SpecialIds, device: torch.device):
         self.banned = torch.tensor([ids.pad, ids.start] + ([ids.unk] if ids.unk is not None else []), device=device)
@@ -169,14 +153,10 @@ class Renormalised:
 def sample(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, n_samples: int = 5, max_len: int = 20, *,
            draw: Draw = Draw(), rules: Scores | None = None, generator: torch.Generator | None = None,
            context: str = "expected", check_every: int | None = None) -> Samples:
-    """feats (B, P, D) -> n_samples captions per image, each word drawn from `rules`' scores (default:
-    Renormalised(ids, feats.device)) as `draw` says, with `generator` (None: torch's global random state). Runs until every sample
-    has emitted <end> or max_len tokens; a capped sample has no <end>. context: a hard-attention model's context (SCST
-    samples words with the expected context, as decoding writes them: word sampling is its only randomness).
-    check_every (default: 0 on a CPU, 4 elsewhere): 0 drops finished images from the batch (a host read every
-    step: cheaper on a CPU); k > 0 keeps every row to the end, fixed shapes, and reads whether any sample is still
-    writing once every k steps, so a GPU can queue k steps without waiting (the draws then come from the
-    generator in another order: other samples for a seed than on a CPU; greedy draws are the same)."""
+    """feats (B, P, D) -> n_samples captions per image, words drawn from `rules`' scores (default Renormalised) as
+    `draw` says, with `generator` (None: torch's global state), until <end> or max_len. context: a hard model's.
+    check_every (default 0 on a CPU, CHECK_EVERY elsewhere): 0 drops finished images (a read every step); k > 0
+    keeps fixed shapes and reads every k steps (the draws come in another order: other samples for a seed)."""
     if check_every is None:
         check_every = 0 if feats.device.type == "cpu" else CHECK_EVERY
     (B, P, _), K, dev = feats.shape, n_samples, feats.device

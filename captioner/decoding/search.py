@@ -1,54 +1,58 @@
-"""Beam search, batched over images and beams; greedy decoding is its beam 1.
+"""Beam search, batched over images and beams; greedy decoding is its beam 1. `decode` is how captions are
+decoded: beam_search on a CPU (finished images leave the batch), device_beam's fixed-shape search elsewhere.
 
-Legend: B images, K beam size, N live rows (image x beam), P regions, D feature dim, V vocabulary.
+Legend: B images, K beam size, n live images, N live rows (image x beam), t words so far, P regions, D feature dim.
 
-Captions decode through `decode(decoder, feats, ids, settings)`: the special token ids and a DecodeConfig
-(config.decode: beam size, maximum length, length penalty, <unk> and trigram rules, a hard model's
-context); it picks beam_search or device_beam's search by device, and with beam_size 1 scores the one
-hypothesis by its log-probability (greedy's score: hypotheses.with_greedy_scores). SCST's greedy baseline
-(training/objectives.py) is decode() with beam 1 and no rule; the benchmark (bench/inference.py) takes a search
-directly. This module reads the search settings (beam_size, max_len,
-length_penalty, hard_context; photo.py's explain reads hard_context too); the rules on which word may come
-next (block_*, the evidence's veto and bonus) are rules.py's (Rules: built once by the caller, applied step by step);
-forbid_unk is read by the callers of vocab.SpecialIds.of (captions.py, training/objectives.py,
-bench/inference.py), evidence* and person_floor by evidence.py.
-
-All step through Decoder.step, the step teacher-forced training, sampling and explain run too (the table
-in decoding/__init__.py says which path runs where, and which test proves it equal to the equations).
-A hypothesis that has not emitted <end> after max_len words is finished as it is (capped), so decoding
-always terminates and always returns a caption. A hard-attention decoder attends as settings.hard_context
-says (the expected context, or the argmax location).
+This module reads the search settings (beam_size, max_len, length_penalty, hard_context); the next-word rules
+and the evidence are rules.py's (Rules, built once by the caller). Every search steps through Decoder.step.
+A hypothesis without <end> after max_len words is finished as it is (capped): decoding always returns a caption.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from ..config import DecodeConfig
-from . import captured
-from .evidence import Evidence
-from .device_beam import beam_search_on_device
-from .hypotheses import History, Hypothesis, normalise, rank, searching, with_greedy_scores
-from .rules import Rules
+from . import device_beam
+from .device_beam import Hypothesis, normalise, rank, searching, with_greedy_scores
+from .rules import Evidence, Rules
 from ..vocab import SpecialIds
 from ..model.decoder import Decoder
+
+
+@dataclass
+class History:
+    """The CPU beam's live rows so far: words (N, t), attention maps (N, t, P), gates (N, t), word log-probs (N, t)."""
+    tokens: torch.Tensor
+    alphas: torch.Tensor
+    betas: torch.Tensor
+    logps: torch.Tensor
+
+    def extend(self, rows: torch.Tensor, words: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
+               logp: torch.Tensor) -> "History":
+        return History(torch.cat([self.tokens[rows], words.unsqueeze(1)], 1),
+                        torch.cat([self.alphas[rows], alpha[rows].unsqueeze(1)], 1),
+                        torch.cat([self.betas[rows], beta[rows].unsqueeze(1)], 1),
+                        torch.cat([self.logps[rows], logp.float().unsqueeze(1)], 1))
+
+    def hypotheses(self, rows: list[int], log_probs: list[float], scores: list[float]) -> list[Hypothesis]:
+        """The rows `rows` finished as they are, with their log-probs and scores (one gather per table)."""
+        if not rows:
+            return []
+        at = torch.tensor(rows, dtype=torch.long, device=self.tokens.device)  # (M,)
+        tokens, logps = self.tokens[at].tolist(), self.logps[at].cpu().unbind(0)  # (M, t) each
+        alphas, betas = self.alphas[at].unbind(0), self.betas[at].unbind(0)  # (M, t, P), (M, t)
+        return [Hypothesis(*h) for h in zip(tokens, alphas, log_probs, scores, betas, logps)]
 
 
 @torch.no_grad()
 def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
                 rules: Rules | None = None) -> list[list[Hypothesis]]:
-    """feats (B, P, D), the decode's Rules (None: settings' rules without a lexicon or evidence) -> for each image,
-    its finished hypotheses best first (up to settings.beam_size). Scores include the evidence's bonus.
-
-    All live images x K beams are one batch of rows. Each step scores the K*V continuations of
-    every image at once (tensor ops, no loop over images), keeps the best 2K, records those that
-    end in <end> and rank within the top K as finished, and keeps the best K others alive. An image
-    leaves the batch when K finished hypotheses cannot be beaten by a live one (exact with
-    length_penalty=0, since log-probabilities only decrease; with a penalty, once K have finished),
-    or at max_len, where its live hypotheses are finished as they are (capped). With K = 1 this is greedy
-    decoding: each step keeps the best word, and an image leaves when that word is <end>.
-    """
+    """feats (B, P, D), the decode's Rules (None: settings' without lexicon or evidence) -> each image's finished
+    hypotheses, best first (up to beam_size); scores include the evidence's bonus. All live images x K beams are
+    one batch of rows; each step ranks every image's K*V continuations at once (device_beam.rank), and an image
+    leaves the batch once no live hypothesis can beat its K finished ones (device_beam.searching)."""
     K, max_len, length_penalty = settings.beam_size, settings.max_len, settings.length_penalty
     (B, P, _), device = feats.shape, feats.device
     rank_2k, G = torch.arange(2 * K, device=device), 1  # (2K,); G rows (image, beam) per image: 1 at t=0, then K
@@ -99,22 +103,21 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
 
 
 def _context_table(decoder: Decoder, feats: torch.Tensor, K: int) -> torch.Tensor | None:
-    """W_z a_i (n, P, 4H), or None (each step multiplies its rows by W_z): the table pays where a step's product
-    has few rows and reads all of W_z for them, K > 1 rows per image or one image's one row; greedy over a batch
-    multiplies its rows faster than it builds a table per image (docs/performance.md, measured)."""
+    """W_z a_i (n, P, 4H), or None (each step multiplies its rows by W_z): the table pays with K > 1 rows per image
+    or one image; greedy over a batch multiplies its rows faster (docs/performance.md)."""
     return decoder.context_gates(feats) if K > 1 or feats.shape[0] == 1 else None
 
 
 def _best_finished(best: torch.Tensor, norm: torch.Tensor, fin: torch.Tensor) -> torch.Tensor:
-    """The K best finished scores per live image (n, K), with the step's ending candidates (norm, where fin (n, 2K))."""
+    """The K best finished scores per live image (n, K), with the step's ending candidates (norm where fin)."""
     merged = torch.cat([best, norm.masked_fill(~fin, float("-inf"))], dim=1)  # (n, 3K)
     return merged.topk(best.shape[1], dim=1).values
 
 
 def _record_finished(finished: list[list[Hypothesis]], hist: "History", image_ids: torch.Tensor, top_s: torch.Tensor,
                      src: torch.Tensor, norm: torch.Tensor, ends: list[tuple[int, int]]) -> None:
-    """The hypotheses ending now, ends = [(image row g, candidate j)] of the step's (n, 2K) candidates (scores top_s,
-    normalised norm, source rows src), join their image's finished list."""
+    """The hypotheses ending now, ends = [(image row g, candidate j)] of the step's (n, 2K) candidates, join their
+    image's finished list."""
     if not ends:
         return
     images, rows, scores, normed = image_ids.tolist(), src.tolist(), top_s.tolist(), norm.tolist()  # read once
@@ -125,31 +128,25 @@ def _record_finished(finished: list[list[Hypothesis]], hist: "History", image_id
 
 
 def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-           rules: Rules | None = None, recorded: captured.Recordings | None = None) -> list[list[Hypothesis]]:
-    """How captions are decoded (captions.py, evaluation, validation, SCST's greedy baseline): feats (B, P, D) ->
-    for each image its hypotheses, best first. One beam search: on a CPU beam_search (finished images leave the
-    batch), off it the fixed-shape search; beam_size 1 is greedy decoding (one hypothesis per image, scored by its
-    log-probability). rules: the decode's Rules (rules.py; None: settings' rules without a lexicon or evidence),
-    built once and handed to the search. The evidence's bonus (evidence-aware decoding: scores added to the object
-    words the heads see; its veto bans words, a ban adds nothing to a score) ranks the hypotheses (their score keeps
-    it) and is taken off again here: log_prob and word_logps are
-    the model's own. recorded: the caller's recorded searches of this decoder (a Captioner's on a GPU:
-    captured.py), replayed off the CPU; None runs op by op."""
-    settings.checked()  # config.DecodeConfig.LIMITS: one place for every setting's range
+           rules: Rules | None = None, recorded: device_beam.Recordings | None = None) -> list[list[Hypothesis]]:
+    """feats (B, P, D) -> each image's hypotheses, best first (captions, evaluation, SCST's greedy baseline).
+    beam_size 1 is greedy decoding, scored by its log-probability. The evidence's bonus ranks the hypotheses (their
+    score keeps it) and is taken off again: log_prob and word_logps are the model's own. recorded: the caller's
+    recorded searches (a Captioner's on a GPU), replayed off the CPU; None runs op by op."""
+    settings.checked()  # config.DecodeConfig.LIMITS
     rules = rules or Rules(ids, settings)
     if feats.device.type == "cpu":  # finished images leave the batch: the least work on a CPU
         hyps = beam_search(decoder, feats, ids, settings, rules)
     else:  # a GPU: fixed shapes, no host sync per step (device_beam.py)
-        hyps = (captured.search(recorded, decoder, feats, ids, settings, rules) if recorded is not None else
-                beam_search_on_device(decoder, feats, ids, settings, rules))
+        hyps = (device_beam.search(recorded, decoder, feats, ids, settings, rules) if recorded is not None else
+                device_beam.beam_search_on_device(decoder, feats, ids, settings, rules))
     if settings.beam_size == 1:
         hyps = with_greedy_scores(hyps)
     return hyps if rules.evidence is None else _without_bias(hyps, rules.evidence)
 
 
 def _without_bias(hyps: list[list[Hypothesis]], evidence: Evidence) -> list[list[Hypothesis]]:
-    """Each hypothesis with its log_prob and word_logps without the bias the evidence added to its words (its
-    score keeps it), for every hypothesis of the batch at once (one table of biases, one read to the host)."""
+    """Each hypothesis's log_prob and word_logps without the evidence's bias (one table of biases, one read)."""
     flat = [(image, h) for image, image_hyps in enumerate(hyps) for h in image_hyps]
     if not flat:
         return hyps
