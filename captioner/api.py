@@ -237,7 +237,7 @@ class Captioner:
         `.top` is the list each Caption of the photo carries. An encoder without the ImageNet head sees nothing:
         Concepts.unseen() per image, as Photo.concepts (and empty Caption.concepts)."""
         photos = self.read_batch(images)
-        return photo_concepts(HeadReading.cat([p.reading for p in photos]), self.model, threshold, top_k)
+        return photo_concepts(HeadReading.together([p.reading for p in photos]), self.model, threshold, top_k)
 
     @torch.no_grad()
     def encode(self, x: torch.Tensor) -> torch.Tensor:

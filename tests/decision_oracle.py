@@ -1,5 +1,5 @@
 """The decision after the beam one photo and one candidate at a time: the literal arithmetic the batched decision
-(captions.decide: choice.choose over a choice.Pool, then confidence.judge) must equal. Kept here as the
+(confidence.decide: choice.choose over a choice.Pool, then confidence.judge) must equal. Kept here as the
 oracle of tests/test_decision.py, as tests/rules_oracle.py is the rules' oracle."""
 from __future__ import annotations
 

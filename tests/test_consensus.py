@@ -11,7 +11,7 @@ import torch
 import captioner
 from captioner.checkpoint import CheckpointError
 from captioner.config import DecodeConfig
-from captioner.decoding.captions import decide
+from captioner.decoding.confidence import decide
 from captioner.decoding.choice import Weights
 from captioner.decoding.consensus import ConsensusMemory, memory_path
 from captioner.decoding.device_beam import Hypothesis

@@ -1,4 +1,4 @@
-"""The decision after the beam, batched (captions.decide: choice.choose over a choice.Pool, then confidence.judge):
+"""The decision after the beam, batched (confidence.decide: choice.choose over a choice.Pool, then confidence.judge):
 on pools hypothesis draws (photos with one to six candidates of any length, the head's P,
 a person detector, the objects check, every weight and a fitted map) it orders, scores and judges every photo's
 candidates as the per-photo arithmetic does (tests/decision_oracle.py), and it reads the host once per batch."""
@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from captioner.bench.launches import SYNCS  # the benchmark's own list of the ops that sync
 from captioner.config import DecodeConfig
 from captioner.decoding import choice
-from captioner.decoding.captions import decide
+from captioner.decoding.confidence import decide
 from captioner.decoding.confidence import SIGNALS as SURE_SIGNALS
 from captioner.decoding.confidence import ConfidenceMap, needs
 from captioner.decoding.consensus import ConsensusMemory

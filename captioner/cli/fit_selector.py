@@ -233,7 +233,7 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
 
     from captioner.concepts.words import word_categories
     from captioner.data.features import build_cache
-    from captioner.decoding.captions import decide
+    from captioner.decoding.confidence import decide
     from captioner.decoding.confidence import SIGNALS as JUDGED
     from captioner.decoding.rules import checked_detectors, photo_evidence
     from captioner.decoding.reading import read_heads

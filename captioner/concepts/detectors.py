@@ -124,12 +124,6 @@ class WordDetectors(nn.Module):
             raise ValueError("these word detectors use the ImageNet head's evidence: pass prior=clothes_prior(...)")
         return torch.sigmoid(self.scale.float() * self.fused_logit(feats, prior) + self.shift.float())
 
-    def prob_of(self, probs: torch.Tensor, group: str) -> torch.Tensor:
-        """(B, K) -> (B,) the column of `group` (KeyError naming the groups when it has none)."""
-        if group not in self.groups:
-            raise KeyError(f"no detector for {group!r}; this model's detectors: {', '.join(self.groups)}")
-        return probs[:, self.groups.index(group)]
-
     def info(self) -> dict:
         """What the model file stores beside the tensors (JSON): groups, their words, dimensions."""
         return {"version": 1, "groups": self.groups, "members": {g: list(w) for g, w in self.members.items()},

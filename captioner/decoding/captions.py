@@ -17,14 +17,13 @@ import torch
 
 from ..concepts.detectors import GROUP_WORDS
 from ..concepts.imagenet import imagenet_head_or_none
-from ..concepts.words import CATEGORY_WORDS, word_categories
+from ..concepts.words import CATEGORY_WORDS
 from ..config import DecodeConfig
 from ..logs import progress as progress_of
 from ..model.show_attend_tell import ShowAttendTell
 from ..vocab import FUNCTION_WORDS, SpecialIds, Vocab
-from .choice import BEAM_ORDER, CIDER_SIGNALS, SIGNALS, Neighbours, Pool, Weights, agreements, choose, ordered
-from .confidence import SURE, ConfidenceMap, ObjectCheck, judge, level, needs, objects_check, why_unsure
-from .consensus import ConsensusMemory
+from .choice import SIGNALS
+from .confidence import SURE, Decided, ObjectCheck, decide, kept, level, objects_check, why_unsure
 from .reading import HeadReading, annotated, grid_side, read_heads
 from .resources import Fitted, Resources
 from .rules import Evidence, Lexicon, Rules, checked_detectors, photo_evidence
@@ -239,31 +238,6 @@ def different(caption: str, alternatives: Sequence[str], n: int = SHOWN) -> list
     return out
 
 
-@dataclass(frozen=True)
-class Decided:
-    """One photo's decision (decide), a value: its candidates in the chosen order (the beam's where nothing chose),
-    each one's choice and signals (choice.py; None: the beam's order kept), and how sure the first is: the
-    judge's signals and confidence (confidence.py; None: not judged)."""
-    hyps: tuple[Hypothesis, ...]
-    choices: tuple[float, ...] | None = None
-    signals: tuple[dict[str, float], ...] | None = None
-    sure_signals: dict[str, float] | None = None
-    confidence: float | None = None
-
-    @property
-    def best(self) -> Hypothesis:
-        return self.hyps[0]
-
-    def choice_of(self, i: int) -> tuple[float | None, dict[str, float] | None]:
-        """Candidate i's choice and signals (None, None where the beam's order was kept)."""
-        return (None, None) if self.choices is None else (self.choices[i], self.signals[i])
-
-
-def kept(hyps: Sequence[Sequence[Hypothesis]]) -> list[Decided]:
-    """Each photo's hypotheses in the beam's order, nothing chosen or judged."""
-    return [Decided(tuple(h)) for h in hyps]
-
-
 def to_captions(photos: Sequence[Decided], vocab: Vocab) -> list[Caption]:
     """Each photo's decision -> its Caption: the best hypothesis's words, maps, gates and word log-probs (read to
     the host in one transfer for all the photos), the others as alternatives, its choice and how sure."""
@@ -308,55 +282,14 @@ def decode_photos(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReadi
     in order: the evidence and the rules (built once; the evidence bans and favours words only with
     settings.evidence), the search, then decide (the choice's order and the judge's confidence)."""
     evidence = photo_evidence(reading, model, vocab, settings)  # (B, V) ruled-out words, the bonus table
-    ids = SpecialIds.of(vocab, settings.forbid_unk)
+    ids, det, fitted = SpecialIds.of(vocab, settings.forbid_unk), checked_detectors(model, settings), resources.fitted
     rules = Rules(ids, settings, evidence if settings.evidence else None, Lexicon.of(vocab))  # once, for the search
     hyps = decode(model.decoder, feats, ids, settings, rules, resources.recordings.search)
-    check = None if evidence is None else objects_check(reading, checked_detectors(model, settings), vocab,
-                                                        evidence.words)
-    fitted = resources.fitted
+    check = None if evidence is None else objects_check(reading, det, vocab, evidence.words)
     return Decoded(decide(hyps, feats, reading.probs, resources.memory, vocab, settings,
                           fitted.choice_in_use(settings), fitted.map_in_use(settings),
                           person=None if evidence is None else evidence.person,
                           categories=None if evidence is None else evidence.words, check=check), evidence, check)
-
-
-def decide(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: torch.Tensor | None,
-           memory: ConsensusMemory | None, vocab: Vocab | None, settings: DecodeConfig, weights: Weights = BEAM_ORDER,
-           sure: ConfidenceMap | None = None, judged: Sequence[str] | None = None, *,
-           person: tuple[torch.Tensor, torch.Tensor] | None = None, categories: torch.Tensor | None = None,
-           check: ObjectCheck | None = None) -> list[Decided]:
-    """The decision after the beam: choose (choice.py) orders each photo's candidates by the fitted weights, then
-    judge (confidence.py) says how sure the first is: with the map `sure`, the signals it weighs; with `judged`,
-    those signals (the fit: every one). Both read one neighbourhood of the consensus memory and one CIDEr-D pass,
-    and go to the host in one read. Without a memory, or fewer than two candidates, the beam's order stays and
-    nothing is judged. feats (B, P, D); probs (B, C) P(category) or None; person (P(person) (B,), person words
-    (V,)) or None; categories (V, C) which words name which category, or None."""
-    how_sure = sure is not None or judged is not None
-    if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
-        return kept(hyps)
-    wanted = needs(sure) if judged is None else tuple(judged)
-    near = Neighbours.of(memory, feats, settings.consensus_k, bool(weights["wide"]) or (how_sure and "wide" in wanted))
-    if weights["objects"] or weights["top_object"] or how_sure:  # (V, C) bool
-        categories = (word_categories(vocab) if categories is None else categories).to(torch.bool)
-    else:
-        categories = None
-    pool = Pool.of(hyps, memory.vocab_size, feats.device)  # the memory speaks the model's vocabulary
-    asked = [s for s in CIDER_SIGNALS if weights[s] or (how_sure and s in wanted)]
-    cider = agreements(pool, near.nearest, near.k, memory, asked)  # (N, 3): one CIDEr-D pass for choice and judge
-    decision = choose(pool, len(hyps), cider, probs, weights, person, categories)
-    judgement = None
-    if how_sure:
-        judgement = judge(decision, near, cider, probs, categories, person, check, vocab, sure, wanted)
-    parts = decision.host() + (() if judgement is None else judgement.host())
-    host = torch.cat(parts).tolist()  # the decision's one read
-    out = [Decided(tuple(h), None if c is None else tuple(c), None if x is None else tuple(x))
-           for h, c, x in ordered(hyps, decision, host)]
-    if judgement is not None:
-        rest = host[sum(p.numel() for p in decision.host()):]
-        for g, b in enumerate(decision.pool.photos):
-            sure_signals, confidence = judgement.of_photo(rest, g)
-            out[b] = dataclasses.replace(out[b], sure_signals=sure_signals, confidence=confidence)
-    return out
 
 
 @torch.no_grad()
@@ -436,7 +369,7 @@ def sampled_captions(model: ShowAttendTell, feats: torch.Tensor, reading: HeadRe
     caps = to_captions(kept([[h] for h in hyps]), vocab)
     of = torch.arange(len(feats), device=feats.device).repeat_interleave(n)  # (B*n,) photo of each sample
     ruled_out = None if evidence is None else evidence.ruled_out[of.to(evidence.ruled_out.device)]  # (B*n, V)
-    caps = annotated(caps, [h.tokens for h in hyps], HeadReading.cat([reading.rows(b, b + 1) for b in of.tolist()]),
+    caps = annotated(caps, [h.tokens for h in hyps], HeadReading.together([reading.rows(b, b + 1) for b in of.tolist()]),
                      feats[of], model, vocab, ruled_out)
     caps = [dataclasses.replace(cap, score=None,  # drawn, not ranked
                                 settings={**dataclasses.asdict(settings), "sample": {**request.to_dict(seed),

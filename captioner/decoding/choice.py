@@ -33,7 +33,6 @@ CIDER_SIGNALS = ("consensus", "wide", "agreement")  # computed only where weighe
 REFERENCES_PER_PASS = 50_000  # the most reference captions one CIDEr-D pass reads (~150 MB of temporaries)
 WIDE = 4  # the wide neighbourhood: WIDE x consensus_k nearest training photos
 OBJECT_P = THRESHOLD  # the P from which a named category counts for objects and top_object
-Ordered = tuple[list[Hypothesis], list[float] | None, list[dict[str, float]] | None]  # hypotheses, choices, signals
 
 
 @dataclass(frozen=True)
@@ -246,18 +245,3 @@ def choose(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | N
     order = pool.order(total) if not weights.beam_order else torch.arange(len(pool), device=device)  # (N,)
     first = torch.tensor(pool.starts, dtype=torch.int64, device=device)  # (B',)
     return Decision(pool, x, total, order, order[first], order[first + 1], weights)
-
-
-def ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, host: list[float]) -> list[Ordered]:
-    """Decision.host read -> each photo's hypotheses in the chosen order, their choices and signals (or None)."""
-    pool, n, s = decision.pool, len(decision.pool), len(SIGNALS)
-    rows, totals = [host[i * s:(i + 1) * s] for i in range(n)], host[n * s:n * s + n]
-    ranked = [int(r) for r in host[n * s + n:n * s + 2 * n]]
-    out: list[Ordered] = [(list(h), None, None) for h in hyps]
-    for b, at in zip(pool.photos, pool.starts):  # a photo's rows are at, at + 1, ...
-        rows_of = ranked[at:at + len(hyps[b])]
-        picked = [hyps[b][r - at] for r in rows_of]
-        out[b] = (picked, None, None)
-        if decision.chose:
-            out[b] = (picked, [totals[r] for r in rows_of], [dict(zip(SIGNALS, rows[r])) for r in rows_of])
-    return out

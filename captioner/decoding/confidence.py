@@ -12,6 +12,7 @@ C COCO categories, K detector groups, M = C + K object columns, V vocabulary, L 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -21,9 +22,13 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..concepts.detectors import WordDetectors
+from ..concepts.words import word_categories
+from ..config import DecodeConfig
 from ..vocab import Vocab
-from .choice import CIDER_SIGNALS, Decision, Neighbours, by_signal, finite
+from .choice import BEAM_ORDER, CIDER_SIGNALS, Decision, Neighbours, Pool, Weights, agreements, by_signal, choose, finite
 from .choice import SIGNALS as CHOICE_SIGNALS
+from .consensus import ConsensusMemory
+from .device_beam import Hypothesis
 from .reading import HeadReading, words_of
 
 SIGNALS = ("wide", "consensus", "nearest", "agreement", "margin", "log_prob", "min_word", "objects", "weakest_object",
@@ -349,3 +354,82 @@ def why_unsure(signals: dict[str, float], alternative: str | None, contributions
         if signals.get(signal, missing) < weak and (alternative or signal != "agreement"):
             return hesitated if signal == "agreement" else REASONS[signal]
     return "its signals are weaker than for the captions it gets right"
+
+
+@dataclass(frozen=True)
+class Decided:
+    """One photo's decision (decide), a value: its candidates in the chosen order (the beam's where nothing chose),
+    each one's choice and signals (choice.py; None: the beam's order kept), and how sure the first is: the
+    judge's signals and confidence (confidence.py; None: not judged)."""
+    hyps: tuple[Hypothesis, ...]
+    choices: tuple[float, ...] | None = None
+    signals: tuple[dict[str, float], ...] | None = None
+    sure_signals: dict[str, float] | None = None
+    confidence: float | None = None
+
+    @property
+    def best(self) -> Hypothesis:
+        return self.hyps[0]
+
+    def choice_of(self, i: int) -> tuple[float | None, dict[str, float] | None]:
+        """Candidate i's choice and signals (None, None where the beam's order was kept)."""
+        return (None, None) if self.choices is None else (self.choices[i], self.signals[i])
+
+
+def kept(hyps: Sequence[Sequence[Hypothesis]]) -> list[Decided]:
+    """Each photo's hypotheses in the beam's order, nothing chosen or judged."""
+    return [Decided(tuple(h)) for h in hyps]
+
+
+def decide(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: torch.Tensor | None,
+           memory: ConsensusMemory | None, vocab: Vocab | None, settings: DecodeConfig, weights: Weights = BEAM_ORDER,
+           sure: ConfidenceMap | None = None, judged: Sequence[str] | None = None, *,
+           person: tuple[torch.Tensor, torch.Tensor] | None = None, categories: torch.Tensor | None = None,
+           check: ObjectCheck | None = None) -> list[Decided]:
+    """The decision after the beam: choose (choice.py) orders each photo's candidates by the fitted weights, then
+    judge says how sure the first is: with the map `sure`, the signals it weighs; with `judged`,
+    those signals (the fit: every one). Both read one neighbourhood of the consensus memory and one CIDEr-D pass,
+    and go to the host in one read. Without a memory, or fewer than two candidates, the beam's order stays and
+    nothing is judged. feats (B, P, D); probs (B, C) P(category) or None; person (P(person) (B,), person words
+    (V,)) or None; categories (V, C) which words name which category, or None."""
+    how_sure = sure is not None or judged is not None
+    if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
+        return kept(hyps)
+    wanted = needs(sure) if judged is None else tuple(judged)
+    near = Neighbours.of(memory, feats, settings.consensus_k, bool(weights["wide"]) or (how_sure and "wide" in wanted))
+    if weights["objects"] or weights["top_object"] or how_sure:  # (V, C) bool
+        categories = (word_categories(vocab) if categories is None else categories).to(torch.bool)
+    else:
+        categories = None
+    pool = Pool.of(hyps, memory.vocab_size, feats.device)  # the memory speaks the model's vocabulary
+    asked = [s for s in CIDER_SIGNALS if weights[s] or (how_sure and s in wanted)]
+    cider = agreements(pool, near.nearest, near.k, memory, asked)  # (N, 3): one CIDEr-D pass for choice and judge
+    decision = choose(pool, len(hyps), cider, probs, weights, person, categories)
+    judgement = None
+    if how_sure:
+        judgement = judge(decision, near, cider, probs, categories, person, check, vocab, sure, wanted)
+    parts = decision.host() + (() if judgement is None else judgement.host())
+    host = torch.cat(parts).tolist()  # the decision's one read
+    out = [Decided(tuple(h), None if c is None else tuple(c), None if x is None else tuple(x))
+           for h, c, x in _ordered(hyps, decision, host)]
+    if judgement is not None:
+        rest = host[sum(p.numel() for p in decision.host()):]
+        for g, b in enumerate(decision.pool.photos):
+            sure_signals, confidence = judgement.of_photo(rest, g)
+            out[b] = dataclasses.replace(out[b], sure_signals=sure_signals, confidence=confidence)
+    return out
+
+
+def _ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, host: list[float]) -> list[tuple]:
+    """Decision.host read -> each photo's hypotheses in the chosen order, their choices and signals (or None)."""
+    pool, n, s = decision.pool, len(decision.pool), len(CHOICE_SIGNALS)
+    rows, totals = [host[i * s:(i + 1) * s] for i in range(n)], host[n * s:n * s + n]
+    ranked = [int(r) for r in host[n * s + n:n * s + 2 * n]]
+    out: list[tuple] = [(list(h), None, None) for h in hyps]
+    for b, at in zip(pool.photos, pool.starts):  # a photo's rows are at, at + 1, ...
+        rows_of = ranked[at:at + len(hyps[b])]
+        picked = [hyps[b][r - at] for r in rows_of]
+        out[b] = (picked, None, None)
+        if decision.chose:
+            out[b] = (picked, [totals[r] for r in rows_of], [dict(zip(CHOICE_SIGNALS, rows[r])) for r in rows_of])
+    return out

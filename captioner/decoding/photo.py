@@ -184,6 +184,6 @@ def caption_photos(loaded: Loaded, photos: Sequence[Photo], **overrides: Any) ->
         return []
     settings = loaded.decode_settings(**overrides)
     feats = torch.cat([p.features for p in photos])  # (B, P, D)
-    reading = HeadReading.cat([p.reading for p in photos])
+    reading = HeadReading.together([p.reading for p in photos])
     caps = caption_features(loaded.model, feats, reading, loaded.vocab, settings, loaded.resources)
     return [p._own(c, settings) for p, c in zip(photos, caps)]

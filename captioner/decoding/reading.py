@@ -36,7 +36,7 @@ class HeadReading:
     photos: int  # B, known with or without the heads
 
     @staticmethod
-    def cat(readings: Sequence["HeadReading"]) -> "HeadReading":
+    def together(readings: Sequence["HeadReading"]) -> "HeadReading":
         """The readings of several photos as one (photos in order)."""
         join = lambda ts: None if ts[0] is None else torch.cat(ts)  # noqa: E731
         return HeadReading(*(join([getattr(r, f) for r in readings]) for f in ("logits", "probs", "seen")),

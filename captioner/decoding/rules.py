@@ -344,7 +344,7 @@ def detected_probs(probs: torch.Tensor, det: WordDetectors | None, detections: t
     out = probs.clone()
     for k, cat in enumerate(CATEGORIES):
         if cat in det.groups:
-            out[:, k] = torch.maximum(probs[:, k], det.prob_of(detections, cat).to(probs))
+            out[:, k] = torch.maximum(probs[:, k], detections[:, det.groups.index(cat)].to(probs))
     return out
 
 
@@ -358,7 +358,7 @@ def photo_evidence(reading: HeadReading, model: torch.nn.Module, vocab: Vocab, s
     words = word_categories(vocab).to(reading.probs.device)  # (V, C)
     person = None
     if det is not None and reading.seen is not None:
-        person = (det.prob_of(reading.seen, PERSON), person_word_mask(vocab, det).to(reading.probs.device))
+        person = (reading.seen[:, det.groups.index(PERSON)], person_word_mask(vocab, det).to(reading.probs.device))
     seen = None
     if settings.evidence_detectors:
         seen = detected_probs(reading.probs, det, reading.seen)

@@ -56,8 +56,12 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
     K, max_len, length_penalty = settings.beam_size, settings.max_len, settings.length_penalty
     (B, P, _), device = feats.shape, feats.device
     rank_2k, G = torch.arange(2 * K, device=device), 1  # (2K,); G rows (image, beam) per image: 1 at t=0, then K
+    rules = rules or Rules(ids, settings)
+    said = rules.start(B)  # what the rules remember of each live row
     feat_proj = decoder.attention.project(feats)  # (n, P, A)
-    ctx_gates = _context_table(decoder, feats, K)  # (n, P, 4H) W_z a_i, or None
+    # (n, P, 4H) W_z a_i, or None (each step multiplies its rows by W_z): the table pays with K > 1 rows per image or
+    # one image; greedy over a batch multiplies its rows faster (docs/performance.md)
+    ctx_gates = decoder.context_gates(feats) if K > 1 or B == 1 else None
     h, c = decoder.init_state(feats)  # (N, H)
     cum = feats.new_zeros(B)  # (N,) cumulative log-prob of each row
     words = torch.full((B,), ids.start, dtype=torch.long, device=device)
@@ -66,8 +70,6 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
     image_ids = torch.arange(B, device=device)  # (n,) original id of each live image
     best_finished = torch.full((B, K), float("-inf"), device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-    rules = rules or Rules(ids, settings)
-    said = rules.start(B)  # what the rules remember of each live row
     for t in range(max_len):
         n = len(image_ids)
         emb, emb_gates = decoder.embed(words)
@@ -100,12 +102,6 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
             ctx_gates = ctx_gates if ctx_gates is None else ctx_gates[keep]
         image_ids, best_finished = image_ids[keep], best_finished[keep]
     return [sorted(f, key=lambda hyp: -hyp.score)[:K] for f in finished]
-
-
-def _context_table(decoder: Decoder, feats: torch.Tensor, K: int) -> torch.Tensor | None:
-    """W_z a_i (n, P, 4H), or None (each step multiplies its rows by W_z): the table pays with K > 1 rows per image
-    or one image; greedy over a batch multiplies its rows faster (docs/performance.md)."""
-    return decoder.context_gates(feats) if K > 1 or feats.shape[0] == 1 else None
 
 
 def _best_finished(best: torch.Tensor, norm: torch.Tensor, fin: torch.Tensor) -> torch.Tensor:
