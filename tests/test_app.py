@@ -21,7 +21,7 @@ from PIL import Image
 
 import captioner
 from captioner.ui import gallery
-from captioner.ui.page_views import SCALE_CAPTION
+from captioner.ui.page_views import LEVEL_ICONS, SCALE_CAPTION
 from captioner import images
 
 pytest.importorskip("streamlit.testing.v1", reason="streamlit's AppTest is not available")
@@ -52,9 +52,20 @@ def app(monkeypatch) -> AppTest:
 
 # ----------------------------------------------------------------------------- reading the page
 
+def errors_of(at: AppTest) -> list:
+    """The page's error boxes that say something went wrong (a probably wrong caption's box is an error box too:
+    page_views.level_box; it is the caption's level, not a problem)."""
+    return [e for e in at.error if e.icon != LEVEL_ICONS["probably wrong"]]
+
+
+def level_boxes(at: AppTest) -> list:
+    """The boxes an unsure caption's line goes in: info, warning, and the probably wrong error box."""
+    return [*at.info, *at.warning, *[e for e in at.error if e.icon == LEVEL_ICONS["probably wrong"]]]
+
+
 def no_problems(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
+    assert not errors_of(at), [e.value for e in errors_of(at)]
 
 
 def caption_text(at: AppTest) -> str:
@@ -68,7 +79,7 @@ def sure_lines(at: AppTest) -> list[str]:
     """The plain-words line under the caption that says how sure it is (ui/texts.sure_line)."""
     from captioner.ui.texts import NO_CONFIDENCE
 
-    said = [c.value for c in at.caption] + [b.value for b in [*at.info, *at.warning]]
+    said = [c.value for c in at.caption] + [b.value for b in level_boxes(at)]
     return [x for x in said if x.startswith(LEVEL_LINES) or x == NO_CONFIDENCE]
 
 
@@ -299,7 +310,7 @@ def test_bad_upload_shows_an_error_and_the_app_recovers(app, name, data, message
     beam(at).set_value(1).run()
     at.file_uploader[0].set_value((name, data, "image/jpeg")).run()
     assert not at.exception, [e.value for e in at.exception]
-    errors = [e.value for e in at.error]
+    errors = [e.value for e in errors_of(at)]
     assert len(errors) == 1 and name in errors[0] and message in errors[0], errors
     assert not word_overlays(at)
     # a good photo afterwards is captioned as usual
@@ -322,7 +333,7 @@ def test_image_errors_speak_one_voice_and_a_new_upload_replaces_the_last_error(a
         data = huge_png_header(*size) if size else b"not a picture" * 20
         at.file_uploader[0].set_value((name, data, "image/png")).run()
         assert not at.exception, [e.value for e in at.exception]
-        errors = [e.value for e in at.error]
+        errors = [e.value for e in errors_of(at)]
         assert len(errors) == 1 and name in errors[0], errors  # this file's error alone
         shown.append(errors[0])
     for text, (w, h) in zip(shown, ((12000, 9000), (40000, 40000))):
@@ -551,7 +562,7 @@ def test_empty_caption_is_explained_not_crashed(app, monkeypatch):
     st.cache_data.clear()
     try:
         at = app.run()
-        assert not at.exception and not at.error
+        assert not at.exception and not errors_of(at)
         assert caption_text(at) == "" and not word_overlays(at)
         assert any("no words" in w.value for w in at.warning), [w.value for w in at.warning]
         assert len(at.download_button) == 2
@@ -930,7 +941,7 @@ def test_several_photos_make_a_gallery_and_one_opens_below(bundled, app):
     assert any(h.value == "3 photos" for h in at.header)
     expected = bundled.caption_batch([EXAMPLES / n for n, _, _ in files])
     shown = [m.value for m in at.markdown if m.value.startswith("“")]  # a sure caption's plain line
-    shown += [b.value for b in [*at.info, *at.warning] if b.value.startswith("**")]  # an unsure one's box
+    shown += [b.value for b in level_boxes(at) if b.value.startswith("**")]  # an unsure one's box
     assert all(any(f"“{c.text}”" in x for x in shown) for c in expected)
     labels = [b.label for b in at.download_button]
     for kind in ("CSV", "JSON", "ZIP"):
@@ -941,8 +952,8 @@ def test_several_photos_make_a_gallery_and_one_opens_below(bundled, app):
 
 
 def test_an_unsure_card_in_the_gallery_looks_different_from_a_sure_one(bundled, app, tmp_path, monkeypatch):
-    """A sure caption is a plain line with a quiet note under it; an unsure one is a box named by its level (a
-    warning when it may be or probably is wrong, an info box when probably right) and why (they looked alike).
+    """A sure caption is a plain line with a quiet note under it; an unsure one is a box named by its level (an
+    error box when probably wrong, a warning when it may be wrong, an info box when probably right) and why (they looked alike).
     None of the bundled examples is sure at the file's threshold, so the app runs a copy of the bundled model whose
     threshold is the 60% floor, where the coffee's caption (.66, every object seen) is."""
     fitted = bundled.resources.fitted
@@ -962,11 +973,13 @@ def test_an_unsure_card_in_the_gallery_looks_different_from_a_sure_one(bundled, 
     at.file_uploader[1].set_value(files).run()
     no_problems(at)
     plain = [m.value for m in at.markdown if m.value.startswith("“")]
-    boxes = [*at.info, *at.warning]
+    boxes = level_boxes(at)
     boxed = [b.value for b in boxes if f"“{unsure.text}”" in b.value]
     assert f"“{sure.text}”" in plain and f"“{unsure.text}”" not in plain
     assert len(boxed) == 1 and boxed[0].startswith(f"**{unsure.level.capitalize()} (") and unsure.doubt in boxed[0]
     assert not any(f"“{sure.text}”" in b.value for b in boxes)
+    if unsure.level == "probably wrong":  # its box is an error box, louder than may be wrong's warning
+        assert any(f"“{unsure.text}”" in e.value for e in at.error)
 
 
 def test_the_last_uploader_given_files_is_the_photo_on_screen(app):
@@ -1069,7 +1082,7 @@ def test_concurrent_sessions_stay_isolated(app):
             step(at, example)
     model = captioner.load(_selected_path())
     for example, at in sessions.items():
-        problems = [e.value for e in at.exception] + [e.value for e in at.error]
+        problems = [e.value for e in at.exception] + [e.value for e in errors_of(at)]
         assert not problems, (example, problems)
         assert photo_caption(at).startswith(files[example]), (example, photo_caption(at))  # its own photo ...
         assert [w for w, _ in explained_overlays(at)] == jobs[example].split()  # ... its own sentence ...
@@ -1093,7 +1106,7 @@ def test_a_too_large_photo_is_refused_by_the_page_in_place_of_the_last_one(app):
     big = (EXAMPLES / "cat.jpg").read_bytes() + b"\0" * (MAX_PHOTO_MB * 2**20)  # a real JPEG, padded past the limit
     at.file_uploader[0].set_value(("big.jpg", big, "image/jpeg")).run()
     assert not at.exception, [e.value for e in at.exception]
-    errors = [e.value for e in at.error]
+    errors = [e.value for e in errors_of(at)]
     assert len(errors) == 1 and "big.jpg" in errors[0] and f"{MAX_PHOTO_MB} MB" in errors[0], errors
     assert not word_overlays(at)
     at.file_uploader[0].set_value(("cat.jpg", (EXAMPLES / "cat.jpg").read_bytes(), "image/jpeg")).run()
