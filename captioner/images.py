@@ -28,6 +28,7 @@ ImageInput = Union[str, os.PathLike, bytes, bytearray, memoryview, BinaryIO, Ima
 MAX_PIXELS = 100_000_000  # decoded pixel count above which we refuse (checked from the header, before decoding)
 MAX_FILE_BYTES = 50 * 1024 * 1024
 WORKING_SIDE = 1024  # images are downscaled so the longer side is at most this
+SMALL_PHOTO = 0.5  # a photo whose shorter side is below this share of the model's input side gets a note
 # a photo whose pixels spread less than this (standard deviation, 0-255, in every channel) is one flat colour: a
 # flat colour saved as JPEG spreads 0-1; the flattest of 2,697 Flickr8k photos (every third) spreads 19.6
 FLAT_STD = 4.0
@@ -292,3 +293,24 @@ def preprocess(img: Image.Image, image_size: int, mean: tuple[float, ...], std: 
     img = img.resize((image_size, image_size), Image.BILINEAR, reducing_gap=None)
     x = torch.from_numpy(np.array(img)).permute(2, 0, 1).float().div_(255.0)  # (3, S, S)
     return x.sub_(torch.tensor(mean).view(3, 1, 1)).div_(torch.tensor(std).view(3, 1, 1))  # in place, same numbers
+
+
+def photo_notes(size: tuple[int, int] | None, input_side: int | None, file_size: tuple[int, int] | None = None,
+                transparent: bool = False, flat: bool = False) -> list[str]:
+    """Remarks on a photo for a person (a Photo's and each of its Captions' notes): a fully transparent file, one
+    flat colour, a shorter side below SMALL_PHOTO x the model's input side (a file shrunk on reading is named by
+    its own size, `file_size`)."""
+    out = ["The image is fully transparent: it holds no picture, so the caption describes an empty white "
+           "image."] if transparent else []
+    if flat and not transparent:
+        out.append("The photo is a single flat colour: there is nothing in it to caption, so the caption is the "
+                   "model's guess at an empty picture, not a description.")
+    if not size or not input_side or min(size) >= SMALL_PHOTO * input_side:
+        return out
+    (w, h), times = size, input_side / min(size)
+    if file_size and tuple(file_size) != tuple(size):
+        said = (f"The photo is {file_size[0]}x{file_size[1]} pixels, read at {w}x{h} (its longer side brought to "
+                f"{max(size)}): its shorter side is far smaller than the model's {input_side}x{input_side} input, ")
+    else:
+        said = f"The photo is only {w}x{h} pixels, far smaller than the model's {input_side}x{input_side} input: it is "
+    return out + [said + f"enlarged {times:.0f}x, so the caption rests on very little detail."]

@@ -266,7 +266,7 @@ def test_a_photo_far_smaller_than_the_input_gets_a_note():
     """A 10x10 photo got a confident caption and no word that the model enlarged it 22x: a photo whose shorter
     side is below half the model's input side (images are resized to image_size x image_size) gets a note, in
     Caption.notes and in the JSON (to_dict), from caption, caption_batch and explain alike."""
-    from captioner.decoding.captions import SMALL_PHOTO
+    from captioner.images import SMALL_PHOTO
 
     model = tiny_captioner()
     side = model.config.model.image_size  # 224

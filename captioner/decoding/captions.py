@@ -19,6 +19,7 @@ from ..concepts.detectors import GROUP_WORDS
 from ..concepts.imagenet import imagenet_head_or_none
 from ..concepts.words import CATEGORY_WORDS
 from ..config import DecodeConfig
+from ..images import photo_notes
 from ..logs import progress as progress_of
 from ..model.show_attend_tell import ShowAttendTell
 from ..vocab import FUNCTION_WORDS, SpecialIds, Vocab
@@ -30,7 +31,6 @@ from .rules import Evidence, Lexicon, Rules, checked_detectors, photo_evidence
 from .sampling import SampleSettings, Samples, sample
 from .search import Hypothesis, decode
 
-SMALL_PHOTO = 0.5  # a photo whose shorter side is below this share of the model's input side gets a note
 REPR_PART = 240  # characters of a Caption's repr for its text, and for its words: the repr stays a line or two
 SHOWN = 3  # alternatives shown beside an unsure caption
 FILLERS = frozenset("top front side middle next near up down there it that while some other two one".split())
@@ -178,33 +178,6 @@ class Caption:
                        f"model's own caption): {names} scored as <unk>, the probability of any unknown word, "
                        "not of this one.")
         return out + photo_notes(self.photo_size, self.input_side, self.file_size, self.transparent, self.flat)
-
-
-def photo_notes(size: tuple[int, int] | None, input_side: int | None, file_size: tuple[int, int] | None = None,
-                transparent: bool = False, flat: bool = False) -> list[str]:
-    """Remarks on the photo itself: a fully transparent file, one flat colour, a photo far smaller than the input."""
-    out = ["The image is fully transparent: it holds no picture, so the caption describes an empty white "
-           "image."] if transparent else []
-    if flat and not transparent:
-        out.append("The photo is a single flat colour: there is nothing in it to caption, so the caption is the "
-                   "model's guess at an empty picture, not a description.")
-    small = small_photo_note(size, input_side, file_size)
-    return out + ([small] if small else [])
-
-
-def small_photo_note(size: tuple[int, int] | None, input_side: int | None,
-                     file_size: tuple[int, int] | None = None) -> str:
-    """A note when the photo's shorter side is below SMALL_PHOTO x the input side (else ""); a file shrunk on
-    reading (images.WORKING_SIDE) is named by its own size, `file_size`."""
-    if not size or not input_side or min(size) >= SMALL_PHOTO * input_side:
-        return ""
-    (w, h), times = size, input_side / min(size)
-    if file_size and tuple(file_size) != tuple(size):
-        return (f"The photo is {file_size[0]}x{file_size[1]} pixels, read at {w}x{h} (its longer side brought to "
-                f"{max(size)}): its shorter side is far smaller than the model's {input_side}x{input_side} input, "
-                f"enlarged {times:.0f}x, so the caption rests on very little detail.")
-    return (f"The photo is only {w}x{h} pixels, far smaller than the model's {input_side}x{input_side} input: it "
-            f"is enlarged {times:.0f}x, so the caption rests on very little detail.")
 
 
 def content_words(text: str) -> frozenset[str]:

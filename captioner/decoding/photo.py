@@ -25,9 +25,10 @@ import torch
 
 from ..concepts.imagenet import Concepts
 from ..config import SAMPLE_TEMPERATURE, SAMPLE_TOP_P, DecodeConfig  # the sampling defaults: read there
+from ..images import photo_notes
 from ..model.decoder import Decoder
 from ..vocab import Vocab, tokenize_typed
-from .captions import Caption, caption_features, photo_notes, sampled_captions
+from .captions import Caption, caption_features, sampled_captions
 from .reading import HeadReading, annotated, grid_side, photo_concepts
 from .resources import Resources
 from .rules import photo_evidence
@@ -130,7 +131,7 @@ class Photo:
 
     @property
     def notes(self) -> list[str]:
-        """Remarks on the photo itself (captions.photo_notes)."""
+        """Remarks on the photo itself (images.photo_notes)."""
         return photo_notes(self.size, self.input_side, self.file_size, self.transparent, self.flat)
 
     @property
