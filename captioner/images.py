@@ -198,7 +198,10 @@ def load_image(src: ImageInput, max_side: int = WORKING_SIDE) -> Image.Image:
     except MemoryError:
         raise ImageError(f"{name}: not enough memory to decode this image; use a smaller one") from None
     except Exception as e:  # noqa: BLE001
-        raise ImageError(f"{name}: the image data is corrupt or truncated ({type(e).__name__}: {e})") from None
+        cut = "truncated" in str(e).lower()  # Pillow's own words ("image file is truncated (1 bytes not processed)")
+        raise ImageError(f"{name}: the image file is truncated (an incomplete download or copy?): copy it again"
+                         if cut else f"{name}: the image data is corrupt or truncated ({type(e).__name__}: {e})"
+                         ) from None
     if max(img.size) > max_side:
         img.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
     upright = (h, w) if orientation in _SIDEWAYS else (w, h)

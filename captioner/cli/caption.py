@@ -60,7 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint", default=None, help="model file (default: the bundled model)")
     add_decode_options(p)
     p.add_argument("--json", action="store_true", help="one JSON object per image: image, caption, words, "
-                   "word_log_probs, word_probs, betas, log_prob and every decode setting used")
+                   "word_log_probs, word_probs, betas, log_prob, confidence, sure, level and doubt (why unsure), "
+                   "alternatives, concepts, notes and every decode setting used")
     p.add_argument("--maps", action="store_true", help="with --json or --output: add each word's attention map "
                    "(alphas)")
     p.add_argument("--output", default=None, metavar="FILE.jsonl", help="append each photo's JSON line(s) to this "
@@ -138,8 +139,8 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
             print("note: this model file has no fitted confidence map: captions carry no confidence "
                   "(captioner-fit-selector --confidence fits one)", file=sys.stderr)
     else:  # nothing is decoded: the sentence is scored word by word (teacher forcing)
-        print(f"explaining the sentence (teacher forcing, hard_context {used.hard_context}); nothing is decoded",
-              file=sys.stderr)
+        how = f", hard_context {used.hard_context}" if getattr(loaded.model.decoder, "hard", False) else ""
+        print(f"explaining the sentence (teacher forcing{how}); nothing is decoded", file=sys.stderr)
     return loaded, dataclasses.asdict(used)
 
 
