@@ -158,5 +158,6 @@ def test_torchrun_two_cpu_processes_share_the_photos_into_one_file(library, tmp_
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(images_in(out)) == sorted(str(p) for p in folder.glob("*.jpg"))  # 9 photos, each once
     assert "rank 0 of 2: 5 photo(s)" in proc.stderr and "rank 1 of 2: 4 photo(s)" in proc.stderr
+    assert proc.stderr.count("decoding with") == 1  # the settings are said once, not once per process
     again = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and len(images_in(out)) == 9 and "photo(s) captioned" not in again.stderr

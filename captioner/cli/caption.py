@@ -114,8 +114,9 @@ def check_options(args: argparse.Namespace) -> bool:
     return problem is None and check_sentence(args.explain)
 
 
-def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
-    """The model and the decode settings in use, or None after printing why not (exit code 2)."""
+def setup(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, dict[str, Any]] | None:
+    """The model and the decode settings in use, or None after printing why not (exit code 2). quiet: say nothing
+    of the settings (every torchrun process but the first: they are the same)."""
     import captioner
     from captioner.cli.decode_options import decode_settings, describe, describe_briefly, has_memory
 
@@ -129,7 +130,9 @@ def setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]] | None:
         print(f"error: {e}", file=sys.stderr)
         return None
     brief = describe_briefly(used, loaded.decode_settings(), sampling=request is not None)
-    if request is not None:
+    if quiet:
+        pass
+    elif request is not None:
         print(sampling_line(request, describe(used, sampling=True) if args.verbose else brief), file=sys.stderr)
     elif args.explain is None:
         fitted = loaded.resources.fitted
@@ -231,13 +234,14 @@ def plan(args: argparse.Namespace, rank: int = 0, world: int = 1) -> Plan | int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    folder_notes(args, skipped)
+    if rank == 0:  # every torchrun process finds the same folders and files: the first one says so
+        folder_notes(args, skipped)
     if not found:
         print("error: no images found (folders are searched for "
               f"{' '.join(image_extensions())}; --recursive for subfolders)", file=sys.stderr)
         return 1
     missing = {path for path, _ in found if not os.path.exists(path)}
-    for path in sorted(missing):
+    for path in sorted(missing) if rank == 0 else ():
         print(f"error: {path}: no such file", file=sys.stderr)
     mine = share([path for path, _ in found if path not in missing], rank, world)
     todo = [path for path in mine if path not in done]
@@ -349,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if world > 1 and args.device in (None, "cuda") and torch_gpus():  # one GPU per process, as torchrun numbers them
         args.device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
-    ready = setup(args)
+    ready = setup(args, quiet=rank > 0)
     if ready is None:
         return 2
     start = time.perf_counter()
