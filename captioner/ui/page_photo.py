@@ -63,10 +63,10 @@ def chosen_photo(settings: Settings, shot, uploaded, batch: list, example: str) 
     if shot is not None:
         files = [("camera.jpg", shot.getvalue())]
     elif batch:
-        if len(batch) > gallery.MAX_PHOTOS:
+        if len(batch) > gallery.MAX_PHOTOS:  # the uploader appends a new batch to the old: the newest are shown
             st.warning(f"{len(batch)} photos chosen: at most {gallery.MAX_PHOTOS} are captioned at once, so the "
-                       f"first {gallery.MAX_PHOTOS} are shown; upload the others in another batch.")
-        files = [(f.name, f.getvalue()) for f in batch[:gallery.MAX_PHOTOS]]
+                       f"last {gallery.MAX_PHOTOS} chosen are shown; remove some (×) to see the earlier ones.")
+        files = [(f.name, f.getvalue()) for f in batch[-gallery.MAX_PHOTOS:]]
     elif uploaded is not None:
         files = [(uploaded.name, uploaded.getvalue())]
     else:
