@@ -1,7 +1,9 @@
 """A torch / torchvision pair that does not work together (torch 2.13.0+cpu with torchvision 0.28.0
 from PyPI fails in `import torchvision` with "operator torchvision::nms does not exist"): one line naming both
-versions and the reinstall, no traceback, in the library, the command-line programs and the app. The mismatch
-is faked: `import torchvision` raises what the broken pair raised."""
+versions and the reinstall, no traceback, in the library, the command-line programs and the app, where the work
+needs torchvision (a ResNet model file, preparing a dataset); the bundled model (EfficientNet-Lite) never imports
+it, so captioning with it still works. The mismatch is faked: `import torchvision` raises what the broken pair
+raised."""
 from __future__ import annotations
 
 import builtins
@@ -49,20 +51,52 @@ def test_a_working_pair_is_no_problem():
     assert vision.torchvision_problem() is None and vision.import_torchvision().__name__ == "torchvision"
 
 
+@pytest.fixture
+def resnet_file(tmp_path):
+    """A model file whose encoder is torchvision's ResNet (its weights are never read: the import fails first)."""
+    import copy
+
+    from captioner.checkpoint import save_checkpoint
+
+    from .conftest import tiny_captioner
+
+    tiny = tiny_captioner()
+    cfg = copy.deepcopy(tiny.config)
+    cfg.model.encoder = "resnet101"
+    save_checkpoint(tmp_path / "resnet.safetensors", cfg, tiny.vocab, tiny.model.state_dict())
+    return tmp_path / "resnet.safetensors"
+
+
 @pytest.mark.parametrize("program", ["caption", "prepare"])
-def test_the_command_line_says_it_in_one_line(program, broken_pair, capsys):
+def test_the_command_line_says_it_in_one_line(program, resnet_file, broken_pair, capsys):
     import importlib
 
     main = importlib.import_module(f"captioner.cli.{program}").main
-    args = [str(EXAMPLE)] if program == "caption" else ["--config", str(ROOT / "configs" / "tiny.yaml"), "--no-features"]
+    args = ([str(EXAMPLE), "--checkpoint", str(resnet_file)] if program == "caption"
+            else ["--config", str(ROOT / "configs" / "tiny.yaml"), "--no-features"])
     assert main(args) == 2
     out, err = capsys.readouterr()
     assert err.startswith("error: ") and err.count("\n") == 1 and not out, (out, err)
     _says_the_pair_and_the_fix(err)
 
 
-def test_the_app_says_it_in_one_line(broken_pair):
+def test_the_bundled_model_captions_without_torchvision(broken_pair, capsys):
+    """Where pip fell back to a mismatched pair, the bundled model still captions (the CLI and the library)."""
+    from captioner.cli.caption import main
+
+    assert main([str(EXAMPLE), "--beam-size", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(str(EXAMPLE)) and "error" not in err, (out, err)
+    assert captioner.load().caption(EXAMPLE, beam_size=1).text
+
+
+def test_the_app_captions_with_the_bundled_model_and_names_the_pair_for_a_resnet(resnet_file, broken_pair,
+                                                                                  monkeypatch):
     testing = pytest.importorskip("streamlit.testing.v1", reason="streamlit's AppTest is not available")
+    at = testing.AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]  # the bundled model: captioned
+    assert any(h.value.startswith("“") for h in at.subheader)  # the caption on screen
+    monkeypatch.setenv("CAPTIONER_CHECKPOINT", str(resnet_file))
     at = testing.AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
     assert not at.exception and len(at.error) == 1, [e.value for e in at.error]
     _says_the_pair_and_the_fix(at.error[0].value)

@@ -119,6 +119,7 @@ def setup(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, dict[str,
     of the settings (every torchrun process but the first: they are the same)."""
     import captioner
     from captioner.cli.decode_options import decode_settings, describe, describe_briefly, has_memory
+    from captioner.model.vision import TorchvisionMismatch
 
     try:
         request = sample_request(args)
@@ -126,8 +127,8 @@ def setup(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, dict[str,
         dtype = captioner.preferred_dtype(args.device) if args.dtype == "auto" else args.dtype
         loaded = captioner.load(args.checkpoint, device=args.device, dtype=dtype, capture=not args.eager)
         used = decode_settings(loaded, args)
-    except (captioner.CheckpointError, OSError, ValueError, TypeError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (captioner.CheckpointError, OSError, ValueError, TypeError, TorchvisionMismatch) as e:
+        print(f"error: {e}", file=sys.stderr)  # a mismatched torchvision only where the file's encoder needs it
         return None
     brief = describe_briefly(used, loaded.decode_settings(), sampling=request is not None)
     if quiet:
@@ -340,8 +341,6 @@ def torch_gpus() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from captioner.cli import torchvision_refused
-
     args = parse_args(argv)  # then everything that needs no torch, so that a mistake is answered at once
     rank, world = torchrun_place(dict(os.environ))  # (0, 1) outside torchrun
     planned = plan(args, rank, world) if check_options(args) else 2
@@ -349,8 +348,6 @@ def main(argv: list[str] | None = None) -> int:
         return planned
     if not planned.paths:  # everything already in --output, or this rank's share is empty
         return 1 if planned.missing else 0
-    if torchvision_refused():
-        return 2
     if world > 1 and args.device in (None, "cuda") and torch_gpus():  # one GPU per process, as torchrun numbers them
         args.device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     ready = setup(args, quiet=rank > 0)

@@ -7,7 +7,7 @@ from pathlib import Path
 import streamlit as st
 
 import captioner
-from ..model.vision import torchvision_problem
+from ..model.vision import TorchvisionMismatch
 from . import texts, visualize
 from .page_state import Decode, Settings, View, checkpoint_choices, get_model, has_head, model_info
 
@@ -15,14 +15,10 @@ from .page_state import Decode, Settings, View, checkpoint_choices, get_model, h
 
 def sidebar(folders: tuple[str, ...], selected: str | None = None) -> tuple[Settings, captioner.Captioner]:
     """The sidebar: checkpoint menu and precision, then (the model loaded) its decode settings, the map view
-    and a line about the model. Stops with an error when there is no model or it cannot be loaded, or when torch
-    and torchvision do not work together (model/vision.py).
+    and a line about the model. Stops with an error when there is no model or it cannot be loaded (a model whose
+    encoder needs torchvision, where torch and torchvision do not work together: model/vision.py).
     folders: the operator's model folders; selected: a model file to open on (app.py reads both from the
     command line and the environment: the library never does)."""
-    problem = torchvision_problem()  # a torch / torchvision pair that does not work together: one line, no traceback
-    if problem:
-        st.error(problem)
-        st.stop()
     with st.sidebar:
         st.header("Model")
         choices = checkpoint_choices(folders, selected)
@@ -50,6 +46,9 @@ def load_or_stop(label: str, path: str, dtype: str) -> tuple[float, captioner.Ca
         return mtime, get_model(path, mtime, dtype)
     except (captioner.CheckpointError, OSError) as e:
         st.error(f"Cannot load the checkpoint '{label}': {e}")
+        st.stop()
+    except TorchvisionMismatch as e:  # only a file whose encoder is torchvision's (ResNet) needs it: one line
+        st.error(str(e))
         st.stop()
     except Exception as e:  # noqa: BLE001 - e.g. a checkpoint from an incompatible version: say so, keep the app alive
         st.error(f"Cannot load the checkpoint '{label}': {type(e).__name__}: {e}")
