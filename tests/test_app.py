@@ -1009,7 +1009,7 @@ def test_more_photos_than_a_batch_holds_get_a_message(app):
     assert not at.exception and example_menu().disabled
     assert any(f"{n} photos chosen: at most {gallery.MAX_PHOTOS}" in w.value for w in at.warning)
     assert any(h.value == f"{gallery.MAX_PHOTOS} photos" for h in at.header)
-    shown = " ".join(at.selectbox(key="gallery_open").options)  # "1. p2.png", ...: the photos the gallery holds
+    shown = " ".join(at.selectbox(key="gallery_open").options)  # each "N. name": the photos the gallery holds
     assert f"p{n - 1}.png" in shown and "p0.png" not in shown  # the newest chosen (a new batch is appended)
 
 
