@@ -159,10 +159,11 @@ def caption_panel(settings: Settings, loaded: captioner.Captioner) -> tuple[Show
     photo = photo_input(settings)
     cap = caption_or_stop(settings, photo)
     col_photo, col_text = st.columns([1, 1])
+    with col_text:  # the caption first: it is on screen before the photo and its maps are drawn
+        caption_summary(cap, settings.evidence, loaded.config.decode.length_penalty)
     with col_photo:
         st.image(photo.image, caption=photo_label(photo), width="stretch")
     with col_text:
-        caption_summary(cap, settings.evidence, loaded.config.decode.length_penalty)
         downloads(photo, cap, settings.view)
     if not cap.words:
         st.warning("The model ended the caption straight away, so there are no words to show attention for. "

@@ -75,10 +75,27 @@ def show_explanation(cap: captioner.Caption, image, view: View, columns: int = G
 
 
 def caption_summary(cap: captioner.Caption, evidence: bool, length_penalty: float) -> None:
-    """The caption with each word's β, its log-probability, notes, what the encoder sees and the other
-    beam hypotheses."""
+    """What a person came for, first: the caption, how far to trust it, the photo's notes, what the encoder sees;
+    the model's details (each word's β, the log-probability, the beam's hypotheses and why this one was chosen)
+    folded below, for whoever inspects the model."""
     st.subheader(f"“{cap.text}”" if cap.words else "“” (empty caption)")
     sure_view(cap)
+    for note in cap.notes:  # e.g. a photo far smaller than the model's input
+        st.info(note)
+    if cap.concepts:
+        st.markdown(f"What the encoder sees at P ≥ {CONCEPT_THRESHOLD} (its ImageNet classifier; person and scene "
+                    "words: the model's word detectors)" if cap.detections else
+                    f"What the encoder's ImageNet classifier sees at P ≥ {CONCEPT_THRESHOLD}")
+        st.markdown(html_parts.concepts_html(cap.concepts), unsafe_allow_html=True)
+    if cap.contradicted:
+        st.warning("The classifier sees no sign of: " + ", ".join(f"**{cap.words[i]}**" for i in cap.contradicted)
+                   + (". Switch on evidence-aware decoding to veto such words." if not evidence else "."))
+    with st.expander("How the model wrote it (gates, probabilities, the beam's other captions)"):
+        model_details(cap, length_penalty)
+
+
+def model_details(cap: captioner.Caption, length_penalty: float) -> None:
+    """Each word's β, the caption's log-probability, the beam's hypotheses and why this one was chosen."""
     line = html_parts.beta_line(cap)
     if line:
         st.markdown(line, unsafe_allow_html=True)
@@ -90,16 +107,6 @@ def caption_summary(cap: captioner.Caption, evidence: bool, length_penalty: floa
                    f"every word of this caption (β ≥ {visualize.GATE_OPEN}): each word saw the whole attended "
                    "context, so it is not shown per word (the JSON download lists it).")
     st.markdown(f"log-probability **{cap.log_prob:.2f}** over {len(cap.words)} words + end")
-    for note in cap.notes:  # e.g. a photo far smaller than the model's input
-        st.info(note)
-    if cap.concepts:
-        st.markdown(f"What the encoder sees at P ≥ {CONCEPT_THRESHOLD} (its ImageNet classifier; person and scene "
-                    "words: the model's word detectors)" if cap.detections else
-                    f"What the encoder's ImageNet classifier sees at P ≥ {CONCEPT_THRESHOLD}")
-        st.markdown(html_parts.concepts_html(cap.concepts), unsafe_allow_html=True)
-    if cap.contradicted:
-        st.warning("The classifier sees no sign of: " + ", ".join(f"**{cap.words[i]}**" for i in cap.contradicted)
-                   + (". Switch on evidence-aware decoding to veto such words." if not evidence else "."))
     if cap.alternatives:  # in full (a table, not a grid that cuts long captions), with the score that ranked them
         st.markdown("Beam hypotheses (rank 1 is the caption above)")
         st.table(workbench.hypothesis_rows(cap))
