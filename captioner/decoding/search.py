@@ -75,8 +75,8 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
         emb, emb_gates = decoder.embed(words)
         logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context,
                                                    ctx_gates)
-        logp = rules.scores(logits, hist.tokens, said, image_ids.repeat_interleave(G, 0))  # (N, V)
-        r = rank(cum, logp, n, G, rank_2k, t, length_penalty, ids.pad, ids.end)
+        r = rank(cum, rules.scores(logits, hist.tokens, said, image_ids.repeat_interleave(G, 0)), n, G, rank_2k, t,
+                 length_penalty, ids.pad, ids.end)
         top_s, src, fin, norm = r.scores, r.src, r.ends, r.normed  # (n, 2K) each
         best_finished = torch.cat([best_finished[:n], norm.masked_fill(~fin, NEG)], 1).topk(K, dim=1).values  # (n, K)
         alive_s, alive_src, alive_word, alive_lp = r.alive_scores, r.alive_src, r.alive_words, r.alive_logps
