@@ -25,7 +25,7 @@ import torch
 
 from ..config import DecodeConfig
 from ..model.decoder import Decoder
-from ..model.graphs import CaptureError, CudaGraph
+from ..model.graphs import CaptureError, CudaGraph, weights_key
 from ..vocab import SpecialIds
 from .rules import RowState, Rules
 
@@ -269,11 +269,6 @@ LIMIT = 8  # shapes kept recorded (each holds its own memory pool); the least re
 ENCODER_LIMIT = 4  # batch sizes whose encoder pass stays recorded (each holds its activations' memory)
 # where a recorded search reads whether any photo still searches (then max_len): most captions end by the first
 CHECKS = (12, 16, 20, 24)
-
-
-def weights_key(module: torch.nn.Module) -> tuple:
-    """Where a module's parameters and buffers are, and their versions: a recording reads them by address."""
-    return tuple((t.data_ptr(), t._version) for t in (*module.parameters(), *module.buffers()))
 
 
 @dataclass

@@ -223,7 +223,22 @@ class ContentRepeats(Rule):
     lex: Lexicon
 
     def tables(self, V, device):
-        return {"said": _padded(said_bans(self.lex, V), self.pad, device)}  # (V, F)
+        """"said" (V, F): what writing v bans for good: v, its family and the family's members (no function word)."""
+        lex = self.lex
+        family = dict(lex.twins)  # member -> family
+        members: dict[int, list[int]] = {}
+        for m, f in lex.twins:
+            members.setdefault(f, []).append(m)
+        function, out = set(lex.function_words), []
+        for v in range(V):
+            said = {v} if v not in family else set()
+            said.update(members.get(v, ()))  # the family v names
+            if v in family:  # v's family and its every member
+                said.update(members.get(family[v], ()))
+                if family[v] not in family:
+                    said.add(family[v])
+            out.append(sorted(w for w in said if w not in function))
+        return {"said": _padded(out, self.pad, device)}  # (V, F)
 
     def advance(self, memory, words, t, V):
         if memory is None:
@@ -232,26 +247,6 @@ class ContentRepeats(Rule):
 
     def forever(self, memory):
         return memory
-
-
-def said_bans(lex: Lexicon, V: int) -> list[list[int]]:
-    """For each word v, the words writing it bans for good: v, its family and the family's members (function
-    words left out)."""
-    family = dict(lex.twins)  # member -> family
-    members: dict[int, list[int]] = {}
-    for m, f in lex.twins:
-        members.setdefault(f, []).append(m)
-    function = set(lex.function_words)
-    out = []
-    for v in range(V):
-        said = {v} if v not in family else set()
-        said.update(members.get(v, ()))  # the family v names
-        if v in family:  # v's family and its every member
-            said.update(members.get(family[v], ()))
-            if family[v] not in family:
-                said.add(family[v])
-        out.append(sorted(w for w in said if w not in function))
-    return out
 
 
 def ruled_out_words(probs: torch.Tensor, words: torch.Tensor, floor: float | torch.Tensor,

@@ -1,7 +1,8 @@
 """CUDA graphs, and their contract on a CPU: a recorded run replays its ~hundreds of kernel launches as one
 (docs/performance.md). Shared by the recorded search and encoder (decoding/device_beam.py), the recorded training
 step (training/captured_step.py) and the launch counts (bench/launches.py). A recording reads its inputs from static
-buffers and nothing inside it reads the device (NoHostReads); `Rerun` keeps that contract where there are no graphs.
+buffers and its weights by address (weights_key), and nothing inside it reads the device (NoHostReads); `Rerun`
+keeps that contract where there are no graphs.
 """
 from __future__ import annotations
 
@@ -91,3 +92,8 @@ class Rerun:
                 if new is not old:  # (a state's tensors from before the chunk are its own)
                     old.copy_(new)
         self.replays += 1
+
+
+def weights_key(module: torch.nn.Module) -> tuple:
+    """Where a module's parameters and buffers are, and their versions: a recording reads them by address."""
+    return tuple((t.data_ptr(), t._version) for t in (*module.parameters(), *module.buffers()))
