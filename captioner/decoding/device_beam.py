@@ -124,8 +124,7 @@ Finished = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # scor
 
 def merge(finished: Finished, rows: torch.Tensor, length: int, raw: torch.Tensor, norm: torch.Tensor,
           ok: torch.Tensor) -> Finished:
-    """Each image's K best finished hypotheses by normalised score, with candidates ending at rows (B, M) after
-    `length` words, scores raw / norm (B, M), where ok."""
+    """Each image's K best finished hypotheses, with those ending at rows (B, M) after `length` words (raw, norm)."""
     K = finished[0].shape[1]
     norm = norm.masked_fill(~ok, NEG)
     top = torch.cat([finished[0], norm], 1).topk(K, dim=1).indices  # (B, K)
@@ -159,8 +158,7 @@ class State:
                 self.tokens, *self.said.tensors(), self.active, *self.finished, *(x for st in self.trail for x in st))
 
     def walked(self) -> tuple[torch.Tensor, ...]:
-        """On the device: the finished hypotheses' words (B*K, S), maps (B*K, S, P), gates and word log-probs
-        (B*K, S), then scores, raw log-probs and lengths (B, K) (for read_back)."""
+        """On the device, for read_back: walk's tables (B*K, ...), then scores, raw log-probs, lengths (B, K)."""
         norm, raw, length, row = self.finished
         return (*walk(self.trail, row.view(-1), length.view(-1)), norm, raw, length)
 
@@ -331,7 +329,7 @@ class _Once:
 
 @dataclass
 class _Chunks:
-    """A search recorded chunk by chunk (CHECKS), each chunk's graph with its state and the walk after it."""
+    """A search recorded chunk by chunk (CHECKS): each chunk's graph and state, and the walk after it."""
     chunks: list[tuple[Any, State]]
     walks: list[tuple[Any, tuple[torch.Tensor, ...]]]
 
