@@ -165,7 +165,7 @@ def sample(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, n_samples: in
     toks, logps, masks, alphas, betas = [], [], [], [], []
     for _ in range(max_len):
         emb, emb_gates = decoder.embed(words)
-        logits, alpha, beta, state = decoder.step(state, emb, emb_gates, feats, feat_proj, context)  # (n*K, V), (n*K, P)
+        logits, alpha, beta, state = decoder.step(state, emb, emb_gates, feats, feat_proj, context)  # (nK, V), (nK, P)
         logp = rules.scores(logits, hist, said, rows // K)  # (n*K, V)
         probs = logp.detach().exp() if draw.plain else draw.probs(logp)  # (n*K, V)
         words = torch.where(alive, torch.multinomial(probs, 1, generator=generator).squeeze(1), pad)  # (n*K,)
