@@ -18,7 +18,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
-from captioner.decoding.device_beam import READS_BACK
+from captioner.model.graphs import READS_BACK
 
 FACTORIES = {torch.tensor, torch.as_tensor, torch.from_numpy, torch.zeros, torch.ones, torch.empty, torch.full,
              torch.arange, torch.linspace, torch.eye, torch.randn, torch.rand, torch.randint, torch.randperm,
@@ -113,7 +113,7 @@ class HostSync(AssertionError):
     pass
 
 
-SYNCS = READS_BACK  # the reads a recorded search refuses too (captioner/decoding/device_beam.py)
+SYNCS = READS_BACK  # the reads a recorded search refuses too (captioner/model/graphs.py)
 
 
 class NoHostSync(TorchFunctionMode):

@@ -1,5 +1,5 @@
 """decoding/device_beam.py: the GPU's search recorded once per shape and replayed. A CPU has no CUDA graphs, so these
-run the graph's contract (device_beam.Rerun: recorded with every host read refused, replayed into the same outputs):
+run the graph's contract (model/graphs.py's Rerun: recorded with every host read refused, replayed into the same outputs):
 a replay finds the hypotheses the eager search finds for whatever photos were copied in, every step runs without
 a read, shapes and trained weights get their own recordings, and a recording that fails falls back to the eager
 search."""
@@ -15,8 +15,9 @@ import torch
 import captioner
 from captioner.config import DecodeConfig
 from captioner.decoding import device_beam as captured
-from captioner.decoding.device_beam import CaptureError, NoHostReads, Recordings, Rerun, chunk_sizes, search
+from captioner.decoding.device_beam import Recordings, chunk_sizes, search
 from captioner.decoding.device_beam import beam_search_on_device, search_on_device
+from captioner.model.graphs import CaptureError, NoHostReads, Rerun
 from captioner.decoding.rules import photo_evidence
 from captioner.decoding.reading import read_heads
 from captioner.decoding.rules import Lexicon, Rules

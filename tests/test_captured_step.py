@@ -1,5 +1,5 @@
 """train.capture (training/captured_step.py): the cross-entropy step recorded per batch shape and replayed. A CPU
-has no CUDA graphs; decoding.device_beam.Rerun keeps their contract here (recorded with every host read refused,
+has no CUDA graphs; model.graphs.Rerun keeps their contract here (recorded with every host read refused,
 replayed into the recorded outputs), so a recorded run must train as the op-by-op one does."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from captioner.config import Config, load_config
 from captioner.data.dataset import Batch
-from captioner.decoding.device_beam import Rerun
+from captioner.model.graphs import Rerun
 from captioner.model.show_attend_tell import ShowAttendTell
 from captioner.training import captured_step
 from captioner.training.captured_step import ROWS_STEP, T_STEP, CapturedStep, why_op_by_op
@@ -215,7 +215,7 @@ def test_the_benchmark_step_replays_and_falls_back_to_op_by_op(monkeypatch):
 def test_cuda_graph_steps_train_as_op_by_op_on_the_gpu():
     """Real CUDA graphs: four steps over two shapes, float32 and dropout 0, against engine.train_step on the same
     GPU; then with bf16 autocast, the recorded run's losses stay within bf16's rounding of the op-by-op run's."""
-    from captioner.decoding.device_beam import CudaGraph
+    from captioner.model.graphs import CudaGraph
     from captioner.training.run import amp_dtype
 
     gpu = torch.device("cuda")

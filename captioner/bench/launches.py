@@ -27,7 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..decoding import device_beam as recording
-from ..decoding.device_beam import Rerun
+from ..model.graphs import Rerun
 
 SYNCS = frozenset({"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default",
                    "aten.is_nonzero.default"})

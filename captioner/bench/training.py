@@ -139,7 +139,7 @@ def bench_train_cached(preset: Preset, counts: Counts, device: torch.device, amp
         step = partial(_train_step, model, optimizer, cfg=cfg, fast=fast, device=device,
                        scaler=_scaler(device, cfg))  # a GPU without bf16: fp16 as training runs it
         if mode == "recorded":  # every shape recorded before the timing: a run records each once, then replays
-            from ..decoding.device_beam import CudaGraph
+            from ..model.graphs import CudaGraph
             from ..training.captured_step import CapturedStep
             from ..training.run import amp_dtype
 

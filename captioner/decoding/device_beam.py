@@ -1,19 +1,16 @@
-"""The search on a device: what both beam searches share (Hypothesis, a step's ranking `rank`, the stopping rule
-`searching`), the fixed-shape beam search for a GPU, and that search and the encoder replayed as CUDA graphs.
-Legend: B images, K beams, n images, G rows per image, N rows, T max_len, P regions, A attention, H hidden,
-V vocabulary, C evidence categories.
+"""The search on a device: what both beam searches share (Hypothesis, `rank`, the stopping rule `searching`), the
+fixed-shape beam search for a GPU, and that search and the encoder replayed as CUDA graphs (model/graphs.py).
+Legend: B images, K beams, n images, G rows per image, N rows, T max_len, P regions, V vocabulary, C categories.
 
-Fixed shapes (search.beam_search reads the host every step, which on a GPU waits for the queue): every image
-keeps its K rows to the end, its K best finished hypotheses live on the device as the step and row each ends at,
-and each step's words, maps and gates are kept as written (the trail), walked back once at the end. The host
-reads `active.any()` every `check_every` steps. A step never writes a tensor it was given (State -> State).
+Fixed shapes (search.beam_search reads the host every step, which waits for a GPU's queue): every image keeps its
+K rows to the end, its K best finished hypotheses stay on the device (the step and row each ends at), and each
+step's words, maps and gates are kept as written (the trail), walked back once at the end. The host reads
+`active.any()` every `check_every` steps. A step never writes a tensor it was given (State -> State).
 
-Recorded (`search`, `encode`): a step's ~170 kernel launches cost a GPU more than running them; a CUDA graph
-replays them with one launch (docs/performance.md). The search is recorded in chunks (CHECKS), each with the walk
-after it; a call replays chunks until no photo searches. Each call's inputs are copied into static buffers and
-its outputs read under a lock; nothing inside a chunk reads the device (NoHostReads); weights and the rules'
-tables stay put (weights_key, rules.tables_of). One recording per padded batch size (`bucket`), dtype and
-settings; one that fails warns and runs op by op. A CPU has no graphs: `Rerun` keeps the contract.
+Recorded (`search`, `encode`): one launch instead of ~170 a step. The search is recorded in chunks (CHECKS), each
+with the walk after it; a call copies its inputs into static buffers, replays chunks until no photo searches and
+reads the outputs under a lock. One recording per padded batch size (`bucket`), dtype and settings; weights and
+the rules' tables stay put (weights_key, rules.tables_of); one that fails warns and runs op by op.
 """
 from __future__ import annotations
 
@@ -25,13 +22,12 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, NamedTuple
 
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_leaves
 
 from ..config import DecodeConfig
 from ..model.decoder import Decoder
+from ..model.graphs import CaptureError, CudaGraph, weights_key
 from ..vocab import SpecialIds
-from .rules import Evidence, RowState, Rules
+from .rules import RowState, Rules
 
 NEG = float("-inf")
 
@@ -60,58 +56,41 @@ def with_greedy_scores(found: list[list[Hypothesis]]) -> list[list[Hypothesis]]:
 
 
 class Ranked(NamedTuple):
-    """One step's candidates, best first: each image's 2K best continuations, and the K that stay alive."""
+    """One step's candidates: each image's 2K best continuations, best first, and the K of them that stay alive."""
     scores: torch.Tensor  # (n, 2K) cumulative log-probs
     src: torch.Tensor  # (n, 2K) the row each continues
-    words: torch.Tensor  # (n, 2K)
-    logps: torch.Tensor  # (n, 2K) each word's own log-prob
     ends: torch.Tensor  # (n, 2K) hypotheses that end now: <end> within the top K, and possible
     normed: torch.Tensor  # (n, 2K) scores normalised for t words + <end>
-    alive_scores: torch.Tensor  # (n, K)
+    alive_scores: torch.Tensor  # (n, K), in rank order
     alive_src: torch.Tensor  # (n, K)
     alive_words: torch.Tensor  # (n, K)
-    alive_logps: torch.Tensor  # (n, K)
+    alive_logps: torch.Tensor  # (n, K) each word's own log-prob
 
 
 def rank(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, rank_2k: torch.Tensor, t: int, length_penalty: float,
          pad: int, end: int) -> Ranked:
     """Rows' scores cum (N,), the step's scores logp (N, V) of n images x G rows after t words, rank_2k = arange(2K)
-    -> the step's Ranked candidates."""
-    K = rank_2k.shape[0] // 2
-    top_s, src, word, step_lp = candidates(cum, logp, n, G, K, pad)  # (n, 2K) each
-    is_end = word == end
-    ends = is_end & (rank_2k < K) & (top_s > float("-inf"))  # (n, 2K)
-    return Ranked(top_s, src, word, step_lp, ends, normalise(top_s, t + 1, length_penalty),
-                  *alive(top_s, src, word, step_lp, is_end, rank_2k, K))
+    -> the step's Ranked candidates. Each of the G <= K rows has one <end> among the 2K: K of them do not end."""
+    K, V = rank_2k.shape[0] // 2, logp.shape[1]
+    cand = (cum.unsqueeze(1) + logp).view(n, G * V)  # (n, G*V)
+    if G * V < 2 * K:  # a vocabulary smaller than 2K words: pad with impossible candidates
+        cand = torch.nn.functional.pad(cand, (0, 2 * K - G * V), value=NEG)
+    top_s, top_i = cand.topk(2 * K, dim=1)  # (n, 2K)
+    src = torch.arange(n, device=cum.device).unsqueeze(1) * G + (top_i // V).clamp(max=G - 1)  # (n, 2K)
+    word = torch.where(top_i < G * V, top_i % V, pad)  # (n, 2K)
+    step_lp, is_end = logp[src, word], word == end  # (n, 2K)
+    ends = is_end & (rank_2k < K) & (top_s > NEG)  # (n, 2K)
+    keep = (~is_end).float() * (2 * K - rank_2k)  # prefer non-end, then better rank
+    pos = keep.topk(K, dim=1).indices.sort(dim=1).values  # (n, K) positions in rank order
+    return Ranked(top_s, src, ends, normalise(top_s, t + 1, length_penalty),
+                  *(x.gather(1, pos) for x in (top_s, src, word, step_lp)))
 
 
 def searching(best_k: torch.Tensor, best_alive: torch.Tensor, length_penalty: float) -> torch.Tensor:
     """Each image's K-th best finished score and best live one (n,) -> (n,) whether a live hypothesis could still
     win (exact with length_penalty 0: log-probabilities only decrease; with a penalty, until K have finished)."""
-    done = best_k > float("-inf") if length_penalty else best_k >= best_alive
-    return ~(done | (best_alive == float("-inf")))
-
-
-def candidates(cum: torch.Tensor, logp: torch.Tensor, n: int, G: int, K: int, pad: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The best 2K continuations of each image's G rows: scores, source rows, words, word log-probs (n, 2K)."""
-    V = logp.shape[1]
-    cand = (cum.unsqueeze(1) + logp).view(n, G * V)  # (n, G*V)
-    if G * V < 2 * K:  # a vocabulary smaller than 2K words: pad with impossible candidates
-        cand = torch.nn.functional.pad(cand, (0, 2 * K - G * V), value=float("-inf"))
-    top_s, top_i = cand.topk(2 * K, dim=1)  # (n, 2K)
-    src = torch.arange(n, device=cum.device).unsqueeze(1) * G + (top_i // V).clamp(max=G - 1)  # (n, 2K)
-    word = torch.where(top_i < G * V, top_i % V, pad)  # (n, 2K)
-    return top_s, src, word, logp[src, word]
-
-
-def alive(top_s: torch.Tensor, src: torch.Tensor, word: torch.Tensor, step_lp: torch.Tensor, is_end: torch.Tensor,
-           rank: torch.Tensor, K: int) -> tuple[torch.Tensor, ...]:
-    """The K best continuations that do not end (each of the G <= K rows has one <end> among the 2K), in rank
-    order: scores, source rows, words, word log-probs (n, K)."""
-    keep_score = (~is_end).float() * (2 * K - rank)  # prefer non-end, then better rank
-    pos = keep_score.topk(K, dim=1).indices.sort(dim=1).values  # (n, K) positions in rank order
-    return top_s.gather(1, pos), src.gather(1, pos), word.gather(1, pos), step_lp.gather(1, pos)
+    done = best_k > NEG if length_penalty else best_k >= best_alive
+    return ~(done | (best_alive == NEG))
 
 
 # what step s wrote: source rows (N,), words (N,), word log-probs (N,) (by the rows after it), maps (N, P) and
@@ -145,13 +124,13 @@ Finished = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # scor
 
 def merge(finished: Finished, rows: torch.Tensor, length: int, raw: torch.Tensor, norm: torch.Tensor,
           ok: torch.Tensor) -> Finished:
-    """Each image's K best finished hypotheses by normalised score, with candidates ending at rows (B, M) after
-    `length` words, scores raw / norm (B, M), where ok."""
+    """Each image's K best finished hypotheses, with those ending at rows (B, M) after `length` words (raw, norm)."""
     K = finished[0].shape[1]
     norm = norm.masked_fill(~ok, NEG)
     top = torch.cat([finished[0], norm], 1).topk(K, dim=1).indices  # (B, K)
     new = (norm, raw, torch.full_like(rows, length), rows)
-    return tuple(torch.cat([old, x.to(old.dtype)], 1).gather(1, top) for old, x in zip(finished, new))  # type: ignore[return-value]
+    merged = (torch.cat([old, x.to(old.dtype)], 1).gather(1, top) for old, x in zip(finished, new))
+    return tuple(merged)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -176,11 +155,10 @@ class State:
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """Every tensor of the state, in one fixed order (Rerun.replay copies them)."""
         return (self.feat_proj, self.ctx_gates, self.images, self.rank, self.h, self.c, self.cum, self.words,
-                self.tokens, *self.said.tensors(), self.active, *self.finished, *(x for step in self.trail for x in step))
+                self.tokens, *self.said.tensors(), self.active, *self.finished, *(x for st in self.trail for x in st))
 
     def walked(self) -> tuple[torch.Tensor, ...]:
-        """On the device: the finished hypotheses' words (B*K, S), maps (B*K, S, P), gates and word log-probs
-        (B*K, S), then scores, raw log-probs and lengths (B, K) (for read_back)."""
+        """On the device, for read_back: walk's tables (B*K, ...), then scores, raw log-probs, lengths (B, K)."""
         norm, raw, length, row = self.finished
         return (*walk(self.trail, row.view(-1), length.view(-1)), norm, raw, length)
 
@@ -189,7 +167,7 @@ class State:
 
 
 class Search:
-    """One search's fixed parts (Rules None: settings' without lexicon or evidence) and its steps."""
+    """One search's fixed parts and its steps."""
 
     def __init__(self, decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
                  rules: Rules | None = None):
@@ -205,8 +183,8 @@ class Search:
         h, c = (s[images] for s in d.init_state(feats))  # (N, H)
         cum = feats.new_full((B, K), NEG)
         cum[:, 0] = 0
-        finished = (feats.new_full((B, K), NEG), feats.new_full((B, K), NEG),
-                    torch.zeros(B, K, dtype=torch.long, device=device), torch.zeros(B, K, dtype=torch.long, device=device))
+        none = torch.zeros(B, K, dtype=torch.long, device=device)
+        finished = (feats.new_full((B, K), NEG), feats.new_full((B, K), NEG), none, none.clone())
         return State(0, False, d.attention.project(feats), d.context_gates(feats), images,
                      torch.arange(2 * K, device=device), h, c, cum.view(-1),
                      torch.full((B * K,), self.ids.start, dtype=torch.long, device=device),
@@ -285,95 +263,10 @@ def search_on_device(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, set
     return state
 
 
-# what a graph cannot record: host reads of a device value or a data-dependent shape, and host data copied in
-READS_BACK = frozenset({"item", "tolist", "cpu", "numpy", "nonzero", "argwhere", "masked_select", "equal",
-                        "is_nonzero", "__bool__", "__int__", "__float__", "__index__"})
-FROM_HOST = frozenset({"tensor", "as_tensor", "from_numpy"})
 LIMIT = 8  # shapes kept recorded (each holds its own memory pool); the least recently used goes first
 ENCODER_LIMIT = 4  # batch sizes whose encoder pass stays recorded (each holds its activations' memory)
 # where a recorded search reads whether any photo still searches (then max_len): most captions end by the first
 CHECKS = (12, 16, 20, 24)
-
-
-class CaptureError(RuntimeError):
-    """An operation a graph cannot record (READS_BACK, FROM_HOST)."""
-
-
-class NoHostReads(TorchFunctionMode):
-    """CaptureError at the block's first READS_BACK or FROM_HOST call."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in READS_BACK:
-            raise CaptureError(f"{name} reads a device value on the host while recording")
-        if name in FROM_HOST:
-            raise CaptureError(f"torch.{name} copies host data to the device while recording")
-        return func(*args, **(kwargs or {}))
-
-
-def _leaves(out: Any) -> list[torch.Tensor]:
-    return list(out.tensors()) if isinstance(out, State) else tree_leaves(out)
-
-
-class CudaGraph:
-    """torch.cuda.CUDAGraph: `record` warms fn up on a side stream, then records it; its outputs hold each replay's
-    results. The graphs of one recording share a `pool`, replayed in the order they were recorded."""
-
-    def __init__(self, pool: Any = None):
-        self.pool = pool
-
-    @staticmethod
-    def new_pool() -> Any:
-        return torch.cuda.graph_pool_handle()
-
-    def record(self, fn: Callable[[], Any]) -> Any:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        # thread_local: another thread's CUDA calls meanwhile (an app session) are not this capture's error
-        with torch.cuda.graph(self.graph, pool=self.pool, capture_error_mode="thread_local"):
-            out = fn()
-        return out
-
-    def replay(self) -> None:
-        self.graph.replay()
-
-
-class Rerun:
-    """A graph's contract on a CPU: `record` warms fn up, runs it under NoHostReads and keeps its outputs; `replay`
-    runs fn again into those outputs. Reading anything but the static inputs and earlier graphs' outputs gives a
-    wrong answer here as on a GPU."""
-
-    replays = 0
-
-    def __init__(self, pool: Any = None):
-        pass
-
-    @staticmethod
-    def new_pool() -> Any:
-        return None
-
-    def record(self, fn: Callable[[], Any]) -> Any:
-        fn()  # the warm-up: caches made here, as before a CUDA graph's recording
-        with NoHostReads(), torch.inference_mode(False):  # outputs a later replay may write in either mode
-            self.fn, self.out = fn, fn()
-        return self.out
-
-    def replay(self) -> None:
-        with NoHostReads():
-            for old, new in zip(_leaves(self.out), _leaves(self.fn())):
-                if new is not old:  # (a state's tensors from before the chunk are its own)
-                    old.copy_(new)
-        self.replays += 1
-
-
-def weights_key(module: torch.nn.Module) -> tuple:
-    """Where a module's parameters and buffers are and their versions: a recording reads them by address, and
-    what was made from them (the word-gate table) from the values they had."""
-    return tuple((t.data_ptr(), t._version) for t in (*module.parameters(), *module.buffers()))
 
 
 @dataclass
@@ -395,15 +288,23 @@ class Recordings:
     def run(self, key: tuple, inputs: tuple[torch.Tensor, ...], weights: tuple, what: str,
             record: Callable[[tuple[torch.Tensor, ...], Callable[[], Any]], Any],
             take: Callable[[Any], Any] = lambda out: out) -> Any | None:
-        """key's recording run on `inputs` (copied into its static ones) -> take(its run()), under the lock (`take`
-        reads or copies the outputs). The first time `record(static inputs, new_graph)` makes it; None where it
-        could not be recorded (the caller runs op by op)."""
+        """key's recording run on `inputs` (copied into its static ones) -> take(its run()) (`take` reads or copies
+        the outputs under the lock); the first time `record(static inputs, new_graph)` makes it. None: it could not
+        be recorded (the caller runs op by op)."""
         with self.lock:
             if weights != self.weights:  # moved or trained since
                 self.recorded.clear()
                 self.weights = weights
             if key not in self.recorded:
-                self.recorded[key] = self._record(inputs, what, record)
+                with torch.inference_mode(False):  # later calls may copy into them in either mode
+                    static = tuple(x.clone() for x in inputs)
+                pool = self.make_graph.new_pool()
+                try:
+                    self.recorded[key] = _Entry(static, record(static, lambda: self.make_graph(pool)))
+                except (RuntimeError, CaptureError) as e:
+                    warnings.warn(f"{what} could not be recorded as CUDA graphs ({e}); inputs of this shape run it "
+                                  "op by op", RuntimeWarning, stacklevel=4)
+                    self.recorded[key] = None
                 while len(self.recorded) > self.limit:
                     self.recorded.popitem(last=False)
             self.recorded.move_to_end(key)
@@ -413,18 +314,6 @@ class Recordings:
             for static, x in zip(entry.inputs, inputs):
                 static.copy_(x)
             return take(entry.recording.run())
-
-    def _record(self, inputs: tuple[torch.Tensor, ...], what: str,
-                record: Callable[[tuple[torch.Tensor, ...], Callable[[], Any]], Any]) -> _Entry | None:
-        with torch.inference_mode(False):  # later calls may copy into them in either mode
-            static = tuple(x.clone() for x in inputs)
-        pool = self.make_graph.new_pool()
-        try:
-            return _Entry(static, record(static, lambda: self.make_graph(pool)))
-        except (RuntimeError, CaptureError) as e:
-            warnings.warn(f"{what} could not be recorded as CUDA graphs ({e}); inputs of this shape run it op by op",
-                          RuntimeWarning, stacklevel=5)
-            return None
 
 
 @dataclass
@@ -440,7 +329,7 @@ class _Once:
 
 @dataclass
 class _Chunks:
-    """A search recorded chunk by chunk (CHECKS), each chunk's graph with its state and the walk after it."""
+    """A search recorded chunk by chunk (CHECKS): each chunk's graph and state, and the walk after it."""
     chunks: list[tuple[Any, State]]
     walks: list[tuple[Any, tuple[torch.Tensor, ...]]]
 
@@ -462,7 +351,7 @@ def chunk_sizes(max_len: int) -> list[int]:
 
 def _record_search(search: Search, new_graph: Callable[[], Any]) -> _Chunks:
     """Each chunk recorded from the state the one before writes (replayed at once: the next warm-up reads real
-    values), and the walk after each."""
+    values), with the walk after it."""
     chunks, walks, state = [], [], None
     for size in chunk_sizes(search.T):
         graph = new_graph()
@@ -488,17 +377,13 @@ def _padded(x: torch.Tensor, n: int) -> torch.Tensor:
     return x if len(x) == n else torch.cat([x, x[-1:].expand(n - len(x), *x.shape[1:])])
 
 
-def _evidence_inputs(evidence: Evidence | None, n: int) -> tuple[torch.Tensor, ...]:
-    """A call's evidence padded to n photos: ruled-out words (n, V), bonus (n, C), word table (V, C)."""
-    return () if evidence is None else (_padded(evidence.ruled_out, n), _padded(evidence.bonus, n), evidence.words)
-
-
 def search(recordings: Recordings, decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
            rules: Rules | None = None) -> list[list[Hypothesis]]:
     """beam_search_on_device's hypotheses, its search replayed: feats (B, P, D) -> each image's, best first."""
     B, rules = len(feats), rules or Rules(ids, settings)
-    evidence = rules.evidence
-    inputs = (_padded(feats, bucket(B)), *_evidence_inputs(evidence, bucket(B)))
+    evidence, n = rules.evidence, bucket(B)
+    inputs = (_padded(feats, n),) + (() if evidence is None else  # ruled-out words (n, V), bonus (n, C), words (V, C)
+                                     (_padded(evidence.ruled_out, n), _padded(evidence.bonus, n), evidence.words))
     key = ("search", tuple((tuple(x.shape), x.dtype, x.device) for x in inputs), ids, repr(settings), rules.rules,
            None if evidence is None else evidence.has_bonus)
 

@@ -1,22 +1,14 @@
-"""The constrain stage, which words may come next: every next-word rule (one class each), the photos' evidence (a
-veto and a bonus on object words) and Rules, built once per decode and applied at each step of every search and
-of sampling. Legend: N live rows, t words so far, B images, V vocabulary, W words a table row names, C categories.
+"""The constrain stage, which words may come next: the next-word rules (one class each; tests/rules_oracle.py
+states each literally), the photos' evidence (a veto and a bonus on object words) and Rules, built once per
+decode and applied at every step of every search and of sampling. Legend: N live rows, t words so far, B images,
+V vocabulary, W words a table row names, C categories.
 
-A Rule: `tables(V, device)` made once and kept for the process (a recorded search reads them by address),
-`advance` what it remembers of each row, `bans` the word ids (N, m) it bans this step (<pad>: none), `forever`
-the (N, V) words banned for good; a step's work does not grow with the words written, and reads nothing back.
-tests/rules_oracle.py states every rule literally (tests/test_processors.py). Settings: config.DecodeConfig
-(block_*; `unruled`: none, for SCST and the search tests).
-
-The evidence (the encoder's ImageNet head, concepts/imagenet.py, often knows better than a Flickr8k decoder
-whether a dog or a person is there), per photo (B, V):
-
-    veto (a ban, -inf): w names category k and p[b, k] < evidence_floor (dog: max(evidence_floor, dog_floor)),
-                        or w is a person word and the person detector gives P(person) < person_floor
-    bonus (a bias):     +evidence_bonus * p[b, k] if w names k and is not vetoed, until the caption has named k
-
-With decode.evidence_detectors the veto's p[b, k] is the larger of the head's and the word detector named k
-(detected_probs); a word taught on your photos (Vocab.aliases) inherits its source word's evidence.
+The evidence (the encoder's ImageNet head often knows better than a Flickr8k decoder whether a dog is there):
+    veto (-inf):  w names category k and p[b, k] < evidence_floor (dog: max(evidence_floor, dog_floor)), or w is a
+                  person word and the person detector gives P(person) < person_floor
+    bonus:        +evidence_bonus * p[b, k] if w names k and is not vetoed, until the caption has named k
+With decode.evidence_detectors, p[b, k] is the larger of the head's and the word detector named k's; a word taught
+on your photos (Vocab.aliases) inherits its source word's evidence.
 """
 from __future__ import annotations
 
@@ -42,8 +34,8 @@ Memory = Any  # what one rule remembers of the live rows: a tensor (N, ...) or N
 
 
 def unruled(settings: DecodeConfig | None = None, **changes: Any) -> DecodeConfig:
-    """`settings` (default DecodeConfig()) with every RULES setting off, then `changes`: the model's own words,
-    as SCST samples them (<pad>, <start>, <unk> with forbid_unk stay forbidden; the evidence is Rules')."""
+    """`settings` (default DecodeConfig()) with every RULES setting off, then `changes` (SCST; <pad>, <start> and
+    <unk> with forbid_unk stay forbidden)."""
     return dataclasses.replace(settings or DecodeConfig(), **{**{r: False for r in RULES}, **changes})
 
 
@@ -81,7 +73,10 @@ def _mask(words: tuple[int, ...], V: int, device: torch.device) -> torch.Tensor:
 
 
 class Rule:
-    """One next-word rule (module docstring); by default it remembers and bans nothing."""
+    """One next-word rule: `tables(V, device)` made once per process (a recorded search reads them by address),
+    `advance` what it remembers of each row, `bans` this step's banned ids (N, m) (<pad>: none), `forever` the
+    (N, V) words banned for good. A step's work does not grow with the words written; nothing is read back.
+    By default a rule remembers and bans nothing."""
 
     def tables(self, V: int, device: torch.device) -> dict[str, torch.Tensor]:
         return {}
@@ -99,7 +94,7 @@ class Rule:
 
 @lru_cache(maxsize=None)
 def tables_of(rule: Rule, V: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """A rule's tables, made once per rule, V and device, kept for the process; never written to."""
+    """A rule's tables, made once per rule, V and device; never written to."""
     return rule.tables(V, device)
 
 
@@ -228,7 +223,22 @@ class ContentRepeats(Rule):
     lex: Lexicon
 
     def tables(self, V, device):
-        return {"said": _padded(said_bans(self.lex, V), self.pad, device)}  # (V, F)
+        """"said" (V, F): what writing v bans for good: v, its family and the family's members (no function word)."""
+        lex = self.lex
+        family = dict(lex.twins)  # member -> family
+        members: dict[int, list[int]] = {}
+        for m, f in lex.twins:
+            members.setdefault(f, []).append(m)
+        function, out = set(lex.function_words), []
+        for v in range(V):
+            said = {v} if v not in family else set()
+            said.update(members.get(v, ()))  # the family v names
+            if v in family:  # v's family and its every member
+                said.update(members.get(family[v], ()))
+                if family[v] not in family:
+                    said.add(family[v])
+            out.append(sorted(w for w in said if w not in function))
+        return {"said": _padded(out, self.pad, device)}  # (V, F)
 
     def advance(self, memory, words, t, V):
         if memory is None:
@@ -237,26 +247,6 @@ class ContentRepeats(Rule):
 
     def forever(self, memory):
         return memory
-
-
-def said_bans(lex: Lexicon, V: int) -> list[list[int]]:
-    """For each word v, the words writing it bans for good: v, its family and the family's members (function
-    words left out)."""
-    family = dict(lex.twins)  # member -> family
-    members: dict[int, list[int]] = {}
-    for m, f in lex.twins:
-        members.setdefault(f, []).append(m)
-    function = set(lex.function_words)
-    out = []
-    for v in range(V):
-        said = {v} if v not in family else set()
-        said.update(members.get(v, ()))  # the family v names
-        if v in family:  # v's family and its every member
-            said.update(members.get(family[v], ()))
-            if family[v] not in family:
-                said.add(family[v])
-        out.append(sorted(w for w in said if w not in function))
-    return out
 
 
 def ruled_out_words(probs: torch.Tensor, words: torch.Tensor, floor: float | torch.Tensor,
@@ -293,13 +283,12 @@ def _person_words(itos: tuple[str, ...], names: frozenset[str], taught: tuple[tu
 
 class Evidence:
     """The photos' veto and bonus: probs (B, C), words (V, C) (word_categories), person (P(person) (B,), person
-    words (V,)) or None, seen (B, C) what rules a category out when not probs (detected_probs) -> `ruled_out`
-    (B, V) and the bonus (B, C). Built by photo_evidence; tests build it from hand-made probabilities."""
+    words (V,)) or None, seen (B, C) what rules a category out if not probs -> `ruled_out` (B, V), `bonus` (B, C)."""
 
     def __init__(self, probs: torch.Tensor, words: torch.Tensor, settings: DecodeConfig,
                  person: tuple[torch.Tensor, torch.Tensor] | None = None, seen: torch.Tensor | None = None):
         self.words = words.to(probs)  # (V, C)
-        self.person = person  # read by the choice too
+        self.person = person  # read by the choice
         floors = torch.full((probs.shape[1],), float(settings.evidence_floor))  # (C,)
         if probs.shape[1] == len(CATEGORIES):  # dog's raised: Flickr8k's wrong dogs have P(dog) .05-.5
             floors[CATEGORIES.index("dog")] = max(settings.evidence_floor, settings.dog_floor)
@@ -350,8 +339,8 @@ def detected_probs(probs: torch.Tensor, det: WordDetectors | None, detections: t
 
 def photo_evidence(reading: HeadReading, model: torch.nn.Module, vocab: Vocab, settings: DecodeConfig
                    ) -> Evidence | None:
-    """The photos' Evidence from their reading, once per decode (None without the ImageNet head). Decoding uses
-    it with decode.evidence; a Caption's contradicted words come from its `ruled_out` either way."""
+    """The photos' Evidence from their reading (None without the ImageNet head): decoding applies it with
+    decode.evidence; a Caption's contradicted words are its `ruled_out` either way."""
     det = checked_detectors(model, settings)
     if reading.probs is None:
         return None
@@ -370,8 +359,7 @@ def photo_evidence(reading: HeadReading, model: torch.nn.Module, vocab: Vocab, s
 
 @dataclass
 class RowState:
-    """What the rules remember of the live rows: one memory per rule, and the evidence categories each has
-    named (N, C) (a bonus to earn) or None."""
+    """What the rules remember of the live rows: a memory per rule, the categories each has named (N, C) or None."""
     memory: tuple[Memory, ...]
     named: torch.Tensor | None
 
@@ -385,8 +373,8 @@ class RowState:
 
 
 class Rules:
-    """Every rule of one decode, built once from its settings, Lexicon and Evidence (or None), for a whole search
-    or sampling run: `start` the rows' state, `scores` a step, `advance` the state with the words chosen."""
+    """One decode's rules from its settings, Lexicon and Evidence (or None): `start` the rows' state, `scores` a
+    step, `advance` the state with the words chosen."""
 
     def __init__(self, ids: SpecialIds, settings: DecodeConfig, evidence: Evidence | None = None,
                  lexicon: Lexicon = Lexicon()):
@@ -437,8 +425,8 @@ class Rules:
         return logp.scatter_(1, torch.cat(bans, 1) if len(bans) > 1 else bans[0], NEG)  # (N, V)
 
     def advance(self, state: RowState, words: torch.Tensor, rows: torch.Tensor | None = None) -> RowState:
-        """The state after each row `rows` (M,) of `state` (all, in order, when None) wrote words (M,), scored by
-        `scores` first (as every search does); the state passed in is spent (its tensors may be written)."""
+        """The state after rows `rows` (M,) of `state` (None: all) wrote words (M,), scored by `scores` first; the
+        state passed in is spent (its tensors may be written)."""
         state = state if rows is None else state.reindexed(rows)
         memory = tuple(r.advance(m, words, t, self.V) for r, m, t in zip(self.rules, state.memory, self.t))
         named = state.named

@@ -1,12 +1,6 @@
-"""Captions drawn from the model's distribution, K per image: for self-critical training (with gradients,
-training/objectives.py) and for people (Photo.sample: temperature, top-k, nucleus, seeded).
-
+"""Captions drawn from the model's distribution, K per image (K consecutive rows sharing its features): for SCST
+(with gradients, training/objectives.py) and for people (Photo.sample: temperature, top-k, nucleus, seeded).
 Legend: B images, K samples per image, n live images, N rows, P regions, V vocabulary, T steps.
-
-The K samples of an image are K consecutive rows sharing its features (as beams do). A word is drawn from the
-step's scores (SCST: Renormalised; a caption: rules.Rules), divided by the temperature, cut to the top_k best,
-then to the nucleus (the fewest best words holding probability top_p), renormalised (Draw.probs). Each token's
-log_prob is the score of the word drawn, before temperature and truncation: the model's own.
 """
 from __future__ import annotations
 
@@ -24,7 +18,7 @@ CHECK_EVERY = 4  # off the CPU: steps between two reads of "is any sample still 
 
 
 class Scores(Protocol):
-    """What words are drawn from (rules.Rules, Renormalised): `scores` (N, V) of the live rows, a state per row
+    """What words are drawn from (rules.Rules, Renormalised): the live rows' `scores` (N, V), a state per row
     (`start`, `advance`; its `reindexed(rows)` follows the rows that stay)."""
 
     def start(self, n: int) -> Any: ...
@@ -44,8 +38,8 @@ def _whole(x: object) -> bool:  # a whole number (numpy's too), not a bool
 
 @dataclass(frozen=True)
 class Draw:
-    """How each word is drawn: temperature (> 0), top_k (0: every word), top_p (nucleus, in (0, 1]; 1: every
-    word). The defaults draw from the scores as they are."""
+    """How each word is drawn from the step's scores: divided by temperature (> 0), cut to the top_k best (0: every
+    word), then to the nucleus (the fewest best words holding probability top_p; 1: every word), renormalised."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -126,27 +120,23 @@ class Samples:
                 for row, keep in zip(self.tokens.tolist(), self.mask.tolist())]
 
 
-class _Nothing:
-    """The state of scores that remember nothing."""
-
-    def reindexed(self, rows: torch.Tensor) -> "_Nothing":
-        return self
-
-
 class Renormalised:
-    """SCST's scores: log-probabilities renormalised without <pad>, <start> (and <unk>), out of place (autograd)."""
+    """SCST's scores: log-probabilities renormalised without <pad>, <start> (and <unk>), out of place (autograd).
+    They remember nothing: the rows' state is the scores themselves."""
 
     def __init__(self, ids: SpecialIds, device: torch.device):
         self.banned = torch.tensor([ids.pad, ids.start] + ([ids.unk] if ids.unk is not None else []), device=device)
 
-    def start(self, n: int) -> _Nothing:
-        return _Nothing()
+    def start(self, n: int) -> "Renormalised":
+        return self
 
-    def scores(self, logits: torch.Tensor, tokens: torch.Tensor, state: _Nothing, images: torch.Tensor
-               ) -> torch.Tensor:
+    def reindexed(self, rows: torch.Tensor) -> "Renormalised":
+        return self
+
+    def scores(self, logits: torch.Tensor, tokens: torch.Tensor, state: Any, images: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(logits.float().index_fill(1, self.banned, float("-inf")), dim=-1)  # (N, V)
 
-    def advance(self, state: _Nothing, words: torch.Tensor) -> _Nothing:
+    def advance(self, state: Any, words: torch.Tensor) -> Any:
         return state
 
 
@@ -154,7 +144,8 @@ def sample(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, n_samples: in
            draw: Draw = Draw(), rules: Scores | None = None, generator: torch.Generator | None = None,
            context: str = "expected", check_every: int | None = None) -> Samples:
     """feats (B, P, D) -> n_samples captions per image, words drawn from `rules`' scores (default Renormalised) as
-    `draw` says, with `generator` (None: torch's global state), until <end> or max_len. context: a hard model's.
+    `draw` says, with `generator` (None: torch's global state), until <end> or max_len; each token's log_prob is
+    the score of the word drawn (the model's own, before the draw's changes). context: a hard model's.
     check_every (default 0 on a CPU, CHECK_EVERY elsewhere): 0 drops finished images (a read every step); k > 0
     keeps fixed shapes and reads every k steps (the draws come in another order: other samples for a seed)."""
     if check_every is None:
@@ -174,7 +165,7 @@ def sample(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, n_samples: in
     toks, logps, masks, alphas, betas = [], [], [], [], []
     for _ in range(max_len):
         emb, emb_gates = decoder.embed(words)
-        logits, alpha, beta, state = decoder.step(state, emb, emb_gates, feats, feat_proj, context)  # (n*K, V), (n*K, P)
+        logits, alpha, beta, state = decoder.step(state, emb, emb_gates, feats, feat_proj, context)  # (nK, V), (nK, P)
         logp = rules.scores(logits, hist, said, rows // K)  # (n*K, V)
         probs = logp.detach().exp() if draw.plain else draw.probs(logp)  # (n*K, V)
         words = torch.where(alive, torch.multinomial(probs, 1, generator=generator).squeeze(1), pad)  # (n*K,)

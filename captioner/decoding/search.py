@@ -1,11 +1,8 @@
-"""Beam search, batched over images and beams; greedy decoding is its beam 1. `decode` is how captions are
-decoded: beam_search on a CPU (finished images leave the batch), device_beam's fixed-shape search elsewhere.
-
+"""Beam search batched over images and beams; greedy decoding is its beam 1. `decode` is how captions are decoded:
+beam_search on a CPU (finished images leave the batch), device_beam's fixed-shape search elsewhere. The rules and
+the evidence are rules.py's (Rules, built once by the caller); every search steps through Decoder.step. A hypothesis
+without <end> after max_len words is finished as it is (capped): decoding always returns a caption.
 Legend: B images, K beam size, n live images, N live rows (image x beam), t words so far, P regions, D feature dim.
-
-This module reads the search settings (beam_size, max_len, length_penalty, hard_context); the next-word rules
-and the evidence are rules.py's (Rules, built once by the caller). Every search steps through Decoder.step.
-A hypothesis without <end> after max_len words is finished as it is (capped): decoding always returns a caption.
 """
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ import torch
 
 from ..config import DecodeConfig
 from . import device_beam
-from .device_beam import Hypothesis, normalise, rank, searching, with_greedy_scores
+from .device_beam import NEG, Hypothesis, normalise, rank, searching, with_greedy_scores
 from .rules import Evidence, Rules
 from ..vocab import SpecialIds
 from ..model.decoder import Decoder
@@ -36,14 +33,18 @@ class History:
                         torch.cat([self.betas[rows], beta[rows].unsqueeze(1)], 1),
                         torch.cat([self.logps[rows], logp.float().unsqueeze(1)], 1))
 
-    def hypotheses(self, rows: list[int], log_probs: list[float], scores: list[float]) -> list[Hypothesis]:
-        """The rows `rows` finished as they are, with their log-probs and scores (one gather per table)."""
-        if not rows:
-            return []
-        at = torch.tensor(rows, dtype=torch.long, device=self.tokens.device)  # (M,)
+    def finish(self, finished: list[list[Hypothesis]], image_ids: torch.Tensor, top_s: torch.Tensor, src: torch.Tensor,
+               norm: torch.Tensor, ends: list[tuple[int, int]]) -> None:
+        """The hypotheses ending now, ends = [(image row g, candidate j)] of the step's (n, 2K) candidates, join
+        their image's finished list (one read per table, one gather per table)."""
+        if not ends:
+            return
+        images, rows, scores, normed = image_ids.tolist(), src.tolist(), top_s.tolist(), norm.tolist()
+        at = torch.tensor([rows[g][j] for g, j in ends], dtype=torch.long, device=self.tokens.device)  # (M,)
         tokens, logps = self.tokens[at].tolist(), self.logps[at].cpu().unbind(0)  # (M, t) each
         alphas, betas = self.alphas[at].unbind(0), self.betas[at].unbind(0)  # (M, t, P), (M, t)
-        return [Hypothesis(*h) for h in zip(tokens, alphas, log_probs, scores, betas, logps)]
+        for (g, j), words, alpha, beta, lp in zip(ends, tokens, alphas, betas, logps):
+            finished[images[g]].append(Hypothesis(words, alpha, scores[g][j], normed[g][j], beta, lp))
 
 
 @torch.no_grad()
@@ -51,8 +52,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
                 rules: Rules | None = None) -> list[list[Hypothesis]]:
     """feats (B, P, D), the decode's Rules (None: settings' without lexicon or evidence) -> each image's finished
     hypotheses, best first (up to beam_size); scores include the evidence's bonus. All live images x K beams are
-    one batch of rows; each step ranks every image's K*V continuations at once (device_beam.rank), and an image
-    leaves the batch once no live hypothesis can beat its K finished ones (device_beam.searching)."""
+    one batch of rows; an image leaves it once no live hypothesis can beat its K finished ones."""
     K, max_len, length_penalty = settings.beam_size, settings.max_len, settings.length_penalty
     (B, P, _), device = feats.shape, feats.device
     rank_2k, G = torch.arange(2 * K, device=device), 1  # (2K,); G rows (image, beam) per image: 1 at t=0, then K
@@ -68,27 +68,28 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
     hist = History(torch.zeros(B, 0, dtype=torch.long, device=device), feats.new_zeros(B, 0, P), feats.new_zeros(B, 0),
                     torch.zeros(B, 0, device=device))
     image_ids = torch.arange(B, device=device)  # (n,) original id of each live image
-    best_finished = torch.full((B, K), float("-inf"), device=device)
+    best_finished = torch.full((B, K), NEG, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(max_len):
         n = len(image_ids)
         emb, emb_gates = decoder.embed(words)
-        logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context, ctx_gates)
+        logits, alpha, beta, (h, c) = decoder.step((h, c), emb, emb_gates, feats, feat_proj, settings.hard_context,
+                                                   ctx_gates)
         r = rank(cum, rules.scores(logits, hist.tokens, said, image_ids.repeat_interleave(G, 0)), n, G, rank_2k, t,
                  length_penalty, ids.pad, ids.end)
         top_s, src, fin, norm = r.scores, r.src, r.ends, r.normed  # (n, 2K) each
-        best_finished = _best_finished(best_finished[:n], norm, fin)  # (n, K)
+        best_finished = torch.cat([best_finished[:n], norm.masked_fill(~fin, NEG)], 1).topk(K, dim=1).values  # (n, K)
         alive_s, alive_src, alive_word, alive_lp = r.alive_scores, r.alive_src, r.alive_words, r.alive_logps
         if t == max_len - 1:  # cap: live hypotheses end here with the word they just chose
-            _record_finished(finished, hist, image_ids, top_s, src, norm, fin.nonzero().tolist())
+            hist.finish(finished, image_ids, top_s, src, norm, fin.nonzero().tolist())
             capped = hist.extend(alive_src.reshape(-1), alive_word.reshape(-1), alpha, beta, alive_lp.reshape(-1))
             rows = torch.arange(alive_s.numel(), device=device).view_as(alive_s)  # (n, K): the capped rows
-            _record_finished(finished, capped, image_ids, alive_s, rows, normalise(alive_s, t + 1, length_penalty),
-                             (alive_s > float("-inf")).nonzero().tolist())
+            capped.finish(finished, image_ids, alive_s, rows, normalise(alive_s, t + 1, length_penalty),
+                          (alive_s > NEG).nonzero().tolist())
             break
         going = searching(best_finished[:, K - 1], alive_s[:, 0], length_penalty)  # (n,) live images that go on
         at, width = torch.cat([fin.flatten(), going]).nonzero().squeeze(1).tolist(), fin.numel()  # the one read a step
-        _record_finished(finished, hist, image_ids, top_s, src, norm, [divmod(i, 2 * K) for i in at if i < width])
+        hist.finish(finished, image_ids, top_s, src, norm, [divmod(i, 2 * K) for i in at if i < width])
         if at[-1:] < [width]:  # no image goes on
             break
         keep = torch.tensor([i - width for i in at if i >= width], dtype=torch.long, device=device)  # (n',)
@@ -102,25 +103,6 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
             ctx_gates = ctx_gates if ctx_gates is None else ctx_gates[keep]
         image_ids, best_finished = image_ids[keep], best_finished[keep]
     return [sorted(f, key=lambda hyp: -hyp.score)[:K] for f in finished]
-
-
-def _best_finished(best: torch.Tensor, norm: torch.Tensor, fin: torch.Tensor) -> torch.Tensor:
-    """The K best finished scores per live image (n, K), with the step's ending candidates (norm where fin)."""
-    merged = torch.cat([best, norm.masked_fill(~fin, float("-inf"))], dim=1)  # (n, 3K)
-    return merged.topk(best.shape[1], dim=1).values
-
-
-def _record_finished(finished: list[list[Hypothesis]], hist: "History", image_ids: torch.Tensor, top_s: torch.Tensor,
-                     src: torch.Tensor, norm: torch.Tensor, ends: list[tuple[int, int]]) -> None:
-    """The hypotheses ending now, ends = [(image row g, candidate j)] of the step's (n, 2K) candidates, join their
-    image's finished list."""
-    if not ends:
-        return
-    images, rows, scores, normed = image_ids.tolist(), src.tolist(), top_s.tolist(), norm.tolist()  # read once
-    ended = hist.hypotheses([rows[g][j] for g, j in ends], [scores[g][j] for g, j in ends],
-                            [normed[g][j] for g, j in ends])
-    for (g, _), hyp in zip(ends, ended):
-        finished[images[g]].append(hyp)
 
 
 def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,

@@ -48,7 +48,7 @@ import torch
 
 from ..config import Config
 from ..data.dataset import Batch
-from ..decoding.device_beam import CaptureError, CudaGraph, NoHostReads, Rerun
+from ..model.graphs import CaptureError, CudaGraph, NoHostReads, Rerun
 from ..model.show_attend_tell import ShowAttendTell
 from .loss import eq14
 from .objectives import Terms
