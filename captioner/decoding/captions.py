@@ -322,11 +322,9 @@ def _check_evidence(model: ShowAttendTell, settings: DecodeConfig) -> None:
 @torch.no_grad()
 def sampled_captions(model: ShowAttendTell, feats: torch.Tensor, reading: HeadReading, vocab: Vocab,
                      settings: DecodeConfig, request: SampleSettings) -> list[list[Caption]]:
-    """Photos' features (B, P, D) on the decoder's device and their reading -> request.n Captions per photo, drawn
-    in order (sampling.sample) from request's own seeded generator, under a caption's rules (applied before
-    temperature and truncation, so top_k=1 is greedy). Each carries the model's own word log-probs (the evidence's
-    bonus taken off, as decode does; score None), dressed like a caption; its settings record, under "sample",
-    the request with the seed used and the caption's index."""
+    """Photos' features (B, P, D) and their reading -> request.n Captions per photo, drawn in order under a
+    caption's rules (sampling.sample) with the model's own word log-probs (score None), dressed like a caption;
+    settings["sample"]: the request, its seed and the caption's index."""
     _check_evidence(model, settings)
     request.checked()
     settings.checked()

@@ -1,18 +1,9 @@
-"""A Photo: one photo read once, and everything about it asked there; and explaining any sentence about it.
+"""A Photo: one photo read once (`Captioner.read`: encoded and its heads read once), asked for captions at any
+settings, samples, its concepts, and the explanation of any typed sentence, never running the encoder again.
 
-`Captioner.read(image)` encodes the image once and reads its heads once (reading.read_heads); asking the Photo for a
-caption at other settings, a sample, or the explanation of a typed sentence never runs the encoder again.
-
-    photo = model.read("photo.jpg")
-    photo.caption(), photo.caption(beam_size=1), photo.explain("a dog on the grass"), photo.concepts.top
-    photo.sample(n=5, seed=0)   # 5 drawn captions, the same ones for the same seed
-
-Explaining teacher-forces the sentence through the decoder (force_sentences) and returns it as a Caption with the
-fields decoding fills, so decoding a caption and explaining its text give the same maps, gates and probabilities.
-Words are split by vocab.tokenize_typed and kept as typed; those the vocabulary lacks are fed as <unk> (listed in
-Caption.unknown). A sentence with no words is a NoWordsError, never a score of <end> alone.
-
-Legend: P = G*G attention cells, D feature dim, L words.
+Explaining teacher-forces the sentence (force_sentences) into a Caption with the fields decoding fills, so a caption
+and its explained text have the same maps, gates and probabilities; words the vocabulary lacks are fed as <unk>
+(Caption.unknown); a sentence without words is a NoWordsError. Legend: P = G*G cells, D feature dim, L words.
 """
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""Read: what the encoder's heads say about photos, computed once per photo and read by every sentence about it.
-
-`read_heads` runs the ImageNet classifier once over each photo's annotation vectors and, when the model file has
-them, the word detectors (whose person evidence reads the same logits). The concept probabilities, each photo's
-Concepts and the concept maps of a sentence's words derive from that reading; `annotated` dresses a Caption with
-them, a generated caption and an explained sentence alike.
-
-Legend: B photos, P = G*G attention cells, D feature dim, K ImageNet classes, C COCO categories, V vocabulary,
-L words.
+"""Read: what the encoder's heads say about photos (read_heads: the ImageNet classifier and the word detectors,
+once per photo), and `annotated`, which dresses a Caption (generated or explained) with it: concepts, detections,
+contradicted words, concept maps. Legend: B photos, P = G*G cells, D feature dim, K ImageNet classes, C COCO
+categories, V vocabulary, L words.
 """
 from __future__ import annotations
 
