@@ -12,12 +12,18 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from captioner.decoding.cider import CiderD, ngram_counts
+from captioner.decoding.cider import CiderD
 from captioner.data import build_records
 from captioner.config import DataConfig
 from captioner.vocab import tokenize
 
 from .device_check import HostTensors
+
+
+def ngram_counts(tokens, n=4) -> list[Counter]:
+    """[Counter of 1-grams, ..., Counter of n-grams] of one caption."""
+    toks = tuple(tokens)
+    return [Counter(toks[i:i + k] for i in range(len(toks) - k + 1)) for k in range(1, n + 1)]
 
 
 def test_ngram_counts():
@@ -96,18 +102,18 @@ def test_identical_candidate_and_references_score_the_maximum():
     # ten images with distinct captions: every n-gram of image 0 has df < N, so its idf > 0
     refs = [[[10 * i + k for k in range(6)]] * 5 for i in range(10)]
     scorer = CiderD(refs)
-    assert scorer.score_one(refs[0][0], refs[0]) == pytest.approx(10.0)
+    assert scorer.agreement(refs[0][0], [refs[0]]) == pytest.approx(10.0)
     # any change lowers it: a wrong word, a shorter caption, another image's caption
-    assert scorer.score_one(refs[0][0][:-1] + [99], refs[0]) < 10.0
-    assert scorer.score_one(refs[0][0][:4], refs[0]) < 10.0
-    assert scorer.score_one(refs[1][0], refs[0]) == 0.0
+    assert scorer.agreement(refs[0][0][:-1] + [99], [refs[0]]) < 10.0
+    assert scorer.agreement(refs[0][0][:4], [refs[0]]) < 10.0
+    assert scorer.agreement(refs[1][0], [refs[0]]) == 0.0
 
 
 def test_clipping_and_length_penalty():
     refs = [[[1, 2, 3]]] + [[[i, i + 1]] for i in range(10, 30)]
     scorer = CiderD(refs)
-    once = scorer.score_one([1, 2, 3], refs[0])
-    assert scorer.score_one([1, 2, 3, 1, 2, 3], refs[0]) < once  # repeating n-grams is not rewarded
+    once = scorer.agreement([1, 2, 3], [refs[0]])
+    assert scorer.agreement([1, 2, 3, 1, 2, 3], [refs[0]]) < once  # repeating n-grams is not rewarded
     assert scorer.score([[]], [refs[0]]) == [0.0]  # an empty caption scores 0, no error
 
 

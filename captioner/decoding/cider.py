@@ -1,39 +1,27 @@
-"""CIDEr-D (Vedantam et al. 2015) on token ids, with document frequencies from the training references: SCST's
-reward (Rennie et al. 2017) and the consensus rerank's agreement with neighbours' captions (consensus.py).
+"""CIDEr-D (Vedantam et al. 2015) on token ids, document frequencies from the training references: SCST's reward
+and the consensus agreement (consensus.py).
 
-For n = 1..4 a caption is a TF-IDF vector over its n-grams, g_n(k) = tf(k) * log(N_images / max(1, df(k))).
-Against each reference r: the cosine with the candidate's weights clipped to the reference's (min(g_c, g_r) * g_r),
-times exp(-(len_c - len_r)^2 / (2 sigma^2)), sigma = 6; the score is 10 x the mean over n and references.
-pycocoevalcap's Cider takes df from the evaluated set instead; given the same df the two are equal
-(tests/test_cider.py, which keeps the dictionary arithmetic as the oracle).
-
-On tensors, many pairs at once: each caption's distinct n-grams (words as digits of one int64 code) with their
-weights, flat (Grams); the training references' vectors built once (the bank); for every (candidate, reference)
-pair the reference's n-grams searched among the candidate's, the clipped products summed per pair and n.
+For n = 1..4 a caption is a TF-IDF vector over its n-grams, g_n(k) = tf(k) * log(N_images / max(1, df(k))). Against
+each reference r: the cosine with the candidate's weights clipped to the reference's (min(g_c, g_r) * g_r), times
+exp(-(len_c - len_r)^2 / (2 sigma^2)), sigma = 6; the score is 10 x the mean over n and references. pycocoevalcap
+takes df from the evaluated set; given the same df the two are equal (tests/test_cider.py's oracle).
+On tensors: each caption's distinct n-grams (words as digits of one int64 code) flat (Grams), the training
+references' built once (the bank), every (candidate, reference) pair's clipped products summed per pair and n.
 """
 from __future__ import annotations
 
 import math
-from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
 import torch
 
 Caption = Sequence[int]
-NGram = tuple[int, ...]
-
-
-def ngram_counts(tokens: Caption, n: int = 4) -> list[Counter]:
-    """[Counter of 1-grams, ..., Counter of n-grams] of one caption."""
-    toks = tuple(tokens)
-    return [Counter(toks[i:i + k] for i in range(len(toks) - k + 1)) for k in range(1, n + 1)]
 
 
 @dataclass(frozen=True)
 class Grams:
     """Captions as TF-IDF n-gram vectors, flat: caption c's entries (by code) are rows starts[c]:starts[c + 1]."""
-
     row: torch.Tensor  # (E,) int64: the caption of each entry
     ids: torch.Tensor  # (E,) int64: its n-gram, an index into CiderD.codes (>= len(codes): one no reference has)
     order: torch.Tensor  # (E,) int64: n - 1
@@ -44,8 +32,7 @@ class Grams:
     width: int  # the ids are below this
 
     def to(self, device: torch.device) -> "Grams":
-        return replace(self, **{f: getattr(self, f).to(device) for f in ("row", "ids", "order", "weight", "starts",
-                                                                           "norms", "lengths")})
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "width"})
 
 
 def _spans(owner: torch.Tensor, start: torch.Tensor, stop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,10 +127,6 @@ class CiderD:
         starts = torch.cat([row.new_zeros(1), torch.bincount(row, minlength=c).cumsum(0)])  # (C + 1,)
         return Grams(row, ids, order, weight, starts, squares.sqrt().view(c, self.n), lengths, width)
 
-    def vectors(self, captions: Sequence[Caption]) -> Grams:
-        """Captions -> their TF-IDF vectors (Grams) on this CIDEr-D's device."""
-        return self._grams(*self._count(captions))
-
     def _pairs(self, cands: Grams, refs: Grams, pc: torch.Tensor, pr: torch.Tensor) -> torch.Tensor:
         """Pairs (candidate pc, reference pr) (P,) -> (P,): the sum over n of the clipped cosine, times the length
         penalty."""
@@ -168,30 +151,22 @@ class CiderD:
         training image's references read from the bank)."""
         if len(candidates) != len(ref_sets):
             raise ValueError(f"{len(candidates)} candidates but {len(ref_sets)} lists of reference sets")
-        banked: list[tuple[int, int, int]] = []  # (candidate, first, end row) in the bank
-        other: list[tuple[int, int, int]] = []  # ... among the other references
-        others: list[tuple[int, ...]] = []
+        banked, other, others, count = [], [], [], []  # (candidate, first, end row) in the bank; in `others`
         other_at: dict[tuple[tuple[int, ...], ...], tuple[int, int]] = {}
-        count = []
         for i, sets in enumerate(ref_sets):
-            total = 0
-            for refs in sets:
-                key = tuple(tuple(r) for r in refs)
-                if not key:
-                    continue
-                at = self._sets.get(key)
-                if at is not None:
-                    banked.append((i, *at))
-                else:
-                    if key not in other_at:
-                        other_at[key] = (len(candidates) + len(others), len(candidates) + len(others) + len(key))
-                        others += key
-                    other.append((i, *other_at[key]))
-                total += len(key)
-            if not total:
+            keys = [key for key in (tuple(tuple(r) for r in refs) for refs in sets) if key]
+            if not keys:
                 raise ValueError("every candidate needs at least one reference")
-            count.append(total)
-        grams = self.vectors([*candidates, *others])  # candidates first, then the references not in the bank
+            for key in keys:
+                if key in self._sets:
+                    banked.append((i, *self._sets[key]))
+                    continue
+                if key not in other_at:
+                    other_at[key] = (len(candidates) + len(others), len(candidates) + len(others) + len(key))
+                    others += key
+                other.append((i, *other_at[key]))
+            count.append(sum(map(len, keys)))
+        grams = self._grams(*self._count([*candidates, *others]))  # candidates first, then references not banked
         total = torch.zeros(len(candidates), dtype=torch.float64, device=self.device)  # (N,)
         for refs, spans in ((self._bank, banked), (grams, other)):
             if spans:
@@ -203,9 +178,6 @@ class CiderD:
     def agreement(self, candidate: Caption, ref_sets: Sequence[Sequence[Caption]]) -> float:
         """agreements of one candidate."""
         return float(self.agreements([candidate], [ref_sets])[0])
-
-    def score_one(self, candidate: Caption, refs: Sequence[Caption]) -> float:
-        return self.agreement(candidate, [refs])
 
     def score(self, candidates: Sequence[Caption], references: Sequence[Sequence[Caption]]) -> list[float]:
         """candidates[i] scored against references[i] -> one CIDEr-D per candidate."""
