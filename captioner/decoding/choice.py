@@ -1,13 +1,11 @@
-"""Choosing the caption (the decide stage): which of the beam's finished captions a person reads.
+"""Choosing the caption (the decide stage): which of the beam's finished candidates a person reads.
 
-The beam's own order is a weak judge (coco-paired val: its first caption scores CIDEr .68, the best of its five
-.89; docs/results.md). The caption is the candidate c of highest choice(c) = sum_s weight_s * s(c), weights the
-model file fitted (resources.Fitted, evaluation/choice_fit.py), over signals: score (the beam's, minus the photo's
-best), consensus (CIDEr-D with the captions of the consensus_k nearest training photos: consensus.py), wide (the
-same over WIDE x consensus_k), agreement (CIDEr-D with the photo's other candidates: minimum Bayes risk),
-log_prob (per token), length (words), objects (sum over the categories named of P(category) - OBJECT_P; a person
-word: the person detector's P) and top_object (it names the head's most probable category, P >= OBJECT_P).
-The choice only orders; how sure the chosen caption is, is the judge's (confidence.py).
+The beam's first is a weak pick (coco-paired val: CIDEr .68, the best of its five .89; docs/results.md). The choice
+is the candidate of highest sum_s weight_s * s, weights fitted in the model file (evaluation/choice_fit.py): score
+(the beam's minus the photo's best), consensus and wide (CIDEr-D with the captions of the consensus_k and WIDE x
+consensus_k nearest training photos), agreement (with the photo's other candidates: minimum Bayes risk), log_prob
+(per token), length (words), objects (sum of P(category) - OBJECT_P over the categories named; a person word: the
+person detector's P) and top_object (it names the head's most probable category, P >= OBJECT_P).
 
 Legend: B photos, N the batch's candidates (Pool), B' the photos with two or more, S signals, C COCO categories,
 V vocabulary, L the longest candidate's words.
@@ -94,10 +92,6 @@ class Pool:
         """(V, M) which columns each word names -> (N, M) bool: which each candidate names."""
         return self.padded(table.bool(), False)[self.tokens].any(1)
 
-    def group_max(self, values: torch.Tensor, photos: int) -> torch.Tensor:
-        """(N,) -> (photos,) each photo's largest (-inf for a photo not in the pool)."""
-        return values.new_full((photos,), float("-inf")).scatter_reduce(0, self.photo, values, "amax")
-
     def order(self, total: torch.Tensor) -> torch.Tensor:
         """(N,) choice -> (N,) rows grouped by photo, highest first within one, equals in the beam's order."""
         by_total = torch.sort(-total, stable=True).indices  # (N,)
@@ -153,7 +147,8 @@ def signals(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | 
     """(N, S) float64. cider (N, 3): agreements; probs (B, C): the head's P; categories (V, C): the words naming
     each (either None: objects, top_object 0); person: (P(person) (B,), person words (V,)) or None."""
     out = torch.zeros(len(pool), len(SIGNALS), dtype=torch.float64, device=pool.tokens.device)  # (N, S)
-    out[:, 0] = pool.score - pool.group_max(pool.score, photos)[pool.photo]
+    best = pool.score.new_full((photos,), float("-inf")).scatter_reduce(0, pool.photo, pool.score, "amax")  # (B,)
+    out[:, 0] = pool.score - best[pool.photo]
     out[:, 1:4] = cider.to(out)
     out[:, 4] = pool.log_prob / (pool.lengths + 1)  # <end> included: a per-token mean
     out[:, 5] = pool.lengths
@@ -239,8 +234,7 @@ def choose(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | N
     """The pool (of `photos` photos) -> the Decision by `weights`: one product, one sort, nothing read."""
     device = pool.tokens.device
     seen = torch.tensor([float(bool(weights[s])) for s in CIDER_SIGNALS], dtype=torch.float64, device=device)  # (3,)
-    x = signals(pool, photos, cider.to(device) * seen, None if categories is None else probs, categories,
-                person)  # (N, S)
+    x = signals(pool, photos, cider.to(device) * seen, probs, categories, person)  # (N, S)
     total = x @ weights.tensor().to(device)  # (N,)
     order = pool.order(total) if not weights.beam_order else torch.arange(len(pool), device=device)  # (N,)
     first = torch.tensor(pool.starts, dtype=torch.int64, device=device)  # (B',)

@@ -54,7 +54,7 @@ class CiderD:
         self.n, self.sigma, self.device = n, sigma, torch.device(device)
         self.base = 1 << (62 // n)  # an n-gram's code: its words + 1 as digits in this base (below 2^62)
         self.log_n = math.log(float(len(references)))
-        self._sets: dict[tuple[tuple[int, ...], ...], tuple[int, int]] = {}  # a training image's references -> bank rows
+        self._sets: dict[tuple[tuple[int, ...], ...], tuple[int, int]] = {}  # an image's references -> bank rows
         captions: list[tuple[int, ...]] = []
         image: list[int] = []
         for j, refs in enumerate(references):

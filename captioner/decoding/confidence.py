@@ -1,18 +1,15 @@
 """How sure (the judge stage): the probability that a chosen caption is good, and the objects check.
 
-confidence = sigmoid(bias + sum_s weight_s * s), the probability that the caption's per-photo CIDEr-D is at least
-GOOD_CIDER: a logistic map of cheap signals (SIGNALS; docs/confidence.md) fitted on the val sets
-(evaluation/confidence_fit.py), stored with its `sure_at` (resources.Fitted); None without a map or signals.
-The objects check: a word names an object when it names a COCO category (concepts/words.py) or a detector group
-(concepts/detectors.py); its support is max(P_head(c | b) over its categories c, P_detector(k | b) over its
-groups k). A caption naming an object below SUPPORT_FLOOR is never sure, and its reason names that object first.
+confidence = sigmoid(bias + sum_s weight_s * s) over cheap SIGNALS (docs/confidence.md), fitted on the val sets
+(evaluation/confidence_fit.py): the probability that the caption's per-photo CIDEr-D is at least GOOD_CIDER.
+The objects check: a word names an object when it names a COCO category or a detector group; its support is the
+largest P of those (head or detector). A caption naming an object below SUPPORT_FLOOR is never sure.
 
 Legend: B photos, B' those with a chosen caption, N the batch's candidates (choice.Pool), S the signals here,
 C COCO categories, K detector groups, M = C + K object columns, V vocabulary, L words.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -25,7 +22,8 @@ from ..concepts.detectors import WordDetectors
 from ..concepts.words import word_categories
 from ..config import DecodeConfig
 from ..vocab import Vocab
-from .choice import BEAM_ORDER, CIDER_SIGNALS, Decision, Neighbours, Pool, Weights, agreements, by_signal, choose, finite
+from .choice import BEAM_ORDER, CIDER_SIGNALS, Decision, Neighbours, Pool, Weights, agreements, by_signal, choose
+from .choice import finite
 from .choice import SIGNALS as CHOICE_SIGNALS
 from .consensus import ConsensusMemory
 from .device_beam import Hypothesis
@@ -51,11 +49,6 @@ class ObjectCheck:
     """The photos' object evidence: support (B, V) per word and columns (V, M): what each word names."""
     support: torch.Tensor  # (B, V)
     columns: torch.Tensor  # (V, M) bool
-
-    def named(self, tokens: Sequence[Sequence[int]]) -> list[list[int]]:
-        """Each photo's caption words (tokens[n]) -> the positions of those naming an object."""
-        names = self.columns.any(1).tolist()  # (V,)
-        return [[i for i, t in enumerate(toks) if names[t]] for toks in tokens]
 
     def unsupported(self, tokens: Sequence[Sequence[int]], floor: float = SUPPORT_FLOOR) -> list[list[int]]:
         """Each photo's caption words -> the positions of its object words below floor, least supported first."""
@@ -138,8 +131,7 @@ class ConfidenceMap:
     @classmethod
     def from_json(cls, data: Any) -> "ConfidenceMap":
         """{"bias", "weights": {signal: weight}, "sure_at"[, "means": {signal: mean}]} -> the map."""
-        if not isinstance(data, dict) or not {"bias", "weights", "sure_at"} <= set(data) <= {"bias", "weights",
-                                                                                             "sure_at", "means"}:
+        if not isinstance(data, dict) or set(data) - {"means"} != {"bias", "weights", "sure_at"}:
             raise ValueError(f"the confidence map needs bias, weights and sure_at (and may hold means), got {data!r}")
         means = data.get("means")
         means = None if means is None else by_signal(means, SIGNALS, "the confidence map's means", "the mean of {}")
@@ -204,12 +196,6 @@ class Chosen:
         self.probs = None if probs is None or categories is None else probs.to(decision.signals)[self.photos]  # (B', C)
         self.categories, self.person, self.check, self.vocab = categories, person, check, vocab
 
-    def choice_signal(self, name: str) -> torch.Tensor:  # (B',)
-        return self.decision.signals[self.best, CHOICE_SIGNALS.index(name)]
-
-    def cider(self, name: str) -> torch.Tensor:  # (B',)
-        return self.cider_of.to(self.decision.signals)[self.best, CIDER_SIGNALS.index(name)]
-
     @cached_property
     def _support(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(B',) float64 each: the least support of the caption's object words (1 where none, or without a check)
@@ -260,14 +246,11 @@ class Chosen:
 
 # how the judge computes each signal for the chosen captions: (B',) float64 (or a float for all)
 SIGNAL_OF: dict[str, Callable[[Chosen], torch.Tensor | float]] = {
-    "wide": lambda c: c.cider("wide"),
-    "consensus": lambda c: c.cider("consensus"),
+    **{s: lambda c, i=i: c.cider_of.to(c.decision.signals)[c.best, i] for i, s in enumerate(CIDER_SIGNALS)},
+    **{s: lambda c, s=s: c.decision.signals[c.best, CHOICE_SIGNALS.index(s)] for s in ("log_prob", "objects")},
     "nearest": lambda c: c.near.cosines[:, 0].to(c.decision.signals)[c.photos],
-    "agreement": lambda c: c.cider("agreement"),
     "margin": Chosen.margin,
-    "log_prob": lambda c: c.choice_signal("log_prob"),
     "min_word": lambda c: c.pool.min_word[c.best],
-    "objects": lambda c: c.choice_signal("objects"),
     "weakest_object": Chosen.weakest_object,
     "top_p": lambda c: 0.0 if c.probs is None else c.probs.amax(1),
     "length": lambda c: c.pool.lengths[c.best],
@@ -289,13 +272,6 @@ class Judgement:
     def host(self) -> tuple[torch.Tensor, ...]:
         """Flat for one read: the signals (B' * S,), the confidences (B',)."""
         return (self.signals.flatten(),) + (() if self.confidence is None else (self.confidence,))
-
-    def of_photo(self, host: list[float], g: int) -> tuple[dict[str, float], float | None]:
-        """host read -> photo g's computed signals by name and its confidence or None."""
-        width, n = len(SIGNALS), len(self.signals)
-        row = host[g * width:(g + 1) * width]
-        return ({s: row[SIGNALS.index(s)] for s in self.names},
-                None if self.confidence is None else host[n * width + g])
 
 
 def judge(decision: Decision, near: Neighbours, cider: torch.Tensor, probs: torch.Tensor | None,
@@ -329,23 +305,18 @@ REASONS = {"wide": "people described photos like this one differently",
            "template": "it reads like a stock phrase (a person in a coloured garment)"}
 
 
-def doubt_of_objects(words: Sequence[str]) -> str:
-    """"it is not sure there is a cake" (or "... a cake or a table") for the unsupported objects."""
-    phrases = (w if _plural(w) or w in MASS else ("an " if w[0] in "aeiou" else "a ") + w for w in words)
-    return "it is not sure there " + ("are " if _plural(words[0]) else "is ") + " or ".join(phrases)
-
-
 def _plural(word: str) -> bool:
     return word.endswith("s") and not word.endswith("ss") and word not in MASS
 
 
 def why_unsure(signals: dict[str, float], alternative: str | None, contributions: dict[str, float] | None = None,
                unsupported: Sequence[str] = ()) -> str:
-    """Why unsure, in plain words: an unsupported object, else the signal that lowered the confidence most
-    (contributions), else the first weak one (WEAK)."""
+    """Why unsure, in plain words: an unsupported object ("it is not sure there is a cake or a table"), else the
+    signal that lowered the confidence most (contributions), else the first weak one (WEAK)."""
     hesitated = f"it hesitated between this and “{alternative}”"
     if unsupported:
-        return doubt_of_objects(unsupported)
+        phrases = (w if _plural(w) or w in MASS else ("an " if w[0] in "aeiou" else "a ") + w for w in unsupported)
+        return "it is not sure there " + ("are " if _plural(unsupported[0]) else "is ") + " or ".join(phrases)
     if contributions:
         worst = min(contributions, key=contributions.__getitem__)
         if contributions[worst] < 0:
@@ -358,9 +329,8 @@ def why_unsure(signals: dict[str, float], alternative: str | None, contributions
 
 @dataclass(frozen=True)
 class Decided:
-    """One photo's decision (decide), a value: its candidates in the chosen order (the beam's where nothing chose),
-    each one's choice and signals (choice.py; None: the beam's order kept), and how sure the first is: the
-    judge's signals and confidence (confidence.py; None: not judged)."""
+    """One photo's decision: its candidates in the chosen order (the beam's where nothing chose), their choices and
+    choice signals (None: the beam's order kept), the judge's signals and confidence of the first (None: not judged)."""
     hyps: tuple[Hypothesis, ...]
     choices: tuple[float, ...] | None = None
     signals: tuple[dict[str, float], ...] | None = None
@@ -386,12 +356,11 @@ def decide(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
            sure: ConfidenceMap | None = None, judged: Sequence[str] | None = None, *,
            person: tuple[torch.Tensor, torch.Tensor] | None = None, categories: torch.Tensor | None = None,
            check: ObjectCheck | None = None) -> list[Decided]:
-    """The decision after the beam: choose (choice.py) orders each photo's candidates by the fitted weights, then
-    judge says how sure the first is: with the map `sure`, the signals it weighs; with `judged`,
-    those signals (the fit: every one). Both read one neighbourhood of the consensus memory and one CIDEr-D pass,
-    and go to the host in one read. Without a memory, or fewer than two candidates, the beam's order stays and
-    nothing is judged. feats (B, P, D); probs (B, C) P(category) or None; person (P(person) (B,), person words
-    (V,)) or None; categories (V, C) which words name which category, or None."""
+    """The decision after the beam: choose (choice.py) orders each photo's candidates by `weights`, then judge says
+    how sure the first is (the signals the map `sure` weighs, or those `judged`: the fit's); both read one
+    neighbourhood and one CIDEr-D pass, and the host once. Without a memory or two candidates the beam's order
+    stays, nothing judged. feats (B, P, D); probs (B, C), person (P(person) (B,), person words (V,)), categories
+    (V, C) (default word_categories): or None."""
     how_sure = sure is not None or judged is not None
     if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
         return kept(hyps)
@@ -405,31 +374,26 @@ def decide(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
     asked = [s for s in CIDER_SIGNALS if weights[s] or (how_sure and s in wanted)]
     cider = agreements(pool, near.nearest, near.k, memory, asked)  # (N, 3): one CIDEr-D pass for choice and judge
     decision = choose(pool, len(hyps), cider, probs, weights, person, categories)
-    judgement = None
-    if how_sure:
-        judgement = judge(decision, near, cider, probs, categories, person, check, vocab, sure, wanted)
-    parts = decision.host() + (() if judgement is None else judgement.host())
-    host = torch.cat(parts).tolist()  # the decision's one read
-    out = [Decided(tuple(h), None if c is None else tuple(c), None if x is None else tuple(x))
-           for h, c, x in _ordered(hyps, decision, host)]
-    if judgement is not None:
-        rest = host[sum(p.numel() for p in decision.host()):]
-        for g, b in enumerate(decision.pool.photos):
-            sure_signals, confidence = judgement.of_photo(rest, g)
-            out[b] = dataclasses.replace(out[b], sure_signals=sure_signals, confidence=confidence)
-    return out
+    judgement = (judge(decision, near, cider, probs, categories, person, check, vocab, sure, wanted) if how_sure
+                 else None)
+    host = torch.cat(decision.host() + (() if judgement is None else judgement.host())).tolist()  # the one read
+    return _ordered(hyps, decision, judgement, host)
 
 
-def _ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, host: list[float]) -> list[tuple]:
-    """Decision.host read -> each photo's hypotheses in the chosen order, their choices and signals (or None)."""
-    pool, n, s = decision.pool, len(decision.pool), len(CHOICE_SIGNALS)
+def _ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, judgement: Judgement | None,
+             host: list[float]) -> list[Decided]:
+    """The one read -> each photo's Decided: its hypotheses in the chosen order, with their choices and signals
+    where it chose, the judge's signals and confidence where judged."""
+    pool, n, s, w = decision.pool, len(decision.pool), len(CHOICE_SIGNALS), len(SIGNALS)
     rows, totals = [host[i * s:(i + 1) * s] for i in range(n)], host[n * s:n * s + n]
-    ranked = [int(r) for r in host[n * s + n:n * s + 2 * n]]
-    out: list[tuple] = [(list(h), None, None) for h in hyps]
-    for b, at in zip(pool.photos, pool.starts):  # a photo's rows are at, at + 1, ...
+    ranked, rest = [int(r) for r in host[n * s + n:n * s + 2 * n]], host[n * (s + 2):]  # rest: the judge's
+    out = kept(hyps)
+    for g, (b, at) in enumerate(zip(pool.photos, pool.starts)):  # a photo's rows are at, at + 1, ...
         rows_of = ranked[at:at + len(hyps[b])]
-        picked = [hyps[b][r - at] for r in rows_of]
-        out[b] = (picked, None, None)
-        if decision.chose:
-            out[b] = (picked, [totals[r] for r in rows_of], [dict(zip(CHOICE_SIGNALS, rows[r])) for r in rows_of])
+        chose = {} if not decision.chose else {"choices": tuple(totals[r] for r in rows_of),
+                                               "signals": tuple(dict(zip(CHOICE_SIGNALS, rows[r])) for r in rows_of)}
+        judged = {} if judgement is None else {
+            "sure_signals": {x: rest[g * w + SIGNALS.index(x)] for x in judgement.names},
+            "confidence": None if judgement.confidence is None else rest[len(pool.photos) * w + g]}
+        out[b] = Decided(tuple(hyps[b][r - at] for r in rows_of), **chose, **judged)
     return out
