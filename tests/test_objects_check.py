@@ -20,7 +20,8 @@ from captioner.decoding.confidence import REASONS, SIGNALS, ConfidenceMap, judge
 from captioner.decoding.resources import Fitted
 from captioner.decoding.device_beam import Hypothesis
 from captioner.decoding.choice import Pool
-from captioner.decoding.confidence import SUPPORT_FLOOR, membership, template, word_support
+from captioner.decoding.confidence import SUPPORT_FLOOR, objects_check, template
+from captioner.decoding.reading import HeadReading
 from captioner.evaluation.judged import crosstab, matched, photo_key
 from captioner.vocab import Vocab
 
@@ -41,7 +42,7 @@ def _check(p_cake: float, p_person: float = 0.9):
     cats[WORDS.index("cake"), 0] = cats[WORDS.index("dog"), 1] = cats[WORDS.index("plate"), 2] = 1
     probs = torch.tensor([[p_cake, 0.02, 0.7]])  # (1, C)
     seen = torch.tensor([[p_person, 0.05]])  # (1, K)
-    return word_support(probs, seen, membership(vocab, cats, People())), probs
+    return objects_check(HeadReading(None, probs, seen, 1), People(), vocab, cats), probs
 
 
 def _tokens(text: str) -> list[int]:

@@ -169,9 +169,7 @@ def agreements(pool: Pool, nearest: Sequence[Sequence[int]], k: int, memory: Con
     """(N, 3): each candidate's CIDER_SIGNALS, those `wanted` computed (the others 0), in as few CIDEr-D passes
     as REFERENCES_PER_PASS allows; a candidate's value does not depend on what else a pass holds."""
     cands, sets, rows = [], [], []  # words, their references, (row, column)
-    for column, signal in enumerate(CIDER_SIGNALS):
-        if signal not in wanted:
-            continue
+    for column, signal in ((c, s) for c, s in enumerate(CIDER_SIGNALS) if s in wanted):
         for r, (b, words) in enumerate(zip(pool.owners, pool.words)):
             near = nearest[b][:k] if signal == "consensus" else nearest[b]
             refs = [pool.others(r)] if signal == "agreement" else [memory.captions_of(j) for j in near]
@@ -203,7 +201,7 @@ class Neighbours:
 
     @classmethod
     def of(cls, memory: ConsensusMemory, feats: torch.Tensor, k: int, wide: bool) -> "Neighbours":
-        cosines, nearest = memory.nearest_with_cosines(feats, WIDE * k if wide else k)  # (B, k')
+        cosines, nearest = memory.nearest(feats, WIDE * k if wide else k)  # (B, k')
         return cls(nearest.tolist(), cosines, k)
 
 
@@ -218,10 +216,6 @@ class Decision:
     best: torch.Tensor
     runner: torch.Tensor
     weights: Weights
-
-    @property
-    def chose(self) -> bool:
-        return not self.weights.beam_order
 
     def host(self) -> tuple[torch.Tensor, ...]:
         """What the hypotheses carry, flat for one read: signals (N * S,), totals (N,), order (N,)."""

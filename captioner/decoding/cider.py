@@ -175,10 +175,6 @@ class CiderD:
                 total.index_add_(0, pc, self._pairs(grams, refs, pc, pr))
         return 10.0 * total / (self.n * torch.tensor(count, dtype=torch.float64, device=self.device))
 
-    def agreement(self, candidate: Caption, ref_sets: Sequence[Sequence[Caption]]) -> float:
-        """agreements of one candidate."""
-        return float(self.agreements([candidate], [ref_sets])[0])
-
     def score(self, candidates: Sequence[Caption], references: Sequence[Sequence[Caption]]) -> list[float]:
         """candidates[i] scored against references[i] -> one CIDEr-D per candidate."""
         if len(candidates) != len(references):

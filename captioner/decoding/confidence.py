@@ -76,16 +76,13 @@ def _groups(itos: tuple[str, ...], members: tuple[frozenset[str], ...], taught: 
 
 def objects_check(reading: HeadReading, det: WordDetectors | None, vocab: Vocab, categories: torch.Tensor
                   ) -> ObjectCheck | None:
-    """The photos' objects check from their reading; None without the ImageNet head."""
+    """The photos' objects check from their reading (probs (B, C), seen (B, K)): each word's support, the largest P
+    of its columns; None without the ImageNet head."""
     if reading.probs is None:
         return None
-    return word_support(reading.probs, reading.seen if det is not None else None, membership(vocab, categories, det))
-
-
-def word_support(probs: torch.Tensor, seen: torch.Tensor | None, columns: torch.Tensor) -> ObjectCheck:
-    """probs (B, C), seen (B, K) or None, columns (V, M) -> each word's support, the largest P of its columns."""
-    evidence = probs.float() if seen is None else torch.cat([probs.float(), seen.float().to(probs.device)], 1)  # (B, M)
-    cols = columns[:, :evidence.shape[1]].to(evidence.device)  # (V, M)
+    probs, seen = reading.probs.float(), None if det is None else reading.seen
+    evidence = probs if seen is None else torch.cat([probs, seen.float().to(probs.device)], 1)  # (B, M)
+    cols = membership(vocab, categories, det)[:, :evidence.shape[1]].to(evidence.device)  # (V, M)
     support = (evidence[:, None, :] * cols[None].float()).amax(-1)  # (B, V)
     return ObjectCheck(support, cols.bool())
 
@@ -173,14 +170,14 @@ WEAK = (("nearest", 1.0, 0.55),  # the cosine with the nearest training photo (.
         ("min_word", 0.0, -3.5),  # its least probable word under 3% (-2.1 to -2.9)
         ("wide", 1.0, 0.2))  # CIDEr-D with what people said of the nearest photos (.35-.40)
 FALLBACK_REASONS = tuple(s for s, _, _ in WEAK)
-GATE = ("unsupported",)  # what the level reads whatever the map weighs
 
 
 def needs(fitted: ConfidenceMap | None) -> tuple[str, ...]:
-    """The signals judged for this map: those it weighs, GATE and FALLBACK_REASONS; every one without a map."""
+    """The signals judged for this map: those it weighs, unsupported (the level reads it) and FALLBACK_REASONS;
+    every one without a map."""
     if fitted is None:
         return SIGNALS
-    wanted = {s for s, w in zip(SIGNALS, fitted.weights) if w != 0} | set(GATE) | set(FALLBACK_REASONS)
+    wanted = {s for s, w in zip(SIGNALS, fitted.weights) if w != 0} | {"unsupported"} | set(FALLBACK_REASONS)
     return tuple(s for s in SIGNALS if s in wanted)
 
 
@@ -223,11 +220,6 @@ class Chosen:
         differs = (objects != objects[self.best][group]).any(1)  # (N,)
         return out.index_add(0, group, differs.double()) / (sizes - 1).clamp_min(1)
 
-    def margin(self) -> torch.Tensor:
-        """(B',) the choice over the runner-up's (0 where the beam's order was kept)."""
-        d = self.decision
-        return d.total[d.best] - d.total[d.runner] if d.chose else torch.zeros_like(d.total[d.best])
-
     def weakest_object(self) -> torch.Tensor:
         """(B',) the least P of the categories each names (a person word: the person detector's), 1 where none."""
         if self.probs is None:
@@ -239,17 +231,14 @@ class Chosen:
             least = torch.minimum(least, torch.where(says_person, self.person[0].to(least)[self.photos], float("inf")))
         return torch.where(least.isinf(), 1.0, least)
 
-    def template(self) -> torch.Tensor:  # (B',)
-        texts = [" ".join(self.vocab.itos[t] for t in self.pool.words[r]) for r in range(len(self.pool))]
-        return torch.tensor([template(t) for t in texts], dtype=torch.float64).to(self.best.device)[self.best]
-
 
 # how the judge computes each signal for the chosen captions: (B',) float64 (or a float for all)
 SIGNAL_OF: dict[str, Callable[[Chosen], torch.Tensor | float]] = {
     **{s: lambda c, i=i: c.cider_of.to(c.decision.signals)[c.best, i] for i, s in enumerate(CIDER_SIGNALS)},
     **{s: lambda c, s=s: c.decision.signals[c.best, CHOICE_SIGNALS.index(s)] for s in ("log_prob", "objects")},
     "nearest": lambda c: c.near.cosines[:, 0].to(c.decision.signals)[c.photos],
-    "margin": Chosen.margin,
+    "margin": lambda c: (torch.zeros_like(c.decision.total[c.best]) if c.decision.weights.beam_order
+                         else c.decision.total[c.best] - c.decision.total[c.decision.runner]),  # over the runner-up's
     "min_word": lambda c: c.pool.min_word[c.best],
     "weakest_object": Chosen.weakest_object,
     "top_p": lambda c: 0.0 if c.probs is None else c.probs.amax(1),
@@ -258,7 +247,8 @@ SIGNAL_OF: dict[str, Callable[[Chosen], torch.Tensor | float]] = {
     "unsupported": lambda c: c._support[1],
     "disagreement": Chosen.disagreement,
     "head_entropy": lambda c: entropy(c.probs),
-    "template": Chosen.template,
+    "template": lambda c: torch.tensor([template(" ".join(c.vocab.itos[t] for t in w)) for w in c.pool.words],
+                                       dtype=torch.float64).to(c.best.device)[c.best],
 }
 
 
@@ -293,14 +283,12 @@ REASONS = {"wide": "people described photos like this one differently",
            "consensus": "people described the photos most like this one differently",
            "nearest": "few photos like this one among those it learned from",
            "agreement": "the beam's captions disagree with this one",
+           "disagreement": "its other captions name other things", "min_word": "some of its words are guesses",
+           "objects": "the encoder barely sees the objects it names", "weakest_object": ABSENT, "support": ABSENT,
            "margin": "it barely preferred this caption to another",
            "log_prob": "the model found these words unlikely for this photo",
-           "min_word": "some of its words are guesses",
-           "objects": "the encoder barely sees the objects it names",
-           "weakest_object": ABSENT, "support": ABSENT, "unsupported": ABSENT,
-           "top_p": "the encoder recognises little in this photo",
+           "top_p": "the encoder recognises little in this photo", "unsupported": ABSENT,
            "length": "good captions are rarely this long or short",
-           "disagreement": "its other captions name other things",
            "head_entropy": "the encoder is torn between what this photo might show",
            "template": "it reads like a stock phrase (a person in a coloured garment)"}
 
@@ -390,7 +378,7 @@ def _ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, judgement
     out = kept(hyps)
     for g, (b, at) in enumerate(zip(pool.photos, pool.starts)):  # a photo's rows are at, at + 1, ...
         rows_of = ranked[at:at + len(hyps[b])]
-        chose = {} if not decision.chose else {"choices": tuple(totals[r] for r in rows_of),
+        chose = {} if decision.weights.beam_order else {"choices": tuple(totals[r] for r in rows_of),
                                                "signals": tuple(dict(zip(CHOICE_SIGNALS, rows[r])) for r in rows_of)}
         judged = {} if judgement is None else {
             "sure_signals": {x: rest[g * w + SIGNALS.index(x)] for x in judgement.names},

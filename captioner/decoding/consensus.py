@@ -69,12 +69,9 @@ class ConsensusMemory:
             self._captions[photo] = tuple(tuple(words[caption_at[c]:caption_at[c + 1]]) for c in spans)
         return self._captions[photo]
 
-    def nearest(self, feats: torch.Tensor, k: int) -> torch.Tensor:
-        """feats (B, P, D) -> (B, k) the memory photos nearest in pooled features (cosine), nearest first."""
-        return self.nearest_with_cosines(feats, k)[1]
-
-    def nearest_with_cosines(self, feats: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """nearest's cosines (B, k) and indices (B, k)."""
+    def nearest(self, feats: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """feats (B, P, D) -> the cosines (B, k) and indices (B, k) of the memory photos nearest in pooled features,
+        nearest first."""
         if feats.shape[-1] != self.features.shape[1]:
             raise ValueError(f"the consensus memory holds {self.features.shape[1]}-dim features but the encoder gives "
                              f"{feats.shape[-1]}: {REBUILD} for this model")
