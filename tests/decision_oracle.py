@@ -101,7 +101,7 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
         categories = None
     else:
         categories = (word_categories(vocab) if categories is None else categories).cpu().to(torch.bool)  # (V, C)
-    w = weights.tensor()  # (S,)
+    w = torch.tensor(weights.values, dtype=torch.float64)  # (S,)
     out = []
     for image, cands in enumerate(hyps):
         if len(cands) < 2:

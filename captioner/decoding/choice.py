@@ -12,7 +12,6 @@ V vocabulary, L the longest candidate's words.
 """
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 from dataclasses import dataclass
@@ -44,7 +43,6 @@ class Pool:
     score: torch.Tensor  # (N,) float64: the beam's score
     min_word: torch.Tensor  # (N,) float64: the least word log-probability, 0 without word log-probs
     words: list[list[int]]  # the tokens on the host
-    owners: list[int]  # the photo of each candidate on the host
     photos: list[int]  # the photos in the pool, in batch order
     sizes: list[int]  # how many candidates each of them has
 
@@ -67,8 +65,7 @@ class Pool:
         floats = torch.tensor([[float(h.log_prob), float(h.score)] for _, h in cands], dtype=torch.float64).view(n, 2)
         tokens = torch.tensor([w + [vocab_size] * (width - len(w)) for w in words], dtype=torch.int64).view(n, width)
         return cls(host[:, 0].to(dev), tokens.to(dev), host[:, 1].to(dev), floats[:, 0].to(dev),
-                   floats[:, 1].to(dev), min_word.to(dev), words, [b for b, _ in cands], photos,
-                   [len(hyps[b]) for b in photos])
+                   floats[:, 1].to(dev), min_word.to(dev), words, photos, [len(hyps[b]) for b in photos])
 
     def __len__(self) -> int:
         return len(self.words)
@@ -77,11 +74,6 @@ class Pool:
     def starts(self) -> list[int]:
         """Each photo's first row."""
         return list(itertools.accumulate(self.sizes[:-1], initial=0)) if self.sizes else []
-
-    def others(self, row: int) -> list[list[int]]:
-        """The words of the other candidates of the row's photo, in the beam's order."""
-        g = bisect.bisect_right(self.starts, row) - 1
-        return [self.words[s] for s in range(self.starts[g], self.starts[g] + self.sizes[g]) if s != row]
 
     def padded(self, table: torch.Tensor, fill: float | bool = 0) -> torch.Tensor:
         """A word table (V, ...) -> (V + 1, ...) with a row of `fill` for the padding, on the pool's device."""
@@ -135,9 +127,6 @@ class Weights:
         """Whether only the beam's own score counts (its order kept, nothing to compute)."""
         return not any(self.values[1:])
 
-    def tensor(self) -> torch.Tensor:
-        return torch.tensor(self.values, dtype=torch.float64)  # (S,)
-
 
 BEAM_ORDER = Weights((1.0,) + (0.0,) * (len(SIGNALS) - 1))
 
@@ -170,13 +159,15 @@ def agreements(pool: Pool, nearest: Sequence[Sequence[int]], k: int, memory: Con
     as REFERENCES_PER_PASS allows; a candidate's value does not depend on what else a pass holds."""
     cands, sets, rows = [], [], []  # words, their references, (row, column)
     for column, signal in ((c, s) for c, s in enumerate(CIDER_SIGNALS) if s in wanted):
-        for r, (b, words) in enumerate(zip(pool.owners, pool.words)):
+        for b, at, size in zip(pool.photos, pool.starts, pool.sizes):  # a photo's rows are at, at + 1, ...
             near = nearest[b][:k] if signal == "consensus" else nearest[b]
-            refs = [pool.others(r)] if signal == "agreement" else [memory.captions_of(j) for j in near]
-            if refs[0]:  # a photo's only candidate agrees with nobody: 0
-                cands.append(words)
-                sets.append(refs)
-                rows.append((r, column))
+            for r in range(at, at + size):
+                refs = ([[pool.words[s] for s in range(at, at + size) if s != r]] if signal == "agreement"
+                        else [memory.captions_of(j) for j in near])  # the others in the beam's order, or the memory's
+                if refs[0]:  # a photo's only candidate agrees with nobody: 0
+                    cands.append(pool.words[r])
+                    sets.append(refs)
+                    rows.append((r, column))
     device = pool.tokens.device
     out = torch.zeros(len(pool), 3, dtype=torch.float64, device=device)  # (N, 3)
     at = torch.tensor(rows, dtype=torch.int64).view(-1, 2).to(device)  # (X, 2) candidate, column
@@ -207,8 +198,7 @@ class Neighbours:
 
 @dataclass(frozen=True)
 class Decision:
-    """The choice on the device: signals (N, S), choice (N,), rows in the chosen order (N,), chosen row and runner-up
-    (B',) and the weights."""
+    """The choice on the device: signals (N, S), choice (N,), chosen order (N,), chosen row and runner-up (B',)."""
     pool: Pool
     signals: torch.Tensor
     total: torch.Tensor
@@ -229,7 +219,7 @@ def choose(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | N
     device = pool.tokens.device
     seen = torch.tensor([float(bool(weights[s])) for s in CIDER_SIGNALS], dtype=torch.float64, device=device)  # (3,)
     x = signals(pool, photos, cider.to(device) * seen, probs, categories, person)  # (N, S)
-    total = x @ weights.tensor().to(device)  # (N,)
+    total = x @ torch.tensor(weights.values, dtype=torch.float64, device=device)  # (N,)
     order = pool.order(total) if not weights.beam_order else torch.arange(len(pool), device=device)  # (N,)
     first = torch.tensor(pool.starts, dtype=torch.int64, device=device)  # (B',)
     return Decision(pool, x, total, order, order[first], order[first + 1], weights)

@@ -55,8 +55,7 @@ class CiderD:
         self.base = 1 << (62 // n)  # an n-gram's code: its words + 1 as digits in this base (below 2^62)
         self.log_n = math.log(float(len(references)))
         self._sets: dict[tuple[tuple[int, ...], ...], tuple[int, int]] = {}  # an image's references -> bank rows
-        captions: list[tuple[int, ...]] = []
-        image: list[int] = []
+        captions, image = [], []  # every reference caption, its image
         for j, refs in enumerate(references):
             key = tuple(tuple(r) for r in refs)
             self._sets.setdefault(key, (len(captions), len(captions) + len(key)))
@@ -107,8 +106,7 @@ class CiderD:
         new = torch.ones_like(row, dtype=torch.bool)  # (E,) the first of a run of equal (caption, code)
         new[1:] = (row[1:] != row[:-1]) | (code[1:] != code[:-1])
         tf = torch.bincount(new.cumsum(0) - 1).to(torch.float64) if len(row) else code.new_zeros(0, dtype=torch.float64)
-        lengths_t = torch.tensor(lengths, dtype=torch.float64, device=self.device)  # (C,)
-        return row[new], code[new], order[new], tf, lengths_t
+        return row[new], code[new], order[new], tf, torch.tensor(lengths, dtype=torch.float64, device=self.device)
 
     def _grams(self, row: torch.Tensor, code: torch.Tensor, order: torch.Tensor, tf: torch.Tensor,
                lengths: torch.Tensor) -> Grams:
@@ -128,8 +126,7 @@ class CiderD:
         return Grams(row, ids, order, weight, starts, squares.sqrt().view(c, self.n), lengths, width)
 
     def _pairs(self, cands: Grams, refs: Grams, pc: torch.Tensor, pr: torch.Tensor) -> torch.Tensor:
-        """Pairs (candidate pc, reference pr) (P,) -> (P,): the sum over n of the clipped cosine, times the length
-        penalty."""
+        """Pairs (candidate pc, reference pr) (P,) -> (P,): the clipped cosines summed over n, times the penalty."""
         pair, entry = _spans(torch.arange(len(pc), device=pc.device), refs.starts[pr], refs.starts[pr + 1])  # (X,)
         width = max(cands.width, refs.width)
         dots = cands.weight.new_zeros(len(pc) * self.n)  # (P * n,)
@@ -147,8 +144,7 @@ class CiderD:
 
     def agreements(self, candidates: Sequence[Caption], ref_sets: Sequence[Sequence[Sequence[Caption]]]
                    ) -> torch.Tensor:
-        """Each candidates[i]'s CIDEr-D against the union of the sets ref_sets[i] -> (N,) float64, in one pass (a
-        training image's references read from the bank)."""
+        """Each candidates[i]'s CIDEr-D against the union of the sets ref_sets[i] -> (N,) float64, in one pass."""
         if len(candidates) != len(ref_sets):
             raise ValueError(f"{len(candidates)} candidates but {len(ref_sets)} lists of reference sets")
         banked, other, others, count = [], [], [], []  # (candidate, first, end row) in the bank; in `others`

@@ -1,12 +1,8 @@
-"""How sure (the judge stage): the probability that a chosen caption is good, and the objects check.
-
-confidence = sigmoid(bias + sum_s weight_s * s) over cheap SIGNALS (docs/confidence.md), fitted on the val sets
-(evaluation/confidence_fit.py): the probability that the caption's per-photo CIDEr-D is at least GOOD_CIDER.
-The objects check: a word names an object when it names a COCO category or a detector group; its support is the
-largest P of those (head or detector). A caption naming an object below SUPPORT_FLOOR is never sure.
-
-Legend: B photos, B' those with a chosen caption, N the batch's candidates (choice.Pool), S the signals here,
-C COCO categories, K detector groups, M = C + K object columns, V vocabulary, L words.
+"""How sure (the judge stage): confidence = sigmoid(bias + sum_s weight_s * s) over cheap SIGNALS (docs/confidence.md,
+evaluation/confidence_fit.py), the probability that the caption's CIDEr-D is at least GOOD_CIDER. The objects check:
+a caption naming an object (a COCO category or detector group) whose support (the largest P of those) is below
+SUPPORT_FLOOR is never sure. Legend: B photos, B' those with a chosen caption, N the batch's candidates (choice.Pool),
+S the signals here, C COCO categories, K detector groups, M = C + K object columns, V vocabulary, L words.
 """
 from __future__ import annotations
 
@@ -33,11 +29,9 @@ SIGNALS = ("wide", "consensus", "nearest", "agreement", "margin", "log_prob", "m
            "top_p", "length", "support", "unsupported", "disagreement", "head_entropy", "template")
 GOOD_CIDER = 0.5  # the label: a caption is good where its per-photo CIDEr-D is at least this
 SURE_FLOOR = 0.6  # no caption is sure below this, whatever sure_at a file stores
-# what an unsure caption's confidence says to do: the first level whose floor it reaches
-LEVELS = ((0.5, "probably right"), (0.3, "may be wrong"), (0.0, "probably wrong"))
+LEVELS = ((0.5, "probably right"), (0.3, "may be wrong"), (0.0, "probably wrong"))  # unsure: the first floor reached
 SURE = "sure"
-# below this an object's support is "unsupported" (docs/confidence.md: at .2 fewer absent objects are sure)
-SUPPORT_FLOOR = 0.2
+SUPPORT_FLOOR = 0.2  # an object's support below it is "unsupported" (docs/confidence.md: at .2 fewer absent are sure)
 TEMPLATE = re.compile(r"\bin (a|an) (\w+ )?(red|blue|green|yellow|pink|black|white|orange|purple|brown|gray|grey"
                       r"|striped|dark|light) (\w+ )?(shirt|t-shirt|jacket|dress|hat|helmet|coat|sweater|top|shorts"
                       r"|uniform|outfit|jersey|suit|swimsuit|cap|costume|bathing)\b")
@@ -76,8 +70,7 @@ def _groups(itos: tuple[str, ...], members: tuple[frozenset[str], ...], taught: 
 
 def objects_check(reading: HeadReading, det: WordDetectors | None, vocab: Vocab, categories: torch.Tensor
                   ) -> ObjectCheck | None:
-    """The photos' objects check from their reading (probs (B, C), seen (B, K)): each word's support, the largest P
-    of its columns; None without the ImageNet head."""
+    """reading's probs (B, C), seen (B, K) -> each word's support, the largest P of its columns; None without a head."""
     if reading.probs is None:
         return None
     probs, seen = reading.probs.float(), None if det is None else reading.seen
@@ -122,8 +115,7 @@ class ConfidenceMap:
     bias: float
     weights: tuple[float, ...]  # SIGNALS order
     sure_at: float
-    # each signal's val mean (SIGNALS order), what contributions are measured against; None in older files
-    means: tuple[float, ...] | None = None
+    means: tuple[float, ...] | None = None  # each signal's val mean, what contributions measure from; None: older files
 
     @classmethod
     def from_json(cls, data: Any) -> "ConfidenceMap":
@@ -173,8 +165,7 @@ FALLBACK_REASONS = tuple(s for s, _, _ in WEAK)
 
 
 def needs(fitted: ConfidenceMap | None) -> tuple[str, ...]:
-    """The signals judged for this map: those it weighs, unsupported (the level reads it) and FALLBACK_REASONS;
-    every one without a map."""
+    """The signals judged for this map: those it weighs, unsupported (the level's) and FALLBACK_REASONS; or all."""
     if fitted is None:
         return SIGNALS
     wanted = {s for s, w in zip(SIGNALS, fitted.weights) if w != 0} | {"unsupported"} | set(FALLBACK_REASONS)
@@ -183,7 +174,6 @@ def needs(fitted: ConfidenceMap | None) -> tuple[str, ...]:
 
 class Chosen:
     """What the judge reads of a batch's chosen captions (B'), each signal computed when asked (SIGNAL_OF)."""
-
     def __init__(self, decision: Decision, near: Neighbours, cider: torch.Tensor, probs: torch.Tensor | None,
                  categories: torch.Tensor | None, person: tuple[torch.Tensor, torch.Tensor] | None,
                  check: ObjectCheck | None, vocab: Vocab):
@@ -344,20 +334,16 @@ def decide(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
            sure: ConfidenceMap | None = None, judged: Sequence[str] | None = None, *,
            person: tuple[torch.Tensor, torch.Tensor] | None = None, categories: torch.Tensor | None = None,
            check: ObjectCheck | None = None) -> list[Decided]:
-    """The decision after the beam: choose (choice.py) orders each photo's candidates by `weights`, then judge says
-    how sure the first is (the signals the map `sure` weighs, or those `judged`: the fit's); both read one
-    neighbourhood and one CIDEr-D pass, and the host once. Without a memory or two candidates the beam's order
-    stays, nothing judged. feats (B, P, D); probs (B, C), person (P(person) (B,), person words (V,)), categories
-    (V, C) (default word_categories): or None."""
+    """choose orders each photo's candidates by `weights`, then judge says how sure the first is (the signals `sure`
+    weighs, or `judged`): one neighbourhood, one CIDEr-D pass, one read. Without a memory or two candidates: kept.
+    feats (B, P, D); probs (B, C), person (P(person) (B,), person words (V,)), categories (V, C): or None."""
     how_sure = sure is not None or judged is not None
     if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
         return kept(hyps)
     wanted = needs(sure) if judged is None else tuple(judged)
     near = Neighbours.of(memory, feats, settings.consensus_k, bool(weights["wide"]) or (how_sure and "wide" in wanted))
-    if weights["objects"] or weights["top_object"] or how_sure:  # (V, C) bool
-        categories = (word_categories(vocab) if categories is None else categories).to(torch.bool)
-    else:
-        categories = None
+    objects = bool(weights["objects"] or weights["top_object"] or how_sure)
+    categories = (word_categories(vocab) if categories is None else categories).to(torch.bool) if objects else None
     pool = Pool.of(hyps, memory.vocab_size, feats.device)  # the memory speaks the model's vocabulary
     asked = [s for s in CIDER_SIGNALS if weights[s] or (how_sure and s in wanted)]
     cider = agreements(pool, near.nearest, near.k, memory, asked)  # (N, 3): one CIDEr-D pass for choice and judge
@@ -370,8 +356,7 @@ def decide(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
 
 def _ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, judgement: Judgement | None,
              host: list[float]) -> list[Decided]:
-    """The one read -> each photo's Decided: its hypotheses in the chosen order, with their choices and signals
-    where it chose, the judge's signals and confidence where judged."""
+    """The one read -> each photo's Decided (the choice's part where it chose, the judge's where judged)."""
     pool, n, s, w = decision.pool, len(decision.pool), len(CHOICE_SIGNALS), len(SIGNALS)
     rows, totals = [host[i * s:(i + 1) * s] for i in range(n)], host[n * s:n * s + n]
     ranked, rest = [int(r) for r in host[n * s + n:n * s + 2 * n]], host[n * (s + 2):]  # rest: the judge's

@@ -70,8 +70,7 @@ class ConsensusMemory:
         return self._captions[photo]
 
     def nearest(self, feats: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """feats (B, P, D) -> the cosines (B, k) and indices (B, k) of the memory photos nearest in pooled features,
-        nearest first."""
+        """feats (B, P, D) -> cosines, indices (B, k) of the memory photos nearest in pooled features, nearest first."""
         if feats.shape[-1] != self.features.shape[1]:
             raise ValueError(f"the consensus memory holds {self.features.shape[1]}-dim features but the encoder gives "
                              f"{feats.shape[-1]}: {REBUILD} for this model")
