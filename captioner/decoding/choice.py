@@ -98,8 +98,8 @@ def finite(value: Any, name: str) -> float:
 
 
 def by_signal(data: Any, known: Sequence[str], what: str, name: str = "{}") -> tuple[float, ...]:
-    """{signal: number} as a model file stores it (a signal left out: 0) -> the numbers in `known` order; a
-    ValueError names an unknown signal or a number that is not finite (`name`: how to call signal s's number)."""
+    """{signal: number} as a model file stores it (one left out: 0) -> the numbers in `known` order, or a ValueError
+    (`name`: how it calls signal s's number)."""
     if not isinstance(data, dict):
         raise ValueError(f"{what} must be a mapping, got {data!r}")
     if set(data) - set(known):
