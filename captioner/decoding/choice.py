@@ -5,10 +5,8 @@ is the candidate of highest sum_s weight_s * s, weights fitted in the model file
 (the beam's minus the photo's best), consensus and wide (CIDEr-D with the captions of the consensus_k and WIDE x
 consensus_k nearest training photos), agreement (with the photo's other candidates: minimum Bayes risk), log_prob
 (per token), length (words), objects (sum of P(category) - OBJECT_P over the categories named; a person word: the
-person detector's P) and top_object (it names the head's most probable category, P >= OBJECT_P).
-
-Legend: B photos, N the batch's candidates (Pool), B' the photos with two or more, S signals, C COCO categories,
-V vocabulary, L the longest candidate's words.
+person detector's P) and top_object (it names the head's most probable category, P >= OBJECT_P). Legend: B photos,
+N the batch's candidates (Pool), B' the photos with two or more, S signals, C COCO categories, V vocabulary, L words.
 """
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
 """CIDEr-D (Vedantam et al. 2015) on token ids, document frequencies from the training references: SCST's reward
-and the consensus agreement (consensus.py).
-
-For n = 1..4 a caption is a TF-IDF vector over its n-grams, g_n(k) = tf(k) * log(N_images / max(1, df(k))). Against
-each reference r: the cosine with the candidate's weights clipped to the reference's (min(g_c, g_r) * g_r), times
-exp(-(len_c - len_r)^2 / (2 sigma^2)), sigma = 6; the score is 10 x the mean over n and references. pycocoevalcap
-takes df from the evaluated set; given the same df the two are equal (tests/test_cider.py's oracle).
-On tensors: each caption's distinct n-grams (words as digits of one int64 code) flat (Grams), the training
-references' built once (the bank), every (candidate, reference) pair's clipped products summed per pair and n.
+and the consensus agreement. For n = 1..4 a caption is a TF-IDF vector over its n-grams, g_n(k) = tf(k) * log(N_images
+/ max(1, df(k))). Against each reference r: the cosine with the candidate's weights clipped to the reference's
+(min(g_c, g_r) * g_r), times exp(-(len_c - len_r)^2 / (2 sigma^2)), sigma = 6; the score is 10 x the mean over n and
+references (pycocoevalcap's, given the same df: tests/test_cider.py's oracle). On tensors: each caption's distinct
+n-grams (words as digits of one int64 code) flat (Grams), the training references' built once (the bank), every
+(candidate, reference) pair's clipped products summed per pair and n.
 """
 from __future__ import annotations
 

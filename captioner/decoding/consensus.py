@@ -74,9 +74,8 @@ class ConsensusMemory:
         if feats.shape[-1] != self.features.shape[1]:
             raise ValueError(f"the consensus memory holds {self.features.shape[1]}-dim features but the encoder gives "
                              f"{feats.shape[-1]}: {REBUILD} for this model")
-        if self._unit is None or self._unit.device != feats.device:  # on the photos' device: no read to the host
-            unit = torch.nn.functional.normalize(self.features.float(), dim=1).T.contiguous()  # (D, M): faster
-            self._unit = unit.to(feats.device)
+        if self._unit is None or self._unit.device != feats.device:  # (D, M) on the photos' device: no read to the host
+            self._unit = torch.nn.functional.normalize(self.features.float(), dim=1).T.contiguous().to(feats.device)
         query = torch.nn.functional.normalize(feats.detach().float().mean(1), dim=1)  # (B, D)
         top = (query @ self._unit).topk(min(k, len(self)), dim=1)  # (B, M) cosines -> (B, k)
         return top.values, top.indices
