@@ -168,8 +168,7 @@ def needs(fitted: ConfidenceMap | None) -> tuple[str, ...]:
     """The signals judged for this map: those it weighs, unsupported (the level's) and FALLBACK_REASONS; or all."""
     if fitted is None:
         return SIGNALS
-    wanted = {s for s, w in zip(SIGNALS, fitted.weights) if w != 0} | {"unsupported"} | set(FALLBACK_REASONS)
-    return tuple(s for s in SIGNALS if s in wanted)
+    return tuple(s for s, w in zip(SIGNALS, fitted.weights) if w != 0 or s == "unsupported" or s in FALLBACK_REASONS)
 
 
 class Chosen:
