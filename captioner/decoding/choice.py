@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, Collection, Sequence
 
 import torch
@@ -43,6 +42,7 @@ class Pool:
     words: list[list[int]]  # the tokens on the host
     photos: list[int]  # the photos in the pool, in batch order
     sizes: list[int]  # how many candidates each of them has
+    starts: list[int]  # where each of them begins
 
     @classmethod
     def of(cls, hyps: Sequence[Sequence[Hypothesis]], vocab_size: int, device: torch.device | str = "cpu",
@@ -62,16 +62,12 @@ class Pool:
         host = torch.tensor([[b, len(w)] for (b, _), w in zip(cands, words)], dtype=torch.int64).view(n, 2)
         floats = torch.tensor([[float(h.log_prob), float(h.score)] for _, h in cands], dtype=torch.float64).view(n, 2)
         tokens = torch.tensor([w + [vocab_size] * (width - len(w)) for w in words], dtype=torch.int64).view(n, width)
-        return cls(host[:, 0].to(dev), tokens.to(dev), host[:, 1].to(dev), floats[:, 0].to(dev),
-                   floats[:, 1].to(dev), min_word.to(dev), words, photos, [len(hyps[b]) for b in photos])
+        sizes = [len(hyps[b]) for b in photos]
+        return cls(host[:, 0].to(dev), tokens.to(dev), host[:, 1].to(dev), floats[:, 0].to(dev), floats[:, 1].to(dev),
+                   min_word.to(dev), words, photos, sizes, list(itertools.accumulate(sizes, initial=0))[:-1])
 
     def __len__(self) -> int:
         return len(self.words)
-
-    @cached_property
-    def starts(self) -> list[int]:
-        """Each photo's first row."""
-        return list(itertools.accumulate(self.sizes[:-1], initial=0)) if self.sizes else []
 
     def padded(self, table: torch.Tensor, fill: float | bool = 0) -> torch.Tensor:
         """A word table (V, ...) -> (V + 1, ...) with a row of `fill` for the padding, on the pool's device."""
