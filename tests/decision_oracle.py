@@ -95,13 +95,13 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
                                for s, v in zip(SIGNALS, weights.values)))
     k = int(settings.consensus_k)
     wide = weights["wide"] or sure_extra["wide"]
-    cosines, nearest = memory.nearest_with_cosines(feats, WIDE * k if wide else k)  # (B, k') nearest first
+    cosines, nearest = memory.nearest(feats, WIDE * k if wide else k)  # (B, k') nearest first
     nearest = nearest.tolist()
     if not (weights["objects"] or weights["top_object"] or how_sure):
         categories = None
     else:
         categories = (word_categories(vocab) if categories is None else categories).cpu().to(torch.bool)  # (V, C)
-    w = weights.tensor()  # (S,)
+    w = torch.tensor(weights.values, dtype=torch.float64)  # (S,)
     out = []
     for image, cands in enumerate(hyps):
         if len(cands) < 2:
@@ -123,7 +123,7 @@ def choose(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
             best = ordered[0]
             extra = dict(zip(SIGNALS, choice_signals([best], near[:k], near, p, categories, memory, sure_extra, who)[0].tolist()))
             row = {s: extra[s] if sure_extra[s] or best.signals is None else best.signals[s] for s in SIGNALS}
-            row["agreement"] = memory.cider.agreement(best.tokens, [[c.tokens for c in ordered[1:]]])
+            row["agreement"] = float(memory.cider.agreements([best.tokens], [[[c.tokens for c in ordered[1:]]]])[0])
             margin = 0.0 if total is None else total[order[0]] - total[order[1]]
             best.sure_signals = sure_signals(best, row, margin, float(cosines[image, 0]), p, categories, who,
                                              None if check is None else photo_check(check, image),

@@ -12,12 +12,23 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from captioner.decoding.cider import CiderD, ngram_counts
+from captioner.decoding.cider import CiderD
 from captioner.data import build_records
 from captioner.config import DataConfig
 from captioner.vocab import tokenize
 
 from .device_check import HostTensors
+
+
+def ngram_counts(tokens, n=4) -> list[Counter]:
+    """[Counter of 1-grams, ..., Counter of n-grams] of one caption."""
+    toks = tuple(tokens)
+    return [Counter(toks[i:i + k] for i in range(len(toks) - k + 1)) for k in range(1, n + 1)]
+
+
+def _agreement(scorer: CiderD, candidate, ref_sets) -> float:
+    """CiderD.agreements of one candidate."""
+    return float(scorer.agreements([candidate], [ref_sets])[0])
 
 
 def test_ngram_counts():
@@ -67,15 +78,15 @@ def test_agreements_equal_the_dictionary_formula_on_random_pools(references, poo
     for i, (c, sets) in enumerate(zip(cands, ref_sets)):
         want = oracle(references, c, sets)
         assert float(batched[i]) == pytest.approx(want, abs=1e-6, rel=1e-9)
-        assert scorer.agreement(c, sets) == pytest.approx(want, abs=1e-6, rel=1e-9)  # the per-candidate call
+        assert _agreement(scorer, c, sets) == pytest.approx(want, abs=1e-6, rel=1e-9)  # the per-candidate call
 
 
 def test_agreement_needs_a_reference_and_word_ids_it_can_code():
     scorer = CiderD([[[1, 2, 3]], [[4, 5]]])
     with pytest.raises(ValueError, match="at least one reference"):
-        scorer.agreement([1, 2], [[]])
+        _agreement(scorer, [1, 2], [[]])
     with pytest.raises(ValueError, match="word ids"):
-        scorer.agreement([scorer.base], [[[1, 2]]])
+        _agreement(scorer, [scorer.base], [[[1, 2]]])
     assert scorer.to("cpu") is scorer
 
 
@@ -96,18 +107,18 @@ def test_identical_candidate_and_references_score_the_maximum():
     # ten images with distinct captions: every n-gram of image 0 has df < N, so its idf > 0
     refs = [[[10 * i + k for k in range(6)]] * 5 for i in range(10)]
     scorer = CiderD(refs)
-    assert scorer.score_one(refs[0][0], refs[0]) == pytest.approx(10.0)
+    assert _agreement(scorer, refs[0][0], [refs[0]]) == pytest.approx(10.0)
     # any change lowers it: a wrong word, a shorter caption, another image's caption
-    assert scorer.score_one(refs[0][0][:-1] + [99], refs[0]) < 10.0
-    assert scorer.score_one(refs[0][0][:4], refs[0]) < 10.0
-    assert scorer.score_one(refs[1][0], refs[0]) == 0.0
+    assert _agreement(scorer, refs[0][0][:-1] + [99], [refs[0]]) < 10.0
+    assert _agreement(scorer, refs[0][0][:4], [refs[0]]) < 10.0
+    assert _agreement(scorer, refs[1][0], [refs[0]]) == 0.0
 
 
 def test_clipping_and_length_penalty():
     refs = [[[1, 2, 3]]] + [[[i, i + 1]] for i in range(10, 30)]
     scorer = CiderD(refs)
-    once = scorer.score_one([1, 2, 3], refs[0])
-    assert scorer.score_one([1, 2, 3, 1, 2, 3], refs[0]) < once  # repeating n-grams is not rewarded
+    once = _agreement(scorer, [1, 2, 3], [refs[0]])
+    assert _agreement(scorer, [1, 2, 3, 1, 2, 3], [refs[0]]) < once  # repeating n-grams is not rewarded
     assert scorer.score([[]], [refs[0]]) == [0.0]  # an empty caption scores 0, no error
 
 

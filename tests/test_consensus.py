@@ -68,7 +68,7 @@ def test_a_small_weight_leaves_a_clear_beam_winner_in_place():
 def test_nearest_finds_a_memory_photo_from_its_own_features():
     memory, pooled = _memory()
     for j in range(len(pooled)):
-        assert int(memory.nearest(_near(pooled[j] * 3.0), k=1)[0, 0]) == j  # cosine: the scale does not matter
+        assert int(memory.nearest(_near(pooled[j] * 3.0), k=1)[1][0, 0]) == j  # cosine: the scale does not matter
     with pytest.raises(ValueError, match="captioner-build-consensus"):
         memory.nearest(torch.zeros(1, 4, 7), k=1)
 
@@ -85,7 +85,7 @@ def test_memory_round_trips_through_save_and_load(tmp_path):
     assert back.captions_of(0) == ((4, 5, 6, 7),) and back.captions_of(1) == ((8, 9, 10), (8, 9, 11))
     assert back.captions_of(2) == ((12, 13, 14, 15, 16),)
     query = _near(torch.randn(16))
-    assert torch.equal(back.nearest(query, 3), memory.nearest(query, 3))
+    assert torch.equal(back.nearest(query, 3)[1], memory.nearest(query, 3)[1])
     # the document frequencies are built once per file and process; a rewritten file builds its own
     assert ConsensusMemory.load(path).cider is back.cider and back.cider_to("cpu") is back.cider
     assert torch.equal(back.cider.codes, memory.cider.codes) and torch.equal(back.cider.idf, memory.cider.idf)

@@ -20,7 +20,8 @@ from captioner.decoding.confidence import REASONS, SIGNALS, ConfidenceMap, judge
 from captioner.decoding.resources import Fitted
 from captioner.decoding.device_beam import Hypothesis
 from captioner.decoding.choice import Pool
-from captioner.decoding.confidence import SUPPORT_FLOOR, doubt_of_objects, membership, template, word_support
+from captioner.decoding.confidence import SUPPORT_FLOOR, objects_check, template
+from captioner.decoding.reading import HeadReading
 from captioner.evaluation.judged import crosstab, matched, photo_key
 from captioner.vocab import Vocab
 
@@ -41,7 +42,7 @@ def _check(p_cake: float, p_person: float = 0.9):
     cats[WORDS.index("cake"), 0] = cats[WORDS.index("dog"), 1] = cats[WORDS.index("plate"), 2] = 1
     probs = torch.tensor([[p_cake, 0.02, 0.7]])  # (1, C)
     seen = torch.tensor([[p_person, 0.05]])  # (1, K)
-    return word_support(probs, seen, membership(vocab, cats, People())), probs
+    return objects_check(HeadReading(None, probs, seen, 1), People(), vocab, cats), probs
 
 
 def _tokens(text: str) -> list[int]:
@@ -69,7 +70,7 @@ def _sure_signals(text: str, p_cake: float, others: tuple[str, ...] = ()) -> dic
 def test_each_object_word_is_supported_by_the_strongest_head_that_sees_it():
     check, _ = _check(p_cake=0.03)
     tokens = _tokens("a man in a red shirt on a plate with a cake".replace(" with", "").replace("a cake", "cake"))
-    assert [WORDS[tokens[i]] for i in check.named([tokens])[0]] == ["man", "shirt", "plate", "cake"]  # not "a", "red"
+    assert [WORDS[t] for t in tokens if check.columns.any(1)[t]] == ["man", "shirt", "plate", "cake"]  # not "a", "red"
     support = {w: float(check.support[0, WORDS.index(w)]) for w in ("man", "shirt", "plate", "cake")}
     assert abs(support["man"] - 0.9) < 1e-6 and abs(support["plate"] - 0.7) < 1e-6  # person detector; the head
     weak = check.unsupported([tokens])[0]
@@ -99,7 +100,7 @@ def test_an_unsupported_object_lowers_the_confidence_and_is_named_first():
     assert confident.doubt == "it is not sure there is a cake"
     assert confident.to_dict(maps=False)["sure"] is False and dataclasses.replace(confident, unsupported=[]).sure
     assert cap.to_dict(maps=False)["unsupported_words"] == ["cake"]
-    assert doubt_of_objects(["dogs", "cake"]) == "it is not sure there are dogs or a cake"
+    assert why_unsure({}, None, None, ["dogs", "cake"]) == "it is not sure there are dogs or a cake"
 
 
 def test_the_reason_is_the_largest_negative_contribution():

@@ -257,7 +257,7 @@ def _measure(loaded, name: str, records: list, settings, args: argparse.Namespac
                                                         loaded.vocab, evidence.words)
     pools = _pools(loaded, feats, settings, args.pools)
     k = settings.consensus_k
-    nearest, categories = memory.nearest(feats, WIDE * k).tolist(), word_categories(loaded.vocab).to(torch.bool)
+    nearest, categories = memory.nearest(feats, WIDE * k)[1].tolist(), word_categories(loaded.vocab).to(torch.bool)
     rows, fitted = {}, []
     for pool_name, (hyps, seconds) in pools.items():
         if pool_name.startswith("sample"):  # the beam's candidates and the samples: the pool a choice would see

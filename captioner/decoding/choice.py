@@ -1,24 +1,18 @@
-"""Choosing the caption (the decide stage): which of the beam's finished captions a person reads.
+"""Choosing the caption (the decide stage): which of the beam's finished candidates a person reads.
 
-The beam's own order is a weak judge (coco-paired val: its first caption scores CIDEr .68, the best of its five
-.89; docs/results.md). The caption is the candidate c of highest choice(c) = sum_s weight_s * s(c), weights the
-model file fitted (resources.Fitted, evaluation/choice_fit.py), over signals: score (the beam's, minus the photo's
-best), consensus (CIDEr-D with the captions of the consensus_k nearest training photos: consensus.py), wide (the
-same over WIDE x consensus_k), agreement (CIDEr-D with the photo's other candidates: minimum Bayes risk),
-log_prob (per token), length (words), objects (sum over the categories named of P(category) - OBJECT_P; a person
-word: the person detector's P) and top_object (it names the head's most probable category, P >= OBJECT_P).
-The choice only orders; how sure the chosen caption is, is the judge's (confidence.py).
-
-Legend: B photos, N the batch's candidates (Pool), B' the photos with two or more, S signals, C COCO categories,
-V vocabulary, L the longest candidate's words.
+The beam's first is a weak pick (coco-paired val: CIDEr .68, the best of its five .89; docs/results.md). The choice
+is the candidate of highest sum_s weight_s * s, weights fitted in the model file (evaluation/choice_fit.py): score
+(the beam's minus the photo's best), consensus and wide (CIDEr-D with the captions of the consensus_k and WIDE x
+consensus_k nearest training photos), agreement (with the photo's other candidates: minimum Bayes risk), log_prob
+(per token), length (words), objects (sum of P(category) - OBJECT_P over the categories named; a person word: the
+person detector's P) and top_object (it names the head's most probable category, P >= OBJECT_P). Legend: B photos,
+N the batch's candidates (Pool), B' the photos with two or more, S signals, C COCO categories, V vocabulary, L words.
 """
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, Collection, Sequence
 
 import torch
@@ -46,9 +40,9 @@ class Pool:
     score: torch.Tensor  # (N,) float64: the beam's score
     min_word: torch.Tensor  # (N,) float64: the least word log-probability, 0 without word log-probs
     words: list[list[int]]  # the tokens on the host
-    owners: list[int]  # the photo of each candidate on the host
     photos: list[int]  # the photos in the pool, in batch order
     sizes: list[int]  # how many candidates each of them has
+    starts: list[int]  # where each of them begins
 
     @classmethod
     def of(cls, hyps: Sequence[Sequence[Hypothesis]], vocab_size: int, device: torch.device | str = "cpu",
@@ -68,22 +62,12 @@ class Pool:
         host = torch.tensor([[b, len(w)] for (b, _), w in zip(cands, words)], dtype=torch.int64).view(n, 2)
         floats = torch.tensor([[float(h.log_prob), float(h.score)] for _, h in cands], dtype=torch.float64).view(n, 2)
         tokens = torch.tensor([w + [vocab_size] * (width - len(w)) for w in words], dtype=torch.int64).view(n, width)
-        return cls(host[:, 0].to(dev), tokens.to(dev), host[:, 1].to(dev), floats[:, 0].to(dev),
-                   floats[:, 1].to(dev), min_word.to(dev), words, [b for b, _ in cands], photos,
-                   [len(hyps[b]) for b in photos])
+        sizes = [len(hyps[b]) for b in photos]
+        return cls(host[:, 0].to(dev), tokens.to(dev), host[:, 1].to(dev), floats[:, 0].to(dev), floats[:, 1].to(dev),
+                   min_word.to(dev), words, photos, sizes, list(itertools.accumulate(sizes, initial=0))[:-1])
 
     def __len__(self) -> int:
         return len(self.words)
-
-    @cached_property
-    def starts(self) -> list[int]:
-        """Each photo's first row."""
-        return list(itertools.accumulate(self.sizes[:-1], initial=0)) if self.sizes else []
-
-    def others(self, row: int) -> list[list[int]]:
-        """The words of the other candidates of the row's photo, in the beam's order."""
-        g = bisect.bisect_right(self.starts, row) - 1
-        return [self.words[s] for s in range(self.starts[g], self.starts[g] + self.sizes[g]) if s != row]
 
     def padded(self, table: torch.Tensor, fill: float | bool = 0) -> torch.Tensor:
         """A word table (V, ...) -> (V + 1, ...) with a row of `fill` for the padding, on the pool's device."""
@@ -93,10 +77,6 @@ class Pool:
     def named(self, table: torch.Tensor) -> torch.Tensor:
         """(V, M) which columns each word names -> (N, M) bool: which each candidate names."""
         return self.padded(table.bool(), False)[self.tokens].any(1)
-
-    def group_max(self, values: torch.Tensor, photos: int) -> torch.Tensor:
-        """(N,) -> (photos,) each photo's largest (-inf for a photo not in the pool)."""
-        return values.new_full((photos,), float("-inf")).scatter_reduce(0, self.photo, values, "amax")
 
     def order(self, total: torch.Tensor) -> torch.Tensor:
         """(N,) choice -> (N,) rows grouped by photo, highest first within one, equals in the beam's order."""
@@ -112,8 +92,8 @@ def finite(value: Any, name: str) -> float:
 
 
 def by_signal(data: Any, known: Sequence[str], what: str, name: str = "{}") -> tuple[float, ...]:
-    """{signal: number} as a model file stores it (a signal left out: 0) -> the numbers in `known` order; a
-    ValueError names an unknown signal or a number that is not finite (`name`: how to call signal s's number)."""
+    """{signal: number} as a model file stores it (one left out: 0) -> the numbers in `known` order, or a ValueError
+    (`name`: how it calls signal s's number)."""
     if not isinstance(data, dict):
         raise ValueError(f"{what} must be a mapping, got {data!r}")
     if set(data) - set(known):
@@ -141,9 +121,6 @@ class Weights:
         """Whether only the beam's own score counts (its order kept, nothing to compute)."""
         return not any(self.values[1:])
 
-    def tensor(self) -> torch.Tensor:
-        return torch.tensor(self.values, dtype=torch.float64)  # (S,)
-
 
 BEAM_ORDER = Weights((1.0,) + (0.0,) * (len(SIGNALS) - 1))
 
@@ -153,7 +130,8 @@ def signals(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | 
     """(N, S) float64. cider (N, 3): agreements; probs (B, C): the head's P; categories (V, C): the words naming
     each (either None: objects, top_object 0); person: (P(person) (B,), person words (V,)) or None."""
     out = torch.zeros(len(pool), len(SIGNALS), dtype=torch.float64, device=pool.tokens.device)  # (N, S)
-    out[:, 0] = pool.score - pool.group_max(pool.score, photos)[pool.photo]
+    best = pool.score.new_full((photos,), float("-inf")).scatter_reduce(0, pool.photo, pool.score, "amax")  # (B,)
+    out[:, 0] = pool.score - best[pool.photo]
     out[:, 1:4] = cider.to(out)
     out[:, 4] = pool.log_prob / (pool.lengths + 1)  # <end> included: a per-token mean
     out[:, 5] = pool.lengths
@@ -174,16 +152,16 @@ def agreements(pool: Pool, nearest: Sequence[Sequence[int]], k: int, memory: Con
     """(N, 3): each candidate's CIDER_SIGNALS, those `wanted` computed (the others 0), in as few CIDEr-D passes
     as REFERENCES_PER_PASS allows; a candidate's value does not depend on what else a pass holds."""
     cands, sets, rows = [], [], []  # words, their references, (row, column)
-    for column, signal in enumerate(CIDER_SIGNALS):
-        if signal not in wanted:
-            continue
-        for r, (b, words) in enumerate(zip(pool.owners, pool.words)):
+    for column, signal in ((c, s) for c, s in enumerate(CIDER_SIGNALS) if s in wanted):
+        for b, at, size in zip(pool.photos, pool.starts, pool.sizes):  # a photo's rows are at, at + 1, ...
             near = nearest[b][:k] if signal == "consensus" else nearest[b]
-            refs = [pool.others(r)] if signal == "agreement" else [memory.captions_of(j) for j in near]
-            if refs[0]:  # a photo's only candidate agrees with nobody: 0
-                cands.append(words)
-                sets.append(refs)
-                rows.append((r, column))
+            for r in range(at, at + size):
+                refs = ([[pool.words[s] for s in range(at, at + size) if s != r]] if signal == "agreement"
+                        else [memory.captions_of(j) for j in near])  # the others in the beam's order, or the memory's
+                if refs[0]:  # a photo's only candidate agrees with nobody: 0
+                    cands.append(pool.words[r])
+                    sets.append(refs)
+                    rows.append((r, column))
     device = pool.tokens.device
     out = torch.zeros(len(pool), 3, dtype=torch.float64, device=device)  # (N, 3)
     at = torch.tensor(rows, dtype=torch.int64).view(-1, 2).to(device)  # (X, 2) candidate, column
@@ -208,14 +186,13 @@ class Neighbours:
 
     @classmethod
     def of(cls, memory: ConsensusMemory, feats: torch.Tensor, k: int, wide: bool) -> "Neighbours":
-        cosines, nearest = memory.nearest_with_cosines(feats, WIDE * k if wide else k)  # (B, k')
+        cosines, nearest = memory.nearest(feats, WIDE * k if wide else k)  # (B, k')
         return cls(nearest.tolist(), cosines, k)
 
 
 @dataclass(frozen=True)
 class Decision:
-    """The choice on the device: signals (N, S), choice (N,), rows in the chosen order (N,), chosen row and runner-up
-    (B',) and the weights."""
+    """The choice on the device: signals (N, S), choice (N,), chosen order (N,), chosen row and runner-up (B',)."""
     pool: Pool
     signals: torch.Tensor
     total: torch.Tensor
@@ -223,10 +200,6 @@ class Decision:
     best: torch.Tensor
     runner: torch.Tensor
     weights: Weights
-
-    @property
-    def chose(self) -> bool:
-        return not self.weights.beam_order
 
     def host(self) -> tuple[torch.Tensor, ...]:
         """What the hypotheses carry, flat for one read: signals (N * S,), totals (N,), order (N,)."""
@@ -239,9 +212,8 @@ def choose(pool: Pool, photos: int, cider: torch.Tensor, probs: torch.Tensor | N
     """The pool (of `photos` photos) -> the Decision by `weights`: one product, one sort, nothing read."""
     device = pool.tokens.device
     seen = torch.tensor([float(bool(weights[s])) for s in CIDER_SIGNALS], dtype=torch.float64, device=device)  # (3,)
-    x = signals(pool, photos, cider.to(device) * seen, None if categories is None else probs, categories,
-                person)  # (N, S)
-    total = x @ weights.tensor().to(device)  # (N,)
+    x = signals(pool, photos, cider.to(device) * seen, probs, categories, person)  # (N, S)
+    total = x @ torch.tensor(weights.values, dtype=torch.float64, device=device)  # (N,)
     order = pool.order(total) if not weights.beam_order else torch.arange(len(pool), device=device)  # (N,)
     first = torch.tensor(pool.starts, dtype=torch.int64, device=device)  # (B',)
     return Decision(pool, x, total, order, order[first], order[first + 1], weights)

@@ -1,39 +1,25 @@
-"""CIDEr-D (Vedantam et al. 2015) on token ids, with document frequencies from the training references: SCST's
-reward (Rennie et al. 2017) and the consensus rerank's agreement with neighbours' captions (consensus.py).
-
-For n = 1..4 a caption is a TF-IDF vector over its n-grams, g_n(k) = tf(k) * log(N_images / max(1, df(k))).
-Against each reference r: the cosine with the candidate's weights clipped to the reference's (min(g_c, g_r) * g_r),
-times exp(-(len_c - len_r)^2 / (2 sigma^2)), sigma = 6; the score is 10 x the mean over n and references.
-pycocoevalcap's Cider takes df from the evaluated set instead; given the same df the two are equal
-(tests/test_cider.py, which keeps the dictionary arithmetic as the oracle).
-
-On tensors, many pairs at once: each caption's distinct n-grams (words as digits of one int64 code) with their
-weights, flat (Grams); the training references' vectors built once (the bank); for every (candidate, reference)
-pair the reference's n-grams searched among the candidate's, the clipped products summed per pair and n.
+"""CIDEr-D (Vedantam et al. 2015) on token ids, document frequencies from the training references: SCST's reward
+and the consensus agreement. For n = 1..4 a caption is a TF-IDF vector over its n-grams, g_n(k) = tf(k) * log(N_images
+/ max(1, df(k))). Against each reference r: the cosine with the candidate's weights clipped to the reference's
+(min(g_c, g_r) * g_r), times exp(-(len_c - len_r)^2 / (2 sigma^2)), sigma = 6; the score is 10 x the mean over n and
+references (pycocoevalcap's, given the same df: tests/test_cider.py's oracle). On tensors: each caption's distinct
+n-grams (words as digits of one int64 code) flat (Grams), the training references' built once (the bank), every
+(candidate, reference) pair's clipped products summed per pair and n.
 """
 from __future__ import annotations
 
 import math
-from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
 import torch
 
 Caption = Sequence[int]
-NGram = tuple[int, ...]
-
-
-def ngram_counts(tokens: Caption, n: int = 4) -> list[Counter]:
-    """[Counter of 1-grams, ..., Counter of n-grams] of one caption."""
-    toks = tuple(tokens)
-    return [Counter(toks[i:i + k] for i in range(len(toks) - k + 1)) for k in range(1, n + 1)]
 
 
 @dataclass(frozen=True)
 class Grams:
     """Captions as TF-IDF n-gram vectors, flat: caption c's entries (by code) are rows starts[c]:starts[c + 1]."""
-
     row: torch.Tensor  # (E,) int64: the caption of each entry
     ids: torch.Tensor  # (E,) int64: its n-gram, an index into CiderD.codes (>= len(codes): one no reference has)
     order: torch.Tensor  # (E,) int64: n - 1
@@ -44,8 +30,7 @@ class Grams:
     width: int  # the ids are below this
 
     def to(self, device: torch.device) -> "Grams":
-        return replace(self, **{f: getattr(self, f).to(device) for f in ("row", "ids", "order", "weight", "starts",
-                                                                           "norms", "lengths")})
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "width"})
 
 
 def _spans(owner: torch.Tensor, start: torch.Tensor, stop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,9 +52,8 @@ class CiderD:
         self.n, self.sigma, self.device = n, sigma, torch.device(device)
         self.base = 1 << (62 // n)  # an n-gram's code: its words + 1 as digits in this base (below 2^62)
         self.log_n = math.log(float(len(references)))
-        self._sets: dict[tuple[tuple[int, ...], ...], tuple[int, int]] = {}  # a training image's references -> bank rows
-        captions: list[tuple[int, ...]] = []
-        image: list[int] = []
+        self._sets: dict[tuple[tuple[int, ...], ...], tuple[int, int]] = {}  # an image's references -> bank rows
+        captions, image = [], []  # every reference caption, its image
         for j, refs in enumerate(references):
             key = tuple(tuple(r) for r in refs)
             self._sets.setdefault(key, (len(captions), len(captions) + len(key)))
@@ -120,8 +104,7 @@ class CiderD:
         new = torch.ones_like(row, dtype=torch.bool)  # (E,) the first of a run of equal (caption, code)
         new[1:] = (row[1:] != row[:-1]) | (code[1:] != code[:-1])
         tf = torch.bincount(new.cumsum(0) - 1).to(torch.float64) if len(row) else code.new_zeros(0, dtype=torch.float64)
-        lengths_t = torch.tensor(lengths, dtype=torch.float64, device=self.device)  # (C,)
-        return row[new], code[new], order[new], tf, lengths_t
+        return row[new], code[new], order[new], tf, torch.tensor(lengths, dtype=torch.float64, device=self.device)
 
     def _grams(self, row: torch.Tensor, code: torch.Tensor, order: torch.Tensor, tf: torch.Tensor,
                lengths: torch.Tensor) -> Grams:
@@ -140,13 +123,8 @@ class CiderD:
         starts = torch.cat([row.new_zeros(1), torch.bincount(row, minlength=c).cumsum(0)])  # (C + 1,)
         return Grams(row, ids, order, weight, starts, squares.sqrt().view(c, self.n), lengths, width)
 
-    def vectors(self, captions: Sequence[Caption]) -> Grams:
-        """Captions -> their TF-IDF vectors (Grams) on this CIDEr-D's device."""
-        return self._grams(*self._count(captions))
-
     def _pairs(self, cands: Grams, refs: Grams, pc: torch.Tensor, pr: torch.Tensor) -> torch.Tensor:
-        """Pairs (candidate pc, reference pr) (P,) -> (P,): the sum over n of the clipped cosine, times the length
-        penalty."""
+        """Pairs (candidate pc, reference pr) (P,) -> (P,): the clipped cosines summed over n, times the penalty."""
         pair, entry = _spans(torch.arange(len(pc), device=pc.device), refs.starts[pr], refs.starts[pr + 1])  # (X,)
         width = max(cands.width, refs.width)
         dots = cands.weight.new_zeros(len(pc) * self.n)  # (P * n,)
@@ -164,34 +142,25 @@ class CiderD:
 
     def agreements(self, candidates: Sequence[Caption], ref_sets: Sequence[Sequence[Sequence[Caption]]]
                    ) -> torch.Tensor:
-        """Each candidates[i]'s CIDEr-D against the union of the sets ref_sets[i] -> (N,) float64, in one pass (a
-        training image's references read from the bank)."""
+        """Each candidates[i]'s CIDEr-D against the union of the sets ref_sets[i] -> (N,) float64, in one pass."""
         if len(candidates) != len(ref_sets):
             raise ValueError(f"{len(candidates)} candidates but {len(ref_sets)} lists of reference sets")
-        banked: list[tuple[int, int, int]] = []  # (candidate, first, end row) in the bank
-        other: list[tuple[int, int, int]] = []  # ... among the other references
-        others: list[tuple[int, ...]] = []
+        banked, other, others, count = [], [], [], []  # (candidate, first, end row) in the bank; in `others`
         other_at: dict[tuple[tuple[int, ...], ...], tuple[int, int]] = {}
-        count = []
         for i, sets in enumerate(ref_sets):
-            total = 0
-            for refs in sets:
-                key = tuple(tuple(r) for r in refs)
-                if not key:
-                    continue
-                at = self._sets.get(key)
-                if at is not None:
-                    banked.append((i, *at))
-                else:
-                    if key not in other_at:
-                        other_at[key] = (len(candidates) + len(others), len(candidates) + len(others) + len(key))
-                        others += key
-                    other.append((i, *other_at[key]))
-                total += len(key)
-            if not total:
+            keys = [key for key in (tuple(tuple(r) for r in refs) for refs in sets) if key]
+            if not keys:
                 raise ValueError("every candidate needs at least one reference")
-            count.append(total)
-        grams = self.vectors([*candidates, *others])  # candidates first, then the references not in the bank
+            for key in keys:
+                if key in self._sets:
+                    banked.append((i, *self._sets[key]))
+                    continue
+                if key not in other_at:
+                    other_at[key] = (len(candidates) + len(others), len(candidates) + len(others) + len(key))
+                    others += key
+                other.append((i, *other_at[key]))
+            count.append(sum(map(len, keys)))
+        grams = self._grams(*self._count([*candidates, *others]))  # candidates first, then references not banked
         total = torch.zeros(len(candidates), dtype=torch.float64, device=self.device)  # (N,)
         for refs, spans in ((self._bank, banked), (grams, other)):
             if spans:
@@ -199,13 +168,6 @@ class CiderD:
                 pc, pr = _spans(owner, first, end)  # (P,) each
                 total.index_add_(0, pc, self._pairs(grams, refs, pc, pr))
         return 10.0 * total / (self.n * torch.tensor(count, dtype=torch.float64, device=self.device))
-
-    def agreement(self, candidate: Caption, ref_sets: Sequence[Sequence[Caption]]) -> float:
-        """agreements of one candidate."""
-        return float(self.agreements([candidate], [ref_sets])[0])
-
-    def score_one(self, candidate: Caption, refs: Sequence[Caption]) -> float:
-        return self.agreement(candidate, [refs])
 
     def score(self, candidates: Sequence[Caption], references: Sequence[Sequence[Caption]]) -> list[float]:
         """candidates[i] scored against references[i] -> one CIDEr-D per candidate."""

@@ -1,18 +1,11 @@
-"""How sure (the judge stage): the probability that a chosen caption is good, and the objects check.
-
-confidence = sigmoid(bias + sum_s weight_s * s), the probability that the caption's per-photo CIDEr-D is at least
-GOOD_CIDER: a logistic map of cheap signals (SIGNALS; docs/confidence.md) fitted on the val sets
-(evaluation/confidence_fit.py), stored with its `sure_at` (resources.Fitted); None without a map or signals.
-The objects check: a word names an object when it names a COCO category (concepts/words.py) or a detector group
-(concepts/detectors.py); its support is max(P_head(c | b) over its categories c, P_detector(k | b) over its
-groups k). A caption naming an object below SUPPORT_FLOOR is never sure, and its reason names that object first.
-
-Legend: B photos, B' those with a chosen caption, N the batch's candidates (choice.Pool), S the signals here,
-C COCO categories, K detector groups, M = C + K object columns, V vocabulary, L words.
+"""How sure (the judge stage): confidence = sigmoid(bias + sum_s weight_s * s) over cheap SIGNALS (docs/confidence.md,
+evaluation/confidence_fit.py), the probability that the caption's CIDEr-D is at least GOOD_CIDER. The objects check:
+a caption naming an object (a COCO category or detector group) whose support (the largest P of those) is below
+SUPPORT_FLOOR is never sure. Legend: B photos, B' those with a chosen caption, N the batch's candidates (choice.Pool),
+S the signals here, C COCO categories, K detector groups, M = C + K object columns, V vocabulary, L words.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -25,7 +18,8 @@ from ..concepts.detectors import WordDetectors
 from ..concepts.words import word_categories
 from ..config import DecodeConfig
 from ..vocab import Vocab
-from .choice import BEAM_ORDER, CIDER_SIGNALS, Decision, Neighbours, Pool, Weights, agreements, by_signal, choose, finite
+from .choice import BEAM_ORDER, CIDER_SIGNALS, Decision, Neighbours, Pool, Weights, agreements, by_signal, choose
+from .choice import finite
 from .choice import SIGNALS as CHOICE_SIGNALS
 from .consensus import ConsensusMemory
 from .device_beam import Hypothesis
@@ -35,11 +29,9 @@ SIGNALS = ("wide", "consensus", "nearest", "agreement", "margin", "log_prob", "m
            "top_p", "length", "support", "unsupported", "disagreement", "head_entropy", "template")
 GOOD_CIDER = 0.5  # the label: a caption is good where its per-photo CIDEr-D is at least this
 SURE_FLOOR = 0.6  # no caption is sure below this, whatever sure_at a file stores
-# what an unsure caption's confidence says to do: the first level whose floor it reaches
-LEVELS = ((0.5, "probably right"), (0.3, "may be wrong"), (0.0, "probably wrong"))
+LEVELS = ((0.5, "probably right"), (0.3, "may be wrong"), (0.0, "probably wrong"))  # unsure: the first floor reached
 SURE = "sure"
-# below this an object's support is "unsupported" (docs/confidence.md: at .2 fewer absent objects are sure)
-SUPPORT_FLOOR = 0.2
+SUPPORT_FLOOR = 0.2  # an object's support below it is "unsupported" (docs/confidence.md: at .2 fewer absent are sure)
 TEMPLATE = re.compile(r"\bin (a|an) (\w+ )?(red|blue|green|yellow|pink|black|white|orange|purple|brown|gray|grey"
                       r"|striped|dark|light) (\w+ )?(shirt|t-shirt|jacket|dress|hat|helmet|coat|sweater|top|shorts"
                       r"|uniform|outfit|jersey|suit|swimsuit|cap|costume|bathing)\b")
@@ -51,11 +43,6 @@ class ObjectCheck:
     """The photos' object evidence: support (B, V) per word and columns (V, M): what each word names."""
     support: torch.Tensor  # (B, V)
     columns: torch.Tensor  # (V, M) bool
-
-    def named(self, tokens: Sequence[Sequence[int]]) -> list[list[int]]:
-        """Each photo's caption words (tokens[n]) -> the positions of those naming an object."""
-        names = self.columns.any(1).tolist()  # (V,)
-        return [[i for i, t in enumerate(toks) if names[t]] for toks in tokens]
 
     def unsupported(self, tokens: Sequence[Sequence[int]], floor: float = SUPPORT_FLOOR) -> list[list[int]]:
         """Each photo's caption words -> the positions of its object words below floor, least supported first."""
@@ -83,16 +70,12 @@ def _groups(itos: tuple[str, ...], members: tuple[frozenset[str], ...], taught: 
 
 def objects_check(reading: HeadReading, det: WordDetectors | None, vocab: Vocab, categories: torch.Tensor
                   ) -> ObjectCheck | None:
-    """The photos' objects check from their reading; None without the ImageNet head."""
+    """reading's probs (B, C), seen (B, K) -> each word's support, the largest P of its columns; None without a head."""
     if reading.probs is None:
         return None
-    return word_support(reading.probs, reading.seen if det is not None else None, membership(vocab, categories, det))
-
-
-def word_support(probs: torch.Tensor, seen: torch.Tensor | None, columns: torch.Tensor) -> ObjectCheck:
-    """probs (B, C), seen (B, K) or None, columns (V, M) -> each word's support, the largest P of its columns."""
-    evidence = probs.float() if seen is None else torch.cat([probs.float(), seen.float().to(probs.device)], 1)  # (B, M)
-    cols = columns[:, :evidence.shape[1]].to(evidence.device)  # (V, M)
+    probs, seen = reading.probs.float(), None if det is None else reading.seen
+    evidence = probs if seen is None else torch.cat([probs, seen.float().to(probs.device)], 1)  # (B, M)
+    cols = membership(vocab, categories, det)[:, :evidence.shape[1]].to(evidence.device)  # (V, M)
     support = (evidence[:, None, :] * cols[None].float()).amax(-1)  # (B, V)
     return ObjectCheck(support, cols.bool())
 
@@ -132,14 +115,12 @@ class ConfidenceMap:
     bias: float
     weights: tuple[float, ...]  # SIGNALS order
     sure_at: float
-    # each signal's val mean (SIGNALS order), what contributions are measured against; None in older files
-    means: tuple[float, ...] | None = None
+    means: tuple[float, ...] | None = None  # each signal's val mean, what contributions measure from; None: older files
 
     @classmethod
     def from_json(cls, data: Any) -> "ConfidenceMap":
         """{"bias", "weights": {signal: weight}, "sure_at"[, "means": {signal: mean}]} -> the map."""
-        if not isinstance(data, dict) or not {"bias", "weights", "sure_at"} <= set(data) <= {"bias", "weights",
-                                                                                             "sure_at", "means"}:
+        if not isinstance(data, dict) or set(data) - {"means"} != {"bias", "weights", "sure_at"}:
             raise ValueError(f"the confidence map needs bias, weights and sure_at (and may hold means), got {data!r}")
         means = data.get("means")
         means = None if means is None else by_signal(means, SIGNALS, "the confidence map's means", "the mean of {}")
@@ -181,20 +162,17 @@ WEAK = (("nearest", 1.0, 0.55),  # the cosine with the nearest training photo (.
         ("min_word", 0.0, -3.5),  # its least probable word under 3% (-2.1 to -2.9)
         ("wide", 1.0, 0.2))  # CIDEr-D with what people said of the nearest photos (.35-.40)
 FALLBACK_REASONS = tuple(s for s, _, _ in WEAK)
-GATE = ("unsupported",)  # what the level reads whatever the map weighs
 
 
 def needs(fitted: ConfidenceMap | None) -> tuple[str, ...]:
-    """The signals judged for this map: those it weighs, GATE and FALLBACK_REASONS; every one without a map."""
+    """The signals judged for this map: those it weighs, unsupported (the level's) and FALLBACK_REASONS; or all."""
     if fitted is None:
         return SIGNALS
-    wanted = {s for s, w in zip(SIGNALS, fitted.weights) if w != 0} | set(GATE) | set(FALLBACK_REASONS)
-    return tuple(s for s in SIGNALS if s in wanted)
+    return tuple(s for s, w in zip(SIGNALS, fitted.weights) if w != 0 or s == "unsupported" or s in FALLBACK_REASONS)
 
 
 class Chosen:
     """What the judge reads of a batch's chosen captions (B'), each signal computed when asked (SIGNAL_OF)."""
-
     def __init__(self, decision: Decision, near: Neighbours, cider: torch.Tensor, probs: torch.Tensor | None,
                  categories: torch.Tensor | None, person: tuple[torch.Tensor, torch.Tensor] | None,
                  check: ObjectCheck | None, vocab: Vocab):
@@ -203,12 +181,6 @@ class Chosen:
         self.photos = torch.tensor(self.pool.photos, dtype=torch.int64, device=self.best.device)  # (B',)
         self.probs = None if probs is None or categories is None else probs.to(decision.signals)[self.photos]  # (B', C)
         self.categories, self.person, self.check, self.vocab = categories, person, check, vocab
-
-    def choice_signal(self, name: str) -> torch.Tensor:  # (B',)
-        return self.decision.signals[self.best, CHOICE_SIGNALS.index(name)]
-
-    def cider(self, name: str) -> torch.Tensor:  # (B',)
-        return self.cider_of.to(self.decision.signals)[self.best, CIDER_SIGNALS.index(name)]
 
     @cached_property
     def _support(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,11 +209,6 @@ class Chosen:
         differs = (objects != objects[self.best][group]).any(1)  # (N,)
         return out.index_add(0, group, differs.double()) / (sizes - 1).clamp_min(1)
 
-    def margin(self) -> torch.Tensor:
-        """(B',) the choice over the runner-up's (0 where the beam's order was kept)."""
-        d = self.decision
-        return d.total[d.best] - d.total[d.runner] if d.chose else torch.zeros_like(d.total[d.best])
-
     def weakest_object(self) -> torch.Tensor:
         """(B',) the least P of the categories each names (a person word: the person detector's), 1 where none."""
         if self.probs is None:
@@ -253,21 +220,15 @@ class Chosen:
             least = torch.minimum(least, torch.where(says_person, self.person[0].to(least)[self.photos], float("inf")))
         return torch.where(least.isinf(), 1.0, least)
 
-    def template(self) -> torch.Tensor:  # (B',)
-        texts = [" ".join(self.vocab.itos[t] for t in self.pool.words[r]) for r in range(len(self.pool))]
-        return torch.tensor([template(t) for t in texts], dtype=torch.float64).to(self.best.device)[self.best]
-
 
 # how the judge computes each signal for the chosen captions: (B',) float64 (or a float for all)
 SIGNAL_OF: dict[str, Callable[[Chosen], torch.Tensor | float]] = {
-    "wide": lambda c: c.cider("wide"),
-    "consensus": lambda c: c.cider("consensus"),
+    **{s: lambda c, i=i: c.cider_of.to(c.decision.signals)[c.best, i] for i, s in enumerate(CIDER_SIGNALS)},
+    **{s: lambda c, s=s: c.decision.signals[c.best, CHOICE_SIGNALS.index(s)] for s in ("log_prob", "objects")},
     "nearest": lambda c: c.near.cosines[:, 0].to(c.decision.signals)[c.photos],
-    "agreement": lambda c: c.cider("agreement"),
-    "margin": Chosen.margin,
-    "log_prob": lambda c: c.choice_signal("log_prob"),
+    "margin": lambda c: (torch.zeros_like(c.decision.total[c.best]) if c.decision.weights.beam_order
+                         else c.decision.total[c.best] - c.decision.total[c.decision.runner]),  # over the runner-up's
     "min_word": lambda c: c.pool.min_word[c.best],
-    "objects": lambda c: c.choice_signal("objects"),
     "weakest_object": Chosen.weakest_object,
     "top_p": lambda c: 0.0 if c.probs is None else c.probs.amax(1),
     "length": lambda c: c.pool.lengths[c.best],
@@ -275,7 +236,8 @@ SIGNAL_OF: dict[str, Callable[[Chosen], torch.Tensor | float]] = {
     "unsupported": lambda c: c._support[1],
     "disagreement": Chosen.disagreement,
     "head_entropy": lambda c: entropy(c.probs),
-    "template": Chosen.template,
+    "template": lambda c: torch.tensor([template(" ".join(c.vocab.itos[t] for t in w)) for w in c.pool.words],
+                                       dtype=torch.float64).to(c.best.device)[c.best],
 }
 
 
@@ -289,13 +251,6 @@ class Judgement:
     def host(self) -> tuple[torch.Tensor, ...]:
         """Flat for one read: the signals (B' * S,), the confidences (B',)."""
         return (self.signals.flatten(),) + (() if self.confidence is None else (self.confidence,))
-
-    def of_photo(self, host: list[float], g: int) -> tuple[dict[str, float], float | None]:
-        """host read -> photo g's computed signals by name and its confidence or None."""
-        width, n = len(SIGNALS), len(self.signals)
-        row = host[g * width:(g + 1) * width]
-        return ({s: row[SIGNALS.index(s)] for s in self.names},
-                None if self.confidence is None else host[n * width + g])
 
 
 def judge(decision: Decision, near: Neighbours, cider: torch.Tensor, probs: torch.Tensor | None,
@@ -317,22 +272,14 @@ REASONS = {"wide": "people described photos like this one differently",
            "consensus": "people described the photos most like this one differently",
            "nearest": "few photos like this one among those it learned from",
            "agreement": "the beam's captions disagree with this one",
+           "disagreement": "its other captions name other things", "min_word": "some of its words are guesses",
+           "objects": "the encoder barely sees the objects it names", "weakest_object": ABSENT, "support": ABSENT,
            "margin": "it barely preferred this caption to another",
            "log_prob": "the model found these words unlikely for this photo",
-           "min_word": "some of its words are guesses",
-           "objects": "the encoder barely sees the objects it names",
-           "weakest_object": ABSENT, "support": ABSENT, "unsupported": ABSENT,
-           "top_p": "the encoder recognises little in this photo",
+           "top_p": "the encoder recognises little in this photo", "unsupported": ABSENT,
            "length": "good captions are rarely this long or short",
-           "disagreement": "its other captions name other things",
            "head_entropy": "the encoder is torn between what this photo might show",
            "template": "it reads like a stock phrase (a person in a coloured garment)"}
-
-
-def doubt_of_objects(words: Sequence[str]) -> str:
-    """"it is not sure there is a cake" (or "... a cake or a table") for the unsupported objects."""
-    phrases = (w if _plural(w) or w in MASS else ("an " if w[0] in "aeiou" else "a ") + w for w in words)
-    return "it is not sure there " + ("are " if _plural(words[0]) else "is ") + " or ".join(phrases)
 
 
 def _plural(word: str) -> bool:
@@ -341,11 +288,12 @@ def _plural(word: str) -> bool:
 
 def why_unsure(signals: dict[str, float], alternative: str | None, contributions: dict[str, float] | None = None,
                unsupported: Sequence[str] = ()) -> str:
-    """Why unsure, in plain words: an unsupported object, else the signal that lowered the confidence most
-    (contributions), else the first weak one (WEAK)."""
+    """Why unsure, in plain words: an unsupported object ("it is not sure there is a cake or a table"), else the
+    signal that lowered the confidence most (contributions), else the first weak one (WEAK)."""
     hesitated = f"it hesitated between this and “{alternative}”"
     if unsupported:
-        return doubt_of_objects(unsupported)
+        phrases = (w if _plural(w) or w in MASS else ("an " if w[0] in "aeiou" else "a ") + w for w in unsupported)
+        return "it is not sure there " + ("are " if _plural(unsupported[0]) else "is ") + " or ".join(phrases)
     if contributions:
         worst = min(contributions, key=contributions.__getitem__)
         if contributions[worst] < 0:
@@ -358,9 +306,8 @@ def why_unsure(signals: dict[str, float], alternative: str | None, contributions
 
 @dataclass(frozen=True)
 class Decided:
-    """One photo's decision (decide), a value: its candidates in the chosen order (the beam's where nothing chose),
-    each one's choice and signals (choice.py; None: the beam's order kept), and how sure the first is: the
-    judge's signals and confidence (confidence.py; None: not judged)."""
+    """One photo's decision: its candidates in the chosen order (the beam's where nothing chose), their choices and
+    choice signals (None: the beam's order kept), the judge's signals and confidence of the first (None: not judged)."""
     hyps: tuple[Hypothesis, ...]
     choices: tuple[float, ...] | None = None
     signals: tuple[dict[str, float], ...] | None = None
@@ -386,50 +333,39 @@ def decide(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
            sure: ConfidenceMap | None = None, judged: Sequence[str] | None = None, *,
            person: tuple[torch.Tensor, torch.Tensor] | None = None, categories: torch.Tensor | None = None,
            check: ObjectCheck | None = None) -> list[Decided]:
-    """The decision after the beam: choose (choice.py) orders each photo's candidates by the fitted weights, then
-    judge says how sure the first is: with the map `sure`, the signals it weighs; with `judged`,
-    those signals (the fit: every one). Both read one neighbourhood of the consensus memory and one CIDEr-D pass,
-    and go to the host in one read. Without a memory, or fewer than two candidates, the beam's order stays and
-    nothing is judged. feats (B, P, D); probs (B, C) P(category) or None; person (P(person) (B,), person words
-    (V,)) or None; categories (V, C) which words name which category, or None."""
+    """choose orders each photo's candidates by `weights`, then judge says how sure the first is (the signals `sure`
+    weighs, or `judged`): one neighbourhood, one CIDEr-D pass, one read. Without a memory or two candidates: kept.
+    feats (B, P, D); probs (B, C), person (P(person) (B,), person words (V,)), categories (V, C): or None."""
     how_sure = sure is not None or judged is not None
     if memory is None or (weights.beam_order and not how_sure) or all(len(h) < 2 for h in hyps):
         return kept(hyps)
     wanted = needs(sure) if judged is None else tuple(judged)
     near = Neighbours.of(memory, feats, settings.consensus_k, bool(weights["wide"]) or (how_sure and "wide" in wanted))
-    if weights["objects"] or weights["top_object"] or how_sure:  # (V, C) bool
-        categories = (word_categories(vocab) if categories is None else categories).to(torch.bool)
-    else:
-        categories = None
+    objects = bool(weights["objects"] or weights["top_object"] or how_sure)
+    categories = (word_categories(vocab) if categories is None else categories).to(torch.bool) if objects else None
     pool = Pool.of(hyps, memory.vocab_size, feats.device)  # the memory speaks the model's vocabulary
     asked = [s for s in CIDER_SIGNALS if weights[s] or (how_sure and s in wanted)]
     cider = agreements(pool, near.nearest, near.k, memory, asked)  # (N, 3): one CIDEr-D pass for choice and judge
     decision = choose(pool, len(hyps), cider, probs, weights, person, categories)
-    judgement = None
-    if how_sure:
-        judgement = judge(decision, near, cider, probs, categories, person, check, vocab, sure, wanted)
-    parts = decision.host() + (() if judgement is None else judgement.host())
-    host = torch.cat(parts).tolist()  # the decision's one read
-    out = [Decided(tuple(h), None if c is None else tuple(c), None if x is None else tuple(x))
-           for h, c, x in _ordered(hyps, decision, host)]
-    if judgement is not None:
-        rest = host[sum(p.numel() for p in decision.host()):]
-        for g, b in enumerate(decision.pool.photos):
-            sure_signals, confidence = judgement.of_photo(rest, g)
-            out[b] = dataclasses.replace(out[b], sure_signals=sure_signals, confidence=confidence)
-    return out
+    judgement = (judge(decision, near, cider, probs, categories, person, check, vocab, sure, wanted) if how_sure
+                 else None)
+    host = torch.cat(decision.host() + (() if judgement is None else judgement.host())).tolist()  # the one read
+    return _ordered(hyps, decision, judgement, host)
 
 
-def _ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, host: list[float]) -> list[tuple]:
-    """Decision.host read -> each photo's hypotheses in the chosen order, their choices and signals (or None)."""
-    pool, n, s = decision.pool, len(decision.pool), len(CHOICE_SIGNALS)
+def _ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, judgement: Judgement | None,
+             host: list[float]) -> list[Decided]:
+    """The one read -> each photo's Decided (the choice's part where it chose, the judge's where judged)."""
+    pool, n, s, w = decision.pool, len(decision.pool), len(CHOICE_SIGNALS), len(SIGNALS)
     rows, totals = [host[i * s:(i + 1) * s] for i in range(n)], host[n * s:n * s + n]
-    ranked = [int(r) for r in host[n * s + n:n * s + 2 * n]]
-    out: list[tuple] = [(list(h), None, None) for h in hyps]
-    for b, at in zip(pool.photos, pool.starts):  # a photo's rows are at, at + 1, ...
+    ranked, rest = [int(r) for r in host[n * s + n:n * s + 2 * n]], host[n * (s + 2):]  # rest: the judge's
+    out = kept(hyps)
+    for g, (b, at) in enumerate(zip(pool.photos, pool.starts)):  # a photo's rows are at, at + 1, ...
         rows_of = ranked[at:at + len(hyps[b])]
-        picked = [hyps[b][r - at] for r in rows_of]
-        out[b] = (picked, None, None)
-        if decision.chose:
-            out[b] = (picked, [totals[r] for r in rows_of], [dict(zip(CHOICE_SIGNALS, rows[r])) for r in rows_of])
+        chose = {} if decision.weights.beam_order else {"choices": tuple(totals[r] for r in rows_of),
+                                               "signals": tuple(dict(zip(CHOICE_SIGNALS, rows[r])) for r in rows_of)}
+        judged = {} if judgement is None else {
+            "sure_signals": {x: rest[g * w + SIGNALS.index(x)] for x in judgement.names},
+            "confidence": None if judgement.confidence is None else rest[len(pool.photos) * w + g]}
+        out[b] = Decided(tuple(hyps[b][r - at] for r in rows_of), **chose, **judged)
     return out

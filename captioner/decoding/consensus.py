@@ -1,10 +1,6 @@
-"""The consensus memory: the training photos' pooled features and captions, which the choice compares a candidate
-with (CIDEr-D, cider.py: Devlin et al. 2015, "Exploring Nearest Neighbor Approaches for Image Captioning").
-
-Features are int8, each row scaled to a largest entry of +-127 (99.3-99.6% of the val photos' 5 nearest kept, at
-a quarter of float32's size). It lives beside the model file (<model>.consensus.safetensors, written by
-captioner-build-consensus). Legend: B photos, P regions, D feature dim, M memory photos, C memory captions, T
-their words in all.
+"""The consensus memory beside a model file: the training photos' pooled features (int8, each row scaled to +-127:
+99.3-99.6% of the val photos' 5 nearest kept) and captions, which the choice compares a candidate with (Devlin et
+al. 2015). Legend: B photos, P regions, D feature dim, M memory photos, C memory captions, T their words in all.
 """
 from __future__ import annotations
 
@@ -47,7 +43,7 @@ class ConsensusMemory:
     @classmethod
     def build(cls, pooled: torch.Tensor, captions: Sequence[Sequence[Sequence[int]]], vocab_size: int,
               encoder: str = "") -> "ConsensusMemory":
-        """pooled (M, D): each photo's mean annotation vector; captions: each photo's captions as word ids."""
+        """pooled (M, D); captions: each photo's captions as word ids."""
         if len(pooled) != len(captions) or not len(captions):
             raise ValueError(f"a consensus memory needs one caption list per photo: {len(pooled)} photos, "
                              f"{len(captions)} caption lists")
@@ -65,7 +61,6 @@ class ConsensusMemory:
         return len(self.features)
 
     def captions_of(self, photo: int) -> tuple[tuple[int, ...], ...]:
-        """The captions (word ids) of memory photo `photo`, cached."""
         if photo not in self._captions:
             if not self._captions:  # the first call: the flat lists once, not a tensor slice per caption
                 self._flat = (self.tokens.tolist(), [0] + self.caption_ends.tolist(), [0] + self.photo_ends.tolist())
@@ -74,25 +69,20 @@ class ConsensusMemory:
             self._captions[photo] = tuple(tuple(words[caption_at[c]:caption_at[c + 1]]) for c in spans)
         return self._captions[photo]
 
-    def nearest(self, feats: torch.Tensor, k: int) -> torch.Tensor:
-        """feats (B, P, D) -> (B, k) the k memory photos nearest in pooled features (cosine), nearest first."""
-        return self.nearest_with_cosines(feats, k)[1]
-
-    def nearest_with_cosines(self, feats: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """feats (B, P, D) -> the cosines (B, k) and indices (B, k) of the k nearest, nearest first."""
+    def nearest(self, feats: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """feats (B, P, D) -> cosines, indices (B, k) of the memory photos nearest in pooled features, nearest first."""
         if feats.shape[-1] != self.features.shape[1]:
             raise ValueError(f"the consensus memory holds {self.features.shape[1]}-dim features but the encoder gives "
-                             f"{feats.shape[-1]}: rebuild it with captioner-build-consensus for this model")
-        if self._unit is None or self._unit.device != feats.device:  # on the photos' device: no read to the host
-            unit = torch.nn.functional.normalize(self.features.float(), dim=1).T.contiguous()  # (D, M): faster
-            self._unit = unit.to(feats.device)
+                             f"{feats.shape[-1]}: {REBUILD} for this model")
+        if self._unit is None or self._unit.device != feats.device:  # (D, M) on the photos' device: no read to the host
+            self._unit = torch.nn.functional.normalize(self.features.float(), dim=1).T.contiguous().to(feats.device)
         query = torch.nn.functional.normalize(feats.detach().float().mean(1), dim=1)  # (B, D)
         top = (query @ self._unit).topk(min(k, len(self)), dim=1)  # (B, M) cosines -> (B, k)
         return top.values, top.indices
 
     @property
     def cider(self) -> CiderD:
-        """CIDEr-D with the memory's captions as document frequencies, built once per process and memory file."""
+        """CIDEr-D with the memory's captions' document frequencies, once per process and memory file."""
         if self._cider is None:
             self._cider = _cider_of_file.get(self.source) or CiderD([self.captions_of(j) for j in range(len(self))])
             if self.source:

@@ -1,12 +1,6 @@
-"""What decoding reads besides the model, the photos and the settings: one value its owner (a Captioner) holds
-and passes, so two Captioners on one model never change each other's captions; a model of its own passes NONE.
-
-    fitted      what the model file fitted to its own captions (Fitted: its data, never a setting)
-    memory      the consensus memory beside the file (consensus.py), or None: the beam's order
-    recordings  the owner's CUDA graphs (device_beam.Recorded), or EAGER: op by op
-
-Fitted as the file's metadata stores it (captioner-export --fitted; a part absent where none was fitted):
-{"choice": {"score": 1.0, "wide": 3.82, ...}, "confidence": {"bias": -0.12, "weights": {...}, "sure_at": 0.37}}.
+"""What decoding reads besides the model, photos and settings, held and passed by its owner (a Captioner), so two
+Captioners on one model never change each other's captions: the file's Fitted data, the consensus memory beside it
+(None: the beam's order) and the owner's CUDA graphs (EAGER: op by op); a model of its own passes NONE.
 """
 from __future__ import annotations
 
@@ -30,13 +24,13 @@ REFIT = "re-export it (captioner-export --fitted) or refit (captioner-fit-select
 
 @dataclass(frozen=True)
 class Fitted:
-    """A model file's fitted choice weights and confidence map (None: not fitted)."""
+    """A model file's fitted choice weights and confidence map (None: not fitted), as its metadata stores them:
+    {"choice": {"score": 1.0, "wide": 3.82, ...}, "confidence": {"bias": -0.12, "weights": {...}, "sure_at": .37}}."""
     choice: Weights | None = None
     confidence: ConfidenceMap | None = None
 
     @classmethod
     def from_json(cls, data: Any, source: str = "model file") -> "Fitted":
-        """The file's "fitted" entry; a ValueError names the file and what is wrong."""
         if not isinstance(data, dict) or set(data) - {"choice", "confidence"}:
             raise ValueError(f"{source}: its fitted data must be a mapping of choice and confidence, got {data!r}; "
                              f"{REFIT}")
@@ -68,7 +62,6 @@ NOTHING = Fitted()
 
 @dataclass(frozen=True)
 class Resources:
-    """What a decode reads besides the model (module doc)."""
     fitted: Fitted = NOTHING
     memory: ConsensusMemory | None = None
     recordings: Recorded = EAGER
