@@ -165,3 +165,26 @@ def test_the_template_flag_and_judged_rows_matched_by_photo_and_caption():
     # a caption naming an object the heads barely see is not sure, however confident (as a Caption's level)
     t = crosstab([("wrong", 0.8, False), ("right", 0.9, True), ("right", 0.95, False)], 0.7)
     assert t["sure"] == 1 and t["wrong and sure"] == 0 and t["right and not sure"] == 1
+
+
+def test_a_reason_says_what_it_found_about_this_photo():
+    """An unsure caption's reason names what it found (new user, round nine): the words the model found unlikely,
+    named; how people described the most similar training photos, quoted; the caption it hesitated over; never only
+    that a signal is weak while any of those is known."""
+    import numpy as np
+
+    from captioner.decoding.captions import Caption
+    from captioner.decoding.confidence import why_unsure
+
+    assert (why_unsure({}, None, {"consensus": -1.0}, described="a dog on a beach")
+            == "the photos most like this one were described as “a dog on a beach”")
+    assert why_unsure({}, None, {"log_prob": -1.0}, unlikely=["kite"]) == "the model found “kite” unlikely for this photo"
+    assert why_unsure({}, "a cat on a wall", {"log_prob": 1.0}) == "it hesitated between this and “a cat on a wall”"
+    assert "weaker" not in why_unsure({}, None, {"log_prob": 1.0}, unlikely=["kite"])
+    words = ["a", "kite", "on", "a", "beach"]
+    cap = Caption(" ".join(words), words, np.zeros((5, 1, 1)), -4.0, [],
+                  word_log_probs=np.log([0.9, 0.05, 0.9, 0.9, 0.6]).astype(np.float32), confidence=0.2, sure_at=0.7,
+                  contributions={"log_prob": -1.0, "consensus": -0.5}, described="a man flying a kite")
+    assert cap.doubt == "the model found “kite” unlikely for this photo"  # "beach" (.6) is not named
+    quoted = dataclasses.replace(cap, contributions={"log_prob": -0.5, "consensus": -1.0})
+    assert quoted.doubt == "the photos most like this one were described as “a man flying a kite”"

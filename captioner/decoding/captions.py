@@ -33,6 +33,7 @@ from .search import Hypothesis, decode
 
 REPR_PART = 240  # characters of a Caption's repr for its text, and for its words: the repr stays a line or two
 SHOWN = 3  # alternatives shown beside an unsure caption
+UNLIKELY = float(np.log(0.3))  # a word the model gave under 30% is named in an unsure caption's reason
 FILLERS = frozenset("top front side middle next near up down there it that while some other two one".split())
 THINGS = frozenset(w for table in (CATEGORY_WORDS, GROUP_WORDS) for names in table.values() for w in names.split()
                    if "_" not in w)  # the object words of the grounding table and the word detectors
@@ -80,6 +81,7 @@ class Caption:
     # P(this caption is good: per-photo CIDEr-D >= .5) from the file's fitted map, and what it was computed from
     confidence: float | None = None
     sure_signals: dict[str, float] = field(default_factory=dict)
+    described: str | None = None  # how people described the training photo most like this one (its reasons quote it)
     sure_at: float | None = None  # the file's threshold of `sure`
     contributions: dict[str, float] = field(default_factory=dict)  # each signal's share of the log-odds
     unsupported: list[int] = field(default_factory=list)  # words naming an object the heads barely see
@@ -125,8 +127,10 @@ class Caption:
         if self.sure is not False:
             return None
         others = self.different_alternatives or [a.text for a in self.alternatives[:1]]
+        content = sorted((p, w) for w, p in zip(self.words, self.word_log_probs) if w not in FUNCTION_WORDS)
+        unlikely = [w for p, w in content[:2] if p < UNLIKELY] or [w for _, w in content[:1]]  # least likely first
         return why_unsure(self.sure_signals, others[0] if others else None, self.contributions,
-                          [self.words[i] for i in self.unsupported])
+                          [self.words[i] for i in self.unsupported], unlikely, self.described)
 
     @property
     def different_alternatives(self) -> list[str]:
@@ -236,7 +240,7 @@ def to_captions(photos: Sequence[Decided], vocab: Vocab) -> list[Caption]:
         out.append(Caption(" ".join(words), words, rows[:n, :-2].reshape(n, g, g).copy(), float(b.log_prob), alts,
                            betas, word_log_probs=lps, score=float(b.score), choice=choice,
                            signals=dict(signals or {}), confidence=d.confidence,
-                           sure_signals=dict(d.sure_signals or {})))
+                           sure_signals=dict(d.sure_signals or {}), described=d.described))
     return out
 
 

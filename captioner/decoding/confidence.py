@@ -287,21 +287,26 @@ def _plural(word: str) -> bool:
 
 
 def why_unsure(signals: dict[str, float], alternative: str | None, contributions: dict[str, float] | None = None,
-               unsupported: Sequence[str] = ()) -> str:
-    """Why unsure, in plain words: an unsupported object ("it is not sure there is a cake or a table"), else the
-    signal that lowered the confidence most (contributions), else the first weak one (WEAK)."""
-    hesitated = f"it hesitated between this and “{alternative}”"
+               unsupported: Sequence[str] = (), unlikely: Sequence[str] = (), described: str | None = None) -> str:
+    """Why unsure, about this photo: an unsupported object ("it is not sure there is a cake or a table"), else the
+    signal that lowered the confidence most (contributions), else the first weak one (WEAK), each said with what
+    it found: the words it found `unlikely`, how people `described` the most similar training photo, the other
+    caption it hesitated over. Never only that a signal is weak: at worst the unlikely words or the description."""
     if unsupported:
         phrases = (w if _plural(w) or w in MASS else ("an " if w[0] in "aeiou" else "a ") + w for w in unsupported)
         return "it is not sure there " + ("are " if _plural(unsupported[0]) else "is ") + " or ".join(phrases)
-    if contributions:
-        worst = min(contributions, key=contributions.__getitem__)
-        if contributions[worst] < 0:
-            return hesitated if worst == "agreement" and alternative else REASONS[worst]
-    for signal, missing, weak in WEAK:
-        if signals.get(signal, missing) < weak and (alternative or signal != "agreement"):
-            return hesitated if signal == "agreement" else REASONS[signal]
-    return "its signals are weaker than for the captions it gets right"
+    worst = min(contributions, key=contributions.__getitem__) if contributions else None
+    if worst is None or contributions[worst] >= 0:
+        worst = next((s for s, missing, weak in WEAK if signals.get(s, missing) < weak
+                      and (alternative or s != "agreement")), None)
+    said = {"agreement": alternative and f"it hesitated between this and “{alternative}”",
+            "log_prob": unlikely and "the model found " + " and ".join(f"“{w}”" for w in unlikely) + " unlikely for this photo",
+            "consensus": described and f"the photos most like this one were described as “{described}”",
+            "wide": described and f"photos like this one were described as “{described}”"}
+    said["min_word"] = said["log_prob"]
+    if worst is not None:
+        return said.get(worst) or REASONS[worst]
+    return said["agreement"] or said["log_prob"] or said["consensus"] or "its signals are weaker than for the ones it gets right"
 
 
 @dataclass(frozen=True)
@@ -313,6 +318,7 @@ class Decided:
     signals: tuple[dict[str, float], ...] | None = None
     sure_signals: dict[str, float] | None = None
     confidence: float | None = None
+    described: str | None = None  # how people described the training photo most like this one (judged only)
 
     @property
     def best(self) -> Hypothesis:
@@ -350,11 +356,18 @@ def decide(hyps: Sequence[Sequence[Hypothesis]], feats: torch.Tensor, probs: tor
     judgement = (judge(decision, near, cider, probs, categories, person, check, vocab, sure, wanted) if how_sure
                  else None)
     host = torch.cat(decision.host() + (() if judgement is None else judgement.host())).tolist()  # the one read
-    return _ordered(hyps, decision, judgement, host)
+    said = [_described(memory, near.nearest[b][:near.k], vocab) for b in range(len(hyps))]  # for the reason
+    return _ordered(hyps, decision, judgement, host, said)
+
+
+def _described(memory: ConsensusMemory, nearest: Sequence[int], vocab: Vocab | None) -> str | None:
+    """The first caption without an unknown word of the nearest training photos (nearest first), as text."""
+    said = (c for j in nearest for c in memory.captions_of(j) if vocab is not None and vocab.unk not in c)
+    return next((" ".join(vocab.itos[t] for t in c) for c in said), None)
 
 
 def _ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, judgement: Judgement | None,
-             host: list[float]) -> list[Decided]:
+             host: list[float], said: Sequence[str | None]) -> list[Decided]:
     """The one read -> each photo's Decided (the choice's part where it chose, the judge's where judged)."""
     pool, n, s, w = decision.pool, len(decision.pool), len(CHOICE_SIGNALS), len(SIGNALS)
     rows, totals = [host[i * s:(i + 1) * s] for i in range(n)], host[n * s:n * s + n]
@@ -366,6 +379,6 @@ def _ordered(hyps: Sequence[Sequence[Hypothesis]], decision: Decision, judgement
                                                "signals": tuple(dict(zip(CHOICE_SIGNALS, rows[r])) for r in rows_of)}
         judged = {} if judgement is None else {
             "sure_signals": {x: rest[g * w + SIGNALS.index(x)] for x in judgement.names},
-            "confidence": None if judgement.confidence is None else rest[len(pool.photos) * w + g]}
+            "confidence": None if judgement.confidence is None else rest[len(pool.photos) * w + g], "described": said[b]}
         out[b] = Decided(tuple(hyps[b][r - at] for r in rows_of), **chose, **judged)
     return out
