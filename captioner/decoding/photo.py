@@ -1,14 +1,13 @@
 """A Photo: one photo read once (`Captioner.read`: encoded and its heads read once), asked for captions at any
 settings, samples, its concepts, and the explanation of any typed sentence, never running the encoder again.
 
-Explaining teacher-forces the sentence (force_sentences) into a Caption with the fields decoding fills, so a caption
+Explaining teacher-forces the sentence (model/forced.py) into a Caption with the fields decoding fills, so a caption
 and its explained text have the same maps, gates and probabilities; words the vocabulary lacks are fed as <unk>
 (Caption.unknown); a sentence without words is a NoWordsError. Legend: P = G*G cells, D feature dim, L words.
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -18,6 +17,7 @@ from ..concepts.imagenet import Concepts
 from ..config import SAMPLE_TEMPERATURE, SAMPLE_TOP_P, DecodeConfig  # the sampling defaults: read there
 from ..images import photo_notes
 from ..model.decoder import Decoder
+from ..model.forced import force_sentences
 from ..vocab import Vocab, tokenize_typed
 from .captions import Caption, caption_features, sampled_captions
 from .reading import HeadReading, annotated, grid_side, photo_concepts
@@ -38,47 +38,6 @@ def sentence_words(text: str) -> list[str]:
         raise NoWordsError(f"the sentence {shown!r} has no words to explain: type at least one word"
                            if shown else "the sentence is empty: type at least one word to explain")
     return words
-
-
-@dataclass
-class ForcedSentence:
-    """One sentence teacher-forced on one photo."""
-
-    alphas: np.ndarray  # (L, P) the map with which each word is predicted
-    betas: np.ndarray  # (L,) each word's gate
-    step_log_probs: np.ndarray  # (L+1,) log p of each word given the words before it, then of <end>
-
-
-@torch.no_grad()
-def force_sentences(decoder: Decoder, feats: torch.Tensor, vocab: Vocab, sentences: Sequence[Sequence[str]],
-                    context: str = "expected") -> list[ForcedSentence]:
-    """The one teacher-forcing path of typed or reference sentences (explain, grounding): feats (1, P, D) of one
-    photo, C sentences of words -> one ForcedSentence each, in one batched pass. context: how a hard-attention
-    decoder attends (decode.hard_context)."""
-    if feats.dim() != 3 or feats.shape[0] != 1:
-        raise ValueError(f"feats must be (1, P, D) for one photo, got {tuple(feats.shape)}")
-    if not sentences:
-        return []
-    param = next(decoder.parameters())
-    ids = [[vocab.stoi.get(w, vocab.unk) for w in s] for s in sentences]
-    order = sorted(range(len(ids)), key=lambda j: -len(ids[j]))  # teacher_force wants lengths descending
-    lengths = torch.tensor([len(ids[j]) + 1 for j in order], device=param.device)  # (C,) words + <end>
-    inputs = torch.full((len(ids), int(lengths[0])), vocab.pad, dtype=torch.long, device=param.device)  # (C, T)
-    targets = inputs.clone()  # (C, T): w_1 .. w_L <end>, padded
-    for row, j in enumerate(order):
-        inputs[row, :len(ids[j]) + 1] = torch.tensor([vocab.start] + ids[j])
-        targets[row, :len(ids[j]) + 1] = torch.tensor(ids[j] + [vocab.end])
-    decoder.eval()
-    tf = decoder.teacher_force(feats.to(param.device, param.dtype), inputs, lengths,
-                               torch.zeros(len(ids), dtype=torch.long, device=param.device),
-                               context=context if decoder.hard else "expected")
-    logp = torch.log_softmax(tf.logits.float(), dim=-1).gather(2, targets.unsqueeze(2)).squeeze(2)  # (C, T)
-    out: list[ForcedSentence] = [None] * len(ids)  # type: ignore[list-item]
-    for row, j in enumerate(order):
-        n = len(ids[j])
-        out[j] = ForcedSentence(tf.alphas[row, :n].float().cpu().numpy(), tf.betas[row, :n].float().cpu().numpy(),
-                                logp[row, :n + 1].cpu().numpy())
-    return out
 
 
 def explain_features(decoder: Decoder, feats: torch.Tensor, vocab: Vocab, words: Sequence[str],

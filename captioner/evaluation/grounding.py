@@ -183,8 +183,8 @@ def reference_alphas(loaded: "Captioner", feats: torch.Tensor, captions: Sequenc
                      max_len: int = 50) -> list[np.ndarray]:
     """Teacher forcing on tokenised captions of ONE image: feats (1, P, D), captions (C,) of words ->
     for each caption (min(len, max_len), P) attention, row t being the map with which word t is
-    predicted (the same step at which decoding would emit it). explain's force_sentences does the work."""
-    from ..decoding.photo import force_sentences
+    predicted (the same step at which decoding would emit it). model.forced.force_sentences does the work."""
+    from ..model.forced import force_sentences
 
     x = torch.as_tensor(feats).to(loaded.device)
     forced = force_sentences(loaded.model.decoder, x, loaded.vocab, [list(c)[:max_len] for c in captions])
