@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .decoding import device_beam
+from .model import graphs
 from .decoding.captions import Caption
 from .decoding.consensus import ConsensusMemory, memory_path
 from .decoding.photo import SAMPLE_TEMPERATURE, SAMPLE_TOP_P, Photo, caption_photos
@@ -132,7 +132,7 @@ class Captioner:
                  device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32", source: str | None = None,
                  capture: bool = True, fitted: Fitted = NOTHING, memory: ConsensusMemory | None = None):
         """capture: on a CUDA GPU, the encoder pass and the beam search are recorded as CUDA graphs once per padded
-        batch size and replayed (decoding/device_beam.py: the encoder as one launch, the search as a few; the first
+        batch size and replayed (model/graphs.py, decoding/device_beam.py: the encoder as one launch, the search as a few; the first
         caption of a batch size waits about three searches and two encoder passes more); False runs them op by op.
         fitted, memory: the model file's fitted data and consensus memory (load reads them: resources.of_file).
         All three are this Captioner's own, in `.resources` (decoding/resources.py): another Captioner on the same
@@ -143,7 +143,7 @@ class Captioner:
         # the packed copies of the step's weights and of the encoder's 1x1 convolutions, made before a caption
         prepare(self.model.decoder, self.model.encoder.pointwise_layers())
         self.model.decoder.make_word_gates()  # and the word-gate table
-        recordings = device_beam.recorded() if capture and self.device.type == "cuda" else device_beam.EAGER
+        recordings = graphs.recorded() if capture and self.device.type == "cuda" else graphs.EAGER
         self.resources = Resources(fitted, memory, recordings)  # what its decodes read besides the model
         self.vocab, self.config, self.metrics = vocab, config, metrics or {}
         self.source = source  # the model file it was loaded from (None: built in memory); each Caption names it
@@ -243,8 +243,8 @@ class Captioner:
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Preprocessed images (B, 3, S, S) -> annotation vectors (B, P, D) in the model's dtype."""
         x = x.to(self.device, self.dtype).contiguous(memory_format=torch.channels_last)
-        recorded = self.resources.recordings.encoder  # on a GPU: replayed as one launch (device_beam.py)
-        return self.model.encode(x) if recorded is None else device_beam.encode(recorded, self.model, x)  # (B, P, D)
+        recorded = self.resources.recordings.encoder  # on a GPU: replayed as one launch (model/graphs.py)
+        return self.model.encode(x) if recorded is None else graphs.encode(recorded, self.model, x)  # (B, P, D)
 
     def save(self, path: str | Path, half: bool = False, metrics: dict[str, Any] | None = None) -> None:
         state = {k: v.float() if v.is_floating_point() else v for k, v in self.model.state_dict().items()}

@@ -14,8 +14,9 @@ import torch
 
 import captioner
 from captioner.config import DecodeConfig
-from captioner.decoding import device_beam as captured
-from captioner.decoding.device_beam import Recordings, chunk_sizes, search
+from captioner.decoding.device_beam import chunk_sizes, search
+from captioner.model import graphs as captured
+from captioner.model.graphs import Recordings
 from captioner.decoding.device_beam import beam_search_on_device, search_on_device
 from captioner.model.graphs import CaptureError, NoHostReads, Rerun
 from captioner.decoding.rules import photo_evidence

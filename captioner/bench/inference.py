@@ -67,11 +67,11 @@ def bench_eval(decoder, shape: tuple[int, int], max_len: int, counts: Counts, de
     step (bench/naive.py: Decoder.step, no CPU tricks, search.beam_search), which also recomputes W_a a_i at every
     step as textbook loops do. Both ratios are reported."""
     from ..config import DecodeConfig
-    from ..decoding import device_beam
+    from ..model import graphs
     from ..decoding.search import beam_search, decode
     from ..vocab import SpecialIds
 
-    searches = device_beam.Recordings() if device.type == "cuda" else None  # recorded as a Captioner's are on a GPU
+    searches = graphs.Recordings() if device.type == "cuda" else None  # recorded as a Captioner's are on a GPU
     timer = Timer(device)
     n = counts.eval_images
     feats = synthetic_features(n, shape, torch.Generator().manual_seed(4)).to(device)

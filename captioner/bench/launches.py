@@ -27,6 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..decoding import device_beam as recording
+from ..model.graphs import Recordings
 from ..model.graphs import Rerun
 
 SYNCS = frozenset({"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default",
@@ -93,14 +94,14 @@ def device_search(enabled: bool, recorded: Any = None) -> Iterator[None]:
 
     cpu_search = search.beam_search
     if enabled or recorded is not None:
-        searches = recording.Recordings(OneLaunch)
+        searches = Recordings(OneLaunch)
         search.beam_search = lambda decoder, feats, ids, settings, rules=None: \
             recording.search(searches, decoder, feats, ids, settings, rules) if recorded is not None else \
             device_beam.beam_search_on_device(decoder, feats, ids, settings, rules)
     held = None if recorded is None else recorded.resources
     if held is not None:  # the Captioner's encoder recorded for the block: its own recordings, put back after
         recorded.resources = dataclasses.replace(held, recordings=dataclasses.replace(
-            held.recordings, encoder=recording.Recordings(OneLaunch)))
+            held.recordings, encoder=Recordings(OneLaunch)))
     try:
         yield
     finally:

@@ -114,9 +114,9 @@ def truncate(batch, steps: int):
 def decode_lengths(decoder, feats: torch.Tensor, beam: int, max_len: int, chunk: int = 100,
                    searches: Any = None) -> list[int]:
     """Words per caption, decoded as evaluate.py decodes (captions_from_features, `chunk` images per call);
-    `searches`: the caller's recorded searches of `decoder` (device_beam.Recordings; None: op by op)."""
+    `searches`: the caller's recorded searches of `decoder` (graphs.Recordings; None: op by op)."""
     from ..decoding.captions import captions_from_features
-    from ..decoding.device_beam import Recorded
+    from ..model.graphs import Recorded
     from ..decoding.resources import Resources
     from ..config import DecodeConfig
     from ..model.show_attend_tell import ShowAttendTell

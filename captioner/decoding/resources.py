@@ -13,11 +13,11 @@ import torch
 from ..checkpoint import Checkpoint, CheckpointError
 from ..config import DecodeConfig
 from ..data.features import encoder_fingerprint
+from ..model.graphs import EAGER, Recorded
 from ..model.show_attend_tell import ShowAttendTell
 from .choice import BEAM_ORDER, Weights
 from .confidence import ConfidenceMap
 from .consensus import ConsensusMemory, memory_path
-from .device_beam import EAGER, Recorded
 
 REFIT = "re-export it (captioner-export --fitted) or refit (captioner-fit-selector)"
 

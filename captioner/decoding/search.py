@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..config import DecodeConfig
+from ..model.graphs import Recordings
 from . import device_beam
 from .device_beam import NEG, Hypothesis, normalise, rank, searching, with_greedy_scores
 from .rules import Evidence, Rules
@@ -106,7 +107,7 @@ def beam_search(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings
 
 
 def decode(decoder: Decoder, feats: torch.Tensor, ids: SpecialIds, settings: DecodeConfig,
-           rules: Rules | None = None, recorded: device_beam.Recordings | None = None) -> list[list[Hypothesis]]:
+           rules: Rules | None = None, recorded: Recordings | None = None) -> list[list[Hypothesis]]:
     """feats (B, P, D) -> each image's hypotheses, best first (captions, evaluation, SCST's greedy baseline).
     beam_size 1 is greedy decoding, scored by its log-probability. The evidence's bonus ranks the hypotheses (their
     score keeps it) and is taken off again: log_prob and word_logps are the model's own. recorded: the caller's
