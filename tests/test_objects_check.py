@@ -92,8 +92,12 @@ def test_an_unsupported_object_lowers_the_confidence_and_is_named_first():
     assert why_unsure(absent, "a dog", contributions, ["cake"]) == "it is not sure there is a cake"
     cap = Caption("a man on a plate cake", "a man on a plate cake".split(), np.zeros((6, 1, 1)), -3.0,
                   confidence=weighs(absent), sure_signals=absent, sure_at=0.7, contributions=contributions,
-                  unsupported=[5])
+                  unsupported=[5], unseen=[5])
     assert cap.sure is False and cap.doubt == "it is not sure there is a cake"
+    # barely seen (support .1-.2), not unseen: never sure, but the reason does not claim the cake may be missing
+    # (on the graded captions such an object was there 85% of the time); it says what else it found
+    seen = dataclasses.replace(cap, unseen=[])
+    assert seen.sure is False and "cake" not in seen.doubt and seen.doubt
     # however confident: a caption naming an object the heads barely see is never sure; its level says so
     confident = dataclasses.replace(cap, confidence=0.99)
     assert confident.sure is False and confident.level == "probably right"

@@ -24,7 +24,7 @@ from ..logs import progress as progress_of
 from ..model.show_attend_tell import ShowAttendTell
 from ..vocab import FUNCTION_WORDS, SpecialIds, Vocab
 from .choice import SIGNALS
-from .confidence import SURE, Decided, ObjectCheck, decide, kept, level, objects_check, why_unsure
+from .confidence import SURE, UNSEEN, Decided, ObjectCheck, decide, kept, level, objects_check, why_unsure
 from .reading import HeadReading, annotated, grid_side, read_heads
 from .resources import Fitted, Resources
 from .rules import Evidence, Lexicon, Rules, checked_detectors, photo_evidence
@@ -84,7 +84,8 @@ class Caption:
     described: str | None = None  # how people described the training photo most like this one (its reasons quote it)
     sure_at: float | None = None  # the file's threshold of `sure`
     contributions: dict[str, float] = field(default_factory=dict)  # each signal's share of the log-odds
-    unsupported: list[int] = field(default_factory=list)  # words naming an object the heads barely see
+    unsupported: list[int] = field(default_factory=list)  # words naming an object the heads barely see: never sure
+    unseen: list[int] = field(default_factory=list)  # of those, the ones they do not see (UNSEEN): the reason names
     # the photo as the model received it (width, height), the model's input side, the file's own size, and
     # whether the file was fully transparent or one flat colour: what `notes` says of the photo
     photo_size: tuple[int, int] | None = None
@@ -130,7 +131,7 @@ class Caption:
         content = sorted((p, w) for w, p in zip(self.words, self.word_log_probs) if w not in FUNCTION_WORDS)
         unlikely = [w for p, w in content[:2] if p < UNLIKELY] or [w for _, w in content[:1]]  # least likely first
         return why_unsure(self.sure_signals, others[0] if others else None, self.contributions,
-                          [self.words[i] for i in self.unsupported], unlikely, self.described)
+                          [self.words[i] for i in self.unseen], unlikely, self.described)
 
     @property
     def different_alternatives(self) -> list[str]:
@@ -280,11 +281,12 @@ def dress(decoded: Decoded, reading: HeadReading, feats: torch.Tensor, model: Sh
                      None if evidence is None else evidence.ruled_out)
     weights, sure = dict(zip(SIGNALS, fitted.choice_in_use(settings).values)), fitted.map_in_use(settings)
     weak = [[] for _ in caps] if check is None else check.unsupported(tokens)
+    unseen = [[] for _ in caps] if check is None else check.unsupported(tokens, UNSEEN)
     return [dataclasses.replace(  # each caption says what made it (its JSON carries them)
-        cap, unsupported=w, settings=dataclasses.asdict(settings), weights=dict(weights) if cap.choice is not None
-        else {}, sure_at=None if sure is None else sure.sure_at,
+        cap, unsupported=w, unseen=u, settings=dataclasses.asdict(settings), weights=dict(weights) if cap.choice
+        is not None else {}, sure_at=None if sure is None else sure.sure_at,
         contributions={} if sure is None or not cap.sure_signals else sure.contributions(cap.sure_signals))
-        for cap, w in zip(caps, weak)]
+        for cap, w, u in zip(caps, weak, unseen)]
 
 
 @torch.no_grad()
