@@ -244,6 +244,19 @@ def test_overlay_opacity_and_smoothing(app, opacity, smooth, mode):
     assert check_captioned(at)
 
 
+def test_a_word_naming_an_object_the_encoder_barely_sees_is_pointed_out(bundled, app):
+    """Its map may light something else (a trunk for "man", a mitt for "bat"): the word view says so, and only
+    for such a word. The cat's caption names a wall the heads do not see (tests/test_confidence.py)."""
+    at = app.run()
+    cat = bundled.caption(EXAMPLES / "cat.jpg")
+    assert cat.unsupported and caption_text(at) == cat.text
+    said = lambda: [w.value for w in at.warning if "barely sees" in w.value]  # noqa: E731
+    at.select_slider[0].set_value(cat.unsupported[0]).run()
+    assert len(said()) == 1 and repr(cat.words[cat.unsupported[0]]) in said()[0]
+    at.select_slider[0].set_value(next(i for i in range(len(cat.words)) if i not in cat.unsupported)).run()
+    assert not said()
+
+
 def test_each_word_shows_the_beta_the_model_computed(app, monkeypatch):
     """The betas on the page are the model's gates for those words (a model with varied gates)."""
     real_load = captioner.load

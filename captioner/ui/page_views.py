@@ -194,6 +194,9 @@ def word_view(image, cap: captioner.Caption, view: View) -> None:
                              value=first_noun(cap.words), format_func=lambda i: f"{i + 1}. {cap.words[i]}")
     else:
         k = 0
+    if k in cap.unsupported:  # the map of a word naming what is not there lights something else (a trunk for "man")
+        st.warning(f"The encoder barely sees {cap.words[k]!r} in this photo: the region it lit may be something "
+                   "else that the model took for it.")
     beta_k = visualize.word_beta(cap, k)
     looked = draw(image, cap.alphas[k], view, beta_k)
     p = visualize.word_prob(cap, k)
