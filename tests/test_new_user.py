@@ -317,3 +317,24 @@ def test_a_wrong_data_root_for_own_photos_talks_of_the_own_photos_layout(tmp_pat
         err = capsys.readouterr().err
         assert err.count("error:") == 1 and says in err and "Train on your own photos" in err, err
         assert "Images/ and captions.txt" in err and "Kaggle layout" not in err
+
+
+def test_round_nine_smaller_items_explain_truncated_and_json_help(tmp_path, capsys):
+    """--explain names no hard_context for a soft-attention model; a truncated JPEG is said in plain words, without
+    Pillow's internals; --json's help names the confidence, level and doubt it carries."""
+    from captioner.cli.caption import main, parse_args
+    from captioner.images import ImageError, load_image
+
+    photo = sorted((ROOT / "captioner" / "assets" / "examples").glob("*.jpg"))[0]
+    assert main([str(photo), "--explain", "a cat on a wall"]) == 0
+    err = capsys.readouterr().err
+    assert "explaining the sentence (teacher forcing); nothing is decoded" in err and "hard_context" not in err
+    cut = tmp_path / "cut.jpg"
+    cut.write_bytes(photo.read_bytes()[:5000])
+    with pytest.raises(ImageError) as e:
+        load_image(cut)
+    assert "truncated" in str(e.value) and "bytes not processed" not in str(e.value) and "OSError" not in str(e.value)
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert all(w in help_text for w in ("confidence", "level", "doubt")), help_text

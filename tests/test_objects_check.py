@@ -185,6 +185,8 @@ def test_a_reason_says_what_it_found_about_this_photo():
     assert why_unsure({}, None, {"log_prob": -1.0}, unlikely=["kite"]) == "the model found “kite” unlikely for this photo"
     assert why_unsure({}, "a cat on a wall", {"log_prob": 1.0}) == "it hesitated between this and “a cat on a wall”"
     assert "weaker" not in why_unsure({}, None, {"log_prob": 1.0}, unlikely=["kite"])
+    assert (why_unsure({"nearest": 0.5}, None, {"wide": 0.3}, described="a cat on a mat")
+            == "few photos like this one among those it learned from (the nearest: “a cat on a mat”)")
     words = ["a", "kite", "on", "a", "beach"]
     cap = Caption(" ".join(words), words, np.zeros((5, 1, 1)), -4.0, [],
                   word_log_probs=np.log([0.9, 0.05, 0.9, 0.9, 0.6]).astype(np.float32), confidence=0.2, sure_at=0.7,

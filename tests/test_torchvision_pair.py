@@ -87,6 +87,9 @@ def test_the_bundled_model_captions_without_torchvision(broken_pair, capsys):
     assert main([str(EXAMPLE), "--beam-size", "1"]) == 0
     out, err = capsys.readouterr()
     assert out.startswith(str(EXAMPLE)) and "error" not in err, (out, err)
+    (note,) = [line for line in err.splitlines() if "do not work together" in line]  # said once, in one line
+    assert "torch 2.13.0+cpu" in note and "torchvision 0.28.0" in note and "works on" in note
+    assert "pip install --force-reinstall torch torchvision" in note and "--index-url" not in note  # the plain install
     assert captioner.load().caption(EXAMPLE, beam_size=1).text
 
 
@@ -96,6 +99,7 @@ def test_the_app_captions_with_the_bundled_model_and_names_the_pair_for_a_resnet
     at = testing.AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
     assert not at.exception and not at.error, [e.value for e in at.error]  # the bundled model: captioned
     assert any(h.value.startswith("“") for h in at.subheader)  # the caption on screen
+    assert len([w for w in at.warning if "do not work together" in w.value]) == 1  # and the pair named, once
     monkeypatch.setenv("CAPTIONER_CHECKPOINT", str(resnet_file))
     at = testing.AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
     assert not at.exception and len(at.error) == 1, [e.value for e in at.error]

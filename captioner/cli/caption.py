@@ -119,7 +119,7 @@ def setup(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, dict[str,
     of the settings (every torchrun process but the first: they are the same)."""
     import captioner
     from captioner.cli.decode_options import decode_settings, describe, describe_briefly, has_memory
-    from captioner.model.vision import TorchvisionMismatch
+    from captioner.model.vision import TorchvisionMismatch, torchvision_note
 
     try:
         request = sample_request(args)
@@ -131,6 +131,9 @@ def setup(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, dict[str,
         print(f"error: {e}", file=sys.stderr)  # a mismatched torchvision only where the file's encoder needs it
         return None
     brief = describe_briefly(used, loaded.decode_settings(), sampling=request is not None)
+    note = None if quiet else torchvision_note()  # a mismatched pair this model does not need: said once, work goes on
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     if quiet:
         pass
     elif request is not None:

@@ -305,7 +305,8 @@ def why_unsure(signals: dict[str, float], alternative: str | None, contributions
     said = {"agreement": alternative and f"it hesitated between this and “{alternative}”",
             "log_prob": unlikely and "the model found " + " and ".join(f"“{w}”" for w in unlikely) + " unlikely for this photo",
             "consensus": described and f"the photos most like this one were described as “{described}”",
-            "wide": described and f"photos like this one were described as “{described}”"}
+            "wide": described and f"photos like this one were described as “{described}”",
+            "nearest": described and f"few photos like this one among those it learned from (the nearest: “{described}”)"}
     said["min_word"] = said["log_prob"]
     if worst is not None:
         return said.get(worst) or REASONS[worst]

@@ -54,6 +54,18 @@ def _stop_behind(error: BaseException) -> BaseException | None:
     return None
 
 
+def torchvision_note() -> str | None:
+    """None when torchvision imports; else one line for work that does not need it (the bundled model's encoder):
+    the pair named, that the work goes on, and the fix from the index pip reached (the plain install)."""
+    try:
+        import_torchvision()
+    except TorchvisionMismatch:
+        return (f"torch {torch.__version__} and torchvision {_installed('torchvision')} do not work together; this "
+                "model does not use torchvision, so it works on (a ResNet model file or training would stop): to "
+                "mend the pair, .venv/bin/pip install --force-reinstall torch torchvision")
+    return None
+
+
 def torchvision_problem() -> str | None:
     """None when torchvision imports; else the one line that says what is wrong and what to do."""
     try:

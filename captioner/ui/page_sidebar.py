@@ -7,7 +7,7 @@ from pathlib import Path
 import streamlit as st
 
 import captioner
-from ..model.vision import TorchvisionMismatch
+from ..model.vision import TorchvisionMismatch, torchvision_note
 from . import texts, visualize
 from .page_state import Decode, Settings, View, checkpoint_choices, get_model, has_head, model_info
 
@@ -32,6 +32,9 @@ def sidebar(folders: tuple[str, ...], selected: str | None = None) -> tuple[Sett
         dtype = st.selectbox("Precision", list(captioner.api.DTYPES),
                              format_func=lambda d: texts.precision_label(d, native), help=texts.PRECISION_HELP)
     mtime, loaded = load_or_stop(label, choices[label], dtype)
+    note = torchvision_note()  # a mismatched pair, harmless to this model: one line, and the page works on
+    if note:
+        st.warning(note[0].upper() + note[1:] + ".")
     with st.sidebar:
         decode = decode_settings(loaded)
         view = view_settings()

@@ -90,7 +90,7 @@ def caption_summary(cap: captioner.Caption, evidence: bool, length_penalty: floa
     if cap.contradicted:
         st.warning("The classifier sees no sign of: " + ", ".join(f"**{cap.words[i]}**" for i in cap.contradicted)
                    + (". Switch on evidence-aware decoding to veto such words." if not evidence else "."))
-    with st.expander("How the model wrote it (gates, probabilities, the beam's other captions)"):
+    with st.expander("How it chose (the beam's other captions, their scores, each word's gate)"):
         model_details(cap, length_penalty)
 
 
