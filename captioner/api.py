@@ -42,7 +42,6 @@ from .decoding.photo import NoWordsError
 from .images import ImageError, ImageInput, flat_colour, load_image, original_size, was_transparent
 from .model.show_attend_tell import ShowAttendTell, build_model
 from .model.encoder import Preprocess, build_preprocess
-from .model.packed_linear import prepare
 from .vocab import Vocab
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "assets" / "default.safetensors"
@@ -140,9 +139,7 @@ class Captioner:
         self.dtype = resolve_dtype(dtype)  # the whole model (encoder and decoder) computes in this type
         self.device = torch.device(device)
         self.model = _ready(model, self.device, self.dtype)
-        # the packed copies of the step's weights and of the encoder's 1x1 convolutions, made before a caption
-        prepare(self.model.decoder, self.model.encoder.pointwise_layers())
-        self.model.decoder.make_word_gates()  # and the word-gate table
+        self.model.prepare()  # the packed weights and the word-gate table, made before a caption
         recordings = graphs.recorded() if capture and self.device.type == "cuda" else graphs.EAGER
         self.resources = Resources(fitted, memory, recordings)  # what its decodes read besides the model
         self.vocab, self.config, self.metrics = vocab, config, metrics or {}

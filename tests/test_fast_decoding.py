@@ -421,3 +421,25 @@ def test_mkl_sums_the_attentions_products_in_one_order_at_1_and_2_threads():
     kept = subprocess.run([sys.executable, "-c", "import os, captioner.cli; print(os.environ['MKL_CBWR'])"],
                           env={**env, "MKL_CBWR": "AVX2"}, capture_output=True, text=True, check=True)
     assert kept.stdout.strip() == "AVX2"  # the user's own choice is kept
+
+
+def test_the_one_prepare_step_makes_what_inference_reads_and_a_changed_weight_is_never_read_stale():
+    """ShowAttendTell.prepare makes the word-gate table and the packed copies from the weights (the Captioner at
+    load, training before each validation); a weight changed after it (a training step) gives the new numbers."""
+    import copy
+
+    from .conftest import tiny_captioner
+
+    model = tiny_captioner().model.eval()
+    words = torch.tensor([4, 5, 6])
+    assert model.prepare() is model and model.decoder._word_gates is not None
+    with torch.no_grad():
+        before = model.decoder.embed(words)[1].clone()  # (3, 4H) from the table
+        model.decoder.gates_embed.weight.mul_(2)  # a training step, in place
+        after = model.decoder.embed(words)[1]
+        want = model.decoder.gates_embed(model.decoder.embedding(words), True)  # the plain product
+    torch.testing.assert_close(after, want, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(after, before)
+    fresh = copy.deepcopy(model).prepare()
+    with torch.no_grad():
+        torch.testing.assert_close(fresh.decoder.embed(words)[1], after)

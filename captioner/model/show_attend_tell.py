@@ -7,6 +7,7 @@ import torch.nn as nn
 from ..config import ModelConfig, check_grid
 from .decoder import Decoder
 from .encoder import Encoder
+from .packed_linear import prepare
 
 
 class ShowAttendTell(nn.Module):
@@ -17,6 +18,17 @@ class ShowAttendTell(nn.Module):
 
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         return self.encoder(images)  # (B, P, D)
+
+    @torch.no_grad()
+    def prepare(self) -> "ShowAttendTell":
+        """What inference reads besides the weights, made from them in one step: the packed copies of the step's
+        linear layers and of the encoder's 1x1 convolutions (packed_linear.prepare) and the word-gate table
+        (Decoder.make_word_gates). A Captioner calls it at load and training before each validation; each copy
+        also checks its weights' version and address, so one changed or moved since is made again, never read
+        stale."""
+        prepare(self.decoder, self.encoder.pointwise_layers())
+        self.decoder.make_word_gates()
+        return self
 
 
 def build_model(cfg: ModelConfig, vocab_size: int, pretrained: bool | None = None) -> ShowAttendTell:

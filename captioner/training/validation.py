@@ -89,6 +89,7 @@ def _validate_set(run: Run, vs: Any, metrics: list[str]) -> tuple[dict[str, floa
     # (a GPU machine often has none); METEOR still does. NONE: the model in training has no fitted data or
     # consensus memory of its own (the beam's order) and is not recorded (its weights change every step)
     with decoding_as_exported(run.model, cfg, run.start_file) as settings:
+        run.model.prepare()  # what decoding reads besides the weights, made from the weights it validates
         scores, preds, caps = evaluate_model(run.model, run.vocab, feats, records, settings, NONE, metrics,
                                              log=run.place.log, tokenizer="python")
     loss = {"val_loss": val_loss(run, feats, records)}
