@@ -1027,14 +1027,17 @@ def test_more_photos_than_a_batch_holds_get_a_message(app):
 
 
 def test_the_caption_as_it_is_written_is_shown_and_downloadable(bundled, app):
-    """The animation (a frame per word, ui/animate.py) is on the page, folded, and offered as a GIF."""
+    """The animation (a frame per word, ui/animate.py) is offered as a GIF and played on request: it is drawn only
+    then (about half a second a photo, which came before the overlays)."""
     import io
 
     at = app.run()
     words = check_captioned(at)
     assert any(b.label == "Download the caption as it is written (GIF)" for b in at.download_button)
-    gif = [im for im in at.image if any("word by word" in c for c in im.captions)]
-    assert len(gif) == 1
+    gif = lambda: [im for im in at.image if any("word by word" in c for c in im.captions)]  # noqa: E731
+    assert gif() == []
+    at.toggle(key="play_caption").set_value(True).run()
+    assert not at.exception and len(gif()) == 1
     cap = bundled.caption(EXAMPLES / "cat.jpg")
     assert cap.words == words
     from captioner.ui.animate import caption_animation

@@ -4,6 +4,7 @@ and model). The panels (page_sidebar, page_photo, page_views, page_workbench) dr
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import os
 from dataclasses import dataclass
@@ -91,9 +92,16 @@ class Shown:
 @st.cache_resource(show_spinner="Loading model ...", max_entries=4)
 def get_model(path: str, mtime: float, dtype: str = "float32") -> captioner.Captioner:
     """One model per checkpoint file and precision per process (mtime in the key: a rewritten file
-    is reloaded). MKL is asked for sums in one order first (model/blas.py): the app's first product comes here."""
+    is reloaded). MKL is asked for sums in one order first (model/blas.py): the app's first product comes here.
+    What is in memory once the model is (the libraries, the model) lives as long as the process, so it is frozen
+    out of the garbage collector's scans: a full collection of it took 100-300 ms on 2 cores, and one ran after
+    every page run, before the next could start (Streamlit's runner.postScriptGC, off in .streamlit/config.toml
+    for the same reason)."""
     sum_in_one_order()
-    return captioner.load(path, dtype=dtype)
+    loaded = captioner.load(path, dtype=dtype)
+    gc.collect()
+    gc.freeze()
+    return loaded
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)

@@ -140,7 +140,8 @@ def sure_view(cap: captioner.Caption) -> None:
 
 
 def downloads(photo: Shown, cap: captioner.Caption, view: View) -> None:
-    """The attention figure (drawn only when clicked) and the caption with its maps as JSON."""
+    """The attention figure and the caption as it is written (each drawn only when asked for) and the caption with
+    its maps as JSON."""
     stem = Path(photo.name).stem or "image"
     st.download_button("Download attention figure (PNG)", icon=":material/download:",
                        data=partial(figure_bytes, shrink(photo.image, FIGURE_SIDE), cap, view),
@@ -148,13 +149,14 @@ def downloads(photo: Shown, cap: captioner.Caption, view: View) -> None:
     st.download_button("Download caption and attention maps (JSON)", icon=":material/download:",
                        data=visualize.caption_json_bytes(cap, image_name=photo.name),
                        file_name=f"{stem}_caption.json", mime="application/json", on_click="ignore")
-    if cap.words:
-        maps_key = hashlib.sha256(cap.alphas.tobytes() + cap.text.encode()).hexdigest()  # this caption's words and maps
-        animation = caption_gif(photo.digest, maps_key, cap, view.opacity, _image=photo.image)
-        with st.expander("The caption as it is written (a frame per word)", expanded=False):
-            st.image(animation, caption=f"“{cap.text}”, word by word, with where each word looked")
+    if cap.words:  # drawn when asked for (half a second a photo on 2 cores): the caption and its maps come first
+        if st.toggle("Play the caption as it is written (a frame per word)", value=False, key="play_caption"):
+            maps_key = hashlib.sha256(cap.alphas.tobytes() + cap.text.encode()).hexdigest()  # its words and maps
+            st.image(caption_gif(photo.digest, maps_key, cap, view.opacity, _image=photo.image),
+                     caption=f"“{cap.text}”, word by word, with where each word looked")
         st.download_button("Download the caption as it is written (GIF)", icon=":material/download:",
-                           data=animation, file_name=f"{stem}_caption.gif", mime="image/gif", on_click="ignore")
+                           data=partial(animate.caption_animation, photo.image, cap, opacity=view.opacity),
+                           file_name=f"{stem}_caption.gif", mime="image/gif", on_click="ignore")
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
