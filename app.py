@@ -23,11 +23,13 @@ from captioner.ui import checkpoints
 from captioner.ui.html import PAGE_STYLE
 from captioner.ui.page_photo import caption_panel
 from captioner.ui.page_sidebar import sidebar
+from captioner.ui.page_state import leave_a_core
 from captioner.ui.page_workbench import compare_panel, workbench_panel
 
 
 def main() -> None:
     """The page, top to bottom (Streamlit runs this file again on every interaction)."""
+    leave_a_core()  # for the browser that draws the page
     st.set_page_config(page_title="Show, Attend and Tell", page_icon=":frame_with_picture:", layout="wide")
     st.html(PAGE_STYLE)  # no blank band above the title
     st.title("Show, Attend and Tell")

@@ -23,9 +23,12 @@ def photo_input(settings: Settings) -> Shown:
     MAX_PHOTO_MB, is an error (a stop when it is the only photo)."""
     col_upload, col_example = st.columns([3, 2])
     with col_upload:
-        uploaded = st.file_uploader(f"Upload a photo ({format_names(' or ')})", type=UPLOAD_TYPES,
-                                    key=uploader_key("upload"), on_change=empty_uploader,
-                                    args=("upload", "batch_upload"))
+        st.file_uploader(f"Upload a photo ({format_names(' or ')})", type=UPLOAD_TYPES, key=uploader_key("upload"),
+                         on_change=take_upload)
+        uploaded = st.session_state.get("uploaded")  # (name, bytes): the box itself is empty again (take_upload)
+        if uploaded is not None:
+            st.button(f"Remove {uploaded[0]} (back to the example photos)", key="drop_upload",
+                      on_click=lambda: st.session_state.pop("uploaded", None), icon=":material/close:")
     # the batch and the camera come below: their last values say whether one of them is what the page shows
     elsewhere = bool(st.session_state.get(uploader_key("batch_upload"))) or bool(
         st.session_state.get("camera_on") and st.session_state.get("camera_shot") is not None)
@@ -35,7 +38,7 @@ def photo_input(settings: Settings) -> Shown:
                                help="Used when no photo is uploaded, no gallery is shown and no camera photo taken.")
     batch = st.file_uploader(f"... or several photos at once (up to {gallery.MAX_PHOTOS}): a gallery",
                              type=UPLOAD_TYPES, accept_multiple_files=True, key=uploader_key("batch_upload"),
-                             on_change=empty_uploader, args=("batch_upload", "upload")) or []
+                             on_change=take_batch) or []
     shot = None
     if st.toggle("Take a photo with the camera", value=False, key="camera_on",
                  help="The browser asks for the camera only when this is on; the photo taken is used instead of "
@@ -46,15 +49,32 @@ def photo_input(settings: Settings) -> Shown:
 
 def uploader_key(name: str) -> str:
     """The widget key of an uploader ("upload": one photo, "batch_upload": the gallery's), renewed by
-    empty_uploader."""
+    renew(): a new key is a new, empty widget."""
     return f"{name}_{st.session_state.get(name + '_round', 0)}"
 
 
-def empty_uploader(given: str, other: str) -> None:
-    """When uploader `given` is given files, empties the `other` (a new key is a new, empty widget): the single
-    uploader kept its old file while the gallery showed, and a new single photo was hidden behind the gallery."""
-    if st.session_state.get(uploader_key(given)):
-        st.session_state[other + "_round"] = st.session_state.get(other + "_round", 0) + 1
+def renew(name: str) -> None:
+    """Empties uploader `name` by giving it a new key."""
+    st.session_state[name + "_round"] = st.session_state.get(name + "_round", 0) + 1
+
+
+def take_upload() -> None:
+    """The single uploader's new file becomes the page's photo (st.session_state["uploaded"]) and the box is
+    emptied for the next one. A browser replacing the file a box holds first empties the box: every new photo ran
+    the page twice, the first time for the example photo (its caption on screen for a moment, the new photo's
+    run waiting for it to stop). The gallery's uploader is emptied too: the last uploader given files decides."""
+    given = st.session_state.get(uploader_key("upload"))
+    if given is not None:
+        st.session_state["uploaded"] = (given.name, given.getvalue())
+        renew("upload")
+        renew("batch_upload")
+
+
+def take_batch() -> None:
+    """A batch given to the gallery's uploader replaces the single photo: it was kept beside the gallery, and a new
+    single photo was hidden behind the gallery."""
+    if st.session_state.get(uploader_key("batch_upload")):
+        st.session_state.pop("uploaded", None)
 
 
 def chosen_photo(settings: Settings, shot, uploaded, batch: list, example: str) -> Shown:
@@ -68,7 +88,7 @@ def chosen_photo(settings: Settings, shot, uploaded, batch: list, example: str) 
                        f"last {gallery.MAX_PHOTOS} chosen are shown; remove some (×) to see the earlier ones.")
         files = [(f.name, f.getvalue()) for f in batch[-gallery.MAX_PHOTOS:]]
     elif uploaded is not None:
-        files = [(uploaded.name, uploaded.getvalue())]
+        files = [uploaded]
     else:
         files = [(EXAMPLES[example], (EXAMPLES_DIR / EXAMPLES[example]).read_bytes())]
     photos = []

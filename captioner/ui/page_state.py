@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import streamlit as st
+import torch
 
 import captioner
 from captioner.model.blas import sum_in_one_order
@@ -37,6 +38,8 @@ GRID_SIDE = 320  # grid overlays are drawn on a copy of the photo at most this m
 FIGURE_SIDE = 400  # the downloadable figure's panels likewise
 GALLERY_COLUMNS = 4  # cards per row when several photos are uploaded
 DEFAULT_LABEL = "bundled default model"
+# what torch computes on in a new thread (OMP_NUM_THREADS, else the cores), read once: every page run is a new thread
+THREADS = torch.get_num_threads()
 
 
 Decode = tuple[tuple[str, object], ...]  # decode settings as (name, value) pairs: hashable, a cache key
@@ -87,6 +90,13 @@ class Shown:
     def thumb(self) -> Image.Image:
         """The copy the grids and the region view draw on (longer side GRID_SIDE)."""
         return shrink(self.image, GRID_SIDE)
+
+
+def leave_a_core() -> None:
+    """This page run computes on one core fewer than torch would: the page is mostly drawn by a browser on the
+    same machine, and two threads beside a busy browser on 2 cores read a photo 3-5x slower than one (250-350 ms
+    against 60-150). Called at the start of every run, since each is a new thread."""
+    torch.set_num_threads(max(1, THREADS - 1))
 
 
 @st.cache_resource(show_spinner="Loading model ...", max_entries=4)
