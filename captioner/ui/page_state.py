@@ -94,8 +94,8 @@ class Shown:
 
 def leave_a_core() -> None:
     """This page run computes on one core fewer than torch would: the page is mostly drawn by a browser on the
-    same machine, and two threads beside a busy browser on 2 cores read a photo 3-5x slower than one (250-350 ms
-    against 60-150). Called at the start of every run, since each is a new thread."""
+    same machine, and two threads beside a busy browser on 2 cores read a photo several times slower than one
+    (docs/performance.md, "The app"). Called at the start of every run, since each is a new thread."""
     torch.set_num_threads(max(1, THREADS - 1))
 
 
@@ -104,9 +104,9 @@ def get_model(path: str, mtime: float, dtype: str = "float32") -> captioner.Capt
     """One model per checkpoint file and precision per process (mtime in the key: a rewritten file
     is reloaded). MKL is asked for sums in one order first (model/blas.py): the app's first product comes here.
     What is in memory once the model is (the libraries, the model) lives as long as the process, so it is frozen
-    out of the garbage collector's scans: a full collection of it took 100-300 ms on 2 cores, and one ran after
-    every page run, before the next could start (Streamlit's runner.postScriptGC, off in .streamlit/config.toml
-    for the same reason)."""
+    out of the garbage collector's scans: a full collection of it was the longest step between an upload and its
+    caption on 2 cores, and one ran after every page run, before the next could start (Streamlit's
+    runner.postScriptGC, off in .streamlit/config.toml for the same reason; docs/performance.md, "The app")."""
     sum_in_one_order()
     loaded = captioner.load(path, dtype=dtype)
     gc.collect()

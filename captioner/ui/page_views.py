@@ -149,7 +149,7 @@ def downloads(photo: Shown, cap: captioner.Caption, view: View) -> None:
     st.download_button("Download caption and attention maps (JSON)", icon=":material/download:",
                        data=visualize.caption_json_bytes(cap, image_name=photo.name),
                        file_name=f"{stem}_caption.json", mime="application/json", on_click="ignore")
-    if cap.words:  # drawn when asked for (half a second a photo on 2 cores): the caption and its maps come first
+    if cap.words:  # drawn when asked for (as long as all the overlays): the caption and its maps first
         if st.toggle("Play the caption as it is written (a frame per word)", value=False, key="play_caption"):
             maps_key = hashlib.sha256(cap.alphas.tobytes() + cap.text.encode()).hexdigest()  # its words and maps
             st.image(caption_gif(photo.digest, maps_key, cap, view.opacity, _image=photo.image),
