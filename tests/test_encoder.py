@@ -143,6 +143,34 @@ def test_a_photo_gives_the_same_features_at_any_thread_count_and_in_any_batch(bu
     torch.testing.assert_close(oracle, want, atol=1e-4, rtol=1e-4)  # ... to float rounding
 
 
+def test_the_stem_and_depthwise_convolutions_fold_their_batch_norms_never_stale():
+    """conv_bn_relu6: one convolution with its eval-mode batch norm folded into the weight and bias and relu6 in
+    place (no batch norm or relu6 pass over the activations), within float rounding of the three layers as written;
+    a batch norm changed since (its statistics moved in place) is folded again, never read stale; with autograd the
+    layers run as written."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    conv = encoder_module.SameConv2d(16, 16, 3, stride=2, groups=16, bias=False)  # odd 13: SAME pads one side more
+    bn = torch.nn.BatchNorm2d(16, eps=1e-3).eval()
+    with torch.no_grad():
+        for t, (lo, hi) in zip((bn.running_mean, bn.running_var, bn.weight, bn.bias),
+                               ((-1, 1), (0.5, 2), (0.5, 2), (-1, 1))):
+            t.uniform_(lo, hi)
+    x = torch.randn(2, 16, 13, 13)
+    as_written = lambda: F.relu6(bn(conv(x)))  # noqa: E731
+    with torch.no_grad():
+        if not packed_linear.packs(x, conv.weight):
+            pytest.skip("this torch computes the encoder's layers as written (no oneDNN)")
+        first = encoder_module.conv_bn_relu6(conv, bn, x)
+        torch.testing.assert_close(first, as_written(), atol=1e-5, rtol=1e-5)
+        bn.running_mean += 0.5  # in place: the tensor's version moves
+        moved = encoder_module.conv_bn_relu6(conv, bn, x)
+        torch.testing.assert_close(moved, as_written(), atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(moved, first)
+    assert torch.equal(encoder_module.conv_bn_relu6(conv, bn, x), as_written())  # autograd on: as written
+
+
 @pytest.mark.slow
 def test_captions_are_byte_identical_at_1_and_2_threads(coco_mini, tmp_path):
     """scripts/caption.py --json on coco-mini photos prints the same bytes at OMP_NUM_THREADS=1 and 2: captions,

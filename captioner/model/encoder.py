@@ -16,6 +16,9 @@ do not). Folding the batch norms and relu6 into the product saves their passes o
 is no slower than the three layers it replaces. The features move by float rounding; a feature cache
 (data/features.py) is keyed by the weights, not by how they are computed, and stays valid (it stores float16,
 whose step is far coarser). The measurements: docs/performance.md, "The same numbers at any thread count".
+The stem and the depthwise convolutions stay oneDNN's (their sums do not depend on the thread count), with their
+batch norms folded into a copy of the weight and bias and relu6 applied in place (conv_bn_relu6), and a SAME padding
+that is the same on both sides left to the convolution instead of a padded copy of the activations.
 Autograd (tuning the top stages), a batch norm in training mode, bf16 and GPUs keep the layers as written. ResNet's
 convolutions are torchvision's (oneDNN's), not covered by the rule.
 """
@@ -27,10 +30,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..config import ENCODERS, ModelConfig
 from ..images import ImageInput, load_image, preprocess
-from .packed_linear import is_pointwise, pointwise
+from .packed_linear import folds, is_pointwise, packs, pointwise
 
 # EfficientNet base stages: (repeats, kernel, stride, expand ratio, in, out)
 _STAGES = [
@@ -61,18 +65,49 @@ class SameConv2d(nn.Conv2d):
     expand, project and head convolutions) needs no padding and is computed as a product on each pixel's row
     (packed_linear.pointwise): the same numbers at any thread count and batch size."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """x (B, in, h, w) -> (B, out, h', w'); weight and bias in place of the layer's (conv_bn_relu6's folded
+        ones)."""
         if is_pointwise(self):
             return pointwise(self, x)  # (B, out, h, w)
+        weight, bias = (self.weight, self.bias) if weight is None else (weight, bias)
         ih, iw = x.shape[-2:]
         kh, kw = self.weight.shape[-2:]
         sh, sw = self.stride
         kh, kw = (kh - 1) * self.dilation[0] + 1, (kw - 1) * self.dilation[1] + 1  # dilated kernel extent
         ph = max((math.ceil(ih / sh) - 1) * sh + kh - ih, 0)
         pw = max((math.ceil(iw / sw) - 1) * sw + kw - iw, 0)
-        if ph or pw:
-            x = F.pad(x, [pw // 2, pw - pw // 2, ph // 2, ph - ph // 2])
-        return F.conv2d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+        if ph % 2 == 0 and pw % 2 == 0:  # even: the same on both sides, so the convolution pads (no padded copy)
+            return F.conv2d(x, weight, bias, self.stride, (ph // 2, pw // 2), self.dilation, self.groups)
+        x = F.pad(x, [pw // 2, pw - pw // 2, ph // 2, ph - ph // 2])  # one more zero at the bottom and right
+        return F.conv2d(x, weight, bias, self.stride, 0, self.dilation, self.groups)
+
+
+_folded = WeakIdKeyDictionary()  # a convolution's weight -> (versions and addresses, weight and bias with bn folded in)
+
+
+def folded_weight(w: torch.Tensor, bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
+    """A convolution's weight (out, in/groups, k, k) and the eval-mode batch norm after it -> (w', b') with
+    bn(conv(x, w)) = conv(x, w') + b': made once per version and address of the five tensors, as the packed copies."""
+    tensors = (w, bn.weight, bn.bias, bn.running_mean, bn.running_var)
+    key = tuple((t._version, t.data_ptr()) for t in tensors)
+    hit = _folded.get(w)
+    if hit is None or hit[0] != key:
+        scale = (bn.weight / torch.sqrt(bn.running_var + bn.eps)).detach()  # (out,)
+        hit = key, (w.detach() * scale.view(-1, 1, 1, 1)).contiguous(), (bn.bias - bn.running_mean * scale).detach()
+        _folded[w] = hit
+    return hit[1], hit[2]
+
+
+def conv_bn_relu6(conv: SameConv2d, bn: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:
+    """relu6(bn(conv(x))) for the stem and the depthwise convolutions: x (B, in, h, w) -> (B, out, h', w'). Where
+    the 1x1 convolutions follow the packed rule (packed_linear.packs: a CPU, float32, no autograd) and bn is in eval
+    mode, one convolution with bn folded into its weight and bias and relu6 in place, which saves the batch norm's
+    and relu6's passes over the activations; elsewhere the three layers as written."""
+    if not (packs(x, conv.weight) and folds(bn)) or conv.bias is not None:
+        return F.relu6(bn(conv(x)))
+    return F.relu6(conv(x, *folded_weight(conv.weight, bn)), inplace=True)
 
 
 class MBConv(nn.Module):
@@ -96,7 +131,7 @@ class MBConv(nn.Module):
         y = x
         if self.has_expand:
             y = pointwise(self._expand_conv, y, self._bn0, relu6=True)  # relu6(bn0(expand(x)))
-        y = F.relu6(self._bn1(self._depthwise_conv(y)))
+        y = conv_bn_relu6(self._depthwise_conv, self._bn1, y)  # relu6(bn1(depthwise(y)))
         y = pointwise(self._project_conv, y, self._bn2)  # bn2(project(y))
         return x + y if self.residual else y
 
@@ -142,7 +177,7 @@ class EfficientNetLite(nn.Module):
 
     def lower(self, x: torch.Tensor, upto: int) -> torch.Tensor:
         """Stem and blocks [0, upto): the activations that enter block `upto` (B, C, h, w)."""
-        x = F.relu6(self._bn0(self._conv_stem(x)))
+        x = conv_bn_relu6(self._conv_stem, self._bn0, x)  # relu6(bn0(stem(x)))
         for block in self._blocks[:upto]:
             x = block(x)
         return x
@@ -274,6 +309,16 @@ class Encoder(nn.Module):
             return []
         pairs = [(b._expand_conv, b._bn0) for b in net._blocks if b.has_expand]
         return pairs + [(b._project_conv, b._bn2) for b in net._blocks] + [(net._conv_head, net._bn1)]
+
+    def fold(self) -> None:
+        """Fold each batch norm into the stem or depthwise convolution before it (conv_bn_relu6's copies), where
+        they sit on a CPU in float32: done at load, not in the first caption. A no-op for ResNet."""
+        net = self.backbone
+        if not isinstance(net, EfficientNetLite):
+            return
+        for conv, bn in [(net._conv_stem, net._bn0)] + [(b._depthwise_conv, b._bn1) for b in net._blocks]:
+            if conv.weight.device.type == "cpu" and conv.weight.dtype == torch.float32 and folds(bn):
+                folded_weight(conv.weight, bn)
 
     def _grid(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.grid_size or x.shape[-2] != self.grid_size:

@@ -119,7 +119,7 @@ def is_pointwise(conv: nn.Module) -> bool:
             and conv.groups == 1 and conv.padding in ((0, 0), "valid"))
 
 
-def _folds(bn: nn.BatchNorm2d | None) -> bool:
+def folds(bn: nn.BatchNorm2d | None) -> bool:
     """Whether a batch norm can be folded into the product before it: in eval mode, with its scale and statistics."""
     return bn is None or (not bn.training and bn.affine and bn.running_var is not None)
 
@@ -130,7 +130,7 @@ def pointwise(conv: nn.Conv2d, x: torch.Tensor, bn: nn.BatchNorm2d | None = None
     (B, out, h, w), each pixel a row. By the rule one product: the eval-mode batch norm folded into the packed
     weight and bias, relu6 as oneDNN's clamp of the result. A channels-last x needs no copy; the result is
     channels-last. Elsewhere, and with plain=True (the oracle), the three layers as written."""
-    if not (packs(x, conv.weight, plain) and _folds(bn)) or (bn is not None and conv.bias is not None):
+    if not (packs(x, conv.weight, plain) and folds(bn)) or (bn is not None and conv.bias is not None):
         y = F.conv2d(x, conv.weight, conv.bias)
         y = y if bn is None else bn(y)
         return F.relu6(y) if relu6 else y
@@ -151,5 +151,5 @@ def prepare(module: nn.Module, pointwise_layers: Iterable[tuple[nn.Conv2d, nn.Ba
         return
     pairs = [(layer, None) for layer in module.modules() if isinstance(layer, nn.Linear)] + list(pointwise_layers)
     for layer, bn in pairs:
-        if layer.weight.device.type == "cpu" and layer.weight.dtype == torch.float32 and _folds(bn):
+        if layer.weight.device.type == "cpu" and layer.weight.dtype == torch.float32 and folds(bn):
             packed_weight(layer.weight, bn)

@@ -22,11 +22,13 @@ class ShowAttendTell(nn.Module):
     @torch.no_grad()
     def prepare(self) -> "ShowAttendTell":
         """What inference reads besides the weights, made from them in one step: the packed copies of the step's
-        linear layers and of the encoder's 1x1 convolutions (packed_linear.prepare) and the word-gate table
+        linear layers and of the encoder's 1x1 convolutions (packed_linear.prepare), the encoder's other
+        convolutions with their batch norms folded in (Encoder.fold) and the word-gate table
         (Decoder.make_word_gates). A Captioner calls it at load and training before each validation; each copy
         also checks its weights' version and address, so one changed or moved since is made again, never read
         stale."""
         prepare(self.decoder, self.encoder.pointwise_layers())
+        self.encoder.fold()
         self.decoder.make_word_gates()
         return self
 
