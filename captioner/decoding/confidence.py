@@ -47,9 +47,14 @@ class ObjectCheck:
     support: torch.Tensor  # (B, V)
     columns: torch.Tensor  # (V, M) bool
 
+    @cached_property
+    def is_object(self) -> torch.Tensor:
+        """(V,) bool: the words that name something (a column), found once per check: three readers ask."""
+        return self.columns.any(1)
+
     def unsupported(self, tokens: Sequence[Sequence[int]], floor: float = SUPPORT_FLOOR) -> list[list[int]]:
         """Each photo's caption words -> the positions of its object words below floor, least supported first."""
-        weak = torch.where(self.columns.any(1).to(self.support.device), self.support.float(), float("inf"))  # (B, V)
+        weak = torch.where(self.is_object.to(self.support.device), self.support.float(), float("inf"))  # (B, V)
         support = words_of(weak, tokens)  # (n, L) on the host: inf where no object
         return [sorted((i for i, p in enumerate(row) if p < floor), key=row.__getitem__) for row in support]
 
@@ -193,7 +198,7 @@ class Chosen:
             ones = torch.ones(len(self.best), dtype=torch.float64, device=self.best.device)
             return ones, torch.zeros_like(ones)
         tokens = self.pool.tokens[self.best]  # (B', L)
-        is_object = self.pool.padded(self.check.columns.any(1), False)[tokens]  # (B', L)
+        is_object = self.pool.padded(self.check.is_object, False)[tokens]  # (B', L)
         support = self.check.support.float()  # (B, V)
         support = torch.cat([support, support.new_ones(len(support), 1)], 1)  # (B, V + 1): the padding supported
         support = support.to(self.best.device)[self.photos].gather(1, tokens)  # (B', L)
