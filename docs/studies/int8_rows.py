@@ -1,7 +1,7 @@
 """Study (issue: a caption at the encoder's pace on any CPU), the second look: the decoder step's large products
 (W_h, W_hh, L_h, L_z, L_o, W_z) as an int8 product per row (torch._int_mm: weights per output channel, each row of
-activations quantized with its own scale and offset (--offset; else a scale only), the sums in int32, so exact at any thread count and in any batch) in
-place of the packed float32 product. 1 thread. Prints caption() ms of a read photo (interleaved), CIDEr
+activations quantized with its own scale, with --offset also its own offset; the sums in int32, so exact at any
+thread count and in any batch) in place of the packed float32 product. 1 thread. Prints caption() ms of a read photo (interleaved), CIDEr
 (pycocoevalcap, Python tokens) and captions changed on coco-paired val, Flickr8k val and coco-mini, and whether a
 photo's caption depends on the photos batched with it. Run from the repository root:
 .venv/bin/python docs/studies/int8_rows.py [--offset] (about ten minutes)."""
