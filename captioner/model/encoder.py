@@ -30,11 +30,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ..config import ENCODERS, ModelConfig
 from ..images import ImageInput, load_image, preprocess
-from .packed_linear import folds, is_pointwise, packs, pointwise
+from .packed_linear import folded_weight, folds, is_pointwise, packs, pointwise
 
 # EfficientNet base stages: (repeats, kernel, stride, expand ratio, in, out)
 _STAGES = [
@@ -82,22 +81,6 @@ class SameConv2d(nn.Conv2d):
             return F.conv2d(x, weight, bias, self.stride, (ph // 2, pw // 2), self.dilation, self.groups)
         x = F.pad(x, [pw // 2, pw - pw // 2, ph // 2, ph - ph // 2])  # one more zero at the bottom and right
         return F.conv2d(x, weight, bias, self.stride, 0, self.dilation, self.groups)
-
-
-_folded = WeakIdKeyDictionary()  # a convolution's weight -> (versions and addresses, weight and bias with bn folded in)
-
-
-def folded_weight(w: torch.Tensor, bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
-    """A convolution's weight (out, in/groups, k, k) and the eval-mode batch norm after it -> (w', b') with
-    bn(conv(x, w)) = conv(x, w') + b': made once per version and address of the five tensors, as the packed copies."""
-    tensors = (w, bn.weight, bn.bias, bn.running_mean, bn.running_var)
-    key = tuple((t._version, t.data_ptr()) for t in tensors)
-    hit = _folded.get(w)
-    if hit is None or hit[0] != key:
-        scale = (bn.weight / torch.sqrt(bn.running_var + bn.eps)).detach()  # (out,)
-        hit = key, (w.detach() * scale.view(-1, 1, 1, 1)).contiguous(), (bn.bias - bn.running_mean * scale).detach()
-        _folded[w] = hit
-    return hit[1], hit[2]
 
 
 def conv_bn_relu6(conv: SameConv2d, bn: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
 _packed = WeakIdKeyDictionary()  # weight -> ((version, address), its oneDNN-reordered copy)
+_folded = WeakIdKeyDictionary()  # a convolution's weight -> ((versions, addresses), weight and bias with bn folded in)
 _has_onednn: bool | None = None  # whether this torch runs the packed product (probed once)
 
 
@@ -65,16 +66,22 @@ def way() -> str:
 
 
 def _fold(w: torch.Tensor, bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
-    """w (out, in) and the eval-mode batch norm after its product -> (w', b') with bn(x w^T) = x w'^T + b'."""
+    """w (out, ...) and the eval-mode batch norm after its product or convolution -> (w', b') with
+    bn(x w^T) = x w'^T + b' (and bn(conv(x, w)) = conv(x, w') + b')."""
     scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)  # (out,)
-    return w * scale[:, None], bn.bias - bn.running_mean * scale
+    return w * scale.view(-1, *[1] * (w.dim() - 1)), bn.bias - bn.running_mean * scale
+
+
+def _key(w: torch.Tensor, bn: nn.BatchNorm2d | None) -> tuple:
+    """What a copy made from w (and bn) is valid for: each tensor's version and address."""
+    tensors = (w,) if bn is None else (w, bn.weight, bn.bias, bn.running_mean, bn.running_var)
+    return tuple((t._version, t.data_ptr()) for t in tensors)
 
 
 def packed_weight(w: torch.Tensor, bn: nn.BatchNorm2d | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """w (out, in), or a pointwise convolution's (out, in, 1, 1), reordered for oneDNN's product, with the bias of
     the batch norm `bn` folded in (None without one): made once per version and address of w and bn's tensors."""
-    tensors = (w,) if bn is None else (w, bn.weight, bn.bias, bn.running_mean, bn.running_var)
-    key = tuple((t._version, t.data_ptr()) for t in tensors)
+    key = _key(w, bn)
     hit = _packed.get(w)
     if hit is None or hit[0] != key:
         w2, bias = w.detach().flatten(1), None  # (out, in)
@@ -82,6 +89,18 @@ def packed_weight(w: torch.Tensor, bn: nn.BatchNorm2d | None = None) -> tuple[to
             w2, bias = (t.detach() for t in _fold(w2, bn))
         hit = key, torch.ops.mkldnn._reorder_linear_weight(w2), bias
         _packed[w] = hit
+    return hit[1], hit[2]
+
+
+def folded_weight(w: torch.Tensor, bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
+    """A convolution's weight (out, in/groups, k, k) and the eval-mode batch norm after it -> (w', b') with
+    bn(conv(x, w)) = conv(x, w') + b' (the encoder's stem and depthwise convolutions): made once per version and
+    address of the five tensors, as the packed copies."""
+    key = _key(w, bn)
+    hit = _folded.get(w)
+    if hit is None or hit[0] != key:
+        hit = key, *(t.detach().contiguous() for t in _fold(w.detach(), bn))
+        _folded[w] = hit
     return hit[1], hit[2]
 
 
