@@ -4,24 +4,14 @@ activations quantized with its own scale, with --offset also its own offset; the
 thread count and in any batch) in place of the packed float32 product. 1 thread. Prints caption() ms of a read photo (interleaved), CIDEr
 (pycocoevalcap, Python tokens) and captions changed on coco-paired val, Flickr8k val and coco-mini, and whether a
 photo's caption depends on the photos batched with it. Run from the repository root:
-.venv/bin/python docs/studies/int8_rows.py [--offset] (about ten minutes)."""
-import csv
-import json
-import statistics
+.venv/bin/python docs/studies/int8_rows.py [--offset] (about ten minutes; the comparison is int8_step.compare)."""
 import sys
-import time
-from pathlib import Path
 
 import torch
-from pycocoevalcap.cider.cider import Cider
 
 import captioner
-from captioner.decoding.photo import caption_photos
-from captioner.model import packed_linear
+from int8_step import PLAIN, compare  # the same comparison as the first look (this folder is on the path)
 
-torch.set_num_threads(1)
-DATA = Path("../shared/data")
-PLAIN = packed_linear.Linear.forward
 ASYMMETRIC = "--offset" in sys.argv  # each row's 256 levels from its least to its largest value (else: scale only)
 
 
@@ -56,57 +46,9 @@ def packed_int8(decoder) -> dict:
     return out
 
 
-def norm(s: str) -> str:
-    return " ".join(s.lower().replace(".", " ").replace(",", " ").split())
-
-
-def references() -> dict:
-    sets = {}
-    for name, d in (("coco-paired val", "coco-paired/captions.json"), ("coco-mini", "coco-mini/annotations/captions_train2017.json")):
-        coco = json.load(open(DATA / d))
-        fid = {im["id"]: im["file_name"] for im in coco["images"]}
-        refs: dict = {}
-        for a in coco["annotations"]:
-            refs.setdefault(fid[a["image_id"]], []).append(norm(a["caption"]))
-        sets[name] = refs
-    sets["Flickr8k val"] = {}
-    for r in csv.DictReader(open(DATA / "flickr8k/captions.txt")):
-        sets["Flickr8k val"].setdefault(r["image"], []).append(norm(r["caption"]))
-    return sets
-
-
 def main() -> None:
     m = captioner.load(dtype="float32")
-    fast = int8_forward(packed_int8(m.model.decoder), ASYMMETRIC)
-    refs = references()
-    photos = {"coco-paired val": (DATA / "coco-paired/images", [l.strip() for l in open(DATA / "coco-paired/split_val.txt")]),
-              "Flickr8k val": (DATA / "flickr8k/Images", [l.strip() for l in open(DATA / "flickr8k/Flickr_8k.devImages.txt") if l.strip()]),
-              "coco-mini": (DATA / "coco-mini/train2017", sorted(refs["coco-mini"]))}
-    read = [m.read(photos["coco-paired val"][0] / n) for n in photos["coco-paired val"][1][:24]]
-    times: dict = {"float32": [], "int8": []}
-    for r in range(2):
-        for p in read:
-            for mode in (("float32", "int8") if r % 2 == 0 else ("int8", "float32")):
-                packed_linear.Linear.forward = fast if mode == "int8" else PLAIN
-                t = time.perf_counter()
-                p.caption()
-                times[mode].append(time.perf_counter() - t)
-    print(" ".join(f"{k} {1000 * statistics.median(v):.1f} ms" for k, v in times.items()), "(caption() of a read photo, p50)")
-    for name, (folder, names) in photos.items():
-        texts = {}
-        for mode in ("float32", "int8"):
-            packed_linear.Linear.forward = fast if mode == "int8" else PLAIN
-            texts[mode] = {n: c.text for i in range(0, len(names), 16)
-                           for n, c in zip(names[i:i + 16], m.caption_batch([folder / n for n in names[i:i + 16]]))}
-            score, _ = Cider().compute_score({n: refs[name][n] for n in names}, {n: [texts[mode][n]] for n in names})
-            print(f"{name}: {mode} CIDEr {score:.4f}")
-        print(f"{name}: captions changed {sum(texts['float32'][n] != texts['int8'][n] for n in names)} of {len(names)}")
-    for mode in ("float32", "int8"):
-        packed_linear.Linear.forward = fast if mode == "int8" else PLAIN
-        alone = [p.caption().text for p in read[:16]]
-        together = [c.text for c in caption_photos(m, read[:16])]
-        print(f"{mode}: alone vs in a batch of 16, {sum(a != b for a, b in zip(alone, together))} of 16 differ")
-    packed_linear.Linear.forward = PLAIN
+    compare(m, int8_forward(packed_int8(m.model.decoder), ASYMMETRIC))
 
 
 if __name__ == "__main__":

@@ -65,7 +65,12 @@ def references() -> dict:
 
 def main() -> None:
     m = captioner.load(dtype="float32")
-    fast = int8_forward(packed_int8(m.model.decoder))
+    compare(m, int8_forward(packed_int8(m.model.decoder)))
+
+
+def compare(m, fast) -> None:
+    """float32 against the int8 forward `fast` of the step's layers: time, CIDEr, captions changed, batch coupling
+    (docs/studies/int8_rows.py calls it with its own forward)."""
     refs = references()
     photos = {"coco-paired val": (DATA / "coco-paired/images", [l.strip() for l in open(DATA / "coco-paired/split_val.txt")]),
               "Flickr8k val": (DATA / "flickr8k/Images", [l.strip() for l in open(DATA / "flickr8k/Flickr_8k.devImages.txt") if l.strip()]),
