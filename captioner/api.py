@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from .model import graphs
+from .model import graphs, int8_rows
 from .decoding.captions import Caption
 from .decoding.consensus import ConsensusMemory, memory_path
 from .decoding.photo import SAMPLE_TEMPERATURE, SAMPLE_TOP_P, Photo, caption_photos
@@ -45,7 +46,8 @@ from .model.encoder import Preprocess, build_preprocess
 from .vocab import Vocab
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "assets" / "default.safetensors"
-DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # "float32" -> torch.float32 ...
+# a precision -> the dtype of the model's tensors ("int8": float32 tensors, the decoder step's products in int8)
+DTYPES = {name: torch.float32 if name == "int8" else getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def default_device() -> str:
@@ -85,22 +87,40 @@ class Prepared:
     flat: bool  # one flat colour (images.flat_colour)
 
 
-def _ready(model: ShowAttendTell, device: torch.device, dtype: torch.dtype) -> ShowAttendTell:
-    """The caller's model when it is already in eval mode on `device` in `dtype`; otherwise a converted
-    COPY: a Captioner never changes the model it was given (its device, dtype or train mode)."""
+def _ready(model: ShowAttendTell, device: torch.device, precision: str) -> ShowAttendTell:
+    """The caller's model when it is already in eval mode on `device` in `precision`; otherwise a converted
+    COPY: a Captioner never changes the model it was given (its device, dtype, step layers or train mode)."""
     p = next(model.parameters())
-    if not model.training and p.device == device and p.dtype == dtype:
+    if not model.training and p.device == device and int8_rows.precision_of(model.decoder) == precision:
         return model
-    return copy.deepcopy(model).eval().to(device=device, dtype=dtype)
+    ready = copy.deepcopy(model).eval().to(device=device, dtype=DTYPES[precision])
+    int8_rows.quantize(ready.decoder, on=precision == "int8")
+    return ready
+
+
+def resolve_precision(dtype: str | torch.dtype) -> str:
+    """"float32" / "bfloat16" / "int8" (or the torch dtypes float32, bfloat16) -> the precision's name; anything
+    else is an error."""
+    if isinstance(dtype, torch.dtype) and dtype in (torch.float32, torch.bfloat16):
+        return str(dtype).removeprefix("torch.")
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return dtype
+    raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """"float32" / "bfloat16" (or the torch dtypes) -> torch dtype; anything else is an error."""
-    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype in DTYPES:
-        return DTYPES[dtype]
-    raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    """A precision (resolve_precision) -> the dtype of the model's tensors."""
+    return DTYPES[resolve_precision(dtype)]
+
+
+def usable_precision(precision: str, device: str | torch.device) -> str:
+    """The precision a model computes in on `device`: "int8" only on a CPU whose torch multiplies int8 matrices
+    (int8_rows.available); elsewhere float32, said once per process (a warning), never silently."""
+    if precision != "int8" or (torch.device(device).type == "cpu" and int8_rows.available()):
+        return precision
+    warnings.warn(f"the int8 precision needs a CPU and a torch with int8 products (torch._int_mm); on {device} "
+                  "this torch computes in float32 instead", RuntimeWarning, stacklevel=1)
+    return "float32"
 
 
 def preferred_dtype(device: str | torch.device = "cpu") -> str:
@@ -136,9 +156,10 @@ class Captioner:
         fitted, memory: the model file's fitted data and consensus memory (load reads them: resources.of_file).
         All three are this Captioner's own, in `.resources` (decoding/resources.py): another Captioner on the same
         model never changes them."""
-        self.dtype = resolve_dtype(dtype)  # the whole model (encoder and decoder) computes in this type
         self.device = torch.device(device)
-        self.model = _ready(model, self.device, self.dtype)
+        self.precision = usable_precision(resolve_precision(dtype), self.device)  # named in each caption's settings
+        self.dtype = DTYPES[self.precision]  # the whole model's tensors (encoder and decoder) are of this type
+        self.model = _ready(model, self.device, self.precision)
         self.model.prepare()  # the packed weights and the word-gate table, made before a caption
         recordings = graphs.recorded() if capture and self.device.type == "cuda" else graphs.EAGER
         self.resources = Resources(fitted, memory, recordings)  # what its decodes read besides the model
@@ -257,7 +278,8 @@ class Captioner:
 def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu",
          dtype: str | torch.dtype = "float32", capture: bool = True) -> Captioner:
     """A Captioner from a checkpoint file; None loads the bundled default model. dtype "bfloat16"
-    runs the model in bf16 (see preferred_dtype for when that is faster). capture: on a CUDA GPU, the encoder and
+    runs the model in bf16 (see preferred_dtype for when that is faster); "int8" runs the decoder step's large
+    products in int8 on a CPU (model/int8_rows.py; float32 elsewhere, said once). capture: on a CUDA GPU, the encoder and
     the beam search recorded as CUDA graphs per batch size and replayed (Captioner)."""
     if checkpoint is None:
         checkpoint = DEFAULT_CHECKPOINT
@@ -276,8 +298,10 @@ def load(checkpoint: str | Path | None = None, device: str | torch.device = "cpu
         except ValueError as e:
             raise CheckpointError(f"{checkpoint}: {e}") from None
     found = of_file(ckpt, checkpoint, model, device)  # its fitted data and consensus memory (decoding/resources.py)
-    model = model.eval().to(device=torch.device(device), dtype=resolve_dtype(dtype))  # ours: converted in place
-    return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, dtype, source=str(checkpoint),
+    precision = usable_precision(resolve_precision(dtype), device)
+    model = model.eval().to(device=torch.device(device), dtype=DTYPES[precision])  # ours: converted in place
+    int8_rows.quantize(model.decoder, on=precision == "int8")
+    return Captioner(model, ckpt.vocab, ckpt.config, ckpt.metrics, device, precision, source=str(checkpoint),
                      capture=capture, fitted=found.fitted, memory=found.memory)
 
 

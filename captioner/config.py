@@ -26,7 +26,7 @@ HARD_CONTEXTS = ("expected", "argmax")  # decode.hard_context
 BN_MODES = ("frozen", "train")  # train.encoder_bn
 SCHEDULES = ("plateau", "cosine", "linear")  # train.schedule
 OPTIMIZERS = ("adam", "adamw")  # train.optimizer
-DTYPES = ("float32", "bfloat16")  # the compute type of a loaded model (api.load, --dtype)
+DTYPES = ("float32", "bfloat16", "int8")  # the precision of a loaded model (api.load, --dtype; int8: model/int8_rows.py)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import captioner
 from captioner.config import DecodeConfig
 
 from .conftest import ENV, ROOT, need_bundled, need_coco, need_flickr, run
@@ -109,7 +110,7 @@ def test_caption_cli(trained, tmp_path):
     assert "notes.jpg" in out.stderr and "not an image" in out.stderr  # ... with a clear message ...
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["image"] for r in lines] == [str(photos[0]), str(photos[1])]  # ... and the others are captioned
-    settings = {f.name for f in dataclasses.fields(DecodeConfig)}  # every decode setting in use is recorded
+    settings = {f.name for f in dataclasses.fields(DecodeConfig)} | {"precision"}  # every setting in use is recorded
     fields = {"image", "caption", "words", "word_log_probs", "word_probs", "betas", "log_prob", "alternatives",
               "concepts", "detections", "contradicted_words", "unknown_words", "notes", "settings", "grid", "score",
               "choice", "signals", "comparable", "model", "confidence", "sure", "level", "doubt",
@@ -122,13 +123,14 @@ def test_caption_cli(trained, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["bfloat16", "auto"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "auto"])
 def test_caption_cli_in_other_precisions(trained, dtype):
     photo = sorted((need_flickr() / "Images").glob("*.jpg"))[0]
     out = run("scripts/caption.py", str(photo), "--checkpoint", str(trained / "best.safetensors"), "--json",
               "--dtype", dtype)
     (line,) = [json.loads(x) for x in out.stdout.splitlines()]
     assert line["image"] == str(photo) and line["log_prob"] <= 0
+    assert line["settings"]["precision"] == (captioner.preferred_dtype() if dtype == "auto" else dtype)
 
 
 @pytest.mark.slow

@@ -79,8 +79,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "here: NAME_caption.gif, a frame per word with its attention (folders mirrored as --attention-dir)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available, else "
                    "cpu; under torchrun with GPUs, each process its own: cuda:LOCAL_RANK)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "auto"], default="float32",
-                   help="compute type (auto: bfloat16 where the CPU/GPU computes it natively, 2-3x faster)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "int8", "auto"], default="float32",
+                   help="precision (auto: bfloat16 where the CPU/GPU computes it natively; int8: the decoder step's "
+                   "large products in int8 on a CPU, float32 elsewhere; named in each --json line's settings)")
     p.add_argument("--eager", action="store_true", help="on a GPU, run the encoder and the beam search op by op "
                    "instead of replaying them as CUDA graphs recorded once per batch size (recording costs the "
                    "first batch of each size about three searches and two encoder passes)")

@@ -56,8 +56,9 @@ def _parser() -> argparse.ArgumentParser:
                         "command says so)")
     p.add_argument("--spice", action="store_true", help="also SPICE, when its Java models are installed")
     p.add_argument("--device", default=captioner.default_device(), help="default: cuda when available, else cpu")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="compute type of the whole model (bfloat16: faster on CPUs with AVX512-BF16/AMX and on GPUs)")
+    p.add_argument("--dtype", choices=list(captioner.api.DTYPES), default="float32",
+                   help="precision of the model (bfloat16: faster on CPUs with AVX512-BF16/AMX and on GPUs; int8: the "
+                        "decoder step's products in int8 on a CPU, model/int8_rows.py)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the scores (the other lines "
                    "and the progress go to stderr)")
     p.add_argument("--grounding", action="store_true",

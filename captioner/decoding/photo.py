@@ -61,6 +61,7 @@ class Loaded(Protocol):
     model: torch.nn.Module
     vocab: Vocab
     source: str | None
+    precision: str  # "float32", "bfloat16" or "int8" (api.usable_precision): named in each caption's settings
     resources: Resources  # what its decodes read besides the model (resources.py)
 
     def decode_settings(self, **overrides: Any) -> DecodeConfig: ...
@@ -121,10 +122,11 @@ class Photo:
         return self._own(cap, settings)
 
     def _own(self, cap: Caption, settings: DecodeConfig) -> Caption:
-        """The caption with what this photo says of it: its sizes, the settings, the model file."""
+        """The caption with what this photo says of it: its sizes, the settings and precision, the model file."""
         return dataclasses.replace(cap, photo_size=self.size, input_side=self.input_side, file_size=self.file_size,
-                                   transparent=self.transparent, flat=self.flat,
-                                   settings={**cap.settings, **dataclasses.asdict(settings)},  # a sample's kept
+                                   transparent=self.transparent, flat=self.flat,  # a sample's settings kept:
+                                   settings={**cap.settings, **dataclasses.asdict(settings),
+                                             "precision": self.loaded.precision},
                                    model_file=self.loaded.source)
 
 

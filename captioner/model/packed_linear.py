@@ -72,7 +72,7 @@ def _fold(w: torch.Tensor, bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tens
     return w * scale.view(-1, *[1] * (w.dim() - 1)), bn.bias - bn.running_mean * scale
 
 
-def _key(w: torch.Tensor, bn: nn.BatchNorm2d | None) -> tuple:
+def key(w: torch.Tensor, bn: nn.BatchNorm2d | None) -> tuple:
     """What a copy made from w (and bn) is valid for: each tensor's version and address."""
     tensors = (w,) if bn is None else (w, bn.weight, bn.bias, bn.running_mean, bn.running_var)
     return tuple((t._version, t.data_ptr()) for t in tensors)
@@ -81,13 +81,13 @@ def _key(w: torch.Tensor, bn: nn.BatchNorm2d | None) -> tuple:
 def packed_weight(w: torch.Tensor, bn: nn.BatchNorm2d | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """w (out, in), or a pointwise convolution's (out, in, 1, 1), reordered for oneDNN's product, with the bias of
     the batch norm `bn` folded in (None without one): made once per version and address of w and bn's tensors."""
-    key = _key(w, bn)
+    k = key(w, bn)
     hit = _packed.get(w)
-    if hit is None or hit[0] != key:
+    if hit is None or hit[0] != k:
         w2, bias = w.detach().flatten(1), None  # (out, in)
         if bn is not None:
             w2, bias = (t.detach() for t in _fold(w2, bn))
-        hit = key, torch.ops.mkldnn._reorder_linear_weight(w2), bias
+        hit = k, torch.ops.mkldnn._reorder_linear_weight(w2), bias
         _packed[w] = hit
     return hit[1], hit[2]
 
@@ -96,10 +96,10 @@ def folded_weight(w: torch.Tensor, bn: nn.BatchNorm2d) -> tuple[torch.Tensor, to
     """A convolution's weight (out, in/groups, k, k) and the eval-mode batch norm after it -> (w', b') with
     bn(conv(x, w)) = conv(x, w') + b' (the encoder's stem and depthwise convolutions): made once per version and
     address of the five tensors, as the packed copies."""
-    key = _key(w, bn)
+    k = key(w, bn)
     hit = _folded.get(w)
-    if hit is None or hit[0] != key:
-        hit = key, *(t.detach().contiguous() for t in _fold(w.detach(), bn))
+    if hit is None or hit[0] != k:
+        hit = k, *(t.detach().contiguous() for t in _fold(w.detach(), bn))
         _folded[w] = hit
     return hit[1], hit[2]
 

@@ -14,7 +14,10 @@ PRECISION_HELP = (
     "or AMX) or on a GPU with bf16; the gain depends on the machine and the thread count (measured on a CPU "
     "without native bf16: 85 -> 79 ms per caption on 1 thread, 71 -> 52 ms on 2, i.e. 1.1-1.4x). It can "
     "change captions: in that measurement 6 of 20 differed from float32's, although corpus scores stay close "
-    "(Flickr8k test, beam 5: METEOR 0.204 in both, BLEU-4 0.208 vs 0.213).")
+    "(Flickr8k test, beam 5: METEOR 0.204 in both, BLEU-4 0.208 vs 0.213). int8 keeps float32's model and "
+    "computes the decoder step's large products in int8, each row with its own scale, on a CPU (float32 "
+    "elsewhere): a photo's caption stays the same alone, in a gallery and at any thread count, and a few "
+    "captions differ from float32's (docs/performance.md, \"Precision\").")
 
 
 def precision_label(dtype: str, native_bf16: bool) -> str:
