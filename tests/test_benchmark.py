@@ -14,6 +14,7 @@ from captioner.cli.benchmark import main
 from captioner.config import DecodeConfig
 from captioner.decoding.search import decode
 from captioner.vocab import SpecialIds
+from captioner.model import int8_rows
 from captioner.model.decoder import Decoder
 
 
@@ -88,6 +89,9 @@ def test_quick_benchmark_reports_every_section(capsys):
     assert 0 < la["p50_ms"] <= la["p95_ms"] and la["mean_words"] > 0 and la["model"] and la["beam"] == 3
     stored = res["latency_stored"]  # the model file's own decode settings, what users get
     assert stored["stored_settings"] and 0 < stored["p50_ms"] <= stored["p95_ms"]
+    if int8_rows.available():  # the int8 precision the app offers on a CPU, timed beside it
+        fast = res["latency_stored_int8"]
+        assert fast["stored_settings"] and 0 < fast["p50_ms"] <= fast["p95_ms"] and fast["mean_words"] > 0
     ex = res["latency_explain"]
     assert ex["words"] == 12 and 0 < ex["p50_ms"] <= ex["p95_ms"]
 

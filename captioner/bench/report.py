@@ -136,6 +136,7 @@ def format_table(res: dict[str, Any]) -> str:
     for key, label in (("latency", "caption latency, 1 image, beam 3"), ("latency_bf16", "  the same in bfloat16"),
                        ("latency_eager_search", "  the same, the search not recorded (--eager)"),
                        ("latency_stored", "caption latency, 1 image, the file's stored settings"),
+                       ("latency_stored_int8", "  the same in int8 (the decoder step's products)"),
                        ("latency_explain", "explain() latency, 1 image, 12-word sentence")):
         la = res.get(key)
         if la:

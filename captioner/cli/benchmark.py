@@ -64,6 +64,7 @@ from typing import Any
 import torch
 
 from ..api import Captioner, default_device, preferred_dtype
+from ..model import int8_rows
 from ..bench.breakdown import bench_breakdown, photo_files
 from ..bench.inference import (EXPLAIN_SENTENCE, bench_eval, bench_explain, bench_latency, default_checkpoint, eval_decoder,
                                latency_captioner)
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _latency(checkpoint: str | None, counts: Any, device: torch.device, photos: Any, log: Any) -> dict[str, Any]:
     """The latency rows: beam 3, the stored settings, explain(), the per-photo breakdown; on a GPU the search run
-    eagerly too, and bfloat16 where this hardware computes it natively."""
+    eagerly too, bfloat16 where this hardware computes it natively, and int8 at the stored settings on a CPU."""
     loaded, desc = latency_captioner(checkpoint, counts, device, log)
     res = {"latency": {"model": desc, **bench_latency(loaded, counts, device, log=log)},
            "latency_stored": bench_latency(loaded, counts, device, beam=None, log=log),
@@ -155,6 +156,10 @@ def _latency(checkpoint: str | None, counts: Any, device: torch.device, photos: 
         bf16 = Captioner(loaded.model, loaded.vocab, loaded.config, loaded.metrics, device, "bfloat16",  # a copy
                          fitted=loaded.resources.fitted, memory=loaded.resources.memory)
         res["latency_bf16"] = bench_latency(bf16, counts, device, log=log)
+    if device.type == "cpu" and int8_rows.available():  # the int8 precision the app offers on a CPU
+        int8 = Captioner(loaded.model, loaded.vocab, loaded.config, loaded.metrics, device, "int8",  # a copy
+                         fitted=loaded.resources.fitted, memory=loaded.resources.memory)
+        res["latency_stored_int8"] = bench_latency(int8, counts, device, beam=None, log=log)
     return res
 
 
