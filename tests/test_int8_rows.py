@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import captioner
 from captioner.model import int8_rows
-from captioner.model.int8_rows import Int8Linear, STEP_LAYERS, precision_of, quantize, rows_product
+from captioner.model.int8_rows import EXACT_TOP, Int8Linear, Int8Logits, STEP_LAYERS, precision_of, quantize, rows_product
 from captioner.model.packed_linear import Linear
 from .conftest import photo, tiny_captioner
 
@@ -54,6 +54,26 @@ def test_a_rows_result_never_depends_on_the_other_rows_or_the_thread_count():
 
 
 @needs_int8
+@torch.no_grad()
+def test_the_logits_a_beam_chooses_among_are_float32s_the_rest_int8s():
+    layer = int8_rows._as(Int8Logits, Linear(64, 300))
+    x = torch.randn(6, 64)
+    got, want, rough = layer(x), F.linear(x, layer.weight, layer.bias), rows_product(x, layer.weight, layer.bias)
+    top = rough.topk(EXACT_TOP, -1).indices  # (6, K): the rows' largest int8 logits ...
+    assert torch.allclose(got.gather(1, top), want.gather(1, top), rtol=0, atol=1e-5)  # ... recomputed in float32
+    rest = torch.ones_like(got, dtype=torch.bool).scatter_(1, top, False)
+    assert torch.equal(got[rest], rough[rest]) and not torch.equal(got, rough)
+    old = torch.get_num_threads()
+    try:  # each row its own: alone, beside others, at 1 and 2 threads
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert all(torch.equal(layer(x[i:i + 1])[0], got[i]) for i in range(6))
+            assert torch.equal(layer(torch.cat([x, 50 * torch.randn(9, 64)]))[:6], got)
+    finally:
+        torch.set_num_threads(old)
+
+
+@needs_int8
 def test_a_changed_weight_is_quantized_again_and_autograd_sees_the_float_layer():
     layer = int8_rows._as(Int8Linear, Linear(8, 5))
     x = torch.randn(3, 8)
@@ -75,7 +95,7 @@ def test_quantize_swaps_the_step_layers_keeping_their_tensors_and_state_dict():
     quantize(decoder)
     assert precision_of(decoder) == "int8" and decoder.state_dict().keys() == state.keys()
     assert all(decoder.get_submodule(n).weight is w and isinstance(decoder.get_submodule(n), Int8Linear)
-               for n, w in weights.items())
+               for n, w in weights.items()) and isinstance(decoder.out_vocab, Int8Logits)
     quantize(decoder, on=False)
     assert precision_of(decoder) == "float32" and not any(
         isinstance(m, Int8Linear) for m in decoder.modules())

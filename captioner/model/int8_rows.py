@@ -6,7 +6,10 @@
 
 The layers: W_h (attention), W_hh, L_h, L_z, L_o (the step's products) and W_z (its per-image table), the
 weights a beam step reads at every word. With a beam's few rows a product's cost is reading its weight, and int8
-weights are a quarter of float32's bytes.
+weights are a quarter of float32's bytes. L_o's outputs are the words' logits, and the beam's choices are made
+among each row's largest ones, where rounding flips close calls: so each row's EXACT_TOP largest int8 logits are
+computed again from the float32 weight (Int8Logits: a (EXACT_TOP, E) slice of L_o per row), and only the
+normalizer's tail keeps int8's rounding.
 
 Why this form: the integer sums are exact and a row's scale is its own, so a row's result never depends on the
 other rows or on the thread count: a photo's caption is the same alone, in a batch and at any thread count, as
@@ -29,6 +32,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .packed_linear import Linear, key
 
 STEP_LAYERS = ("attention.hidden_proj", "gates_hidden", "out_hidden", "out_context", "out_vocab", "gates_context")
+EXACT_TOP = 16  # each row's largest logits recomputed in float32 (at least twice the beam's candidates per row)
 _int8 = WeakIdKeyDictionary()  # weight -> ((version, address), Q^T (in, out) int8, s (out,))
 _available: bool | None = None  # whether this torch runs torch._int_mm on a CPU (probed once)
 
@@ -87,6 +91,21 @@ class Int8Linear(Linear):
         return rows_product(x, self.weight, self.bias)
 
 
+class Int8Logits(Int8Linear):
+    """L_o in the "int8" precision: Int8Linear, with each row's EXACT_TOP largest outputs computed again from the
+    float32 weight, so the words a beam chooses among carry float32's logits."""
+
+    def forward(self, x: torch.Tensor, plain: bool = False) -> torch.Tensor:
+        if not applies(x, self.weight, plain):
+            return super().forward(x, plain)
+        y = rows_product(x, self.weight, self.bias)  # (..., V)
+        rows, flat = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])  # (N, E), (N, V): views
+        top = flat.topk(min(EXACT_TOP, flat.shape[-1]), -1).indices  # (N, K)
+        exact = (self.weight[top] * rows[:, None, :]).sum(-1)  # (N, K): each row's own sums, in one order
+        flat.scatter_(1, top, exact if self.bias is None else exact + self.bias[top])
+        return y
+
+
 def _as(cls: type[Linear], layer: nn.Linear) -> Linear:
     """The same layer (its own weight and bias tensors, not copies) as a `cls`: Linear or Int8Linear."""
     new = cls.__new__(cls)
@@ -97,14 +116,15 @@ def _as(cls: type[Linear], layer: nn.Linear) -> Linear:
 
 
 def quantize(decoder: nn.Module, on: bool = True) -> None:
-    """In place: the decoder's STEP_LAYERS as Int8Linear, their int8 weights made now (not in the first caption);
-    on=False: back to Linear (float32 products). For a model its caller owns (api.Captioner copies one it was given)."""
+    """In place: the decoder's STEP_LAYERS as Int8Linear (L_o as Int8Logits), their int8 weights made now (not in
+    the first caption); on=False: back to Linear (float32 products). For a model its caller owns (api.Captioner
+    copies one it was given)."""
     for name in STEP_LAYERS:
         parent_name, _, attr = name.rpartition(".")
         parent = decoder.get_submodule(parent_name)
         layer = getattr(parent, attr)
         if isinstance(layer, Int8Linear) != on:
-            setattr(parent, attr, _as(Int8Linear if on else Linear, layer))
+            setattr(parent, attr, _as((Int8Logits if name == "out_vocab" else Int8Linear) if on else Linear, layer))
         if on and available() and layer.weight.device.type == "cpu":
             int8_weight(layer.weight)
 
