@@ -172,9 +172,11 @@ def test_the_stem_and_depthwise_convolutions_fold_their_batch_norms_never_stale(
 
 
 @pytest.mark.slow
-def test_captions_are_byte_identical_at_1_and_2_threads(coco_mini, tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_captions_are_byte_identical_at_1_and_2_threads(coco_mini, tmp_path, dtype):
     """scripts/caption.py --json on coco-mini photos prints the same bytes at OMP_NUM_THREADS=1 and 2: captions,
-    log-probs, word log-probs and choice scores do not depend on the thread count."""
+    log-probs, word log-probs and choice scores do not depend on the thread count, in float32 and in int8 (its
+    integer sums and each row's own scale: model/int8_rows.py)."""
     need_bundled()
     folder = tmp_path / "photos"
     folder.mkdir()
@@ -182,7 +184,8 @@ def test_captions_are_byte_identical_at_1_and_2_threads(coco_mini, tmp_path):
         (folder / p.name).symlink_to(p)
     out = {}
     for threads in ("1", "2"):
-        proc = subprocess.run([sys.executable, "scripts/caption.py", str(folder), "--json", "--batch-size", "4"],
+        proc = subprocess.run([sys.executable, "scripts/caption.py", str(folder), "--json", "--batch-size", "4",
+                               "--dtype", dtype],
                               cwd=ROOT, env={**ENV, "OMP_NUM_THREADS": threads}, capture_output=True, timeout=600)
         assert proc.returncode == 0, proc.stderr.decode()
         out[threads] = proc.stdout
