@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,13 @@ def need_bundled() -> Path:
     if not captioner.DEFAULT_CHECKPOINT.is_file():
         pytest.skip(f"the bundled default model {captioner.DEFAULT_CHECKPOINT} is missing")
     return captioner.DEFAULT_CHECKPOINT
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the OS picks it): a server or torchrun group of one test."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run(*args: str, ok: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,8 @@ from PIL import Image
 
 import captioner
 from captioner.ui.page_views import first_noun
+
+from .conftest import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]  # a real chromium and an app server per test
 
@@ -53,12 +54,6 @@ def _app_env() -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def sync_playwright():
     if not CHROMIUM.is_file():
@@ -75,7 +70,7 @@ def app_url(tmp_path, sync_playwright):
     env = _app_env()
     env.setdefault("OMP_NUM_THREADS", "2")
     env["CAPTIONER_CHECKPOINT_DIRS"] = str(tmp_path / "models")  # the operator's folder (the workbench test fills it)
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "streamlit.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",

@@ -13,7 +13,7 @@ import pytest
 
 import captioner
 
-from .conftest import ENV, ROOT, need_flickr
+from .conftest import ENV, ROOT, free_port, need_flickr
 
 # the code of this project a traceback can run through: the package (wherever it is imported from) and the scripts
 OURS = (Path(captioner.__file__).resolve().parent, (ROOT / "scripts").resolve())
@@ -45,17 +45,21 @@ def test_our_frames_are_told_by_where_the_file_lies_not_by_a_word_in_its_path(tm
 
 def test_a_refusal_before_the_group_starts_is_said_once_and_is_torchruns_root_cause(tmp_path, monkeypatch, capsys):
     """Every rank reaches the refusal; rank 0 alone prints its line and writes it to the error file torchrun gives
-    it, which torchrun's failure report then shows as the root cause (read here by torch's own ProcessFailure)."""
+    it, which torchrun's failure report then shows as the root cause (read here by torch's own ProcessFailure).
+    The other ranks pause before they exit: torchrun stops the group at the first exit, which must be rank 0's."""
+    import time
+
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from captioner.cli.train import _refused
+    from captioner.cli.train import LEAVE_AFTER_RANK0_S, _refused
 
-    files = {rank: tmp_path / f"error{rank}.json" for rank in (0, 1)}
+    files, paused = {rank: tmp_path / f"error{rank}.json" for rank in (0, 1)}, {}
     for rank, file in files.items():
         monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(file))
+        monkeypatch.setattr(time, "sleep", lambda s, rank=rank: paused.setdefault(rank, s))
         assert _refused(rank, "saved by 1 process(es) and this command runs 2") is None
     assert capsys.readouterr().err == "error: saved by 1 process(es) and this command runs 2\n"
-    assert not files[1].exists()
+    assert not files[1].exists() and paused == {1: LEAVE_AFTER_RANK0_S} and LEAVE_AFTER_RANK0_S >= 5
     failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(files[0]))
     report = ChildFailedError("scripts/train.py", {0: failure}).format_msg()
     assert "traceback : error: saved by 1 process(es) and this command runs 2" in report
@@ -66,13 +70,14 @@ def test_torchrun_without_a_cache_is_refused_then_two_cpu_ranks_stay_in_sync(tmp
     flickr = need_flickr()
     settings = [f"data.root={flickr}", f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path / 'run'}",
                 "train.epochs=2", "train.batch_images=2", "train.val_limit=2"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
            "scripts/train.py", "--config", "configs/tiny.yaml", "--device", "cpu", "--no-progress", "--set", *settings]
     t = time.time()
     refused = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
-    assert refused.returncode != 0 and time.time() - t < 120
+    assert refused.returncode != 0 and time.time() - t < 120, refused.stderr[-3000:]
     said = [x for x in refused.stderr.splitlines() if x.startswith("error:")]
-    assert len(said) == 1 and "torchrun needs the feature caches first" in said[0]  # rank 0 says it, not every rank
+    # rank 0 says it, not every rank, and before torchrun stops the group
+    assert len(said) == 1 and "torchrun needs the feature caches first" in said[0], refused.stderr[-3000:]
     assert f"traceback : {said[0]}" in refused.stderr  # torchrun's own report names it as the root cause
     assert "captioner-prepare" in refused.stderr
     assert "Timeout" not in refused.stderr and not (tmp_path / "run").exists()
@@ -110,10 +115,11 @@ def test_torchrun_ctrl_c_stops_every_rank_at_one_step_and_resumes_to_the_same_nu
                 "scripts/train.py", "--config", "configs/tiny.yaml", "--device", "cpu", "--no-progress", "--set", *base,
                 f"train.out_dir={tmp_path / out}"]
 
-    ref = subprocess.run(torchrun("reference", 29541), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    ref = subprocess.run(torchrun("reference", free_port()), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=600)
     assert ref.returncode == 0, ref.stdout[-2000:] + ref.stderr[-2000:]
-    p = subprocess.Popen(torchrun("stopped", 29542), cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
+    p = subprocess.Popen(torchrun("stopped", free_port()), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
     metrics = tmp_path / "stopped" / "metrics.jsonl"
     deadline = time.time() + 300
     while not (metrics.is_file() and len(read_jsonl(metrics)) >= 3):
@@ -125,7 +131,8 @@ def test_torchrun_ctrl_c_stops_every_rank_at_one_step_and_resumes_to_the_same_nu
     assert our_frames(err) == []  # no traceback of ours (torch's launcher may print its own)
     saved = load_checkpoint(tmp_path / "stopped" / "last.safetensors").train_state
     assert len(saved["rng"]) == 2 and 0 < saved["state"]["batch_in_epoch"] < 10
-    again = subprocess.run(torchrun("stopped", 29543), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    again = subprocess.run(torchrun("stopped", free_port()), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                           timeout=600)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
 
     def logged(run: str) -> list[tuple]:
@@ -138,11 +145,13 @@ def test_the_refusal_without_a_cache_is_said_by_rank_0_alone(monkeypatch, capsys
     """Every rank refuses (exit 2, no process group) but only rank 0 prints why: one line, not one per rank."""
     import argparse
 
+    import captioner.cli.train
     import captioner.training.sources
     from captioner.cli.train import _processes
     from captioner.config import Config
 
     monkeypatch.setattr(captioner.training.sources, "missing_caches", lambda cfg: ["flickr8k_train_x"])
+    monkeypatch.setattr(captioner.cli.train, "LEAVE_AFTER_RANK0_S", 0.0)  # the pause torchrun cuts short
     args = argparse.Namespace(device="cpu", set=["train.lr=1e-3"], config="configs/tiny.yaml")
     said = []
     for rank in ("0", "1"):
@@ -161,12 +170,14 @@ def test_a_resume_with_another_process_count_is_refused_by_rank_0_alone(tmp_path
 
     import torch
 
+    import captioner.cli.train
     import captioner.training.sources
     from captioner.checkpoint import write_safetensors
     from captioner.cli.train import _processes
     from captioner.config import Config
 
     monkeypatch.setattr(captioner.training.sources, "missing_caches", lambda cfg: [])
+    monkeypatch.setattr(captioner.cli.train, "LEAVE_AFTER_RANK0_S", 0.0)  # the pause torchrun cuts short
     cfg = Config()
     cfg.train.out_dir = str(tmp_path)
     write_safetensors(tmp_path / "last.safetensors", {"w": torch.zeros(1)},

@@ -16,6 +16,7 @@ from pathlib import Path
 from captioner.cli import device_refused
 
 STARTING = "stopped while starting, before any training"  # what a stop before fit() built its run leaves
+LEAVE_AFTER_RANK0_S = 10.0  # a refusing rank's pause before it exits (_refused)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,17 +173,21 @@ def _refused(rank: int, why: str) -> None:
     (one line, not one per rank); every rank then exits 2. torchrun reports any group with a non-zero exit in a
     summary of its own after it (its traceback and a box; docs/training.md says why it stays): rank 0 writes the line
     to the error file torchrun names (TORCHELASTIC_ERROR_FILE), so that summary's root cause is this refusal rather
-    than a pointer to how to enable tracebacks."""
-    if rank == 0:
-        print(f"error: {why}", file=sys.stderr)
-        if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
-            import json
-            import time
+    than a pointer to how to enable tracebacks. The other ranks leave only after a pause: torchrun stops a group as
+    soon as one of its processes exits non-zero, so a rank leaving first would stop rank 0 before it prints."""
+    import time
 
-            # the layout torch's own @record writes (its launcher reads py_callstack as the failure's traceback)
-            line = f"error: {why}"
-            Path(error_file).write_text(json.dumps({"message": {"message": line, "extraInfo": {
-                "py_callstack": line, "timestamp": str(int(time.time()))}}}))
+    if rank != 0:
+        time.sleep(LEAVE_AFTER_RANK0_S)  # torchrun stops this rank as soon as rank 0 has exited
+        return None
+    print(f"error: {why}", file=sys.stderr)
+    if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        import json
+
+        # the layout torch's own @record writes (its launcher reads py_callstack as the failure's traceback)
+        line = f"error: {why}"
+        Path(error_file).write_text(json.dumps({"message": {"message": line, "extraInfo": {
+            "py_callstack": line, "timestamp": str(int(time.time()))}}}))
     return None
 
 
