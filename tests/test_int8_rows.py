@@ -20,6 +20,15 @@ from .conftest import photo, tiny_captioner
 needs_int8 = pytest.mark.skipif(not int8_rows.available(), reason="this torch has no int8 product on a CPU")
 
 
+def layer_as(cls: type, layer: Linear) -> Linear:
+    """`layer` as a `cls` by int8_rows.swap, the way quantize swaps a decoder's, with its own weight and bias."""
+    holder = torch.nn.Module()
+    holder.layer = layer
+    new = int8_rows.swap(holder, "layer", cls)
+    assert type(new) is cls and new.weight is layer.weight and new.bias is layer.bias
+    return new
+
+
 @needs_int8
 @torch.no_grad()
 def test_each_row_is_within_the_quantization_bound_of_float32():
@@ -56,7 +65,7 @@ def test_a_rows_result_never_depends_on_the_other_rows_or_the_thread_count():
 @needs_int8
 @torch.no_grad()
 def test_the_logits_a_beam_chooses_among_are_float32s_the_rest_int8s():
-    layer = int8_rows._as(Int8Logits, Linear(64, 300))
+    layer = layer_as(Int8Logits, Linear(64, 300))
     x = torch.randn(6, 64)
     got, want, rough = layer(x), F.linear(x, layer.weight, layer.bias), rows_product(x, layer.weight, layer.bias)
     top = rough.topk(EXACT_TOP, -1).indices  # (6, K): the rows' largest int8 logits ...
@@ -75,7 +84,7 @@ def test_the_logits_a_beam_chooses_among_are_float32s_the_rest_int8s():
 
 @needs_int8
 def test_a_changed_weight_is_quantized_again_and_autograd_sees_the_float_layer():
-    layer = int8_rows._as(Int8Linear, Linear(8, 5))
+    layer = layer_as(Int8Linear, Linear(8, 5))
     x = torch.randn(3, 8)
     with torch.no_grad():
         before = layer(x)

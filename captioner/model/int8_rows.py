@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .packed_linear import Linear, key
+from .packed_linear import Linear, derived
 
 STEP_LAYERS = ("attention.hidden_proj", "gates_hidden", "out_hidden", "out_context", "out_vocab", "gates_context")
 EXACT_TOP = 16  # each row's largest logits recomputed in float32 (at least twice the beam's candidates per row)
@@ -54,15 +54,13 @@ def available() -> bool:
 
 def int8_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w (out, in) -> (Q^T (in, out) int8, s (out,) float32) with w ~ diag(s) Q: made once per version and address."""
-    k = key(w, None)
-    hit = _int8.get(w)
-    if hit is None or hit[0] != k:
+    def make():
         w2 = w.detach().float()  # (out, in)
         s = (w2.abs().amax(1) / 127).clamp_min(1e-12)  # (out,): a zero row keeps a finite scale
         q = torch.round(w2 / s[:, None]).to(torch.int8)  # (out, in)
-        hit = k, q.t(), s
-        _int8[w] = hit
-    return hit[1], hit[2]
+        return q.t(), s
+
+    return derived(_int8, w, None, make)  # type: ignore[return-value]
 
 
 def applies(x: torch.Tensor, w: torch.Tensor, plain: bool = False) -> bool:
@@ -106,13 +104,19 @@ class Int8Logits(Int8Linear):
         return y
 
 
-def _as(cls: type[Linear], layer: nn.Linear) -> Linear:
-    """The same layer (its own weight and bias tensors, not copies) as a `cls`: Linear or Int8Linear."""
-    new = cls.__new__(cls)
-    nn.Module.__init__(new)
-    new.in_features, new.out_features = layer.in_features, layer.out_features
-    new.weight, new.bias = layer.weight, layer.bias
-    return new.train(layer.training)
+def swap(decoder: nn.Module, name: str, cls: type[Linear]) -> Linear:
+    """In place: the decoder's layer `name` as a `cls` (Linear, Int8Linear or Int8Logits) unless it is one already,
+    with its own weight and bias tensors (not copies) -> the layer now there."""
+    parent_name, _, attr = name.rpartition(".")
+    parent = decoder.get_submodule(parent_name)
+    layer = getattr(parent, attr)
+    if type(layer) is not cls:
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = layer.in_features, layer.out_features
+        new.weight, new.bias = layer.weight, layer.bias
+        setattr(parent, attr, new.train(layer.training))
+    return getattr(parent, attr)
 
 
 def quantize(decoder: nn.Module, on: bool = True) -> None:
@@ -120,11 +124,7 @@ def quantize(decoder: nn.Module, on: bool = True) -> None:
     the first caption); on=False: back to Linear (float32 products). For a model its caller owns (api.Captioner
     copies one it was given)."""
     for name in STEP_LAYERS:
-        parent_name, _, attr = name.rpartition(".")
-        parent = decoder.get_submodule(parent_name)
-        layer = getattr(parent, attr)
-        if isinstance(layer, Int8Linear) != on:
-            setattr(parent, attr, _as((Int8Logits if name == "out_vocab" else Int8Linear) if on else Linear, layer))
+        layer = swap(decoder, name, (Int8Logits if name == "out_vocab" else Int8Linear) if on else Linear)
         if on and available() and layer.weight.device.type == "cpu":
             int8_weight(layer.weight)
 

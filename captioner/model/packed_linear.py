@@ -24,7 +24,7 @@ pay for them; `way()` names the rule's pick on this torch.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn as nn
@@ -78,30 +78,38 @@ def key(w: torch.Tensor, bn: nn.BatchNorm2d | None) -> tuple:
     return tuple((t._version, t.data_ptr()) for t in tensors)
 
 
+def derived(cache: WeakIdKeyDictionary, w: torch.Tensor, bn: nn.BatchNorm2d | None,
+            make: Callable[[], tuple[torch.Tensor | None, ...]]) -> tuple[torch.Tensor | None, ...]:
+    """The tensors `make()` derives from w (and bn), kept in `cache` beside w (not in the module: they cannot be
+    copied or saved): made again when any of their tensors' version or address has changed (`key`)."""
+    k = key(w, bn)
+    hit = cache.get(w)
+    if hit is None or hit[0] != k:
+        hit = k, *make()
+        cache[w] = hit
+    return hit[1:]
+
+
 def packed_weight(w: torch.Tensor, bn: nn.BatchNorm2d | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """w (out, in), or a pointwise convolution's (out, in, 1, 1), reordered for oneDNN's product, with the bias of
     the batch norm `bn` folded in (None without one): made once per version and address of w and bn's tensors."""
-    k = key(w, bn)
-    hit = _packed.get(w)
-    if hit is None or hit[0] != k:
+    def make():
         w2, bias = w.detach().flatten(1), None  # (out, in)
         if bn is not None:
             w2, bias = (t.detach() for t in _fold(w2, bn))
-        hit = k, torch.ops.mkldnn._reorder_linear_weight(w2), bias
-        _packed[w] = hit
-    return hit[1], hit[2]
+        return torch.ops.mkldnn._reorder_linear_weight(w2), bias
+
+    return derived(_packed, w, bn, make)  # type: ignore[return-value]
 
 
 def folded_weight(w: torch.Tensor, bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
     """A convolution's weight (out, in/groups, k, k) and the eval-mode batch norm after it -> (w', b') with
     bn(conv(x, w)) = conv(x, w') + b' (the encoder's stem and depthwise convolutions): made once per version and
     address of the five tensors, as the packed copies."""
-    k = key(w, bn)
-    hit = _folded.get(w)
-    if hit is None or hit[0] != k:
-        hit = k, *(t.detach().contiguous() for t in _fold(w.detach(), bn))
-        _folded[w] = hit
-    return hit[1], hit[2]
+    def make():
+        return tuple(t.detach().contiguous() for t in _fold(w.detach(), bn))
+
+    return derived(_folded, w, bn, make)  # type: ignore[return-value]
 
 
 def packs(x: torch.Tensor, w: torch.Tensor, plain: bool = False) -> bool:

@@ -12,7 +12,7 @@ from pycocoevalcap.cider.cider import Cider
 import captioner
 from captioner.decoding.photo import caption_photos
 from captioner.model import int8_rows
-from captioner.model.int8_rows import STEP_LAYERS, Int8Linear, _as, quantize
+from captioner.model.int8_rows import STEP_LAYERS, Int8Linear, quantize, swap
 from captioner.model.packed_linear import Linear
 
 DATA = Path("../shared/data/flickr8k")
@@ -28,9 +28,7 @@ def norm(s: str) -> str:
 def use(decoder, layers) -> None:
     """The step layers in `layers` as Int8Linear, the others as Linear."""
     for name in STEP_LAYERS:
-        parent_name, _, attr = name.rpartition(".")
-        parent = decoder.get_submodule(parent_name)
-        setattr(parent, attr, _as(Int8Linear if name in layers else Linear, getattr(parent, attr)))
+        swap(decoder, name, Int8Linear if name in layers else Linear)
 
 
 def main() -> None:
