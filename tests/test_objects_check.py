@@ -102,6 +102,11 @@ def test_an_unsupported_object_lowers_the_confidence_and_is_named_first():
     confident = dataclasses.replace(cap, confidence=0.99)
     assert confident.sure is False and confident.level == "probably right"
     assert confident.doubt == "it is not sure there is a cake"
+    # sure but for an object the heads barely see: that is the reason, named, without claiming it is missing
+    barely = dataclasses.replace(confident, unseen=[])
+    assert barely.sure is False and barely.doubt == "the encoder barely sees a cake in this photo"
+    assert why_unsure({}, None, None, barely=["dogs", "apple"]) == "the encoder barely sees dogs or an apple in this photo"
+    assert why_unsure({}, None, None, ["cake"], barely=["dogs"]) == "it is not sure there is a cake"  # unseen first
     assert confident.to_dict(maps=False)["sure"] is False and dataclasses.replace(confident, unsupported=[]).sure
     assert cap.to_dict(maps=False)["unsupported_words"] == ["cake"]
     assert why_unsure({}, None, None, ["dogs", "cake"]) == "it is not sure there are dogs or a cake"

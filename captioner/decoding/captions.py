@@ -130,8 +130,10 @@ class Caption:
         others = self.different_alternatives or [a.text for a in self.alternatives[:1]]
         content = sorted((p, w) for w, p in zip(self.words, self.word_log_probs) if w not in FUNCTION_WORDS)
         unlikely = [w for p, w in content[:2] if p < UNLIKELY] or [w for _, w in content[:1]]  # least likely first
+        gated = level(self.confidence, self.sure_at) == SURE  # sure but for the objects its heads barely see
         return why_unsure(self.sure_signals, others[0] if others else None, self.contributions,
-                          [self.words[i] for i in self.unseen], unlikely, self.described)
+                          [self.words[i] for i in self.unseen], unlikely, self.described,
+                          [self.words[i] for i in self.unsupported] if gated else [])
 
     @property
     def different_alternatives(self) -> list[str]:

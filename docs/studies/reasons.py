@@ -21,6 +21,8 @@ SETS = {"coco-paired val": (DATA / "coco-paired/images", "docs/data/coco_paired_
 def kind_of(doubt: str) -> str:
     if doubt.startswith("it is not sure there"):
         return "named object"
+    if doubt.startswith("the encoder barely sees"):
+        return "barely seen object"
     if doubt.startswith("the model found “"):
         return "unlikely words"
     if "described as" in doubt or "(the nearest: “" in doubt:
@@ -42,11 +44,12 @@ def main() -> None:
             t["not right"] += r["judged"] != "right"
             absent = {a.rstrip("s") for a in r.get("absent_objects", "").split(";") if a}
             named = (set(re.findall(r"“([^”]+)”", cap.doubt)) if kind == "unlikely words"
-                     else set(cap.doubt.split()[-1:]) if kind == "named object" else set())
+                     else set(cap.doubt.split()[-1:]) if kind == "named object"
+                     else set(cap.doubt.split()[-4:-3]) if kind == "barely seen object" else set())
             t["named absent"] += bool({w.rstrip("s") for w in named} & absent)
     for (name, kind), t in sorted(tally.items()):
         said = f"{name}: {kind}: {t['n']} unsure captions, not right {t['not right'] / t['n']:.2f}"
-        if kind in ("named object", "unlikely words") and name != "coco-mini":
+        if kind in ("named object", "barely seen object", "unlikely words") and name != "coco-mini":
             said += f", the named word absent {t['named absent'] / t['n']:.2f}"
         print(said)
 
