@@ -829,6 +829,24 @@ def test_encoder_runs_once_per_photo(app, monkeypatch):
 
 
 @pytest.mark.slow
+def test_a_new_caption_pauses_once_for_the_browser_to_draw_it(app, monkeypatch):
+    """The run waits DRAW_PAUSE_S after a new caption, before the photo and its maps (the browser draws the caption
+    meanwhile); a rerun of the same caption (a word picked, a sentence typed) does not wait again."""
+    from captioner.ui import page_photo
+
+    paused = []
+    monkeypatch.setattr(page_photo, "sleep", paused.append)
+    at = app.run()
+    check_captioned(at)
+    assert paused == [page_photo.DRAW_PAUSE_S]
+    next(t for t in at.text_input if t.label == "Sentence to explain").set_value("a cat on a bed").run()
+    no_problems(at)
+    assert paused == [page_photo.DRAW_PAUSE_S]  # the same caption: no second wait
+    beam(at).set_value(2).run()  # other settings: a new caption
+    check_captioned(at, require_words=False)
+    assert paused == [page_photo.DRAW_PAUSE_S] * 2
+
+
 def test_concepts_panel_shows_the_word_detectors_person(app, tmp_path, monkeypatch):
     """A model file with word detectors: the concepts panel lists person like any concept at the threshold it
     states (a person at P ~ 0 is not listed), and a person the detector rules out is not the caption's subject;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 from functools import partial
+from time import sleep
 
 import streamlit as st
 
@@ -15,6 +16,10 @@ from .page_state import (EXAMPLES, EXAMPLES_DIR, FIGURE_SIDE, GALLERY_COLUMNS, M
                          Settings, Shown, figure_bytes, get_caption, get_model, photo_label, short_error, shrink)
 from .page_views import LEVEL_ICONS, caption_summary, downloads, level_box, overlay_grid, word_label, word_view
 
+# After a new caption, the run waits this long before the photo and its maps: the browser (on a small machine, on
+# the same cores) draws the caption while nothing else wants the CPU (docs/performance.md, "The pause after a new
+# caption"); the maps come that much later.
+DRAW_PAUSE_S = 0.1
 
 
 def photo_input(settings: Settings) -> Shown:
@@ -181,6 +186,10 @@ def caption_panel(settings: Settings, loaded: captioner.Captioner) -> tuple[Show
     col_photo, col_text = st.columns([1, 1])
     with col_text:  # the caption first: it is on screen before the photo and its maps are drawn
         caption_summary(cap, settings.evidence, loaded.config.decode.length_penalty)
+    shown = (settings.model_key, photo.digest, settings.decode)
+    if st.session_state.get("captioned") != shown:  # a new caption, not a rerun of one on screen
+        st.session_state["captioned"] = shown
+        sleep(DRAW_PAUSE_S)
     with col_photo:
         st.image(photo.image, caption=photo_label(photo), width="stretch")
     with col_text:
