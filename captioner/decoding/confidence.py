@@ -31,10 +31,10 @@ GOOD_CIDER = 0.5  # the label: a caption is good where its per-photo CIDEr-D is 
 SURE_FLOOR = 0.6  # no caption is sure below this, whatever sure_at a file stores
 LEVELS = ((0.5, "probably right"), (0.3, "may be wrong"), (0.0, "probably wrong"))  # unsure: the first floor reached
 SURE = "sure"
-SUPPORT_FLOOR = 0.25  # an object's support below it is "unsupported", never sure (docs/confidence.md: chosen on the val sets)
+SUPPORT_FLOOR = 0.25  # support below it: "unsupported", never sure (docs/confidence.md: chosen on the val sets)
 # below it a reason says "it is not sure there is ...": on the graded captions the object named was absent for 59% of
-# those under .05, 35% under .1 and 15% from .1 to .2 (docs/confidence.md); above it the reason claims no absence: "the encoder barely sees ..." where that alone
-# keeps a caption from sure, else what else it found
+# those under .05, 35% under .1 and 15% from .1 to .2 (docs/confidence.md); above it the reason claims no absence:
+# "the encoder barely sees ..." where that alone keeps a caption from sure, else what else it found
 UNSEEN = 0.1
 TEMPLATE = re.compile(r"\bin (a|an) (\w+ )?(red|blue|green|yellow|pink|black|white|orange|purple|brown|gray|grey"
                       r"|striped|dark|light) (\w+ )?(shirt|t-shirt|jacket|dress|hat|helmet|coat|sweater|top|shorts"
