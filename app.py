@@ -8,8 +8,9 @@ whose model files the page offers are the operator's: `streamlit run app.py -- -
 or CAPTIONER_CHECKPOINT_DIRS (default: runs/ under the working directory); a visitor never types a path.
 
 The page is main(): sidebar() (checkpoint, precision, decode settings and map view: a Settings), then
-caption_panel() (the photo, its caption and attention maps), workbench_panel() (explain a typed sentence,
-click a region) and compare_panel() (a second model, or this one at other decode settings). A
+caption_panel() (the photo, its caption and attention maps), then, once its switch is on (workbench_on()),
+workbench_panel() (explain a typed sentence, click a region) and compare_panel() (a second model, or this one at
+other decode settings). A
 `captioner.Captioner` is called `loaded` here, so `.model` is always the torch module.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from captioner.ui.html import PAGE_STYLE
 from captioner.ui.page_photo import caption_panel
 from captioner.ui.page_sidebar import sidebar
 from captioner.ui.page_state import leave_a_core
-from captioner.ui.page_workbench import compare_panel, workbench_panel
+from captioner.ui.page_workbench import compare_panel, workbench_on, workbench_panel
 
 
 def main() -> None:
@@ -39,8 +40,9 @@ def main() -> None:
     folders = tuple(checkpoints.operator_folders(sys.argv[1:], os.environ.get("CAPTIONER_CHECKPOINT_DIRS")))
     settings, loaded = sidebar(folders, os.environ.get("CAPTIONER_CHECKPOINT"))
     photo, cap = caption_panel(settings, loaded)
-    sentence, explained = workbench_panel(settings, loaded, photo, cap)
-    compare_panel(settings, loaded, photo, cap, sentence, explained)
+    if workbench_on():  # on demand: drawn, a browser redraws it on every run
+        sentence, explained = workbench_panel(settings, loaded, photo, cap)
+        compare_panel(settings, loaded, photo, cap, sentence, explained)
 
 
 if __name__ == "__main__":  # `streamlit run` and AppTest run this file as __main__; an import only defines

@@ -50,6 +50,13 @@ def app(monkeypatch) -> AppTest:
     return AppTest.from_file(str(APP), default_timeout=TIMEOUT)
 
 
+@pytest.fixture
+def bench(app) -> AppTest:
+    """The app with its attention workbench switched on (page_workbench.workbench_on: off when a page opens)."""
+    app.session_state["workbench_wanted"] = True
+    return app
+
+
 # ----------------------------------------------------------------------------- reading the page
 
 def errors_of(at: AppTest) -> list:
@@ -374,11 +381,11 @@ def test_a_tiny_photo_gets_a_note(app):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("size", [(1, 1), (6, 6), (1, 300), (300, 1), (8, 8), (9, 9), (5000, 3000)])
-def test_every_photo_size_draws_every_panel(app, size):
+def test_every_photo_size_draws_every_panel(bench, size):
     """A photo narrower or shorter than the attention grid was captioned, then "Click a region" raised
     "x1 must be >= x0" and the comparison below it was never drawn. Sizes at the edges: 1x1, 1xN, the
     bundled grid - 1 and the grid (9), a large one; every panel is drawn with no exception."""
-    at = app.run()
+    at = bench.run()
     beam(at).set_value(1).run()
     photo = Image.open(EXAMPLES / "cat.jpg").convert("RGB").resize(size)
     at.file_uploader[0].set_value((f"{size[0]}x{size[1]}.png", png_bytes_of(photo), "image/png")).run()
@@ -431,11 +438,11 @@ def test_beam_hypotheses_in_full_with_the_score_that_ranked_them(app):
         assert note and "length-normalised" in note[0] and "not by the raw log-prob" in note[0]
 
 
-def test_compare_with_one_model_file_never_compares_it_with_itself(app, tmp_path, monkeypatch):
+def test_compare_with_one_model_file_never_compares_it_with_itself(bench, tmp_path, monkeypatch):
     """On a fresh install (the bundled model only) "Compare two models" offered the bundled model as B and
     showed a table of "=" rows. Now it says how to get a second model and compares other decode settings."""
     monkeypatch.setenv("CAPTIONER_CHECKPOINT_DIRS", str(tmp_path))  # the operator's folder holds no model file
-    at = app.run()
+    at = bench.run()
     no_problems(at)
     assert len(next(s for s in at.sidebar.selectbox if s.label == "Checkpoint").options) == 1
     box = next(c for c in at.checkbox if c.key == "compare_on")
@@ -627,12 +634,47 @@ def prob_words(at: AppTest, k: int = 0) -> list[tuple[str, float, bool]]:
     return [(w, float(p), "background" in style) for style, w, p in spans]
 
 
+def test_the_workbench_is_drawn_on_demand_and_stays_on(app, monkeypatch):
+    """Off when the page opens: no workbench or comparison drawn and no sentence explained (a browser redraws every
+    element in each run, so they delayed a new photo's caption); switched on, both are drawn, and a new photo keeps
+    them on, after a bad upload too."""
+    explained = []
+    real_explain = captioner.Photo.explain
+    monkeypatch.setattr(captioner.Photo, "explain", lambda self, *a, **k: explained.append(a) or real_explain(
+        self, *a, **k))
+    import streamlit as st
+    st.cache_data.clear()
+    at = app.run()
+    check_captioned(at)
+    panels = ("Explain a sentence", "Click a region", "Compare two models")
+    headers = [h.value for h in at.header]
+    assert "Attention workbench" in headers and not [p for p in panels if p in headers], headers
+    assert not [t for t in at.text_input if t.label == "Sentence to explain"] and not explained
+    switch = next(t for t in at.toggle if t.key == "workbench_on")
+    assert switch.value is False
+    switch.set_value(True).run()
+    no_problems(at)
+    assert all(p in [h.value for h in at.header] for p in panels)
+    assert len(explained) == 1 and explained_overlays(at)
+    next(s for s in at.selectbox if "example" in s.label).set_value("Coffee").run()  # a new photo
+    check_captioned(at, require_words=False)
+    assert next(t for t in at.toggle if t.key == "workbench_on").value is True
+    assert all(p in [h.value for h in at.header] for p in panels)
+    # a bad upload stops the page above the switch, so the widget is forgotten; the next photo has it on again
+    at.file_uploader[0].set_value(("bad.jpg", b"not a photo" * 20, "image/jpeg")).run()
+    assert errors_of(at) and not [t for t in at.toggle if t.key == "workbench_on"]
+    at.file_uploader[0].set_value(("cat.jpg", (EXAMPLES / "cat.jpg").read_bytes(), "image/jpeg")).run()
+    check_captioned(at)
+    assert next(t for t in at.toggle if t.key == "workbench_on").value is True
+    assert all(p in [h.value for h in at.header] for p in panels)
+
+
 def workbench_model(at: AppTest) -> captioner.Captioner:
     return captioner.load(_selected_path())
 
 
-def test_explain_a_sentence_follows_the_typed_text(app):
-    at = app.run()
+def test_explain_a_sentence_follows_the_typed_text(bench):
+    at = bench.run()
     words = check_captioned(at)
     box = next(t for t in at.text_input if t.label == "Sentence to explain")
     assert box.value == " ".join(words)  # starts from the generated caption
@@ -661,10 +703,10 @@ def test_explain_a_sentence_follows_the_typed_text(app):
     assert own.comparable and not [m.value for m in at.markdown if "not comparable" in m.value]
 
 
-def test_a_sentence_without_words_is_a_note_not_a_score(app):
+def test_a_sentence_without_words_is_a_note_not_a_score(bench):
     """'!!! ...' used to get a sentence log-probability (that of <end>); now the page says it has no
     words, in the explain, region and compare sections alike, and nothing is scored."""
-    at = app.run()
+    at = bench.run()
     check_captioned(at)
     next(t for t in at.text_input if t.label == "Sentence to explain").set_value("!!! ...").run()
     next(c for c in at.checkbox if c.key == "compare_on").check().run()
@@ -681,8 +723,8 @@ def load_image_bytes(at: AppTest):
     return load_image(EXAMPLES / "cat.jpg")
 
 
-def test_click_a_region_ranks_words_by_attention_there(app):
-    at = app.run()
+def test_click_a_region_ranks_words_by_attention_there(bench):
+    at = bench.run()
     words = check_captioned(at)
     model = workbench_model(at)
     G = model.grid_size
@@ -712,9 +754,9 @@ def cell_shown(at: AppTest) -> tuple[int, int]:
     return int(m.group(1)) - 1, int(m.group(2)) - 1
 
 
-def test_a_click_on_the_photo_picks_its_cell(app):
+def test_a_click_on_the_photo_picks_its_cell(bench):
     pytest.importorskip("streamlit_image_coordinates")
-    at = app.run()
+    at = bench.run()
     check_captioned(at)
     G = workbench_model(at).grid_size
     # what the component sends for a click: pixel offsets in the photo as drawn, and its drawn size
@@ -728,12 +770,12 @@ def test_a_click_on_the_photo_picks_its_cell(app):
     assert cell_shown(at) == (G - 1, 0)
 
 
-def test_compare_two_models_side_by_side(app, tmp_path, monkeypatch):
+def test_compare_two_models_side_by_side(bench, tmp_path, monkeypatch):
     from .conftest import tiny_captioner
 
     tiny_captioner().save(tmp_path / "tiny.safetensors")
     monkeypatch.setenv("CAPTIONER_CHECKPOINT_DIRS", str(tmp_path))
-    at = app.run()
+    at = bench.run()
     words = check_captioned(at)
     next(c for c in at.checkbox if c.label == "Compare with a second checkpoint").check().run()
     no_problems(at)
@@ -767,9 +809,9 @@ def test_concepts_and_the_evidence_switch(app):
         assert "dog" not in caption_text(at)
 
 
-def test_explain_box_follows_a_new_photo(app):
+def test_explain_box_follows_a_new_photo(bench):
     """The sentence box starts from the caption of the photo on screen, also after another photo."""
-    at = app.run()
+    at = bench.run()
     ex = next(s for s in at.selectbox if s.label.startswith("... or pick an example"))
     ex.set_value("Astronaut").run()
     box = next(t for t in at.text_input if t.label == "Sentence to explain")
@@ -796,7 +838,7 @@ def test_a_concept_word_shows_the_classifiers_map_beside_its_attention(app, flic
 
 
 @pytest.mark.slow
-def test_encoder_runs_once_per_photo(app, monkeypatch):
+def test_encoder_runs_once_per_photo(bench, monkeypatch):
     """A new beam size, a typed sentence and a region click decode again from the photo's cached
     reading: the encoder runs once per photo and model (app.get_photo)."""
     import streamlit as st
@@ -812,7 +854,7 @@ def test_encoder_runs_once_per_photo(app, monkeypatch):
     st.cache_resource.clear()
     st.cache_data.clear()
     try:
-        at = app.run()
+        at = bench.run()
         check_captioned(at)
         beam(at).set_value(2).run()
         check_captioned(at, require_words=False)
@@ -829,14 +871,14 @@ def test_encoder_runs_once_per_photo(app, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_new_caption_pauses_once_for_the_browser_to_draw_it(app, monkeypatch):
+def test_a_new_caption_pauses_once_for_the_browser_to_draw_it(bench, monkeypatch):
     """The run waits DRAW_PAUSE_S after a new caption, before the photo and its maps (the browser draws the caption
     meanwhile); a rerun of the same caption (a word picked, a sentence typed) does not wait again."""
     from captioner.ui import page_photo
 
     paused = []
     monkeypatch.setattr(page_photo, "sleep", paused.append)
-    at = app.run()
+    at = bench.run()
     check_captioned(at)
     assert paused == [page_photo.DRAW_PAUSE_S]
     next(t for t in at.text_input if t.label == "Sentence to explain").set_value("a cat on a bed").run()
@@ -886,7 +928,7 @@ def test_concepts_panel_shows_the_word_detectors_person(app, tmp_path, monkeypat
     assert all(float(p) >= THRESHOLD for p in re.findall(r"<small>([0-9.]+)</small>", panel[0])), panel  # ... is met
 
 
-def test_compare_the_bundled_model_with_a_resnet_checkpoint(app, tmp_path, monkeypatch):
+def test_compare_the_bundled_model_with_a_resnet_checkpoint(bench, tmp_path, monkeypatch):
     """Evidence-aware decoding is the bundled model's setting, and a ResNet has no ImageNet head: each side
     of a comparison decodes with what it can use, so the ResNet side captions instead of failing."""
     from captioner.config import Config, ModelConfig
@@ -900,7 +942,7 @@ def test_compare_the_bundled_model_with_a_resnet_checkpoint(app, tmp_path, monke
     resnet = captioner.Captioner(build_model(cfg.model, len(base.vocab), pretrained=False).eval(), base.vocab, cfg)
     resnet.save(tmp_path / "resnet.safetensors")
     monkeypatch.setenv("CAPTIONER_CHECKPOINT_DIRS", str(tmp_path))
-    at = app.run()
+    at = bench.run()
     check_captioned(at)
     next(c for c in at.checkbox if c.label == "Compare with a second checkpoint").check().run()
     next(s for s in at.selectbox if s.label == "Second checkpoint (B)").set_value("resnet.safetensors").run()
@@ -908,7 +950,7 @@ def test_compare_the_bundled_model_with_a_resnet_checkpoint(app, tmp_path, monke
     assert any(m.value.startswith("**B: resnet.safetensors") for m in at.markdown)
 
 
-def test_compare_decodes_b_with_its_own_stored_settings(bundled, app, tmp_path, monkeypatch):
+def test_compare_decodes_b_with_its_own_stored_settings(bundled, bench, tmp_path, monkeypatch):
     """B was decoded with A's sidebar settings and the page did not say which B used: B now decodes with the
     settings stored in its own file unless the user asks for the sidebar's, and both sides say theirs."""
     import dataclasses
@@ -919,7 +961,7 @@ def test_compare_decodes_b_with_its_own_stored_settings(bundled, app, tmp_path, 
                                 fitted=bundled.resources.fitted, memory=bundled.resources.memory)  # the file's data
     other.save(tmp_path / "greedy.safetensors", half=True)
     monkeypatch.setenv("CAPTIONER_CHECKPOINT_DIRS", str(tmp_path))
-    at = app.run()
+    at = bench.run()
     check_captioned(at)
     next(c for c in at.checkbox if c.label == "Compare with a second checkpoint").check().run()
     next(s for s in at.selectbox if s.label == "Second checkpoint (B)").set_value("greedy.safetensors").run()
@@ -1106,6 +1148,8 @@ def test_concurrent_sessions_stay_isolated(app):
     jobs = {"Cat": "a cat on a wall", "Coffee": "a cup of coffee", "Astronaut": "a man in a white suit"}
     files = {"Cat": "cat.jpg", "Coffee": "coffee.jpg", "Astronaut": "astronaut.jpg"}
     sessions = {example: AppTest.from_file(str(APP), default_timeout=TIMEOUT) for example in jobs}
+    for at in sessions.values():
+        at.session_state["workbench_wanted"] = True
     steps = [
         lambda at, example: at.run(),
         lambda at, example: next(s for s in at.selectbox if s.label.startswith("... or pick an example"))

@@ -131,6 +131,12 @@ def _settle(page) -> None:
     page.wait_for_function(IDLE, timeout=WAIT_MS)
 
 
+def _open_workbench(page) -> None:
+    """Switch the attention workbench on (page_workbench.workbench_on: off when a page opens) and wait for it."""
+    _rerun(page, lambda: page.get_by_text("Open the workbench").click())
+    page.get_by_role("heading", name="Explain a sentence").wait_for(timeout=WAIT_MS)
+
+
 def _rerun(page, action) -> None:
     """Do `action` (an interaction that reruns the script) and wait until that rerun has started and
     finished, counted by COUNT_RUNS: no fixed sleep, whatever the machine's load."""
@@ -197,6 +203,7 @@ def test_upload_caption_overlays_and_bad_files_in_chromium(app_url, sync_playwri
             page.goto(app_url)
             page.get_by_text("cat.jpg (451x300)").wait_for(timeout=WAIT_MS)  # the default example photo
             _settle(page)
+            _open_workbench(page)  # it stays on for the photos below
             # how sure the caption is, in plain words under it (a file without a fitted map says it cannot say)
             page.get_by_text(re.compile(r"^(Sure: |Probably right \(|May be wrong \(|Probably wrong \(|This model file has no fitted confidence map)")
                              ).first.wait_for(timeout=WAIT_MS)
@@ -380,6 +387,7 @@ def test_workbench_views_in_chromium(app_url, sync_playwright, tmp_path):
             page.goto(app_url)
             page.get_by_text("cat.jpg (451x300)").wait_for(timeout=WAIT_MS)
             _settle(page)
+            _open_workbench(page)
 
             # explain a sentence: the maps and probabilities follow the typed text
             box = page.get_by_label("Sentence to explain")

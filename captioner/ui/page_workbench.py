@@ -22,6 +22,19 @@ except ImportError:  # pragma: no cover - optional component
 
 
 
+def workbench_on() -> bool:
+    """The workbench's switch, at the foot of the caption's panels: off, the workbench and the comparison are not
+    drawn. A browser redraws every element on the page in each run (a new photo's included), so on a small
+    machine they delayed the next caption on screen (docs/performance.md, "The workbench on demand"). A switch
+    turned on stays on for the next photos: its state is kept outside the widget's, which Streamlit forgets in any
+    run that does not draw it (a bad upload stops the page above it)."""
+    st.header("Attention workbench")
+    on = st.toggle("Open the workbench: explain a typed sentence, click a region, compare two models",
+                   value=st.session_state.get("workbench_wanted", False), key="workbench_on")
+    st.session_state["workbench_wanted"] = on
+    return on
+
+
 def workbench_panel(settings: Settings, loaded: captioner.Captioner, photo: Shown, cap: captioner.Caption
                     ) -> tuple[str, captioner.Caption | None]:
     """Explain a typed sentence, then rank its words at a picked region. Returns (the sentence, its
