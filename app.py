@@ -10,8 +10,7 @@ or CAPTIONER_CHECKPOINT_DIRS (default: runs/ under the working directory); a vis
 The page is main(): sidebar() (checkpoint, precision, decode settings and map view: a Settings), then
 caption_panel() (the photo, its caption and attention maps), then, once its switch is on (workbench_on()),
 workbench_panel() (explain a typed sentence, click a region) and compare_panel() (a second model, or this one at
-other decode settings). A
-`captioner.Captioner` is called `loaded` here, so `.model` is always the torch module.
+other decode settings). A `captioner.Captioner` is called `loaded` here, so `.model` is always the torch module.
 """
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ def main() -> None:
     folders = tuple(checkpoints.operator_folders(sys.argv[1:], os.environ.get("CAPTIONER_CHECKPOINT_DIRS")))
     settings, loaded = sidebar(folders, os.environ.get("CAPTIONER_CHECKPOINT"))
     photo, cap = caption_panel(settings, loaded)
-    if workbench_on():  # on demand: drawn, a browser redraws it on every run
+    if workbench_on():  # on demand: once drawn, a browser redraws it in every run, a new photo's too
         sentence, explained = workbench_panel(settings, loaded, photo, cap)
         compare_panel(settings, loaded, photo, cap, sentence, explained)
 
